@@ -1,0 +1,47 @@
+/* backend_cpu.c: the CPU backend table (the reference every other backend is checked against)
+ * and its matrix product, which is one BLAS call (OpenBLAS).
+ *
+ * Tested by tests/test_loss.c (matmul against a naive product, the loss op against the float64
+ * reference).
+ */
+#include "ddk.h"
+#include "cpu_backend.h"
+
+#include <cblas.h>
+
+static void cpu_matmul(const ddk_backend *be, int trans_a, int trans_b,
+                       int64_t m, int64_t n, int64_t k, float alpha,
+                       const float *a, int64_t lda, const float *b, int64_t ldb,
+                       float beta, float *c, int64_t ldc)
+{
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                trans_b ? CblasTrans : CblasNoTrans, (blasint)m, (blasint)n, (blasint)k, alpha,
+                a, (blasint)lda, b, (blasint)ldb, beta, c, (blasint)ldc);
+}
+
+static ddk_backend cpu_backend = {
+    .name = "cpu",
+    .matmul = cpu_matmul,
+    .loss = ddk_cpu_loss,
+};
+
+const ddk_backend *ddk_backend_cpu(void)
+{
+    cpu_backend.alloc = ddk_allocator_cpu();
+    return &cpu_backend;
+}
+
+void ddk_cpu_set_threads(int threads)
+{
+    if (threads > 0)
+        openblas_set_num_threads(threads);
+}
+
+int ddk_loss_cpu(const ddk_loss_params *p, const float *student_hidden,
+                 const float *teacher_hidden, const float *lm_head, const int32_t *labels,
+                 const float *weights, float *grad_student, float *per_position,
+                 ddk_loss_result *out)
+{
+    return ddk_cpu_loss(ddk_backend_cpu(), p, student_hidden, teacher_hidden, lm_head, labels,
+                        weights, grad_student, per_position, out);
+}

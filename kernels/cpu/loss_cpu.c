@@ -1,0 +1,458 @@
+/* loss_cpu.c: the fused, chunked lm_head + CE + KL + CAP loss on the CPU (SPEC.md section 1).
+ *
+ * Positions are processed `chunk` at a time, so the logits never exist for all n positions.
+ * Within a chunk the vocabulary is one tile (vocab_tile = 0: the chunk's student and teacher
+ * logits materialised, the gradient formed in place over the student's, three logit-sized
+ * products) or streamed tiles of vocab_tile columns (online-softmax statistics merged tile by
+ * tile, logits recomputed for the gradient: five products, workspace independent of V).
+ * Both modes run the same code: "whole vocabulary" is the one-tile case.
+ *
+ * Per position the statistics pass keeps shifted sums (ddk_loss_row) from which CE, KL, CAP
+ * and every softmax follow; the gradient pass turns each logit row into
+ *   g = (w_i / sum w) [(1-a)(p - onehot(y)) + a T (ps - pt) - lambda (c/Tc) pc (log pc + H)]
+ * in place, and one product g W accumulates d loss / d hs. 1 - p_y is carried as the sum over
+ * v != y, so p_y -> 1 loses nothing to cancellation.
+ *
+ * Deliberately not here: threads of our own (the BLAS's pool runs the products, which are
+ * almost all of the time), bf16 inputs (the CUDA backend's job).
+ * Tested by tests/test_loss.c (float64 C reference, finite differences, chunk/tile
+ * invariance, budgets) and tests/loss_torch_check.py (PyTorch autograd).
+ *
+ * Legend: n positions, H hidden, V vocabulary, m rows of the current chunk, w tile width.
+ */
+#include "ddk.h"
+#include "loss_internal.h"
+#include "cpu_backend.h"
+#include "vmath.h"
+
+#include <errno.h>
+#include <math.h>
+#include <string.h>
+
+/* One call's constants. */
+typedef struct loss_run {
+    const ddk_backend *be;
+    int64_t H;
+    float alpha, T, invT, lambda, invTc;
+    int kl;          /* the KL term is computed (alpha > 0; the teacher is then present) */
+    int kl_scaled;   /* ... with T != 1, so softmax(zs/T) is not softmax(zs) */
+    int cap;         /* lambda > 0: CAP is trained on (its value is reported either way) */
+    int cap_scaled;  /* Tc != 1, so softmax(zs/Tc) is not softmax(zs) */
+    int given_labels;
+} loss_run;
+
+/* ------------------------------------------------------------------------------------------
+ * Statistics of one tile row. The kernels are instantiated per term combination so that each
+ * loop is branch-free and vectorised (a generic loop would compute every exp for every term).
+ */
+
+typedef struct tile_sums {
+    double s, rest, sT, c, cd, t, td;   /* as in ddk_loss_row, for this tile only */
+} tile_sums;
+
+enum { SUM_BLOCK = 512 };   /* float lanes sum SUM_BLOCK columns, then merge into double */
+
+static inline __attribute__((always_inline)) tile_sums
+tile_sums_impl(const float *zs, const float *zt, int64_t w, float s_max, float t_max,
+               int64_t label_col, float invT, float invTc, const int kl, const int kl_scaled,
+               const int cap_scaled)
+{
+    tile_sums out = { 0, 0, 0, 0, 0, 0, 0 };
+    for (int64_t b0 = 0; b0 < w; b0 += SUM_BLOCK) {
+        const int64_t b1 = w - b0 < SUM_BLOCK ? w : b0 + SUM_BLOCK;
+        float s = 0, rest = 0, sT = 0, c = 0, cd = 0, t = 0, td = 0;
+#pragma omp simd reduction(+ : s, rest, sT, c, cd, t, td)
+        for (int64_t v = b0; v < b1; v++) {
+            float d = zs[v] - s_max;             /* <= 0 */
+            float e = ddk_expf(d);
+            s += e;
+            rest += v == label_col ? 0.0f : e;
+            if (kl_scaled)
+                sT += ddk_expf(d * invT);
+            float dc = cap_scaled ? d * invTc : d;
+            float ec = cap_scaled ? ddk_expf(dc) : e;
+            c += ec;
+            cd += ec * dc;
+            if (kl) {
+                float et = ddk_expf((zt[v] - t_max) * invT);
+                t += et;
+                td += et * ((zt[v] - zs[v]) * invT);
+            }
+        }
+        out.s += s;
+        out.rest += rest;
+        out.sT += sT;
+        out.c += c;
+        out.cd += cd;
+        out.t += t;
+        out.td += td;
+    }
+    return out;
+}
+
+typedef tile_sums (*tile_sums_fn)(const float *zs, const float *zt, int64_t w, float s_max,
+                                  float t_max, int64_t label_col, float invT, float invTc);
+#define TILE_SUMS(kl, sc, cap)                                                                 \
+    static tile_sums tile_sums_##kl##sc##cap(const float *zs, const float *zt, int64_t w,      \
+                                             float s_max, float t_max, int64_t label_col,      \
+                                             float invT, float invTc)                          \
+    {                                                                                          \
+        return tile_sums_impl(zs, zt, w, s_max, t_max, label_col, invT, invTc, kl, sc, cap);   \
+    }
+TILE_SUMS(0, 0, 0) TILE_SUMS(0, 0, 1) TILE_SUMS(1, 0, 0) TILE_SUMS(1, 0, 1)
+TILE_SUMS(1, 1, 0) TILE_SUMS(1, 1, 1)
+
+static tile_sums_fn pick_tile_sums(const loss_run *k)
+{
+    static const tile_sums_fn table[2][2][2] = {   /* [kl][kl_scaled][cap_scaled] */
+        { { tile_sums_000, tile_sums_001 }, { tile_sums_000, tile_sums_001 } },
+        { { tile_sums_100, tile_sums_101 }, { tile_sums_110, tile_sums_111 } },
+    };
+    return table[k->kl][k->kl_scaled][k->cap_scaled];
+}
+
+static void row_init(const loss_run *k, ddk_loss_row *r, int32_t label, float weight)
+{
+    memset(r, 0, sizeof *r);
+    r->s_arg = -1;
+    r->label = label;
+    r->ignored = label < 0 && k->given_labels ? 1 : !(weight > 0.0f);
+}
+
+/* Merges one tile (columns off .. off+w) of one position into its running statistics.
+ * zs (w), zt (w) or NULL when no teacher logits are used. */
+static void row_stats_tile(const loss_run *k, tile_sums_fn sums, ddk_loss_row *r,
+                           const float *zs, const float *zt, int64_t off, int64_t w)
+{
+    int first = r->s_arg < 0;
+    float tile_s_max = ddk_vmax(zs, w);
+    float s_max = first || tile_s_max > r->s_max ? tile_s_max : r->s_max;
+    if (first || tile_s_max > r->s_max)              /* strictly: earlier tiles keep ties */
+        r->s_arg = (int32_t)(off + ddk_first_index(zs, w, tile_s_max));
+
+    int64_t label_col = -1;                          /* the label's column in this tile */
+    float t_max = r->t_max;
+    if (zt) {
+        float tile_t_max = ddk_vmax(zt, w);
+        int moved = first || tile_t_max > r->t_max;
+        if (moved)
+            t_max = tile_t_max;
+        if (!k->given_labels && moved)
+            label_col = ddk_first_index(zt, w, tile_t_max);
+    }
+    if (k->given_labels && r->label >= off && r->label < off + w)
+        label_col = r->label - off;
+
+    if (!first) {   /* bring what earlier tiles summed to the new maxima */
+        double ds = (double)r->s_max - s_max, f = exp(ds);
+        r->s_sum *= f;
+        r->s_rest *= f;
+        if (k->kl_scaled)
+            r->sT_sum *= exp(ds * k->invT);
+        double dc = ds * k->invTc, fc = exp(dc);
+        r->c_dot = fc * (r->c_dot + r->c_sum * dc);
+        r->c_sum *= fc;
+        if (k->kl) {
+            double ft = exp(((double)r->t_max - t_max) * k->invT);
+            r->t_sum *= ft;
+            r->t_dot *= ft;
+        }
+    }
+    r->s_max = s_max;
+    r->t_max = t_max;
+
+    tile_sums ts = sums(zs, zt, w, s_max, t_max, label_col, k->invT, k->invTc);
+    if (label_col >= 0 && !k->given_labels) {
+        /* the teacher's argmax moved into this tile: the old label's mass becomes "rest" */
+        r->s_rest = r->s_sum + ts.rest;
+        r->label = (int32_t)(off + label_col);
+    } else {
+        r->s_rest += ts.rest;
+    }
+    if (label_col >= 0)
+        r->z_label = zs[label_col];
+    r->s_sum += ts.s;
+    r->sT_sum += ts.sT;
+    r->c_sum += ts.c;
+    r->c_dot += ts.cd;
+    r->t_sum += ts.t;
+    r->t_dot += ts.td;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Per-position terms, from the finished statistics.
+ */
+
+typedef struct loss_terms {
+    double ce, kl, cap, l;
+} loss_terms;
+
+static loss_terms row_terms(const loss_run *k, ddk_loss_row *r)
+{
+    loss_terms t = { 0, 0, 0, 0 };
+    double d_y = (double)r->z_label - r->s_max;      /* log p_y + log s_sum, <= 0 */
+    /* CE = log(s_sum / e_y) = log1p(rest / e_y): exact as p_y -> 1 */
+    t.ce = d_y > -600.0 ? log1p(r->s_rest * exp(-d_y)) : log(r->s_sum) - d_y;
+    if (k->kl) {
+        double sT = k->kl_scaled ? r->sT_sum : r->s_sum;
+        /* sum pt (log pt - log ps) = E_pt[(zt - zs)/T] - lse(zt/T) + lse(zs/T) */
+        t.kl = (double)k->T * k->T *
+               (r->t_dot / r->t_sum + ((double)r->s_max - r->t_max) * k->invT +
+                log(sT) - log(r->t_sum));
+    }
+    r->confident = r->s_arg == r->label;
+    r->entropy = log(r->c_sum) - r->c_dot / r->c_sum;
+    t.cap = r->confident ? r->entropy : 0.0;
+    t.l = (1.0 - k->alpha) * t.ce + k->alpha * t.kl + k->lambda * t.cap;
+    return t;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Gradient of one tile row, formed in place over the student logits.
+ */
+
+typedef struct grad_coeffs {
+    float s_max, t_max;
+    float a;          /* of exp(zs - s_max): (1-alpha) softmax, plus the KL's ps when T = 1 */
+    float b;          /* of exp((zs - s_max)/T): the KL's ps when T != 1 */
+    float bt;         /* of exp((zt - t_max)/T): the KL's pt */
+    float kc;         /* of pc (log pc + H): CAP */
+    float cap_shift;  /* H - log c_sum, so log pc + H = (zs - s_max)/Tc + cap_shift */
+    float invT, invTc;
+} grad_coeffs;
+
+static inline __attribute__((always_inline)) void
+grad_tile_impl(float *z, const float *zt, int64_t w, const grad_coeffs *g, const int kl,
+               const int kl_scaled, const int cap)
+{
+    const float s_max = g->s_max, t_max = g->t_max, a = g->a, b = g->b, bt = g->bt,
+                kc = g->kc, cap_shift = g->cap_shift, invT = g->invT, invTc = g->invTc;
+#pragma omp simd
+    for (int64_t v = 0; v < w; v++) {
+        float d = z[v] - s_max;
+        float gv = a * ddk_expf(d);
+        if (kl_scaled)
+            gv += b * ddk_expf(d * invT);
+        if (kl)
+            gv -= bt * ddk_expf((zt[v] - t_max) * invT);
+        if (cap) {
+            float dc = d * invTc;
+            gv += kc * ddk_expf(dc) * (dc + cap_shift);
+        }
+        z[v] = gv;
+    }
+}
+
+typedef void (*grad_tile_fn)(float *z, const float *zt, int64_t w, const grad_coeffs *g);
+#define GRAD_TILE(kl, sc, cap)                                                                 \
+    static void grad_tile_##kl##sc##cap(float *z, const float *zt, int64_t w,                 \
+                                        const grad_coeffs *g)                                  \
+    {                                                                                          \
+        grad_tile_impl(z, zt, w, g, kl, sc, cap);                                              \
+    }
+GRAD_TILE(0, 0, 0) GRAD_TILE(0, 0, 1) GRAD_TILE(1, 0, 0) GRAD_TILE(1, 0, 1)
+GRAD_TILE(1, 1, 0) GRAD_TILE(1, 1, 1)
+
+static grad_tile_fn pick_grad_tile(const loss_run *k, int confident)
+{
+    static const grad_tile_fn table[2][2][2] = {   /* [kl][kl_scaled][cap] */
+        { { grad_tile_000, grad_tile_001 }, { grad_tile_000, grad_tile_001 } },
+        { { grad_tile_100, grad_tile_101 }, { grad_tile_110, grad_tile_111 } },
+    };
+    return table[k->kl][k->kl_scaled][k->cap && confident];   /* c_i = 0: no CAP gradient */
+}
+
+static grad_coeffs row_grad_coeffs(const loss_run *k, const ddk_loss_row *r)
+{
+    double scale = r->scale;
+    double kl_coef = scale * k->alpha * k->T;
+    grad_coeffs g = {
+        .s_max = r->s_max,
+        .t_max = r->t_max,
+        .a = (float)(scale * (1.0 - k->alpha) / r->s_sum),
+        .invT = k->invT,
+        .invTc = k->invTc,
+    };
+    if (k->kl) {
+        if (k->kl_scaled)
+            g.b = (float)(kl_coef / r->sT_sum);
+        else
+            g.a += (float)(kl_coef / r->s_sum);
+        g.bt = (float)(kl_coef / r->t_sum);
+    }
+    if (k->cap && r->confident) {
+        g.kc = (float)(-scale * k->lambda * k->invTc / r->c_sum);
+        g.cap_shift = (float)(r->entropy - log(r->c_sum));
+    }
+    return g;
+}
+
+/* The label's element, from the statistics in double: p_y - 1 = -rest / s_sum. */
+static float grad_at_label(const loss_run *k, const ddk_loss_row *r, float zt_label)
+{
+    double scale = r->scale, d = (double)r->z_label - r->s_max;
+    double g = -(1.0 - k->alpha) * r->s_rest / r->s_sum;
+    if (k->kl) {
+        double ps = k->kl_scaled ? exp(d * k->invT) / r->sT_sum : exp(d) / r->s_sum;
+        double pt = exp(((double)zt_label - r->t_max) * k->invT) / r->t_sum;
+        g += k->alpha * k->T * (ps - pt);
+    }
+    if (k->cap && r->confident) {
+        double dc = d * k->invTc, log_pc = dc - log(r->c_sum);
+        g -= k->lambda * k->invTc * exp(log_pc) * (log_pc + r->entropy);
+    }
+    return (float)(scale * g);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * The call.
+ */
+
+/* z (m, w) = x (m, H) . W[off .. off+w) (w, H)^T */
+static void tile_logits(const loss_run *k, const float *x, int64_t m, const float *lm_head,
+                        int64_t off, int64_t w, float *z)
+{
+    k->be->matmul(k->be, 0, 1, m, w, k->H, 1.0f, x, k->H, lm_head + off * k->H, k->H, 0.0f, z, w);
+}
+
+int ddk_cpu_loss(const ddk_backend *be, const ddk_loss_params *p,
+                 const float *student_hidden,  /* (n, H) */
+                 const float *teacher_hidden,  /* (n, H) or NULL */
+                 const float *lm_head,         /* (V, H) */
+                 const int32_t *labels,        /* (n) or NULL */
+                 const float *weights,         /* (n) or NULL */
+                 float *grad_student,          /* (n, H) or NULL */
+                 float *per_position,          /* (n) or NULL */
+                 ddk_loss_result *out)
+{
+    ddk_loss_shape shape;
+    int rc = ddk_loss_shape_of(p, p ? ddk_loss_uses_teacher(p, labels != NULL) : 0, &shape);
+    if (rc == 0)
+        rc = ddk_loss_check_call(p, student_hidden, teacher_hidden, lm_head, labels, weights, out);
+    if (rc)
+        return rc;
+
+    const int64_t n = p->n, H = p->hidden, V = p->vocab;
+    double weight_sum = 0.0;
+    int64_t counted = 0;
+    for (int64_t i = 0; i < n; i++) {
+        float w = weights ? weights[i] : 1.0f;
+        if ((labels && labels[i] < 0) || !(w > 0.0f))
+            continue;
+        weight_sum += w;
+        counted++;
+    }
+    if (counted == 0) {   /* nothing to learn from: loss 0, gradient 0 */
+        if (grad_student)
+            memset(grad_student, 0, (size_t)(n * H) * sizeof(float));
+        if (per_position)
+            memset(per_position, 0, (size_t)n * sizeof(float));
+        *out = (ddk_loss_result){ 0 };
+        return 0;
+    }
+
+    char *workspace = ddk_malloc(be->alloc, shape.workspace_bytes);
+    if (!workspace)
+        return -ENOMEM;
+    float *zs = (float *)workspace;                                          /* (chunk, width) */
+    float *zt = shape.uses_teacher ? (float *)(workspace + shape.logits_bytes) : NULL;
+    ddk_loss_row *rows = (ddk_loss_row *)(workspace + shape.logits_bytes *
+                                                     (shape.uses_teacher ? 2 : 1)); /* (chunk) */
+
+    loss_run k = {
+        .be = be,
+        .H = H,
+        .alpha = p->kl_weight,
+        .T = p->kl_temperature,
+        .invT = 1.0f / p->kl_temperature,
+        .lambda = p->cap_weight,
+        .invTc = 1.0f / p->cap_temperature,
+        .kl = p->kl_weight > 0.0f,
+        .kl_scaled = p->kl_weight > 0.0f && p->kl_temperature != 1.0f,
+        .cap = p->cap_weight > 0.0f,
+        .cap_scaled = p->cap_temperature != 1.0f,
+        .given_labels = labels != NULL,
+    };
+    tile_sums_fn sums = pick_tile_sums(&k);
+    const int64_t width = shape.width;
+    const int tiled = width < V;
+    double sum_l = 0, sum_ce = 0, sum_kl = 0, sum_cap = 0;
+    int64_t correct = 0;
+
+    for (int64_t r0 = 0; r0 < n; r0 += shape.chunk) {
+        const int64_t m = n - r0 < shape.chunk ? n - r0 : shape.chunk;
+        const float *hs = student_hidden + r0 * H;                            /* (m, H) */
+        const float *ht = zt ? teacher_hidden + r0 * H : NULL;                /* (m, H) */
+        for (int64_t r = 0; r < m; r++)
+            row_init(&k, &rows[r], labels ? labels[r0 + r] : -1, weights ? weights[r0 + r] : 1.0f);
+
+        for (int64_t off = 0; off < V; off += width) {
+            const int64_t w = V - off < width ? V - off : width;
+            tile_logits(&k, hs, m, lm_head, off, w, zs);
+            if (zt)
+                tile_logits(&k, ht, m, lm_head, off, w, zt);
+            for (int64_t r = 0; r < m; r++)
+                if (!rows[r].ignored)
+                    row_stats_tile(&k, sums, &rows[r], zs + r * w, zt ? zt + r * w : NULL, off, w);
+        }
+
+        for (int64_t r = 0; r < m; r++) {
+            ddk_loss_row *row = &rows[r];
+            double l = 0.0;
+            if (!row->ignored) {
+                double w = weights ? weights[r0 + r] : 1.0;
+                loss_terms t = row_terms(&k, row);
+                row->scale = w / weight_sum;
+                l = t.l;
+                sum_l += w * t.l;
+                sum_ce += w * t.ce;
+                sum_kl += w * t.kl;
+                sum_cap += w * t.cap;
+                correct += row->confident;
+            }
+            if (per_position)
+                per_position[r0 + r] = (float)l;
+        }
+
+        if (!grad_student)
+            continue;
+        float *dhs = grad_student + r0 * H;                                    /* (m, H) */
+        for (int64_t off = 0; off < V; off += width) {
+            const int64_t w = V - off < width ? V - off : width;
+            if (tiled) {
+                tile_logits(&k, hs, m, lm_head, off, w, zs);
+                if (k.kl)
+                    tile_logits(&k, ht, m, lm_head, off, w, zt);
+            }
+            for (int64_t r = 0; r < m; r++) {
+                const ddk_loss_row *row = &rows[r];
+                float *g = zs + r * w;                                         /* (w) */
+                const float *t = zt ? zt + r * w : NULL;                       /* (w) */
+                if (row->ignored) {
+                    memset(g, 0, (size_t)w * sizeof(float));
+                    continue;
+                }
+                float zt_label = t && row->label >= off && row->label < off + w ? t[row->label - off] : 0.0f;
+                grad_coeffs c = row_grad_coeffs(&k, row);
+                pick_grad_tile(&k, row->confident)(g, t, w, &c);
+                if (row->label >= off && row->label < off + w)
+                    g[row->label - off] = grad_at_label(&k, row, zt_label);
+            }
+            /* dhs (m, H) (+)= g (m, w) . W[off .. off+w) (w, H) */
+            be->matmul(be, 0, 0, m, H, w, 1.0f, zs, w, lm_head + off * H, H,
+                       off == 0 ? 0.0f : 1.0f, dhs, H);
+        }
+    }
+    ddk_free(be->alloc, workspace, shape.workspace_bytes);
+
+    *out = (ddk_loss_result){
+        .loss = sum_l / weight_sum,
+        .ce = sum_ce / weight_sum,
+        .kl = sum_kl / weight_sum,
+        .cap = sum_cap / weight_sum,
+        .weight_sum = weight_sum,
+        .counted = counted,
+        .correct = correct,
+    };
+    return 0;
+}

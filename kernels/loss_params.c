@@ -1,0 +1,71 @@
+/* loss_params.c: validation of the loss's parameters and its workspace arithmetic, shared by
+ * every backend and by the memory planner (ddk_loss_workspace_bytes).
+ *
+ * Tested by tests/test_loss.c (bad parameters refused with nothing written; the allocator's
+ * measured peak equals ddk_loss_workspace_bytes exactly).
+ */
+#include "loss_internal.h"
+
+#include <errno.h>
+#include <math.h>
+
+static int positive_finite(float x)
+{
+    return isfinite(x) && x > 0.0f;
+}
+
+int ddk_loss_shape_of(const ddk_loss_params *p, int uses_teacher, ddk_loss_shape *shape)
+{
+    if (!p || p->n < 1 || p->hidden < 1 || p->vocab < 1 || p->vocab > INT32_MAX ||
+        p->chunk < 1 || p->vocab_tile < 0)
+        return -EINVAL;
+    if (!(p->kl_weight >= 0.0f && p->kl_weight <= 1.0f) || !positive_finite(p->kl_temperature) ||
+        !(p->cap_weight >= 0.0f && isfinite(p->cap_weight)) || !positive_finite(p->cap_temperature))
+        return -EINVAL;
+
+    int64_t chunk = p->chunk < p->n ? p->chunk : p->n;
+    int64_t width = p->vocab_tile > 0 && p->vocab_tile < p->vocab ? p->vocab_tile : p->vocab;
+    uint64_t logits, rows, total;
+    if (__builtin_mul_overflow((uint64_t)chunk, (uint64_t)width, &logits) ||
+        __builtin_mul_overflow(logits, (uint64_t)sizeof(float), &logits) ||
+        __builtin_mul_overflow((uint64_t)chunk, (uint64_t)sizeof(ddk_loss_row), &rows) ||
+        __builtin_add_overflow(logits * (uses_teacher ? 2u : 1u), rows, &total) ||
+        logits > SIZE_MAX / 2 || total > (uint64_t)INT64_MAX)
+        return -EINVAL;
+    shape->chunk = chunk;
+    shape->width = width;
+    shape->uses_teacher = uses_teacher != 0;
+    shape->logits_bytes = (size_t)logits;
+    shape->workspace_bytes = (size_t)total;
+    return 0;
+}
+
+int64_t ddk_loss_workspace_bytes(const ddk_loss_params *p, int uses_teacher)
+{
+    ddk_loss_shape shape;
+    int rc = ddk_loss_shape_of(p, uses_teacher, &shape);
+    return rc ? rc : (int64_t)shape.workspace_bytes;
+}
+
+int ddk_loss_check_call(const ddk_loss_params *p, const float *student_hidden,
+                        const float *teacher_hidden, const float *lm_head,
+                        const int32_t *labels, const float *weights, const ddk_loss_result *out)
+{
+    if (!p || !student_hidden || !lm_head || !out)
+        return -EINVAL;
+    if (!teacher_hidden && (!labels || p->kl_weight > 0.0f))
+        return -EINVAL;   /* the teacher supplies the labels and the KL */
+    if (labels)
+        for (int64_t i = 0; i < p->n; i++)
+            if (labels[i] >= p->vocab)
+                return -EINVAL;
+    double weight_sum = 0.0;
+    if (weights)
+        for (int64_t i = 0; i < p->n; i++) {
+            if (!isfinite(weights[i]))
+                return -EINVAL;
+            if (weights[i] > 0.0f)
+                weight_sum += weights[i];
+        }
+    return isfinite(weight_sum) ? 0 : -EINVAL;
+}

@@ -1,0 +1,89 @@
+#!/usr/bin/python3
+"""loss_vs_torch.py: the fused, chunked loss beside the PyTorch approach, in one invocation.
+
+    loss_vs_torch.py --bin BUILD/bin/bench_loss [--n 2048 --hidden 256 --vocab 16000
+                     --chunk 512 --tile 2048 --threads 1 --reps 3] [--seed-arithmetic]
+
+Runs bench_loss (both memory modes and the floor: the three logit-sized products alone) and
+loss_torch_peer.py (per chunk: logits, CE + KL, backward, gradient accumulated: the seed's
+approach) with the same shape and thread count, one after the other, each in its own process
+so that neither's peak memory hides the other's. Prints one table with the ratios the issue
+sets as goals. A figure, never a test: it exits 0 whatever the ratios are.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def run_json(cmd, env):
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if done.returncode == 77:
+        return None, done.stdout + done.stderr
+    if done.returncode != 0:
+        sys.exit(f"loss_vs_torch: {' '.join(cmd)} failed ({done.returncode}):\n{done.stderr}")
+    lines = [l for l in done.stdout.splitlines() if l.startswith("{")]
+    return json.loads(lines[-1]), done.stdout
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bin", required=True, help="path to bench_loss")
+    for name, default in (("n", 2048), ("hidden", 256), ("vocab", 16000), ("chunk", 512),
+                          ("tile", 2048), ("threads", 1), ("reps", 3)):
+        ap.add_argument("--" + name, type=int, default=default)
+    ap.add_argument("--kl-weight", type=float, default=0.15)
+    ap.add_argument("--seed-arithmetic", action="store_true")
+    a = ap.parse_args()
+
+    env = dict(os.environ, OPENBLAS_NUM_THREADS=str(a.threads), OMP_NUM_THREADS=str(a.threads))
+    shape = ["--n", str(a.n), "--hidden", str(a.hidden), "--vocab", str(a.vocab),
+             "--chunk", str(a.chunk), "--threads", str(a.threads), "--reps", str(a.reps),
+             "--kl-weight", str(a.kl_weight)]
+    ours, _ = run_json([a.bin, *shape, "--tile", str(a.tile), "--json"], env)
+    torch, why = run_json([sys.executable, os.path.join(HERE, "loss_torch_peer.py"), *shape], env)
+
+    MB = 1e6
+    full, tiled, floor = ours["full"], ours["tiled"], ours["floor_seconds"]
+    print(f"loss: n {a.n}, H {a.hidden}, V {a.vocab}, chunk {a.chunk}, {a.threads} thread(s), "
+          f"CE + KL (alpha {a.kl_weight}), median of {a.reps}")
+    print(f"  {'implementation':34s} {'time s':>8s} {'x floor':>8s} {'workspace MB':>13s} {'RSS growth MB':>14s}")
+    print(f"  {'3 logit-sized products (floor)':34s} {floor:8.3f} {1.0:8.2f} {'-':>13s} {'-':>14s}")
+    print(f"  {'ddtree, vocab_tile 0':34s} {full['seconds_median']:8.3f} {full['seconds_median'] / floor:8.2f} "
+          f"{full['workspace_bytes'] / MB:13.1f} {full['workspace_rss_bytes'] / MB:14.1f}")
+    print(f"  {'ddtree, vocab_tile %d' % a.tile:34s} {tiled['seconds_median']:8.3f} {tiled['seconds_median'] / floor:8.2f} "
+          f"{tiled['workspace_bytes'] / MB:13.1f} {tiled['workspace_rss_bytes'] / MB:14.1f}")
+    if torch:
+        print(f"  {'PyTorch %s, chunked (seed approach)' % torch['torch_version']:34s} {torch['seconds_median']:8.3f} "
+              f"{torch['seconds_median'] / floor:8.2f} {torch['workspace_analytic_bytes'] / MB:13.1f} "
+              f"{torch['workspace_rss_bytes'] / MB:14.1f}")
+        print(f"  losses: ddtree {full['loss']:.6f}, PyTorch {torch['loss']:.6f} "
+              "(different random inputs of the same distribution; equality is tests/loss_torch_check.py's job)")
+    else:
+        print(f"  PyTorch: not run ({why.strip()})")
+
+    def goal(text, ok):
+        print(f"  [{'met ' if ok else 'MISS'}] {text}")
+    print("goals:")
+    if torch:
+        goal(f"time <= 0.7 x PyTorch: {full['seconds_median'] / torch['seconds_median']:.2f} x",
+             full["seconds_median"] <= 0.7 * torch["seconds_median"])
+        goal(f"workspace <= 0.3 x PyTorch's (RSS growth, same measure both): "
+             f"{full['workspace_rss_bytes'] / max(torch['workspace_rss_bytes'], 1):.2f} x",
+             full["workspace_rss_bytes"] <= 0.3 * torch["workspace_rss_bytes"])
+    goal(f"time <= 1.3 x the floor: {full['seconds_median'] / floor:.2f} x", full["seconds_median"] <= 1.3 * floor)
+    goal(f"tiled workspace <= 48 MB: {tiled['workspace_bytes'] / MB:.1f} MB", tiled["workspace_bytes"] <= 48e6)
+    goal(f"tiled time <= 2 x materialised: {tiled['seconds_median'] / full['seconds_median']:.2f} x",
+         tiled["seconds_median"] <= 2 * full["seconds_median"])
+    if a.seed_arithmetic:
+        done = subprocess.run([a.bin, "--n", "1", "--hidden", "1", "--vocab", "2", "--chunk", "1",
+                               "--tile", "1", "--reps", "1", "--seed-arithmetic"],
+                              env=env, capture_output=True, text=True, check=True)
+        print(done.stdout[done.stdout.index("\nThe seed"):].rstrip())
+
+
+if __name__ == "__main__":
+    main()
