@@ -34,8 +34,9 @@ typedef struct ddk_loss_shape {
     int64_t chunk;            /* rows per chunk: min(p->chunk, n) */
     int64_t width;            /* columns per tile: V, or min(vocab_tile, V) */
     int uses_teacher;         /* teacher logits needed (labels or KL) */
-    size_t logits_bytes;      /* one logit buffer: chunk x width floats */
-    size_t workspace_bytes;   /* student (+ teacher) logits + chunk rows of statistics */
+    size_t rows_bytes;        /* chunk rows of statistics, rounded up to 64 bytes */
+    size_t logits_bytes;      /* one logit buffer: chunk x width floats, rounded up to 64 bytes */
+    size_t workspace_bytes;   /* statistics + student (+ teacher) logits */
 } ddk_loss_shape;
 
 /* Checks parameters (not memory): 0 or -EINVAL, and fills *shape. */

@@ -28,13 +28,16 @@ int ddk_loss_shape_of(const ddk_loss_params *p, int uses_teacher, ddk_loss_shape
     uint64_t logits, rows, total;
     if (__builtin_mul_overflow((uint64_t)chunk, (uint64_t)width, &logits) ||
         __builtin_mul_overflow(logits, (uint64_t)sizeof(float), &logits) ||
-        __builtin_mul_overflow((uint64_t)chunk, (uint64_t)sizeof(ddk_loss_row), &rows) ||
-        __builtin_add_overflow(logits * (uses_teacher ? 2u : 1u), rows, &total) ||
-        logits > SIZE_MAX / 2 || total > (uint64_t)INT64_MAX)
+        logits > (uint64_t)INT64_MAX / 4)
         return -EINVAL;
+    /* statistics first, then the logit buffers, each starting on a 64-byte line */
+    rows = ((uint64_t)chunk * sizeof(ddk_loss_row) + 63) / 64 * 64;
+    logits = (logits + 63) / 64 * 64;
+    total = rows + logits * (uses_teacher ? 2u : 1u);
     shape->chunk = chunk;
     shape->width = width;
     shape->uses_teacher = uses_teacher != 0;
+    shape->rows_bytes = (size_t)rows;
     shape->logits_bytes = (size_t)logits;
     shape->workspace_bytes = (size_t)total;
     return 0;

@@ -9,6 +9,7 @@
  * ctest: exit 0 when every case passes; one line per case; a final "N passed, M failed".
  */
 #include "ddk.h"
+#include "check.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -16,25 +17,6 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
-
-/* ------------------------------------------------------------------------------------------
- * Reporting
- */
-
-static int case_failed;   /* set by check() within the current case */
-
-static void check(int ok, const char *fmt, ...)
-{
-    if (ok)
-        return;
-    va_list args;
-    va_start(args, fmt);
-    printf("  # ");
-    vprintf(fmt, args);
-    printf("\n");
-    va_end(args);
-    case_failed = 1;
-}
 
 /* ------------------------------------------------------------------------------------------
  * Cases

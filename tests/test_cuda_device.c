@@ -2,18 +2,12 @@
  * cudaMalloc (current, peak, budget refusal with ENOMEM, reuse of freed blocks).
  * Reports skipped (exit 77) when this libddk has no CUDA or the machine no GPU. */
 #include "ddk.h"
+#include "check.h"
 
 #include <errno.h>
 #include <stdio.h>
 
-static int failures;
-#define CHECK(cond)                                                                 \
-    do {                                                                            \
-        if (!(cond)) {                                                              \
-            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-            failures++;                                                             \
-        }                                                                           \
-    } while (0)
+#define CHECK(cond) check((cond), "%s:%d: %s", __FILE__, __LINE__, #cond)
 
 int main(void)
 {
@@ -59,6 +53,6 @@ int main(void)
         ddk_allocator_trim(a);
         CHECK(ddk_allocator_stats(a).cached == 0);
     }
-    printf("%s\n", failures ? "FAILED" : "passed");
-    return failures ? 1 : 0;
+    printf("%d passed, %d failed\n", !case_failed, case_failed);
+    return case_failed ? 1 : 0;
 }

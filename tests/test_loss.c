@@ -13,12 +13,13 @@
  *     written; the workspace is exactly ddk_loss_workspace_bytes();
  *   - ddk_backend_cpu(): its loss is ddk_loss_cpu() bit for bit; its matmul is the naive product
  *     for every transpose combination.
- * What it does not: bf16, the CUDA backend (tests/ has GPU targets), speed (tests/bench/).
+ * What it does not: bf16, the CUDA backend (GPU-labelled targets), speed (tests/bench/).
  *
  * ctest: exit 0 when every case passes; one line per case; a final "N passed, M failed".
  * Dimension legend: n positions, H hidden size, V vocabulary. Row-major; W is (V, H).
  */
 #include "ddk.h"
+#include "check.h"
 #include "loss_reference.h"
 
 #include <errno.h>
@@ -31,23 +32,8 @@
 #include <string.h>
 
 /* ------------------------------------------------------------------------------------------
- * Reporting: check() prints what is wrong under the case; main() prints one line per case
+ * Helpers (check() is in check.h; main() prints one line per case)
  */
-
-static int case_failed;
-
-static void check(int ok, const char *fmt, ...)
-{
-    if (ok)
-        return;
-    va_list args;
-    va_start(args, fmt);
-    printf("  # ");
-    vprintf(fmt, args);
-    printf("\n");
-    va_end(args);
-    case_failed = 1;
-}
 
 static void *xcalloc(size_t count, size_t size)
 {
@@ -440,14 +426,18 @@ static void test_nothing_counted(void)
         c.vocab_tile = tile;
         loss_data d = make_data(&c, 77);
         /* every label negative, weights positive */
-        for (int64_t i = 0; i < c.n; i++)
-            d.labels[i] = i % 2 ? -1 : -100, d.weights[i] = 1.0f;
+        for (int64_t i = 0; i < c.n; i++) {
+            d.labels[i] = i % 2 ? -1 : -100;
+            d.weights[i] = 1.0f;
+        }
         impl_run o = run_impl(&d, &d.p, 1, 1);
         check_all_zero(&o, &d.p, tile ? "labels < 0, tiled" : "labels < 0");
         free_run(&o);
         /* valid labels, every weight 0 */
-        for (int64_t i = 0; i < c.n; i++)
-            d.labels[i] = (int32_t)(i % c.V), d.weights[i] = 0.0f;
+        for (int64_t i = 0; i < c.n; i++) {
+            d.labels[i] = (int32_t)(i % c.V);
+            d.weights[i] = 0.0f;
+        }
         o = run_impl(&d, &d.p, 1, 1);
         check_all_zero(&o, &d.p, tile ? "weights 0, tiled" : "weights 0");
         free_run(&o);
@@ -762,7 +752,8 @@ static const char *const bad_names[BAD_COUNT] = {
 
 static void test_bad_parameters(void)
 {
-    const loss_case c = { "bad", 4, 3, 5, 2, 0, 0.5f, 1.0f, 0.1f, 1.0f, TEACHER_NEAR,
+    enum { n = 4, H = 3, V = 5 };
+    const loss_case c = { "bad", n, H, V, 2, 0, 0.5f, 1.0f, 0.1f, 1.0f, TEACHER_NEAR,
                           LABELS_GIVEN, WEIGHTS_GIVEN, 1.0f };
     loss_data d = make_data(&c, 1);
     /* the valid case first, or every refusal below would prove nothing */
@@ -774,8 +765,8 @@ static void test_bad_parameters(void)
         ddk_loss_params p = d.p;
         const ddk_loss_params *pp = &p;
         const float *hs = d.hs, *ht = d.ht, *W = d.W;
-        int32_t labels[4];
-        float weights[4];
+        int32_t labels[n];
+        float weights[n];
         memcpy(labels, d.labels, sizeof(labels));
         memcpy(weights, d.weights, sizeof(weights));
         const int32_t *lp = labels;
@@ -804,12 +795,12 @@ static void test_bad_parameters(void)
         case BAD_TC_NAN: p.cap_temperature = NAN; break;
         case BAD_NO_TEACHER_NO_LABELS: ht = NULL, lp = NULL, p.kl_weight = 0.0f, params_only = 0; break;
         case BAD_NO_TEACHER_ALPHA: ht = NULL, params_only = 0; break;
-        case BAD_LABEL_V: labels[2] = (int32_t)c.V, params_only = 0; break;
+        case BAD_LABEL_V: labels[2] = V, params_only = 0; break;
         case BAD_WEIGHT_NAN: weights[1] = NAN, params_only = 0; break;
         }
         /* out, grad and per_position full of the sentinel, and copies to compare with */
         ddk_loss_result out, out_before;
-        float grad[4 * 3], grad_before[4 * 3], per[4], per_before[4];
+        float grad[n * H], grad_before[n * H], per[n], per_before[n];
         memset(&out, sentinel_byte, sizeof(out));
         memset(grad, sentinel_byte, sizeof(grad));
         memset(per, sentinel_byte, sizeof(per));

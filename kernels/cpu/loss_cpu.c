@@ -354,10 +354,10 @@ int ddk_cpu_loss(const ddk_backend *be, const ddk_loss_params *p,
     char *workspace = ddk_malloc(be->alloc, shape.workspace_bytes);
     if (!workspace)
         return -ENOMEM;
-    float *zs = (float *)workspace;                                          /* (chunk, width) */
-    float *zt = shape.uses_teacher ? (float *)(workspace + shape.logits_bytes) : NULL;
-    ddk_loss_row *rows = (ddk_loss_row *)(workspace + shape.logits_bytes *
-                                                     (shape.uses_teacher ? 2 : 1)); /* (chunk) */
+    ddk_loss_row *rows = (ddk_loss_row *)workspace;                          /* (chunk) */
+    float *zs = (float *)(workspace + shape.rows_bytes);                     /* (chunk, width) */
+    float *zt = shape.uses_teacher ? (float *)(workspace + shape.rows_bytes + shape.logits_bytes)
+                                   : NULL;                                   /* (chunk, width) */
 
     loss_run k = {
         .be = be,

@@ -20,8 +20,13 @@ ht = randn(n, H), W = randn(V, H) * 2/sqrt(H) (logits with std ~2).
 
 Memory: workspace_rss_bytes is the growth of the process's peak RSS (getrusage ru_maxrss)
 from just after the inputs and hs.grad exist and are touched to the end of the reps: what the
-loss costs the machine, allocator slack included. workspace_analytic_bytes is the count of
-chunk x V float32 tensors the approach keeps alive at once (see ANALYTIC_LOGIT_TENSORS).
+loss costs the machine, allocator slack included. It is only meaningful when the workspace is
+well above ~20 MB (allocator arenas, BLAS buffers and the peak of `import torch` are of that
+order); tensors of 32 MB and more are mmapped by glibc one by one, and freed at once, so there
+RSS follows the live set closely. workspace_analytic_bytes is the peak count of chunk x V
+float32 tensors the approach keeps alive at once, times C x V x 4 (analytic_logit_tensors()).
+Threads: --threads sets torch's pool and, through the environment before torch is imported,
+OpenBLAS's (torch's matrix products here), which torch.set_num_threads() does not reach.
 
 Not a test: it never fails on timing. Exits 77 when torch cannot be imported.
 Dimension legend: n positions, H hidden size, V vocabulary, C chunk.
@@ -30,55 +35,51 @@ Dimension legend: n positions, H hidden size, V vocabulary, C chunk.
 import argparse
 import json
 import math
+import os
 import resource
 import statistics
 import sys
 import time
 
-try:
-    import torch
-    import torch.nn.functional as F
-except ImportError as exc:
-    print(f"skipped: torch not available ({exc})", file=sys.stderr)
-    sys.exit(77)
+torch = F = None   # imported in main(), after the thread count is in the environment
 
 
 # ------------------------------------------------------------------------------------------
 # The approach, and its analytic memory
 
 def analytic_logit_tensors(kl_weight, kl_temperature, cap_weight):
-    """Peak count of C x V float32 tensors alive at once in loss_chunk() (forward or backward).
+    """Peak count of C x V float32 tensors alive at once in loss_chunk(), forward or backward.
 
-    Teacher, under no_grad: logits_t (1), log_pt = log_softmax(logits_t / T) (+1; logits_t
-    is then dropped, the division is in place). Student, forward: logits_s (1),
-    log_ps = log_softmax(logits_s [/ T]) (+1, saved by autograd); with T = 1 CE reuses log_ps
-    through nll_loss (cross_entropy is exactly log_softmax + nll_loss); with T != 1 CE has its
-    own log_softmax(logits_s) (+1) and logits_s / T (+1, transient). kl_div(log_target=True)
-    forms exp(log_pt) and log_pt - log_ps before their product (+3 transient). CAP adds
-    log_softmax(logits_s / Tc) (+1 saved, +1 transient division) and its exp (+1 saved by the
-    product). Backward: the gradients of the terms w.r.t. log_ps (1 each) and their sum, then
-    d/d logits_s (1), while the saved tensors still live.
-    The forward peak dominates: at T = 1 without CAP, log_pt + logits_s + log_ps + 3 kl_div
-    transients = 6 (5 when alpha = 0: no log_pt there but no kl_div either, so logits_t +
-    logits_s + log_ps + nll's one-hot-free gradient path: 3).
+    alpha = 0, no CAP: 3. Backward: log_ps (saved by log_softmax), d loss/d log_ps (from
+    nll_loss), d loss/d logits_s (from log_softmax's backward). The forward holds only 2
+    (logits_t is dropped after its argmax, before logits_s exists).
+    alpha > 0, T = 1: 6. Forward, inside kl_div(log_target=True) = sum exp(log_pt) *
+    (log_pt - log_ps): log_pt, logits_s, log_ps, exp(log_pt), log_pt - log_ps, their product.
+    alpha > 0, T != 1: 7. The same plus CE's own log_softmax(logits_s) (cross_entropy), as
+    log_ps is then log_softmax(logits_s / T) and cannot be shared.
+    CAP: +3 without KL, +2 with it. Backward of -sum exp(log_pc) log_pc: log_pc and exp(log_pc)
+    (saved), the gradients of the product's two factors and of the exp, while log_ps (and
+    log_pt) are still saved; with KL, the forward peak inside kl_div is the larger one otherwise.
+    Checked against workspace_rss_bytes at C x V x 4 = 41 MB per tensor (each one its own mmap,
+    so RSS follows the live set): 3.16, 6.20, 7.20, 6.20 (CAP, no KL), 8.22 (CAP, KL),
+    9.21 (CAP, KL, T = 2) tensors; the 0.2 is thread stacks and BLAS buffers.
     """
     if kl_weight > 0:
-        count = 6 if kl_temperature == 1.0 else 8
+        count = 6 if kl_temperature == 1.0 else 7
+        count += 2 if cap_weight > 0 else 0
     else:
-        count = 3
-    if cap_weight > 0:
-        count += 3
+        count = 3 + (3 if cap_weight > 0 else 0)
     return count
 
 
 def loss_chunk(hs_c, ht_c, W, n, alpha, T, lam, Tc):
     """Forward and backward of one chunk; returns its share of the loss (a float)."""
     with torch.no_grad():                           # W and the teacher are frozen
-        logits_t = ht_c @ W.T                                   # (C, V)
+        logits_t = F.linear(ht_c, W)                            # (C, V)
         labels = logits_t.argmax(dim=1)                         # (C) ce_target = "teacher"
         log_pt = F.log_softmax(logits_t.div_(T), dim=1) if alpha > 0 else None
         del logits_t
-    logits_s = hs_c @ W.T                                       # (C, V)
+    logits_s = F.linear(hs_c, W)                                # (C, V): the lm_head
     if T == 1.0 or alpha == 0:
         log_ps = F.log_softmax(logits_s, dim=1)                 # (C, V), shared by CE and KL
         ce = F.nll_loss(log_ps, labels, reduction="sum")        # == cross_entropy(logits_s)
@@ -133,6 +134,17 @@ def main():
         ap.error("sizes, chunk, threads and reps must be >= 1, kl-weight in [0, 1], "
                  "temperatures > 0, cap-weight >= 0")
 
+    # OpenBLAS (torch's matrix products here) sizes its own thread pool from the environment
+    # when it loads, and torch.set_num_threads() does not reach it: set both before the import.
+    os.environ["OPENBLAS_NUM_THREADS"] = str(a.threads)
+    os.environ["OMP_NUM_THREADS"] = str(a.threads)
+    global torch, F
+    try:
+        import torch
+        import torch.nn.functional as F
+    except ImportError as exc:
+        print(f"skipped: torch not available ({exc})", file=sys.stderr)
+        return 77
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
     # In place throughout, so that no temporary raises the peak RSS before it is read.
@@ -141,7 +153,11 @@ def main():
     W = torch.randn(a.vocab, a.hidden, dtype=torch.float32)                 # (V, H)
     W.mul_(2.0 / math.sqrt(a.hidden))
     hs.requires_grad_(True)
-    hs.grad = torch.zeros_like(hs)                                          # (n, H), touched
+    # One tiny forward/backward (8 positions) allocates and touches hs.grad and starts what the
+    # libraries set up once (thread pools, the BLAS's packing buffers, the autograd engine), so
+    # that the RSS growth below is the loss's workspace, not one-time start-up.
+    (F.log_softmax(F.linear(hs[:8], W), dim=1)[:, 0].sum() / a.n).backward()
+    hs.grad.zero_()                                                         # (n, H)
     rss_before = max_rss_bytes()
 
     args = (a.chunk, a.kl_weight, a.kl_temperature, a.cap_weight, a.cap_temperature)
