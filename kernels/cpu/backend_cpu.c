@@ -8,6 +8,7 @@
 #include "cpu_backend.h"
 
 #include <cblas.h>
+#include <string.h>
 
 static void cpu_matmul(const ddk_backend *be, int trans_a, int trans_b,
                        int64_t m, int64_t n, int64_t k, float alpha,
@@ -19,10 +20,31 @@ static void cpu_matmul(const ddk_backend *be, int trans_a, int trans_b,
                 a, (blasint)lda, b, (blasint)ldb, beta, c, (blasint)ldc);
 }
 
+static void cpu_zero(const ddk_backend *be, void *dst, size_t bytes)
+{
+    memset(dst, 0, bytes);
+}
+
+static void cpu_copy(const ddk_backend *be, void *dst, const void *src, size_t bytes)
+{
+    memmove(dst, src, bytes);
+}
+
 static ddk_backend cpu_backend = {
     .name = "cpu",
     .matmul = cpu_matmul,
     .loss = ddk_cpu_loss,
+    .zero = cpu_zero,
+    .copy = cpu_copy,
+    .rmsnorm = ddk_cpu_rmsnorm,
+    .rmsnorm_backward = ddk_cpu_rmsnorm_backward,
+    .rope = ddk_cpu_rope,
+    .swiglu = ddk_cpu_swiglu,
+    .swiglu_backward = ddk_cpu_swiglu_backward,
+    .embedding = ddk_cpu_embedding,
+    .dflash_attention = ddk_cpu_dflash_attention,
+    .dflash_attention_backward = ddk_cpu_dflash_attention_backward,
+    .causal_attention = ddk_cpu_causal_attention,
 };
 
 const ddk_backend *ddk_backend_cpu(void)

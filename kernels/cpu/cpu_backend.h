@@ -10,4 +10,31 @@ int ddk_cpu_loss(const ddk_backend *be, const ddk_loss_params *p,
                  const int32_t *labels, const float *weights,
                  float *grad_student, float *per_position, ddk_loss_result *out);
 
+/* The drafter's and the target's ops; contracts in ddk.h (struct ddk_backend). */
+void ddk_cpu_rmsnorm(const ddk_backend *be, const float *x, const float *g, int64_t rows,
+                     int64_t d, float eps, float *y, float *rstd);
+void ddk_cpu_rmsnorm_backward(const ddk_backend *be, const float *x, const float *g,
+                              const float *rstd, const float *dy, int64_t rows, int64_t d,
+                              float *dx, float *dg);
+void ddk_cpu_rope(const ddk_backend *be, float *x, const int32_t *pos, int64_t rows,
+                  int64_t heads, int64_t d, float theta, int inverse);
+void ddk_cpu_swiglu(const ddk_backend *be, const float *gate, const float *up, int64_t count,
+                    float *h);
+void ddk_cpu_swiglu_backward(const ddk_backend *be, const float *gate, const float *up,
+                             const float *dh, int64_t count, float *dgate, float *dup);
+void ddk_cpu_embedding(const ddk_backend *be, const float *table, const int32_t *tokens,
+                       int64_t rows, int64_t H, float *out);
+
+/* DFlash attention and causal attention (attention_cpu.c); contracts in ddk.h. */
+int ddk_cpu_dflash_attention(const ddk_backend *be, const ddk_attention_shape *shape,
+                             const float *q, const float *k, const float *v,
+                             const int32_t *anchors, const uint8_t *keep, float *out, float *lse);
+int ddk_cpu_dflash_attention_backward(const ddk_backend *be, const ddk_attention_shape *shape,
+                                      const float *q, const float *k, const float *v,
+                                      const int32_t *anchors, const uint8_t *keep,
+                                      const float *out, const float *lse, const float *dout,
+                                      float *dq, float *dk, float *dv);
+int ddk_cpu_causal_attention(const ddk_backend *be, const ddk_attention_shape *shape,
+                             const float *q, const float *k, const float *v, float *out);
+
 #endif

@@ -137,6 +137,14 @@ DDK_API int64_t ddk_loss_workspace_bytes(const ddk_loss_params *p, int uses_teac
 
 typedef struct ddk_backend ddk_backend;
 
+typedef struct ddk_attention_shape {
+    int64_t S;        /* context rows (the target's tokens of the sequence) */
+    int64_t A, B;     /* blocks (anchors) and block size: A*B query rows */
+    int64_t nh, nkv;  /* query heads, key/value heads; nh % nkv == 0 */
+    int64_t d;        /* head dim */
+    int64_t window;   /* 0: full_attention; > 0: sliding_attention with this window */
+} ddk_attention_shape;
+
 struct ddk_backend {
     const char *name;        /* "cpu", "cuda" */
     ddk_allocator *alloc;    /* where this backend's tensors live */
@@ -153,6 +161,66 @@ struct ddk_backend {
                 const float *student_hidden, const float *teacher_hidden, const float *lm_head,
                 const int32_t *labels, const float *weights,
                 float *grad_student, float *per_position, ddk_loss_result *out);
+
+    /* ---- memory on this backend's device ---- */
+    void (*zero)(const ddk_backend *be, void *dst, size_t bytes);
+    /* dst and src anywhere (host or this device): the backend knows its own pointers */
+    void (*copy)(const ddk_backend *be, void *dst, const void *src, size_t bytes);
+
+    /* ---- the drafter's and the target's ops (SPEC.md sections 2 and 3) ----
+     * Convention (llm.c's): forward ops overwrite their outputs; backward ops ADD into their
+     * gradient outputs, so a tensor used twice gets both contributions; callers zero them. */
+
+    /* y (rows, d) = x / sqrt(mean(x^2) + eps) * g; rstd (rows) = 1 / sqrt(mean(x^2) + eps), or
+     * NULL when no backward follows. Per-head norms are rows = tokens * heads, d = head_dim.
+     * y may be x (in place). */
+    void (*rmsnorm)(const ddk_backend *be, const float *x, const float *g, int64_t rows,
+                    int64_t d, float eps, float *y, float *rstd);
+    /* dx (rows, d) += d/dx, dg (d) += d/dg, from x, g, the forward's rstd and dy (rows, d) */
+    void (*rmsnorm_backward)(const ddk_backend *be, const float *x, const float *g,
+                             const float *rstd, const float *dy, int64_t rows, int64_t d,
+                             float *dx, float *dg);
+
+    /* Rotate-half RoPE in place over the full head dim: x (rows, heads, d), d even; row r at
+     * position pos[r]; pair (x_i, x_{i+d/2}) rotated by pos * theta^(-2i/d); d <= 1024. inverse = 1
+     * rotates by the negative angle, which is the backward (the rotation's transpose). */
+    void (*rope)(const ddk_backend *be, float *x, const int32_t *pos, int64_t rows,
+                 int64_t heads, int64_t d, float theta, int inverse);
+
+    /* h (count) = silu(gate) * up; h may be gate or up (in place) */
+    void (*swiglu)(const ddk_backend *be, const float *gate, const float *up, int64_t count,
+                   float *h);
+    /* dgate += dh * up * silu'(gate), dup += dh * silu(gate) */
+    void (*swiglu_backward)(const ddk_backend *be, const float *gate, const float *up,
+                            const float *dh, int64_t count, float *dgate, float *dup);
+
+    /* out (rows, H) = table[tokens] with table (V, H); tokens in [0, V) (checked by callers) */
+    void (*embedding)(const ddk_backend *be, const float *table, const int32_t *tokens,
+                      int64_t rows, int64_t H, float *out);
+
+    /* DFlash attention of one sequence (SPEC.md section 2, step 4), flash-style: online
+     * softmax over key tiles, memory linear in the number of queries, never a dense mask.
+     * q (A*B, nh, d) block rows; k, v (S + A*B, nkv, d): context rows [0, S) then block rows
+     * (block j slot o at S + j*B + o); anchors (A) sorted ascending; keep (A): 0 = padded
+     * block, its output rows are 0. Query head h reads kv head h / (nh / nkv); scale
+     * 1/sqrt(d). Visibility of query (j, o): context t < anchors[j] (and, when window > 0,
+     * t >= anchors[j] + o - (window - 1)); block slots of block j only: all of them when
+     * window = 0 (full_attention), slots <= o when window > 0 (sliding_attention).
+     * out (A*B, nh, d); lse (A*B, nh) the log-sum-exp of each query's scaled scores, kept for
+     * the backward. 0, or -ENOMEM when the backend's workspace cannot be had. */
+    int (*dflash_attention)(const ddk_backend *be, const ddk_attention_shape *shape,
+                            const float *q, const float *k, const float *v,
+                            const int32_t *anchors, const uint8_t *keep, float *out, float *lse);
+    /* dq (A*B, nh, d) +=, dk, dv (S + A*B, nkv, d) += from the forward's out, lse and dout */
+    int (*dflash_attention_backward)(const ddk_backend *be, const ddk_attention_shape *shape,
+                                     const float *q, const float *k, const float *v,
+                                     const int32_t *anchors, const uint8_t *keep,
+                                     const float *out, const float *lse, const float *dout,
+                                     float *dq, float *dk, float *dv);
+    /* Plain causal attention (the target, forward only): q (T, nh, d), k, v (T, nkv, d),
+     * query t sees keys 0..t; out (T, nh, d). shape->S = T; A, B, window unused. */
+    int (*causal_attention)(const ddk_backend *be, const ddk_attention_shape *shape,
+                            const float *q, const float *k, const float *v, float *out);
 };
 
 /* The CPU backend: complete, the reference for every other backend. */

@@ -1,0 +1,550 @@
+/* drafter.c: the DFlash block-diffusion drafter (SPEC.md section 2): configuration checks,
+ * the parameter table, initialisation, batch checks and one training step (forward over the
+ * context and the blocks, the fused chunked loss of kernels/, backward into every parameter).
+ *
+ * Activations of every sequence are kept from the forward for the backward (one allocation);
+ * the loss runs once over the slots of all sequences (one global normalisation). Attention
+ * is the backend's flash-style DFlash kernel, so no (A*B) x (S + A*B) matrix ever exists.
+ * Not here: noise on the features (the trainer's), the optimiser, data.
+ * Tested by tests/step_torch_check.py (PyTorch float64 reference of SPEC.md section 2 through
+ * `ddtreed step`) and tests/test_engine.c.
+ *
+ * Legend: H hidden, L_t taps, nh / nkv heads, d head dim, I intermediate, V vocabulary,
+ * S sequence length, A anchors, B block size, AB = A*B block rows, SAB = S + A*B key rows.
+ */
+#include "drafter.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------------------------------
+ * Configuration and the parameter table
+ */
+
+int ddt_drafter_config_check(const ddt_drafter_config *c, char *err, size_t err_len)
+{
+#define REQUIRE(cond, ...)                              \
+    do {                                                \
+        if (!(cond)) {                                  \
+            snprintf(err, err_len, __VA_ARGS__);        \
+            return -EINVAL;                             \
+        }                                               \
+    } while (0)
+    REQUIRE(c->hidden >= 1, "hidden_size must be >= 1 (got %lld)", (long long)c->hidden);
+    REQUIRE(c->layers >= 1 && c->layers <= DDT_MAX_LAYERS, "num_hidden_layers must be in [1, %d] (got %lld)",
+            DDT_MAX_LAYERS, (long long)c->layers);
+    REQUIRE(c->heads >= 1 && c->kv_heads >= 1 && c->heads % c->kv_heads == 0,
+            "num_attention_heads (%lld) must be a positive multiple of num_key_value_heads (%lld)",
+            (long long)c->heads, (long long)c->kv_heads);
+    REQUIRE(c->head_dim >= 2 && c->head_dim % 2 == 0 && c->head_dim <= 1024,
+            "head_dim must be even and in [2, 1024] (got %lld)", (long long)c->head_dim);
+    REQUIRE(c->intermediate >= 1, "intermediate_size must be >= 1 (got %lld)", (long long)c->intermediate);
+    REQUIRE(c->vocab >= 2 && c->vocab <= INT32_MAX, "vocab_size must be in [2, 2^31) (got %lld)", (long long)c->vocab);
+    REQUIRE(c->block_size >= 2, "block_size must be >= 2 (got %lld)", (long long)c->block_size);
+    REQUIRE(c->rms_norm_eps > 0 && isfinite(c->rms_norm_eps), "rms_norm_eps must be > 0");
+    REQUIRE(c->rope_theta > 0 && isfinite(c->rope_theta), "rope_theta must be > 0");
+    REQUIRE(c->taps >= 1 && c->taps <= DDT_MAX_TAPS, "dflash_config.target_layer_ids must hold 1 to %d ids",
+            DDT_MAX_TAPS);
+    REQUIRE(c->mask_token_id >= 0 && c->mask_token_id < c->vocab,
+            "dflash_config.mask_token_id must be in [0, vocab_size) (got %d)", c->mask_token_id);
+    int any_sliding = 0;
+    for (int64_t i = 0; i < c->layers; i++)
+        any_sliding |= c->sliding[i];
+    REQUIRE(!any_sliding || c->sliding_window >= 1, "sliding_window must be >= 1 when a layer is sliding_attention");
+    for (int64_t i = 0; i < c->taps; i++)
+        REQUIRE(c->target_layer_ids[i] >= 0 &&
+                    (c->num_target_layers <= 0 || c->target_layer_ids[i] < c->num_target_layers),
+                "dflash_config.target_layer_ids[%lld] = %d is not a layer of the target (%lld layers)",
+                (long long)i, c->target_layer_ids[i], (long long)c->num_target_layers);
+#undef REQUIRE
+    return 0;
+}
+
+static void table_add(ddt_param *params, int *count, int64_t *total, size_t slot, int is_norm,
+                      int64_t rows, int64_t cols, const char *fmt, int layer)
+{
+    ddt_param *p = &params[(*count)++];
+    snprintf(p->name, sizeof p->name, fmt, layer);
+    p->ndim = cols ? 2 : 1;
+    p->shape[0] = rows;
+    p->shape[1] = cols;
+    p->numel = cols ? rows * cols : rows;
+    p->offset = *total;
+    p->is_norm = is_norm;
+    p->slot = slot;
+    *total += p->numel;
+}
+
+int ddt_drafter_param_table(const ddt_drafter_config *c, ddt_param *params, int64_t *total)
+{
+    const int64_t H = c->hidden, qd = c->heads * c->head_dim, kvd = c->kv_heads * c->head_dim,
+                  I = c->intermediate, d = c->head_dim;
+    int count = 0;
+    *total = 0;
+    table_add(params, &count, total, offsetof(ddt_drafter_weights, fc), 0, H, c->taps * H, "fc.weight", 0);
+    table_add(params, &count, total, offsetof(ddt_drafter_weights, hidden_norm), 1, H, 0, "hidden_norm.weight", 0);
+    for (int i = 0; i < (int)c->layers; i++) {
+        size_t L = offsetof(ddt_drafter_weights, layer) + (size_t)i * sizeof(ddt_layer_weights);
+#define LAYER(field, is_norm, rows, cols, name) \
+    table_add(params, &count, total, L + offsetof(ddt_layer_weights, field), is_norm, rows, cols, name, i)
+        LAYER(input_layernorm, 1, H, 0, "layers.%d.input_layernorm.weight");
+        LAYER(post_attention_layernorm, 1, H, 0, "layers.%d.post_attention_layernorm.weight");
+        LAYER(q_proj, 0, qd, H, "layers.%d.self_attn.q_proj.weight");
+        LAYER(k_proj, 0, kvd, H, "layers.%d.self_attn.k_proj.weight");
+        LAYER(v_proj, 0, kvd, H, "layers.%d.self_attn.v_proj.weight");
+        LAYER(o_proj, 0, H, qd, "layers.%d.self_attn.o_proj.weight");
+        LAYER(q_norm, 1, d, 0, "layers.%d.self_attn.q_norm.weight");
+        LAYER(k_norm, 1, d, 0, "layers.%d.self_attn.k_norm.weight");
+        LAYER(gate_proj, 0, I, H, "layers.%d.mlp.gate_proj.weight");
+        LAYER(up_proj, 0, I, H, "layers.%d.mlp.up_proj.weight");
+        LAYER(down_proj, 0, H, I, "layers.%d.mlp.down_proj.weight");
+#undef LAYER
+    }
+    table_add(params, &count, total, offsetof(ddt_drafter_weights, norm), 1, H, 0, "norm.weight", 0);
+    return count;
+}
+
+void ddt_drafter_bind(const ddt_drafter_config *c, float *base, ddt_drafter_weights *w)
+{
+    static _Thread_local ddt_param params[DDT_MAX_PARAMS];
+    int64_t total;
+    int count = ddt_drafter_param_table(c, params, &total);
+    memset(w, 0, sizeof *w);
+    for (int i = 0; i < count; i++)
+        *(float **)((char *)w + params[i].slot) = base + params[i].offset;
+}
+
+/* splitmix64 */
+static uint64_t rng_next(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static double rng_normal(uint64_t *s)
+{
+    double u = ((rng_next(s) >> 11) + 0.5) * 0x1.0p-53, v = (rng_next(s) >> 11) * 0x1.0p-53;
+    return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
+}
+
+/* Norm gains 1; every matrix N(0, 0.02^2) (the Qwen3 / Hugging Face initializer_range), each
+ * parameter from its own stream seeded by (seed, its index), so the values of one parameter do
+ * not depend on the shapes of the others. */
+void ddt_drafter_init(const ddt_drafter_config *c, float *base, uint64_t seed)
+{
+    static _Thread_local ddt_param params[DDT_MAX_PARAMS];
+    int64_t total;
+    int count = ddt_drafter_param_table(c, params, &total);
+    for (int i = 0; i < count; i++) {
+        float *x = base + params[i].offset;
+        uint64_t s = seed * 0x100000001B3ull + (uint64_t)i;
+        for (int64_t j = 0; j < params[i].numel; j++)
+            x[j] = params[i].is_norm ? 1.0f : (float)(0.02 * rng_normal(&s));
+    }
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Batches
+ */
+
+int ddt_batch_check(const ddt_drafter_config *c, const ddt_batch *b, const ddt_loss_config *lc,
+                    char *err, size_t err_len)
+{
+    if (b->nseq < 1 || b->S < 2 || b->A < 1) {
+        snprintf(err, err_len, "a batch needs nseq >= 1, S >= 2, A >= 1 (got %lld, %lld, %lld)",
+                 (long long)b->nseq, (long long)b->S, (long long)b->A);
+        return -EINVAL;
+    }
+    for (int64_t i = 0; i < b->nseq * b->S; i++)
+        if (b->input_ids[i] < 0 || b->input_ids[i] >= c->vocab) {
+            snprintf(err, err_len, "input_ids[%lld][%lld] = %d is outside the vocabulary [0, %lld)",
+                     (long long)(i / b->S), (long long)(i % b->S), b->input_ids[i], (long long)c->vocab);
+            return -EINVAL;
+        }
+    for (int64_t s = 0; s < b->nseq; s++) {
+        const int32_t *a = b->anchors + s * b->A;
+        const uint8_t *keep = b->keep + s * b->A;
+        for (int64_t j = 0; j < b->A; j++) {
+            if (keep[j] > 1 || (j > 0 && keep[j] && !keep[j - 1])) {
+                snprintf(err, err_len, "keep[%lld] must be 1s then 0s (padding after the kept blocks)",
+                         (long long)s);
+                return -EINVAL;
+            }
+            if (keep[j] && (a[j] < 0 || a[j] >= b->S || (j > 0 && a[j] < a[j - 1]))) {
+                snprintf(err, err_len, "anchors[%lld][%lld] = %d: kept anchors must be sorted and in [0, %lld)",
+                         (long long)s, (long long)j, a[j], (long long)b->S);
+                return -EINVAL;
+            }
+        }
+    }
+    int needs_teacher = lc->ce_target_teacher || lc->loss.kl_weight > 0.0f;
+    if (needs_teacher && !b->teacher_hidden) {
+        snprintf(err, err_len, "teacher_hidden is required by %s",
+                 lc->ce_target_teacher ? "ce_target \"teacher\"" : "kl_weight > 0");
+        return -EINVAL;
+    }
+    if (!(lc->gamma > 0.0f) || !isfinite(lc->gamma)) {
+        snprintf(err, err_len, "gamma must be > 0 (got %g)", (double)lc->gamma);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Activations: one allocation, carved twice (a sizing pass with base NULL, then for real).
+ */
+
+typedef struct arena {
+    char *base;
+    size_t used;
+} arena;
+
+static void *take(arena *a, size_t bytes)
+{
+    void *p = a->base ? a->base + a->used : NULL;
+    a->used += (bytes + 63) / 64 * 64;
+    return p;
+}
+#define TAKE(a, type, count) ((type *)take((a), (size_t)(count) * sizeof(type)))
+
+typedef struct layer_acts {
+    float *u, *rstd_u;                /* (AB, H), (AB): input_layernorm */
+    float *q_pre, *rstd_q, *q;        /* (AB, nh*d), (AB*nh), (AB, nh*d) after q_norm + RoPE */
+    float *k_pre, *rstd_k, *k;        /* (SAB, nkv*d), (SAB*nkv), (SAB, nkv*d) after k_norm + RoPE */
+    float *v;                         /* (SAB, nkv*d) */
+    float *attn, *lse;                /* (AB, nh*d), (AB, nh) */
+    float *h_mid;                     /* (AB, H) after the attention's residual */
+    float *m, *rstd_m;                /* (AB, H), (AB): post_attention_layernorm */
+    float *gate, *up, *act;           /* (AB, I) each */
+} layer_acts;
+
+typedef struct seq_acts {
+    int32_t *anchors;                 /* (A) padded blocks take the last kept anchor */
+    int32_t *tokens;                  /* (AB) x[a_j] then mask tokens */
+    int32_t *pos;                     /* (SAB) context 0..S-1, then a_j + o */
+    float *xf, *ctx, *rstd_ctx;       /* (S, H) fc output, (S, H) context C, (S) */
+    float *h[DDT_MAX_LAYERS + 1];     /* (AB, H) residual stream before each layer, and after */
+    float *hs_rstd;                   /* (AB) final norm */
+    layer_acts layer[DDT_MAX_LAYERS];
+} seq_acts;
+
+typedef struct grad_scratch {
+    float *dh, *dh_mid, *dm, *du;     /* (AB, H) */
+    float *dact, *dgate, *dup;        /* (AB, I) */
+    float *dattn, *dq, *dq_pre;       /* (AB, nh*d) */
+    float *dk, *dv, *dk_pre;          /* (SAB, nkv*d) */
+    float *dctx, *dxf;                /* (S, H) */
+} grad_scratch;
+
+typedef struct step_memory {
+    seq_acts *seq;                    /* (nseq), host structs pointing into the arena */
+    float *hs, *dhs;                  /* (nseq*AB, H) student hidden and its gradient */
+    float *teacher;                   /* (nseq*AB, H) th[a_j + k - 1], or NULL */
+    int32_t *labels;                  /* (nseq*AB) or NULL (teacher argmax) */
+    float *weights;                   /* (nseq*AB) */
+    grad_scratch g;
+} step_memory;
+
+static void carve(arena *a, const ddt_drafter_config *c, const ddt_batch *b, int uses_teacher,
+                  step_memory *m)
+{
+    const int64_t H = c->hidden, qd = c->heads * c->head_dim, kvd = c->kv_heads * c->head_dim,
+                  I = c->intermediate, S = b->S, AB = b->A * c->block_size, SAB = S + AB,
+                  N = b->nseq * AB;
+    for (int64_t s = 0; s < b->nseq; s++) {
+        seq_acts *q = &m->seq[s];
+        q->anchors = TAKE(a, int32_t, b->A);
+        q->tokens = TAKE(a, int32_t, AB);
+        q->pos = TAKE(a, int32_t, SAB);
+        q->xf = TAKE(a, float, S * H);
+        q->ctx = TAKE(a, float, S * H);
+        q->rstd_ctx = TAKE(a, float, S);
+        for (int64_t l = 0; l <= c->layers; l++)
+            q->h[l] = TAKE(a, float, AB * H);
+        q->hs_rstd = TAKE(a, float, AB);
+        for (int64_t l = 0; l < c->layers; l++) {
+            layer_acts *L = &q->layer[l];
+            L->u = TAKE(a, float, AB * H);
+            L->rstd_u = TAKE(a, float, AB);
+            L->q_pre = TAKE(a, float, AB * qd);
+            L->rstd_q = TAKE(a, float, AB * c->heads);
+            L->q = TAKE(a, float, AB * qd);
+            L->k_pre = TAKE(a, float, SAB * kvd);
+            L->rstd_k = TAKE(a, float, SAB * c->kv_heads);
+            L->k = TAKE(a, float, SAB * kvd);
+            L->v = TAKE(a, float, SAB * kvd);
+            L->attn = TAKE(a, float, AB * qd);
+            L->lse = TAKE(a, float, AB * c->heads);
+            L->h_mid = TAKE(a, float, AB * H);
+            L->m = TAKE(a, float, AB * H);
+            L->rstd_m = TAKE(a, float, AB);
+            L->gate = TAKE(a, float, AB * I);
+            L->up = TAKE(a, float, AB * I);
+            L->act = TAKE(a, float, AB * I);
+        }
+    }
+    m->hs = TAKE(a, float, N * H);
+    m->dhs = TAKE(a, float, N * H);
+    m->teacher = uses_teacher ? TAKE(a, float, N * H) : NULL;
+    m->labels = TAKE(a, int32_t, N);
+    m->weights = TAKE(a, float, N);
+    grad_scratch *g = &m->g;
+    g->dh = TAKE(a, float, AB * H);
+    g->dh_mid = TAKE(a, float, AB * H);
+    g->dm = TAKE(a, float, AB * H);
+    g->du = TAKE(a, float, AB * H);
+    g->dact = TAKE(a, float, AB * I);
+    g->dgate = TAKE(a, float, AB * I);
+    g->dup = TAKE(a, float, AB * I);
+    g->dattn = TAKE(a, float, AB * qd);
+    g->dq = TAKE(a, float, AB * qd);
+    g->dq_pre = TAKE(a, float, AB * qd);
+    g->dk = TAKE(a, float, SAB * kvd);
+    g->dv = TAKE(a, float, SAB * kvd);
+    g->dk_pre = TAKE(a, float, SAB * kvd);
+    g->dctx = TAKE(a, float, S * H);
+    g->dxf = TAKE(a, float, S * H);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Linear layers: y (M, N) = x (M, K) W^T with W (N, K), the Hugging Face layout.
+ */
+
+static void linear(const ddk_backend *be, const float *x, int64_t M, int64_t K, const float *W,
+                   int64_t N, float beta, float *y)
+{
+    be->matmul(be, 0, 1, M, N, K, 1.0f, x, K, W, K, beta, y, N);
+}
+
+/* dx (M, K) += dy W (when dx), dW (N, K) += dy^T x */
+static void linear_backward(const ddk_backend *be, const float *x, int64_t M, int64_t K,
+                            const float *W, int64_t N, const float *dy, float *dx, float *dW)
+{
+    if (dx)
+        be->matmul(be, 0, 0, M, K, N, 1.0f, dy, N, W, K, 1.0f, dx, K);
+    be->matmul(be, 1, 0, N, K, M, 1.0f, dy, N, x, K, 1.0f, dW, K);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Forward of one sequence. The index arrays (anchors, tokens, positions, labels, weights) are
+ * formed on the host, in the arena: the CPU backend's memory is the host's.
+ */
+
+static void sequence_inputs(const ddt_drafter_config *c, const ddt_batch *b, int64_t s,
+                            seq_acts *q, int32_t *labels, float *weights, float gamma, int data_labels)
+{
+    const int64_t S = b->S, B = c->block_size;
+    const int32_t *x = b->input_ids + s * S;
+    const uint8_t *mask = b->loss_mask + s * S;
+    const int32_t *a = b->anchors + s * b->A;
+    const uint8_t *keep = b->keep + s * b->A;
+    int32_t last = 0;
+    for (int64_t j = 0; j < b->A; j++) {
+        q->anchors[j] = keep[j] ? a[j] : last;   /* padding keeps the anchors sorted */
+        last = q->anchors[j];
+    }
+    for (int64_t t = 0; t < S; t++)
+        q->pos[t] = (int32_t)t;
+    for (int64_t j = 0; j < b->A; j++) {
+        const int64_t aj = q->anchors[j];
+        for (int64_t k = 0; k < B; k++) {
+            const int64_t r = j * B + k, target = aj + k;
+            q->tokens[r] = k == 0 ? x[aj] : c->mask_token_id;
+            q->pos[S + r] = (int32_t)target;
+            int valid = keep[j] && k >= 1 && target < S && mask[target];
+            weights[r] = valid ? (float)exp(-(double)(k - 1) / gamma) : 0.0f;
+            labels[r] = data_labels && target < S ? x[target] : -1;
+        }
+    }
+}
+
+static int forward_sequence(const ddk_backend *be, const ddt_drafter_config *c,
+                            const ddt_drafter_weights *w, const float *embed, const ddt_batch *b,
+                            int64_t s, seq_acts *q, float *hs)
+{
+    const int64_t H = c->hidden, nh = c->heads, nkv = c->kv_heads, d = c->head_dim,
+                  qd = nh * d, kvd = nkv * d, I = c->intermediate, S = b->S, A = b->A,
+                  B = c->block_size, AB = A * B, SAB = S + AB, LH = c->taps * H;
+    const float eps = c->rms_norm_eps, theta = c->rope_theta;
+
+    /* context: C = RMSNorm(X fc^T; hidden_norm) (S, H) */
+    const float *X = b->features + s * S * LH;   /* (S, L_t*H) */
+    linear(be, X, S, LH, w->fc, H, 0.0f, q->xf);
+    be->rmsnorm(be, q->xf, w->hidden_norm, S, H, eps, q->ctx, q->rstd_ctx);
+
+    be->embedding(be, embed, q->tokens, AB, H, q->h[0]);
+    for (int64_t l = 0; l < c->layers; l++) {
+        const ddt_layer_weights *W = &w->layer[l];
+        layer_acts *L = &q->layer[l];
+        const float *h = q->h[l];
+        be->rmsnorm(be, h, W->input_layernorm, AB, H, eps, L->u, L->rstd_u);
+
+        /* Q for block rows; K, V over [C ; u] (the context gets no input_layernorm) */
+        linear(be, L->u, AB, H, W->q_proj, qd, 0.0f, L->q_pre);
+        be->rmsnorm(be, L->q_pre, W->q_norm, AB * nh, d, eps, L->q, L->rstd_q);
+        be->rope(be, L->q, q->pos + S, AB, nh, d, theta, 0);
+        linear(be, q->ctx, S, H, W->k_proj, kvd, 0.0f, L->k_pre);
+        linear(be, L->u, AB, H, W->k_proj, kvd, 0.0f, L->k_pre + S * kvd);
+        be->rmsnorm(be, L->k_pre, W->k_norm, SAB * nkv, d, eps, L->k, L->rstd_k);
+        be->rope(be, L->k, q->pos, SAB, nkv, d, theta, 0);
+        linear(be, q->ctx, S, H, W->v_proj, kvd, 0.0f, L->v);
+        linear(be, L->u, AB, H, W->v_proj, kvd, 0.0f, L->v + S * kvd);
+
+        ddk_attention_shape shape = { .S = S, .A = A, .B = B, .nh = nh, .nkv = nkv, .d = d,
+                                      .window = c->sliding[l] ? c->sliding_window : 0 };
+        int rc = be->dflash_attention(be, &shape, L->q, L->k, L->v, q->anchors,
+                                      b->keep + s * A, L->attn, L->lse);
+        if (rc)
+            return rc;
+        be->copy(be, L->h_mid, h, (size_t)(AB * H) * sizeof(float));
+        linear(be, L->attn, AB, qd, W->o_proj, H, 1.0f, L->h_mid);
+
+        be->rmsnorm(be, L->h_mid, W->post_attention_layernorm, AB, H, eps, L->m, L->rstd_m);
+        linear(be, L->m, AB, H, W->gate_proj, I, 0.0f, L->gate);
+        linear(be, L->m, AB, H, W->up_proj, I, 0.0f, L->up);
+        be->swiglu(be, L->gate, L->up, AB * I, L->act);
+        be->copy(be, q->h[l + 1], L->h_mid, (size_t)(AB * H) * sizeof(float));
+        linear(be, L->act, AB, I, W->down_proj, H, 1.0f, q->h[l + 1]);
+    }
+    be->rmsnorm(be, q->h[c->layers], w->norm, AB, H, eps, hs, q->hs_rstd);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Backward of one sequence, from dhs (AB, H); gradients ADD into g.
+ */
+
+static int backward_sequence(const ddk_backend *be, const ddt_drafter_config *c,
+                             const ddt_drafter_weights *w, ddt_drafter_weights *gw,
+                             const ddt_batch *b, int64_t s, const seq_acts *q, const float *dhs,
+                             const grad_scratch *t)
+{
+    const int64_t H = c->hidden, nh = c->heads, nkv = c->kv_heads, d = c->head_dim,
+                  qd = nh * d, kvd = nkv * d, I = c->intermediate, S = b->S, A = b->A,
+                  B = c->block_size, AB = A * B, SAB = S + AB, LH = c->taps * H;
+    const float theta = c->rope_theta;
+    const size_t ab_h = (size_t)(AB * H) * sizeof(float);
+
+    be->zero(be, t->dctx, (size_t)(S * H) * sizeof(float));
+    be->zero(be, t->dh, ab_h);
+    be->rmsnorm_backward(be, q->h[c->layers], w->norm, q->hs_rstd, dhs, AB, H, t->dh, gw->norm);
+
+    for (int64_t l = c->layers - 1; l >= 0; l--) {
+        const ddt_layer_weights *W = &w->layer[l];
+        ddt_layer_weights *G = &gw->layer[l];
+        const layer_acts *L = &q->layer[l];
+
+        /* MLP: h_out = h_mid + swiglu(m Wg^T, m Wu^T) Wd^T */
+        be->copy(be, t->dh_mid, t->dh, ab_h);
+        be->zero(be, t->dact, (size_t)(AB * I) * sizeof(float));
+        linear_backward(be, L->act, AB, I, W->down_proj, H, t->dh, t->dact, G->down_proj);
+        be->zero(be, t->dgate, (size_t)(AB * I) * sizeof(float));
+        be->zero(be, t->dup, (size_t)(AB * I) * sizeof(float));
+        be->swiglu_backward(be, L->gate, L->up, t->dact, AB * I, t->dgate, t->dup);
+        be->zero(be, t->dm, ab_h);
+        linear_backward(be, L->m, AB, H, W->gate_proj, I, t->dgate, t->dm, G->gate_proj);
+        linear_backward(be, L->m, AB, H, W->up_proj, I, t->dup, t->dm, G->up_proj);
+        be->rmsnorm_backward(be, L->h_mid, W->post_attention_layernorm, L->rstd_m, t->dm, AB, H,
+                             t->dh_mid, G->post_attention_layernorm);
+
+        /* attention: h_mid = h + attn Wo^T */
+        be->zero(be, t->dattn, (size_t)(AB * qd) * sizeof(float));
+        linear_backward(be, L->attn, AB, qd, W->o_proj, H, t->dh_mid, t->dattn, G->o_proj);
+        be->zero(be, t->dq, (size_t)(AB * qd) * sizeof(float));
+        be->zero(be, t->dk, (size_t)(SAB * kvd) * sizeof(float));
+        be->zero(be, t->dv, (size_t)(SAB * kvd) * sizeof(float));
+        ddk_attention_shape shape = { .S = S, .A = A, .B = B, .nh = nh, .nkv = nkv, .d = d,
+                                      .window = c->sliding[l] ? c->sliding_window : 0 };
+        int rc = be->dflash_attention_backward(be, &shape, L->q, L->k, L->v, q->anchors,
+                                               b->keep + s * A, L->attn, L->lse, t->dattn,
+                                               t->dq, t->dk, t->dv);
+        if (rc)
+            return rc;
+
+        /* V = [C ; u] Wv^T */
+        be->zero(be, t->du, ab_h);
+        linear_backward(be, q->ctx, S, H, W->v_proj, kvd, t->dv, t->dctx, G->v_proj);
+        linear_backward(be, L->u, AB, H, W->v_proj, kvd, t->dv + S * kvd, t->du, G->v_proj);
+        /* K = RoPE(k_norm([C ; u] Wk^T)) */
+        be->rope(be, t->dk, q->pos, SAB, nkv, d, theta, 1);
+        be->zero(be, t->dk_pre, (size_t)(SAB * kvd) * sizeof(float));
+        be->rmsnorm_backward(be, L->k_pre, W->k_norm, L->rstd_k, t->dk, SAB * nkv, d, t->dk_pre, G->k_norm);
+        linear_backward(be, q->ctx, S, H, W->k_proj, kvd, t->dk_pre, t->dctx, G->k_proj);
+        linear_backward(be, L->u, AB, H, W->k_proj, kvd, t->dk_pre + S * kvd, t->du, G->k_proj);
+        /* Q = RoPE(q_norm(u Wq^T)) */
+        be->rope(be, t->dq, q->pos + S, AB, nh, d, theta, 1);
+        be->zero(be, t->dq_pre, (size_t)(AB * qd) * sizeof(float));
+        be->rmsnorm_backward(be, L->q_pre, W->q_norm, L->rstd_q, t->dq, AB * nh, d, t->dq_pre, G->q_norm);
+        linear_backward(be, L->u, AB, H, W->q_proj, qd, t->dq_pre, t->du, G->q_proj);
+
+        /* u = RMSNorm(h; input_layernorm), plus the residual */
+        be->copy(be, t->dh, t->dh_mid, ab_h);
+        be->rmsnorm_backward(be, q->h[l], W->input_layernorm, L->rstd_u, t->du, AB, H, t->dh,
+                             G->input_layernorm);
+    }
+    /* the block inputs are the frozen embedding: the context is what remains */
+    be->zero(be, t->dxf, (size_t)(S * H) * sizeof(float));
+    be->rmsnorm_backward(be, q->xf, w->hidden_norm, q->rstd_ctx, t->dctx, S, H, t->dxf, gw->hidden_norm);
+    linear_backward(be, b->features + s * S * LH, S, LH, w->fc, H, t->dxf, NULL, gw->fc);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * The step
+ */
+
+int ddt_drafter_step(const ddk_backend *be, const ddt_drafter_config *c,
+                     const ddt_drafter_weights *w, ddt_drafter_weights *g,
+                     const float *embed, const float *lm_head, const ddt_batch *b,
+                     const ddt_loss_config *lc, ddk_loss_result *out)
+{
+    const int64_t H = c->hidden, AB = b->A * c->block_size, N = b->nseq * AB;
+    ddk_loss_params p = lc->loss;
+    p.n = N;
+    p.hidden = H;
+    p.vocab = c->vocab;
+    const int data_labels = !lc->ce_target_teacher;
+    const int uses_teacher = b->teacher_hidden && ddk_loss_uses_teacher(&p, data_labels);
+
+    seq_acts *seqs = calloc((size_t)b->nseq, sizeof *seqs);   /* pointers into the arena */
+    if (!seqs)
+        return -ENOMEM;
+    step_memory m = { .seq = seqs };
+    arena sizing = { NULL, 0 };
+    carve(&sizing, c, b, uses_teacher, &m);
+    char *base = ddk_malloc(be->alloc, sizing.used);
+    if (!base) {
+        free(seqs);
+        return -ENOMEM;
+    }
+    arena a = { base, 0 };
+    carve(&a, c, b, uses_teacher, &m);
+
+    int rc = 0;
+    for (int64_t s = 0; s < b->nseq && rc == 0; s++) {
+        seq_acts *q = &m.seq[s];
+        sequence_inputs(c, b, s, q, m.labels + s * AB, m.weights + s * AB, lc->gamma, data_labels);
+        if (uses_teacher) {   /* slot (j, k) is taught by th[a_j + k - 1] */
+            const float *th = b->teacher_hidden + s * b->S * H;   /* (S, H) */
+            for (int64_t r = 0; r < AB; r++) {
+                int64_t k = r % c->block_size, t = q->anchors[r / c->block_size] + k - 1;
+                t = t < 0 ? 0 : (t >= b->S ? b->S - 1 : t);      /* such slots weigh 0 */
+                be->copy(be, m.teacher + (s * AB + r) * H, th + t * H, (size_t)H * sizeof(float));
+            }
+        }
+        rc = forward_sequence(be, c, w, embed, b, s, q, m.hs + s * AB * H);
+    }
+    if (rc == 0)
+        rc = be->loss(be, &p, m.hs, m.teacher, lm_head, data_labels ? m.labels : NULL, m.weights,
+                      m.dhs, NULL, out);
+    for (int64_t s = 0; s < b->nseq && rc == 0; s++)
+        rc = backward_sequence(be, c, w, g, b, s, &m.seq[s], m.dhs + s * AB * H, &m.g);
+    ddk_free(be->alloc, base, sizing.used);
+    free(seqs);
+    return rc;
+}

@@ -1,0 +1,111 @@
+/* drafter.h: the DFlash block-diffusion drafter (SPEC.md section 2): its configuration, the ONE
+ * parameter table (names and shapes in export order) that drives initialisation, checkpoint
+ * I/O, export, the optimiser and tests, and one training step's forward, loss and backward.
+ * Tested by tests/step_torch_check.py (PyTorch float64 reference of SPEC.md section 2 through
+ * `ddtreed step`) and tests/test_engine.c.
+ *
+ * Legend: H hidden, L_t tapped target layers, nh / nkv query / key-value heads, d head dim,
+ * I intermediate, V vocabulary, S sequence length, A anchors, B block size.
+ */
+#ifndef DDT_DRAFTER_H
+#define DDT_DRAFTER_H
+
+#include "ddk.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum { DDT_MAX_LAYERS = 64, DDT_MAX_TAPS = 64, DDT_MAX_PARAMS = 3 + 11 * DDT_MAX_LAYERS };
+
+typedef struct ddt_drafter_config {
+    int64_t hidden;           /* H */
+    int64_t layers;           /* n */
+    int64_t heads, kv_heads;  /* nh, nkv */
+    int64_t head_dim;         /* d */
+    int64_t intermediate;     /* I */
+    int64_t vocab;            /* V of the target */
+    int64_t block_size;       /* B */
+    int64_t sliding_window;   /* Wn */
+    float rms_norm_eps, rope_theta;
+    int sliding[DDT_MAX_LAYERS];            /* layer_types: 1 = sliding_attention */
+    int64_t taps;                           /* L_t */
+    int32_t target_layer_ids[DDT_MAX_TAPS];
+    int32_t mask_token_id;
+    int64_t num_target_layers;              /* of the target (export's num_target_layers) */
+} ddt_drafter_config;
+
+/* Checks ranges and relations (nh % nkv, d even, ids...): 0, or -EINVAL with err naming the
+ * field and what it must be. */
+int ddt_drafter_config_check(const ddt_drafter_config *c, char *err, size_t err_len);
+
+/* Pointers to every parameter (or to every gradient: the same layout). */
+typedef struct ddt_layer_weights {
+    float *input_layernorm;           /* (H) */
+    float *post_attention_layernorm;  /* (H) */
+    float *q_proj;                    /* (nh*d, H) */
+    float *k_proj;                    /* (nkv*d, H) */
+    float *v_proj;                    /* (nkv*d, H) */
+    float *o_proj;                    /* (H, nh*d) */
+    float *q_norm;                    /* (d) */
+    float *k_norm;                    /* (d) */
+    float *gate_proj;                 /* (I, H) */
+    float *up_proj;                   /* (I, H) */
+    float *down_proj;                 /* (H, I) */
+} ddt_layer_weights;
+
+typedef struct ddt_drafter_weights {
+    float *fc;            /* (H, L_t*H) */
+    float *hidden_norm;   /* (H) */
+    ddt_layer_weights layer[DDT_MAX_LAYERS];
+    float *norm;          /* (H) */
+} ddt_drafter_weights;
+
+/* One row of the parameter table. */
+typedef struct ddt_param {
+    char name[64];        /* the export name, e.g. "layers.0.self_attn.q_proj.weight" */
+    int ndim;             /* 1 or 2 */
+    int64_t shape[2];
+    int64_t numel;
+    int64_t offset;       /* in floats, into the one contiguous buffer */
+    int is_norm;          /* RMSNorm gain: initialised to 1, no weight decay */
+    size_t slot;          /* offset of its pointer inside ddt_drafter_weights */
+} ddt_param;
+
+/* Fills params (DDT_MAX_PARAMS) in export order; returns the count. *total = floats in all. */
+int ddt_drafter_param_table(const ddt_drafter_config *c, ddt_param *params, int64_t *total);
+/* Points every tensor of w into base (total floats), following the table. */
+void ddt_drafter_bind(const ddt_drafter_config *c, float *base, ddt_drafter_weights *w);
+/* The initialisation (documented in drafter.c): seeded, norms 1, matrices N(0, 0.02^2). */
+void ddt_drafter_init(const ddt_drafter_config *c, float *base, uint64_t seed);
+
+/* A batch of independent sequences, in the backend's memory. */
+typedef struct ddt_batch {
+    int64_t nseq, S, A;
+    const int32_t *input_ids;       /* (nseq, S) */
+    const uint8_t *loss_mask;       /* (nseq, S) */
+    const float *features;          /* (nseq, S, L_t*H) */
+    const float *teacher_hidden;    /* (nseq, S, H), or NULL */
+    const int32_t *anchors;         /* (nseq, A) sorted per row, padding after the kept ones */
+    const uint8_t *keep;            /* (nseq, A) */
+} ddt_batch;
+
+typedef struct ddt_loss_config {
+    float gamma;              /* weight decay over slots: exp(-(k-1)/gamma) */
+    int ce_target_teacher;    /* 1: labels are the teacher's argmax; 0: the data's next token */
+    ddk_loss_params loss;     /* kl/cap weights and temperatures, chunk, vocab_tile (n, H, V set by the step) */
+} ddt_loss_config;
+
+/* Checks a batch against the configuration (token ids < V, anchors sorted and < S, keep
+ * 1s then 0s, teacher present when needed): 0, or -EINVAL with err naming the tensor. */
+int ddt_batch_check(const ddt_drafter_config *c, const ddt_batch *b, const ddt_loss_config *lc,
+                    char *err, size_t err_len);
+
+/* One forward + loss + backward. grads ADD into g (callers zero it once per accumulation).
+ * embed, lm_head (V, H): the target's, frozen. 0, -EINVAL (batch), or -ENOMEM: then g holds a
+ * partial sum, and a retry (smaller chunk) starts from zeroed gradients. */
+int ddt_drafter_step(const ddk_backend *be, const ddt_drafter_config *c,
+                     const ddt_drafter_weights *w, ddt_drafter_weights *g,
+                     const float *embed, const float *lm_head, const ddt_batch *b,
+                     const ddt_loss_config *lc, ddk_loss_result *out);
+
+#endif

@@ -1,0 +1,31 @@
+/* json_fields.h: typed, range-checked fields of untrusted JSON objects (cJSON), each failure
+ * an error "FILE: field what-is-wrong". Used by every reader of configuration files.
+ * Tested by tests/test_engine.c.
+ */
+#ifndef DDT_JSON_FIELDS_H
+#define DDT_JSON_FIELDS_H
+
+#include <cjson/cJSON.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct ddt_json_ctx {
+    const char *path;   /* named in errors */
+    char *err;
+    size_t err_len;
+} ddt_json_ctx;
+
+/* -EINVAL with err = "PATH: field what" */
+int ddt_json_fail(const ddt_json_ctx *j, const char *field, const char *what);
+/* Parses a whole file as a JSON object; NULL with err. */
+cJSON *ddt_json_parse_file(const char *path, size_t max_bytes, char *err, size_t err_len);
+/* An integer in [lo, hi]; when missing or null: dflt if has_default, else an error. */
+int ddt_json_int(const ddt_json_ctx *j, const cJSON *obj, const char *field, int64_t lo,
+                 int64_t hi, int has_default, int64_t dflt, int64_t *out);
+/* A finite number in [lo, hi] (lo_open: > lo); missing: as above. */
+int ddt_json_number(const ddt_json_ctx *j, const cJSON *obj, const char *field, double lo,
+                    int lo_open, double hi, int has_default, double dflt, double *out);
+/* Every key of obj is one of allowed (NULL-terminated): else an error naming the first other. */
+int ddt_json_only(const ddt_json_ctx *j, const cJSON *obj, const char *const *allowed);
+
+#endif

@@ -1,0 +1,272 @@
+/* target.c: the frozen dense target (SPEC.md section 3): loading Hugging Face llama / qwen3
+ * weights (any float dtype, converted to float32), a seeded synthetic target, and the causal
+ * forward that yields tapped layer outputs and the final-normed hidden state.
+ *
+ * One table of tensors (Hugging Face names, shapes, where each pointer goes) drives both the
+ * loading and the synthetic initialisation. Not here: KV caches and generation (the trainer's
+ * target-regenerated data), gated DeltaNet targets (fed through feature shards).
+ * Tested by tests/features_torch_check.py and tests/test_engine.c.
+ *
+ * Legend: T tokens, H hidden, V vocabulary, nh / nkv heads, d head dim, I intermediate.
+ */
+#include "target.h"
+#include "safetensors.h"
+#include "tensor_load.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------------------------------
+ * The tensor table
+ */
+
+typedef enum tensor_kind { KIND_NORM, KIND_MATRIX, KIND_EMBEDDING } tensor_kind;
+
+typedef struct target_tensor {
+    char name[96];
+    int64_t rows, cols;     /* cols = 0: a vector */
+    tensor_kind kind;
+    float **slot;           /* where its pointer goes in the ddt_target */
+} target_tensor;
+
+/* Fills table (room for 4 + 11 per layer); returns the count. */
+static int target_table(ddt_target *t, target_tensor *table)
+{
+    const ddt_target_config *c = &t->cfg;
+    const int64_t H = c->hidden, qd = c->heads * c->head_dim, kvd = c->kv_heads * c->head_dim,
+                  I = c->intermediate, d = c->head_dim;
+    int n = 0;
+#define ADD(slot_ptr, kind_, rows_, cols_, ...)                                     \
+    do {                                                                            \
+        target_tensor *e = &table[n++];                                             \
+        snprintf(e->name, sizeof e->name, __VA_ARGS__);                             \
+        e->rows = rows_;                                                            \
+        e->cols = cols_;                                                            \
+        e->kind = kind_;                                                            \
+        e->slot = slot_ptr;                                                         \
+    } while (0)
+    ADD(&t->embed_tokens, KIND_EMBEDDING, c->vocab, H, "model.embed_tokens.weight");
+    for (int64_t i = 0; i < c->layers; i++) {
+        ddt_target_layer *L = &t->layer[i];
+        ADD(&L->input_layernorm, KIND_NORM, H, 0, "model.layers.%lld.input_layernorm.weight", (long long)i);
+        ADD(&L->q_proj, KIND_MATRIX, qd, H, "model.layers.%lld.self_attn.q_proj.weight", (long long)i);
+        ADD(&L->k_proj, KIND_MATRIX, kvd, H, "model.layers.%lld.self_attn.k_proj.weight", (long long)i);
+        ADD(&L->v_proj, KIND_MATRIX, kvd, H, "model.layers.%lld.self_attn.v_proj.weight", (long long)i);
+        ADD(&L->o_proj, KIND_MATRIX, H, qd, "model.layers.%lld.self_attn.o_proj.weight", (long long)i);
+        if (c->qwen3) {
+            ADD(&L->q_norm, KIND_NORM, d, 0, "model.layers.%lld.self_attn.q_norm.weight", (long long)i);
+            ADD(&L->k_norm, KIND_NORM, d, 0, "model.layers.%lld.self_attn.k_norm.weight", (long long)i);
+        }
+        ADD(&L->post_attention_layernorm, KIND_NORM, H, 0, "model.layers.%lld.post_attention_layernorm.weight",
+            (long long)i);
+        ADD(&L->gate_proj, KIND_MATRIX, I, H, "model.layers.%lld.mlp.gate_proj.weight", (long long)i);
+        ADD(&L->up_proj, KIND_MATRIX, I, H, "model.layers.%lld.mlp.up_proj.weight", (long long)i);
+        ADD(&L->down_proj, KIND_MATRIX, H, I, "model.layers.%lld.mlp.down_proj.weight", (long long)i);
+    }
+    ADD(&t->norm, KIND_NORM, H, 0, "model.norm.weight");
+    if (!c->tie_word_embeddings)
+        ADD(&t->lm_head, KIND_MATRIX, c->vocab, H, "lm_head.weight");
+#undef ADD
+    return n;
+}
+
+static int64_t numel(const target_tensor *e)
+{
+    return e->cols ? e->rows * e->cols : e->rows;
+}
+
+/* Allocates the one weight block and points every slot into it. */
+static int carve_weights(ddt_target *t, target_tensor *table, int count, char *err, size_t err_len)
+{
+    int64_t total = 0;
+    for (int i = 0; i < count; i++)
+        total += numel(&table[i]);
+    t->weight_bytes = (size_t)total * sizeof(float);
+    t->weights = ddk_malloc(ddk_allocator_cpu(), t->weight_bytes);
+    if (!t->weights) {
+        snprintf(err, err_len, "no memory for the target's %lld weights (%.2f GB as float32)",
+                 (long long)total, t->weight_bytes / 1e9);
+        return -ENOMEM;
+    }
+    int64_t offset = 0;
+    for (int i = 0; i < count; i++) {
+        *table[i].slot = t->weights + offset;
+        offset += numel(&table[i]);
+    }
+    if (t->cfg.tie_word_embeddings)
+        t->lm_head = t->embed_tokens;
+    return 0;
+}
+
+static target_tensor *new_table(const ddt_target_config *c, char *err, size_t err_len)
+{
+    if (c->layers > DDT_MAX_TARGET_LAYERS) {
+        snprintf(err, err_len, "targets of more than %d layers are not supported (got %lld)",
+                 DDT_MAX_TARGET_LAYERS, (long long)c->layers);
+        return NULL;
+    }
+    target_tensor *table = calloc((size_t)(4 + 11 * c->layers), sizeof *table);
+    if (!table)
+        snprintf(err, err_len, "no memory for the target's tensor table");
+    return table;
+}
+
+int ddt_target_load(const char *dir, ddt_target *t, char *err, size_t err_len)
+{
+    memset(t, 0, sizeof *t);
+    int rc = ddt_target_config_load(dir, &t->cfg, err, err_len);
+    if (rc)
+        return rc;
+    target_tensor *table = new_table(&t->cfg, err, err_len);
+    if (!table)
+        return -EINVAL;
+    ddt_st_model model;
+    if ((rc = ddt_st_model_open(dir, &model, err, err_len))) {
+        free(table);
+        return rc;
+    }
+    int count = target_table(t, table);
+    if (!t->cfg.tie_word_embeddings && !ddt_st_model_find(&model, "lm_head.weight")) {
+        snprintf(err, err_len, "%s: lm_head.weight is missing and config.json does not set "
+                 "tie_word_embeddings: true", dir);
+        rc = -EINVAL;
+    }
+    if (!rc)
+        rc = carve_weights(t, table, count, err, err_len);
+    for (int i = 0; i < count && !rc; i++) {
+        const target_tensor *e = &table[i];
+        const ddt_st_tensor *st = ddt_st_model_find(&model, e->name);
+        int64_t dims[2] = { e->rows, e->cols };
+        ddt_tensor_want want = { e->name, DDT_F32, e->cols ? 2 : 1, dims };
+        if (!st) {
+            snprintf(err, err_len, "%s: tensor '%s' is missing", dir, e->name);
+            rc = -EINVAL;
+        } else if (!(rc = ddt_tensor_check(st, dir, &want, err, err_len))) {
+            ddt_st_to_f32(st, *e->slot);
+        }
+    }
+    ddt_st_model_close(&model);
+    free(table);
+    if (rc)
+        ddt_target_free(t);
+    return rc;
+}
+
+/* splitmix64 and Box-Muller: the synthetic target's weights */
+static uint64_t rng_next(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static double rng_normal(uint64_t *s)
+{
+    double u = ((rng_next(s) >> 11) + 0.5) * 0x1.0p-53, v = (rng_next(s) >> 11) * 0x1.0p-53;
+    return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
+}
+
+int ddt_target_synthetic(const ddt_target_config *cfg, uint64_t seed, ddt_target *t,
+                         char *err, size_t err_len)
+{
+    memset(t, 0, sizeof *t);
+    t->cfg = *cfg;
+    target_tensor *table = new_table(cfg, err, err_len);
+    if (!table)
+        return -EINVAL;
+    int count = target_table(t, table);
+    int rc = carve_weights(t, table, count, err, err_len);
+    for (int i = 0; i < count && !rc; i++) {
+        const target_tensor *e = &table[i];
+        uint64_t s = seed * 0x100000001B3ull + (uint64_t)i;
+        double std = e->kind == KIND_EMBEDDING ? 1.0 : e->kind == KIND_MATRIX ? 1.0 / sqrt((double)e->cols) : 0.0;
+        float *x = *e->slot;
+        for (int64_t j = 0; j < numel(e); j++)
+            x[j] = e->kind == KIND_NORM ? 1.0f : (float)(std * rng_normal(&s));
+    }
+    free(table);
+    return rc;
+}
+
+void ddt_target_free(ddt_target *t)
+{
+    if (t->weights)
+        ddk_free(ddk_allocator_cpu(), t->weights, t->weight_bytes);
+    t->weights = NULL;
+}
+
+void ddt_target_default_taps(int64_t target_layers, int64_t drafter_layers, int32_t *ids)
+{
+    if (drafter_layers == 1) {
+        ids[0] = (int32_t)(target_layers / 2);
+        return;
+    }
+    for (int64_t i = 0; i < drafter_layers; i++)
+        ids[i] = (int32_t)lround(1.0 + (double)i * (double)(target_layers - 4) / (double)(drafter_layers - 1));
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Forward
+ */
+
+int ddt_target_forward(const ddk_backend *be, const ddt_target *t, const int32_t *tokens,
+                       int64_t T, const int32_t *tap_ids, int n_taps, float *features,
+                       float *final_hidden)
+{
+    const ddt_target_config *c = &t->cfg;
+    const int64_t H = c->hidden, nh = c->heads, nkv = c->kv_heads, d = c->head_dim,
+                  qd = nh * d, kvd = nkv * d, I = c->intermediate;
+    for (int i = 0; i < n_taps; i++)
+        if (tap_ids[i] < 0 || tap_ids[i] >= c->layers)
+            return -EINVAL;
+
+    /* x, u (T, H); q, attn (T, nh*d); k, v (T, nkv*d); gate, up (T, I); pos (T) */
+    const size_t floats = (size_t)(T * (2 * H + 2 * qd + 2 * kvd + 2 * I));
+    const size_t bytes = floats * sizeof(float) + (size_t)T * sizeof(int32_t);
+    float *x = ddk_malloc(be->alloc, bytes);
+    if (!x)
+        return -ENOMEM;
+    float *u = x + T * H, *q = u + T * H, *attn = q + T * qd, *k = attn + T * qd,
+          *v = k + T * kvd, *gate = v + T * kvd, *up = gate + T * I;
+    int32_t *pos = (int32_t *)(up + T * I);
+    for (int64_t i = 0; i < T; i++)
+        pos[i] = (int32_t)i;
+
+    be->embedding(be, t->embed_tokens, tokens, T, H, x);
+    int rc = 0;
+    for (int64_t l = 0; l < c->layers && rc == 0; l++) {
+        const ddt_target_layer *L = &t->layer[l];
+        be->rmsnorm(be, x, L->input_layernorm, T, H, c->rms_norm_eps, u, NULL);
+        be->matmul(be, 0, 1, T, qd, H, 1.0f, u, H, L->q_proj, H, 0.0f, q, qd);
+        be->matmul(be, 0, 1, T, kvd, H, 1.0f, u, H, L->k_proj, H, 0.0f, k, kvd);
+        be->matmul(be, 0, 1, T, kvd, H, 1.0f, u, H, L->v_proj, H, 0.0f, v, kvd);
+        if (c->qwen3) {   /* per-head RMSNorm before RoPE, in place (no backward here) */
+            be->rmsnorm(be, q, L->q_norm, T * nh, d, c->rms_norm_eps, q, NULL);
+            be->rmsnorm(be, k, L->k_norm, T * nkv, d, c->rms_norm_eps, k, NULL);
+        }
+        be->rope(be, q, pos, T, nh, d, c->rope_theta, 0);
+        be->rope(be, k, pos, T, nkv, d, c->rope_theta, 0);
+        ddk_attention_shape shape = { .S = T, .nh = nh, .nkv = nkv, .d = d };
+        rc = be->causal_attention(be, &shape, q, k, v, attn);
+        if (rc)
+            break;
+        be->matmul(be, 0, 1, T, H, qd, 1.0f, attn, qd, L->o_proj, qd, 1.0f, x, H);   /* residual */
+        be->rmsnorm(be, x, L->post_attention_layernorm, T, H, c->rms_norm_eps, u, NULL);
+        be->matmul(be, 0, 1, T, I, H, 1.0f, u, H, L->gate_proj, H, 0.0f, gate, I);
+        be->matmul(be, 0, 1, T, I, H, 1.0f, u, H, L->up_proj, H, 0.0f, up, I);
+        be->swiglu(be, gate, up, T * I, gate);
+        be->matmul(be, 0, 1, T, H, I, 1.0f, gate, I, L->down_proj, I, 1.0f, x, H);   /* residual */
+        for (int i = 0; features && i < n_taps; i++)   /* the residual stream after layer l */
+            if (tap_ids[i] == l)
+                for (int64_t r = 0; r < T; r++)
+                    be->copy(be, features + (r * n_taps + i) * H, x + r * H, (size_t)H * sizeof(float));
+    }
+    if (rc == 0 && final_hidden)
+        be->rmsnorm(be, x, t->norm, T, H, c->rms_norm_eps, final_hidden, NULL);
+    ddk_free(be->alloc, x, bytes);
+    return rc;
+}

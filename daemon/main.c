@@ -1,0 +1,47 @@
+/* main.c: ddtreed's entry point: dispatches the subcommands of API.md's command line.
+ * The daemon itself (`serve`, the default) arrives with the daemon issue; the engine's tools
+ * are here now. Tested through the tools by the oracle tests (tests/step_torch_check.py and
+ * tests/features_torch_check.py).
+ */
+#include "commands.h"
+#include "ddk.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define USAGE                                                                                    \
+    "usage: ddtreed COMMAND [options]\n"                                                         \
+    "  step      one drafter forward + loss + backward from files (ddtreed step --help)\n"      \
+    "  features  a target's features of token sequences, as a feature shard\n"                 \
+    "  --version\n"
+
+int ddt_parse_count(const char *text, int64_t *out)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(text, &end, 10);
+    if (errno || end == text || *end || v < 0)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        fputs(USAGE, argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    if (!strcmp(argv[1], "--version")) {
+        printf("ddtreed %s\n", DDK_VERSION);
+        return 0;
+    }
+    if (!strcmp(argv[1], "step"))
+        return ddt_cmd_step(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "features"))
+        return ddt_cmd_features(argc - 1, argv + 1);
+    fprintf(stderr, "ddtreed: unknown command '%s'\n" USAGE, argv[1]);
+    return 2;
+}

@@ -1,0 +1,47 @@
+/* norm_cpu.c: RMSNorm forward and backward on the CPU (SPEC.md section 2: plain Qwen3 form,
+ * float32, also used per head for q_norm/k_norm with rows = tokens * heads).
+ * Tested by tests/test_ops.c (float64 reference, finite differences).
+ * Legend: rows independent vectors of d values.
+ */
+#include "ddk.h"
+#include "cpu_backend.h"
+
+#include <math.h>
+
+void ddk_cpu_rmsnorm(const ddk_backend *be, const float *x, const float *g, int64_t rows,
+                     int64_t d, float eps, float *y, float *rstd)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * d;   /* (d) */
+        float *yr = y + r * d;         /* (d) */
+        double ss = 0.0;
+        for (int64_t i = 0; i < d; i++)
+            ss += (double)xr[i] * xr[i];
+        float s = (float)(1.0 / sqrt(ss / d + eps));
+        for (int64_t i = 0; i < d; i++)
+            yr[i] = xr[i] * s * g[i];
+        if (rstd)
+            rstd[r] = s;
+    }
+}
+
+/* y = x s g with s = (mean(x^2) + eps)^(-1/2):
+ * dx = s (g dy) - x s^3 / d * sum(x g dy);  dg = sum over rows of dy x s */
+void ddk_cpu_rmsnorm_backward(const ddk_backend *be, const float *x, const float *g,
+                              const float *rstd, const float *dy, int64_t rows, int64_t d,
+                              float *dx, float *dg)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * d, *dyr = dy + r * d;   /* (d) */
+        float *dxr = dx + r * d;                            /* (d) */
+        const float s = rstd[r];
+        double dot = 0.0;
+        for (int64_t i = 0; i < d; i++)
+            dot += (double)xr[i] * g[i] * dyr[i];
+        const float k = (float)(dot * s * s * s / d);
+        for (int64_t i = 0; i < d; i++) {
+            dxr[i] += s * g[i] * dyr[i] - xr[i] * k;
+            dg[i] += dyr[i] * xr[i] * s;
+        }
+    }
+}

@@ -1,0 +1,176 @@
+/* bench_step.c: positions per second of one drafter training step (forward + loss + backward)
+ * on the CPU backend, and its peak memory. Prints figures, never fails on speed.
+ *
+ *   bench_step [--hidden 256] [--layers 2] [--heads 8] [--kv-heads 8] [--head-dim 32]
+ *              [--intermediate 768] [--block 16] [--anchors 64] [--seq 512] [--vocab 8192]
+ *              [--nseq 1] [--taps 2] [--window 0] [--threads 1] [--reps 3] [--json]
+ *
+ * Weights from ddt_drafter_init, inputs random (features N(0, 1), tokens uniform, anchors
+ * evenly spread), ce_target "teacher", kl_weight 0.15 (the seed's loss). tests/bench/
+ * step_vs_torch.py runs it beside a PyTorch float32 autograd step of the same shapes.
+ */
+#include "drafter.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static uint64_t rng = 0x2545F4914F6CDD1Dull;
+static uint64_t next_u64(void)
+{
+    rng ^= rng >> 12;
+    rng ^= rng << 25;
+    rng ^= rng >> 27;
+    return rng * 2685821657736338717ull;
+}
+static float normal(void)
+{
+    double u = ((next_u64() >> 11) + 0.5) * 0x1.0p-53, v = (next_u64() >> 11) * 0x1.0p-53;
+    return (float)(sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v));
+}
+
+int main(int argc, char **argv)
+{
+    int64_t hidden = 256, layers = 2, heads = 8, kv_heads = 8, head_dim = 32, inter = 768,
+            block = 16, anchors = 64, seq = 512, vocab = 8192, nseq = 1, taps = 2, window = 0,
+            threads = 1, reps = 3;
+    int json = 0;
+    struct { const char *name; int64_t *value; } opts[] = {
+        { "--hidden", &hidden }, { "--layers", &layers }, { "--heads", &heads },
+        { "--kv-heads", &kv_heads }, { "--head-dim", &head_dim }, { "--intermediate", &inter },
+        { "--block", &block }, { "--anchors", &anchors }, { "--seq", &seq }, { "--vocab", &vocab },
+        { "--nseq", &nseq }, { "--taps", &taps }, { "--window", &window }, { "--threads", &threads },
+        { "--reps", &reps },
+    };
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--json")) {
+            json = 1;
+            continue;
+        }
+        int found = 0;
+        for (size_t k = 0; k < sizeof opts / sizeof opts[0] && !found; k++)
+            if (!strcmp(argv[i], opts[k].name) && i + 1 < argc) {
+                *opts[k].value = atoll(argv[++i]);
+                found = 1;
+            }
+        if (!found) {
+            fprintf(stderr, "bench_step: unknown option or missing value: %s (see bench_step.c)\n", argv[i]);
+            return 2;
+        }
+    }
+    if (reps < 1 || reps > 64 || anchors * block > seq * 64) {
+        fprintf(stderr, "bench_step: --reps must be in [1, 64]\n");
+        return 2;
+    }
+
+    ddt_drafter_config c = { .hidden = hidden, .layers = layers, .heads = heads, .kv_heads = kv_heads,
+                             .head_dim = head_dim, .intermediate = inter, .vocab = vocab,
+                             .block_size = block, .sliding_window = window, .rms_norm_eps = 1e-6f,
+                             .rope_theta = 10000.0f, .taps = taps, .mask_token_id = (int32_t)(vocab - 1) };
+    for (int64_t l = 0; l < layers; l++)
+        c.sliding[l] = window > 0 && l + 1 < layers;   /* the seed's shape: sliding, then full */
+    for (int64_t i = 0; i < taps; i++)
+        c.target_layer_ids[i] = (int32_t)i;
+    char err[512];
+    if (ddt_drafter_config_check(&c, err, sizeof err)) {
+        fprintf(stderr, "bench_step: %s\n", err);
+        return 2;
+    }
+    ddk_cpu_set_threads((int)threads);
+
+    static ddt_param params[DDT_MAX_PARAMS];
+    int64_t total;
+    ddt_drafter_param_table(&c, params, &total);
+    float *weights = malloc((size_t)total * sizeof(float)), *grads = malloc((size_t)total * sizeof(float));
+    ddt_drafter_init(&c, weights, 1);
+    ddt_drafter_weights w, g;
+    ddt_drafter_bind(&c, weights, &w);
+    ddt_drafter_bind(&c, grads, &g);
+
+    const int64_t H = hidden, S = seq, A = anchors;
+    float *embed = malloc((size_t)(vocab * H) * sizeof(float));      /* (V, H) */
+    float *head = malloc((size_t)(vocab * H) * sizeof(float));       /* (V, H) */
+    float *features = malloc((size_t)(nseq * S * taps * H) * sizeof(float));
+    float *teacher = malloc((size_t)(nseq * S * H) * sizeof(float));
+    int32_t *ids = malloc((size_t)(nseq * S) * sizeof(int32_t));
+    uint8_t *mask = malloc((size_t)(nseq * S));
+    int32_t *anchor = malloc((size_t)(nseq * A) * sizeof(int32_t));
+    uint8_t *keep = malloc((size_t)(nseq * A));
+    for (int64_t i = 0; i < vocab * H; i++) {
+        embed[i] = normal();
+        head[i] = normal() / sqrtf((float)H);
+    }
+    for (int64_t i = 0; i < nseq * S * taps * H; i++)
+        features[i] = normal();
+    for (int64_t i = 0; i < nseq * S * H; i++)
+        teacher[i] = normal();
+    for (int64_t i = 0; i < nseq * S; i++) {
+        ids[i] = (int32_t)(next_u64() % (uint64_t)vocab);
+        mask[i] = 1;
+    }
+    for (int64_t s = 0; s < nseq; s++)
+        for (int64_t j = 0; j < A; j++) {
+            anchor[s * A + j] = (int32_t)(j * (S - 1) / A);
+            keep[s * A + j] = 1;
+        }
+    ddt_batch b = { nseq, S, A, ids, mask, features, teacher, anchor, keep };
+    ddt_loss_config lc = { .gamma = 10.0f, .ce_target_teacher = 1,
+                           .loss = { .chunk = nseq * A * block, .kl_weight = 0.15f,
+                                     .kl_temperature = 1.0f, .cap_temperature = 1.0f } };
+
+    double t[64];
+    ddk_loss_result r;
+    ddk_allocator *alloc = ddk_allocator_cpu();
+    ddk_allocator_reset_peak(alloc);
+    size_t base = ddk_allocator_stats(alloc).current;
+    for (int64_t k = -1; k < reps; k++) {   /* k = -1: warm-up */
+        memset(grads, 0, (size_t)total * sizeof(float));
+        double t0 = now_s();
+        int rc = ddt_drafter_step(ddk_backend_cpu(), &c, &w, &g, embed, head, &b, &lc, &r);
+        if (rc) {
+            fprintf(stderr, "bench_step: the step failed (%d)\n", rc);
+            return 1;
+        }
+        if (k >= 0)
+            t[k] = now_s() - t0;
+    }
+    size_t peak = ddk_allocator_stats(alloc).peak - base;
+    qsort(t, (size_t)reps, sizeof t[0], cmp_double);
+    double med = t[reps / 2], positions = (double)(nseq * A * block);
+    if (json)
+        printf("{\"impl\":\"ddtree\",\"seconds_median\":%.6f,\"positions\":%.0f,\"positions_per_s\":%.1f,"
+               "\"peak_workspace_bytes\":%zu,\"loss\":%.9g,\"threads\":%lld}\n",
+               med, positions, positions / med, peak, r.loss, (long long)threads);
+    else
+        printf("drafter step: H %lld, %lld layers, %lldx%lld heads (%lld kv), I %lld, block %lld, "
+               "%lld anchors, S %lld, V %lld, %lld seq: %.3f s, %.0f positions/s, peak workspace %.1f MB, "
+               "loss %.4f\n", (long long)H, (long long)layers, (long long)heads, (long long)head_dim,
+               (long long)kv_heads, (long long)inter, (long long)block, (long long)A, (long long)S,
+               (long long)vocab, (long long)nseq, med, positions / med, peak / 1e6, r.loss);
+    free(weights);
+    free(grads);
+    free(embed);
+    free(head);
+    free(features);
+    free(teacher);
+    free(ids);
+    free(mask);
+    free(anchor);
+    free(keep);
+    return 0;
+}

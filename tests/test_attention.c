@@ -1,0 +1,657 @@
+/* test_attention.c: the CPU backend's DFlash attention (forward, backward) and causal attention
+ * (SPEC.md section 2 step 4, section 3; contracts in ddk.h, struct ddk_backend).
+ *
+ * What it checks:
+ *   - a table of DFlash cases against a float64 reference that builds the explicit dense
+ *     visibility mask of SPEC.md (allowed here, never in the library): out, lse, and dq, dk, dv
+ *     from the analytic softmax backward in double; GQA ratios 1, 2, 4; d 4, 8, 64; B 1, 3, 5,
+ *     16; A 1..6 (and 50, several query groups); sliding windows smaller than the block, larger
+ *     than S, full layers; overlapping anchors, anchors at 0 and at S-1; padded blocks (out and
+ *     lse exactly 0, their dq exactly 0, their own keys' dk, dv exactly 0; their anchors are
+ *     out of range, so reading one would show); S past the key tile with tile boundaries inside
+ *     a block's context; unsorted anchors (not promised by ddk.h, but the kernel's result does
+ *     not depend on order, only its speed);
+ *   - guard words after every output (no write out of bounds); the backward ADDS (called twice
+ *     it gives twice the gradients);
+ *   - the backward against central finite differences of sum(out * R) in float32, through the
+ *     library's own forward (checks the gradient formulas independently of the reference);
+ *   - causal attention against a float64 reference, T not a multiple of the key tile;
+ *   - workspace over budget: -ENOMEM and nothing written; bad shapes: -EINVAL, nothing written;
+ *     the workspace does not grow with S or A (no dense matrix).
+ * What it does not: speed and memory figures (tests/bench/bench_attention.c), the CUDA backend.
+ *
+ * ctest: exit 0 when every case passes; one line per case; a final "N passed, M failed".
+ * Legend: S context rows, A anchors (blocks), B block size, nh query heads, nkv kv heads,
+ * G = nh / nkv, d head dim, W sliding window (0: full), T causal length.
+ * q (A*B, nh, d); k, v (S + A*B, nkv, d); out (A*B, nh, d); lse (A*B, nh).
+ */
+#include "ddk.h"
+#include "check.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------------------------------
+ * Helpers
+ */
+
+static void *xcalloc(size_t count, size_t size)
+{
+    void *x = calloc(count ? count : 1, size);
+    if (!x) {
+        fprintf(stderr, "test_attention: out of memory\n");
+        exit(2);
+    }
+    return x;
+}
+
+/* splitmix64: the same numbers everywhere */
+static uint64_t rng_next(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* uniform in [-1, 1) */
+static float rng_sym(uint64_t *state)
+{
+    return (float)(2.0 * ((double)(rng_next(state) >> 11) * 0x1.0p-53) - 1.0);
+}
+
+enum { guard_words = 16 };
+static const unsigned char sentinel_byte = 0xa7;   /* 0xa7a7a7a7: a finite, nonzero float */
+
+/* count floats + guard words, all set to the sentinel */
+static float *sentinel_floats(int64_t count)
+{
+    float *x = xcalloc((size_t)(count + guard_words), sizeof(float));
+    memset(x, sentinel_byte, (size_t)(count + guard_words) * sizeof(float));
+    return x;
+}
+
+/* count floats of 0 + guard words of sentinel */
+static float *zero_floats(int64_t count)
+{
+    float *x = sentinel_floats(count);
+    memset(x, 0, (size_t)count * sizeof(float));
+    return x;
+}
+
+static int all_sentinel(const float *x, int64_t count)
+{
+    const unsigned char *b = (const unsigned char *)x;
+    for (size_t j = 0; j < (size_t)count * sizeof(float); j++)
+        if (b[j] != sentinel_byte)
+            return 0;
+    return 1;
+}
+
+static int guard_intact(const float *x, int64_t count)
+{
+    return all_sentinel(x + count, guard_words);
+}
+
+/* max |got - want| / max |want|; 0 when both are all zero, INFINITY on NaN/Inf */
+static double normalised_error(const float *got, const double *want, int64_t count)
+{
+    double err = 0.0, scale = 0.0;
+    for (int64_t j = 0; j < count; j++) {
+        if (!isfinite(got[j]))
+            return INFINITY;
+        err = fmax(err, fabs((double)got[j] - want[j]));
+        scale = fmax(scale, fabs(want[j]));
+    }
+    return err == 0.0 ? 0.0 : err / scale;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Tolerances: bounds on float32 error, each with its reason.
+ */
+
+/* out: a score is a d-term float dot product (d <= 64: relative error ~1e-6 of |s| <= ~10),
+ * ddk_expf adds 2e-7; out is a convex combination of v rows, so errors stay relative to max |v| */
+static const double out_tol = 2e-5;
+/* lse = max + log(sum): the same score error, absolute, plus float rounding of a value ~10 */
+static const double lse_rel = 2e-5, lse_abs = 2e-5;
+/* dq, dk, dv (normalised): p recomputed from the float lse, ds = p (dp - D) subtracts two
+ * O(max|dp|) numbers, and dk, dv sum over up to A*B*G rows in float */
+static const double grad_tol = 1e-4;
+/* calling the backward twice: the second call adds the same terms onto the first result, so
+ * only the order of float additions differs (a few ulp of the gradient's size) */
+static const double twice_tol = 1e-5;
+/* finite differences in float32 with step 1e-2: truncation h^2 f''' ~1e-4, rounding of f
+ * (a float sum of ~500 terms) ~1e-6 / 2h ~1e-4; analytic gradients are O(0.1..1) */
+static const double fd_abs = 2e-3, fd_rel = 2e-2;
+
+/* ------------------------------------------------------------------------------------------
+ * The float64 reference: an explicit dense mask, as SPEC.md states the rules.
+ */
+
+/* mask (A*B, S + A*B): 1 where query (j, o) sees key t */
+static unsigned char *reference_mask(const ddk_attention_shape *sh, const int32_t *anchors,
+                                     const uint8_t *keep)
+{
+    const int64_t S = sh->S, A = sh->A, B = sh->B, W = sh->window, keys = S + A * B;
+    unsigned char *mask = xcalloc((size_t)(A * B * keys), 1);
+    for (int64_t j = 0; j < A; j++) {
+        if (!keep[j])
+            continue;
+        for (int64_t o = 0; o < B; o++) {
+            unsigned char *row = mask + (j * B + o) * keys;   /* (keys) */
+            for (int64_t t = 0; t < S; t++)
+                row[t] = t < anchors[j] && (W == 0 || t >= anchors[j] + o - (W - 1));
+            for (int64_t o2 = 0; o2 < B; o2++)
+                row[S + j * B + o2] = W == 0 || o2 <= o;
+        }
+    }
+    return mask;
+}
+
+/* Attention of nq query rows over nk keys with a dense mask (nq, nk), in double.
+ * q (nq, nh, d); k, v (nk, nkv, d); out (nq, nh, d); lse (nq, nh) or NULL; rows with no
+ * visible key get 0. With dout: dq (nq, nh, d), dk, dv (nk, nkv, d) += the analytic backward. */
+static void reference_attention(int64_t nq, int64_t nk, int64_t nh, int64_t nkv, int64_t d,
+                                const float *q, const float *k, const float *v,
+                                const unsigned char *mask, double *out, double *lse,
+                                const float *dout, double *dq, double *dk, double *dv)
+{
+    const int64_t G = nh / nkv;
+    const double scale = 1.0 / sqrt((double)d);
+    double *p = xcalloc((size_t)nk, sizeof(double));    /* (nk) */
+    double *dp = xcalloc((size_t)nk, sizeof(double));   /* (nk) */
+    for (int64_t i = 0; i < nq; i++)
+        for (int64_t h = 0; h < nh; h++) {
+            const int64_t hk = h / G;
+            const float *qi = q + (i * nh + h) * d;   /* (d) */
+            double *oi = out + (i * nh + h) * d;      /* (d) */
+            double mx = -INFINITY;
+            for (int64_t t = 0; t < nk; t++)
+                if (mask[i * nk + t]) {
+                    double s = 0.0;
+                    for (int64_t c = 0; c < d; c++)
+                        s += (double)qi[c] * k[(t * nkv + hk) * d + c];
+                    p[t] = s * scale;
+                    mx = fmax(mx, p[t]);
+                }
+            for (int64_t c = 0; c < d; c++)
+                oi[c] = 0.0;
+            if (lse)
+                lse[i * nh + h] = 0.0;
+            if (mx == -INFINITY)
+                continue;
+            double sum = 0.0;
+            for (int64_t t = 0; t < nk; t++)
+                if (mask[i * nk + t])
+                    sum += (p[t] = exp(p[t] - mx));
+            for (int64_t t = 0; t < nk; t++)
+                if (mask[i * nk + t]) {
+                    p[t] /= sum;
+                    for (int64_t c = 0; c < d; c++)
+                        oi[c] += p[t] * v[(t * nkv + hk) * d + c];
+                }
+            if (lse)
+                lse[i * nh + h] = mx + log(sum);
+            if (!dout)
+                continue;
+            /* dv_t += p_t dout; dp_t = dout . v_t; ds_t = p_t (dp_t - sum_t' p_t' dp_t') */
+            const float *gi = dout + (i * nh + h) * d;   /* (d) */
+            double D = 0.0;
+            for (int64_t t = 0; t < nk; t++)
+                if (mask[i * nk + t]) {
+                    dp[t] = 0.0;
+                    for (int64_t c = 0; c < d; c++) {
+                        dp[t] += (double)gi[c] * v[(t * nkv + hk) * d + c];
+                        dv[(t * nkv + hk) * d + c] += p[t] * gi[c];
+                    }
+                    D += p[t] * dp[t];
+                }
+            for (int64_t t = 0; t < nk; t++)
+                if (mask[i * nk + t]) {
+                    const double ds = p[t] * (dp[t] - D) * scale;
+                    for (int64_t c = 0; c < d; c++) {
+                        dq[(i * nh + h) * d + c] += ds * k[(t * nkv + hk) * d + c];
+                        dk[(t * nkv + hk) * d + c] += ds * qi[c];
+                    }
+                }
+        }
+    free(p), free(dp);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * DFlash cases
+ */
+
+enum { max_anchors = 64 };
+enum { ANCHORS_GIVEN, ANCHORS_RANDOM };   /* the table's list; sorted random in [0, S) */
+
+typedef struct {
+    const char *name;
+    int64_t S, A, B, nh, nkv, d, window;
+    int anchor_mode;
+    int32_t anchors[8];   /* ANCHORS_GIVEN: the first A */
+    uint8_t pad[8];       /* 1: block padded (keep = 0); absent: all kept */
+    float q_scale;        /* scores are about this large: peaked or flat softmax */
+} attn_case;
+
+static const attn_case table[] = {
+    { "A=1 B=1 full, no context", 8, 1, 1, 1, 1, 4, 0, ANCHORS_GIVEN, { 0 }, { 0 }, 1 },
+    { "A=1 B=5 full", 12, 1, 5, 2, 1, 8, 0, ANCHORS_GIVEN, { 7 }, { 0 }, 1 },
+    { "A=2 B=3 G=2 sliding W=2", 20, 2, 3, 4, 2, 8, 2, ANCHORS_GIVEN, { 4, 11 }, { 0 }, 2 },
+    { "A=3 B=5 G=1 sliding W=2 < B", 24, 3, 5, 2, 2, 8, 2, ANCHORS_GIVEN, { 0, 9, 22 }, { 0 }, 2 },
+    { "A=4 B=5 G=4 sliding W=3 overlapping", 30, 4, 5, 4, 1, 4, 3, ANCHORS_GIVEN,
+      { 5, 7, 8, 20 }, { 0 }, 2 },
+    { "A=5 B=3 G=2 sliding W > S", 16, 5, 3, 4, 2, 8, 64, ANCHORS_GIVEN, { 0, 1, 2, 9, 15 },
+      { 0 }, 1 },
+    { "A=6 B=16 G=4 full, S-1, padded", 40, 6, 16, 8, 2, 8, 0, ANCHORS_GIVEN,
+      { 0, 3, 10, 30, 39, 39 }, { 0, 1, 0, 0, 0, 1 }, 1 },
+    { "A=6 B=16 G=1 d=64 sliding W=7", 48, 6, 16, 2, 2, 64, 7, ANCHORS_GIVEN,
+      { 2, 9, 17, 25, 40, 47 }, { 0, 0, 1, 0, 0, 0 }, 3 },
+    { "A=3 B=16 G=2 d=64 full S=300 tile crossing", 300, 3, 16, 4, 2, 64, 0, ANCHORS_GIVEN,
+      { 127, 200, 299 }, { 0 }, 2 },
+    { "A=4 B=5 G=4 d=8 sliding W=150 S=300", 300, 4, 5, 8, 2, 8, 150, ANCHORS_GIVEN,
+      { 100, 129, 200, 280 }, { 0, 0, 1, 0 }, 2 },
+    { "A=5 B=3 G=1 d=4 full S=300, all padded but one", 300, 5, 3, 1, 1, 4, 0, ANCHORS_GIVEN,
+      { 3, 130, 131, 250, 260 }, { 1, 1, 0, 1, 1 }, 1 },
+    { "A=50 B=3 G=1 full S=300 (several groups)", 300, 50, 3, 2, 2, 8, 0, ANCHORS_RANDOM,
+      { 0 }, { 0 }, 1 },
+    { "A=50 B=3 G=2 sliding W=40 S=300", 300, 50, 3, 4, 2, 8, 40, ANCHORS_RANDOM, { 0 }, { 0 },
+      2 },
+    { "A=5 B=16 G=4 d=64 full, peaked", 200, 5, 16, 8, 2, 64, 0, ANCHORS_GIVEN,
+      { 1, 60, 61, 128, 199 }, { 0, 0, 0, 0, 1 }, 6 },
+    { "A=4 B=5 G=2 full, unsorted anchors", 300, 4, 5, 4, 2, 8, 0, ANCHORS_GIVEN,
+      { 250, 3, 140, 60 }, { 0 }, 1 },
+    { "A=4 B=5 G=1 sliding W=20, unsorted anchors", 300, 4, 5, 1, 1, 8, 20, ANCHORS_GIVEN,
+      { 250, 3, 140, 141 }, { 0 }, 1 },
+};
+
+typedef struct {
+    ddk_attention_shape sh;
+    int32_t anchors[max_anchors];
+    uint8_t keep[max_anchors];
+    float *q, *k, *v;   /* (A*B, nh, d); (S + A*B, nkv, d) x 2 */
+    float *dout;        /* (A*B, nh, d) */
+    int64_t nq, nk;     /* A*B query rows, S + A*B key rows */
+} attn_data;
+
+static attn_data make_data(const attn_case *c, uint64_t seed)
+{
+    attn_data x;
+    memset(&x, 0, sizeof x);
+    x.sh = (ddk_attention_shape){ c->S, c->A, c->B, c->nh, c->nkv, c->d, c->window };
+    x.nq = c->A * c->B;
+    x.nk = c->S + c->A * c->B;
+    uint64_t rng = seed;
+    for (int64_t j = 0; j < c->A; j++) {
+        x.keep[j] = c->A <= 8 ? !c->pad[j] : 1;
+        x.anchors[j] = c->anchor_mode == ANCHORS_GIVEN ? c->anchors[j]
+                                                       : (int32_t)(rng_next(&rng) % c->S);
+    }
+    if (c->anchor_mode == ANCHORS_RANDOM)   /* sorted, repeats allowed (overlapping blocks) */
+        for (int64_t j = 1; j < c->A; j++)
+            for (int64_t i = j; i > 0 && x.anchors[i - 1] > x.anchors[i]; i--) {
+                int32_t t = x.anchors[i];
+                x.anchors[i] = x.anchors[i - 1];
+                x.anchors[i - 1] = t;
+            }
+    for (int64_t j = 0; j < c->A; j++)   /* a padded block's anchor is never to be read */
+        if (!x.keep[j])
+            x.anchors[j] = j % 2 ? INT32_MAX : -1000;
+    x.q = xcalloc((size_t)(x.nq * c->nh * c->d), sizeof(float));
+    x.dout = xcalloc((size_t)(x.nq * c->nh * c->d), sizeof(float));
+    x.k = xcalloc((size_t)(x.nk * c->nkv * c->d), sizeof(float));
+    x.v = xcalloc((size_t)(x.nk * c->nkv * c->d), sizeof(float));
+    for (int64_t i = 0; i < x.nq * c->nh * c->d; i++) {
+        x.q[i] = c->q_scale * rng_sym(&rng);
+        x.dout[i] = rng_sym(&rng);
+    }
+    for (int64_t i = 0; i < x.nk * c->nkv * c->d; i++) {
+        x.k[i] = rng_sym(&rng);
+        x.v[i] = rng_sym(&rng);
+    }
+    return x;
+}
+
+static void free_data(attn_data *x)
+{
+    free(x->q), free(x->k), free(x->v), free(x->dout);
+}
+
+static void test_dflash_case(const attn_case *c, uint64_t seed)
+{
+    const ddk_backend *be = ddk_backend_cpu();
+    attn_data x = make_data(c, seed);
+    const ddk_attention_shape *sh = &x.sh;
+    const int64_t B = sh->B, nh = sh->nh, nkv = sh->nkv, d = sh->d;
+    const int64_t n_out = x.nq * nh * d, n_lse = x.nq * nh, n_kv = x.nk * nkv * d;
+
+    /* reference */
+    unsigned char *mask = reference_mask(sh, x.anchors, x.keep);
+    double *out_ref = xcalloc((size_t)n_out, sizeof(double));
+    double *lse_ref = xcalloc((size_t)n_lse, sizeof(double));
+    double *dq_ref = xcalloc((size_t)n_out, sizeof(double));
+    double *dk_ref = xcalloc((size_t)n_kv, sizeof(double));
+    double *dv_ref = xcalloc((size_t)n_kv, sizeof(double));
+    reference_attention(x.nq, x.nk, nh, nkv, d, x.q, x.k, x.v, mask, out_ref, lse_ref, x.dout,
+                        dq_ref, dk_ref, dv_ref);
+
+    /* forward: outputs pre-filled with the sentinel, so padded rows must be written */
+    float *out = sentinel_floats(n_out), *lse = sentinel_floats(n_lse);
+    int rc = be->dflash_attention(be, sh, x.q, x.k, x.v, x.anchors, x.keep, out, lse);
+    check(rc == 0, "forward returned %d", rc);
+    check(guard_intact(out, n_out), "forward wrote past the end of out");
+    check(guard_intact(lse, n_lse), "forward wrote past the end of lse");
+    double e = normalised_error(out, out_ref, n_out);
+    check(e <= out_tol, "out: normalised error %.3g > %.3g", e, out_tol);
+    int lse_bad = 0, pad_nonzero = 0;
+    for (int64_t i = 0; i < n_lse; i++)
+        lse_bad += !(fabs(lse[i] - lse_ref[i]) <= lse_rel * fabs(lse_ref[i]) + lse_abs);
+    check(lse_bad == 0, "lse: %d entries off", lse_bad);
+    for (int64_t j = 0; j < sh->A; j++)
+        if (!x.keep[j]) {
+            for (int64_t i = j * B * nh * d; i < (j + 1) * B * nh * d; i++)
+                pad_nonzero += out[i] != 0.0f;
+            for (int64_t i = j * B * nh; i < (j + 1) * B * nh; i++)
+                pad_nonzero += lse[i] != 0.0f;
+        }
+    check(pad_nonzero == 0, "padded blocks: %d out/lse entries not exactly 0", pad_nonzero);
+
+    /* backward into zeroed gradients, then again into the same: twice the gradients */
+    float *dq = zero_floats(n_out), *dk = zero_floats(n_kv), *dv = zero_floats(n_kv);
+    rc = be->dflash_attention_backward(be, sh, x.q, x.k, x.v, x.anchors, x.keep, out, lse,
+                                       x.dout, dq, dk, dv);
+    check(rc == 0, "backward returned %d", rc);
+    check(guard_intact(dq, n_out) && guard_intact(dk, n_kv) && guard_intact(dv, n_kv),
+          "backward wrote past the end of dq, dk or dv");
+    e = normalised_error(dq, dq_ref, n_out);
+    check(e <= grad_tol, "dq: normalised error %.3g > %.3g", e, grad_tol);
+    e = normalised_error(dk, dk_ref, n_kv);
+    check(e <= grad_tol, "dk: normalised error %.3g > %.3g", e, grad_tol);
+    e = normalised_error(dv, dv_ref, n_kv);
+    check(e <= grad_tol, "dv: normalised error %.3g > %.3g", e, grad_tol);
+    pad_nonzero = 0;
+    for (int64_t j = 0; j < sh->A; j++)
+        if (!x.keep[j]) {
+            for (int64_t i = j * B * nh * d; i < (j + 1) * B * nh * d; i++)
+                pad_nonzero += dq[i] != 0.0f;
+            for (int64_t i = (sh->S + j * B) * nkv * d; i < (sh->S + (j + 1) * B) * nkv * d; i++)
+                pad_nonzero += (dk[i] != 0.0f) + (dv[i] != 0.0f);
+        }
+    check(pad_nonzero == 0, "padded blocks: %d gradient entries not exactly 0", pad_nonzero);
+
+    double *twice = xcalloc((size_t)(n_out + 2 * n_kv), sizeof(double));
+    for (int64_t i = 0; i < n_out; i++)
+        twice[i] = 2.0 * dq[i];
+    for (int64_t i = 0; i < n_kv; i++) {
+        twice[n_out + i] = 2.0 * dk[i];
+        twice[n_out + n_kv + i] = 2.0 * dv[i];
+    }
+    rc = be->dflash_attention_backward(be, sh, x.q, x.k, x.v, x.anchors, x.keep, out, lse,
+                                       x.dout, dq, dk, dv);
+    check(rc == 0, "second backward returned %d", rc);
+    double e_twice = fmax(normalised_error(dq, twice, n_out),
+                          fmax(normalised_error(dk, twice + n_out, n_kv),
+                               normalised_error(dv, twice + n_out + n_kv, n_kv)));
+    check(e_twice <= twice_tol, "backward twice is not 2x (normalised error %.3g)", e_twice);
+    check(guard_intact(dq, n_out) && guard_intact(dk, n_kv) && guard_intact(dv, n_kv),
+          "second backward wrote past the end of dq, dk or dv");
+
+    free(mask), free(out_ref), free(lse_ref), free(dq_ref), free(dk_ref), free(dv_ref);
+    free(out), free(lse), free(dq), free(dk), free(dv), free(twice);
+    free_data(&x);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Finite differences of f = sum(out * R) in float32 through the library's own forward
+ */
+
+static double objective(const ddk_backend *be, const attn_data *x, const float *R, float *out,
+                        float *lse)
+{
+    int rc = be->dflash_attention(be, &x->sh, x->q, x->k, x->v, x->anchors, x->keep, out, lse);
+    check(rc == 0, "forward returned %d", rc);
+    double f = 0.0;
+    for (int64_t i = 0; i < x->nq * x->sh.nh * x->sh.d; i++)
+        f += (double)out[i] * R[i];
+    return f;
+}
+
+static void test_finite_differences_case(const attn_case *c, uint64_t seed)
+{
+    const ddk_backend *be = ddk_backend_cpu();
+    attn_data x = make_data(c, seed);
+    const int64_t n_out = x.nq * c->nh * c->d, n_kv = x.nk * c->nkv * c->d;
+    float *out = zero_floats(n_out), *lse = zero_floats(x.nq * c->nh);
+    float *dq = zero_floats(n_out), *dk = zero_floats(n_kv), *dv = zero_floats(n_kv);
+    /* dout = R, so the backward's gradients are those of f */
+    objective(be, &x, x.dout, out, lse);
+    int rc = be->dflash_attention_backward(be, &x.sh, x.q, x.k, x.v, x.anchors, x.keep, out, lse,
+                                           x.dout, dq, dk, dv);
+    check(rc == 0, "backward returned %d", rc);
+
+    const float h = 1e-2f;
+    struct { const char *name; float *x, *g; int64_t count; } wrt[] = {
+        { "q", x.q, dq, n_out }, { "k", x.k, dk, n_kv }, { "v", x.v, dv, n_kv },
+    };
+    uint64_t rng = seed ^ 0x5eedull;
+    int bad = 0, nonzero = 0;
+    for (int w = 0; w < 3; w++)
+        for (int trial = 0; trial < 40; trial++) {
+            const int64_t i = (int64_t)(rng_next(&rng) % (uint64_t)wrt[w].count);
+            const float saved = wrt[w].x[i];
+            wrt[w].x[i] = saved + h;
+            const double fp = objective(be, &x, x.dout, out, lse);
+            wrt[w].x[i] = saved - h;
+            const double fm = objective(be, &x, x.dout, out, lse);
+            wrt[w].x[i] = saved;
+            const double fd = (fp - fm) / (2.0 * h), an = wrt[w].g[i];
+            nonzero += an != 0.0;
+            if (!(fabs(fd - an) <= fd_abs + fd_rel * fabs(an))) {
+                if (bad < 5)
+                    printf("  # d f / d %s[%lld]: finite differences %.6g, backward %.6g\n",
+                           wrt[w].name, (long long)i, fd, an);
+                bad++;
+            }
+        }
+    check(bad == 0, "%d of 120 gradient entries disagree with finite differences", bad);
+    check(nonzero >= 60, "only %d of 120 sampled gradient entries are nonzero", nonzero);
+    free(out), free(lse), free(dq), free(dk), free(dv);
+    free_data(&x);
+}
+
+static void test_finite_differences(void)
+{
+    static const attn_case fd_cases[] = {
+        { "fd full", 20, 3, 4, 4, 2, 8, 0, ANCHORS_GIVEN, { 0, 9, 19 }, { 0, 1, 0 }, 2 },
+        { "fd sliding", 20, 3, 4, 4, 2, 8, 3, ANCHORS_GIVEN, { 2, 9, 10 }, { 0 }, 2 },
+    };
+    for (size_t j = 0; j < sizeof fd_cases / sizeof fd_cases[0]; j++)
+        test_finite_differences_case(&fd_cases[j], 77 + j);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Causal attention
+ */
+
+static void test_causal_case(int64_t T, int64_t nh, int64_t nkv, int64_t d, uint64_t seed)
+{
+    const ddk_backend *be = ddk_backend_cpu();
+    const ddk_attention_shape sh = { T, 0, 0, nh, nkv, d, 0 };
+    uint64_t rng = seed;
+    float *q = xcalloc((size_t)(T * nh * d), sizeof(float));
+    float *k = xcalloc((size_t)(T * nkv * d), sizeof(float));
+    float *v = xcalloc((size_t)(T * nkv * d), sizeof(float));
+    for (int64_t i = 0; i < T * nh * d; i++)
+        q[i] = 2.0f * rng_sym(&rng);
+    for (int64_t i = 0; i < T * nkv * d; i++) {
+        k[i] = rng_sym(&rng);
+        v[i] = rng_sym(&rng);
+    }
+    unsigned char *mask = xcalloc((size_t)(T * T), 1);
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t u = 0; u <= t; u++)
+            mask[t * T + u] = 1;
+    double *ref = xcalloc((size_t)(T * nh * d), sizeof(double));
+    reference_attention(T, T, nh, nkv, d, q, k, v, mask, ref, NULL, NULL, NULL, NULL, NULL);
+    float *out = sentinel_floats(T * nh * d);
+    int rc = be->causal_attention(be, &sh, q, k, v, out);
+    check(rc == 0, "T=%lld: returned %d", (long long)T, rc);
+    check(guard_intact(out, T * nh * d), "T=%lld: wrote past the end of out", (long long)T);
+    double e = normalised_error(out, ref, T * nh * d);
+    check(e <= out_tol, "T=%lld nh=%lld nkv=%lld d=%lld: normalised error %.3g > %.3g",
+          (long long)T, (long long)nh, (long long)nkv, (long long)d, e, out_tol);
+    free(q), free(k), free(v), free(mask), free(ref), free(out);
+}
+
+static void test_causal(void)
+{
+    test_causal_case(1, 2, 1, 8, 1);
+    test_causal_case(5, 4, 4, 4, 2);
+    test_causal_case(130, 4, 2, 8, 3);    /* not a multiple of the key tile */
+    test_causal_case(300, 8, 2, 64, 4);   /* several query groups and key tiles */
+    test_causal_case(129, 4, 1, 8, 5);    /* G = 4 */
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Budgets, bad shapes, workspace size
+ */
+
+static void test_budget(void)
+{
+    const ddk_backend *be = ddk_backend_cpu();
+    const attn_case c = { "budget", 40, 3, 5, 4, 2, 8, 0, ANCHORS_GIVEN, { 1, 20, 39 },
+                          { 0, 1, 0 }, 1 };
+    attn_data x = make_data(&c, 9);
+    const int64_t n_out = x.nq * c.nh * c.d, n_kv = x.nk * c.nkv * c.d;
+    float *out = sentinel_floats(n_out), *lse = sentinel_floats(x.nq * c.nh);
+    float *dq = sentinel_floats(n_out), *dk = sentinel_floats(n_kv), *dv = sentinel_floats(n_kv);
+    ddk_allocator *a = ddk_allocator_cpu();
+    ddk_allocator_set_budget(a, ddk_allocator_stats(a).current + 16);   /* any workspace fails */
+    int rc = be->dflash_attention(be, &x.sh, x.q, x.k, x.v, x.anchors, x.keep, out, lse);
+    check(rc == -ENOMEM, "forward over budget returned %d, not -ENOMEM", rc);
+    check(all_sentinel(out, n_out + guard_words) && all_sentinel(lse, x.nq * c.nh + guard_words),
+          "forward over budget wrote out or lse");
+    rc = be->dflash_attention_backward(be, &x.sh, x.q, x.k, x.v, x.anchors, x.keep, out, lse,
+                                       x.dout, dq, dk, dv);
+    check(rc == -ENOMEM, "backward over budget returned %d, not -ENOMEM", rc);
+    check(all_sentinel(dq, n_out + guard_words) && all_sentinel(dk, n_kv + guard_words) &&
+              all_sentinel(dv, n_kv + guard_words),
+          "backward over budget wrote dq, dk or dv");
+    const ddk_attention_shape causal = { 10, 0, 0, c.nh, c.nkv, c.d, 0 };   /* T=10 fits x's */
+    rc = be->causal_attention(be, &causal, x.q, x.k, x.v, out);
+    check(rc == -ENOMEM, "causal over budget returned %d, not -ENOMEM", rc);
+    check(all_sentinel(out, n_out + guard_words), "causal over budget wrote out");
+    ddk_allocator_set_budget(a, 0);
+    rc = be->dflash_attention(be, &x.sh, x.q, x.k, x.v, x.anchors, x.keep, out, lse);
+    check(rc == 0, "forward after the budget is lifted returned %d", rc);
+    free(out), free(lse), free(dq), free(dk), free(dv);
+    free_data(&x);
+}
+
+static void test_bad_shapes(void)
+{
+    const ddk_backend *be = ddk_backend_cpu();
+    const attn_case c = { "bad", 10, 2, 3, 3, 2, 4, 0, ANCHORS_GIVEN, { 1, 5 }, { 0 }, 1 };
+    attn_data x = make_data(&c, 11);   /* nh = 3 is not a multiple of nkv = 2 */
+    float *out = sentinel_floats(x.nq * 3 * 4), *lse = sentinel_floats(x.nq * 3);
+    int rc = be->dflash_attention(be, &x.sh, x.q, x.k, x.v, x.anchors, x.keep, out, lse);
+    check(rc == -EINVAL, "nh %% nkv != 0: forward returned %d, not -EINVAL", rc);
+    rc = be->causal_attention(be, &x.sh, x.q, x.k, x.v, out);
+    check(rc == -EINVAL, "nh %% nkv != 0: causal returned %d, not -EINVAL", rc);
+    check(all_sentinel(out, x.nq * 12 + guard_words) && all_sentinel(lse, x.nq * 3 + guard_words),
+          "a refused call wrote its outputs");
+    free(out), free(lse);
+    free_data(&x);
+}
+
+/* peak workspace of one forward + backward on these dimensions */
+static size_t workspace_of(const attn_case *c)
+{
+    const ddk_backend *be = ddk_backend_cpu();
+    attn_data x = make_data(c, 13);
+    const int64_t n_out = x.nq * c->nh * c->d, n_kv = x.nk * c->nkv * c->d;
+    float *out = zero_floats(n_out), *lse = zero_floats(x.nq * c->nh);
+    float *dq = zero_floats(n_out), *dk = zero_floats(n_kv), *dv = zero_floats(n_kv);
+    ddk_allocator *a = ddk_allocator_cpu();
+    ddk_allocator_reset_peak(a);
+    const size_t before = ddk_allocator_stats(a).current;
+    int rc = be->dflash_attention(be, &x.sh, x.q, x.k, x.v, x.anchors, x.keep, out, lse);
+    rc |= be->dflash_attention_backward(be, &x.sh, x.q, x.k, x.v, x.anchors, x.keep, out, lse,
+                                        x.dout, dq, dk, dv);
+    check(rc == 0, "forward or backward failed");
+    const size_t after = ddk_allocator_stats(a).current;
+    check(after == before, "workspace not given back: %zu bytes", after - before);
+    const size_t peak = ddk_allocator_stats(a).peak - before;
+    free(out), free(lse), free(dq), free(dk), free(dv);
+    free_data(&x);
+    return peak;
+}
+
+static void test_workspace_scaling(void)
+{
+    /* the workspace depends on B, G and d only; small heads keep the large case quick */
+    const attn_case small = { "small", 20, 2, 16, 4, 2, 8, 0, ANCHORS_RANDOM, { 0 }, { 0 }, 1 };
+    const attn_case large = { "large", 1000, 40, 16, 4, 2, 8, 0, ANCHORS_RANDOM, { 0 }, { 0 }, 1 };
+    const size_t ws_small = workspace_of(&small), ws_large = workspace_of(&large);
+    /* a dense (A*B) x (S + A*B) float score matrix of the large case, for one head */
+    const size_t dense = (size_t)(40 * 16) * (1000 + 40 * 16) * sizeof(float);
+    check(ws_small > 0, "no workspace measured");
+    check(ws_large == ws_small, "workspace grows with S and A: %zu -> %zu bytes", ws_small,
+          ws_large);
+    check(ws_large * 8 < dense, "workspace %zu bytes is not far below a dense score matrix %zu",
+          ws_large, dense);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Main
+ */
+
+static int passed, failed;
+
+static void report(const char *name)
+{
+    printf("%s %s\n", case_failed ? "FAIL" : "ok  ", name);
+    if (case_failed)
+        failed++;
+    else
+        passed++;
+    case_failed = 0;
+    fflush(stdout);
+}
+
+int main(void)
+{
+    const ddk_backend *be = ddk_backend_cpu();
+    if (!be->dflash_attention || !be->dflash_attention_backward || !be->causal_attention) {
+        printf("the CPU backend has no attention ops\n0 passed, 1 failed\n");
+        return 1;
+    }
+    for (size_t j = 0; j < sizeof table / sizeof table[0]; j++) {
+        test_dflash_case(&table[j], 1000 + j);
+        char name[128];
+        snprintf(name, sizeof name, "dflash %s", table[j].name);
+        report(name);
+    }
+    static const struct {
+        const char *name;
+        void (*run)(void);
+    } cases[] = {
+        { "dflash backward vs finite differences (float32)", test_finite_differences },
+        { "causal attention vs reference", test_causal },
+        { "budget: -ENOMEM, nothing written", test_budget },
+        { "bad shapes: -EINVAL, nothing written", test_bad_shapes },
+        { "workspace independent of S and A", test_workspace_scaling },
+    };
+    for (size_t j = 0; j < sizeof cases / sizeof cases[0]; j++) {
+        cases[j].run();
+        report(cases[j].name);
+    }
+    ddk_allocator_set_budget(ddk_allocator_cpu(), 0);
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed ? 1 : 0;
+}

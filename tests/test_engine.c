@@ -1,0 +1,269 @@
+/* test_engine.c: the engine's pieces that the oracle tests do not reach: configuration files
+ * (every bad field an error naming the file and the field), the drafter's parameter table
+ * (names, shapes, order of SPEC.md section 2), initialisation, batch checks, the default
+ * target_layer_ids of SPEC.md section 3 and the synthetic target.
+ * ctest: one line per case, a final "N passed, M failed".
+ */
+#include "check.h"
+#include "drafter.h"
+#include "model_config.h"
+#include "target.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static char tmpdir[] = "/tmp/ddtree_test_engine.XXXXXX";
+
+static void write_config(const char *json)
+{
+    char path[256];
+    snprintf(path, sizeof path, "%s/config.json", tmpdir);
+    FILE *f = fopen(path, "w");
+    fputs(json, f);
+    fclose(f);
+}
+
+#define DRAFTER_OK                                                                              \
+    "{\"hidden_size\": 16, \"num_hidden_layers\": 2, \"num_attention_heads\": 4,"               \
+    " \"num_key_value_heads\": 2, \"head_dim\": 8, \"intermediate_size\": 40, \"vocab_size\": 100," \
+    " \"block_size\": 4, \"sliding_window\": 3, \"num_target_layers\": 6,"                      \
+    " \"layer_types\": [\"sliding_attention\", \"full_attention\"], \"rms_norm_eps\": 1e-6,"     \
+    " \"rope_theta\": 10000, \"dflash_config\": {\"mask_token_id\": 99, \"target_layer_ids\": [1, 3, 5]}"
+
+static void test_drafter_config_ok(void)
+{
+    write_config(DRAFTER_OK "}");
+    ddt_drafter_config c;
+    char err[512] = "";
+    int rc = ddt_drafter_config_load(tmpdir, &c, err, sizeof err);
+    check(rc == 0, "valid config refused: %s", err);
+    check(c.hidden == 16 && c.layers == 2 && c.heads == 4 && c.kv_heads == 2 && c.head_dim == 8 &&
+              c.intermediate == 40 && c.vocab == 100 && c.block_size == 4 && c.sliding_window == 3,
+          "sizes read wrong");
+    check(c.sliding[0] == 1 && c.sliding[1] == 0, "layer_types read wrong");
+    check(c.taps == 3 && c.target_layer_ids[2] == 5 && c.mask_token_id == 99, "dflash_config read wrong");
+}
+
+/* DRAFTER_OK with the value of one top-level field replaced */
+static void config_with(const char *field, const char *value, char *out, size_t len)
+{
+    const char *base = DRAFTER_OK "}";
+    char key[64];
+    snprintf(key, sizeof key, "\"%s\":", field);
+    const char *at = strstr(base, key), *v = at + strlen(key), *end = v;
+    int depth = 0;
+    while (*end && (depth > 0 || (*end != ',' && *end != '}'))) {
+        depth += *end == '[' || *end == '{';
+        depth -= *end == ']' || *end == '}';
+        end++;
+    }
+    snprintf(out, len, "%.*s %s%s", (int)(v - base), base, value, end);
+}
+
+/* each bad config must be refused with an error naming the field */
+static void test_drafter_config_bad(void)
+{
+    static const struct { const char *field, *value, *named; } cases[] = {
+        { "hidden_size", "-1", "hidden_size" },
+        { "num_attention_heads", "3", "num_attention_heads" },
+        { "head_dim", "7", "head_dim" },
+        { "block_size", "1.5", "block_size" },
+        { "layer_types", "[\"full_attention\"]", "layer_types" },
+        { "layer_types", "[\"full_attention\", \"local\"]", "layer_types" },
+        { "rope_theta", "\"big\"", "rope_theta" },
+        { "dflash_config", "{\"mask_token_id\": 100, \"target_layer_ids\": [1]}", "mask_token_id" },
+        { "dflash_config", "{\"mask_token_id\": 1, \"target_layer_ids\": []}", "target_layer_ids" },
+        { "dflash_config", "{\"mask_token_id\": 1, \"target_layer_ids\": [7]}", "target_layer_ids" },
+        { "dflash_config", "3", "dflash_config" },
+    };
+    char json[2048];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0] + 3; i++) {
+        const char *named;
+        if (i < sizeof cases / sizeof cases[0]) {
+            config_with(cases[i].field, cases[i].value, json, sizeof json);
+            named = cases[i].named;
+        } else {   /* not an object, not JSON, a key twice */
+            size_t k = i - sizeof cases / sizeof cases[0];
+            snprintf(json, sizeof json, "%s", k == 0 ? "[1]" : k == 1 ? "{" : DRAFTER_OK ", \"block_size\": 8}");
+            named = k == 0 ? "JSON object" : k == 1 ? "invalid JSON" : "block_size";
+        }
+        write_config(json);
+        ddt_drafter_config c;
+        char err[512] = "";
+        int rc = ddt_drafter_config_load(tmpdir, &c, err, sizeof err);
+        check(rc == -EINVAL, "case %zu accepted (rc %d): %s", i, rc, json);
+        check(strstr(err, named) && strstr(err, "config.json"),
+              "case %zu: error '%s' does not name '%s' and the file", i, err, named);
+    }
+}
+
+static void test_target_config(void)
+{
+    write_config("{\"model_type\": \"qwen3\", \"hidden_size\": 32, \"num_hidden_layers\": 3,"
+                 " \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 64,"
+                 " \"vocab_size\": 50, \"tie_word_embeddings\": true}");
+    ddt_target_config c;
+    char err[512] = "";
+    check(ddt_target_config_load(tmpdir, &c, err, sizeof err) == 0, "valid target refused: %s", err);
+    check(c.qwen3 && c.head_dim == 8 && c.tie_word_embeddings && c.kv_heads == 2,
+          "defaults or fields read wrong (head_dim %lld)", (long long)c.head_dim);
+    write_config("{\"model_type\": \"qwen3_next\", \"hidden_size\": 32}");
+    check(ddt_target_config_load(tmpdir, &c, err, sizeof err) == -EINVAL && strstr(err, "model_type"),
+          "an unsupported model_type must be refused by name: '%s'", err);
+    char missing[300];
+    snprintf(missing, sizeof missing, "%s/nowhere", tmpdir);
+    check(ddt_target_config_load(missing, &c, err, sizeof err) != 0 && strstr(err, "nowhere/config.json"),
+          "a missing directory must name the file: '%s'", err);
+}
+
+static void test_param_table(void)
+{
+    write_config(DRAFTER_OK "}");
+    ddt_drafter_config c;
+    char err[512];
+    ddt_drafter_config_load(tmpdir, &c, err, sizeof err);
+    static ddt_param p[DDT_MAX_PARAMS];
+    int64_t total = 0;
+    int n = ddt_drafter_param_table(&c, p, &total);
+    check(n == 3 + 11 * 2, "%d parameters, want 25", n);
+    check(!strcmp(p[0].name, "fc.weight") && p[0].shape[0] == 16 && p[0].shape[1] == 48, "fc.weight [H, L_t*H]");
+    check(!strcmp(p[1].name, "hidden_norm.weight") && p[1].is_norm, "hidden_norm.weight second");
+    check(!strcmp(p[4].name, "layers.0.self_attn.q_proj.weight") && p[4].shape[0] == 32 && p[4].shape[1] == 16,
+          "q_proj [nh*d, H]: %s", p[4].name);
+    check(!strcmp(p[5].name, "layers.0.self_attn.k_proj.weight") && p[5].shape[0] == 16, "k_proj [nkv*d, H]");
+    check(!strcmp(p[7].name, "layers.0.self_attn.o_proj.weight") && p[7].shape[0] == 16 && p[7].shape[1] == 32,
+          "o_proj [H, nh*d]");
+    check(!strcmp(p[8].name, "layers.0.self_attn.q_norm.weight") && p[8].numel == 8 && p[8].is_norm, "q_norm [d]");
+    check(!strcmp(p[12].name, "layers.0.mlp.down_proj.weight") && p[12].shape[0] == 16 && p[12].shape[1] == 40,
+          "down_proj [H, I]");
+    check(!strcmp(p[n - 1].name, "norm.weight"), "norm.weight last");
+    int64_t sum = 0;
+    for (int i = 0; i < n; i++) {
+        check(p[i].offset == sum, "%s not contiguous", p[i].name);
+        sum += p[i].numel;
+    }
+    check(sum == total, "total %lld != sum %lld", (long long)total, (long long)sum);
+
+    float *base = calloc((size_t)total, sizeof(float));
+    ddt_drafter_weights w;
+    ddt_drafter_bind(&c, base, &w);
+    check(w.fc == base && w.layer[1].down_proj == base + p[23].offset && w.norm == base + p[24].offset,
+          "bind does not follow the table");
+    ddt_drafter_init(&c, base, 7);
+    double sq = 0;
+    for (int64_t i = 0; i < p[4].numel; i++)
+        sq += (double)w.layer[0].q_proj[i] * w.layer[0].q_proj[i];
+    double std = sqrt(sq / (double)p[4].numel);
+    check(std > 0.015 && std < 0.025, "matrices should be N(0, 0.02^2): std %g", std);
+    check(w.layer[1].q_norm[3] == 1.0f && w.hidden_norm[0] == 1.0f, "norms initialise to 1");
+    float first = w.fc[0];
+    ddt_drafter_init(&c, base, 7);
+    check(w.fc[0] == first, "the same seed must give the same weights");
+    ddt_drafter_init(&c, base, 8);
+    check(w.fc[0] != first, "another seed must give other weights");
+    free(base);
+}
+
+static void test_batch_check(void)
+{
+    write_config(DRAFTER_OK "}");
+    ddt_drafter_config c;
+    char err[512];
+    ddt_drafter_config_load(tmpdir, &c, err, sizeof err);
+    int32_t ids[2 * 6] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12 };
+    uint8_t mask[12] = { 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1 };
+    float features[12 * 48] = { 0 }, teacher[12 * 16] = { 0 };
+    int32_t anchors[4] = { 0, 3, 1, 0 };
+    uint8_t keep[4] = { 1, 1, 1, 0 };
+    ddt_batch b = { 2, 6, 2, ids, mask, features, teacher, anchors, keep };
+    ddt_loss_config lc = { .gamma = 4.0f, .ce_target_teacher = 1 };
+    check(ddt_batch_check(&c, &b, &lc, err, sizeof err) == 0, "valid batch refused: %s", err);
+    ids[5] = 100;
+    check(ddt_batch_check(&c, &b, &lc, err, sizeof err) == -EINVAL && strstr(err, "input_ids[0][5]"),
+          "a token outside the vocabulary must be named: '%s'", err);
+    ids[5] = 6;
+    anchors[1] = 6;
+    check(ddt_batch_check(&c, &b, &lc, err, sizeof err) == -EINVAL && strstr(err, "anchors[0][1]"),
+          "an anchor >= S must be named: '%s'", err);
+    anchors[1] = 3;
+    keep[2] = 0;
+    keep[3] = 1;
+    check(ddt_batch_check(&c, &b, &lc, err, sizeof err) == -EINVAL && strstr(err, "keep[1]"),
+          "kept blocks after padding must be refused: '%s'", err);
+    keep[2] = 1;
+    keep[3] = 0;
+    b.teacher_hidden = NULL;
+    check(ddt_batch_check(&c, &b, &lc, err, sizeof err) == -EINVAL && strstr(err, "teacher_hidden"),
+          "teacher labels without teacher_hidden must be refused: '%s'", err);
+}
+
+static void test_default_taps(void)
+{
+    int32_t ids[5];
+    ddt_target_default_taps(64, 5, ids);   /* Qwen3.6-27B-like: round(1 + i * 60 / 4) */
+    check(ids[0] == 1 && ids[1] == 16 && ids[2] == 31 && ids[3] == 46 && ids[4] == 61,
+          "taps for N=64, n=5: %d %d %d %d %d", ids[0], ids[1], ids[2], ids[3], ids[4]);
+    ddt_target_default_taps(36, 1, ids);
+    check(ids[0] == 18, "one drafter layer taps N/2: %d", ids[0]);
+}
+
+/* the synthetic target: deterministic, its taps are the residual stream, causal */
+static void test_synthetic_target(void)
+{
+    ddt_target_config cfg = { .qwen3 = 1, .hidden = 16, .layers = 3, .heads = 4, .kv_heads = 2,
+                              .head_dim = 4, .intermediate = 24, .vocab = 40,
+                              .rms_norm_eps = 1e-6f, .rope_theta = 10000.0f };
+    static ddt_target t;
+    char err[256];
+    check(ddt_target_synthetic(&cfg, 3, &t, err, sizeof err) == 0, "synthetic target: %s", err);
+    int32_t tokens[7] = { 1, 5, 9, 2, 39, 0, 7 }, taps[2] = { 2, 0 };
+    float f1[7 * 32], h1[7 * 16], f2[7 * 32], h2[7 * 16];
+    check(ddt_target_forward(ddk_backend_cpu(), &t, tokens, 7, taps, 2, f1, h1) == 0, "forward failed");
+    check(ddt_target_forward(ddk_backend_cpu(), &t, tokens, 5, taps, 2, f2, h2) == 0, "forward failed");
+    double diff = 0;
+    for (int i = 0; i < 5 * 16; i++)
+        diff = fmax(diff, fabs(h1[i] - h2[i]));
+    check(diff < 1e-5, "causal: a prefix's hidden states do not depend on later tokens (diff %g)", diff);
+    double rms = 0;
+    for (int i = 0; i < 16; i++)
+        rms += (double)h1[i] * h1[i];
+    check(fabs(sqrt(rms / 16) - 1.0) < 1e-3, "the final norm has unit RMS with unit gains: %g", sqrt(rms / 16));
+    int32_t bad_tap = 3;
+    check(ddt_target_forward(ddk_backend_cpu(), &t, tokens, 7, &bad_tap, 1, f1, h1) == -EINVAL,
+          "a tap beyond the last layer must be refused");
+    ddt_target_free(&t);
+}
+
+int main(void)
+{
+    if (!mkdtemp(tmpdir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    static const struct { const char *name; void (*fn)(void); } cases[] = {
+        { "drafter config read", test_drafter_config_ok },
+        { "drafter config errors name the field", test_drafter_config_bad },
+        { "target config", test_target_config },
+        { "parameter table, bind, init", test_param_table },
+        { "batch checks", test_batch_check },
+        { "default target_layer_ids", test_default_taps },
+        { "synthetic target", test_synthetic_target },
+    };
+    int passed = 0, failed = 0;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        case_failed = 0;
+        cases[i].fn();
+        printf("%s %s\n", case_failed ? "FAIL" : "ok  ", cases[i].name);
+        case_failed ? failed++ : passed++;
+    }
+    char path[256];
+    snprintf(path, sizeof path, "%s/config.json", tmpdir);
+    unlink(path);
+    rmdir(tmpdir);
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed ? 1 : 0;
+}

@@ -1,0 +1,887 @@
+/* test_ops.c: the CPU backend's elementwise ops (ddk.h, struct ddk_backend), one case per op x
+ * shape, in the manner of ggml's test-backend-ops.
+ *
+ * Each case checks the forward against a float64 reference written here (normalised error
+ * max|got - want| / max|want|), every backward against its float64 analytic gradient AND central
+ * finite differences of the float64 forward, and the "backward ops ADD" convention (a second
+ * call doubles, a pre-filled gradient keeps its content). NaN/Inf in any result is a failure;
+ * forward outputs start as NaN, so an element an op forgets to write fails too; every buffer has
+ * guard bytes on both sides that must survive the case (no out-of-bounds writes).
+ * Ops: rmsnorm (+ backward), rope (inverse = backward: round trip, pair norms, adjoint, finite
+ * differences), swiglu (+ backward), embedding, matmul (4 transposes, padded ld, alpha, beta),
+ * zero, copy. Not here: the loss (tests/test_loss.c) and attention. Only the CPU backend for
+ * now: another backend is to be compared with the same references, case by case.
+ *
+ * ctest: exit 0 when every case passes; one line per case; a final "N passed, M failed".
+ * DDTREE_OPS_VERBOSE=1 also prints every comparison's error next to its tolerance.
+ *
+ * Legend: rows independent vectors (tokens, or tokens*heads), d values per vector (head dim for
+ * rope), heads per row (rope), count elements (swiglu), V vocabulary, H hidden size, and
+ * (m, n, k) for c (m, n) = alpha op(a) (m, k) op(b) (k, n) + beta c.
+ */
+#include "ddk.h"
+#include "check.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------------------------------
+ * Tolerances (normalised error unless said otherwise), each with its reason
+ */
+
+/* rmsnorm forward: mean(x^2) in double, then rstd, x*rstd and *g: 3 float roundings */
+static const double tol_rmsnorm = 1e-6;
+/* rmsnorm backward: dx is s g dy - x k, two terms that partly cancel (fully at d = 1, hence the
+ * larger eps there), and dg sums `rows` float terms (64 here), judged against sum |terms| */
+static const double tol_rmsnorm_backward = 2e-6;
+/* rope: cos and sin rounded to float, then two products and a sum per element */
+static const double tol_rope = 1e-6;
+/* swiglu: expf (1 ulp), a division and two or three products per element */
+static const double tol_swiglu = 1e-6;
+/* matmul: fp32 accumulation of k <= 130 products (BLAS order, FMA): ~sqrt(k) eps typically */
+static const double tol_matmul = 1e-5;
+/* a second backward call, or a pre-filled gradient: one float addition more per element (and
+ * another summation order of dg's rows); an overwrite instead of an add errs by >= 0.5 */
+static const double tol_adds = 1e-5;
+/* the float64 analytic gradient vs central differences of the float64 forward: truncation
+ * h^2 f'''/6 and rounding 1e-16/h with h = fd_step on O(1) inputs */
+static const double tol_fd_reference = 1e-6;
+static const double fd_step = 1e-5;
+
+/* ------------------------------------------------------------------------------------------
+ * Guarded buffers: every buffer of a case has GUARD bytes of guard_byte on both sides, checked
+ * and freed by release_buffers() at the end of the case
+ */
+
+enum { GUARD = 64, MAX_BUFFERS = 64 };
+static const unsigned char guard_byte = 0xcd;
+
+static struct buffer {
+    unsigned char *base;   /* GUARD, bytes, GUARD */
+    size_t bytes;
+    const char *name;
+} buffers[MAX_BUFFERS];
+static int buffer_count;
+
+static void *buffer(size_t bytes, const char *name)
+{
+    if (buffer_count == MAX_BUFFERS) {
+        fprintf(stderr, "test_ops: more than %d buffers in one case\n", MAX_BUFFERS);
+        abort();
+    }
+    unsigned char *base = malloc(bytes + 2 * GUARD);
+    if (!base) {
+        perror("test_ops: malloc");
+        abort();
+    }
+    memset(base, guard_byte, GUARD);
+    memset(base + GUARD + bytes, guard_byte, GUARD);
+    buffers[buffer_count++] = (struct buffer){ base, bytes, name };
+    return base + GUARD;
+}
+
+static float *floats(int64_t n, const char *name)
+{
+    return buffer((size_t)n * sizeof(float), name);
+}
+
+static double *doubles(int64_t n, const char *name)
+{
+    return buffer((size_t)n * sizeof(double), name);
+}
+
+static int32_t *int32s(int64_t n, const char *name)
+{
+    return buffer((size_t)n * sizeof(int32_t), name);
+}
+
+static void release_buffers(void)
+{
+    for (int j = 0; j < buffer_count; j++) {
+        const struct buffer *b = &buffers[j];
+        int64_t before = 0, after = 0;
+        for (size_t i = 0; i < GUARD; i++) {
+            before += b->base[i] != guard_byte;
+            after += b->base[GUARD + b->bytes + i] != guard_byte;
+        }
+        check(before == 0 && after == 0,
+              "%s: guard bytes overwritten (%lld before, %lld after its %zu bytes)", b->name,
+              (long long)before, (long long)after, b->bytes);
+        free(b->base);
+    }
+    buffer_count = 0;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Data and comparisons
+ */
+
+static uint64_t rng_state;
+
+static uint64_t rng_next(void)   /* splitmix64 */
+{
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static double rng_uniform(double lo, double hi)
+{
+    return lo + (hi - lo) * (double)(rng_next() >> 11) * 0x1p-53;
+}
+
+static void fill_uniform(float *x, int64_t n, double lo, double hi)
+{
+    for (int64_t i = 0; i < n; i++)
+        x[i] = (float)rng_uniform(lo, hi);
+}
+
+static void fill_nan(float *x, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        x[i] = NAN;
+}
+
+static void fill_zero(float *x, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        x[i] = 0.0f;
+}
+
+static double *to_doubles(const float *x, int64_t n, const char *name)
+{
+    double *y = doubles(n, name);
+    for (int64_t i = 0; i < n; i++)
+        y[i] = x[i];
+    return y;
+}
+
+static int verbose;
+
+/* max|got - want| / max|want| (max|got - want| when want is all 0), or / scale when scale > 0,
+ * against tol; got is float (gf) or double (gd). A value that is not finite fails whatever the
+ * tolerance. */
+static void expect_close(const char *what, const float *gf, const double *gd, const double *want,
+                         int64_t n, double scale, double tol)
+{
+    double num = 0.0, den = 0.0;
+    int64_t worst = 0, nonfinite = 0, first_nonfinite = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double got = gf ? (double)gf[i] : gd[i];
+        if (!isfinite(got) || !isfinite(want[i])) {
+            if (nonfinite++ == 0)
+                first_nonfinite = i;
+            continue;
+        }
+        double diff = fabs(got - want[i]);
+        if (diff > num) {
+            num = diff;
+            worst = i;
+        }
+        den = fmax(den, fabs(want[i]));
+    }
+    if (scale > 0.0)
+        den = scale;
+    double err = den > 0.0 ? num / den : num;
+    if (verbose)
+        printf("  . %-44s err %.2e  tol %.0e\n", what, err, tol);
+    check(nonfinite == 0, "%s: %lld of %lld values not finite, first [%lld]: got %g, want %g",
+          what, (long long)nonfinite, (long long)n, (long long)first_nonfinite,
+          gf ? (double)gf[first_nonfinite] : gd[first_nonfinite], want[first_nonfinite]);
+    check(err <= tol, "%s: normalised error %.3g > %.3g (worst [%lld]: got %.9g, want %.9g)", what,
+          err, tol, (long long)worst, gf ? (double)gf[worst] : gd[worst], want[worst]);
+}
+
+static void expect_close_f(const char *what, const float *got, const double *want, int64_t n,
+                           double tol)
+{
+    expect_close(what, got, NULL, want, n, 0.0, tol);
+}
+
+static void expect_close_d(const char *what, const double *got, const double *want, int64_t n,
+                           double tol)
+{
+    expect_close(what, NULL, got, want, n, 0.0, tol);
+}
+
+/* got == base + contribution, to tol_adds: what "backward ops ADD" promises */
+static void expect_added(const char *what, const float *got, const float *base,
+                         const float *contribution, int64_t n)
+{
+    double *want = doubles(n, "expected sum");
+    for (int64_t i = 0; i < n; i++)
+        want[i] = (double)base[i] + contribution[i];
+    expect_close_f(what, got, want, n, tol_adds);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * The cases' table
+ */
+
+typedef struct op_case op_case;
+struct op_case {
+    char name[96];
+    void (*run)(const ddk_backend *be, const op_case *c);
+    int64_t rows, d, heads;    /* rmsnorm (rows, d); rope (rows, heads, d); swiglu count = rows * d;
+                                * embedding (rows, H = d) */
+    int64_t m, n, k;           /* matmul */
+    int trans_a, trans_b;      /* matmul */
+    float eps, theta, beta;    /* rmsnorm; rope; matmul (alpha is 0.75) */
+    int extremes;              /* rmsnorm, swiglu: inputs at the edges of float, not O(1) */
+};
+
+/* ------------------------------------------------------------------------------------------
+ * RMSNorm: y = x s g, s = (mean(x^2) + eps)^(-1/2)
+ */
+
+static void ref_rmsnorm(const float *x, const float *g, int64_t rows, int64_t d, float eps,
+                        double *y, double *rstd)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * d;   /* (d) */
+        double ss = 0.0;
+        for (int64_t i = 0; i < d; i++)
+            ss += (double)xr[i] * xr[i];
+        double s = 1.0 / sqrt(ss / (double)d + (double)eps);
+        for (int64_t i = 0; i < d; i++)
+            y[r * d + i] = xr[i] * s * g[i];
+        rstd[r] = s;
+    }
+}
+
+/* dx = s g dy - x s^3 / d sum(x g dy), dg = sum over rows of dy x s; ADDED into dx, dg */
+static void ref_rmsnorm_backward(const float *x, const float *g, const float *dy, int64_t rows,
+                                 int64_t d, float eps, double *dx, double *dg)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * d, *dyr = dy + r * d;   /* (d) */
+        double ss = 0.0, dot = 0.0;
+        for (int64_t i = 0; i < d; i++) {
+            ss += (double)xr[i] * xr[i];
+            dot += (double)xr[i] * g[i] * dyr[i];
+        }
+        double s = 1.0 / sqrt(ss / (double)d + (double)eps);
+        for (int64_t i = 0; i < d; i++) {
+            dx[r * d + i] += s * g[i] * dyr[i] - xr[i] * s * s * s / (double)d * dot;
+            dg[i] += (double)dyr[i] * xr[i] * s;
+        }
+    }
+}
+
+/* L = sum dy rmsnorm(x; g) over one row, in float64 */
+static double rmsnorm_row_loss(const double *x, const double *g, const double *dy, int64_t d,
+                               double eps)
+{
+    double ss = 0.0, l = 0.0;
+    for (int64_t i = 0; i < d; i++)
+        ss += x[i] * x[i];
+    double s = 1.0 / sqrt(ss / (double)d + eps);
+    for (int64_t i = 0; i < d; i++)
+        l += dy[i] * x[i] * s * g[i];
+    return l;
+}
+
+/* dL/dx, dL/dg of L = sum dy rmsnorm(x; g) by central differences of the float64 forward */
+static void fd_rmsnorm(const float *x, const float *g, const float *dy, int64_t rows, int64_t d,
+                       float eps, double *dx, double *dg)
+{
+    double *xd = to_doubles(x, rows * d, "fd x"), *gd = to_doubles(g, d, "fd g");
+    double *dyd = to_doubles(dy, rows * d, "fd dy");
+    const double h = fd_step;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t i = 0; i < d; i++) {
+            double *xr = xd + r * d, keep = xr[i];
+            xr[i] = keep + h;
+            double lp = rmsnorm_row_loss(xr, gd, dyd + r * d, d, eps);
+            xr[i] = keep - h;
+            double lm = rmsnorm_row_loss(xr, gd, dyd + r * d, d, eps);
+            xr[i] = keep;
+            dx[r * d + i] = (lp - lm) / (2.0 * h);
+        }
+    for (int64_t i = 0; i < d; i++) {
+        double keep = gd[i], lp = 0.0, lm = 0.0;
+        for (int64_t r = 0; r < rows; r++) {
+            gd[i] = keep + h;
+            lp += rmsnorm_row_loss(xd + r * d, gd, dyd + r * d, d, eps);
+            gd[i] = keep - h;
+            lm += rmsnorm_row_loss(xd + r * d, gd, dyd + r * d, d, eps);
+        }
+        gd[i] = keep;
+        dg[i] = (lp - lm) / (2.0 * h);
+    }
+}
+
+/* max over i of sum over rows |dy x s|: the size of the terms dg is summed from. Float's error
+ * scales with it, not with dg, when the terms cancel (at d = 1 dg is one sum of signed terms). */
+static double rmsnorm_dg_scale(const float *x, const float *dy, const double *rstd, int64_t rows,
+                               int64_t d)
+{
+    double scale = 0.0;
+    for (int64_t i = 0; i < d; i++) {
+        double terms = 0.0;
+        for (int64_t r = 0; r < rows; r++)
+            terms += fabs((double)dy[r * d + i] * x[r * d + i] * rstd[r]);
+        scale = fmax(scale, terms);
+    }
+    return scale;
+}
+
+static void case_rmsnorm(const ddk_backend *be, const op_case *c)
+{
+    const int64_t rows = c->rows, d = c->d, n = rows * d;
+    const float eps = c->eps;
+    float *x = floats(n, "x"), *g = floats(d, "g"), *dy = floats(n, "dy");   /* (rows, d), (d) */
+    fill_uniform(x, n, -2.0, 2.0);
+    fill_uniform(g, d, -1.5, 1.5);
+    fill_uniform(dy, n, -1.0, 1.0);
+
+    /* forward, with and without rstd */
+    float *y = floats(n, "y"), *rstd = floats(rows, "rstd"), *y_bare = floats(n, "y (no rstd)");
+    fill_nan(y, n), fill_nan(rstd, rows), fill_nan(y_bare, n);
+    be->rmsnorm(be, x, g, rows, d, eps, y, rstd);
+    be->rmsnorm(be, x, g, rows, d, eps, y_bare, NULL);
+    double *y_want = doubles(n, "y want"), *rstd_want = doubles(rows, "rstd want");
+    ref_rmsnorm(x, g, rows, d, eps, y_want, rstd_want);
+    expect_close_f("y", y, y_want, n, tol_rmsnorm);
+    expect_close_f("rstd", rstd, rstd_want, rows, tol_rmsnorm);
+    check(memcmp(y, y_bare, (size_t)n * sizeof(float)) == 0, "y differs when rstd is NULL");
+
+    /* backward into zeroed gradients: analytic and finite differences */
+    float *dx = floats(n, "dx"), *dg = floats(d, "dg");
+    fill_zero(dx, n), fill_zero(dg, d);
+    be->rmsnorm_backward(be, x, g, rstd, dy, rows, d, dx, dg);
+    double *dx_want = doubles(n, "dx want"), *dg_want = doubles(d, "dg want");
+    memset(dx_want, 0, (size_t)n * sizeof(double)), memset(dg_want, 0, (size_t)d * sizeof(double));
+    ref_rmsnorm_backward(x, g, dy, rows, d, eps, dx_want, dg_want);
+    double *dx_fd = doubles(n, "dx fd"), *dg_fd = doubles(d, "dg fd");
+    fd_rmsnorm(x, g, dy, rows, d, eps, dx_fd, dg_fd);
+    expect_close_d("float64 dx: analytic vs finite differences", dx_want, dx_fd, n,
+                   tol_fd_reference);
+    const double dg_scale = rmsnorm_dg_scale(x, dy, rstd_want, rows, d);
+    expect_close("float64 dg: analytic vs finite differences", NULL, dg_want, dg_fd, d, dg_scale,
+                 tol_fd_reference);
+    expect_close_f("dx vs analytic", dx, dx_want, n, tol_rmsnorm_backward);
+    expect_close("dg vs analytic", dg, NULL, dg_want, d, dg_scale, tol_rmsnorm_backward);
+    expect_close_f("dx vs finite differences", dx, dx_fd, n, tol_rmsnorm_backward);
+    expect_close("dg vs finite differences", dg, NULL, dg_fd, d, dg_scale, tol_rmsnorm_backward);
+
+    /* ADD: a second call doubles; pre-filled gradients keep their content */
+    float *dx2 = floats(n, "dx twice"), *dg2 = floats(d, "dg twice");
+    memcpy(dx2, dx, (size_t)n * sizeof(float)), memcpy(dg2, dg, (size_t)d * sizeof(float));
+    be->rmsnorm_backward(be, x, g, rstd, dy, rows, d, dx2, dg2);
+    expect_added("dx after two calls = 2 dx", dx2, dx, dx, n);
+    expect_added("dg after two calls = 2 dg", dg2, dg, dg, d);
+    float *dx_pre = floats(n, "dx pre-filled"), *dg_pre = floats(d, "dg pre-filled");
+    float *dx_old = floats(n, "dx old"), *dg_old = floats(d, "dg old");
+    fill_uniform(dx_old, n, -1.0, 1.0), fill_uniform(dg_old, d, -1.0, 1.0);
+    memcpy(dx_pre, dx_old, (size_t)n * sizeof(float)), memcpy(dg_pre, dg_old, (size_t)d * sizeof(float));
+    be->rmsnorm_backward(be, x, g, rstd, dy, rows, d, dx_pre, dg_pre);
+    expect_added("pre-filled dx = old + dx", dx_pre, dx_old, dx, n);
+    expect_added("pre-filled dg = old + dg", dg_pre, dg_old, dg, d);
+}
+
+/* Rows of zeros (s = eps^-1/2), of 1e20 (x^2 overflows float: the mean must be taken wider), of
+ * 1e-20 (eps dominates) and O(1) with one 1e4 spike (a "massive activation"). Forward and
+ * backward are compared row by row, since their magnitudes differ by 40 orders. The backward
+ * of the 1e20 row is left out: the kernel's k = dot s^3 / d is a float below FLT_MIN there (a
+ * denormal, ~2e-6 off at 1e20 and worse above), which no real activation reaches. */
+static void case_rmsnorm_extremes(const ddk_backend *be, const op_case *c)
+{
+    enum { rows = 5 };
+    static const double scale[rows] = { 0.0, 1e20, 1e-20, 1.0, 1e15 };
+    const int64_t d = c->d, n = rows * d;
+    const float eps = c->eps;
+    float *x = floats(n, "x"), *g = floats(d, "g"), *dy = floats(n, "dy");
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t i = 0; i < d; i++)
+            x[r * d + i] = (float)(scale[r] * rng_uniform(-2.0, 2.0));
+    x[3 * d + d / 2] = 1e4f;
+    fill_uniform(g, d, -1.5, 1.5);
+    fill_uniform(dy, n, -1.0, 1.0);
+    float *y = floats(n, "y"), *rstd = floats(rows, "rstd");
+    fill_nan(y, n), fill_nan(rstd, rows);
+    be->rmsnorm(be, x, g, rows, d, eps, y, rstd);
+    double *y_want = doubles(n, "y want"), *rstd_want = doubles(rows, "rstd want");
+    ref_rmsnorm(x, g, rows, d, eps, y_want, rstd_want);
+    float *dx = floats(n, "dx"), *dg = floats(d, "dg");
+    fill_zero(dx, n), fill_zero(dg, d);
+    be->rmsnorm_backward(be, x, g, rstd, dy, rows, d, dx, dg);
+    double *dx_want = doubles(n, "dx want"), *dg_want = doubles(d, "dg want");
+    memset(dx_want, 0, (size_t)n * sizeof(double)), memset(dg_want, 0, (size_t)d * sizeof(double));
+    ref_rmsnorm_backward(x, g, dy, rows, d, eps, dx_want, dg_want);
+    char what[64];
+    for (int64_t r = 0; r < rows; r++) {
+        snprintf(what, sizeof(what), "y, row of scale %g", scale[r]);
+        expect_close_f(what, y + r * d, y_want + r * d, d, tol_rmsnorm);
+        snprintf(what, sizeof(what), "rstd, row of scale %g", scale[r]);
+        expect_close_f(what, rstd + r, rstd_want + r, 1, tol_rmsnorm);
+        snprintf(what, sizeof(what), "dx, row of scale %g", scale[r]);
+        if (scale[r] < 1e18)
+            expect_close_f(what, dx + r * d, dx_want + r * d, d, tol_rmsnorm_backward);
+    }
+    expect_close("dg", dg, NULL, dg_want, d, rmsnorm_dg_scale(x, dy, rstd_want, rows, d),
+                 tol_rmsnorm_backward);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * RoPE, rotate-half: pair (x_i, x_{i+d/2}), i < d/2, turned by pos theta^(-2i/d)
+ */
+
+static double rope_angle(int32_t pos, int64_t i, int64_t d, float theta)
+{
+    return (double)pos * pow((double)theta, -2.0 * (double)i / (double)d);
+}
+
+static void ref_rope(const float *x, const int32_t *pos, int64_t rows, int64_t heads, int64_t d,
+                     float theta, double *y)
+{
+    const int64_t half = d / 2;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t i = 0; i < half; i++) {
+            double angle = rope_angle(pos[r], i, d, theta), cs = cos(angle), sn = sin(angle);
+            for (int64_t h = 0; h < heads; h++) {
+                int64_t o = (r * heads + h) * d;
+                double a = x[o + i], b = x[o + i + half];
+                y[o + i] = a * cs - b * sn;
+                y[o + i + half] = b * cs + a * sn;
+            }
+        }
+}
+
+/* dL/dx of L = <rope(x), w> by central differences of the float64 forward: each element
+ * moves only its own pair's two outputs */
+static void fd_rope(const float *x, const float *w, const int32_t *pos, int64_t rows,
+                    int64_t heads, int64_t d, float theta, double *dx)
+{
+    const int64_t half = d / 2;
+    const double h = fd_step;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t i = 0; i < half; i++) {
+            double angle = rope_angle(pos[r], i, d, theta), cs = cos(angle), sn = sin(angle);
+            for (int64_t hd = 0; hd < heads; hd++) {
+                int64_t o = (r * heads + hd) * d;
+                double a = x[o + i], b = x[o + i + half], wa = w[o + i], wb = w[o + i + half];
+#define PAIR_LOSS(A, B) (((A) * cs - (B) * sn) * wa + ((B) * cs + (A) * sn) * wb)
+                dx[o + i] = (PAIR_LOSS(a + h, b) - PAIR_LOSS(a - h, b)) / (2.0 * h);
+                dx[o + i + half] = (PAIR_LOSS(a, b + h) - PAIR_LOSS(a, b - h)) / (2.0 * h);
+#undef PAIR_LOSS
+            }
+        }
+}
+
+/* Row 0 at position 0 and the last row at 100000 (one row: 0 with one head, 100000 with more),
+ * row 1 at 1, row rows-2 at 2^20 - 1 when rows >= 17, the others uniform in [0, 2^17). */
+static void rope_positions(int32_t *pos, int64_t rows, int64_t heads)
+{
+    for (int64_t r = 0; r < rows; r++)
+        pos[r] = (int32_t)(rng_next() % (1u << 17));
+    pos[0] = rows == 1 && heads > 1 ? 100000 : 0;
+    if (rows > 1)
+        pos[rows - 1] = 100000;
+    if (rows > 2)
+        pos[1] = 1;
+    if (rows >= 17)
+        pos[rows - 2] = (1 << 20) - 1;
+}
+
+static void case_rope(const ddk_backend *be, const op_case *c)
+{
+    const int64_t rows = c->rows, heads = c->heads, d = c->d, half = d / 2;
+    const int64_t n = rows * heads * d, row = heads * d;
+    const float theta = c->theta;
+    int32_t *pos = int32s(rows, "pos");
+    rope_positions(pos, rows, heads);
+    float *x = floats(n, "x"), *w = floats(n, "w");   /* (rows, heads, d) */
+    fill_uniform(x, n, -1.0, 1.0);
+    fill_uniform(w, n, -1.0, 1.0);
+
+    /* forward */
+    float *y = floats(n, "rope(x)");
+    memcpy(y, x, (size_t)n * sizeof(float));
+    be->rope(be, y, pos, rows, heads, d, theta, 0);
+    double *y_want = doubles(n, "rope(x) want");
+    ref_rope(x, pos, rows, heads, d, theta, y_want);
+    expect_close_f("rope(x)", y, y_want, n, tol_rope);
+
+    /* position 0 is the identity, bit for bit (cos 0 = 1, sin 0 = 0) */
+    for (int64_t r = 0; r < rows; r++)
+        if (pos[r] == 0)
+            check(memcmp(y + r * row, x + r * row, (size_t)row * sizeof(float)) == 0,
+                  "row %lld at position 0 changed", (long long)r);
+
+    /* a rotation keeps each pair's norm */
+    double worst_norm = 0.0;
+    for (int64_t p = 0; p < n / d; p++)
+        for (int64_t i = 0; i < half; i++) {
+            const float *xp = x + p * d, *yp = y + p * d;
+            double before = hypot(xp[i], xp[i + half]), after = hypot(yp[i], yp[i + half]);
+            worst_norm = fmax(worst_norm, fabs(after - before) / fmax(before, 1e-30));
+        }
+    check(worst_norm <= tol_rope, "a pair's norm changed by %.3g relative (tol %.0e)", worst_norm,
+          tol_rope);
+
+    /* inverse(rope(x)) = x */
+    float *round_trip = floats(n, "rope^-1(rope(x))");
+    memcpy(round_trip, y, (size_t)n * sizeof(float));
+    be->rope(be, round_trip, pos, rows, heads, d, theta, 1);
+    expect_close_f("rope^-1(rope(x)) = x", round_trip, to_doubles(x, n, "x as double"), n,
+                   tol_rope);
+
+    /* the backward is the transpose: <rope(x), w> = <x, rope^-1(w)>, relative to |x| |w| */
+    float *w_back = floats(n, "rope^-1(w)");
+    memcpy(w_back, w, (size_t)n * sizeof(float));
+    be->rope(be, w_back, pos, rows, heads, d, theta, 1);
+    double lhs = 0.0, rhs = 0.0, xx = 0.0, ww = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        lhs += (double)y[i] * w[i];
+        rhs += (double)x[i] * w_back[i];
+        xx += (double)x[i] * x[i];
+        ww += (double)w[i] * w[i];
+    }
+    double adjoint = fabs(lhs - rhs) / sqrt(xx * ww);
+    if (verbose)
+        printf("  . %-44s err %.2e  tol %.0e\n", "<rope(x), w> = <x, rope^-1(w)>", adjoint,
+               tol_rope);
+    check(adjoint <= tol_rope, "<rope(x), w> = %.9g but <x, rope^-1(w)> = %.9g", lhs, rhs);
+
+    /* ... and the gradient of <rope(x), w>, by finite differences of the float64 forward */
+    double *dx_fd = doubles(n, "dx fd");
+    fd_rope(x, w, pos, rows, heads, d, theta, dx_fd);
+    expect_close_f("rope^-1(w) vs finite differences", w_back, dx_fd, n, tol_rope);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * SwiGLU: h = silu(gate) up, silu(x) = x sigmoid(x)
+ */
+
+static double sigmoid64(double x)
+{
+    return 1.0 / (1.0 + exp(-x));
+}
+
+static double silu64(double x)
+{
+    return x * sigmoid64(x);
+}
+
+/* silu'(x) = sigmoid(x) (1 + x (1 - sigmoid(x))) */
+static double silu64_grad(double x)
+{
+    double s = sigmoid64(x);
+    return s * (1.0 + x * (1.0 - s));
+}
+
+static void case_swiglu(const ddk_backend *be, const op_case *c)
+{
+    /* gates past expf's range (|x| > 88) and around silu's minimum (-1.278) */
+    static const float edges[] = { -1000.0f, -100.0f, -88.8f, -20.0f, -1.278465f, -0.0f, 0.0f,
+                                   1e-30f,   20.0f,   88.8f,  100.0f, 1000.0f };
+    const int64_t n = c->rows * c->d;
+    float *gate = floats(n, "gate"), *up = floats(n, "up"), *dh = floats(n, "dh");   /* (count) */
+    fill_uniform(gate, n, -8.0, 8.0);
+    if (c->extremes)
+        for (int64_t i = 0; i < n; i++)
+            gate[i] = edges[i % (int64_t)(sizeof(edges) / sizeof(edges[0]))];
+    fill_uniform(up, n, -2.0, 2.0);
+    fill_uniform(dh, n, -1.0, 1.0);
+
+    float *h = floats(n, "h");
+    fill_nan(h, n);
+    be->swiglu(be, gate, up, n, h);
+    double *h_want = doubles(n, "h want");
+    for (int64_t i = 0; i < n; i++)
+        h_want[i] = silu64(gate[i]) * up[i];
+    expect_close_f("h", h, h_want, n, tol_swiglu);
+
+    float *dgate = floats(n, "dgate"), *dup = floats(n, "dup");
+    fill_zero(dgate, n), fill_zero(dup, n);
+    be->swiglu_backward(be, gate, up, dh, n, dgate, dup);
+    double *dgate_want = doubles(n, "dgate want"), *dup_want = doubles(n, "dup want");
+    double *dgate_fd = doubles(n, "dgate fd"), *dup_fd = doubles(n, "dup fd");
+    const double step = fd_step;
+    for (int64_t i = 0; i < n; i++) {
+        double gi = gate[i], ui = up[i], dhi = dh[i];
+        dgate_want[i] = dhi * ui * silu64_grad(gi);
+        dup_want[i] = dhi * silu64(gi);
+        /* L = sum dh silu(gate) up: element i moves only its own term */
+        dgate_fd[i] = dhi * ui * (silu64(gi + step) - silu64(gi - step)) / (2.0 * step);
+        dup_fd[i] = dhi * silu64(gi) * ((ui + step) - (ui - step)) / (2.0 * step);
+    }
+    expect_close_d("float64 dgate: analytic vs finite differences", dgate_want, dgate_fd, n,
+                   tol_fd_reference);
+    expect_close_d("float64 dup: analytic vs finite differences", dup_want, dup_fd, n,
+                   tol_fd_reference);
+    expect_close_f("dgate vs analytic", dgate, dgate_want, n, tol_swiglu);
+    expect_close_f("dup vs analytic", dup, dup_want, n, tol_swiglu);
+    expect_close_f("dgate vs finite differences", dgate, dgate_fd, n, tol_swiglu);
+    expect_close_f("dup vs finite differences", dup, dup_fd, n, tol_swiglu);
+
+    /* ADD */
+    float *dgate2 = floats(n, "dgate twice"), *dup2 = floats(n, "dup twice");
+    memcpy(dgate2, dgate, (size_t)n * sizeof(float)), memcpy(dup2, dup, (size_t)n * sizeof(float));
+    be->swiglu_backward(be, gate, up, dh, n, dgate2, dup2);
+    expect_added("dgate after two calls = 2 dgate", dgate2, dgate, dgate, n);
+    expect_added("dup after two calls = 2 dup", dup2, dup, dup, n);
+    float *dgate_old = floats(n, "dgate old"), *dup_old = floats(n, "dup old");
+    float *dgate_pre = floats(n, "dgate pre-filled"), *dup_pre = floats(n, "dup pre-filled");
+    fill_uniform(dgate_old, n, -1.0, 1.0), fill_uniform(dup_old, n, -1.0, 1.0);
+    memcpy(dgate_pre, dgate_old, (size_t)n * sizeof(float));
+    memcpy(dup_pre, dup_old, (size_t)n * sizeof(float));
+    be->swiglu_backward(be, gate, up, dh, n, dgate_pre, dup_pre);
+    expect_added("pre-filled dgate = old + dgate", dgate_pre, dgate_old, dgate, n);
+    expect_added("pre-filled dup = old + dup", dup_pre, dup_old, dup, n);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Embedding: out (rows, H) = table[tokens], table (V, H)
+ */
+
+static void case_embedding(const ddk_backend *be, const op_case *c)
+{
+    enum { V = 41 };
+    const int64_t rows = c->rows, H = c->d;
+    float *table = floats(V * H, "table"), *table_copy = floats(V * H, "table copy");
+    fill_uniform(table, V * H, -1.0, 1.0);
+    memcpy(table_copy, table, (size_t)(V * H) * sizeof(float));
+    /* the last row V-1, row 0, a token repeated, the rest random */
+    int32_t *tokens = int32s(rows, "tokens");
+    for (int64_t r = 0; r < rows; r++)
+        tokens[r] = (int32_t)(rng_next() % V);
+    tokens[0] = V - 1;
+    if (rows > 1)
+        tokens[rows - 1] = 0;
+    if (rows > 2)
+        tokens[1] = V - 1;
+    if (rows > 4)
+        tokens[rows - 2] = tokens[2];
+    float *out = floats(rows * H, "out");
+    fill_nan(out, rows * H);
+    be->embedding(be, table, tokens, rows, H, out);
+    for (int64_t r = 0; r < rows; r++)
+        check(memcmp(out + r * H, table + (int64_t)tokens[r] * H, (size_t)H * sizeof(float)) == 0,
+              "out row %lld is not table row %d", (long long)r, tokens[r]);
+    check(memcmp(table, table_copy, (size_t)(V * H) * sizeof(float)) == 0, "the table changed");
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Matmul: c (m, n) = alpha op(a) op(b) + beta c, every leading dimension longer than its row;
+ * the padding of a and b is NaN (never read), that of c must stay as it was (never written).
+ * beta = 0 takes c as NaN: the BLAS convention, c is then not read.
+ */
+
+static void case_matmul(const ddk_backend *be, const op_case *c)
+{
+    const int64_t m = c->m, n = c->n, k = c->k;
+    const int ta = c->trans_a, tb = c->trans_b;
+    const float alpha = 0.75f, beta = c->beta;
+    const int64_t rows_a = ta ? k : m, cols_a = ta ? m : k, lda = cols_a + 3;
+    const int64_t rows_b = tb ? n : k, cols_b = tb ? k : n, ldb = cols_b + 5;
+    const int64_t ldc = n + 2;
+    float *a = floats(rows_a * lda, "a");   /* (rows_a, lda) */
+    float *b = floats(rows_b * ldb, "b");   /* (rows_b, ldb) */
+    float *cm = floats(m * ldc, "c");       /* (m, ldc) */
+    float *c_old = floats(m * ldc, "c before");
+    fill_nan(a, rows_a * lda), fill_nan(b, rows_b * ldb);
+    for (int64_t i = 0; i < rows_a; i++)
+        fill_uniform(a + i * lda, cols_a, -1.0, 1.0);
+    for (int64_t i = 0; i < rows_b; i++)
+        fill_uniform(b + i * ldb, cols_b, -1.0, 1.0);
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < ldc; j++)
+            cm[i * ldc + j] = j >= n ? 12345.0f : beta == 0.0f ? NAN : (float)rng_uniform(-1, 1);
+    memcpy(c_old, cm, (size_t)(m * ldc) * sizeof(float));
+
+    be->matmul(be, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, cm, ldc);
+
+    float *got = floats(m * n, "c compact");
+    double *want = doubles(m * n, "c want");
+    int64_t padding_written = 0;
+    for (int64_t i = 0; i < m; i++) {
+        for (int64_t j = 0; j < n; j++) {
+            double acc = 0.0;
+            for (int64_t p = 0; p < k; p++)
+                acc += (double)(ta ? a[p * lda + i] : a[i * lda + p]) *
+                       (tb ? b[j * ldb + p] : b[p * ldb + j]);
+            want[i * n + j] = alpha * acc + (beta == 0.0f ? 0.0 : beta * (double)c_old[i * ldc + j]);
+            got[i * n + j] = cm[i * ldc + j];
+        }
+        for (int64_t j = n; j < ldc; j++)
+            padding_written += memcmp(&cm[i * ldc + j], &c_old[i * ldc + j], sizeof(float)) != 0;
+    }
+    expect_close_f("c", got, want, m * n, tol_matmul);
+    check(padding_written == 0, "%lld entries of c past column n written",
+          (long long)padding_written);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * zero and copy: exact bytes, nothing around them touched
+ */
+
+enum { BYTES = 5000 };
+static const struct { size_t offset, bytes; } spans[] = {
+    { 0, 0 }, { 0, 1 }, { 3, 7 }, { 1, 64 }, { 64, 4096 }, { 5, 4099 }, { 0, BYTES },
+};
+
+static void case_zero(const ddk_backend *be, const op_case *c)
+{
+    (void)c;   /* one case, no parameters */
+    unsigned char *mem = buffer(BYTES, "memory");
+    for (size_t s = 0; s < sizeof(spans) / sizeof(spans[0]); s++) {
+        memset(mem, 0xa5, BYTES);
+        be->zero(be, mem + spans[s].offset, spans[s].bytes);
+        size_t wrong = 0;
+        for (size_t i = 0; i < BYTES; i++) {
+            int inside = i >= spans[s].offset && i < spans[s].offset + spans[s].bytes;
+            wrong += mem[i] != (inside ? 0x00 : 0xa5);
+        }
+        check(wrong == 0, "zero(+%zu, %zu bytes): %zu bytes wrong", spans[s].offset,
+              spans[s].bytes, wrong);
+    }
+}
+
+static void case_copy(const ddk_backend *be, const op_case *c)
+{
+    (void)c;   /* one case, no parameters */
+    unsigned char *src = buffer(BYTES, "src"), *dst = buffer(BYTES, "dst");
+    for (size_t i = 0; i < BYTES; i++)
+        src[i] = (unsigned char)rng_next();
+    for (size_t s = 0; s < sizeof(spans) / sizeof(spans[0]); s++) {
+        const size_t at = spans[s].offset, bytes = spans[s].bytes;
+        const size_t from = (at + 11) % (BYTES - bytes + 1);   /* another alignment than dst's */
+        memset(dst, 0xa5, BYTES);
+        be->copy(be, dst + at, src + from, bytes);
+        size_t wrong = 0;
+        for (size_t i = 0; i < BYTES; i++)
+            wrong += dst[i] != (i >= at && i < at + bytes ? src[from + i - at] : 0xa5);
+        check(wrong == 0, "copy(+%zu <- +%zu, %zu bytes): %zu bytes wrong", at, from, bytes,
+              wrong);
+    }
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Main
+ */
+
+enum { MAX_CASES = 256 };
+static op_case cases[MAX_CASES];
+static int case_count;
+
+static op_case *add_case(void (*run)(const ddk_backend *, const op_case *))
+{
+    if (case_count == MAX_CASES) {
+        fprintf(stderr, "test_ops: more than %d cases\n", MAX_CASES);
+        abort();
+    }
+    op_case *c = &cases[case_count++];
+    memset(c, 0, sizeof(*c));
+    c->run = run;
+    return c;
+}
+
+static void build_cases(void)
+{
+    static const int64_t rows[] = { 1, 3, 17, 64 };
+    static const int64_t dims[] = { 1, 2, 6, 8, 64, 130 };
+    enum { nrows = sizeof(rows) / sizeof(rows[0]), ndims = sizeof(dims) / sizeof(dims[0]) };
+    op_case *c;
+
+    for (int j = 0; j < ndims; j++)
+        for (int i = 0; i < nrows; i++) {
+            c = add_case(case_rmsnorm);
+            c->rows = rows[i], c->d = dims[j];
+            /* at d = 1, dx = g dy eps / (x^2 + eps)^(3/2) is all cancellation: with eps = 1e-6
+             * it sits at float rounding of its two terms; eps = 0.5 keeps it checkable */
+            c->eps = dims[j] == 1 ? 0.5f : 1e-6f;
+            snprintf(c->name, sizeof(c->name), "rmsnorm rows=%lld d=%lld eps=%g",
+                     (long long)c->rows, (long long)c->d, c->eps);
+        }
+    c = add_case(case_rmsnorm_extremes);
+    c->d = 130, c->eps = 1e-6f;
+    snprintf(c->name, sizeof(c->name), "rmsnorm d=130 rows of 0, 1e20, 1e-20, a 1e4 spike, 1e15");
+
+    for (int j = 1; j < ndims; j++)   /* d even */
+        for (int i = 0; i < nrows; i++)
+            for (int64_t heads = 1; heads <= 3; heads += 2) {
+                c = add_case(case_rope);
+                c->rows = rows[i], c->heads = heads, c->d = dims[j];
+                c->theta = (i + heads / 3) % 2 ? 1e6f : 1e4f;
+                snprintf(c->name, sizeof(c->name), "rope rows=%lld heads=%lld d=%lld theta=%g",
+                         (long long)c->rows, (long long)heads, (long long)c->d, c->theta);
+            }
+
+    static const int64_t counts[][2] = { { 1, 1 }, { 3, 1 }, { 17, 6 }, { 3, 130 }, { 64, 130 } };
+    for (size_t j = 0; j < sizeof(counts) / sizeof(counts[0]); j++) {
+        c = add_case(case_swiglu);
+        c->rows = counts[j][0], c->d = counts[j][1];
+        snprintf(c->name, sizeof(c->name), "swiglu count=%lld", (long long)(c->rows * c->d));
+    }
+    c = add_case(case_swiglu);
+    c->rows = 4, c->d = 12, c->extremes = 1;
+    snprintf(c->name, sizeof(c->name), "swiglu count=48 gates 0, +-20, +-88.8, +-100, +-1000");
+
+    static const int64_t embeddings[][2] = { { 1, 1 }, { 3, 2 }, { 17, 130 }, { 64, 64 }, { 64, 6 } };
+    for (size_t j = 0; j < sizeof(embeddings) / sizeof(embeddings[0]); j++) {
+        c = add_case(case_embedding);
+        c->rows = embeddings[j][0], c->d = embeddings[j][1];
+        snprintf(c->name, sizeof(c->name), "embedding V=41 rows=%lld H=%lld", (long long)c->rows,
+                 (long long)c->d);
+    }
+
+    static const int64_t mnk[][3] = { { 1, 1, 1 }, { 3, 5, 7 }, { 17, 130, 64 }, { 64, 6, 130 } };
+    for (size_t j = 0; j < sizeof(mnk) / sizeof(mnk[0]); j++)
+        for (int t = 0; t < 4; t++) {
+            c = add_case(case_matmul);
+            c->m = mnk[j][0], c->n = mnk[j][1], c->k = mnk[j][2];
+            c->trans_a = t >> 1, c->trans_b = t & 1;
+            c->beta = j == 1 ? 0.0f : -1.5f;
+            snprintf(c->name, sizeof(c->name),
+                     "matmul %c%c m=%lld n=%lld k=%lld alpha=0.75 beta=%g", c->trans_a ? 'T' : 'N',
+                     c->trans_b ? 'T' : 'N', (long long)c->m, (long long)c->n, (long long)c->k,
+                     c->beta);
+        }
+
+    c = add_case(case_zero);
+    snprintf(c->name, sizeof(c->name), "zero 0..5000 bytes at odd offsets");
+    c = add_case(case_copy);
+    snprintf(c->name, sizeof(c->name), "copy 0..5000 bytes at odd offsets");
+}
+
+int main(void)
+{
+    const char *v = getenv("DDTREE_OPS_VERBOSE");
+    verbose = v && *v && strcmp(v, "0") != 0;
+    const ddk_backend *be = ddk_backend_cpu();
+    int passed = 0, failed = 0;
+
+    /* the CPU backend is complete: without that no case below can run */
+    case_failed = 0;
+    check(be != NULL && be->rmsnorm && be->rmsnorm_backward && be->rope && be->swiglu &&
+              be->swiglu_backward && be->embedding && be->matmul && be->zero && be->copy,
+          "an op of the CPU backend is NULL");
+    printf("%s cpu backend has every op tested here\n", case_failed ? "FAIL" : "ok  ");
+    if (case_failed) {
+        printf("0 passed, 1 failed\n");
+        return 1;
+    }
+    passed++;
+
+    build_cases();
+    for (int j = 0; j < case_count; j++) {
+        case_failed = 0;
+        rng_state = 0x5eed0000u + (uint64_t)j;   /* each case reproducible on its own */
+        cases[j].run(be, &cases[j]);
+        release_buffers();
+        printf("%s %s\n", case_failed ? "FAIL" : "ok  ", cases[j].name);
+        fflush(stdout);
+        if (case_failed)
+            failed++;
+        else
+            passed++;
+    }
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed ? 1 : 0;
+}
