@@ -20,6 +20,7 @@
  */
 #include "ddk.h"
 #include "check.h"
+#include "ddk_rng.h"
 #include "loss_reference.h"
 
 #include <errno.h>
@@ -35,38 +36,11 @@
  * Helpers (check() is in check.h; main() prints one line per case)
  */
 
-static void *xcalloc(size_t count, size_t size)
-{
-    void *x = calloc(count ? count : 1, size);
-    if (!x) {
-        fprintf(stderr, "test_loss: out of memory\n");
-        exit(2);
-    }
-    return x;
-}
 
-/* ------------------------------------------------------------------------------------------
- * Deterministic random numbers (splitmix64; rand() is not the same everywhere)
- */
-
-static uint64_t rng_next(uint64_t *state)
-{
-    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-/* uniform in [0, 1) */
-static double rng_unit(uint64_t *state)
-{
-    return (double)(rng_next(state) >> 11) * 0x1.0p-53;
-}
-
-/* uniform in [-1, 1) */
+/* uniform in [-1, 1), from ddk_rng.h's generator (rand() is not the same everywhere) */
 static float rng_sym(uint64_t *state)
 {
-    return (float)(2.0 * rng_unit(state) - 1.0);
+    return (float)(2.0 * ddk_rng_uniform(state) - 1.0);
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -197,20 +171,20 @@ static loss_data make_data(const loss_case *c, uint64_t seed)
     if (c->labels != LABELS_TEACHER) {
         d.labels = xcalloc((size_t)n, sizeof(int32_t));
         for (int64_t i = 0; i < n; i++) {
-            d.labels[i] = (int32_t)(rng_next(&s) % (uint64_t)V);
-            if (c->labels == LABELS_MIXED && rng_unit(&s) < 0.5)
+            d.labels[i] = (int32_t)(ddk_rng_next(&s) % (uint64_t)V);
+            if (c->labels == LABELS_MIXED && ddk_rng_uniform(&s) < 0.5)
                 d.labels[i] = (int32_t)student_argmax(d.W, d.hs + i * H, V, H, NULL);
             /* position 0 is always counted, so no table case is empty */
-            int drop = c->labels != LABELS_GIVEN && i > 0 && rng_unit(&s) < 0.25;
+            int drop = c->labels != LABELS_GIVEN && i > 0 && ddk_rng_uniform(&s) < 0.25;
             if (drop)
-                d.labels[i] = rng_unit(&s) < 0.5 ? -1 : -7;
+                d.labels[i] = ddk_rng_uniform(&s) < 0.5 ? -1 : -7;
         }
     }
     if (c->weights == WEIGHTS_GIVEN) {
         d.weights = xcalloc((size_t)n, sizeof(float));
         for (int64_t i = 0; i < n; i++) {
-            double u = rng_unit(&s);
-            d.weights[i] = (float)(0.25 + 1.75 * rng_unit(&s));
+            double u = ddk_rng_uniform(&s);
+            d.weights[i] = (float)(0.25 + 1.75 * ddk_rng_uniform(&s));
             if (i > 0 && u < 0.15)
                 d.weights[i] = 0.0f;
             else if (i > 0 && u < 0.25)
@@ -468,7 +442,7 @@ static void test_confident(void)
         for (int64_t k = 0; k < H; k++)
             W[v * H + k] = k < V ? (k == v ? 1.0f : 0.0f) : 0.1f * rng_sym(&s);
     for (int64_t i = 0; i < n; i++) {
-        labels[i] = (int32_t)(rng_next(&s) % V);
+        labels[i] = (int32_t)(ddk_rng_next(&s) % V);
         for (int64_t k = 0; k < H; k++)
             hs[i * H + k] = k < V ? 0.5f * rng_sym(&s) : 0.3f * rng_sym(&s);
         hs[i * H + labels[i]] += (float)margins[i];   /* along the label's row of W */
@@ -693,7 +667,7 @@ static void test_finite_differences_impl(void)
         const double tol = 8.0 * FLT_EPSILON * fabs(got.r.loss) / (2.0 * eps) + 1e-4 * g_max;
         uint64_t s = 5 + (uint64_t)tile;
         for (int k = 0; k < 10; k++) {
-            int64_t j = (int64_t)(rng_next(&s) % (uint64_t)count);
+            int64_t j = (int64_t)(ddk_rng_next(&s) % (uint64_t)count);
             float up = d.hs[j] + eps, down = d.hs[j] - eps;
             double fd = (impl_loss_at(&d, j, up) - impl_loss_at(&d, j, down)) /
                         ((double)up - (double)down);

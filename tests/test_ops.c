@@ -21,6 +21,7 @@
  */
 #include "ddk.h"
 #include "check.h"
+#include "ddk_rng.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -119,19 +120,11 @@ static void release_buffers(void)
  * Data and comparisons
  */
 
-static uint64_t rng_state;
-
-static uint64_t rng_next(void)   /* splitmix64 */
-{
-    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
+static uint64_t rng_state;   /* ddk_rng.h's generator */
 
 static double rng_uniform(double lo, double hi)
 {
-    return lo + (hi - lo) * (double)(rng_next() >> 11) * 0x1p-53;
+    return lo + (hi - lo) * ddk_rng_uniform(&rng_state);
 }
 
 static void fill_uniform(float *x, int64_t n, double lo, double hi)
@@ -478,7 +471,7 @@ static void fd_rope(const float *x, const float *w, const int32_t *pos, int64_t 
 static void rope_positions(int32_t *pos, int64_t rows, int64_t heads)
 {
     for (int64_t r = 0; r < rows; r++)
-        pos[r] = (int32_t)(rng_next() % (1u << 17));
+        pos[r] = (int32_t)(ddk_rng_next(&rng_state) % (1u << 17));
     pos[0] = rows == 1 && heads > 1 ? 100000 : 0;
     if (rows > 1)
         pos[rows - 1] = 100000;
@@ -650,7 +643,7 @@ static void case_embedding(const ddk_backend *be, const op_case *c)
     /* the last row V-1, row 0, a token repeated, the rest random */
     int32_t *tokens = int32s(rows, "tokens");
     for (int64_t r = 0; r < rows; r++)
-        tokens[r] = (int32_t)(rng_next() % V);
+        tokens[r] = (int32_t)(ddk_rng_next(&rng_state) % V);
     tokens[0] = V - 1;
     if (rows > 1)
         tokens[rows - 1] = 0;
@@ -748,7 +741,7 @@ static void case_copy(const ddk_backend *be, const op_case *c)
     (void)c;   /* one case, no parameters */
     unsigned char *src = buffer(BYTES, "src"), *dst = buffer(BYTES, "dst");
     for (size_t i = 0; i < BYTES; i++)
-        src[i] = (unsigned char)rng_next();
+        src[i] = (unsigned char)ddk_rng_next(&rng_state);
     for (size_t s = 0; s < sizeof(spans) / sizeof(spans[0]); s++) {
         const size_t at = spans[s].offset, bytes = spans[s].bytes;
         const size_t from = (at + 11) % (BYTES - bytes + 1);   /* another alignment than dst's */

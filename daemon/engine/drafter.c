@@ -13,6 +13,7 @@
  * S sequence length, A anchors, B block size, AB = A*B block rows, SAB = S + A*B key rows.
  */
 #include "drafter.h"
+#include "ddk_rng.h"
 
 #include <errno.h>
 #include <math.h>
@@ -117,21 +118,6 @@ void ddt_drafter_bind(const ddt_drafter_config *c, float *base, ddt_drafter_weig
         *(float **)((char *)w + params[i].slot) = base + params[i].offset;
 }
 
-/* splitmix64 */
-static uint64_t rng_next(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static double rng_normal(uint64_t *s)
-{
-    double u = ((rng_next(s) >> 11) + 0.5) * 0x1.0p-53, v = (rng_next(s) >> 11) * 0x1.0p-53;
-    return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
-}
-
 /* Norm gains 1; every matrix N(0, 0.02^2) (the Qwen3 / Hugging Face initializer_range), each
  * parameter from its own stream seeded by (seed, its index), so the values of one parameter do
  * not depend on the shapes of the others. */
@@ -144,7 +130,7 @@ void ddt_drafter_init(const ddt_drafter_config *c, float *base, uint64_t seed)
         float *x = base + params[i].offset;
         uint64_t s = seed * 0x100000001B3ull + (uint64_t)i;
         for (int64_t j = 0; j < params[i].numel; j++)
-            x[j] = params[i].is_norm ? 1.0f : (float)(0.02 * rng_normal(&s));
+            x[j] = params[i].is_norm ? 1.0f : (float)(0.02 * ddk_rng_normal(&s));
     }
 }
 

@@ -60,21 +60,15 @@ cJSON *ddt_json_parse_file(const char *path, size_t max_bytes, char *err, size_t
 int ddt_json_int(const ddt_json_ctx *j, const cJSON *obj, const char *field, int64_t lo,
                  int64_t hi, int has_default, int64_t dflt, int64_t *out)
 {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, field);
-    if (!v || cJSON_IsNull(v)) {
-        if (!has_default)
-            return ddt_json_fail(j, field, "is missing");
-        *out = dflt;
-        return 0;
-    }
-    double x = cJSON_IsNumber(v) ? v->valuedouble : NAN;
-    if (!(x == floor(x)) || x < (double)lo || x > (double)hi) {
+    double x;
+    int rc = ddt_json_number(j, obj, field, (double)lo, 0, (double)hi, has_default, (double)dflt, &x);
+    if (rc == 0 && x != floor(x)) {
         char what[96];
         snprintf(what, sizeof what, "must be an integer in [%lld, %lld]", (long long)lo, (long long)hi);
         return ddt_json_fail(j, field, what);
     }
-    *out = (int64_t)x;
-    return 0;
+    *out = rc == 0 ? (int64_t)x : 0;
+    return rc;
 }
 
 int ddt_json_number(const ddt_json_ctx *j, const cJSON *obj, const char *field, double lo,

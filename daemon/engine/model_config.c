@@ -41,6 +41,7 @@ static int get_positive(const ddt_json_ctx *j, const cJSON *obj, const char *fie
     return rc;
 }
 
+/* DIR/config.json parsed, its path in path (for errors); NULL with err. */
 static cJSON *parse_config(const char *dir, char *path, size_t path_len, char *err, size_t err_len)
 {
     snprintf(path, path_len, "%s/config.json", dir);

@@ -10,6 +10,7 @@
  * Legend: T tokens, H hidden, V vocabulary, nh / nkv heads, d head dim, I intermediate.
  */
 #include "target.h"
+#include "ddk_rng.h"
 #include "safetensors.h"
 #include "tensor_load.h"
 
@@ -155,21 +156,6 @@ int ddt_target_load(const char *dir, ddt_target *t, char *err, size_t err_len)
     return rc;
 }
 
-/* splitmix64 and Box-Muller: the synthetic target's weights */
-static uint64_t rng_next(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static double rng_normal(uint64_t *s)
-{
-    double u = ((rng_next(s) >> 11) + 0.5) * 0x1.0p-53, v = (rng_next(s) >> 11) * 0x1.0p-53;
-    return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
-}
-
 int ddt_target_synthetic(const ddt_target_config *cfg, uint64_t seed, ddt_target *t,
                          char *err, size_t err_len)
 {
@@ -186,7 +172,7 @@ int ddt_target_synthetic(const ddt_target_config *cfg, uint64_t seed, ddt_target
         double std = e->kind == KIND_EMBEDDING ? 1.0 : e->kind == KIND_MATRIX ? 1.0 / sqrt((double)e->cols) : 0.0;
         float *x = *e->slot;
         for (int64_t j = 0; j < numel(e); j++)
-            x[j] = e->kind == KIND_NORM ? 1.0f : (float)(std * rng_normal(&s));
+            x[j] = e->kind == KIND_NORM ? 1.0f : (float)(std * ddk_rng_normal(&s));
     }
     free(table);
     return rc;

@@ -3,7 +3,7 @@
  *
  * No mask and no score matrix ever exists for a whole sequence. The queries are taken in
  * groups (consecutive kept blocks, or consecutive positions for causal attention, times the
- * query heads that share one kv head, about GROUP_ROWS rows) and every query row carries the
+ * query heads that share one kv head, 16 to 256 rows) and every query row carries the
  * range [lo, hi) of keys it may see. Because the visible keys of a row are ONE contiguous range
  * per pass (context: [0, a_j) or the sliding [a_j + o - (Wn-1), a_j); own block: all B slots or
  * slots 0..o; causal: [0, t]), a key tile needs no mask: a row's scores outside its range are
@@ -15,8 +15,10 @@
  * (p = exp(s - lse)) and follows the standard flash backward with D = rowsum(dout * out).
  * Workspace is O(group rows x (d + KEY_TILE)), independent of S and A, from be->alloc.
  *
- * Deliberately not here: threads of our own (the BLAS's pool runs the tile products; in a
- * training step the attention is a small share next to the loss), bf16 (the CUDA backend's job),
+ * Deliberately not here: threads. The tile products are sized to run on the calling thread
+ * (see KEY_TILE), so one call uses one core; splitting kv heads over threads would be the next
+ * step if a profile of the training step ever shows attention, which next to the loss's
+ * vocabulary-sized products it does not yet. Also not here: bf16 (the CUDA backend's job),
  * dropout or other masks. The engine does not need the anchors sorted for correctness, only for
  * speed: an unsorted group makes the run of rows per tile longer, its extra rows use nothing.
  * Anchors are clamped to [0, S]; padded blocks' anchors are never read.
@@ -36,13 +38,22 @@
 #include <math.h>
 #include <string.h>
 
-/* GROUP_ROWS: query rows per product, big enough for the BLAS to run near its peak, small
- * enough that scores (R x KEY_TILE) and accumulators (R x d) stay in L2.
- * KEY_TILE: keys per tile; one row's scores are 512 bytes, a few AVX-512 vectors. */
-enum { GROUP_ROWS = 128, KEY_TILE = 128 };
+/* KEY_TILE keys per tile. A group has about group_rows(d) query rows, so that every tile
+ * product is rows x KEY_TILE x d <= SINGLE_THREAD_MNK multiply-adds: OpenBLAS computes such a
+ * product on the calling thread, above it wakes its pool, and for products this small the
+ * hand-off cost more than it gained (A=64 B=16 S=512 nh=8 d=32, forward + backward: 128 x 128
+ * tiles took 22-28 ms with 2 BLAS threads and 14-17 ms with 1; 64-row x 64-key tiles take
+ * 15-18 ms either way, and with one thread tile sizes from 64 to 256 were within noise).
+ * Scores (rows x KEY_TILE) and accumulators (rows x d) then stay in L2. */
+enum { KEY_TILE = 64, MAX_GROUP_ROWS = 256, SINGLE_THREAD_MNK = 1 << 18 };
 
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+static int64_t group_rows(int64_t d)
+{
+    return min64(MAX_GROUP_ROWS, max64(16, SINGLE_THREAD_MNK / (KEY_TILE * d)));
+}
 
 /* c (m, n) = alpha op(a) op(b) + beta c, row-major: the tile products */
 static void gemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
@@ -81,7 +92,8 @@ typedef struct attn_group {
     float *dk, *dv;     /* key/value gradient row 0 of this kv head, stride ldk */
 } attn_group;
 
-/* Forward over keys [t0, t1) for rows [r0, r1), every one of which sees part of the tile. */
+/* Forward over keys [t0, t1) for rows [r0, r1): the first and the last row that see part of
+ * the tile, and the rows between them (which, with sorted anchors, see part of it too). */
 static void forward_tile(attn_group *g, int64_t r0, int64_t r1, int64_t t0, int64_t t1)
 {
     const int64_t n = t1 - t0, d = g->d;
@@ -246,7 +258,7 @@ static void workspace_put(const ddk_backend *be, attn_workspace *ws)
 }
 
 /* ------------------------------------------------------------------------------------------
- * DFlash attention. A group is up to GROUP_ROWS / (B*G) consecutive kept blocks (at least one);
+ * DFlash attention. A group is up to group_rows(d) / (B*G) consecutive kept blocks (at least one);
  * its row r = (ib * B + o) * G + hh is slot o of the group's block ib, query head g*G + hh.
  */
 
@@ -260,7 +272,7 @@ static int shape_ok(const ddk_attention_shape *sh)
 static int64_t blocks_per_group(const ddk_attention_shape *sh)
 {
     const int64_t rows_per_block = sh->B * (sh->nh / sh->nkv);
-    return max64(1, GROUP_ROWS / rows_per_block);
+    return max64(1, group_rows(sh->d) / rows_per_block);
 }
 
 /* The group's rows' key ranges for the context pass (own = 0) or the own-block pass. */
@@ -300,23 +312,34 @@ static void dflash_gather(float *rows, const float *x, const ddk_attention_shape
                    (size_t)(G * d) * sizeof *rows);
 }
 
+/* What the DFlash forward and backward share before their loops: the shape checked, the
+ * group sized and its workspace taken. 0 ready, 1 nothing to do (A = 0), or a negative errno. */
+static int dflash_begin(const ddk_backend *be, const ddk_attention_shape *shape, int backward,
+                        attn_group *g, attn_workspace *ws)
+{
+    if (!shape_ok(shape))
+        return -EINVAL;
+    if (shape->A == 0)
+        return 1;
+    const int64_t G = shape->nh / shape->nkv;
+    *g = (attn_group){ .R = blocks_per_group(shape) * shape->B * G, .d = shape->d,
+                       .scale = (float)(1.0 / sqrt((double)shape->d)), .ldk = shape->nkv * shape->d };
+    return workspace_get(be, g, g->R, shape->d, backward, ws) ? -ENOMEM : 0;
+}
+
 int ddk_cpu_dflash_attention(const ddk_backend *be, const ddk_attention_shape *shape,
                              const float *q, const float *k, const float *v,
                              const int32_t *anchors, const uint8_t *keep, float *out, float *lse)
 {
-    if (!shape_ok(shape))
-        return -EINVAL;
+    attn_group g;
+    attn_workspace ws;
+    int rc = dflash_begin(be, shape, 0, &g, &ws);
+    if (rc)
+        return rc > 0 ? 0 : rc;
     const int64_t A = shape->A, B = shape->B, nh = shape->nh, nkv = shape->nkv, d = shape->d;
     const int64_t G = nh / nkv, per_group = blocks_per_group(shape);
-    if (A == 0)
-        return 0;
-    attn_group g = { .R = per_group * B * G, .d = d, .scale = (float)(1.0 / sqrt((double)d)),
-                     .ldk = nkv * d };
-    attn_workspace ws;
-    if (workspace_get(be, &g, g.R, d, 0, &ws))
-        return -ENOMEM;
 
-    int64_t blocks[GROUP_ROWS];   /* the current group's block indices; per_group <= GROUP_ROWS */
+    int64_t blocks[MAX_GROUP_ROWS];   /* the current group's block indices (per_group of them) */
     int64_t j = 0;
     for (;;) {
         int64_t nb = 0;   /* the next group: up to per_group kept blocks, padded ones zeroed */
@@ -366,19 +389,15 @@ int ddk_cpu_dflash_attention_backward(const ddk_backend *be, const ddk_attention
                                       const float *out, const float *lse, const float *dout,
                                       float *dq, float *dk, float *dv)
 {
-    if (!shape_ok(shape))
-        return -EINVAL;
+    attn_group g;
+    attn_workspace ws;
+    int rc = dflash_begin(be, shape, 1, &g, &ws);
+    if (rc)
+        return rc > 0 ? 0 : rc;
     const int64_t A = shape->A, B = shape->B, nh = shape->nh, nkv = shape->nkv, d = shape->d;
     const int64_t G = nh / nkv, per_group = blocks_per_group(shape);
-    if (A == 0)
-        return 0;
-    attn_group g = { .R = per_group * B * G, .d = d, .scale = (float)(1.0 / sqrt((double)d)),
-                     .ldk = nkv * d };
-    attn_workspace ws;
-    if (workspace_get(be, &g, g.R, d, 1, &ws))
-        return -ENOMEM;
 
-    int64_t blocks[GROUP_ROWS];
+    int64_t blocks[MAX_GROUP_ROWS];
     int64_t j = 0;
     for (;;) {
         int64_t nb = 0;   /* padded blocks get and give no gradient: they are simply left out */
@@ -428,7 +447,7 @@ int ddk_cpu_dflash_attention_backward(const ddk_backend *be, const ddk_attention
 }
 
 /* ------------------------------------------------------------------------------------------
- * Causal attention (the target's forward): a group is up to GROUP_ROWS / G consecutive
+ * Causal attention (the target's forward): a group is up to group_rows(d) / G consecutive
  * positions; its row r = (t - t_first) * G + hh, query head gk*G + hh; row t sees [0, t].
  */
 
@@ -439,7 +458,7 @@ int ddk_cpu_causal_attention(const ddk_backend *be, const ddk_attention_shape *s
           shape->d >= 1))
         return -EINVAL;
     const int64_t T = shape->S, nh = shape->nh, nkv = shape->nkv, d = shape->d;
-    const int64_t G = nh / nkv, per_group = max64(1, GROUP_ROWS / G);
+    const int64_t G = nh / nkv, per_group = max64(1, group_rows(d) / G);
     if (T == 0)
         return 0;
     attn_group g = { .R = per_group * G, .d = d, .scale = (float)(1.0 / sqrt((double)d)),

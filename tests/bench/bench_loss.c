@@ -10,7 +10,9 @@
  * arithmetic (24,576 positions x 248,320 vocabulary) from ddk_loss_workspace_bytes.
  * tests/bench/loss_vs_torch.py runs this beside the PyTorch approach in one invocation.
  */
+#include "bench_util.h"
 #include "ddk.h"
+#include "ddk_rng.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -25,13 +27,6 @@ typedef struct bench_args {
     float kl_weight, cap_weight;
 } bench_args;
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static long peak_rss_bytes(void)
 {
     struct rusage ru;
@@ -39,32 +34,11 @@ static long peak_rss_bytes(void)
     return ru.ru_maxrss * 1024L;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int k)
-{
-    qsort(v, (size_t)k, sizeof *v, cmp_double);
-    return k % 2 ? v[k / 2] : 0.5 * (v[k / 2 - 1] + v[k / 2]);
-}
-
-/* deterministic normal samples (xorshift64* + Box-Muller) */
-static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
-static double uniform01(void)
-{
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return ((rng_state * 2685821657736338717ull) >> 11) * 0x1.0p-53;
-}
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;   /* ddk_rng.h */
 static void fill_normal(float *x, int64_t count, float std)
 {
     for (int64_t i = 0; i < count; i++) {
-        double u = uniform01() + 1e-12, v = uniform01();
-        x[i] = (float)(std * sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v));
+        x[i] = (float)(std * ddk_rng_normal(&rng_state));
     }
 }
 
@@ -141,15 +115,15 @@ static int time_loss(const bench_args *a, int64_t tile, const float *hs, const f
     size_t base = ddk_allocator_stats(alloc).current;
     int rc = ddk_loss_cpu(&p, hs, ht, W, NULL, NULL, grad, NULL, &f->result);   /* warm-up */
     for (int r = 0; r < reps && rc == 0; r++) {
-        double t0 = now_s();
+        double t0 = bench_now_s();
         rc = ddk_loss_cpu(&p, hs, ht, W, NULL, NULL, grad, NULL, &f->result);
-        t[r] = now_s() - t0;
+        t[r] = bench_now_s() - t0;
     }
     if (rc) {
         fprintf(stderr, "bench_loss: the loss failed with %d\n", rc);
         return rc;
     }
-    f->seconds = median(t, reps);
+    f->seconds = bench_median(t, reps);
     f->workspace = ddk_allocator_stats(alloc).peak - base;
     f->rss_growth = peak_rss_bytes() - rss0;
     return 0;
@@ -166,7 +140,7 @@ static double time_floor(const bench_args *a, const float *hs, const float *ht, 
     double t[64];
     int reps = a->reps < 64 ? a->reps : 64;
     for (int r = -1; r < reps; r++) {   /* r = -1: warm-up */
-        double t0 = now_s();
+        double t0 = bench_now_s();
         for (int64_t r0 = 0; r0 < a->n; r0 += c) {
             int64_t m = a->n - r0 < c ? a->n - r0 : c;
             be->matmul(be, 0, 1, m, V, H, 1.0f, hs + r0 * H, H, W, H, 0.0f, zs, V);
@@ -174,11 +148,11 @@ static double time_floor(const bench_args *a, const float *hs, const float *ht, 
             be->matmul(be, 0, 0, m, H, V, 1.0f, zs, V, W, H, 0.0f, grad + r0 * H, H);
         }
         if (r >= 0)
-            t[r] = now_s() - t0;
+            t[r] = bench_now_s() - t0;
     }
     free(zs);
     free(zt);
-    return median(t, reps);
+    return bench_median(t, reps);
 }
 
 /* ------------------------------------------------------------------------------------------ */

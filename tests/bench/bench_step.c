@@ -9,6 +9,8 @@
  * evenly spread), ce_target "teacher", kl_weight 0.15 (the seed's loss). tests/bench/
  * step_vs_torch.py runs it beside a PyTorch float32 autograd step of the same shapes.
  */
+#include "bench_util.h"
+#include "ddk_rng.h"
 #include "drafter.h"
 
 #include <math.h>
@@ -17,33 +19,7 @@
 #include <string.h>
 #include <time.h>
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static uint64_t rng = 0x2545F4914F6CDD1Dull;
-static uint64_t next_u64(void)
-{
-    rng ^= rng >> 12;
-    rng ^= rng << 25;
-    rng ^= rng >> 27;
-    return rng * 2685821657736338717ull;
-}
-static float normal(void)
-{
-    double u = ((next_u64() >> 11) + 0.5) * 0x1.0p-53, v = (next_u64() >> 11) * 0x1.0p-53;
-    return (float)(sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v));
-}
-
+static uint64_t rng = 0x2545F4914F6CDD1Dull;   /* ddk_rng.h */
 int main(int argc, char **argv)
 {
     int64_t hidden = 256, layers = 2, heads = 8, kv_heads = 8, head_dim = 32, inter = 768,
@@ -112,15 +88,15 @@ int main(int argc, char **argv)
     int32_t *anchor = malloc((size_t)(nseq * A) * sizeof(int32_t));
     uint8_t *keep = malloc((size_t)(nseq * A));
     for (int64_t i = 0; i < vocab * H; i++) {
-        embed[i] = normal();
-        head[i] = normal() / sqrtf((float)H);
+        embed[i] = (float)ddk_rng_normal(&rng);
+        head[i] = (float)ddk_rng_normal(&rng) / sqrtf((float)H);
     }
     for (int64_t i = 0; i < nseq * S * taps * H; i++)
-        features[i] = normal();
+        features[i] = (float)ddk_rng_normal(&rng);
     for (int64_t i = 0; i < nseq * S * H; i++)
-        teacher[i] = normal();
+        teacher[i] = (float)ddk_rng_normal(&rng);
     for (int64_t i = 0; i < nseq * S; i++) {
-        ids[i] = (int32_t)(next_u64() % (uint64_t)vocab);
+        ids[i] = (int32_t)(ddk_rng_next(&rng) % (uint64_t)vocab);
         mask[i] = 1;
     }
     for (int64_t s = 0; s < nseq; s++)
@@ -140,18 +116,17 @@ int main(int argc, char **argv)
     size_t base = ddk_allocator_stats(alloc).current;
     for (int64_t k = -1; k < reps; k++) {   /* k = -1: warm-up */
         memset(grads, 0, (size_t)total * sizeof(float));
-        double t0 = now_s();
+        double t0 = bench_now_s();
         int rc = ddt_drafter_step(ddk_backend_cpu(), &c, &w, &g, embed, head, &b, &lc, &r);
         if (rc) {
             fprintf(stderr, "bench_step: the step failed (%d)\n", rc);
             return 1;
         }
         if (k >= 0)
-            t[k] = now_s() - t0;
+            t[k] = bench_now_s() - t0;
     }
     size_t peak = ddk_allocator_stats(alloc).peak - base;
-    qsort(t, (size_t)reps, sizeof t[0], cmp_double);
-    double med = t[reps / 2], positions = (double)(nseq * A * block);
+    double med = bench_median(t, (int)reps), positions = (double)(nseq * A * block);
     if (json)
         printf("{\"impl\":\"ddtree\",\"seconds_median\":%.6f,\"positions\":%.0f,\"positions_per_s\":%.1f,"
                "\"peak_workspace_bytes\":%zu,\"loss\":%.9g,\"threads\":%lld}\n",

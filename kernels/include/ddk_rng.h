@@ -1,0 +1,33 @@
+/* ddk_rng.h: the one seeded random number generator of ddtree (splitmix64): the same numbers
+ * on every machine, for initialisation, synthetic data, tests and benchmarks. Header-only.
+ * Tested through its users (tests/test_engine.c checks determinism of initialisation).
+ */
+#ifndef DDK_RNG_H
+#define DDK_RNG_H
+
+#include <math.h>
+#include <stdint.h>
+
+/* next 64 random bits; *state advances */
+static inline uint64_t ddk_rng_next(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* uniform in [0, 1) with 53 random bits */
+static inline double ddk_rng_uniform(uint64_t *state)
+{
+    return (double)(ddk_rng_next(state) >> 11) * 0x1.0p-53;
+}
+
+/* standard normal (Box-Muller) */
+static inline double ddk_rng_normal(uint64_t *state)
+{
+    double u = ((double)(ddk_rng_next(state) >> 11) + 0.5) * 0x1.0p-53, v = ddk_rng_uniform(state);
+    return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
+}
+
+#endif
