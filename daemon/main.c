@@ -15,6 +15,9 @@
     "usage: ddtreed COMMAND [options]\n"                                                         \
     "  step      one drafter forward + loss + backward from files (ddtreed step --help)\n"      \
     "  features  a target's features of token sequences, as a feature shard\n"                 \
+    "  train     one run in the foreground (or --resume one)\n"                               \
+    "  plan      the memory plan of a run config\n"                                           \
+    "  export    the serving export of a run's checkpoint\n"                                 \
     "  --version\n"
 
 int ddt_parse_count(const char *text, int64_t *out)
@@ -42,6 +45,12 @@ int main(int argc, char **argv)
         return ddt_cmd_step(argc - 1, argv + 1);
     if (!strcmp(argv[1], "features"))
         return ddt_cmd_features(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "train"))
+        return ddt_cmd_train(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "plan"))
+        return ddt_cmd_plan(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "export"))
+        return ddt_cmd_export(argc - 1, argv + 1);
     fprintf(stderr, "ddtreed: unknown command '%s'\n" USAGE, argv[1]);
     return 2;
 }

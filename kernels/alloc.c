@@ -71,6 +71,27 @@ ddk_allocator *ddk_allocator_cpu(void)
     return &cpu_allocator;
 }
 
+enum { DDK_MAX_CPU_RANKS = 64 };
+static ddk_allocator rank_allocators[DDK_MAX_CPU_RANKS];
+static pthread_once_t rank_once = PTHREAD_ONCE_INIT;
+
+static void rank_allocators_init(void)
+{
+    for (int r = 0; r < DDK_MAX_CPU_RANKS; r++) {
+        char name[24];
+        snprintf(name, sizeof name, "cpu:%d", r);
+        ddk_allocator_init(&rank_allocators[r], name, r, cpu_raw_alloc, cpu_raw_free);
+    }
+}
+
+ddk_allocator *ddk_allocator_cpu_rank(int rank)
+{
+    if (rank < 0 || rank >= DDK_MAX_CPU_RANKS)
+        return NULL;
+    pthread_once(&rank_once, rank_allocators_init);
+    return &rank_allocators[rank];
+}
+
 void *ddk_malloc(ddk_allocator *a, size_t bytes)
 {
     if (bytes == 0 || bytes > SIZE_MAX - DDK_ALIGN) {

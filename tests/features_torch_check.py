@@ -28,22 +28,17 @@ missing. Last line: `N passed, M failed`. Prints the worst relative errors of ea
 Dimension legend: Ttot tokens of all sequences, H hidden, V vocabulary, L_t tapped layers.
 """
 
-import argparse
 import json
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
-
-try:
-    import numpy as np
-    import torch
-except ImportError as exc:   # ctest reports 77 as skipped, never as passed
-    print(f"skipped: torch not available ({exc})")
-    sys.exit(77)
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "oracle"))
+import harness          # noqa: E402
+
+harness.require_torch()   # ctest reports 77 as skipped, never as passed
+import numpy as np      # noqa: E402
+import torch            # noqa: E402
+
 import reference as R   # noqa: E402
 import st               # noqa: E402
 
@@ -125,8 +120,7 @@ def make_model_dir(directory, c):
     if not c["tied"]:
         w["lm_head.weight"] = (g.standard_normal((V, H)) * (2.0 / np.sqrt(H))).astype(np.float32)
     os.makedirs(directory, exist_ok=True)
-    with open(os.path.join(directory, "config.json"), "w") as fh:
-        json.dump(cfg, fh, indent=1)
+    harness.write_json(os.path.join(directory, "config.json"), cfg)
     st.write_model_dir(directory, w, {k: c["dtype"] for k in w}, shards=c["shards"])
 
 
@@ -145,8 +139,7 @@ def write_tokens(path, seqs, drop_offsets=False):
 def reference_shard(model_dir, seqs, layers):
     """{features (Ttot, L_t*H), teacher_hidden (Ttot, H), logits (Ttot, V)} in float64, each
     sequence run from position 0, reading the directory through st.py."""
-    with open(os.path.join(model_dir, "config.json")) as fh:
-        cfg = json.load(fh)
+    cfg = harness.read_json(os.path.join(model_dir, "config.json"))
     weights, _ = st.read_model_dir(model_dir)
     feats, final, logits = [], [], []
     for s in seqs:
@@ -242,39 +235,26 @@ def compare_shard(path, seqs, layers, ref, out_dtype, check_logits=False):
 
 
 def run_features(tool, model_dir, tokens, layers, out_dtype, out):
-    if os.path.exists(out):
-        os.remove(out)
-    if tool == "emulate":
-        return emulate_features(model_dir, tokens, layers, out_dtype, out)
-    cmd = [tool, "features", "--model", model_dir, "--tokens", tokens,
-           "--layers", ",".join(str(x) for x in layers), "--dtype", out_dtype, "--out", out]
-    try:
-        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           timeout=FEATURES_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        return -1, f"timed out after {FEATURES_TIMEOUT_S} s: {' '.join(cmd)}"
-    return p.returncode, p.stdout.decode("utf-8", "replace")
+    """(exit status, stdout + stderr) of one `ddtreed features` (or of the emulation)."""
+    args = ["features", "--model", model_dir, "--tokens", tokens,
+            "--layers", ",".join(str(x) for x in layers), "--dtype", out_dtype, "--out", out]
+    return harness.run_ddtreed(tool, args, out, FEATURES_TIMEOUT_S,
+                               lambda: emulate_features(model_dir, tokens, layers, out_dtype, out))
 
 
 def emulate_features(model_dir, tokens, layers, out_dtype, out):
     """`ddtreed features` in float32 torch, reading and writing the same files (--emulate)."""
-    try:
-        with open(os.path.join(model_dir, "config.json")) as fh:
-            cfg = json.load(fh)
-        weights, _ = st.read_model_dir(model_dir)
-        tf = st.read(tokens)
-        for name in ("input_ids", "offsets"):
-            if name not in tf:
-                return 1, f"{tokens}: missing tensor {name}"
-        ids, offsets = tf["input_ids"], tf["offsets"]
-        feats, final = [], []
-        for s in range(len(offsets) - 1):
-            o = R.target_forward(cfg, weights, ids[offsets[s]:offsets[s + 1]], layers,
-                                 dtype=torch.float32)
-            feats.append(torch.cat(o["layers"], dim=1))
-            final.append(o["final"])
-    except (OSError, ValueError, KeyError) as exc:
-        return 1, f"emulate: {exc}"
+    cfg = harness.read_json(os.path.join(model_dir, "config.json"))
+    weights, _ = st.read_model_dir(model_dir)
+    tf = st.read(tokens)
+    harness.require_tensors(tf, tokens, ("input_ids", "offsets"))
+    ids, offsets = tf["input_ids"], tf["offsets"]
+    feats, final = [], []
+    for s in range(len(offsets) - 1):
+        o = R.target_forward(cfg, weights, ids[offsets[s]:offsets[s + 1]], layers,
+                             dtype=torch.float32)
+        feats.append(torch.cat(o["layers"], dim=1))
+        final.append(o["final"])
     dt = {"f32": "F32", "bf16": "BF16"}[out_dtype]
     st.write(out, {"input_ids": ids.astype(np.int32),
                    "loss_mask": np.ones(len(ids), np.uint8), "offsets": offsets,
@@ -283,7 +263,6 @@ def emulate_features(model_dir, tokens, layers, out_dtype, out):
              metadata={"format": "ddtree-features", "version": "1",
                        "hidden_size": cfg["hidden_size"], "target_layer_ids": json.dumps(layers),
                        "vocab_size": cfg["vocab_size"], "target": "emulation"})
-    return 0, ""
 
 
 # ------------------------------------------------------------------------------------------
@@ -311,8 +290,7 @@ def run_random_case(tool, workdir, c):
 
 def sample_sequences(model_dir, lengths, seed):
     """Text the real model generates itself (temperature 1, seeded), each starting at BOS."""
-    with open(os.path.join(model_dir, "config.json")) as fh:
-        cfg = json.load(fh)
+    cfg = harness.read_json(os.path.join(model_dir, "config.json"))
     weights, _ = st.read_model_dir(model_dir)
     g = np.random.default_rng(seed)
     bos = int(cfg.get("bos_token_id", 1) or 1)
@@ -329,8 +307,7 @@ def sample_sequences(model_dir, lengths, seed):
 
 def run_real_model(tool, workdir, model_dir):
     """[(name, errors, info)] for the real model, layers default (2-layer drafter) and 0,3,4."""
-    with open(os.path.join(model_dir, "config.json")) as fh:
-        N = json.load(fh)["num_hidden_layers"]
+    N = harness.read_json(os.path.join(model_dir, "config.json"))["num_hidden_layers"]
     seqs = sample_sequences(model_dir, [48, 17, 64], seed=7)
     case_dir = os.path.join(workdir, "real_model")
     os.makedirs(case_dir, exist_ok=True)
@@ -363,76 +340,32 @@ def run_missing_offsets(tool, workdir):
                  drop_offsets=True)
     out = os.path.join(case_dir, "shard.safetensors")
     rc, text = run_features(tool, model_dir, tokens, c["layers"], "f32", out)
-    errors = []
-    if rc == 0:
-        errors.append("exit status 0")
-    if tokens not in text and os.path.basename(tokens) not in text:
-        errors.append(f"message does not name {tokens}: {text.strip()[-300:]!r}")
-    if "offsets" not in text:
-        errors.append(f"message does not name the tensor offsets: {text.strip()[-300:]!r}")
-    if os.path.exists(out):
-        errors.append("wrote a shard")
-    return errors, f"exit {rc}: {text.strip().splitlines()[-1] if text.strip() else ''}"
+    return harness.refusal_errors(rc, text, tokens, "offsets", out, "a shard")
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--ddtreed", help="path to the ddtreed binary")
+    ap = harness.ddtreed_options(__doc__)
     ap.add_argument("--model-dir", default=os.path.join(
         os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "models",
         "stories260k"), help="a real HF llama/qwen3 directory (default ../shared/models/"
                              "stories260k beside the repository)")
-    ap.add_argument("--workdir", help="keep the case files here (default: a temporary dir)")
-    ap.add_argument("--emulate", action="store_true",
-                    help="check against a float32 torch emulation instead of ddtreed")
     args = ap.parse_args()
-    if args.emulate:
-        tool = "emulate"
-    elif not args.ddtreed or not os.path.exists(args.ddtreed):
-        print("skipped: ddtreed not built" + (f" ({args.ddtreed})" if args.ddtreed else ""))
-        return 77
-    else:
-        tool = os.path.abspath(args.ddtreed)
-    torch.set_num_threads(1)
-    if args.workdir:
-        workdir = os.path.abspath(args.workdir)
-        os.makedirs(workdir, exist_ok=True)
-    else:
-        workdir = tempfile.mkdtemp(prefix="features_torch_check.")
-    passed = failed = 0
+    model_dir = os.path.abspath(args.model_dir)
 
-    def report(name, errors, info):
-        nonlocal passed, failed
-        if errors:
-            failed += 1
-            print(f"FAIL {name}: " + "; ".join(errors) + (f" [{info}]" if info else ""))
-        else:
-            passed += 1
-            print(f"ok   {name}: {info}")
-
-    try:
+    def run_all(tool, workdir, cases):
         for c in CASES:
-            try:
-                errors, info = run_random_case(tool, workdir, c)
-            except Exception as exc:  # one case's crash is its failure, not the whole run's
-                errors, info = [f"exception: {exc!r}"], ""
-            report(c["name"], errors, info)
-        model_dir = os.path.abspath(args.model_dir)
+            cases.run(c["name"], run_random_case, tool, workdir, c)
         if os.path.exists(os.path.join(model_dir, "config.json")):
             try:
                 for name, errors, info in run_real_model(tool, workdir, model_dir):
-                    report(name, errors, info)
+                    cases.report(name, errors, info)
             except Exception as exc:
-                report("real_model", [f"exception: {exc!r}"], "")
+                cases.report("real_model", [f"exception: {exc!r}"])
         else:
             print(f"skipped real model: {model_dir} not found")
-        errors, info = run_missing_offsets(tool, workdir)
-        report("tokens_without_offsets_rejected", errors, info)
-    finally:
-        if not args.workdir:
-            shutil.rmtree(workdir, ignore_errors=True)
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+        cases.run("tokens_without_offsets_rejected", run_missing_offsets, tool, workdir)
+
+    return harness.ddtreed_main(args, "features_torch_check.", run_all)
 
 
 if __name__ == "__main__":

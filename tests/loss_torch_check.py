@@ -7,7 +7,8 @@ It loads libddk with ctypes and, for a table of seeded random cases (odd sizes, 
 dividing n, vocab_tile 0 and > 0 not dividing V, labels given with -1 or NULL, weights given
 with zeros/negatives or NULL, alpha 0 / 0.15 / 1, T 1 and 2, CAP on and off, a p_y -> 1 case),
 recomputes the loss in float64 with torch AUTOGRAD written straight from SPEC.md, not from the
-C code, and compares loss / ce / kl / cap / weight_sum / counted / correct, the per-position
+C code (loss_section1 of tests/oracle/reference.py, which the drafter oracle uses too), and
+compares loss / ce / kl / cap / weight_sum / counted / correct, the per-position
 l_i and d loss / d hs. It also checks that bad parameters return -EINVAL and write nothing, and
 that no output is written past its end (guard values after each buffer).
 
@@ -22,15 +23,17 @@ Dimension legend: n positions, H hidden size, V vocabulary.
 import argparse
 import ctypes
 import errno
+import os
 import sys
 
-try:
-    import numpy as np
-    import torch
-    import torch.nn.functional as F
-except ImportError as exc:  # ctest reports exit 77 as skipped, never as passed
-    print(f"skipped: torch not available ({exc})")
-    sys.exit(77)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "oracle"))
+import harness          # noqa: E402
+
+harness.require_torch()   # ctest reports exit 77 as skipped, never as passed
+import numpy as np      # noqa: E402
+import torch            # noqa: E402
+
+import reference as R   # noqa: E402
 
 # ------------------------------------------------------------------------------------------
 # Tolerances (each with the reason it is what it is)
@@ -126,71 +129,27 @@ def call_c(lib, p, hs, ht, W, labels, weights, want_grad=True, want_per_position
 
 
 # ------------------------------------------------------------------------------------------
-# The oracle: SPEC.md section 1 in float64 autograd
+# The oracle: SPEC.md section 1 in float64 autograd (loss_section1 of tests/oracle/reference.py)
 
 
 def reference(hs, ht, W, labels, weights, alpha, T, lam, Tc):
-    """Returns a dict of the SPEC.md outputs, computed in float64 from the float32 inputs."""
+    """Returns a dict of the SPEC.md outputs, computed in float64 from the float32 inputs by
+    reference.py's loss_section1, plus per_position (n,) and grad = d loss / d hs (n, H)."""
     hs64 = torch.from_numpy(hs).double().requires_grad_(True)                      # (n, H)
+    ht64 = None if ht is None else torch.from_numpy(ht).double()                   # (n, H)
     W64 = torch.from_numpy(W).double()                                             # (V, H)
-    n = hs.shape[0]
-    zs = hs64 @ W64.T                                                              # (n, V)
-    zt = None
-    if ht is not None:
-        zt = torch.from_numpy(ht).double() @ W64.T                                 # (n, V), frozen
-    if labels is not None:
-        y = torch.from_numpy(labels).long()
-    else:
-        y = torch.argmax(zt, dim=1)        # teacher's argmax (fixtures have no near-ties)
-    w = torch.ones(n, dtype=torch.float64) if weights is None else \
+    y = None if labels is None else torch.from_numpy(labels).long()    # None: teacher argmax
+    w = torch.ones(hs.shape[0], dtype=torch.float64) if weights is None else \
         torch.from_numpy(weights).double()
-    keep = (y >= 0) & (w > 0)
-    y_safe = torch.where(keep, y, torch.zeros_like(y))   # any valid index; masked below
-
-    ce = torch.logsumexp(zs, dim=1) - zs.gather(1, y_safe[:, None])[:, 0]
-    if alpha > 0 and zt is not None:
-        log_pt = F.log_softmax(zt / T, dim=1)
-        log_ps = F.log_softmax(zs / T, dim=1)
-        kl = T * T * (log_pt.exp() * (log_pt - log_ps)).sum(dim=1)
-    else:
-        kl = torch.zeros(n, dtype=torch.float64)
-    with torch.no_grad():                  # c_i is a constant: no gradient through the argmax
-        c = (torch.argmax(zs, dim=1) == y_safe).double()
-    log_pc = F.log_softmax(zs / Tc, dim=1)
-    cap = c * -(log_pc.exp() * log_pc).sum(dim=1)
-    l = (1.0 - alpha) * ce + alpha * kl + lam * cap
-
-    wk = torch.where(keep, w, torch.zeros_like(w))
-    wsum = wk.sum()
-    counted = int(keep.sum())
-    if counted > 0:
-        loss = (wk * l).sum() / wsum
-        loss.backward()
-        grad = hs64.grad.numpy()
-        mean = lambda v: float((wk * v).sum() / wsum)
-        ce_m, kl_m, cap_m = mean(ce.detach()), mean(kl.detach()), mean(cap.detach())
-        loss_v = float(loss)
-    else:
-        grad = np.zeros(hs.shape)
-        ce_m = kl_m = cap_m = loss_v = 0.0
-    return {
-        "loss": loss_v, "ce": ce_m, "kl": kl_m, "cap": cap_m, "weight_sum": float(wsum),
-        "counted": counted, "correct": int((c.bool() & keep).sum()),
-        "per_position": torch.where(keep, l, torch.zeros_like(l)).detach().numpy(),
-        "grad": grad,
-    }
+    out = R.loss_section1(hs64, ht64, W64, y, w, alpha, T, lam, Tc)
+    out["loss_t"].backward()
+    out["grad"] = hs64.grad.numpy()
+    out["per_position"] = out["per_position"].numpy()
+    return out
 
 
 # ------------------------------------------------------------------------------------------
 # Fixtures
-
-
-def top2_gap(z):
-    """(rows,) difference between the two largest values of each row of z (rows, V)."""
-    if z.shape[1] < 2:
-        return torch.full((z.shape[0],), float("inf"), dtype=z.dtype)
-    t = torch.topk(z, 2, dim=1).values
-    return t[:, 0] - t[:, 1]
 
 
 def make_case(seed, n, H, V, teacher="indep", labels="none", weights="none", dominant=False):
@@ -231,9 +190,9 @@ def make_case(seed, n, H, V, teacher="indep", labels="none", weights="none", dom
         # redraw rows whose float64 argmax is a near-tie (see ARGMAX_GAP)
         W64 = torch.from_numpy(W).double()
         for _ in range(100):
-            bad = top2_gap(torch.from_numpy(hs).double() @ W64.T) < ARGMAX_GAP
+            bad = harness.top2_gap(torch.from_numpy(hs).double() @ W64.T) < ARGMAX_GAP
             if ht is not None:
-                bad |= top2_gap(torch.from_numpy(ht).double() @ W64.T) < ARGMAX_GAP
+                bad |= harness.top2_gap(torch.from_numpy(ht).double() @ W64.T) < ARGMAX_GAP
             bad = bad.numpy()
             if not bad.any():
                 break
@@ -385,27 +344,12 @@ def main():
     torch.set_num_threads(1)
     lib = load_library(args.lib)
 
-    passed = failed = 0
+    cases = harness.Cases()
     for case in CASES:
-        try:
-            errors, info = run_case(lib, case)
-        except Exception as exc:  # a crash of one case is its failure, not the whole run's
-            errors, info = [f"exception: {exc!r}"], ""
-        if errors:
-            failed += 1
-            print(f"FAIL {case[0]}: " + "; ".join(errors) + (f" [{info}]" if info else ""))
-        else:
-            passed += 1
-            print(f"ok   {case[0]}: {info}")
+        cases.run(case[0], run_case, lib, case)
     for name, errors in run_invalid(lib):
-        if errors:
-            failed += 1
-            print(f"FAIL {name}: " + "; ".join(errors))
-        else:
-            passed += 1
-            print(f"ok   {name}")
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+        cases.report(name, errors)
+    return cases.summary()
 
 
 if __name__ == "__main__":

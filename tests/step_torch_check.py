@@ -31,22 +31,16 @@ Dimension legend: nseq sequences, S context length, A anchors, B block size, H h
 V vocabulary, L_t tapped target layers.
 """
 
-import argparse
-import json
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
-
-try:
-    import numpy as np
-    import torch
-except ImportError as exc:   # ctest reports 77 as skipped, never as passed
-    print(f"skipped: torch not available ({exc})")
-    sys.exit(77)
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "oracle"))
+import harness          # noqa: E402
+
+harness.require_torch()   # ctest reports 77 as skipped, never as passed
+import numpy as np      # noqa: E402
+import torch            # noqa: E402
+
 import reference as R   # noqa: E402
 import st               # noqa: E402
 
@@ -237,18 +231,14 @@ def align_with_student(g, cfg, params, embed, lm_head, batch, loss_cfg):
                         hs[row] + 0.5 * g.standard_normal(hs.shape[1])).astype(np.float32)
 
 
-def top2_gap(z):
-    t = torch.topk(z, 2, dim=1).values
-    return t[:, 0] - t[:, 1]
-
-
 def near_tie(out, loss_cfg):
     """True when a counted position's argmax could legitimately differ in fp32."""
     keep = out["keep"]
-    if loss_cfg["cap_weight"] > 0 and bool((top2_gap(out["zs"])[keep] < ARGMAX_GAP).any()):
+    if loss_cfg["cap_weight"] > 0 and \
+            bool((harness.top2_gap(out["zs"])[keep] < ARGMAX_GAP).any()):
         return True
     if loss_cfg["ce_target"] == "teacher" and \
-            bool((top2_gap(out["zt"])[keep] < ARGMAX_GAP).any()):
+            bool((harness.top2_gap(out["zt"])[keep] < ARGMAX_GAP).any()):
         return True
     return False
 
@@ -262,8 +252,7 @@ def write_inputs(case_dir, cfg, params, embed, lm_head, batch, loss_cfg, dtype,
     os.makedirs(case_dir, exist_ok=True)
     ddir = os.path.join(case_dir, "drafter")
     os.makedirs(ddir, exist_ok=True)
-    with open(os.path.join(ddir, "config.json"), "w") as fh:
-        json.dump(cfg, fh, indent=1)
+    harness.write_json(os.path.join(ddir, "config.json"), cfg)
     st.write(os.path.join(ddir, "model.safetensors"), params,
              dtypes={k: dtype for k in params}, metadata={"format": "pt"})
     head = os.path.join(case_dir, "head.safetensors")
@@ -275,52 +264,34 @@ def write_inputs(case_dir, cfg, params, embed, lm_head, batch, loss_cfg, dtype,
         del tensors["anchors"]
     st.write(bfile, tensors)
     lfile = os.path.join(case_dir, "loss.json")
-    with open(lfile, "w") as fh:
-        json.dump(loss_cfg, fh)
+    harness.write_json(lfile, loss_cfg)
     return ddir, head, bfile, lfile
 
 
 def run_step(tool, ddir, head, bfile, lfile, out, chunk, vocab_tile):
     """(exit status, stdout + stderr) of one `ddtreed step` (or of the emulation)."""
-    if os.path.exists(out):
-        os.remove(out)
-    if tool == "emulate":
-        return emulate_step(ddir, head, bfile, lfile, out)
-    cmd = [tool, "step", "--drafter", ddir, "--head", head, "--batch", bfile, "--loss", lfile,
-           "--out", out]
+    args = ["step", "--drafter", ddir, "--head", head, "--batch", bfile, "--loss", lfile,
+            "--out", out]
     if chunk is not None:
-        cmd += ["--chunk", str(chunk)]
+        args += ["--chunk", str(chunk)]
     if vocab_tile is not None:
-        cmd += ["--vocab-tile", str(vocab_tile)]
-    try:
-        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           timeout=STEP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        return -1, f"timed out after {STEP_TIMEOUT_S} s: {' '.join(cmd)}"
-    return p.returncode, p.stdout.decode("utf-8", "replace")
+        args += ["--vocab-tile", str(vocab_tile)]
+    return harness.run_ddtreed(tool, args, out, STEP_TIMEOUT_S,
+                               lambda: emulate_step(ddir, head, bfile, lfile, out))
 
 
 def emulate_step(ddir, head, bfile, lfile, out):
     """`ddtreed step` in float32 torch, reading and writing the API.md files (--emulate)."""
-    try:
-        with open(os.path.join(ddir, "config.json")) as fh:
-            cfg = json.load(fh)
-        params = st.read(os.path.join(ddir, "model.safetensors")).tensors
-        hf = st.read(head)
-        bf = st.read(bfile)
-        for name in ("input_ids", "loss_mask", "features", "anchors", "keep"):
-            if name not in bf:
-                return 1, f"{bfile}: missing tensor {name}"
-        with open(lfile) as fh:
-            loss_cfg = json.load(fh)
-        res = R.drafter_step(cfg, params, hf["embed_tokens.weight"], hf["lm_head.weight"],
-                             bf.tensors, loss_cfg, dtype=torch.float32)
-    except (OSError, ValueError, KeyError) as exc:
-        return 1, f"emulate: {exc}"
+    cfg = harness.read_json(os.path.join(ddir, "config.json"))
+    params = st.read(os.path.join(ddir, "model.safetensors")).tensors
+    hf = st.read(head)
+    bf = st.read(bfile)
+    harness.require_tensors(bf, bfile, ("input_ids", "loss_mask", "features", "anchors", "keep"))
+    res = R.drafter_step(cfg, params, hf["embed_tokens.weight"], hf["lm_head.weight"],
+                         bf.tensors, harness.read_json(lfile), dtype=torch.float32)
     tensors = {k: np.array(res[k], dtype=np.float64) for k in SCALARS}
     tensors.update({f"grad.{k}": v.astype(np.float32) for k, v in res["grads"].items()})
     st.write(out, tensors)
-    return 0, ""
 
 
 # ------------------------------------------------------------------------------------------
@@ -403,66 +374,18 @@ def run_missing_anchors(tool, workdir):
                          drop_anchors=True)
     out = os.path.join(case_dir, "out.safetensors")
     rc, text = run_step(tool, *files, out, None, None)
-    bfile = files[2]
-    errors = []
-    if rc == 0:
-        errors.append("exit status 0")
-    if rc < 0 and "timed out" in text:
-        errors.append(text)
-    if bfile not in text and os.path.basename(bfile) not in text:
-        errors.append(f"message does not name {bfile}: {text.strip()[-300:]!r}")
-    if "anchors" not in text:
-        errors.append(f"message does not name the tensor anchors: {text.strip()[-300:]!r}")
-    if os.path.exists(out):
-        errors.append("wrote an output file")
-    return errors, f"exit {rc}: {text.strip().splitlines()[-1] if text.strip() else ''}"
+    return harness.refusal_errors(rc, text, files[2], "anchors", out, "an output file")
+
+
+def run_all(tool, workdir, cases):
+    for case in CASES:
+        cases.run(case["name"], run_case, tool, workdir, case)
+    cases.run("batch_without_anchors_rejected", run_missing_anchors, tool, workdir)
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--ddtreed", help="path to the ddtreed binary")
-    ap.add_argument("--workdir", help="keep the case files here (default: a temporary dir)")
-    ap.add_argument("--emulate", action="store_true",
-                    help="check against a float32 torch emulation instead of ddtreed")
-    args = ap.parse_args()
-    if args.emulate:
-        tool = "emulate"
-    elif not args.ddtreed or not os.path.exists(args.ddtreed):
-        print("skipped: ddtreed not built" + (f" ({args.ddtreed})" if args.ddtreed else ""))
-        return 77
-    else:
-        tool = os.path.abspath(args.ddtreed)
-    torch.set_num_threads(1)
-    if args.workdir:
-        workdir = os.path.abspath(args.workdir)
-        os.makedirs(workdir, exist_ok=True)
-    else:
-        workdir = tempfile.mkdtemp(prefix="step_torch_check.")
-    passed = failed = 0
-    try:
-        for case in CASES:
-            try:
-                errors, info = run_case(tool, workdir, case)
-            except Exception as exc:  # one case's crash is its failure, not the whole run's
-                errors, info = [f"exception: {exc!r}"], ""
-            if errors:
-                failed += 1
-                print(f"FAIL {case['name']}: " + "; ".join(errors) + (f" [{info}]" if info else ""))
-            else:
-                passed += 1
-                print(f"ok   {case['name']}: {info}")
-        errors, info = run_missing_anchors(tool, workdir)
-        if errors:
-            failed += 1
-            print("FAIL batch_without_anchors_rejected: " + "; ".join(errors))
-        else:
-            passed += 1
-            print(f"ok   batch_without_anchors_rejected: {info}")
-    finally:
-        if not args.workdir:
-            shutil.rmtree(workdir, ignore_errors=True)
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    args = harness.ddtreed_options(__doc__).parse_args()
+    return harness.ddtreed_main(args, "step_torch_check.", run_all)
 
 
 if __name__ == "__main__":

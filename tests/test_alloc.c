@@ -235,17 +235,10 @@ int main(void)
         { "threads", test_threads },
     };
     ddk_allocator *a = ddk_allocator_cpu();
-    int passed = 0, failed = 0;
     for (size_t j = 0; j < sizeof(cases) / sizeof(cases[0]); j++) {
-        case_failed = 0;
         cases[j].run(a);
-        printf("%s %s\n", case_failed ? "FAIL" : "ok  ", cases[j].name);
-        if (case_failed)
-            failed++;
-        else
-            passed++;
+        case_done(cases[j].name);
     }
     ddk_allocator_set_budget(a, 0);
-    printf("%d passed, %d failed\n", passed, failed);
-    return failed ? 1 : 0;
+    return cases_summary();
 }

@@ -47,52 +47,6 @@ static float rng_sym(uint64_t *state)
     return (float)(2.0 * ddk_rng_uniform(state) - 1.0);
 }
 
-enum { guard_words = 16 };
-static const unsigned char sentinel_byte = 0xa7;   /* 0xa7a7a7a7: a finite, nonzero float */
-
-/* count floats + guard words, all set to the sentinel */
-static float *sentinel_floats(int64_t count)
-{
-    float *x = xcalloc((size_t)(count + guard_words), sizeof(float));
-    memset(x, sentinel_byte, (size_t)(count + guard_words) * sizeof(float));
-    return x;
-}
-
-/* count floats of 0 + guard words of sentinel */
-static float *zero_floats(int64_t count)
-{
-    float *x = sentinel_floats(count);
-    memset(x, 0, (size_t)count * sizeof(float));
-    return x;
-}
-
-static int all_sentinel(const float *x, int64_t count)
-{
-    const unsigned char *b = (const unsigned char *)x;
-    for (size_t j = 0; j < (size_t)count * sizeof(float); j++)
-        if (b[j] != sentinel_byte)
-            return 0;
-    return 1;
-}
-
-static int guard_intact(const float *x, int64_t count)
-{
-    return all_sentinel(x + count, guard_words);
-}
-
-/* max |got - want| / max |want|; 0 when both are all zero, INFINITY on NaN/Inf */
-static double normalised_error(const float *got, const double *want, int64_t count)
-{
-    double err = 0.0, scale = 0.0;
-    for (int64_t j = 0; j < count; j++) {
-        if (!isfinite(got[j]))
-            return INFINITY;
-        err = fmax(err, fabs((double)got[j] - want[j]));
-        scale = fmax(scale, fabs(want[j]));
-    }
-    return err == 0.0 ? 0.0 : err / scale;
-}
-
 /* ------------------------------------------------------------------------------------------
  * Tolerances: bounds on float32 error, each with its reason.
  */
@@ -594,19 +548,6 @@ static void test_workspace_scaling(void)
  * Main
  */
 
-static int passed, failed;
-
-static void report(const char *name)
-{
-    printf("%s %s\n", case_failed ? "FAIL" : "ok  ", name);
-    if (case_failed)
-        failed++;
-    else
-        passed++;
-    case_failed = 0;
-    fflush(stdout);
-}
-
 int main(void)
 {
     const ddk_backend *be = ddk_backend_cpu();
@@ -618,23 +559,16 @@ int main(void)
         test_dflash_case(&table[j], 1000 + j);
         char name[128];
         snprintf(name, sizeof name, "dflash %s", table[j].name);
-        report(name);
+        case_done(name);
     }
-    static const struct {
-        const char *name;
-        void (*run)(void);
-    } cases[] = {
+    static const test_case cases[] = {
         { "dflash backward vs finite differences (float32)", test_finite_differences },
         { "causal attention vs reference", test_causal },
         { "budget: -ENOMEM, nothing written", test_budget },
         { "bad shapes: -EINVAL, nothing written", test_bad_shapes },
         { "workspace independent of S and A", test_workspace_scaling },
     };
-    for (size_t j = 0; j < sizeof cases / sizeof cases[0]; j++) {
-        cases[j].run();
-        report(cases[j].name);
-    }
+    run_cases(cases, sizeof cases / sizeof cases[0]);
     ddk_allocator_set_budget(ddk_allocator_cpu(), 0);
-    printf("%d passed, %d failed\n", passed, failed);
-    return failed ? 1 : 0;
+    return cases_summary();
 }

@@ -244,7 +244,7 @@ int main(void)
         perror("mkdtemp");
         return 1;
     }
-    static const struct { const char *name; void (*fn)(void); } cases[] = {
+    static const test_case cases[] = {
         { "drafter config read", test_drafter_config_ok },
         { "drafter config errors name the field", test_drafter_config_bad },
         { "target config", test_target_config },
@@ -253,17 +253,10 @@ int main(void)
         { "default target_layer_ids", test_default_taps },
         { "synthetic target", test_synthetic_target },
     };
-    int passed = 0, failed = 0;
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        case_failed = 0;
-        cases[i].fn();
-        printf("%s %s\n", case_failed ? "FAIL" : "ok  ", cases[i].name);
-        case_failed ? failed++ : passed++;
-    }
+    run_cases(cases, sizeof cases / sizeof cases[0]);
     char path[256];
     snprintf(path, sizeof path, "%s/config.json", tmpdir);
     unlink(path);
     rmdir(tmpdir);
-    printf("%d passed, %d failed\n", passed, failed);
-    return failed ? 1 : 0;
+    return cases_summary();
 }

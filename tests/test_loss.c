@@ -33,7 +33,7 @@
 #include <string.h>
 
 /* ------------------------------------------------------------------------------------------
- * Helpers (check() is in check.h; main() prints one line per case)
+ * Helpers (check(), the case lines and the guarded buffers are in check.h)
  */
 
 
@@ -63,19 +63,6 @@ static const double invariance_rel = 1e-5, invariance_abs = 1e-6;
 static int close_to(double got, double want, double rel, double abs_tol)
 {
     return isfinite(got) && fabs(got - want) <= rel * fabs(want) + abs_tol;
-}
-
-/* max |got - want| / max |want|; 0 when both are all zero, INFINITY on NaN/Inf */
-static double normalised_error(const float *got, const double *want, int64_t count)
-{
-    double err = 0.0, scale = 0.0;
-    for (int64_t j = 0; j < count; j++) {
-        if (!isfinite(got[j]))
-            return INFINITY;
-        err = fmax(err, fabs((double)got[j] - want[j]));
-        scale = fmax(scale, fabs(want[j]));
-    }
-    return err == 0.0 ? 0.0 : err / scale;
 }
 
 static double normalised_error_ff(const float *got, const float *want, int64_t count)
@@ -204,9 +191,6 @@ static void free_data(loss_data *d)
  * Running the library and the reference
  */
 
-enum { guard_words = 16 };
-static const unsigned char sentinel_byte = 0xa7;   /* 0xa7a7a7a7: a finite, nonzero float */
-
 typedef struct {
     int rc;
     ddk_loss_result r;
@@ -214,27 +198,14 @@ typedef struct {
     float *per;    /* (n) + guard_words, or NULL */
 } impl_run;
 
-static int guard_intact(const float *x, int64_t count)
-{
-    const unsigned char *g = (const unsigned char *)(x + count);
-    for (size_t j = 0; j < guard_words * sizeof(float); j++)
-        if (g[j] != sentinel_byte)
-            return 0;
-    return 1;
-}
-
 /* ddk_loss_cpu on d with parameters p; outputs pre-filled with the sentinel; guards checked */
 static impl_run run_impl(const loss_data *d, const ddk_loss_params *p, int want_grad,
                          int want_per)
 {
     impl_run o;
     const int64_t n = p->n, H = p->hidden;
-    o.grad = want_grad ? xcalloc((size_t)(n * H + guard_words), sizeof(float)) : NULL;
-    o.per = want_per ? xcalloc((size_t)(n + guard_words), sizeof(float)) : NULL;
-    if (o.grad)
-        memset(o.grad, sentinel_byte, (size_t)(n * H + guard_words) * sizeof(float));
-    if (o.per)
-        memset(o.per, sentinel_byte, (size_t)(n + guard_words) * sizeof(float));
+    o.grad = want_grad ? sentinel_floats(n * H) : NULL;
+    o.per = want_per ? sentinel_floats(n) : NULL;
     memset(&o.r, sentinel_byte, sizeof(o.r));
     o.rc = ddk_loss_cpu(p, d->hs, d->ht, d->W, d->labels, d->weights, o.grad, o.per, &o.r);
     check(!o.grad || guard_intact(o.grad, n * H), "write past the end of grad_student");
@@ -991,31 +962,15 @@ static void test_backend_matmul(void)
  * Main
  */
 
-static int passed, failed;
-
-static void report(const char *name)
-{
-    printf("%s %s\n", case_failed ? "FAIL" : "ok  ", name);
-    if (case_failed)
-        failed++;
-    else
-        passed++;
-    case_failed = 0;
-    fflush(stdout);
-}
-
 int main(void)
 {
     for (size_t j = 0; j < sizeof(table) / sizeof(table[0]); j++) {
         test_table_case(&table[j], 1000 + j);
         char name[96];
         snprintf(name, sizeof(name), "reference %s", table[j].name);
-        report(name);
+        case_done(name);
     }
-    static const struct {
-        const char *name;
-        void (*run)(void);
-    } cases[] = {
+    static const test_case cases[] = {
         { "nothing counted", test_nothing_counted },
         { "p_y -> 1 (no cancellation)", test_confident },
         { "ps ~ pt (tiny KL)", test_kl_small },
@@ -1028,11 +983,7 @@ int main(void)
         { "backend loss = ddk_loss_cpu", test_backend_loss },
         { "backend matmul", test_backend_matmul },
     };
-    for (size_t j = 0; j < sizeof(cases) / sizeof(cases[0]); j++) {
-        cases[j].run();
-        report(cases[j].name);
-    }
+    run_cases(cases, sizeof(cases) / sizeof(cases[0]));
     ddk_allocator_set_budget(ddk_allocator_cpu(), 0);
-    printf("%d passed, %d failed\n", passed, failed);
-    return failed ? 1 : 0;
+    return cases_summary();
 }

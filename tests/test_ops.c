@@ -323,6 +323,33 @@ static double rmsnorm_dg_scale(const float *x, const float *dy, const double *rs
     return scale;
 }
 
+/* The kernel's forward (y, rstd; NaN before) and backward (into zeroed dx, dg) of one set of
+ * inputs, and the float64 references of each */
+typedef struct {
+    float *y, *rstd, *dx, *dg;               /* (rows, d), (rows), (rows, d), (d) */
+    double *y_want, *rstd_want, *dx_want, *dg_want;
+} rmsnorm_run;
+
+static rmsnorm_run run_rmsnorm(const ddk_backend *be, const float *x, const float *g,
+                               const float *dy, int64_t rows, int64_t d, float eps)
+{
+    const int64_t n = rows * d;
+    rmsnorm_run o;
+    o.y = floats(n, "y"), o.rstd = floats(rows, "rstd");
+    fill_nan(o.y, n), fill_nan(o.rstd, rows);
+    be->rmsnorm(be, x, g, rows, d, eps, o.y, o.rstd);
+    o.y_want = doubles(n, "y want"), o.rstd_want = doubles(rows, "rstd want");
+    ref_rmsnorm(x, g, rows, d, eps, o.y_want, o.rstd_want);
+    o.dx = floats(n, "dx"), o.dg = floats(d, "dg");
+    fill_zero(o.dx, n), fill_zero(o.dg, d);
+    be->rmsnorm_backward(be, x, g, o.rstd, dy, rows, d, o.dx, o.dg);
+    o.dx_want = doubles(n, "dx want"), o.dg_want = doubles(d, "dg want");
+    memset(o.dx_want, 0, (size_t)n * sizeof(double));
+    memset(o.dg_want, 0, (size_t)d * sizeof(double));
+    ref_rmsnorm_backward(x, g, dy, rows, d, eps, o.dx_want, o.dg_want);
+    return o;
+}
+
 static void case_rmsnorm(const ddk_backend *be, const op_case *c)
 {
     const int64_t rows = c->rows, d = c->d, n = rows * d;
@@ -333,48 +360,40 @@ static void case_rmsnorm(const ddk_backend *be, const op_case *c)
     fill_uniform(dy, n, -1.0, 1.0);
 
     /* forward, with and without rstd */
-    float *y = floats(n, "y"), *rstd = floats(rows, "rstd"), *y_bare = floats(n, "y (no rstd)");
-    fill_nan(y, n), fill_nan(rstd, rows), fill_nan(y_bare, n);
-    be->rmsnorm(be, x, g, rows, d, eps, y, rstd);
+    const rmsnorm_run o = run_rmsnorm(be, x, g, dy, rows, d, eps);
+    float *y_bare = floats(n, "y (no rstd)");
+    fill_nan(y_bare, n);
     be->rmsnorm(be, x, g, rows, d, eps, y_bare, NULL);
-    double *y_want = doubles(n, "y want"), *rstd_want = doubles(rows, "rstd want");
-    ref_rmsnorm(x, g, rows, d, eps, y_want, rstd_want);
-    expect_close_f("y", y, y_want, n, tol_rmsnorm);
-    expect_close_f("rstd", rstd, rstd_want, rows, tol_rmsnorm);
-    check(memcmp(y, y_bare, (size_t)n * sizeof(float)) == 0, "y differs when rstd is NULL");
+    expect_close_f("y", o.y, o.y_want, n, tol_rmsnorm);
+    expect_close_f("rstd", o.rstd, o.rstd_want, rows, tol_rmsnorm);
+    check(memcmp(o.y, y_bare, (size_t)n * sizeof(float)) == 0, "y differs when rstd is NULL");
 
     /* backward into zeroed gradients: analytic and finite differences */
-    float *dx = floats(n, "dx"), *dg = floats(d, "dg");
-    fill_zero(dx, n), fill_zero(dg, d);
-    be->rmsnorm_backward(be, x, g, rstd, dy, rows, d, dx, dg);
-    double *dx_want = doubles(n, "dx want"), *dg_want = doubles(d, "dg want");
-    memset(dx_want, 0, (size_t)n * sizeof(double)), memset(dg_want, 0, (size_t)d * sizeof(double));
-    ref_rmsnorm_backward(x, g, dy, rows, d, eps, dx_want, dg_want);
     double *dx_fd = doubles(n, "dx fd"), *dg_fd = doubles(d, "dg fd");
     fd_rmsnorm(x, g, dy, rows, d, eps, dx_fd, dg_fd);
-    expect_close_d("float64 dx: analytic vs finite differences", dx_want, dx_fd, n,
+    expect_close_d("float64 dx: analytic vs finite differences", o.dx_want, dx_fd, n,
                    tol_fd_reference);
-    const double dg_scale = rmsnorm_dg_scale(x, dy, rstd_want, rows, d);
-    expect_close("float64 dg: analytic vs finite differences", NULL, dg_want, dg_fd, d, dg_scale,
-                 tol_fd_reference);
-    expect_close_f("dx vs analytic", dx, dx_want, n, tol_rmsnorm_backward);
-    expect_close("dg vs analytic", dg, NULL, dg_want, d, dg_scale, tol_rmsnorm_backward);
-    expect_close_f("dx vs finite differences", dx, dx_fd, n, tol_rmsnorm_backward);
-    expect_close("dg vs finite differences", dg, NULL, dg_fd, d, dg_scale, tol_rmsnorm_backward);
+    const double dg_scale = rmsnorm_dg_scale(x, dy, o.rstd_want, rows, d);
+    expect_close("float64 dg: analytic vs finite differences", NULL, o.dg_want, dg_fd, d,
+                 dg_scale, tol_fd_reference);
+    expect_close_f("dx vs analytic", o.dx, o.dx_want, n, tol_rmsnorm_backward);
+    expect_close("dg vs analytic", o.dg, NULL, o.dg_want, d, dg_scale, tol_rmsnorm_backward);
+    expect_close_f("dx vs finite differences", o.dx, dx_fd, n, tol_rmsnorm_backward);
+    expect_close("dg vs finite differences", o.dg, NULL, dg_fd, d, dg_scale, tol_rmsnorm_backward);
 
     /* ADD: a second call doubles; pre-filled gradients keep their content */
     float *dx2 = floats(n, "dx twice"), *dg2 = floats(d, "dg twice");
-    memcpy(dx2, dx, (size_t)n * sizeof(float)), memcpy(dg2, dg, (size_t)d * sizeof(float));
-    be->rmsnorm_backward(be, x, g, rstd, dy, rows, d, dx2, dg2);
-    expect_added("dx after two calls = 2 dx", dx2, dx, dx, n);
-    expect_added("dg after two calls = 2 dg", dg2, dg, dg, d);
+    memcpy(dx2, o.dx, (size_t)n * sizeof(float)), memcpy(dg2, o.dg, (size_t)d * sizeof(float));
+    be->rmsnorm_backward(be, x, g, o.rstd, dy, rows, d, dx2, dg2);
+    expect_added("dx after two calls = 2 dx", dx2, o.dx, o.dx, n);
+    expect_added("dg after two calls = 2 dg", dg2, o.dg, o.dg, d);
     float *dx_pre = floats(n, "dx pre-filled"), *dg_pre = floats(d, "dg pre-filled");
     float *dx_old = floats(n, "dx old"), *dg_old = floats(d, "dg old");
     fill_uniform(dx_old, n, -1.0, 1.0), fill_uniform(dg_old, d, -1.0, 1.0);
     memcpy(dx_pre, dx_old, (size_t)n * sizeof(float)), memcpy(dg_pre, dg_old, (size_t)d * sizeof(float));
-    be->rmsnorm_backward(be, x, g, rstd, dy, rows, d, dx_pre, dg_pre);
-    expect_added("pre-filled dx = old + dx", dx_pre, dx_old, dx, n);
-    expect_added("pre-filled dg = old + dg", dg_pre, dg_old, dg, d);
+    be->rmsnorm_backward(be, x, g, o.rstd, dy, rows, d, dx_pre, dg_pre);
+    expect_added("pre-filled dx = old + dx", dx_pre, dx_old, o.dx, n);
+    expect_added("pre-filled dg = old + dg", dg_pre, dg_old, o.dg, d);
 }
 
 /* Rows of zeros (s = eps^-1/2), of 1e20 (x^2 overflows float: the mean must be taken wider), of
@@ -395,28 +414,18 @@ static void case_rmsnorm_extremes(const ddk_backend *be, const op_case *c)
     x[3 * d + d / 2] = 1e4f;
     fill_uniform(g, d, -1.5, 1.5);
     fill_uniform(dy, n, -1.0, 1.0);
-    float *y = floats(n, "y"), *rstd = floats(rows, "rstd");
-    fill_nan(y, n), fill_nan(rstd, rows);
-    be->rmsnorm(be, x, g, rows, d, eps, y, rstd);
-    double *y_want = doubles(n, "y want"), *rstd_want = doubles(rows, "rstd want");
-    ref_rmsnorm(x, g, rows, d, eps, y_want, rstd_want);
-    float *dx = floats(n, "dx"), *dg = floats(d, "dg");
-    fill_zero(dx, n), fill_zero(dg, d);
-    be->rmsnorm_backward(be, x, g, rstd, dy, rows, d, dx, dg);
-    double *dx_want = doubles(n, "dx want"), *dg_want = doubles(d, "dg want");
-    memset(dx_want, 0, (size_t)n * sizeof(double)), memset(dg_want, 0, (size_t)d * sizeof(double));
-    ref_rmsnorm_backward(x, g, dy, rows, d, eps, dx_want, dg_want);
+    const rmsnorm_run o = run_rmsnorm(be, x, g, dy, rows, d, eps);
     char what[64];
     for (int64_t r = 0; r < rows; r++) {
         snprintf(what, sizeof(what), "y, row of scale %g", scale[r]);
-        expect_close_f(what, y + r * d, y_want + r * d, d, tol_rmsnorm);
+        expect_close_f(what, o.y + r * d, o.y_want + r * d, d, tol_rmsnorm);
         snprintf(what, sizeof(what), "rstd, row of scale %g", scale[r]);
-        expect_close_f(what, rstd + r, rstd_want + r, 1, tol_rmsnorm);
+        expect_close_f(what, o.rstd + r, o.rstd_want + r, 1, tol_rmsnorm);
         snprintf(what, sizeof(what), "dx, row of scale %g", scale[r]);
         if (scale[r] < 1e18)
-            expect_close_f(what, dx + r * d, dx_want + r * d, d, tol_rmsnorm_backward);
+            expect_close_f(what, o.dx + r * d, o.dx_want + r * d, d, tol_rmsnorm_backward);
     }
-    expect_close("dg", dg, NULL, dg_want, d, rmsnorm_dg_scale(x, dy, rstd_want, rows, d),
+    expect_close("dg", o.dg, NULL, o.dg_want, d, rmsnorm_dg_scale(x, dy, o.rstd_want, rows, d),
                  tol_rmsnorm_backward);
 }
 
@@ -848,33 +857,21 @@ int main(void)
     const char *v = getenv("DDTREE_OPS_VERBOSE");
     verbose = v && *v && strcmp(v, "0") != 0;
     const ddk_backend *be = ddk_backend_cpu();
-    int passed = 0, failed = 0;
 
     /* the CPU backend is complete: without that no case below can run */
-    case_failed = 0;
     check(be != NULL && be->rmsnorm && be->rmsnorm_backward && be->rope && be->swiglu &&
               be->swiglu_backward && be->embedding && be->matmul && be->zero && be->copy,
           "an op of the CPU backend is NULL");
-    printf("%s cpu backend has every op tested here\n", case_failed ? "FAIL" : "ok  ");
-    if (case_failed) {
-        printf("0 passed, 1 failed\n");
-        return 1;
-    }
-    passed++;
+    case_done("cpu backend has every op tested here");
+    if (cases_failed)
+        return cases_summary();
 
     build_cases();
     for (int j = 0; j < case_count; j++) {
-        case_failed = 0;
         rng_state = 0x5eed0000u + (uint64_t)j;   /* each case reproducible on its own */
         cases[j].run(be, &cases[j]);
-        release_buffers();
-        printf("%s %s\n", case_failed ? "FAIL" : "ok  ", cases[j].name);
-        fflush(stdout);
-        if (case_failed)
-            failed++;
-        else
-            passed++;
+        release_buffers();   /* its guard checks belong to the case */
+        case_done(cases[j].name);
     }
-    printf("%d passed, %d failed\n", passed, failed);
-    return failed ? 1 : 0;
+    return cases_summary();
 }

@@ -371,6 +371,42 @@ static float random_float(int i)
     return float_of((r & 0x80000000u) | exp << 23 | mant);
 }
 
+#ifdef __FLT16_MAX__   /* the compiler's own f32 -> f16 conversion, where it has one */
+static uint16_t f16_compiler(float x)
+{
+    _Float16 c = (_Float16)x;
+    uint16_t bits;
+    memcpy(&bits, &c, sizeof(bits));
+    return bits;
+}
+#define F16_COMPILER f16_compiler
+#else
+#define F16_COMPILER NULL
+#endif
+
+/* convert (float -> the 16-bit type named `to`) against reference on 200000 random floats (NaNs
+ * skipped), and against the compiler's own conversion where one is given; stops at the first
+ * value that fails */
+static void check_random_floats(const char *to, uint16_t (*convert)(float),
+                                uint16_t (*reference)(float), uint16_t (*compiler)(float))
+{
+    for (int i = 0; i < 200000; i++) {
+        float x = random_float(i);
+        if (isnan(x))
+            continue;
+        uint16_t got = convert(x), want = reference(x);
+        check(got == want, "f32 %08x (%g) -> %s %04x, reference %04x", bits_of(x), x, to, got,
+              want);
+        if (compiler) {
+            uint16_t own = compiler(x);
+            check(got == own, "f32 %08x (%g) -> %s %04x, the compiler's conversion %04x",
+                  bits_of(x), x, to, got, own);
+        }
+        if (case_failed)
+            return;
+    }
+}
+
 static void test_bf16(void)
 {
     static const struct {
@@ -420,15 +456,7 @@ static void test_bf16(void)
         if (case_failed)
             return;
     }
-    for (int i = 0; i < 200000; i++) {
-        float x = random_float(i);
-        if (isnan(x))
-            continue;
-        uint16_t got = ddt_f32_to_bf16(x), want = bf16_reference(x);
-        check(got == want, "f32 %08x (%g) -> bf16 %04x, reference %04x", bits_of(x), x, got, want);
-        if (case_failed)
-            return;
-    }
+    check_random_floats("bf16", ddt_f32_to_bf16, bf16_reference, NULL);
 }
 
 static void test_f16(void)
@@ -491,22 +519,7 @@ static void test_f16(void)
         if (case_failed)
             return;
     }
-    for (int i = 0; i < 200000; i++) {
-        float x = random_float(i);
-        if (isnan(x))
-            continue;
-        uint16_t got = ddt_f32_to_f16(x), want = f16_reference(x);
-        check(got == want, "f32 %08x (%g) -> f16 %04x, reference %04x", bits_of(x), x, got, want);
-#ifdef __FLT16_MAX__   /* the compiler's own conversion, where it has one */
-        _Float16 c = (_Float16)x;
-        uint16_t cbits;
-        memcpy(&cbits, &c, sizeof(cbits));
-        check(got == cbits, "f32 %08x (%g) -> f16 %04x, the compiler's _Float16 %04x", bits_of(x),
-              x, got, cbits);
-#endif
-        if (case_failed)
-            return;
-    }
+    check_random_floats("f16", ddt_f32_to_f16, f16_reference, F16_COMPILER);
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -932,10 +945,7 @@ static int remove_entry(const char *path, const struct stat *st, int flag, struc
 
 int main(void)
 {
-    static const struct {
-        const char *name;
-        void (*run)(void);
-    } cases[] = {
+    static const test_case cases[] = {
         { "roundtrip_all_dtypes", test_roundtrip_all_dtypes },
         { "metadata_roundtrip", test_metadata_roundtrip },
         { "header_layout", test_header_layout },
@@ -951,17 +961,7 @@ int main(void)
         printf("cannot create a temporary directory under /tmp: %s\n", strerror(errno));
         return 1;
     }
-    int passed = 0, failed = 0;
-    for (size_t j = 0; j < sizeof(cases) / sizeof(cases[0]); j++) {
-        case_failed = 0;
-        cases[j].run();
-        printf("%s %s\n", case_failed ? "FAIL" : "ok  ", cases[j].name);
-        if (case_failed)
-            failed++;
-        else
-            passed++;
-    }
+    run_cases(cases, sizeof(cases) / sizeof(cases[0]));
     nftw(tmp_dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
-    printf("%d passed, %d failed\n", passed, failed);
-    return failed ? 1 : 0;
+    return cases_summary();
 }

@@ -484,6 +484,80 @@ static int backward_sequence(const ddk_backend *be, const ddt_drafter_config *c,
  * The step
  */
 
+/* The arena of one call (forward only: no gradient scratch needed, but the same layout keeps
+ * one carving; the planner's activation figure is this size). */
+static size_t arena_bytes(const ddt_drafter_config *c, const ddt_batch *b, int uses_teacher,
+                          seq_acts *seqs)
+{
+    step_memory m = { .seq = seqs };
+    arena sizing = { NULL, 0 };
+    carve(&sizing, c, b, uses_teacher, &m);
+    return sizing.used;
+}
+
+size_t ddt_drafter_step_bytes(const ddt_drafter_config *c, int64_t nseq, int64_t S, int64_t A,
+                              int uses_teacher)
+{
+    seq_acts *seqs = calloc((size_t)nseq, sizeof *seqs);
+    if (!seqs)
+        return 0;
+    ddt_batch b = { .nseq = nseq, .S = S, .A = A };
+    size_t bytes = arena_bytes(c, &b, uses_teacher, seqs);
+    free(seqs);
+    return bytes;
+}
+
+/* Shared by the step and the forward: the arena, the index arrays, the teacher rows and the
+ * forward of every sequence. On success *base is the arena (the caller frees it). */
+static int forward_batch(const ddk_backend *be, const ddt_drafter_config *c,
+                         const ddt_drafter_weights *w, const float *embed, const ddt_batch *b,
+                         const ddt_loss_config *lc, int uses_teacher, step_memory *m,
+                         char **base, size_t *bytes)
+{
+    const int64_t H = c->hidden, AB = b->A * c->block_size;
+    *bytes = arena_bytes(c, b, uses_teacher, m->seq);
+    *base = ddk_malloc(be->alloc, *bytes);
+    if (!*base)
+        return -ENOMEM;
+    arena a = { *base, 0 };
+    carve(&a, c, b, uses_teacher, m);
+    int rc = 0;
+    for (int64_t s = 0; s < b->nseq && rc == 0; s++) {
+        seq_acts *q = &m->seq[s];
+        sequence_inputs(c, b, s, q, m->labels + s * AB, m->weights + s * AB, lc->gamma,
+                        !lc->ce_target_teacher);
+        if (uses_teacher) {   /* slot (j, k) is taught by th[a_j + k - 1] */
+            const float *th = b->teacher_hidden + s * b->S * H;   /* (S, H) */
+            for (int64_t r = 0; r < AB; r++) {
+                int64_t k = r % c->block_size, t = q->anchors[r / c->block_size] + k - 1;
+                t = t < 0 ? 0 : (t >= b->S ? b->S - 1 : t);      /* such slots weigh 0 */
+                be->copy(be, m->teacher + (s * AB + r) * H, th + t * H, (size_t)H * sizeof(float));
+            }
+        }
+        rc = forward_sequence(be, c, w, embed, b, s, q, m->hs + s * AB * H);
+    }
+    return rc;
+}
+
+int ddt_drafter_forward(const ddk_backend *be, const ddt_drafter_config *c,
+                        const ddt_drafter_weights *w, const float *embed, const ddt_batch *b,
+                        float *hs)
+{
+    seq_acts *seqs = calloc((size_t)b->nseq, sizeof *seqs);
+    if (!seqs)
+        return -ENOMEM;
+    step_memory m = { .seq = seqs };
+    ddt_loss_config lc = { .gamma = 1.0f, .ce_target_teacher = 1 };
+    char *base = NULL;
+    size_t bytes = 0;
+    int rc = forward_batch(be, c, w, embed, b, &lc, 0, &m, &base, &bytes);
+    if (rc == 0)
+        be->copy(be, hs, m.hs, (size_t)(b->nseq * b->A * c->block_size * c->hidden) * sizeof(float));
+    ddk_free(be->alloc, base, bytes);
+    free(seqs);
+    return rc;
+}
+
 int ddt_drafter_step(const ddk_backend *be, const ddt_drafter_config *c,
                      const ddt_drafter_weights *w, ddt_drafter_weights *g,
                      const float *embed, const float *lm_head, const ddt_batch *b,
@@ -501,36 +575,15 @@ int ddt_drafter_step(const ddk_backend *be, const ddt_drafter_config *c,
     if (!seqs)
         return -ENOMEM;
     step_memory m = { .seq = seqs };
-    arena sizing = { NULL, 0 };
-    carve(&sizing, c, b, uses_teacher, &m);
-    char *base = ddk_malloc(be->alloc, sizing.used);
-    if (!base) {
-        free(seqs);
-        return -ENOMEM;
-    }
-    arena a = { base, 0 };
-    carve(&a, c, b, uses_teacher, &m);
-
-    int rc = 0;
-    for (int64_t s = 0; s < b->nseq && rc == 0; s++) {
-        seq_acts *q = &m.seq[s];
-        sequence_inputs(c, b, s, q, m.labels + s * AB, m.weights + s * AB, lc->gamma, data_labels);
-        if (uses_teacher) {   /* slot (j, k) is taught by th[a_j + k - 1] */
-            const float *th = b->teacher_hidden + s * b->S * H;   /* (S, H) */
-            for (int64_t r = 0; r < AB; r++) {
-                int64_t k = r % c->block_size, t = q->anchors[r / c->block_size] + k - 1;
-                t = t < 0 ? 0 : (t >= b->S ? b->S - 1 : t);      /* such slots weigh 0 */
-                be->copy(be, m.teacher + (s * AB + r) * H, th + t * H, (size_t)H * sizeof(float));
-            }
-        }
-        rc = forward_sequence(be, c, w, embed, b, s, q, m.hs + s * AB * H);
-    }
+    char *base = NULL;
+    size_t bytes = 0;
+    int rc = forward_batch(be, c, w, embed, b, lc, uses_teacher, &m, &base, &bytes);
     if (rc == 0)
         rc = be->loss(be, &p, m.hs, m.teacher, lm_head, data_labels ? m.labels : NULL, m.weights,
                       m.dhs, NULL, out);
     for (int64_t s = 0; s < b->nseq && rc == 0; s++)
         rc = backward_sequence(be, c, w, g, b, s, &m.seq[s], m.dhs + s * AB * H, &m.g);
-    ddk_free(be->alloc, base, sizing.used);
+    ddk_free(be->alloc, base, bytes);
     free(seqs);
     return rc;
 }

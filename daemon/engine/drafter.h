@@ -108,4 +108,15 @@ int ddt_drafter_step(const ddk_backend *be, const ddt_drafter_config *c,
                      const float *embed, const float *lm_head, const ddt_batch *b,
                      const ddt_loss_config *lc, ddk_loss_result *out);
 
+/* The final-normed block hidden states hs (nseq*A*B, H) of a batch, no gradients (the
+ * acceptance evaluation). 0 or -ENOMEM. */
+int ddt_drafter_forward(const ddk_backend *be, const ddt_drafter_config *c,
+                        const ddt_drafter_weights *w, const float *embed, const ddt_batch *b,
+                        float *hs);
+
+/* Bytes of activations one step allocates for nseq sequences of S tokens and A anchors
+ * (the loss's and attention's workspaces come on top): the planner's figure. */
+size_t ddt_drafter_step_bytes(const ddt_drafter_config *c, int64_t nseq, int64_t S, int64_t A,
+                              int uses_teacher);
+
 #endif

@@ -327,6 +327,14 @@ static int dflash_begin(const ddk_backend *be, const ddk_attention_shape *shape,
     return workspace_get(be, g, g->R, shape->d, backward, ws) ? -ENOMEM : 0;
 }
 
+int64_t ddk_attention_workspace_bytes(const ddk_attention_shape *shape, int backward)
+{
+    if (!shape_ok(shape))
+        return -EINVAL;
+    attn_group g = { .R = blocks_per_group(shape) * shape->B * (shape->nh / shape->nkv), .d = shape->d };
+    return (int64_t)carve(&g, g.R, shape->d, backward, NULL);
+}
+
 int ddk_cpu_dflash_attention(const ddk_backend *be, const ddk_attention_shape *shape,
                              const float *q, const float *k, const float *v,
                              const int32_t *anchors, const uint8_t *keep, float *out, float *lse)

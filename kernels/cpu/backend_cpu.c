@@ -8,6 +8,7 @@
 #include "cpu_backend.h"
 
 #include <cblas.h>
+#include <pthread.h>
 #include <string.h>
 
 static void cpu_matmul(const ddk_backend *be, int trans_a, int trans_b,
@@ -51,6 +52,26 @@ const ddk_backend *ddk_backend_cpu(void)
 {
     cpu_backend.alloc = ddk_allocator_cpu();
     return &cpu_backend;
+}
+
+enum { CPU_RANKS = 64 };
+static ddk_backend rank_backends[CPU_RANKS];
+static pthread_once_t rank_once = PTHREAD_ONCE_INIT;
+
+static void rank_backends_init(void)
+{
+    for (int r = 0; r < CPU_RANKS; r++) {
+        rank_backends[r] = cpu_backend;
+        rank_backends[r].alloc = ddk_allocator_cpu_rank(r);
+    }
+}
+
+const ddk_backend *ddk_backend_cpu_rank(int rank)
+{
+    if (rank < 0 || rank >= CPU_RANKS)
+        return NULL;
+    pthread_once(&rank_once, rank_backends_init);
+    return &rank_backends[rank];
 }
 
 void ddk_cpu_set_threads(int threads)

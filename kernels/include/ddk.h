@@ -50,6 +50,10 @@ typedef struct ddk_alloc_stats {
 /* The process's host-memory device ("cpu"). Never NULL. */
 DDK_API ddk_allocator *ddk_allocator_cpu(void);
 
+/* The host memory of CPU data-parallel rank `rank` (0..63), "cpu:R": its own accounting and
+ * budget, as each GPU has. NULL for other ranks. */
+DDK_API ddk_allocator *ddk_allocator_cpu_rank(int rank);
+
 /* bytes on the allocator's device, 64-byte aligned; NULL (errno = ENOMEM) when the request
  * would pass the budget or the device is out of memory. bytes = 0 is refused (EINVAL). */
 DDK_API void *ddk_malloc(ddk_allocator *a, size_t bytes);
@@ -223,8 +227,15 @@ struct ddk_backend {
                             const float *q, const float *k, const float *v, float *out);
 };
 
+/* Bytes the CPU backend's DFlash attention takes while it runs (forward, or backward = 1):
+ * a function of B, nh / nkv and d only. -EINVAL for an invalid shape. The planner's figure. */
+DDK_API int64_t ddk_attention_workspace_bytes(const ddk_attention_shape *shape, int backward);
+
 /* The CPU backend: complete, the reference for every other backend. */
 DDK_API const ddk_backend *ddk_backend_cpu(void);
+/* The CPU backend of data-parallel rank `rank`: the same ops on ddk_allocator_cpu_rank(rank).
+ * NULL for ranks outside 0..63. */
+DDK_API const ddk_backend *ddk_backend_cpu_rank(int rank);
 
 /* Threads the CPU backend's matrix products use (the BLAS's pool); <= 0 leaves it as is. */
 DDK_API void ddk_cpu_set_threads(int threads);

@@ -16,9 +16,10 @@ state and the logits.
 
 Everything is computed in `dtype` (float64 for the oracle; float32 only to emulate an fp32
 implementation when checking the harness and its tolerances). Read from the SPEC, never from
-the C code. Used by tests/step_torch_check.py and tests/features_torch_check.py (which say how
-they are run); `python3 tests/oracle/reference.py` runs small self-checks (a finite difference
-of the drafter loss, a causality check of the target).
+the C code. Used by tests/step_torch_check.py, tests/features_torch_check.py and (the loss
+alone, loss_section1) tests/loss_torch_check.py, which say how they are run;
+`python3 tests/oracle/reference.py` runs small self-checks (a finite difference of the drafter
+loss, a causality check of the target).
 Dimension legend: S context length, A anchors, B block size, H hidden, V vocabulary,
 nh / nkv query / key-value heads, d head dim, I MLP width, L_t tapped layers.
 """
@@ -73,8 +74,9 @@ def attention(q, k, v, visible, nkv):
 def loss_section1(hs, ht, W, labels, weights, alpha, T, lam, Tc):
     """hs (n, H) student hidden (in the graph), ht (n, H) teacher hidden or None, W (V, H),
     labels (n,) long or None (teacher argmax), weights (n,). Returns a dict of tensors:
-    loss (in the graph), ce / kl / cap weighted means, weight_sum, correct, counted, and the
-    per-position labels, student and teacher logits (for the fixtures' near-tie checks)."""
+    loss (in the graph), ce / kl / cap weighted means, weight_sum, correct, counted, the
+    per-position loss l_i (0 where not counted), and the per-position labels, student and
+    teacher logits (for the fixtures' near-tie checks)."""
     n = hs.shape[0]
     zs = hs @ W.T                                                                 # (n, V)
     zt = None if ht is None else (ht @ W.T).detach()                              # (n, V)
@@ -110,8 +112,9 @@ def loss_section1(hs, ht, W, labels, weights, alpha, T, lam, Tc):
         means = [0.0, 0.0, 0.0]
     return {"loss_t": loss, "loss": float(loss), "ce": means[0], "kl": means[1],
             "cap": means[2], "weight_sum": float(wsum), "counted": counted,
-            "correct": int(((c > 0) & keep).sum()), "labels": y.detach(), "keep": keep,
-            "zs": zs.detach(), "zt": zt}
+            "correct": int(((c > 0) & keep).sum()),
+            "per_position": torch.where(keep, l, torch.zeros_like(l)).detach(),
+            "labels": y.detach(), "keep": keep, "zs": zs.detach(), "zt": zt}
 
 
 # ------------------------------------------------------------------------------------------

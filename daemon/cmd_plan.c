@@ -1,0 +1,68 @@
+/* cmd_plan.c: `ddtreed plan CONFIG.json [--budget BYTES] [--json]`: the memory plan of a run
+ * without starting it (planner.h). The target's shape comes from the target itself (hf:
+ * config.json; shards: the first shard's metadata when readable) or, for synthetic targets
+ * and shards not at hand, from the config's target.* shape fields.
+ * Tested by tests/test_train_cli.sh (every example must pass it).
+ */
+#include "commands.h"
+#include "model_config.h"
+#include "planner.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PLAN_USAGE "usage: ddtreed plan CONFIG.json [--budget BYTES] [--json]\n"
+
+int ddt_cmd_plan(int argc, char **argv)
+{
+    const char *config = NULL;
+    int64_t budget = 0;
+    int json = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--json"))
+            json = 1;
+        else if (!strcmp(argv[i], "--budget") && i + 1 < argc && !ddt_parse_count(argv[i + 1], &budget))
+            i++;
+        else if (argv[i][0] != '-' && !config)
+            config = argv[i];
+        else {
+            fprintf(stderr, "ddtreed plan: %s: not understood (--budget wants a number of bytes)\n" PLAN_USAGE,
+                    argv[i]);
+            return 2;
+        }
+    }
+    if (!config) {
+        fputs(PLAN_USAGE, stderr);
+        return 2;
+    }
+    char err[2048] = "", field[160] = "";
+    char *text = ddt_read_text_file(config, 1 << 20, err, sizeof err);
+    ddt_run_config c;
+    int rc = text ? ddt_run_config_parse(text, strlen(text), &c, err, sizeof err, field, sizeof field) : -EINVAL;
+    free(text);
+    int64_t hidden = 0, vocab = 0, layers = 0;
+    int tied = 0;
+    if (rc == 0)
+        rc = ddt_run_config_target_shape(&c, &hidden, &vocab, &layers, &tied, err, sizeof err);
+    if (rc == 0)
+        rc = ddt_run_config_resolve(&c, hidden, vocab, layers, err, sizeof err);
+    ddt_memory_plan plan;
+    if (rc == 0)
+        rc = ddt_plan(&c, budget, tied, &plan);
+    if (rc) {
+        fprintf(stderr, "ddtreed plan: %s: %s\n", config, err);
+        ddt_run_config_free(&c);
+        return 1;
+    }
+    if (json) {
+        char *out = ddt_plan_json(&c, &plan);
+        printf("%s\n", out);
+        free(out);
+    } else {
+        ddt_plan_print(&c, &plan, stdout);
+    }
+    ddt_run_config_free(&c);
+    return plan.fits ? 0 : 1;
+}

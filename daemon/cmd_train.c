@@ -1,0 +1,210 @@
+/* cmd_train.c: `ddtreed train` (one run in the foreground, writing exactly what the daemon
+ * writes: DIR/ddtree.db and DIR/runs/<id>/) and `ddtreed train --resume`.
+ *
+ *   ddtreed train CONFIG.json --state-dir DIR [--stop-after N]
+ *   ddtreed train --resume DIR [--run ID] [--stop-after N]
+ *
+ * A live progress line (step, loss, tok/s, peak memory, ETA), acceptance every
+ * eval.every_steps, checkpoints every checkpoint.every_steps and at the end, the serving
+ * export of the final weights in runs/<id>/export, then a summary.
+ * Tested by tests/test_train_cli.sh (through scripts/test) and scripts/demo.
+ */
+#include "commands.h"
+#include "model_config.h"
+#include "trainer.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define TRAIN_USAGE                                                                 \
+    "usage: ddtreed train CONFIG.json --state-dir DIR [--stop-after N]\n"          \
+    "       ddtreed train --resume DIR [--run ID] [--stop-after N]\n"
+
+static int64_t wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* the newest run directory under DIR/runs (by name: ids start with their UTC time) */
+static int newest_run(const char *state_dir, char *id, size_t len)
+{
+    char path[2100];
+    snprintf(path, sizeof path, "%s/runs", state_dir);
+    DIR *d = opendir(path);
+    if (!d)
+        return -ENOENT;
+    *id = '\0';
+    for (struct dirent *e; (e = readdir(d));)
+        if (e->d_name[0] != '.' && strcmp(e->d_name, id) > 0)
+            snprintf(id, len, "%s", e->d_name);
+    closedir(d);
+    return *id ? 0 : -ENOENT;
+}
+
+static void print_eval(const ddt_acceptance *a, int64_t step, FILE *out)
+{
+    fprintf(out, "eval at step %lld: tau_chain %.3f", (long long)step, ddt_acceptance_tau_chain(a));
+    for (int i = 0; i < a->n_budgets; i++)
+        fprintf(out, ", tau_tree(%lld) %.3f", (long long)a->budgets[i], ddt_acceptance_tau_tree(a, i));
+    fprintf(out, ", acc_1 %.3f (%lld blocks)\n", ddt_acceptance_acc(a, 1), (long long)a->blocks);
+}
+
+static void format_eta(double seconds, char *out, size_t len)
+{
+    long s = seconds > 0 && seconds < 1e9 ? (long)seconds : 0;
+    if (s >= 3600)
+        snprintf(out, len, "%ldh%02ldm", s / 3600, s / 60 % 60);
+    else
+        snprintf(out, len, "%ldm%02lds", s / 60, s % 60);
+}
+
+int ddt_cmd_train(int argc, char **argv)
+{
+    const char *config = NULL, *state_dir = NULL, *resume = NULL, *run = NULL;
+    int64_t stop_after = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(k, "--help")) {
+            fputs(TRAIN_USAGE, stdout);
+            return 0;
+        }
+        if (k[0] != '-' && !config) {
+            config = k;
+            continue;
+        }
+        const char **slot = !strcmp(k, "--state-dir") ? &state_dir : !strcmp(k, "--resume") ? &resume
+                          : !strcmp(k, "--run") ? &run : NULL;
+        if (!strcmp(k, "--stop-after") && v && !ddt_parse_count(v, &stop_after) && stop_after > 0) {
+            i++;
+            continue;
+        }
+        if (!slot || !v) {
+            fprintf(stderr, "ddtreed train: %s %s\n" TRAIN_USAGE, k,
+                    !strcmp(k, "--stop-after") ? "wants a positive integer" : v ? "is not an option" : "needs a value");
+            return 2;
+        }
+        *slot = v;
+        i++;
+    }
+    if (resume ? (config || state_dir) : (!config || !state_dir)) {
+        fprintf(stderr, "ddtreed train: give CONFIG.json and --state-dir, or --resume DIR\n" TRAIN_USAGE);
+        return 2;
+    }
+    if (resume)
+        state_dir = resume;
+
+    char err[2048] = "", field[160] = "", run_id[256] = "";
+    char *json = NULL;
+    if (!resume && !(json = ddt_read_text_file(config, 1 << 20, err, sizeof err))) {
+        fprintf(stderr, "ddtreed train: %s\n", err);
+        return 1;
+    }
+    if (resume && !run && newest_run(state_dir, run_id, sizeof run_id)) {
+        fprintf(stderr, "ddtreed train: %s/runs holds no run to resume\n", state_dir);
+        return 1;
+    }
+    if (mkdir(state_dir, 0750) && errno != EEXIST) {
+        fprintf(stderr, "ddtreed train: cannot create %s: %s\n", state_dir, strerror(errno));
+        free(json);
+        return 1;
+    }
+    char db[2100];
+    snprintf(db, sizeof db, "%s/ddtree.db", state_dir);
+    ddt_store *store = NULL;
+    int rc = ddt_store_open(db, &store, err, sizeof err);
+    ddt_trainer *t = NULL;
+    if (!rc)
+        rc = ddt_trainer_open(json ? json : "", json ? strlen(json) : 0, state_dir,
+                              resume ? (run ? run : run_id) : NULL, store, &t, err, sizeof err,
+                              field, sizeof field);
+    free(json);
+    if (rc) {
+        fprintf(stderr, "ddtreed train: %s%s%s\n", config && *field ? config : "", config && *field ? ": " : "", err);
+        if (store)
+            ddt_store_close(store);
+        return 1;
+    }
+
+    const ddt_run_config *c = ddt_trainer_config(t);
+    const ddt_memory_plan *plan = ddt_trainer_plan(t);
+    fprintf(stderr, "run %s (%s): %lld steps, %lld sequences x %lld tokens per step, %lld rank(s); "
+            "predicted peak %.1f MB per rank\n", ddt_trainer_run_id(t), c->name, (long long)c->steps,
+            (long long)c->sequences_per_step, (long long)c->seq_len, (long long)c->ranks, plan->peak / 1e6);
+    int tty = isatty(2);
+    double first_loss = -1, last_loss = 0, tok_s = 0, elapsed = 0;
+    int64_t peak = 0, done_here = 0;
+    ddt_acceptance acc;
+    int have_eval = 0;
+    ddt_step_record rec;
+    while (rc == 0 && ddt_trainer_step_count(t) < c->steps && (!stop_after || done_here < stop_after)) {
+        if ((rc = ddt_trainer_step(t, &rec, err, sizeof err)))
+            break;
+        done_here++;
+        first_loss = first_loss < 0 ? rec.loss : first_loss;
+        last_loss = rec.loss;
+        elapsed += rec.step_ms / 1e3;
+        tok_s = rec.tokens * done_here / elapsed;
+        peak = rec.peak_bytes > peak ? rec.peak_bytes : peak;
+        char eta[32];
+        format_eta((double)(c->steps - rec.step) * elapsed / (double)done_here, eta, sizeof eta);
+        int64_t every = c->steps / 20 > 0 ? c->steps / 20 : 1;
+        if (tty || rec.step % every == 0 || rec.step == c->steps)
+            fprintf(stderr, "%sstep %lld/%lld  loss %.4f  acc %.3f  %.0f tok/s  peak %.1f MB  chunk %lld%s  eta %s%s",
+                    tty ? "\r" : "", (long long)rec.step, (long long)c->steps, rec.loss, rec.acc,
+                    rec.tokens_per_s, rec.peak_bytes / 1e6, (long long)rec.chunk,
+                    rec.vocab_tile ? " (tiled)" : "", eta, tty ? "   " : "\n");
+        int last = rec.step == c->steps || (stop_after && done_here == stop_after);
+        if (rec.step % c->eval_every == 0 || last) {
+            if (tty)
+                fputc('\n', stderr);
+            if ((rc = ddt_trainer_eval(t, &acc, err, sizeof err)))
+                break;
+            have_eval = 1;
+            print_eval(&acc, rec.step, stderr);
+        }
+        if (rec.step % c->checkpoint_every == 0 || last)
+            rc = ddt_trainer_checkpoint(t, err, sizeof err);
+    }
+    char export_dir[2200];
+    snprintf(export_dir, sizeof export_dir, "%s/export", ddt_trainer_run_dir(t));
+    int finished = rc == 0 && ddt_trainer_step_count(t) >= c->steps;
+    if (finished)
+        rc = ddt_trainer_export(t, export_dir, err, sizeof err);
+    const char *state = rc ? "failed" : finished ? "completed" : "paused";
+    ddt_store_run_update(store, ddt_trainer_run_id(t), state, ddt_trainer_step_count(t), -1, wall_ms(), -1,
+                         finished || rc ? wall_ms() : -1, rc ? err : NULL);
+    ddt_store_event(store, ddt_trainer_run_id(t), wall_ms(), "state", finished ? "{\"state\": \"completed\"}"
+                    : rc ? "{\"state\": \"failed\"}" : "{\"state\": \"paused\"}");
+    ddt_store_close(store);
+
+    if (rc)
+        fprintf(stderr, "ddtreed train: %s\n", err);
+    printf("\nrun %s %s at step %lld of %lld\n", ddt_trainer_run_id(t), state,
+           (long long)ddt_trainer_step_count(t), (long long)c->steps);
+    if (done_here) {
+        printf("  loss          %.4f -> %.4f over %lld steps here\n", first_loss, last_loss, (long long)done_here);
+        printf("  throughput    %.0f tokens/s (%lld rank(s))\n", tok_s, (long long)c->ranks);
+        printf("  peak memory   %.1f MB per rank (predicted %.1f MB)\n", peak / 1e6, plan->peak / 1e6);
+    }
+    if (have_eval) {
+        printf("  acceptance    tau_chain %.3f", ddt_acceptance_tau_chain(&acc));
+        for (int i = 0; i < acc.n_budgets; i++)
+            printf(", tau_tree(%lld) %.3f", (long long)acc.budgets[i], ddt_acceptance_tau_tree(&acc, i));
+        printf("\n");
+    }
+    printf("  database      %s\n  checkpoints   %s/checkpoints\n", db, ddt_trainer_run_dir(t));
+    if (finished)
+        printf("  export        %s\n", export_dir);
+    else if (!rc)
+        printf("  resume with   ddtreed train --resume %s --run %s\n", state_dir, ddt_trainer_run_id(t));
+    ddt_trainer_close(t);
+    return rc ? 1 : 0;
+}

@@ -1,0 +1,38 @@
+/* acceptance.h: what users want from a drafter (SPEC.md section 6), from its per-slot
+ * distributions over held-out blocks: acc_k, the chain acceptance length tau_chain and the
+ * DDTree acceptance length tau_tree(K) for node budgets K (best-first tree over the per-slot
+ * top-K log-probabilities, walked along the labels).
+ * Tested by tests/test_acceptance.c (hand-made distributions with known answers).
+ */
+#ifndef DDT_ACCEPTANCE_H
+#define DDT_ACCEPTANCE_H
+
+#include <stdint.h>
+
+enum { DDT_MAX_BUDGETS = 8, DDT_MAX_SLOTS = 256 };
+
+typedef struct ddt_acceptance {
+    int n_budgets;
+    int64_t budgets[DDT_MAX_BUDGETS];       /* node budgets K, as configured */
+    int64_t blocks;                         /* blocks accumulated */
+    int64_t slot_count[DDT_MAX_SLOTS];      /* slots k with a valid label */
+    int64_t slot_correct[DDT_MAX_SLOTS];    /* of those, argmax == label */
+    double chain_sum;                       /* sum over blocks of the accepted chain length */
+    double tree_sum[DDT_MAX_BUDGETS];       /* sum over blocks of the accepted tree depth */
+} ddt_acceptance;
+
+void ddt_acceptance_init(ddt_acceptance *a, const int64_t *budgets, int n_budgets);
+
+/* One block of B slots: logits (B, V) of the drafter (row 0, the anchor's slot, unused);
+ * labels (B): the token slot k must predict, < 0 where invalid (past the end or masked).
+ * A block whose slot-1 label is invalid is not counted. */
+void ddt_acceptance_add_block(ddt_acceptance *a, const float *logits, int64_t B, int64_t V,
+                              const int32_t *labels);
+
+/* Results: acc_k = slot_correct[k] / slot_count[k]; tau_chain = 1 + chain_sum / blocks;
+ * tau_tree[i] = 1 + tree_sum[i] / blocks (all 1 when no block was counted). */
+double ddt_acceptance_acc(const ddt_acceptance *a, int64_t k);
+double ddt_acceptance_tau_chain(const ddt_acceptance *a);
+double ddt_acceptance_tau_tree(const ddt_acceptance *a, int i);
+
+#endif

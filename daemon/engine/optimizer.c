@@ -1,0 +1,124 @@
+/* optimizer.c: AdamW for the drafter (SPEC.md section 2): global L2-norm gradient clipping,
+ * bias-corrected moments, decoupled weight decay on every parameter except the RMSNorm gains
+ * (ddt_param.is_norm), and the learning-rate schedule below. Plain C loops over float32
+ * that gcc vectorises at -O3; only the norm is accumulated in float64.
+ * Not here: mixed precision, parameter groups other than "norm or not", the checkpoint I/O of
+ * the state (checkpoint.c stores ddt_adamw_state as is).
+ * Tested by tests/test_optimizer.c (against a float64 reference of the schedule and update).
+ *
+ * The schedule, for update number s = 0, 1, 2, ... (W = warmup_steps, T = total_steps):
+ *   s < W:                 lr(s) = lr * (s + 1) / W        (lr/W at s = 0, lr at s = W - 1)
+ *   s >= W, T <= W:        lr(s) = lr                      (no decay phase configured)
+ *   s >= W, T > W:         lr(s) = lr * (1 + cos(pi * min(1, (s - W) / (T - W)))) / 2
+ *                                                          (lr at s = W, 0 at s >= T)
+ * W <= 0 means no warm-up; a negative s is taken as 0.
+ *
+ * One update, with g the gradient after clipping (g *= grad_clip / norm when grad_clip > 0 and
+ * norm > grad_clip, norm the float64 global L2 norm over every parameter of the table),
+ * t = step + 1, wd = weight_decay (0 for is_norm parameters):
+ *   m = beta1 m + (1 - beta1) g;   v = beta2 v + (1 - beta2) g^2
+ *   w -= lr(step) * (m / (1 - beta1^t) / (sqrt(v / (1 - beta2^t)) + eps) + wd * w)
+ *
+ * Legend: total = floats in all parameters (the drafter's one contiguous buffer).
+ */
+#include "optimizer.h"
+
+#include <math.h>
+
+/* ------------------------------------------------------------------------------------------
+ * Schedule and norm
+ */
+
+double ddt_adamw_lr(const ddt_adamw_config *c, int64_t step)
+{
+    if (step < 0)
+        step = 0;
+    if (c->warmup_steps > 0 && step < c->warmup_steps)
+        return c->lr * (double)(step + 1) / (double)c->warmup_steps;
+    int64_t warmup = c->warmup_steps > 0 ? c->warmup_steps : 0;
+    if (c->total_steps <= warmup)
+        return c->lr;
+    const double pi = 3.14159265358979323846;
+    double progress = (double)(step - warmup) / (double)(c->total_steps - warmup);
+    if (progress >= 1.0)
+        return 0.0;
+    return c->lr * 0.5 * (1.0 + cos(pi * progress));
+}
+
+/* Sum of squares in float64. Eight independent accumulators: gcc does not reorder a single
+ * floating-point sum (no -ffast-math here), but vectorises these lanes, and the result is the
+ * same on every build. */
+static double sum_squares(const float *x, int64_t count)
+{
+    enum { lanes = 8 };
+    double acc[lanes] = { 0 };
+    int64_t i = 0;
+    for (; i + lanes <= count; i += lanes)
+        for (int k = 0; k < lanes; k++)
+            acc[k] += (double)x[i + k] * (double)x[i + k];
+    double sum = 0;
+    for (; i < count; i++)
+        sum += (double)x[i] * (double)x[i];
+    for (int k = 0; k < lanes; k++)
+        sum += acc[k];
+    return sum;
+}
+
+double ddt_grad_norm(const float *grads, int64_t total)
+{
+    return total > 0 ? sqrt(sum_squares(grads, total)) : 0.0;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * The update
+ */
+
+/* One parameter tensor: clip-scale g in place, then the AdamW step. Scalars arrive in float
+ * so that the loop is all float32; restrict because w, g, m, v never alias. gcc vectorises it
+ * at -O3 only because this file is built with -fno-math-errno (daemon/CMakeLists.txt): with
+ * errno, every sqrtf carries a branch to libm. v >= 0, so errno would never be set anyway. */
+static void adamw_tensor(float *restrict w, float *restrict g, float *restrict m, float *restrict v,
+                         int64_t count, float grad_scale, float beta1, float one_minus_beta1, float beta2,
+                         float one_minus_beta2, float inv_bc1, float inv_bc2, float eps, float lr,
+                         float lr_wd)
+{
+    for (int64_t i = 0; i < count; i++) {
+        float gi = g[i] * grad_scale;
+        g[i] = gi;
+        float mi = beta1 * m[i] + one_minus_beta1 * gi;
+        float vi = beta2 * v[i] + one_minus_beta2 * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        float direction = (mi * inv_bc1) / (sqrtf(vi * inv_bc2) + eps);
+        w[i] -= lr * direction + lr_wd * w[i];
+    }
+}
+
+double ddt_adamw_update(const ddt_adamw_config *c, const ddt_param *table, int count,
+                        float *params, float *grads, ddt_adamw_state *state, double *lr_out)
+{
+    double sum = 0;
+    for (int p = 0; p < count; p++)
+        sum += sum_squares(grads + table[p].offset, table[p].numel);
+    double norm = sqrt(sum);
+    double grad_scale = 1.0;
+    if (c->grad_clip > 0 && norm > c->grad_clip)
+        grad_scale = c->grad_clip / norm;
+
+    double lr = ddt_adamw_lr(c, state->step);
+    double t = (double)(state->step + 1);
+    double inv_bc1 = 1.0 / (1.0 - pow(c->beta1, t));
+    double inv_bc2 = 1.0 / (1.0 - pow(c->beta2, t));
+    for (int p = 0; p < count; p++) {
+        const ddt_param *param = &table[p];
+        double wd = param->is_norm ? 0.0 : c->weight_decay;
+        int64_t o = param->offset;
+        adamw_tensor(params + o, grads + o, state->m + o, state->v + o, param->numel, (float)grad_scale,
+                     (float)c->beta1, (float)(1.0 - c->beta1), (float)c->beta2, (float)(1.0 - c->beta2),
+                     (float)inv_bc1, (float)inv_bc2, (float)c->eps, (float)lr, (float)(lr * wd));
+    }
+    state->step++;
+    if (lr_out)
+        *lr_out = lr;
+    return norm;
+}

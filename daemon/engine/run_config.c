@@ -1,0 +1,483 @@
+/* run_config.c: the run configuration's one table, its parser and its checks (run_config.h).
+ * The table is the single statement of every field: JSON path, type, default, bounds, help.
+ * Tested by tests/test_run_config.c.
+ */
+#include "run_config.h"
+#include "safetensors.h"
+#include "target.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef enum field_type { F_INT, F_F32, F_F64, F_BOOL, F_STR, F_ENUM, F_LIST } field_type;
+
+typedef struct config_field {
+    const char *path;       /* JSON path, e.g. "train.lr" */
+    field_type type;
+    size_t offset;          /* of the value in ddt_run_config */
+    double dflt, lo, hi;    /* numbers (F_INT, F_F32, F_F64, F_BOOL) */
+    const char *text;       /* F_STR: default; F_ENUM: "a|b|c" (dflt is the default's index) */
+    size_t size;            /* F_STR: buffer size */
+    const char *help;
+} config_field;
+
+#define OFF(member) offsetof(ddt_run_config, member)
+#define BIG 9.0e15   /* integers up to 2^53: exact in JSON's doubles */
+
+/* F_LIST fields are parsed by parse_list() by path. */
+static const config_field fields[] = {
+    { "name", F_STR, OFF(name), 0, 0, 0, "run", DDT_RUN_NAME, "a name for people; runs are identified by id" },
+    { "target.kind", F_ENUM, OFF(target_kind), 0, 0, 0, "synthetic|hf|shards", 0,
+      "synthetic: a seeded random target that generates its own data; hf: a llama/qwen3 directory; shards: feature shards" },
+    { "target.path", F_STR, OFF(target_path), 0, 0, 0, "", DDT_RUN_PATH,
+      "hf: the model directory; shards: the directory embed_tokens and lm_head are read from" },
+    { "target.tokens", F_STR, OFF(target_tokens), 0, 0, 0, "", DDT_RUN_PATH,
+      "hf: a token file (safetensors input_ids + offsets); empty: the target generates the data" },
+    { "target.shards", F_LIST, 0, 0, 0, 0, NULL, 0, "shards: the feature shard files (SPEC.md section 4)" },
+    { "target.hidden_size", F_INT, OFF(synthetic.hidden), 64, 2, 65536, NULL, 0, "synthetic: H" },
+    { "target.num_hidden_layers", F_INT, OFF(synthetic.layers), 4, 1, DDT_MAX_TARGET_LAYERS, NULL, 0, "synthetic: layers" },
+    { "target.num_attention_heads", F_INT, OFF(synthetic.heads), 4, 1, 1024, NULL, 0, "synthetic: query heads" },
+    { "target.num_key_value_heads", F_INT, OFF(synthetic.kv_heads), 2, 1, 1024, NULL, 0, "synthetic: key/value heads" },
+    { "target.head_dim", F_INT, OFF(synthetic.head_dim), 16, 2, 1024, NULL, 0, "synthetic: head dim (even)" },
+    { "target.intermediate_size", F_INT, OFF(synthetic.intermediate), 172, 1, 1 << 20, NULL, 0, "synthetic: MLP width" },
+    { "target.vocab_size", F_INT, OFF(synthetic.vocab), 512, 2, 1 << 24, NULL, 0, "synthetic: vocabulary" },
+    { "target.temperature", F_F32, OFF(temperature), 1.0, 0, 100, NULL, 0, "generated data: sampling temperature (0: greedy)" },
+    { "target.top_p", F_F32, OFF(top_p), 0.95, 1e-9, 1, NULL, 0, "generated data: nucleus mass" },
+
+    { "drafter.num_hidden_layers", F_INT, OFF(drafter.layers), 2, 1, DDT_MAX_LAYERS, NULL, 0, "drafter layers" },
+    { "drafter.num_attention_heads", F_INT, OFF(drafter.heads), 4, 1, 1024, NULL, 0, "query heads" },
+    { "drafter.num_key_value_heads", F_INT, OFF(drafter.kv_heads), 2, 1, 1024, NULL, 0, "key/value heads" },
+    { "drafter.head_dim", F_INT, OFF(drafter.head_dim), 16, 2, 1024, NULL, 0, "head dim (even)" },
+    { "drafter.intermediate_size", F_INT, OFF(drafter.intermediate), 172, 1, 1 << 20, NULL, 0, "MLP width" },
+    { "drafter.layer_types", F_LIST, 0, 0, 0, 0, NULL, 0,
+      "per layer \"full_attention\" or \"sliding_attention\" (default: all full)" },
+    { "drafter.sliding_window", F_INT, OFF(drafter.sliding_window), 2048, 1, 1 << 30, NULL, 0, "Wn of sliding layers" },
+    { "drafter.block_size", F_INT, OFF(drafter.block_size), 16, 2, 256, NULL, 0, "B: slots per block" },
+    { "drafter.target_layer_ids", F_LIST, 0, 0, 0, 0, NULL, 0, "\"auto\" (SPEC.md section 3) or a list of target layer ids" },
+    { "drafter.mask_token_id", F_INT, OFF(mask_token_id), -1, 0, 1 << 30, NULL, 0, "the mask token (default: vocab - 1)" },
+    { "drafter.rope_theta", F_F32, OFF(drafter.rope_theta), 10000.0, 1, 1e12, NULL, 0, "RoPE base" },
+    { "drafter.rms_norm_eps", F_F32, OFF(drafter.rms_norm_eps), 1e-6, 1e-12, 1, NULL, 0, "RMSNorm epsilon" },
+
+    { "train.steps", F_INT, OFF(steps), 1000, 1, 1e12, NULL, 0, "optimiser steps" },
+    { "train.sequences_per_step", F_INT, OFF(sequences_per_step), 4, 1, 1 << 20, NULL, 0, "global batch, in sequences" },
+    { "train.seq_len", F_INT, OFF(seq_len), 128, 2, 1 << 24, NULL, 0, "S: tokens per sequence" },
+    { "train.max_anchors", F_INT, OFF(max_anchors), 16, 1, 1 << 20, NULL, 0, "A: blocks per sequence" },
+    { "train.heldout", F_INT, OFF(heldout), 32, 0, 1 << 20, NULL, 0, "sequences kept apart for acceptance" },
+    { "train.gamma", F_F32, OFF(gamma), 10.0, 1e-6, 1e6, NULL, 0, "slot weight decay exp(-(k-1)/gamma)" },
+    { "train.noise_std", F_F32, OFF(noise_std), 0.0, 0, 100, NULL, 0, "uniform feature noise U(-s, s)" },
+    { "train.ce_target", F_ENUM, OFF(ce_target_teacher), 1, 0, 0, "data|teacher", 0,
+      "CE labels: the teacher's argmax, or the data's next token" },
+    { "train.lr", F_F64, OFF(lr), 6e-4, 0, 10, NULL, 0, "peak learning rate" },
+    { "train.warmup_fraction", F_F64, OFF(warmup_fraction), 0.04, 0, 1, NULL, 0, "linear warm-up, as a fraction of steps" },
+    { "train.weight_decay", F_F64, OFF(weight_decay), 0.0, 0, 10, NULL, 0, "AdamW decoupled decay (not on norms)" },
+    { "train.grad_clip", F_F64, OFF(grad_clip), 1.0, 0, 1e9, NULL, 0, "global L2 norm clip (0: none)" },
+    { "train.seed", F_INT, OFF(seed), 0, 0, BIG, NULL, 0, "seeds initialisation, data and anchors" },
+
+    { "loss.kl_weight", F_F32, OFF(kl_weight), 0.15, 0, 1, NULL, 0, "alpha" },
+    { "loss.kl_temperature", F_F32, OFF(kl_temperature), 1.0, 1e-6, 1e6, NULL, 0, "T" },
+    { "loss.cap_weight", F_F32, OFF(cap_weight), 0.0, 0, 1e6, NULL, 0, "lambda (CAP)" },
+    { "loss.cap_temperature", F_F32, OFF(cap_temperature), 1.0, 1e-6, 1e6, NULL, 0, "Tc" },
+    { "loss.chunk", F_INT, OFF(chunk), 4096, 1, BIG, NULL, 0, "positions per loss chunk" },
+    { "loss.vocab_tile", F_INT, OFF(vocab_tile), 0, 0, BIG, NULL, 0, "0: whole vocabulary per chunk; > 0: streamed tiles" },
+    { "loss.auto_rechunk", F_BOOL, OFF(auto_rechunk), 1, 0, 1, NULL, 0, "halve chunk (then tile) when a step runs out of memory" },
+
+    { "devices", F_LIST, 0, 0, 0, 0, NULL, 0, "\"all\" or a number of data-parallel ranks" },
+    { "memory.budget_bytes", F_LIST, 0, 0, 0, 0, NULL, 0, "null, or a per-device budget in bytes" },
+    { "checkpoint.every_steps", F_INT, OFF(checkpoint_every), 500, 1, BIG, NULL, 0, "steps between checkpoints" },
+    { "checkpoint.keep", F_INT, OFF(checkpoint_keep), 3, 1, 1000, NULL, 0, "checkpoints kept" },
+    { "eval.every_steps", F_INT, OFF(eval_every), 200, 1, BIG, NULL, 0, "steps between acceptance evaluations" },
+    { "eval.sequences", F_INT, OFF(eval_sequences), 32, 0, 1 << 20, NULL, 0, "held-out sequences per evaluation" },
+    { "eval.tree_budgets", F_LIST, 0, 0, 0, 0, NULL, 0, "DDTree node budgets K (default [16, 64])" },
+};
+enum { FIELD_COUNT = sizeof fields / sizeof fields[0] };
+
+typedef struct parse_ctx {
+    ddt_run_config *c;
+    char *err, *field;
+    size_t err_len, field_len;
+} parse_ctx;
+
+static int fail(const parse_ctx *p, const char *path, const char *fmt, const char *detail)
+{
+    snprintf(p->field, p->field_len, "%s", path);
+    char what[400];
+    snprintf(what, sizeof what, fmt, detail);
+    snprintf(p->err, p->err_len, "%s%s%s", path, *path ? ": " : "", what);
+    return -EINVAL;
+}
+
+static const config_field *find(const char *path)
+{
+    for (int i = 0; i < FIELD_COUNT; i++)
+        if (!strcmp(fields[i].path, path))
+            return &fields[i];
+    return NULL;
+}
+
+static int is_prefix(const char *path)   /* an object level of the table: "train", "loss"... */
+{
+    size_t n = strlen(path);
+    for (int i = 0; i < FIELD_COUNT; i++)
+        if (!strncmp(fields[i].path, path, n) && fields[i].path[n] == '.')
+            return 1;
+    return 0;
+}
+
+static void apply_defaults(ddt_run_config *c)
+{
+    memset(c, 0, sizeof *c);
+    for (int i = 0; i < FIELD_COUNT; i++) {
+        const config_field *f = &fields[i];
+        void *at = (char *)c + f->offset;
+        switch (f->type) {
+        case F_INT: *(int64_t *)at = (int64_t)f->dflt; break;
+        case F_F32: *(float *)at = (float)f->dflt; break;
+        case F_F64: *(double *)at = f->dflt; break;
+        case F_BOOL: *(int *)at = f->dflt != 0; break;
+        case F_STR: snprintf(at, f->size, "%s", f->text); break;
+        case F_ENUM: *(int *)at = (int)f->dflt; break;
+        case F_LIST: break;
+        }
+    }
+    c->taps_auto = 1;
+    c->ranks = 1;
+    c->n_budgets = 2;
+    c->tree_budgets[0] = 16;
+    c->tree_budgets[1] = 64;
+}
+
+static int parse_enum(const parse_ctx *p, const config_field *f, const cJSON *v, int *out)
+{
+    const char *s = cJSON_GetStringValue(v);
+    int index = 0;
+    for (const char *choice = f->text; s && *choice; index++) {
+        size_t n = strcspn(choice, "|");
+        if (strlen(s) == n && !strncmp(s, choice, n)) {
+            *out = index;
+            return 0;
+        }
+        choice += n + (choice[n] == '|');
+    }
+    return fail(p, f->path, "must be one of %s", f->text);
+}
+
+static int parse_value(const parse_ctx *p, const config_field *f, const cJSON *v)
+{
+    void *at = (char *)p->c + f->offset;
+    char bounds[120];
+    switch (f->type) {
+    case F_INT:
+    case F_F32:
+    case F_F64: {
+        double x = cJSON_IsNumber(v) ? v->valuedouble : NAN;
+        snprintf(bounds, sizeof bounds, "%s in [%g, %g]", f->type == F_INT ? "an integer" : "a number", f->lo, f->hi);
+        if (!isfinite(x) || x < f->lo || x > f->hi || (f->type == F_INT && x != floor(x)))
+            return fail(p, f->path, "must be %s", bounds);
+        if (f->type == F_INT)
+            *(int64_t *)at = (int64_t)x;
+        else if (f->type == F_F32)
+            *(float *)at = (float)x;
+        else
+            *(double *)at = x;
+        return 0;
+    }
+    case F_BOOL:
+        if (!cJSON_IsBool(v))
+            return fail(p, f->path, "must be %s", "true or false");
+        *(int *)at = cJSON_IsTrue(v);
+        return 0;
+    case F_STR: {
+        const char *s = cJSON_GetStringValue(v);
+        if (!s || strlen(s) >= f->size)
+            return fail(p, f->path, "must be a string of at most %s characters", f->size == DDT_RUN_NAME ? "127" : "1023");
+        snprintf(at, f->size, "%s", s);
+        return 0;
+    }
+    case F_ENUM:
+        return parse_enum(p, f, v, at);
+    case F_LIST:
+        break;
+    }
+    return 0;
+}
+
+/* The fields whose JSON is not one scalar. */
+static int parse_list(const parse_ctx *p, const config_field *f, const cJSON *v)
+{
+    ddt_run_config *c = p->c;
+    const char *path = f->path;
+    int n = cJSON_IsArray(v) ? cJSON_GetArraySize(v) : -1;
+    if (!strcmp(path, "target.shards")) {
+        if (n < 1 || n > DDT_MAX_SHARDS)
+            return fail(p, path, "must be a list of 1 to %s shard files", "1024");
+        free(c->shards);
+        c->shards = calloc((size_t)n, sizeof *c->shards);
+        c->shard_count = n;
+        for (int i = 0; i < n; i++) {
+            const char *s = cJSON_GetStringValue(cJSON_GetArrayItem(v, i));
+            if (!s || !*s || strlen(s) >= DDT_RUN_PATH)
+                return fail(p, path, "entries must be %s", "file paths (non-empty strings)");
+            snprintf(c->shards[i], DDT_RUN_PATH, "%s", s);
+        }
+        return 0;
+    }
+    if (!strcmp(path, "drafter.layer_types")) {
+        if (n < 1 || n > DDT_MAX_LAYERS)
+            return fail(p, path, "must be a list of %s", "\"full_attention\" / \"sliding_attention\"");
+        for (int i = 0; i < n; i++) {
+            const char *s = cJSON_GetStringValue(cJSON_GetArrayItem(v, i));
+            if (!s || (strcmp(s, "full_attention") && strcmp(s, "sliding_attention")))
+                return fail(p, path, "entries must be %s", "\"full_attention\" or \"sliding_attention\"");
+            c->drafter.sliding[i] = !strcmp(s, "sliding_attention");
+        }
+        c->layer_types_count = n;   /* checked against num_hidden_layers after parsing */
+        return 0;
+    }
+    if (!strcmp(path, "drafter.target_layer_ids")) {
+        const char *s = cJSON_GetStringValue(v);
+        if (s && !strcmp(s, "auto")) {
+            c->taps_auto = 1;
+            return 0;
+        }
+        if (n < 1 || n > DDT_MAX_TAPS)
+            return fail(p, path, "must be \"auto\" or a list of 1 to %s layer ids", "64");
+        for (int i = 0; i < n; i++) {
+            const cJSON *x = cJSON_GetArrayItem(v, i);
+            if (!cJSON_IsNumber(x) || x->valuedouble != floor(x->valuedouble) || x->valuedouble < 0 ||
+                x->valuedouble > 4096)
+                return fail(p, path, "entries must be %s", "integer layer ids >= 0");
+            c->drafter.target_layer_ids[i] = (int32_t)x->valuedouble;
+        }
+        c->drafter.taps = n;
+        c->taps_auto = 0;
+        return 0;
+    }
+    if (!strcmp(path, "eval.tree_budgets")) {
+        if (n < 0 || n > DDT_MAX_EVAL_BUDGETS)
+            return fail(p, path, "must be a list of at most %s node budgets", "8");
+        for (int i = 0; i < n; i++) {
+            const cJSON *x = cJSON_GetArrayItem(v, i);
+            if (!cJSON_IsNumber(x) || x->valuedouble != floor(x->valuedouble) || x->valuedouble < 1 ||
+                x->valuedouble > 65536)
+                return fail(p, path, "entries must be %s", "integers in [1, 65536]");
+            c->tree_budgets[i] = (int64_t)x->valuedouble;
+        }
+        c->n_budgets = n;
+        return 0;
+    }
+    if (!strcmp(path, "devices")) {
+        const char *s = cJSON_GetStringValue(v);
+        if (s && !strcmp(s, "all")) {
+            c->ranks = 1;   /* the CPU backend: one rank; GPUs: all of them (CUDA backend) */
+            return 0;
+        }
+        if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < 1 ||
+            v->valuedouble > 64)
+            return fail(p, path, "must be %s", "\"all\" or a number of ranks in [1, 64]");
+        c->ranks = (int64_t)v->valuedouble;
+        return 0;
+    }
+    /* memory.budget_bytes */
+    if (cJSON_IsNull(v)) {
+        c->budget_bytes = 0;
+        return 0;
+    }
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < 1 || v->valuedouble > BIG)
+        return fail(p, path, "must be %s", "null or a positive number of bytes");
+    c->budget_bytes = (int64_t)v->valuedouble;
+    return 0;
+}
+
+static int parse_object(const parse_ctx *p, const cJSON *obj, const char *prefix)
+{
+    for (const cJSON *item = obj->child; item; item = item->next) {
+        char path[160];
+        snprintf(path, sizeof path, "%s%s%s", prefix, *prefix ? "." : "", item->string);
+        for (const cJSON *other = item->next; other; other = other->next)
+            if (!strcmp(other->string, item->string))
+                return fail(p, path, "appears %s in one object", "twice");
+        const config_field *f = find(path);
+        int rc;
+        if (!f && is_prefix(path)) {
+            if (!cJSON_IsObject(item))
+                return fail(p, path, "must be %s", "an object");
+            rc = parse_object(p, item, path);
+        } else if (!f) {
+            rc = fail(p, path, "is not a known field (%s)", "unknown keys are errors, not ignored");
+        } else {
+            rc = f->type == F_LIST ? parse_list(p, f, item) : parse_value(p, f, item);
+        }
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+/* Relations between fields, after parsing. */
+static int check_relations(const parse_ctx *p)
+{
+    ddt_run_config *c = p->c;
+    if (c->layer_types_count && c->layer_types_count != c->drafter.layers)
+        return fail(p, "drafter.layer_types", "must have one entry per drafter layer (%s)",
+                    "drafter.num_hidden_layers");
+    if (c->target_kind == DDT_SOURCE_HF && !*c->target_path)
+        return fail(p, "target.path", "is required for %s", "target.kind \"hf\" (the model directory)");
+    if (c->target_kind == DDT_SOURCE_SHARDS && (!*c->target_path || c->shard_count == 0))
+        return fail(p, c->shard_count ? "target.path" : "target.shards", "is required for %s",
+                    "target.kind \"shards\"");
+    if (c->drafter.heads % c->drafter.kv_heads || c->drafter.head_dim % 2)
+        return fail(p, "drafter.num_attention_heads", "must be a multiple of num_key_value_heads %s",
+                    "(and head_dim even)");
+    if (c->target_kind == DDT_SOURCE_SYNTHETIC &&
+        (c->synthetic.heads % c->synthetic.kv_heads || c->synthetic.head_dim % 2))
+        return fail(p, "target.num_attention_heads", "must be a multiple of num_key_value_heads %s",
+                    "(and head_dim even)");
+    if (c->max_anchors * c->drafter.block_size > (int64_t)1 << 30)
+        return fail(p, "train.max_anchors", "times block_size is %s", "too large");
+    return 0;
+}
+
+int ddt_run_config_parse(const char *json, size_t len, ddt_run_config *c, char *err,
+                         size_t err_len, char *field, size_t field_len)
+{
+    apply_defaults(c);
+    c->synthetic.rms_norm_eps = 1e-6f;
+    c->synthetic.rope_theta = 10000.0f;
+    *field = '\0';
+    parse_ctx p = { c, err, field, err_len, field_len };
+    char *text = malloc(len + 1);
+    if (!text)
+        return fail(&p, "", "no memory for a %s config", "run");
+    memcpy(text, json, len);
+    text[len] = '\0';
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(text, len + 1, &end, 1);
+    int rc;
+    if (!root) {
+        char where[64];
+        snprintf(where, sizeof where, "%ld", (long)(end ? end - text : 0));
+        rc = fail(&p, "", "the body is not valid JSON (near byte %s)", where);
+    } else if (!cJSON_IsObject(root)) {
+        rc = fail(&p, "", "the run config must be a JSON %s", "object");
+    } else {
+        rc = parse_object(&p, root, "");
+    }
+    if (rc == 0)
+        rc = check_relations(&p);
+    cJSON_Delete(root);
+    free(text);
+    if (rc)
+        ddt_run_config_free(c);
+    return rc;
+}
+
+void ddt_run_config_free(ddt_run_config *c)
+{
+    free(c->shards);
+    c->shards = NULL;
+    c->shard_count = 0;
+}
+
+int ddt_run_config_resolve(ddt_run_config *c, int64_t target_hidden, int64_t target_vocab,
+                           int64_t target_layers, char *err, size_t err_len)
+{
+    ddt_drafter_config *d = &c->drafter;
+    d->hidden = target_hidden;
+    d->vocab = target_vocab;
+    d->num_target_layers = target_layers;
+    if (c->taps_auto) {
+        if (target_layers < 1) {
+            snprintf(err, err_len, "drafter.target_layer_ids: \"auto\" needs the target's number of layers; "
+                     "give the list (shard targets do not say it)");
+            return -EINVAL;
+        }
+        d->taps = d->layers;
+        ddt_target_default_taps(target_layers, d->layers, d->target_layer_ids);
+    }
+    d->mask_token_id = (int32_t)(c->mask_token_id < 0 ? target_vocab - 1 : c->mask_token_id);
+    char why[512];
+    if (ddt_drafter_config_check(d, why, sizeof why)) {
+        snprintf(err, err_len, "drafter: %s", why);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+int ddt_run_config_target_shape(const ddt_run_config *c, int64_t *hidden, int64_t *vocab,
+                                int64_t *layers, int *tied, char *err, size_t err_len)
+{
+    *hidden = c->synthetic.hidden;
+    *vocab = c->synthetic.vocab;
+    *layers = c->synthetic.layers;
+    *tied = 0;
+    if (c->target_kind == DDT_SOURCE_HF) {
+        ddt_target_config t;
+        int rc = ddt_target_config_load(c->target_path, &t, err, err_len);
+        *hidden = t.hidden;
+        *vocab = t.vocab;
+        *layers = t.layers;
+        *tied = t.tie_word_embeddings;
+        return rc;
+    }
+    if (c->target_kind == DDT_SOURCE_SHARDS) {   /* the first shard's metadata, when at hand */
+        ddt_st_file f;
+        char ignored[512];
+        if (ddt_st_open(c->shards[0], &f, ignored, sizeof ignored) == 0) {
+            const char *h = ddt_st_metadata(&f, "hidden_size"), *v = ddt_st_metadata(&f, "vocab_size");
+            if (h && v) {
+                *hidden = atoll(h);
+                *vocab = atoll(v);
+            }
+            ddt_st_close(&f);
+        }
+    }
+    return 0;
+}
+
+void ddt_run_config_source(const ddt_run_config *c, ddt_source_config *s)
+{
+    memset(s, 0, sizeof *s);
+    s->kind = c->target_kind;
+    s->synthetic = c->synthetic;
+    snprintf(s->model_dir, sizeof s->model_dir, "%s", c->target_path);
+    snprintf(s->tokens_file, sizeof s->tokens_file, "%s", c->target_tokens);
+    s->shard_count = c->shard_count;
+    s->shards = c->shards;
+    s->seq_len = c->seq_len;
+    s->n_taps = (int)c->drafter.taps;
+    memcpy(s->taps, c->drafter.target_layer_ids, sizeof(int32_t) * (size_t)c->drafter.taps);
+    s->want_teacher = c->ce_target_teacher || c->kl_weight > 0.0f;
+    s->temperature = c->temperature;
+    s->top_p = c->top_p;
+    s->seed = c->seed;
+    s->heldout = c->heldout;
+    s->prefetch = 8;
+}
+
+void ddt_run_config_print_reference(FILE *out)
+{
+    fprintf(out, "| field | type | default | bounds | meaning |\n|---|---|---|---|---|\n");
+    static const char *const names[] = { "integer", "number", "number", "boolean", "string", "enum", "list" };
+    for (int i = 0; i < FIELD_COUNT; i++) {
+        const config_field *f = &fields[i];
+        char dflt[64] = "", bounds[64] = "";
+        if (f->type == F_STR || f->type == F_ENUM) {
+            const char *d = f->text;
+            for (int k = 0; f->type == F_ENUM && k < (int)f->dflt; k++)
+                d += strcspn(d, "|") + 1;
+            size_t n = f->type == F_ENUM ? strcspn(d, "|") : strlen(d);
+            snprintf(dflt, sizeof dflt, "\"%.*s\"", (int)n, d);
+            if (f->type == F_ENUM)
+                snprintf(bounds, sizeof bounds, "%s", f->text);
+        } else if (f->type != F_LIST) {
+            snprintf(dflt, sizeof dflt, f->type == F_BOOL ? (f->dflt ? "true" : "false") : "%g", f->dflt);
+            if (f->type != F_BOOL)
+                snprintf(bounds, sizeof bounds, "[%g, %g]", f->lo, f->hi);
+        }
+        fprintf(out, "| `%s` | %s | %s | %s | %s |\n", f->path, names[f->type], dflt, bounds, f->help);
+    }
+}

@@ -1,0 +1,82 @@
+/* run_config.h: a run's configuration, the body of POST /runs and /plan and the file of
+ * `ddtreed train` / `plan` (API.md, "Run config"). ONE table (run_config.c) names every field
+ * with its JSON path, type, default, bounds and help; parsing, validation, defaults and the
+ * documentation all read it. Unknown keys, wrong types and out-of-range values are errors
+ * naming the field's JSON path.
+ * Tested by tests/test_run_config.c.
+ */
+#ifndef DDT_RUN_CONFIG_H
+#define DDT_RUN_CONFIG_H
+
+#include "drafter.h"
+#include "source.h"
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+enum { DDT_MAX_EVAL_BUDGETS = 8, DDT_RUN_NAME = 128, DDT_RUN_PATH = 1024 };
+
+typedef struct ddt_run_config {
+    char name[DDT_RUN_NAME];
+
+    /* target */
+    ddt_source_kind target_kind;
+    char target_path[DDT_RUN_PATH];        /* hf: the model; shards: where embed/lm_head are */
+    char target_tokens[DDT_RUN_PATH];      /* hf: token file ("" = target-generated data) */
+    int shard_count;
+    char (*shards)[DDT_RUN_PATH];          /* shards: (shard_count) files, malloc'd */
+    ddt_target_config synthetic;           /* synthetic: the target's shape */
+    float temperature, top_p;              /* generation of target data */
+
+    /* drafter (hidden_size and vocab come from the target) */
+    ddt_drafter_config drafter;
+    int taps_auto;                         /* target_layer_ids "auto" (SPEC.md section 3) */
+    int layer_types_count;                 /* entries of layer_types given (0: all full) */
+    int64_t mask_token_id;                 /* -1: vocab - 1 */
+
+    /* train */
+    int64_t steps, sequences_per_step, seq_len, max_anchors, heldout;
+    float gamma, noise_std;
+    int ce_target_teacher;                 /* train.ce_target: 1 "teacher", 0 "data" */
+    double lr, warmup_fraction, weight_decay, grad_clip;
+    uint64_t seed;
+
+    /* loss */
+    float kl_weight, kl_temperature, cap_weight, cap_temperature;
+    int64_t chunk, vocab_tile;
+    int auto_rechunk;
+
+    /* devices, memory, checkpoints, eval */
+    int64_t ranks;                         /* data-parallel workers ("devices") */
+    int64_t budget_bytes;                  /* 0: no budget */
+    int64_t checkpoint_every, checkpoint_keep;
+    int64_t eval_every, eval_sequences;
+    int n_budgets;
+    int64_t tree_budgets[DDT_MAX_EVAL_BUDGETS];
+} ddt_run_config;
+
+/* Parses and validates a run config (JSON text of len bytes). 0, or -EINVAL with err (a
+ * sentence) and field (the JSON path at fault, e.g. "train.lr"; "" when none). */
+int ddt_run_config_parse(const char *json, size_t len, ddt_run_config *c, char *err,
+                         size_t err_len, char *field, size_t field_len);
+void ddt_run_config_free(ddt_run_config *c);
+
+/* Completes what depends on the target (hidden size, vocab, layers): drafter.hidden, vocab,
+ * default taps and mask token; then checks the drafter. 0 or -EINVAL with err. */
+int ddt_run_config_resolve(ddt_run_config *c, int64_t target_hidden, int64_t target_vocab,
+                           int64_t target_layers, char *err, size_t err_len);
+
+/* The target's hidden size, vocabulary, layers and tied head: hf from its config.json;
+ * shards from the first shard's metadata when it can be read; otherwise (synthetic, or shards
+ * not at hand) the config's target.* shape fields. 0 or -EINVAL with err. */
+int ddt_run_config_target_shape(const ddt_run_config *c, int64_t *hidden, int64_t *vocab,
+                                int64_t *layers, int *tied, char *err, size_t err_len);
+
+/* The source configuration of a run (shards point into c). */
+void ddt_run_config_source(const ddt_run_config *c, ddt_source_config *s);
+
+/* Markdown table of every field (path, type, default, bounds, help): the reference docs. */
+void ddt_run_config_print_reference(FILE *out);
+
+#endif

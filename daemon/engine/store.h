@@ -1,0 +1,60 @@
+/* store.h: the SQLite store of API.md ("SQLite"): runs, steps, step_devices, evals, events,
+ * checkpoints. One writer thread owns the one writer connection and commits what the
+ * trainers enqueue in batched BEGIN IMMEDIATE transactions (WAL, busy_timeout set before the
+ * WAL pragma, persistent prepared statements); schema/ migrations by PRAGMA user_version.
+ * Readers open their own connections. The daemon reuses this store as is.
+ * Tested by tests/test_store.c.
+ */
+#ifndef DDT_STORE_H
+#define DDT_STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct ddt_store ddt_store;
+
+enum { DDT_STORE_MAX_DEVICES = 16 };
+
+typedef struct ddt_step_record {
+    char run_id[40];
+    int64_t step, ts_ms;
+    double loss, ce, kl, cap, acc, lr, grad_norm;
+    int64_t tokens, positions;
+    double step_ms, tokens_per_s, positions_per_s;
+    int64_t peak_bytes;                    /* max over devices */
+    int64_t chunk, vocab_tile;
+    int devices;                           /* entries of the two arrays below */
+    int64_t device_peak_bytes[DDT_STORE_MAX_DEVICES];
+    double device_step_ms[DDT_STORE_MAX_DEVICES];
+} ddt_step_record;
+
+/* DIR/ddtree.db, created and migrated to the newest schema; starts the writer thread.
+ * 0, or a negative errno with err saying what to do (e.g. a database newer than this binary). */
+int ddt_store_open(const char *path, ddt_store **out, char *err, size_t err_len);
+/* Commits everything queued, stops the writer, closes. */
+void ddt_store_close(ddt_store *s);
+/* Blocks until everything enqueued before the call is committed (0) or failed (-EIO). */
+int ddt_store_flush(ddt_store *s);
+
+/* Enqueued (never blocks on disk; a bounded queue applies back-pressure when full). */
+void ddt_store_step(ddt_store *s, const ddt_step_record *r);
+void ddt_store_event(ddt_store *s, const char *run_id, int64_t ts_ms, const char *kind,
+                     const char *detail_json);
+void ddt_store_eval(ddt_store *s, const char *run_id, int64_t step, double tau_chain,
+                    const char *tau_tree_json, const char *acc_json);
+void ddt_store_checkpoint(ddt_store *s, const char *run_id, int64_t step, const char *path,
+                          int64_t bytes, int64_t ts_ms);
+
+/* Run rows: written synchronously through the writer (they are rare and must be durable). */
+int ddt_store_run_create(ddt_store *s, const char *run_id, const char *name,
+                         const char *config_json, int64_t max_steps, int64_t created_ms);
+/* Sets state, step, updated_ms (and started_ms / finished_ms / error when given: NULL or < 0
+ * leaves them). */
+int ddt_store_run_update(ddt_store *s, const char *run_id, const char *state, int64_t step,
+                         int64_t last_checkpoint_step, int64_t now_ms, int64_t started_ms,
+                         int64_t finished_ms, const char *error);
+
+/* The schema version this binary writes (the number of schema/ migrations). */
+int ddt_store_schema_version(void);
+
+#endif

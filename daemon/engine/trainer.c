@@ -1,0 +1,666 @@
+/* trainer.c: one run's training loop (trainer.h).
+ *
+ * A step: the main thread takes the global batch's sequences from the source in cursor order
+ * and gives rank r a contiguous slice; every rank (a thread with its own CPU backend and
+ * allocator) samples its anchors and noise from seeds of (run seed, step, global sequence
+ * index), runs the drafter step into its own gradient buffer; the ranks' gradients are then
+ * summed in rank order, each weighted by its share of the global weight sum, which is exactly
+ * the gradient of the one globally normalised loss; AdamW updates the one set of weights.
+ * Everything depends on (seed, step, cursor) only, so a resumed run repeats an uninterrupted
+ * one bit for bit, and 1 or 2 ranks give the same losses to float rounding.
+ * Tested by tests/test_trainer.c.
+ */
+#include "trainer.h"
+#include "batch.h"
+#include "checkpoint.h"
+#include "ddk.h"
+#include "optimizer.h"
+#include "source.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+enum { MAX_RANKS = 64, CHUNK_FLOOR = 16, TILE_FLOOR = 256, SEED_ANCHORS = 1, SEED_NOISE = 2,
+       SEED_EVAL = 3, SEED_INIT = 4 };
+
+typedef struct rank_state {
+    const ddk_backend *be;
+    float *grads;                 /* (total) */
+    /* the rank's slice of the batch */
+    int64_t nseq, first;          /* sequences, index of the first in the global batch */
+    int32_t *input_ids;           /* (nseq, S) */
+    uint8_t *loss_mask;           /* (nseq, S) */
+    float *features;              /* (nseq, S, L_t*H) */
+    float *teacher;               /* (nseq, S, H) or NULL */
+    int32_t *anchors;             /* (nseq, A) */
+    uint8_t *keep;                /* (nseq, A) */
+    size_t batch_bytes;
+    void *batch_block;
+    /* per step */
+    struct ddt_trainer *t;
+    ddk_loss_result result;
+    int rc;
+    double seconds;
+} rank_state;
+
+struct ddt_trainer {
+    ddt_run_config cfg;
+    char *config_json;            /* the run's config, as given */
+    char run_id[40], run_dir[2048];
+    ddt_store *store;
+    ddt_source *source;
+    const float *embed, *lm_head; /* (V, H), the source's */
+    ddt_param table[DDT_MAX_PARAMS];
+    int param_count;
+    int64_t total;
+    float *params;                /* (total) */
+    ddt_adamw_state adam;
+    ddt_adamw_config adam_cfg;
+    ddt_drafter_weights w;
+    int64_t step, chunk, vocab_tile;
+    int ranks;
+    rank_state rank[MAX_RANKS];
+    ddt_memory_plan plan;
+};
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void event(ddt_trainer *t, const char *kind, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void event(ddt_trainer *t, const char *kind, const char *fmt, ...)
+{
+    if (!t->store)
+        return;
+    char detail[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(detail, sizeof detail, fmt, ap);
+    va_end(ap);
+    ddt_store_event(t->store, t->run_id, now_ms(), kind, detail);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Set-up
+ */
+
+static int make_dir(const char *path, char *err, size_t err_len)
+{
+    if (mkdir(path, 0750) && errno != EEXIST) {
+        snprintf(err, err_len, "%s: cannot create the directory: %s", path, strerror(errno));
+        return -errno;
+    }
+    return 0;
+}
+
+static int alloc_ranks(ddt_trainer *t, char *err, size_t err_len)
+{
+    const ddt_run_config *c = &t->cfg;
+    const ddt_drafter_config *d = &c->drafter;
+    const int64_t S = c->seq_len, A = c->max_anchors, LH = d->taps * d->hidden, H = d->hidden;
+    const int64_t per = (c->sequences_per_step + t->ranks - 1) / t->ranks;
+    const int teacher = c->ce_target_teacher || c->kl_weight > 0.0f;
+    for (int r = 0; r < t->ranks; r++) {
+        rank_state *rs = &t->rank[r];
+        rs->t = t;
+        rs->be = ddk_backend_cpu_rank(r);
+        rs->first = r * per;
+        rs->nseq = c->sequences_per_step - rs->first < per ? c->sequences_per_step - rs->first : per;
+        if (rs->nseq < 0)
+            rs->nseq = 0;
+        size_t gbytes = (size_t)t->total * sizeof(float);
+        rs->grads = ddk_malloc(rs->be->alloc, gbytes);
+        int64_t n = rs->nseq > 0 ? rs->nseq : 1;
+        rs->batch_bytes = (size_t)(n * S) * (sizeof(int32_t) + 1 + (size_t)(LH + (teacher ? H : 0)) * sizeof(float)) +
+                          (size_t)(n * A) * (sizeof(int32_t) + 1) + 256;
+        rs->batch_block = ddk_malloc(rs->be->alloc, rs->batch_bytes);
+        if (!rs->grads || !rs->batch_block) {
+            snprintf(err, err_len, "rank %d: no memory for its gradients and batch (%zu bytes)", r,
+                     gbytes + rs->batch_bytes);
+            return -ENOMEM;
+        }
+        char *p = rs->batch_block;
+        rs->features = (float *)p;
+        p += (size_t)(n * S * LH) * sizeof(float);
+        rs->teacher = teacher ? (float *)p : NULL;
+        p += teacher ? (size_t)(n * S * H) * sizeof(float) : 0;
+        rs->input_ids = (int32_t *)p;
+        p += (size_t)(n * S) * sizeof(int32_t);
+        rs->anchors = (int32_t *)p;
+        p += (size_t)(n * A) * sizeof(int32_t);
+        rs->loss_mask = (uint8_t *)p;
+        p += (size_t)(n * S);
+        rs->keep = (uint8_t *)p;
+    }
+    return 0;
+}
+
+static void make_run_id(char *out, size_t len)
+{
+    static unsigned counter;
+    time_t now = time(NULL);
+    struct tm tm;
+    gmtime_r(&now, &tm);
+    uint64_t x = (uint64_t)now ^ ((uint64_t)getpid() << 20) ^ (uint64_t)__atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED) * 0x9E3779B97F4A7C15ull;
+    snprintf(out, len, "r%04d%02d%02d-%02d%02d%02d-%04x", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
+             tm.tm_hour, tm.tm_min, tm.tm_sec, (unsigned)(x >> 48));
+}
+
+/* the trainer's own state, stored beside each checkpoint */
+static char *state_json(const ddt_trainer *t)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "run_id", t->run_id);
+    cJSON_AddNumberToObject(o, "step", (double)t->step);
+    cJSON_AddNumberToObject(o, "cursor", (double)ddt_source_cursor(t->source));
+    cJSON_AddNumberToObject(o, "chunk", (double)t->chunk);
+    cJSON_AddNumberToObject(o, "vocab_tile", (double)t->vocab_tile);
+    cJSON_AddStringToObject(o, "config", t->config_json);
+    /* what the config left to the target: `ddtreed export` needs it without the target */
+    const ddt_drafter_config *d = &t->cfg.drafter;
+    cJSON *r = cJSON_AddObjectToObject(o, "resolved");
+    cJSON_AddNumberToObject(r, "hidden_size", (double)d->hidden);
+    cJSON_AddNumberToObject(r, "vocab_size", (double)d->vocab);
+    cJSON_AddNumberToObject(r, "num_target_layers", (double)d->num_target_layers);
+    cJSON_AddNumberToObject(r, "mask_token_id", d->mask_token_id);
+    cJSON_AddItemToObject(r, "target_layer_ids", cJSON_CreateIntArray(d->target_layer_ids, (int)d->taps));
+    char *text = cJSON_Print(o);
+    cJSON_Delete(o);
+    return text;
+}
+
+static int resume_from(ddt_trainer *t, const char *ckpt, char *err, size_t err_len)
+{
+    char *text = NULL;
+    int rc = ddt_checkpoint_read(ckpt, &t->cfg.drafter, t->params, &t->adam, &text, err, err_len);
+    if (rc)
+        return rc;
+    cJSON *o = cJSON_Parse(text);
+    const cJSON *step = cJSON_GetObjectItemCaseSensitive(o, "step"),
+                *cursor = cJSON_GetObjectItemCaseSensitive(o, "cursor"),
+                *chunk = cJSON_GetObjectItemCaseSensitive(o, "chunk"),
+                *tile = cJSON_GetObjectItemCaseSensitive(o, "vocab_tile");
+    if (!cJSON_IsNumber(step) || !cJSON_IsNumber(cursor) || !cJSON_IsNumber(chunk) || !cJSON_IsNumber(tile)) {
+        snprintf(err, err_len, "%s/state.json: step, cursor, chunk and vocab_tile must be numbers", ckpt);
+        rc = -EINVAL;
+    } else {
+        t->step = (int64_t)step->valuedouble;
+        t->chunk = (int64_t)chunk->valuedouble;
+        t->vocab_tile = (int64_t)tile->valuedouble;
+        rc = ddt_source_seek(t->source, (int64_t)cursor->valuedouble);
+        if (rc)
+            snprintf(err, err_len, "the data source cannot seek to cursor %lld", (long long)cursor->valuedouble);
+    }
+    cJSON_Delete(o);
+    free(text);
+    return rc;
+}
+
+/* The config of a run to resume: the newest checkpoint's state.json. */
+static char *resume_config(const char *run_dir, char *ckpt, size_t ckpt_len, char *err, size_t err_len)
+{
+    int64_t step;
+    if (ddt_checkpoint_latest(run_dir, &step, ckpt, ckpt_len)) {
+        snprintf(err, err_len, "%s has no complete checkpoint to resume from", run_dir);
+        return NULL;
+    }
+    char path[2300];
+    snprintf(path, sizeof path, "%s/state.json", ckpt);
+    FILE *f = fopen(path, "rb");
+    char *text = NULL;
+    if (f) {
+        fseek(f, 0, SEEK_END);
+        long n = ftell(f);
+        fseek(f, 0, SEEK_SET);
+        text = n > 0 ? malloc((size_t)n + 1) : NULL;
+        if (text && fread(text, 1, (size_t)n, f) == (size_t)n)
+            text[n] = '\0';
+        else {
+            free(text);
+            text = NULL;
+        }
+        fclose(f);
+    }
+    cJSON *o = text ? cJSON_Parse(text) : NULL;
+    const char *config = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "config"));
+    char *out = config ? strdup(config) : NULL;
+    if (!out)
+        snprintf(err, err_len, "%s: no run config in state.json", path);
+    cJSON_Delete(o);
+    free(text);
+    return out;
+}
+
+int ddt_trainer_open(const char *config_json, size_t len, const char *state_dir,
+                     const char *resume_run_id, ddt_store *store, ddt_trainer **out,
+                     char *err, size_t err_len, char *field, size_t field_len)
+{
+    *field = '\0';
+    ddt_trainer *t = calloc(1, sizeof *t);
+    if (!t) {
+        snprintf(err, err_len, "no memory for a trainer");
+        return -ENOMEM;
+    }
+    t->store = store;
+    char path[2100], ckpt[2400] = "";
+    snprintf(path, sizeof path, "%s/runs", state_dir);
+    int rc = make_dir(state_dir, err, err_len);
+    if (!rc)
+        rc = make_dir(path, err, err_len);
+    if (!rc && resume_run_id) {
+        snprintf(t->run_id, sizeof t->run_id, "%s", resume_run_id);
+        snprintf(t->run_dir, sizeof t->run_dir, "%s/runs/%s", state_dir, resume_run_id);
+        t->config_json = resume_config(t->run_dir, ckpt, sizeof ckpt, err, err_len);
+        rc = t->config_json ? 0 : -ENOENT;
+    } else if (!rc) {
+        make_run_id(t->run_id, sizeof t->run_id);
+        snprintf(t->run_dir, sizeof t->run_dir, "%s/runs/%s", state_dir, t->run_id);
+        t->config_json = strndup(config_json, len);
+        rc = t->config_json ? make_dir(t->run_dir, err, err_len) : -ENOMEM;
+    }
+    if (!rc)
+        rc = ddt_run_config_parse(t->config_json, strlen(t->config_json), &t->cfg, err, err_len, field, field_len);
+
+    /* the target's shape completes the drafter; then the data */
+    if (!rc) {
+        ddt_run_config *c = &t->cfg;
+        int64_t hidden, vocab, layers;
+        int tied;
+        rc = ddt_run_config_target_shape(c, &hidden, &vocab, &layers, &tied, err, err_len);
+        if (!rc)
+            rc = ddt_run_config_resolve(c, hidden, vocab, layers, err, err_len);
+        ddt_source_config sc;
+        ddt_run_config_source(c, &sc);
+        if (!rc)
+            rc = ddt_source_open(&sc, hidden, &t->source, err, err_len);
+        if (!rc && ddt_source_vocab(t->source) != vocab) {
+            snprintf(err, err_len, "the target's head has %lld rows but its vocabulary is %lld",
+                     (long long)ddt_source_vocab(t->source), (long long)vocab);
+            rc = -EINVAL;
+        }
+    }
+    if (!rc) {
+        t->embed = ddt_source_embed(t->source);
+        t->lm_head = ddt_source_lm_head(t->source);
+        t->param_count = ddt_drafter_param_table(&t->cfg.drafter, t->table, &t->total);
+        t->ranks = (int)t->cfg.ranks;
+        ddk_allocator *a0 = ddk_allocator_cpu_rank(0);
+        for (int r = 0; r < t->ranks && t->cfg.budget_bytes; r++)
+            ddk_allocator_set_budget(ddk_allocator_cpu_rank(r), (size_t)t->cfg.budget_bytes);
+        size_t bytes = (size_t)t->total * sizeof(float);
+        t->params = ddk_malloc(a0, bytes);
+        t->adam.m = ddk_malloc(a0, bytes);
+        t->adam.v = ddk_malloc(a0, bytes);
+        if (!t->params || !t->adam.m || !t->adam.v) {
+            snprintf(err, err_len, "no memory for the drafter's %lld parameters and their optimiser state "
+                     "(%.3f GB); see `ddtreed plan`", (long long)t->total, 3.0 * bytes / 1e9);
+            rc = -ENOMEM;
+        }
+    }
+    if (!rc)
+        rc = alloc_ranks(t, err, err_len);
+    if (!rc) {
+        ddt_drafter_bind(&t->cfg.drafter, t->params, &t->w);
+        t->chunk = t->cfg.chunk;
+        t->vocab_tile = t->cfg.vocab_tile;
+        if (*ckpt) {
+            rc = resume_from(t, ckpt, err, err_len);
+        } else {
+            ddt_drafter_init(&t->cfg.drafter, t->params, ddt_batch_seed(t->cfg.seed, 0, 0, SEED_INIT));
+            memset(t->adam.m, 0, (size_t)t->total * sizeof(float));
+            memset(t->adam.v, 0, (size_t)t->total * sizeof(float));
+        }
+        const ddt_run_config *c = &t->cfg;
+        t->adam_cfg = (ddt_adamw_config){ .lr = c->lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8,
+                                          .weight_decay = c->weight_decay, .grad_clip = c->grad_clip,
+                                          .warmup_steps = (int64_t)llround(c->warmup_fraction * c->steps),
+                                          .total_steps = c->steps };
+        ddt_plan(&t->cfg, 0, t->embed == t->lm_head, &t->plan);
+    }
+    if (!rc && store && !resume_run_id)
+        rc = ddt_store_run_create(store, t->run_id, t->cfg.name, t->config_json, t->cfg.steps, now_ms());
+    if (rc) {
+        ddt_trainer_close(t);
+        return rc;
+    }
+    if (store)
+        ddt_store_run_update(store, t->run_id, "running", t->step, -1, now_ms(), now_ms(), -1, NULL);
+    event(t, "state", "{\"state\": \"running\", \"step\": %lld}", (long long)t->step);
+    *out = t;
+    return 0;
+}
+
+void ddt_trainer_close(ddt_trainer *t)
+{
+    if (!t)
+        return;
+    size_t bytes = (size_t)t->total * sizeof(float);
+    for (int r = 0; r < t->ranks; r++) {
+        rank_state *rs = &t->rank[r];
+        if (rs->be) {
+            ddk_free(rs->be->alloc, rs->grads, bytes);
+            ddk_free(rs->be->alloc, rs->batch_block, rs->batch_bytes);
+        }
+        ddk_allocator_set_budget(ddk_allocator_cpu_rank(r), 0);
+    }
+    ddk_allocator *a0 = ddk_allocator_cpu_rank(0);
+    ddk_free(a0, t->params, bytes);
+    ddk_free(a0, t->adam.m, bytes);
+    ddk_free(a0, t->adam.v, bytes);
+    if (t->source)
+        ddt_source_close(t->source);
+    ddt_run_config_free(&t->cfg);
+    free(t->config_json);
+    free(t);
+}
+
+const char *ddt_trainer_run_id(const ddt_trainer *t) { return t->run_id; }
+const char *ddt_trainer_run_dir(const ddt_trainer *t) { return t->run_dir; }
+const ddt_run_config *ddt_trainer_config(const ddt_trainer *t) { return &t->cfg; }
+int64_t ddt_trainer_step_count(const ddt_trainer *t) { return t->step; }
+const ddt_memory_plan *ddt_trainer_plan(const ddt_trainer *t) { return &t->plan; }
+
+/* ------------------------------------------------------------------------------------------
+ * A step
+ */
+
+static void *rank_main(void *arg)
+{
+    rank_state *rs = arg;
+    ddt_trainer *t = rs->t;
+    const ddt_run_config *c = &t->cfg;
+    double t0 = mono_s();
+    ddt_drafter_weights g;
+    ddt_drafter_bind(&c->drafter, rs->grads, &g);
+    memset(rs->grads, 0, (size_t)t->total * sizeof(float));
+    ddt_batch b = { rs->nseq, c->seq_len, c->max_anchors, rs->input_ids, rs->loss_mask,
+                    rs->features, rs->teacher, rs->anchors, rs->keep };
+    ddt_loss_config lc = { .gamma = c->gamma, .ce_target_teacher = c->ce_target_teacher,
+                           .loss = { .chunk = t->chunk, .vocab_tile = t->vocab_tile,
+                                     .kl_weight = c->kl_weight, .kl_temperature = c->kl_temperature,
+                                     .cap_weight = c->cap_weight, .cap_temperature = c->cap_temperature } };
+    rs->result = (ddk_loss_result){ 0 };
+    rs->rc = rs->nseq > 0 ? ddt_drafter_step(rs->be, &c->drafter, &t->w, &g, t->embed, t->lm_head,
+                                             &b, &lc, &rs->result)
+                          : 0;
+    rs->seconds = mono_s() - t0;
+    return NULL;
+}
+
+/* the global batch's sequences into the ranks' buffers, anchors and noise seeded per sequence */
+static int load_batch(ddt_trainer *t, char *err, size_t err_len)
+{
+    const ddt_run_config *c = &t->cfg;
+    const int64_t S = c->seq_len, A = c->max_anchors, H = c->drafter.hidden, LH = c->drafter.taps * H;
+    for (int r = 0; r < t->ranks; r++) {
+        rank_state *rs = &t->rank[r];
+        for (int64_t i = 0; i < rs->nseq; i++) {
+            ddt_sequence q;
+            int rc = ddt_source_next(t->source, &q, err, err_len);
+            if (rc)
+                return rc;
+            if (q.S != S) {
+                snprintf(err, err_len, "the source gave a sequence of %lld tokens, not seq_len %lld",
+                         (long long)q.S, (long long)S);
+                return -EINVAL;
+            }
+            const int64_t gi = rs->first + i;
+            memcpy(rs->input_ids + i * S, q.input_ids, (size_t)S * sizeof(int32_t));
+            memcpy(rs->loss_mask + i * S, q.loss_mask, (size_t)S);
+            memcpy(rs->features + i * S * LH, q.features, (size_t)(S * LH) * sizeof(float));
+            if (rs->teacher)
+                memcpy(rs->teacher + i * S * H, q.teacher_hidden, (size_t)(S * H) * sizeof(float));
+            ddt_add_uniform_noise(rs->features + i * S * LH, S * LH, c->noise_std,
+                                  ddt_batch_seed(c->seed, t->step, gi, SEED_NOISE));
+            ddt_sample_anchors(rs->loss_mask + i * S, S, A, ddt_batch_seed(c->seed, t->step, gi, SEED_ANCHORS),
+                               rs->anchors + i * A, rs->keep + i * A);
+        }
+    }
+    return 0;
+}
+
+static int run_ranks(ddt_trainer *t)
+{
+    pthread_t threads[MAX_RANKS];
+    for (int r = 1; r < t->ranks; r++)
+        if (pthread_create(&threads[r], NULL, rank_main, &t->rank[r]))
+            t->rank[r].rc = -EAGAIN;
+    rank_main(&t->rank[0]);
+    int rc = t->rank[0].rc;
+    for (int r = 1; r < t->ranks; r++) {
+        pthread_join(threads[r], NULL);
+        if (t->rank[r].rc && !rc)
+            rc = t->rank[r].rc;
+    }
+    return rc;
+}
+
+/* A smaller loss configuration after an out-of-memory step: 0, or -ENOMEM at the floor. */
+static int shrink(ddt_trainer *t)
+{
+    const int64_t positions = t->plan.positions;
+    int64_t chunk = t->chunk < positions ? t->chunk : positions;
+    if (chunk > CHUNK_FLOOR) {
+        t->chunk = chunk / 2;
+        return 0;
+    }
+    if (t->vocab_tile == 0 || t->vocab_tile > TILE_FLOOR) {
+        t->vocab_tile = t->vocab_tile ? t->vocab_tile / 2 : 8192;
+        t->chunk = t->cfg.chunk;   /* a tile makes the workspace small: start large again */
+        return 0;
+    }
+    return -ENOMEM;
+}
+
+int ddt_trainer_step(ddt_trainer *t, ddt_step_record *rec, char *err, size_t err_len)
+{
+    const ddt_run_config *c = &t->cfg;
+    double t0 = mono_s();
+    int rc = load_batch(t, err, err_len);
+    if (rc)
+        return rc;
+    for (int r = 0; r < t->ranks; r++)
+        ddk_allocator_reset_peak(t->rank[r].be->alloc);
+    for (;;) {
+        rc = run_ranks(t);
+        if (rc != -ENOMEM)
+            break;
+        int64_t old_chunk = t->chunk, old_tile = t->vocab_tile;
+        if (!c->auto_rechunk || shrink(t)) {
+            ddt_memory_plan fit;
+            ddt_plan(c, c->budget_bytes, t->embed == t->lm_head, &fit);
+            snprintf(err, err_len, "step %lld ran out of memory at chunk %lld, vocab_tile %lld%s; "
+                     "the plan for this config needs %.3f GB per device%s", (long long)t->step + 1,
+                     (long long)old_chunk, (long long)old_tile,
+                     c->auto_rechunk ? " (the floor of the automatic re-chunking)" : " and auto_rechunk is off",
+                     fit.peak / 1e9, fit.fits ? "" : ": raise memory.budget_bytes or shrink the batch");
+            event(t, "error", "{\"message\": \"out of memory at the floor\", \"chunk\": %lld, \"vocab_tile\": %lld}",
+                  (long long)old_chunk, (long long)old_tile);
+            return -ENOMEM;
+        }
+        event(t, "oom_recovery", "{\"step\": %lld, \"from\": {\"chunk\": %lld, \"vocab_tile\": %lld}, "
+              "\"to\": {\"chunk\": %lld, \"vocab_tile\": %lld}}", (long long)t->step + 1,
+              (long long)old_chunk, (long long)old_tile, (long long)t->chunk, (long long)t->vocab_tile);
+    }
+    if (rc) {
+        snprintf(err, err_len, "step %lld failed: %s", (long long)t->step + 1, strerror(-rc));
+        return rc;
+    }
+
+    /* all-reduce: the gradient of the globally normalised loss */
+    double weight_sum = 0, loss = 0, ce = 0, kl = 0, cap = 0;
+    int64_t counted = 0, correct = 0;
+    for (int r = 0; r < t->ranks; r++)
+        weight_sum += t->rank[r].result.weight_sum;
+    float *g0 = t->rank[0].grads;
+    for (int r = 0; r < t->ranks; r++) {
+        const ddk_loss_result *res = &t->rank[r].result;
+        double share = weight_sum > 0 ? res->weight_sum / weight_sum : 0.0;
+        loss += share * res->loss;
+        ce += share * res->ce;
+        kl += share * res->kl;
+        cap += share * res->cap;
+        counted += res->counted;
+        correct += res->correct;
+        const float *gr = t->rank[r].grads;
+        const float f = (float)share;
+        if (r == 0)
+            for (int64_t i = 0; i < t->total; i++)
+                g0[i] *= f;
+        else
+            for (int64_t i = 0; i < t->total; i++)
+                g0[i] += f * gr[i];
+    }
+    double lr = 0;
+    double norm = ddt_adamw_update(&t->adam_cfg, t->table, t->param_count, t->params, g0, &t->adam, &lr);
+    t->step++;
+
+    double seconds = mono_s() - t0;
+    memset(rec, 0, sizeof *rec);
+    snprintf(rec->run_id, sizeof rec->run_id, "%s", t->run_id);
+    rec->step = t->step;
+    rec->ts_ms = now_ms();
+    rec->loss = loss;
+    rec->ce = ce;
+    rec->kl = kl;
+    rec->cap = cap;
+    rec->acc = counted ? (double)correct / (double)counted : 0.0;
+    rec->lr = lr;
+    rec->grad_norm = norm;
+    rec->tokens = c->sequences_per_step * c->seq_len;
+    rec->positions = c->sequences_per_step * c->max_anchors * c->drafter.block_size;
+    rec->step_ms = seconds * 1e3;
+    rec->tokens_per_s = rec->tokens / seconds;
+    rec->positions_per_s = rec->positions / seconds;
+    rec->chunk = t->chunk;
+    rec->vocab_tile = t->vocab_tile;
+    rec->devices = t->ranks < DDT_STORE_MAX_DEVICES ? t->ranks : DDT_STORE_MAX_DEVICES;
+    for (int r = 0; r < rec->devices; r++) {
+        int64_t peak = (int64_t)ddk_allocator_stats(t->rank[r].be->alloc).peak;
+        rec->device_peak_bytes[r] = peak;
+        rec->device_step_ms[r] = t->rank[r].seconds * 1e3;
+        if (peak > rec->peak_bytes)
+            rec->peak_bytes = peak;
+    }
+    if (t->store)
+        ddt_store_step(t->store, rec);
+    return 0;
+}
+
+int ddt_trainer_rechunk(ddt_trainer *t, int64_t chunk, int64_t vocab_tile, char *err, size_t err_len)
+{
+    if (chunk == 0 || vocab_tile < -1) {
+        snprintf(err, err_len, "chunk must be >= 1 and vocab_tile >= 0");
+        return -EINVAL;
+    }
+    int64_t old_chunk = t->chunk, old_tile = t->vocab_tile;
+    if (chunk > 0)
+        t->chunk = chunk;
+    if (vocab_tile >= 0)
+        t->vocab_tile = vocab_tile;
+    event(t, "rechunk", "{\"applies_from_step\": %lld, \"from\": {\"chunk\": %lld, \"vocab_tile\": %lld}, "
+          "\"to\": {\"chunk\": %lld, \"vocab_tile\": %lld}}", (long long)t->step + 1, (long long)old_chunk,
+          (long long)old_tile, (long long)t->chunk, (long long)t->vocab_tile);
+    return 0;
+}
+
+int ddt_trainer_checkpoint(ddt_trainer *t, char *err, size_t err_len)
+{
+    char *state = state_json(t), path[2400];
+    int64_t bytes = 0;
+    int rc = state ? ddt_checkpoint_write(t->run_dir, t->step, &t->cfg.drafter, t->params, &t->adam, state,
+                                          (int)t->cfg.checkpoint_keep, path, sizeof path, &bytes, err, err_len)
+                   : -ENOMEM;
+    free(state);
+    if (rc == 0 && t->store) {
+        ddt_store_checkpoint(t->store, t->run_id, t->step, path, bytes, now_ms());
+        event(t, "checkpoint", "{\"step\": %lld, \"bytes\": %lld}", (long long)t->step, (long long)bytes);
+        ddt_store_run_update(t->store, t->run_id, "running", t->step, t->step, now_ms(), -1, -1, NULL);
+    }
+    return rc;
+}
+
+int ddt_trainer_export(ddt_trainer *t, const char *out_dir, char *err, size_t err_len)
+{
+    return ddt_export_write(out_dir, &t->cfg.drafter, t->params, err, err_len);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Acceptance on held-out sequences
+ */
+
+int ddt_trainer_eval(ddt_trainer *t, ddt_acceptance *acc, char *err, size_t err_len)
+{
+    const ddt_run_config *c = &t->cfg;
+    const ddt_drafter_config *d = &c->drafter;
+    const int64_t S = c->seq_len, A = c->max_anchors, B = d->block_size, H = d->hidden, V = d->vocab;
+    const ddk_backend *be = t->rank[0].be;
+    ddt_acceptance_init(acc, c->tree_budgets, c->n_budgets);
+    int64_t n = c->eval_sequences < c->heldout ? c->eval_sequences : c->heldout;
+    size_t hs_bytes = (size_t)(A * B * H) * sizeof(float), logit_bytes = (size_t)(B * V) * sizeof(float);
+    float *hs = ddk_malloc(be->alloc, hs_bytes);               /* (A*B, H) */
+    float *logits = ddk_malloc(be->alloc, logit_bytes);        /* (B, V) */
+    int32_t *anchors = malloc((size_t)A * sizeof(int32_t)), labels[DDT_MAX_SLOTS];
+    uint8_t *keep = malloc((size_t)A);
+    int rc = hs && logits && anchors && keep ? 0 : -ENOMEM;
+    if (rc)
+        snprintf(err, err_len, "no memory for the acceptance evaluation");
+    for (int64_t i = 0; i < n && rc == 0; i++) {
+        ddt_sequence q;
+        if ((rc = ddt_source_heldout(t->source, i, &q, err, err_len)))
+            break;
+        ddt_sample_anchors(q.loss_mask, S, A, ddt_batch_seed(c->seed, 0, i, SEED_EVAL), anchors, keep);
+        ddt_batch b = { 1, S, A, q.input_ids, q.loss_mask, q.features, NULL, anchors, keep };
+        if ((rc = ddt_drafter_forward(be, d, &t->w, t->embed, &b, hs))) {
+            snprintf(err, err_len, "the evaluation's forward failed: %s", strerror(-rc));
+            break;
+        }
+        for (int64_t j = 0; j < A && keep[j]; j++) {
+            be->matmul(be, 0, 1, B, V, H, 1.0f, hs + j * B * H, H, t->lm_head, H, 0.0f, logits, V);
+            for (int64_t k = 0; k < B && k < DDT_MAX_SLOTS; k++) {
+                int64_t p = anchors[j] + k;
+                labels[k] = k >= 1 && p < S && q.loss_mask[p] ? q.input_ids[p] : -1;
+            }
+            ddt_acceptance_add_block(acc, logits, B, V, labels);
+        }
+    }
+    ddk_free(be->alloc, hs, hs_bytes);
+    ddk_free(be->alloc, logits, logit_bytes);
+    free(anchors);
+    free(keep);
+    if (rc == 0 && t->store) {
+        char tree[512] = "{", accj[2048] = "{";
+        size_t used = 1;
+        for (int i = 0; i < acc->n_budgets; i++)
+            used += (size_t)snprintf(tree + used, sizeof tree - used, "%s\"%lld\": %.6f", i ? ", " : "",
+                                     (long long)acc->budgets[i], ddt_acceptance_tau_tree(acc, i));
+        snprintf(tree + used, sizeof tree - used, "}");
+        used = 1;
+        for (int64_t k = 1; k < B && k < DDT_MAX_SLOTS && used < sizeof accj - 40; k++)
+            used += (size_t)snprintf(accj + used, sizeof accj - used, "%s\"%lld\": %.6f", k > 1 ? ", " : "",
+                                     (long long)k, ddt_acceptance_acc(acc, k));
+        snprintf(accj + used, sizeof accj - used, "}");
+        ddt_store_eval(t->store, t->run_id, t->step, ddt_acceptance_tau_chain(acc), tree, accj);
+    }
+    return rc;
+}

@@ -1,0 +1,634 @@
+/* test_checkpoint.c: checkpoints and the serving export (SPEC.md section 5, checkpoint.h).
+ * A small drafter (2 layers, one sliding) with random parameters, moments and step: the write
+ * and read round trip is bit-exact; keep leaves the newest; latest skips stale temporaries and
+ * incomplete or corrupt step directories; a read refuses a missing, mis-shaped, mistyped or
+ * foreign tensor naming it and leaves its outputs untouched; a step written twice is replaced;
+ * the export's config.json has exactly the keys of section 5 and reads back to an equal
+ * configuration, its model.safetensors holds exactly the table's names in BF16 = bf16(params)
+ * with format pt; an export replaces the previous one; errors for missing directories.
+ * Fixtures are written by the test under a mkdtemp directory, removed at the end.
+ * ctest: one line per case, a final "N passed, M failed".
+ */
+#include "check.h"
+#include "checkpoint.h"
+#include "ddk_rng.h"
+#include "model_config.h"
+#include "safetensors.h"
+
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <ftw.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static char root[] = "/tmp/ddtree_test_checkpoint.XXXXXX";
+
+/* ------------------------------------------------------------------------------------------
+ * Fixtures
+ */
+
+/* H 16, 2 layers (sliding, full), nh 4, nkv 2, d 8, I 24, 3 taps; eps and theta chosen so that
+ * their shortest decimals are not the float's exact binary value */
+static void small_config(ddt_drafter_config *c)
+{
+    memset(c, 0, sizeof *c);
+    c->hidden = 16;
+    c->layers = 2;
+    c->heads = 4;
+    c->kv_heads = 2;
+    c->head_dim = 8;
+    c->intermediate = 24;
+    c->vocab = 100;
+    c->block_size = 4;
+    c->sliding_window = 3;
+    c->rms_norm_eps = 1.234567e-6f;
+    c->rope_theta = 1000000.0f;
+    c->sliding[0] = 1;
+    c->taps = 3;
+    c->target_layer_ids[0] = 1;
+    c->target_layer_ids[1] = 3;
+    c->target_layer_ids[2] = 5;
+    c->mask_token_id = 99;
+    c->num_target_layers = 6;
+}
+
+typedef struct fixture {
+    ddt_drafter_config c;
+    ddt_param table[DDT_MAX_PARAMS];
+    int n;
+    int64_t total;             /* P */
+    float *params, *m, *v;     /* (P) each */
+    ddt_adamw_state adam;
+} fixture;
+
+/* random normals, with -0, a denormal, +-inf and a NaN at fixed places: bits must survive */
+static void fill_random(float *x, int64_t count, uint64_t seed)
+{
+    uint64_t s = seed;
+    for (int64_t j = 0; j < count; j++)
+        x[j] = (float)ddk_rng_normal(&s);
+    static const float special[] = { -0.0f, 1e-40f, INFINITY, -INFINITY, NAN };
+    for (size_t j = 0; j < sizeof special / sizeof special[0] && (int64_t)j < count; j++)
+        x[3 + 7 * j] = special[j];
+}
+
+static fixture *fixture_new(uint64_t seed)
+{
+    fixture *f = xcalloc(1, sizeof *f);
+    small_config(&f->c);
+    f->n = ddt_drafter_param_table(&f->c, f->table, &f->total);
+    f->params = xcalloc((size_t)f->total, sizeof(float));
+    f->m = xcalloc((size_t)f->total, sizeof(float));
+    f->v = xcalloc((size_t)f->total, sizeof(float));
+    fill_random(f->params, f->total, seed);
+    fill_random(f->m, f->total, seed + 1);
+    fill_random(f->v, f->total, seed + 2);
+    f->adam = (ddt_adamw_state){ .step = (int64_t)(seed * 7919 % 100000) + 1, .m = f->m, .v = f->v };
+    return f;
+}
+
+static void fixture_free(fixture *f)
+{
+    free(f->params);
+    free(f->m);
+    free(f->v);
+    free(f);
+}
+
+/* ROOT/name, created empty */
+static void new_dir(const char *name, char *path, size_t len)
+{
+    snprintf(path, len, "%s/%s", root, name);
+    if (mkdir(path, 0755) != 0)
+        check(0, "mkdir %s: %s", path, strerror(errno));
+}
+
+static int is_dir(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static int64_t file_size(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 ? (int64_t)st.st_size : -1;
+}
+
+/* entries of dir whose name starts with prefix */
+static int count_entries(const char *dir, const char *prefix)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return -1;
+    int count = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        count += strncmp(e->d_name, prefix, strlen(prefix)) == 0 && strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+    closedir(d);
+    return count;
+}
+
+static void write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    check(f != NULL, "cannot create %s", path);
+    if (f) {
+        fputs(text, f);
+        fclose(f);
+    }
+}
+
+static int write_step(const char *run, int64_t step, const fixture *f, const char *state, int keep,
+                      char *path, size_t path_len, int64_t *bytes)
+{
+    char err[1024] = "";
+    int rc = ddt_checkpoint_write(run, step, &f->c, f->params, &f->adam, state, keep, path, path_len,
+                                  bytes, err, sizeof err);
+    check(rc == 0, "write of step %lld: %d %s", (long long)step, rc, err);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Checkpoints
+ */
+
+static void test_round_trip(void)
+{
+    char run[512], path[1024], file[1200];
+    new_dir("round_trip", run, sizeof run);
+    fixture *f = fixture_new(11);
+    const char *state = "{\"step\": 123, \"cursor\": [4, 5], \"rng\": \"0x9e3779b97f4a7c15\"}";
+    int64_t bytes = -1;
+    write_step(run, 123, f, state, 3, path, sizeof path, &bytes);
+    char want[600];
+    snprintf(want, sizeof want, "%s/checkpoints/step-00000123", run);
+    check(!strcmp(path, want), "path_out is %s, expected %s", path, want);
+    snprintf(file, sizeof file, "%s/state.safetensors", want);
+    int64_t st_bytes = file_size(file);
+    snprintf(file, sizeof file, "%s/state.json", want);
+    check(bytes == st_bytes + file_size(file) && bytes > 0, "bytes_out %lld is not the size of the two files",
+          (long long)bytes);
+    snprintf(file, sizeof file, "%s/checkpoints", run);
+    check(count_entries(file, ".tmp-") == 0, "a temporary is left in %s", file);
+
+    /* the file itself: the format of checkpoint.h */
+    snprintf(file, sizeof file, "%s/state.safetensors", want);
+    ddt_st_file st;
+    char err[1024] = "";
+    int rc = ddt_st_open(file, &st, err, sizeof err);
+    check(rc == 0, "state.safetensors does not open: %s", err);
+    if (rc == 0) {
+        const char *format = ddt_st_metadata(&st, "format"), *version = ddt_st_metadata(&st, "version");
+        check(format && !strcmp(format, "ddtree-checkpoint") && version && !strcmp(version, "1"),
+              "metadata format/version wrong");
+        check(st.count == 3 * f->n + 1, "%d tensors, expected %d", st.count, 3 * f->n + 1);
+        const ddt_st_tensor *s = ddt_st_find(&st, "adam_step");
+        check(s && s->dtype == DDT_I64 && s->ndim == 0, "adam_step is not an I64 scalar");
+        const ddt_st_tensor *q = ddt_st_find(&st, "adam_m.layers.1.self_attn.q_proj.weight");
+        check(q && q->dtype == DDT_F32 && q->ndim == 2 && q->shape[0] == 32 && q->shape[1] == 16,
+              "adam_m of q_proj is not F32 [32, 16]");
+        ddt_st_close(&st);
+    }
+
+    /* read back into sentinel-filled buffers: every bit, nothing past the end */
+    float *params = sentinel_floats(f->total), *m = sentinel_floats(f->total), *v = sentinel_floats(f->total);
+    ddt_adamw_state adam = { .step = -1, .m = m, .v = v };
+    char *json = NULL;
+    rc = ddt_checkpoint_read(want, &f->c, params, &adam, &json, err, sizeof err);
+    check(rc == 0, "read: %d %s", rc, err);
+    size_t bytes_p = (size_t)f->total * sizeof(float);
+    check(!memcmp(params, f->params, bytes_p), "params differ after the round trip");
+    check(!memcmp(m, f->m, bytes_p), "adam m differs after the round trip");
+    check(!memcmp(v, f->v, bytes_p), "adam v differs after the round trip");
+    check(adam.step == f->adam.step, "step %lld, expected %lld", (long long)adam.step, (long long)f->adam.step);
+    check(json && !strcmp(json, state), "state.json differs: %s", json ? json : "(null)");
+    check(guard_intact(params, f->total) && guard_intact(m, f->total) && guard_intact(v, f->total),
+          "read wrote past the end of a buffer");
+    free(json);
+    free(params);
+    free(m);
+    free(v);
+    fixture_free(f);
+}
+
+static void test_keep(void)
+{
+    char run[512], dir[600], path[1024];
+    new_dir("keep", run, sizeof run);
+    fixture *f = fixture_new(21);
+    for (int64_t step = 1; step <= 5; step++)
+        write_step(run, step * 100, f, "{}", 2, path, sizeof path, NULL);
+    snprintf(dir, sizeof dir, "%s/checkpoints", run);
+    check(count_entries(dir, "step-") == 2, "%d step directories, expected 2", count_entries(dir, "step-"));
+    for (int64_t step = 100; step <= 500; step += 100) {
+        snprintf(path, sizeof path, "%s/step-%08lld", dir, (long long)step);
+        check(is_dir(path) == (step >= 400), "step-%08lld %s", (long long)step,
+              step >= 400 ? "was removed" : "is still there");
+    }
+    /* an older step than the newest (a resume from an earlier checkpoint) is never the one removed */
+    write_step(run, 250, f, "{}", 2, path, sizeof path, NULL);
+    check(is_dir(path), "the checkpoint just written (step 250) was removed");
+    snprintf(path, sizeof path, "%s/step-00000500", dir);
+    check(is_dir(path), "step 500 was removed, though among the newest 2");
+    int64_t step = -1;
+    check(ddt_checkpoint_latest(run, &step, path, sizeof path) == 0 && step == 500, "latest is %lld, expected 500",
+          (long long)step);
+    fixture_free(f);
+}
+
+static void test_latest(void)
+{
+    char run[512], dir[600], path[1024], file[800];
+    new_dir("latest", run, sizeof run);
+    int64_t step = -1;
+    check(ddt_checkpoint_latest(run, &step, path, sizeof path) == -ENOENT, "no checkpoints/: not -ENOENT");
+    snprintf(dir, sizeof dir, "%s/checkpoints", run);
+    mkdir(dir, 0755);
+    check(ddt_checkpoint_latest(run, &step, path, sizeof path) == -ENOENT, "empty checkpoints/: not -ENOENT");
+
+    fixture *f = fixture_new(31);
+    write_step(run, 10, f, "{\"step\": 10}", 10, path, sizeof path, NULL);
+    write_step(run, 20, f, "{\"step\": 20}", 10, path, sizeof path, NULL);
+    /* a crash's temporary, complete inside, with a higher step */
+    snprintf(file, sizeof file, "%s/.tmp-step-00000030-999999", dir);
+    mkdir(file, 0755);
+    char source[700];
+    snprintf(source, sizeof source, "%s/step-00000020/state.json", dir);
+    snprintf(path, sizeof path, "%s/state.json", file);
+    write_file(path, "{\"step\": 30}");
+    snprintf(source, sizeof source, "%s/step-00000020/state.safetensors", dir);
+    snprintf(path, sizeof path, "%s/state.safetensors", file);
+    check(link(source, path) == 0, "link %s: %s", path, strerror(errno));
+    /* step dirs: one without state.safetensors, one without state.json, one that does not open */
+    snprintf(file, sizeof file, "%s/step-00000040", dir);
+    mkdir(file, 0755);
+    snprintf(path, sizeof path, "%s/state.json", file);
+    write_file(path, "{}");
+    snprintf(file, sizeof file, "%s/step-00000050", dir);
+    mkdir(file, 0755);
+    snprintf(path, sizeof path, "%s/state.safetensors", file);
+    check(link(source, path) == 0, "link %s: %s", path, strerror(errno));
+    snprintf(file, sizeof file, "%s/step-00000060", dir);
+    mkdir(file, 0755);
+    snprintf(path, sizeof path, "%s/state.json", file);
+    write_file(path, "{}");
+    snprintf(path, sizeof path, "%s/state.safetensors", file);
+    write_file(path, "not a safetensors file");
+
+    int rc = ddt_checkpoint_latest(run, &step, path, sizeof path);
+    char want[700];
+    snprintf(want, sizeof want, "%s/step-00000020", dir);
+    check(rc == 0 && step == 20 && !strcmp(path, want), "latest: rc %d step %lld path %s, expected step 20",
+          rc, (long long)step, path);
+    char small[8];
+    check(ddt_checkpoint_latest(run, &step, small, sizeof small) == -ENAMETOOLONG, "a short path buffer is not refused");
+
+    /* the next write removes the temporary; the incomplete ones neither count for keep nor go */
+    write_step(run, 25, f, "{}", 2, path, sizeof path, NULL);
+    check(count_entries(dir, ".tmp-") == 0, "the stale temporary was not removed");
+    snprintf(path, sizeof path, "%s/step-00000020", dir);
+    check(is_dir(path), "step 20 was removed: incomplete step directories counted for keep");
+    snprintf(path, sizeof path, "%s/step-00000010", dir);
+    check(!is_dir(path), "step 10 was kept beyond keep = 2");
+    check(ddt_checkpoint_latest(run, &step, path, sizeof path) == 0 && step == 25, "latest after the write is %lld",
+          (long long)step);
+    fixture_free(f);
+}
+
+/* rewrites dir/state.safetensors from itself: `drop` left out, `reshape` given its 2-d shape
+ * transposed, `retype` written as BF16 */
+static void rewrite_state(const char *dir, const char *drop, const char *reshape, const char *retype)
+{
+    char path[1024], err[1024] = "";
+    snprintf(path, sizeof path, "%s/state.safetensors", dir);
+    ddt_st_file st;
+    if (ddt_st_open(path, &st, err, sizeof err)) {
+        check(0, "open %s: %s", path, err);
+        return;
+    }
+    ddt_st_entry *entries = xcalloc((size_t)st.count, sizeof *entries);
+    uint16_t *half = NULL;
+    int count = 0;
+    for (int j = 0; j < st.count; j++) {
+        const ddt_st_tensor *t = &st.tensors[j];
+        if (drop && !strcmp(t->name, drop))
+            continue;
+        ddt_st_entry *e = &entries[count++];
+        *e = (ddt_st_entry){ .name = t->name, .dtype = t->dtype, .ndim = t->ndim, .data = t->data };
+        memcpy(e->shape, t->shape, sizeof e->shape);
+        if (reshape && !strcmp(t->name, reshape)) {
+            e->shape[0] = t->shape[1];
+            e->shape[1] = t->shape[0];
+        }
+        if (retype && !strcmp(t->name, retype)) {
+            int64_t numel = ddt_st_numel(t);
+            half = xcalloc((size_t)numel, sizeof *half);
+            e->dtype = DDT_BF16;
+            e->data = half;
+        }
+    }
+    const char *const keys[] = { "format", "version" }, *const values[] = { "ddtree-checkpoint", "1" };
+    int rc = ddt_st_write(path, entries, count, keys, values, 2, err, sizeof err);
+    check(rc == 0, "rewrite %s: %s", path, err);
+    free(half);
+    free(entries);
+    ddt_st_close(&st);
+}
+
+/* a read of dir with c must fail with an error naming `named`, leaving every output untouched */
+static void check_refused(const char *dir, const ddt_drafter_config *c, const char *named)
+{
+    ddt_param table[DDT_MAX_PARAMS];
+    int64_t total;
+    ddt_drafter_param_table(c, table, &total);
+    float *params = sentinel_floats(total), *m = sentinel_floats(total), *v = sentinel_floats(total);
+    ddt_adamw_state adam = { .step = -7, .m = m, .v = v };
+    char *json = (char *)"untouched?", err[1024] = "";
+    int rc = ddt_checkpoint_read(dir, c, params, &adam, &json, err, sizeof err);
+    check(rc == -EINVAL, "read refusing %s: rc %d, expected -EINVAL", named, rc);
+    check(strstr(err, named) && strstr(err, "state.safetensors"), "error does not name %s and the file: %s",
+          named, err);
+    check(all_sentinel(params, total + guard_words) && all_sentinel(m, total + guard_words) &&
+              all_sentinel(v, total + guard_words) && adam.step == -7,
+          "a refused read wrote into its outputs");
+    check(json == NULL, "state_json not NULL after a refused read");
+    free(params);
+    free(m);
+    free(v);
+}
+
+static void test_read_refuses(void)
+{
+    char run[512], dir[700];
+    new_dir("refuses", run, sizeof run);
+    fixture *f = fixture_new(41);
+    snprintf(dir, sizeof dir, "%s/checkpoints/step-00000001", run);
+
+    write_step(run, 1, f, "{}", 5, NULL, 0, NULL);
+    rewrite_state(dir, "adam_v.layers.1.mlp.up_proj.weight", NULL, NULL);
+    check_refused(dir, &f->c, "'adam_v.layers.1.mlp.up_proj.weight' is missing");
+
+    write_step(run, 1, f, "{}", 5, NULL, 0, NULL);
+    rewrite_state(dir, NULL, "param.layers.0.self_attn.o_proj.weight", NULL);
+    check_refused(dir, &f->c, "'param.layers.0.self_attn.o_proj.weight' has shape [32, 16], expected [16, 32]");
+
+    write_step(run, 1, f, "{}", 5, NULL, 0, NULL);
+    rewrite_state(dir, NULL, NULL, "adam_m.norm.weight");
+    check_refused(dir, &f->c, "'adam_m.norm.weight' is BF16");
+
+    write_step(run, 1, f, "{}", 5, NULL, 0, NULL);
+    rewrite_state(dir, "adam_step", NULL, NULL);
+    check_refused(dir, &f->c, "'adam_step' is missing");
+
+    /* a checkpoint of another configuration */
+    write_step(run, 1, f, "{}", 5, NULL, 0, NULL);
+    ddt_drafter_config wider = f->c;
+    wider.intermediate = 32;
+    check_refused(dir, &wider, "'param.layers.0.mlp.gate_proj.weight' has shape [24, 16], expected [32, 16]");
+    ddt_drafter_config shallower = f->c;
+    shallower.layers = 1;
+    check_refused(dir, &shallower, "'param.layers.1.");
+    fixture_free(f);
+}
+
+static void test_same_step(void)
+{
+    char run[512], dir[600], path[1024], err[1024] = "";
+    new_dir("same_step", run, sizeof run);
+    fixture *a = fixture_new(51), *b = fixture_new(52);
+    write_step(run, 7, a, "{\"from\": \"a\"}", 3, path, sizeof path, NULL);
+    write_step(run, 7, b, "{\"from\": \"b\"}", 3, path, sizeof path, NULL);
+    snprintf(dir, sizeof dir, "%s/checkpoints", run);
+    check(count_entries(dir, "step-") == 1 && count_entries(dir, ".") == 0, "not exactly one step-00000007 left");
+    float *params = sentinel_floats(b->total), *m = sentinel_floats(b->total), *v = sentinel_floats(b->total);
+    ddt_adamw_state adam = { .m = m, .v = v };
+    char *json = NULL;
+    int rc = ddt_checkpoint_read(path, &b->c, params, &adam, &json, err, sizeof err);
+    check(rc == 0, "read: %s", err);
+    size_t bytes = (size_t)b->total * sizeof(float);
+    check(!memcmp(params, b->params, bytes) && !memcmp(m, b->m, bytes) && !memcmp(v, b->v, bytes) &&
+              adam.step == b->adam.step,
+          "the second write of step 7 did not replace the first");
+    check(json && !strcmp(json, "{\"from\": \"b\"}"), "state.json is the first write's");
+    free(json);
+    free(params);
+    free(m);
+    free(v);
+    fixture_free(a);
+    fixture_free(b);
+}
+
+static void test_errors(void)
+{
+    fixture *f = fixture_new(61);
+    char missing[512], path[1024] = "x", err[1024] = "";
+    snprintf(missing, sizeof missing, "%s/no_such_run", root);
+    int64_t bytes = 5;
+    int rc = ddt_checkpoint_write(missing, 1, &f->c, f->params, &f->adam, "{}", 2, path, sizeof path, &bytes, err,
+                                  sizeof err);
+    check(rc == -ENOENT, "write into a missing run_dir: rc %d, expected -ENOENT", rc);
+    check(strstr(err, missing) != NULL, "error does not name the run directory: %s", err);
+    check(!is_dir(missing), "the missing run_dir was created");
+    check(path[0] == '\0' && bytes == 0, "outputs set by a failed write");
+
+    char run[512];
+    new_dir("errors", run, sizeof run);
+    rc = ddt_checkpoint_write(run, 1, &f->c, f->params, &f->adam, "{}", 0, NULL, 0, NULL, err, sizeof err);
+    check(rc == -EINVAL, "keep = 0 not refused (rc %d)", rc);
+    rc = ddt_checkpoint_write(run, 1, &f->c, f->params, &f->adam, "{}", 1, path, 10, NULL, err, sizeof err);
+    check(rc == -ENAMETOOLONG, "a path_out too short not refused before writing (rc %d)", rc);
+    ddt_drafter_config bad = f->c;
+    bad.head_dim = 7;
+    rc = ddt_checkpoint_write(run, 1, &bad, f->params, &f->adam, "{}", 1, NULL, 0, NULL, err, sizeof err);
+    check(rc == -EINVAL && strstr(err, "head_dim"), "a bad configuration not refused: %s", err);
+    snprintf(path, sizeof path, "%s/checkpoints", run);
+    check(count_entries(path, "") <= 0, "a refused write left something in %s", path);
+
+    int64_t step;
+    check(ddt_checkpoint_latest(missing, &step, NULL, 0) == -ENOENT, "latest of a missing run_dir is not -ENOENT");
+    float *params = xcalloc((size_t)f->total, sizeof(float));
+    ddt_adamw_state adam = { .m = f->m, .v = f->v };
+    snprintf(path, sizeof path, "%s/checkpoints/step-00000001", missing);
+    rc = ddt_checkpoint_read(path, &f->c, params, &adam, NULL, err, sizeof err);
+    check(rc < 0 && strstr(err, path), "read of a missing checkpoint: rc %d, %s", rc, err);
+    snprintf(path, sizeof path, "%s/export", missing);
+    rc = ddt_export_write(path, &f->c, f->params, err, sizeof err);
+    check(rc < 0 && strstr(err, missing), "export under a missing directory: rc %d, %s", rc, err);
+    check(!is_dir(missing), "export created the missing directory");
+    free(params);
+    fixture_free(f);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Export
+ */
+
+static const char *string_or_empty(const cJSON *item)
+{
+    const char *s = cJSON_GetStringValue(item);
+    return s ? s : "";
+}
+
+static int configs_equal(const ddt_drafter_config *a, const ddt_drafter_config *b)
+{
+    int same = a->hidden == b->hidden && a->layers == b->layers && a->heads == b->heads &&
+               a->kv_heads == b->kv_heads && a->head_dim == b->head_dim && a->intermediate == b->intermediate &&
+               a->vocab == b->vocab && a->block_size == b->block_size && a->sliding_window == b->sliding_window &&
+               a->rms_norm_eps == b->rms_norm_eps && a->rope_theta == b->rope_theta && a->taps == b->taps &&
+               a->mask_token_id == b->mask_token_id && a->num_target_layers == b->num_target_layers;
+    for (int i = 0; i < DDT_MAX_LAYERS; i++)
+        same &= a->sliding[i] == b->sliding[i];
+    for (int i = 0; i < DDT_MAX_TAPS; i++)
+        same &= a->target_layer_ids[i] == b->target_layer_ids[i];
+    return same;
+}
+
+/* out's model.safetensors holds exactly f's table in BF16 equal to bf16(params), format pt */
+static void check_export_weights(const char *out, const fixture *f)
+{
+    char path[1024], err[1024] = "";
+    snprintf(path, sizeof path, "%s/model.safetensors", out);
+    ddt_st_file st;
+    if (ddt_st_open(path, &st, err, sizeof err)) {
+        check(0, "model.safetensors does not open: %s", err);
+        return;
+    }
+    const char *format = ddt_st_metadata(&st, "format");
+    check(format && !strcmp(format, "pt") && st.meta_count == 1, "__metadata__ is not exactly {format: pt}");
+    check(st.count == f->n, "%d tensors, expected the table's %d", st.count, f->n);
+    int wrong = 0;
+    for (int i = 0; i < f->n; i++) {
+        const ddt_param *p = &f->table[i];
+        const ddt_st_tensor *t = ddt_st_find(&st, p->name);
+        if (!t || t->dtype != DDT_BF16 || t->ndim != p->ndim || t->shape[0] != p->shape[0] ||
+            (p->ndim == 2 && t->shape[1] != p->shape[1])) {
+            check(0, "%s: missing, or not BF16 of the table's shape", p->name);
+            continue;
+        }
+        const uint16_t *got = t->data;   /* the data offsets of our writer keep 2-byte alignment */
+        for (int64_t j = 0; j < p->numel; j++)
+            wrong += got[j] != ddt_f32_to_bf16(f->params[p->offset + j]);
+    }
+    check(wrong == 0, "%d BF16 values differ from bf16(params)", wrong);
+    ddt_st_close(&st);
+}
+
+static void test_export(void)
+{
+    char dir[512], out[600], path[1024], err[1024] = "";
+    new_dir("export", dir, sizeof dir);
+    fixture *f = fixture_new(71);
+    snprintf(out, sizeof out, "%s/drafter", dir);
+    int rc = ddt_export_write(out, &f->c, f->params, err, sizeof err);
+    check(rc == 0, "export: %s", err);
+    check(count_entries(dir, "") == 1, "something besides the export is left in %s", dir);
+
+    /* config.json: exactly the keys of SPEC.md section 5, the fixed ones with their values */
+    snprintf(path, sizeof path, "%s/config.json", out);
+    char *text = ddt_read_text_file(path, 1 << 20, err, sizeof err);
+    cJSON *json = text ? cJSON_Parse(text) : NULL;
+    check(json != NULL, "config.json does not parse");
+    if (json) {
+        static const char *const keys[] = {
+            "architectures", "model_type", "hidden_size", "num_hidden_layers", "num_attention_heads",
+            "num_key_value_heads", "head_dim", "intermediate_size", "rms_norm_eps", "rope_theta",
+            "layer_types", "sliding_window", "block_size", "num_target_layers", "dflash_config",
+            "rope_scaling", "tie_word_embeddings", "attention_bias", "hidden_act", "vocab_size",
+        };
+        int nkeys = (int)(sizeof keys / sizeof keys[0]);
+        check(cJSON_GetArraySize(json) == nkeys, "config.json has %d keys, expected %d", cJSON_GetArraySize(json),
+              nkeys);
+        for (int i = 0; i < nkeys; i++)
+            check(cJSON_GetObjectItemCaseSensitive(json, keys[i]) != NULL, "config.json lacks %s", keys[i]);
+        const cJSON *arch = cJSON_GetObjectItemCaseSensitive(json, "architectures");
+        check(cJSON_IsArray(arch) && cJSON_GetArraySize(arch) == 1 &&
+                  !strcmp(string_or_empty(cJSON_GetArrayItem(arch, 0)), "DFlashDraftModel"),
+              "architectures is not [\"DFlashDraftModel\"]");
+        check(!strcmp(string_or_empty(cJSON_GetObjectItemCaseSensitive(json, "model_type")), "qwen3"),
+              "model_type is not qwen3");
+        check(!strcmp(string_or_empty(cJSON_GetObjectItemCaseSensitive(json, "hidden_act")), "silu"),
+              "hidden_act is not silu");
+        check(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(json, "rope_scaling")), "rope_scaling is not null");
+        check(cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(json, "tie_word_embeddings")) &&
+                  cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(json, "attention_bias")),
+              "tie_word_embeddings / attention_bias are not false");
+        const cJSON *dflash = cJSON_GetObjectItemCaseSensitive(json, "dflash_config");
+        check(cJSON_GetArraySize(dflash) == 2, "dflash_config does not hold exactly 2 keys");
+        const cJSON *types = cJSON_GetObjectItemCaseSensitive(json, "layer_types");
+        check(!strcmp(string_or_empty(cJSON_GetArrayItem(types, 0)), "sliding_attention") &&
+                  !strcmp(string_or_empty(cJSON_GetArrayItem(types, 1)), "full_attention"),
+              "layer_types wrong");
+        check(strstr(text, "1.234567e-06") != NULL, "rms_norm_eps not written as its shortest decimal:\n%s", text);
+        cJSON_Delete(json);
+    }
+    free(text);
+
+    ddt_drafter_config back;
+    rc = ddt_drafter_config_load(out, &back, err, sizeof err);
+    check(rc == 0, "config.json does not load: %s", err);
+    check(rc == 0 && configs_equal(&back, &f->c), "config.json loads to another configuration");
+    check_export_weights(out, f);
+    fixture_free(f);
+}
+
+static void test_export_replaces(void)
+{
+    char dir[512], out[600], path[1024], err[1024] = "";
+    new_dir("export_replace", dir, sizeof dir);
+    fixture *a = fixture_new(81), *b = fixture_new(82);
+    snprintf(out, sizeof out, "%s/drafter/", dir);   /* a trailing slash names the same directory */
+    check(ddt_export_write(out, &a->c, a->params, err, sizeof err) == 0, "first export: %s", err);
+    snprintf(path, sizeof path, "%s/drafter/stale.txt", dir);
+    write_file(path, "from before");
+    b->c.vocab = 151936;   /* a different config.json too */
+    check(ddt_export_write(out, &b->c, b->params, err, sizeof err) == 0, "second export: %s", err);
+    check(access(path, F_OK) != 0, "the old export's files are still there");
+    check(count_entries(dir, "") == 1, "a temporary or the old export is left in %s", dir);
+    ddt_drafter_config back;
+    check(ddt_drafter_config_load(out, &back, err, sizeof err) == 0 && back.vocab == 151936,
+          "config.json is not the second export's");
+    check_export_weights(out, b);
+
+    /* an export onto a file is refused and leaves the file and no temporary */
+    snprintf(path, sizeof path, "%s/a_file", dir);
+    write_file(path, "keep me");
+    int rc = ddt_export_write(path, &a->c, a->params, err, sizeof err);
+    check(rc == -ENOTDIR && strstr(err, path), "export onto a file: rc %d, %s", rc, err);
+    check(file_size(path) == 7 && count_entries(dir, "") == 2, "a refused export changed %s", dir);
+    fixture_free(a);
+    fixture_free(b);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    return remove(path);
+}
+
+int main(void)
+{
+    if (!mkdtemp(root)) {
+        perror("mkdtemp");
+        return 2;
+    }
+    static const test_case cases[] = {
+        { "checkpoint_round_trip", test_round_trip },
+        { "checkpoint_keep", test_keep },
+        { "checkpoint_latest", test_latest },
+        { "checkpoint_read_refuses", test_read_refuses },
+        { "checkpoint_same_step", test_same_step },
+        { "checkpoint_errors", test_errors },
+        { "export", test_export },
+        { "export_replaces", test_export_replaces },
+    };
+    run_cases(cases, sizeof cases / sizeof cases[0]);
+    nftw(root, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+    return cases_summary();
+}

@@ -1,0 +1,839 @@
+/* test_source.c: KV-cache generation (generate.h) and the feature sources (source.h).
+ * Generation: determinism per seed, greedy == argmax of the full forward's logits, the decode's
+ * hidden states == the full forward's (llama and qwen3, chunked prefill of a prompt), top_p -> 0
+ * == greedy. Sources: synthetic (order, seek, held-out), hf with a token file over a llama
+ * directory written here (shuffle per epoch, cut, skip, held-out reservation, features ==
+ * the target's forward), shards written here (read back exactly, BF16, tied heads, every
+ * validation rule refused with the file named).
+ * ctest: one line per case, a final "N passed, M failed".
+ *
+ * Legend: S tokens, H hidden, F = L_t*H feature width, V vocabulary.
+ */
+#include "check.h"
+#include "ddk_rng.h"
+#include "generate.h"
+#include "safetensors.h"
+#include "source.h"
+#include "target.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+enum { H = 16, V = 50, N_TAPS = 2, F = N_TAPS * H, MAX_S = 96 };
+
+static char tmpdir[] = "/tmp/ddtree_test_source.XXXXXX";
+
+static ddt_target_config tiny_config(int qwen3)
+{
+    return (ddt_target_config){ .qwen3 = qwen3, .hidden = H, .layers = 3, .heads = 4, .kv_heads = 2,
+                                .head_dim = 4, .intermediate = 24, .vocab = V, .rms_norm_eps = 1e-6f,
+                                .rope_theta = 10000.0f, .tie_word_embeddings = 0 };
+}
+
+static double max_rel_diff(const float *a, const float *b, int64_t n)
+{
+    double diff = 0.0, scale = 1e-30;
+    for (int64_t i = 0; i < n; i++) {
+        diff = fmax(diff, fabs((double)a[i] - b[i]));
+        scale = fmax(scale, fabs((double)b[i]));
+    }
+    return diff / scale;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Generation
+ */
+
+static void test_generate_deterministic(void)
+{
+    ddt_target t;
+    char err[512] = "";
+    ddt_target_config c = tiny_config(0);
+    check(ddt_target_synthetic(&c, 3, &t, err, sizeof err) == 0, "synthetic target: %s", err);
+    ddt_generator g;
+    check(ddt_generator_init(&g, ddk_backend_cpu(), &t, 32, err, sizeof err) == 0, "generator: %s", err);
+    const ddt_generate_params p = { 1.0f, 0.95f };
+    int32_t a[32], b[32], other[32], heldout[32];
+    uint64_t s0 = ddt_generate_seed(7, 0, "train");
+    check(ddt_generate(&g, &p, s0, NULL, 0, 32, a, NULL) == 0, "generate failed");
+    check(ddt_generate(&g, &p, ddt_generate_seed(7, 1, "train"), NULL, 0, 32, other, NULL) == 0, "generate failed");
+    check(ddt_generate(&g, &p, s0, NULL, 0, 32, b, NULL) == 0, "generate failed");
+    check(ddt_generate(&g, &p, ddt_generate_seed(7, 0, "heldout"), NULL, 0, 32, heldout, NULL) == 0, "generate failed");
+    check(!memcmp(a, b, sizeof a), "the same seed gave different tokens (after another sequence in between)");
+    check(memcmp(a, other, sizeof a) != 0, "sequence indices 0 and 1 gave the same tokens");
+    check(memcmp(a, heldout, sizeof a) != 0, "streams train and heldout gave the same tokens");
+    int in_range = 1, distinct = 0;
+    for (int i = 0; i < 32; i++) {
+        in_range &= a[i] >= 0 && a[i] < V;
+        distinct += i > 0 && a[i] != a[i - 1];
+    }
+    check(in_range, "a token outside [0, V)");
+    check(distinct > 4, "temperature 1 sampled a near-constant sequence (%d changes)", distinct);
+    check(ddt_generate(&g, &p, s0, NULL, 0, 33, a, NULL) == -EINVAL, "S > max_len accepted");
+    ddt_generator_free(&g);
+    ddt_target_free(&t);
+}
+
+/* tokens (S) sampled greedily: each is the argmax of the full forward's logits one before */
+static void test_greedy_is_argmax(void)
+{
+    ddt_target t;
+    char err[512] = "";
+    ddt_target_config c = tiny_config(0);
+    check(ddt_target_synthetic(&c, 5, &t, err, sizeof err) == 0, "synthetic target: %s", err);
+    ddt_generator g;
+    enum { S = 40 };
+    check(ddt_generator_init(&g, ddk_backend_cpu(), &t, S, err, sizeof err) == 0, "generator: %s", err);
+    const ddt_generate_params greedy = { 0.0f, 1.0f };
+    int32_t tokens[S];
+    check(ddt_generate(&g, &greedy, 11, NULL, 0, S, tokens, NULL) == 0, "generate failed");
+    float *hidden = xcalloc(S * H, sizeof(float));   /* (S, H) */
+    check(ddt_target_forward(ddk_backend_cpu(), &t, tokens, S, NULL, 0, NULL, hidden) == 0, "forward failed");
+    int wrong = 0, changes = 0;
+    for (int64_t i = 0; i + 1 < S; i++) {
+        int64_t best = 0;
+        float z[V];
+        for (int64_t v = 0; v < V; v++) {
+            z[v] = 0.0f;
+            for (int64_t j = 0; j < H; j++)
+                z[v] += hidden[i * H + j] * t.lm_head[v * H + j];
+            if (z[v] > z[best])
+                best = v;
+        }
+        wrong += tokens[i + 1] != best;
+        changes += tokens[i + 1] != tokens[i];
+    }
+    check(wrong == 0, "%d of %d greedy tokens differ from the full forward's argmax", wrong, S - 1);
+    check(changes > 0, "greedy output is constant: a weak test");
+    free(hidden);
+    ddt_generator_free(&g);
+    ddt_target_free(&t);
+}
+
+/* the decode's hidden states at every position == ddt_target_forward's final_hidden */
+static void decode_matches_forward(int qwen3, int64_t P, int64_t S)
+{
+    ddt_target t;
+    char err[512] = "";
+    ddt_target_config c = tiny_config(qwen3);
+    check(ddt_target_synthetic(&c, 9 + (uint64_t)qwen3, &t, err, sizeof err) == 0, "synthetic target: %s", err);
+    ddt_generator g;
+    check(ddt_generator_init(&g, ddk_backend_cpu(), &t, S, err, sizeof err) == 0, "generator: %s", err);
+    int32_t prompt[MAX_S], tokens[MAX_S];
+    for (int64_t i = 0; i < P; i++)
+        prompt[i] = (int32_t)((i * 7 + 3) % V);
+    const ddt_generate_params p = { 1.0f, 1.0f };
+    float *decoded = xcalloc((size_t)(S * H), sizeof(float)), *full = xcalloc((size_t)(S * H), sizeof(float));
+    check(ddt_generate(&g, &p, 21, P ? prompt : NULL, P, S, tokens, decoded) == 0, "generate failed");
+    check(P == 0 || !memcmp(tokens, prompt, (size_t)P * sizeof *prompt), "the prompt was not kept");
+    check(ddt_target_forward(ddk_backend_cpu(), &t, tokens, S, NULL, 0, NULL, full) == 0, "forward failed");
+    double worst = 0.0;
+    int64_t at = -1;
+    for (int64_t i = 0; i < S; i++) {
+        double r = max_rel_diff(decoded + i * H, full + i * H, H);
+        if (r > worst) {
+            worst = r;
+            at = i;
+        }
+    }
+    /* float32 sums in another order (one row vs the whole sequence; plain C vs BLAS) */
+    check(worst <= 1e-5, "%s, prompt %lld: decode hidden differs from the full forward by %.3g (relative) at %lld",
+          qwen3 ? "qwen3" : "llama", (long long)P, worst, (long long)at);
+    free(decoded);
+    free(full);
+    ddt_generator_free(&g);
+    ddt_target_free(&t);
+}
+
+static void test_decode_matches_forward(void)
+{
+    decode_matches_forward(0, 0, 48);
+    decode_matches_forward(1, 0, 48);
+    decode_matches_forward(0, 70, 90);   /* prefill in two chunks, then decode */
+    decode_matches_forward(1, 5, 30);
+}
+
+static void test_top_p_tiny_is_greedy(void)
+{
+    ddt_target t;
+    char err[512] = "";
+    ddt_target_config c = tiny_config(1);
+    check(ddt_target_synthetic(&c, 13, &t, err, sizeof err) == 0, "synthetic target: %s", err);
+    ddt_generator g;
+    check(ddt_generator_init(&g, ddk_backend_cpu(), &t, 40, err, sizeof err) == 0, "generator: %s", err);
+    const ddt_generate_params greedy = { 0.0f, 1.0f }, nucleus = { 1.0f, 1e-9f }, full = { 1.0f, 1.0f };
+    int32_t a[40], b[40], sampled[40];
+    for (uint64_t seed = 1; seed <= 3; seed++) {
+        check(ddt_generate(&g, &greedy, seed, NULL, 0, 40, a, NULL) == 0, "generate failed");
+        check(ddt_generate(&g, &nucleus, seed, NULL, 0, 40, b, NULL) == 0, "generate failed");
+        check(ddt_generate(&g, &full, seed, NULL, 0, 40, sampled, NULL) == 0, "generate failed");
+        check(!memcmp(a, b, sizeof a), "seed %llu: top_p 1e-9 differs from greedy", (unsigned long long)seed);
+        check(memcmp(a, sampled, sizeof a) != 0, "seed %llu: top_p 1 equals greedy (sampling had no effect)",
+              (unsigned long long)seed);
+    }
+    ddt_generator_free(&g);
+    ddt_target_free(&t);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Sequences kept by the test
+ */
+
+typedef struct saved {
+    int64_t S;
+    int32_t ids[MAX_S];
+    uint8_t mask[MAX_S];
+    float features[MAX_S * F], teacher[MAX_S * H];
+    int has_teacher;
+} saved;
+
+static void save(saved *sv, const ddt_sequence *q)
+{
+    sv->S = q->S;
+    memcpy(sv->ids, q->input_ids, (size_t)q->S * sizeof(int32_t));
+    memcpy(sv->mask, q->loss_mask, (size_t)q->S);
+    memcpy(sv->features, q->features, (size_t)(q->S * F) * sizeof(float));
+    sv->has_teacher = q->teacher_hidden != NULL;
+    if (q->teacher_hidden)
+        memcpy(sv->teacher, q->teacher_hidden, (size_t)(q->S * H) * sizeof(float));
+}
+
+/* bit-identical: the same sequence computed again by the same code */
+static int same(const saved *sv, const ddt_sequence *q)
+{
+    return sv->S == q->S && !memcmp(sv->ids, q->input_ids, (size_t)q->S * sizeof(int32_t)) &&
+           !memcmp(sv->mask, q->loss_mask, (size_t)q->S) &&
+           !memcmp(sv->features, q->features, (size_t)(q->S * F) * sizeof(float)) &&
+           sv->has_teacher == (q->teacher_hidden != NULL) &&
+           (!q->teacher_hidden || !memcmp(sv->teacher, q->teacher_hidden, (size_t)(q->S * H) * sizeof(float)));
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Synthetic source
+ */
+
+static ddt_source_config synthetic_config(int prefetch)
+{
+    ddt_source_config c;
+    memset(&c, 0, sizeof c);
+    c.kind = DDT_SOURCE_SYNTHETIC;
+    c.synthetic = tiny_config(1);
+    c.seq_len = 12;
+    c.n_taps = N_TAPS;
+    c.taps[0] = 0;
+    c.taps[1] = 2;
+    c.want_teacher = 1;
+    c.temperature = 1.0f;
+    c.top_p = 0.9f;
+    c.seed = 7;
+    c.heldout = 2;
+    c.prefetch = prefetch;
+    return c;
+}
+
+enum { RUN = 6 };
+static saved stream[RUN];   /* the synthetic source's first RUN sequences */
+
+static void test_synthetic_order(void)
+{
+    char err[512] = "";
+    ddt_source_config c = synthetic_config(3);
+    ddt_source *s, *other;
+    check(ddt_source_open(&c, H, &s, err, sizeof err) == 0, "open: %s", err);
+    if (case_failed)
+        return;
+    check(ddt_source_vocab(s) == V && ddt_source_target_layers(s) == 3 && ddt_source_embed(s) &&
+          ddt_source_lm_head(s), "vocab / layers / heads wrong");
+    ddt_sequence q;
+    for (int i = 0; i < RUN; i++) {
+        check(ddt_source_next(s, &q, err, sizeof err) == 0, "next %d: %s", i, err);
+        save(&stream[i], &q);
+        int ok = q.S == c.seq_len && q.teacher_hidden;
+        for (int64_t j = 0; ok && j < q.S; j++)
+            ok = q.loss_mask[j] == 1 && q.input_ids[j] >= 0 && q.input_ids[j] < V;
+        float mag = 0.0f;
+        for (int64_t j = 0; j < q.S * F; j++)
+            mag += fabsf(q.features[j]);
+        check(ok && mag > 0.0f && isfinite(mag), "sequence %d malformed (S, mask, ids, features)", i);
+    }
+    check(ddt_source_cursor(s) == RUN, "cursor %lld after %d next()", (long long)ddt_source_cursor(s), RUN);
+    check(memcmp(stream[0].ids, stream[1].ids, sizeof stream[0].ids) != 0, "sequences 0 and 1 are the same");
+    ddt_source_close(s);
+
+    /* another queue depth, the same stream */
+    c.prefetch = 1;
+    check(ddt_source_open(&c, H, &other, err, sizeof err) == 0, "open: %s", err);
+    for (int i = 0; i < RUN && !case_failed; i++) {
+        check(ddt_source_next(other, &q, err, sizeof err) == 0, "next %d: %s", i, err);
+        check(same(&stream[i], &q), "prefetch 1 gave another sequence %d than prefetch 3", i);
+    }
+    ddt_source_close(other);
+}
+
+static void test_synthetic_seek(void)
+{
+    char err[512] = "";
+    ddt_source_config c = synthetic_config(2);
+    ddt_source *s;
+    check(ddt_source_open(&c, H, &s, err, sizeof err) == 0, "open: %s", err);
+    if (case_failed)
+        return;
+    ddt_sequence q;
+    check(ddt_source_seek(s, 3) == 0 && ddt_source_cursor(s) == 3, "seek(3)");
+    for (int i = 3; i < RUN; i++) {
+        check(ddt_source_next(s, &q, err, sizeof err) == 0, "next: %s", err);
+        check(same(&stream[i], &q), "after seek(3): sequence %d differs from the original stream", i);
+    }
+    /* back, while the loader is running ahead */
+    check(ddt_source_seek(s, 1) == 0, "seek(1)");
+    for (int i = 1; i < 3; i++) {
+        check(ddt_source_next(s, &q, err, sizeof err) == 0, "next: %s", err);
+        check(same(&stream[i], &q), "after seek(1): sequence %d differs from the original stream", i);
+    }
+    check(ddt_source_cursor(s) == 3, "cursor %lld, expected 3", (long long)ddt_source_cursor(s));
+    /* seeks right after a next(), when the loader is most likely in the middle of a sequence
+     * that must then be dropped */
+    for (int k = 0; k < 200 && !case_failed; k++) {
+        const int at = (k * 5) % (RUN - 1);
+        check(ddt_source_seek(s, at) == 0, "seek(%d)", at);
+        for (int i = at; i < at + 2; i++) {
+            check(ddt_source_next(s, &q, err, sizeof err) == 0, "next: %s", err);
+            check(same(&stream[i], &q), "repeated seeks: sequence %d differs from the original stream", i);
+        }
+    }
+    check(ddt_source_seek(s, -1) == -EINVAL, "seek(-1) accepted");
+    ddt_source_close(s);   /* with the loader busy filling the queue */
+}
+
+static void test_synthetic_heldout(void)
+{
+    char err[512] = "";
+    ddt_source_config c = synthetic_config(2);
+    ddt_source *s, *again;
+    check(ddt_source_open(&c, H, &s, err, sizeof err) == 0, "open: %s", err);
+    check(ddt_source_open(&c, H, &again, err, sizeof err) == 0, "open: %s", err);
+    if (case_failed)
+        return;
+    ddt_sequence q;
+    saved *held = xcalloc(2, sizeof *held);
+    for (int i = 0; i < 2; i++) {
+        check(ddt_source_heldout(s, i, &q, err, sizeof err) == 0, "heldout %d: %s", i, err);
+        save(&held[i], &q);
+        for (int j = 0; j < RUN; j++)
+            check(memcmp(held[i].ids, stream[j].ids, (size_t)q.S * sizeof(int32_t)) != 0,
+                  "held-out %d has the tokens of training sequence %d", i, j);
+    }
+    check(memcmp(held[0].ids, held[1].ids, sizeof held[0].ids) != 0, "held-out 0 and 1 are the same");
+    check(ddt_source_next(s, &q, err, sizeof err) == 0 && same(&stream[0], &q),
+          "held-out calls changed the training stream");
+    for (int i = 1; i >= 0; i--) {
+        check(ddt_source_heldout(s, i, &q, err, sizeof err) == 0 && same(&held[i], &q), "held-out %d not stable", i);
+        check(ddt_source_heldout(again, i, &q, err, sizeof err) == 0 && same(&held[i], &q),
+              "held-out %d differs between two sources of one config", i);
+    }
+    check(ddt_source_heldout(s, 2, &q, err, sizeof err) == -EINVAL && strstr(err, "held-out"),
+          "held-out 2 of 2 accepted (%s)", err);
+    free(held);
+    ddt_source_close(s);
+    ddt_source_close(again);
+}
+
+static void test_config_errors(void)
+{
+    char err[512] = "";
+    ddt_source *s = NULL;
+    ddt_source_config c = synthetic_config(2);
+    c.taps[1] = 3;
+    check(ddt_source_open(&c, H, &s, err, sizeof err) == -EINVAL && !s && strstr(err, "layer id 3"),
+          "a tap outside the target accepted (%s)", err);
+    c = synthetic_config(2);
+    check(ddt_source_open(&c, H + 1, &s, err, sizeof err) == -EINVAL && strstr(err, "hidden"),
+          "a hidden size unlike the drafter's accepted (%s)", err);
+    c.top_p = 0.0f;
+    check(ddt_source_open(&c, H, &s, err, sizeof err) == -EINVAL && strstr(err, "top_p"), "top_p 0 accepted (%s)", err);
+    c = synthetic_config(0);
+    check(ddt_source_open(&c, H, &s, err, sizeof err) == -EINVAL && strstr(err, "prefetch"),
+          "prefetch 0 accepted (%s)", err);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Files written by the test
+ */
+
+static void write_text(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    check(f != NULL, "cannot write %s", path);
+    if (f) {
+        fputs(text, f);
+        fclose(f);
+    }
+}
+
+/* a llama directory (config.json, model.safetensors F32) holding t's weights */
+static void write_llama_dir(const char *dir, const ddt_target *t)
+{
+    const ddt_target_config *c = &t->cfg;
+    mkdir(dir, 0700);
+    char path[512], json[1024];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    snprintf(json, sizeof json,
+             "{\"model_type\": \"llama\", \"hidden_size\": %lld, \"num_hidden_layers\": %lld,"
+             " \"num_attention_heads\": %lld, \"num_key_value_heads\": %lld, \"head_dim\": %lld,"
+             " \"intermediate_size\": %lld, \"vocab_size\": %lld, \"rms_norm_eps\": 1e-6,"
+             " \"rope_theta\": 10000.0, \"tie_word_embeddings\": false}",
+             (long long)c->hidden, (long long)c->layers, (long long)c->heads, (long long)c->kv_heads,
+             (long long)c->head_dim, (long long)c->intermediate, (long long)c->vocab);
+    write_text(path, json);
+    static char names[64][96];
+    ddt_st_entry e[64];
+    int n = 0;
+    const int64_t qd = c->heads * c->head_dim, kvd = c->kv_heads * c->head_dim;
+#define ENTRY(ptr, rows, cols, ...)                                                    \
+    do {                                                                               \
+        snprintf(names[n], sizeof names[n], __VA_ARGS__);                              \
+        e[n] = (ddt_st_entry){ names[n], DDT_F32, (cols) ? 2 : 1, { rows, cols }, ptr }; \
+        n++;                                                                           \
+    } while (0)
+    ENTRY(t->embed_tokens, c->vocab, c->hidden, "model.embed_tokens.weight");
+    for (int64_t l = 0; l < c->layers; l++) {
+        const ddt_target_layer *L = &t->layer[l];
+        ENTRY(L->input_layernorm, c->hidden, 0, "model.layers.%lld.input_layernorm.weight", (long long)l);
+        ENTRY(L->q_proj, qd, c->hidden, "model.layers.%lld.self_attn.q_proj.weight", (long long)l);
+        ENTRY(L->k_proj, kvd, c->hidden, "model.layers.%lld.self_attn.k_proj.weight", (long long)l);
+        ENTRY(L->v_proj, kvd, c->hidden, "model.layers.%lld.self_attn.v_proj.weight", (long long)l);
+        ENTRY(L->o_proj, c->hidden, qd, "model.layers.%lld.self_attn.o_proj.weight", (long long)l);
+        ENTRY(L->post_attention_layernorm, c->hidden, 0, "model.layers.%lld.post_attention_layernorm.weight",
+              (long long)l);
+        ENTRY(L->gate_proj, c->intermediate, c->hidden, "model.layers.%lld.mlp.gate_proj.weight", (long long)l);
+        ENTRY(L->up_proj, c->intermediate, c->hidden, "model.layers.%lld.mlp.up_proj.weight", (long long)l);
+        ENTRY(L->down_proj, c->hidden, c->intermediate, "model.layers.%lld.mlp.down_proj.weight", (long long)l);
+    }
+    ENTRY(t->norm, c->hidden, 0, "model.norm.weight");
+    ENTRY(t->lm_head, c->vocab, c->hidden, "lm_head.weight");
+#undef ENTRY
+    for (int i = 0; i < n; i++)
+        if (e[i].ndim == 1)
+            e[i].shape[1] = 0;
+    char err[512] = "";
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    check(ddt_st_write(path, e, n, NULL, NULL, 0, err, sizeof err) == 0, "writing the model: %s", err);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * hf with a token file
+ */
+
+enum { TOK_SEQS = 7, TOK_TOTAL = 48, TOK_LEN = 8 };
+static const int64_t tok_lengths[TOK_SEQS] = { 5, 1, 9, 3, 20, 6, 4 };   /* 1: skipped; 9, 20: cut to 8 */
+
+static void test_hf_tokens(void)
+{
+    char err[512] = "", dir[256], tokens_path[256];
+    snprintf(dir, sizeof dir, "%s/llama", tmpdir);
+    snprintf(tokens_path, sizeof tokens_path, "%s/tokens.safetensors", tmpdir);
+    ddt_target t, loaded;
+    ddt_target_config tc = tiny_config(0);
+    check(ddt_target_synthetic(&tc, 17, &t, err, sizeof err) == 0, "synthetic: %s", err);
+    write_llama_dir(dir, &t);
+    ddt_target_free(&t);
+    check(ddt_target_load(dir, &loaded, err, sizeof err) == 0, "the written directory does not load: %s", err);
+    if (case_failed)
+        return;
+
+    int32_t ids[TOK_TOTAL];
+    int64_t offsets[TOK_SEQS + 1] = { 0 };
+    for (int i = 0; i < TOK_TOTAL; i++)
+        ids[i] = (i * 13 + 5) % V;
+    for (int s = 0; s < TOK_SEQS; s++)
+        offsets[s + 1] = offsets[s] + tok_lengths[s];
+    const ddt_st_entry e[] = { { "input_ids", DDT_I32, 1, { TOK_TOTAL }, ids },
+                               { "offsets", DDT_I64, 1, { TOK_SEQS + 1 }, offsets } };
+    check(offsets[TOK_SEQS] == TOK_TOTAL, "fixture lengths");
+    check(ddt_st_write(tokens_path, e, 2, NULL, NULL, 0, err, sizeof err) == 0, "writing tokens: %s", err);
+
+    ddt_source_config c;
+    memset(&c, 0, sizeof c);
+    c.kind = DDT_SOURCE_HF;
+    snprintf(c.model_dir, sizeof c.model_dir, "%s", dir);
+    snprintf(c.tokens_file, sizeof c.tokens_file, "%s", tokens_path);
+    c.seq_len = TOK_LEN;
+    c.n_taps = N_TAPS;
+    c.taps[0] = 1;
+    c.taps[1] = 2;
+    c.want_teacher = 1;
+    c.top_p = 1.0f;
+    c.seed = 5;
+    c.heldout = 2;
+    c.prefetch = 2;
+
+    static const int train_items[4] = { 0, 2, 3, 4 };
+    enum { EPOCHS = 3 };
+    int order[2][EPOCHS * 4];
+    for (int run = 0; run < 2; run++) {
+        if (run == 1)
+            c.seed = 6;
+        ddt_source *s;
+        check(ddt_source_open(&c, H, &s, err, sizeof err) == 0, "open: %s", err);
+        if (case_failed)
+            break;
+        ddt_sequence q;
+        float *features = xcalloc(TOK_LEN * F, sizeof(float)), *teacher = xcalloc(TOK_LEN * H, sizeof(float));
+        for (int k = 0; k < EPOCHS * 4; k++) {
+            check(ddt_source_next(s, &q, err, sizeof err) == 0, "next %d: %s", k, err);
+            order[run][k] = -1;
+            for (int j = 0; j < 4; j++) {
+                int item = train_items[j];
+                int64_t S = tok_lengths[item] < TOK_LEN ? tok_lengths[item] : TOK_LEN;
+                if (q.S == S && !memcmp(q.input_ids, ids + offsets[item], (size_t)S * sizeof(int32_t)))
+                    order[run][k] = item;
+            }
+            check(order[run][k] >= 0, "next %d is no training sequence of the file (cut to %d)", k, TOK_LEN);
+            if (order[run][k] < 0)
+                continue;
+            check(ddt_target_forward(ddk_backend_cpu(), &loaded, q.input_ids, q.S, c.taps, N_TAPS, features,
+                                     teacher) == 0, "forward");
+            check(max_rel_diff(q.features, features, q.S * F) <= 1e-6 &&
+                  max_rel_diff(q.teacher_hidden, teacher, q.S * H) <= 1e-6,
+                  "next %d: features / teacher differ from the target's forward", k);
+        }
+        for (int epoch = 0; epoch < EPOCHS; epoch++) {
+            int seen = 0;
+            for (int k = 0; k < 4; k++)
+                seen |= order[run][epoch * 4 + k] >= 0 ? 1 << order[run][epoch * 4 + k] : 0;
+            check(seen == (1 << 0 | 1 << 2 | 1 << 3 | 1 << 4), "epoch %d is not a permutation of the training "
+                  "sequences", epoch);
+        }
+        for (int i = 0; i < 2; i++) {
+            int item = 5 + i;
+            check(ddt_source_heldout(s, i, &q, err, sizeof err) == 0, "heldout: %s", err);
+            check(q.S == tok_lengths[item] && !memcmp(q.input_ids, ids + offsets[item], (size_t)q.S * 4),
+                  "held-out %d is not the file's sequence %d", i, item);
+        }
+        /* the same config again: the same order; a seek into epoch 2 too */
+        ddt_source *again;
+        check(ddt_source_open(&c, H, &again, err, sizeof err) == 0, "reopen: %s", err);
+        check(ddt_source_seek(again, 9) == 0, "seek");
+        for (int k = 9; k < EPOCHS * 4 && !case_failed; k++) {
+            check(ddt_source_next(again, &q, err, sizeof err) == 0, "next: %s", err);
+            check(!memcmp(q.input_ids, ids + offsets[order[run][k]], (size_t)q.S * 4),
+                  "reopened and seeked to 9: sequence %d differs", k);
+        }
+        ddt_source_close(again);
+        ddt_source_close(s);
+        free(features);
+        free(teacher);
+    }
+    int orders_differ = 0, epochs_differ = 0;
+    for (int k = 0; k < EPOCHS * 4; k++) {
+        orders_differ |= order[0][k] != order[1][k];
+        epochs_differ |= order[0][k] != order[0][k % 4];
+    }
+    check(orders_differ, "seeds 5 and 6 gave the same order");
+    check(epochs_differ, "every epoch has the same order (no reshuffle)");
+
+    /* too few sequences for the held-out ones: 6 usable, 6 held out */
+    c.heldout = 6;
+    ddt_source *s = NULL;
+    check(ddt_source_open(&c, H, &s, err, sizeof err) == -EINVAL && !s && strstr(err, tokens_path) &&
+          strstr(err, "too few"), "6 held-out of 6 usable sequences accepted (%s)", err);
+    ddt_target_free(&loaded);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Shards
+ */
+
+enum { SH_TOTAL = 18, SH_SEQS = 3, SH_LEN = 6 };
+static const int64_t shard_offsets[SH_SEQS + 1] = { 0, 6, 11, 18 };   /* the 7-token one is cut to 6 */
+static int32_t shard_ids[SH_TOTAL];
+static uint8_t shard_mask[SH_TOTAL];
+static float shard_features[SH_TOTAL * F], shard_teacher[SH_TOTAL * H];
+static float heads_embed[V * H], heads_lm[V * H];
+
+typedef struct shard_fault {
+    const char *format, *version, *hidden, *taps, *vocab;
+    int no_teacher, offsets_end, decreasing, feature_cols;
+} shard_fault;
+
+/* shard path holding rows [0, SH_TOTAL) (offsets shard_offsets) or just one sequence of
+ * rows [0, 4) when single; dtype of the floats; fault: what to break (zeroed: nothing) */
+static void write_shard(const char *path, int single, ddt_dtype dtype, const shard_fault *fault)
+{
+    const int64_t T = single ? 4 : SH_TOTAL, nseq = single ? 1 : SH_SEQS;
+    int64_t offsets[SH_SEQS + 1];
+    for (int i = 0; i <= nseq; i++)
+        offsets[i] = single ? 4 * i : shard_offsets[i];
+    if (fault->offsets_end)
+        offsets[nseq] += fault->offsets_end;
+    if (fault->decreasing)
+        offsets[1] = offsets[2] + 1;
+    const int64_t cols = fault->feature_cols ? fault->feature_cols : F;
+    uint16_t *half = xcalloc((size_t)(T * (cols + H)), sizeof(uint16_t));
+    float *wide = xcalloc((size_t)(T * cols), sizeof(float));
+    for (int64_t r = 0; r < T; r++)
+        for (int64_t j = 0; j < cols; j++)
+            wide[r * cols + j] = j < F ? shard_features[r * F + j] : 0.0f;
+    const void *features = wide, *teacher = shard_teacher;
+    if (dtype == DDT_BF16) {
+        for (int64_t i = 0; i < T * cols; i++)
+            half[i] = ddt_f32_to_bf16(wide[i]);
+        for (int64_t i = 0; i < T * H; i++)
+            half[T * cols + i] = ddt_f32_to_bf16(shard_teacher[i]);
+        features = half;
+        teacher = half + T * cols;
+    }
+    const ddt_st_entry e[] = {
+        { "input_ids", DDT_I32, 1, { T }, shard_ids },
+        { "loss_mask", DDT_U8, 1, { T }, shard_mask },
+        { "offsets", DDT_I64, 1, { nseq + 1 }, offsets },
+        { "features", dtype, 2, { T, cols }, features },
+        { "teacher_hidden", dtype, 2, { T, H }, teacher },
+    };
+    const char *const keys[] = { "format", "version", "hidden_size", "target_layer_ids", "vocab_size", "target" };
+    const char *const values[] = { fault->format ? fault->format : "ddtree-features",
+                                   fault->version ? fault->version : "1", fault->hidden ? fault->hidden : "16",
+                                   fault->taps ? fault->taps : "[1, 2]", fault->vocab ? fault->vocab : "50",
+                                   "test" };
+    char err[512] = "";
+    check(ddt_st_write(path, e, fault->no_teacher ? 4 : 5, keys, values, 6, err, sizeof err) == 0,
+          "writing %s: %s", path, err);
+    free(half);
+    free(wide);
+}
+
+/* DIR with embed (under name) and, unless tied, lm_head; config.json text */
+static void write_heads_dir(const char *dir, const char *embed_name, ddt_dtype dtype, int with_lm_head,
+                            const char *config)
+{
+    mkdir(dir, 0700);
+    char path[512], err[512] = "";
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    write_text(path, config);
+    uint16_t *half = xcalloc(V * H, sizeof(uint16_t));
+    for (int i = 0; i < V * H; i++)
+        half[i] = ddt_f32_to_bf16(heads_embed[i]);
+    const ddt_st_entry e[] = {
+        { embed_name, dtype, 2, { V, H }, dtype == DDT_BF16 ? (const void *)half : (const void *)heads_embed },
+        { "lm_head.weight", DDT_F32, 2, { V, H }, heads_lm },
+    };
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    check(ddt_st_write(path, e, with_lm_head ? 2 : 1, NULL, NULL, 0, err, sizeof err) == 0, "heads: %s", err);
+    free(half);
+}
+
+static ddt_source_config shard_config(const char *heads_dir, char (*paths)[1024], int count)
+{
+    ddt_source_config c;
+    memset(&c, 0, sizeof c);
+    c.kind = DDT_SOURCE_SHARDS;
+    snprintf(c.model_dir, sizeof c.model_dir, "%s", heads_dir);
+    c.shard_count = count;
+    c.shards = paths;
+    c.seq_len = SH_LEN;
+    c.n_taps = N_TAPS;
+    c.taps[0] = 1;
+    c.taps[1] = 2;
+    c.want_teacher = 1;
+    c.seed = 3;
+    c.heldout = 1;
+    c.prefetch = 2;
+    return c;
+}
+
+static void shard_fixture(void)
+{
+    uint64_t rng = 99;
+    for (int i = 0; i < SH_TOTAL; i++) {
+        shard_ids[i] = (int32_t)(ddk_rng_next(&rng) % V);
+        shard_mask[i] = (uint8_t)(i % 5 != 2);
+    }
+    for (int i = 0; i < SH_TOTAL * F; i++)
+        shard_features[i] = (float)ddk_rng_normal(&rng);
+    for (int i = 0; i < SH_TOTAL * H; i++)
+        shard_teacher[i] = (float)ddk_rng_normal(&rng);
+    for (int i = 0; i < V * H; i++) {
+        heads_embed[i] = (float)ddk_rng_normal(&rng);
+        heads_lm[i] = (float)ddk_rng_normal(&rng);
+    }
+}
+
+/* the source's sequence q is rows [start, start + S) of the fixture (features rounded by round) */
+static int rows_match(const ddt_sequence *q, int64_t start, int64_t S, int bf16)
+{
+    if (q->S != S || memcmp(q->input_ids, shard_ids + start, (size_t)S * 4) || memcmp(q->loss_mask, shard_mask + start, (size_t)S))
+        return 0;
+    for (int64_t i = 0; i < S * F; i++) {
+        float x = shard_features[start * F + i];
+        if (q->features[i] != (bf16 ? ddt_bf16_to_f32(ddt_f32_to_bf16(x)) : x))
+            return 0;
+    }
+    for (int64_t i = 0; i < S * H; i++) {
+        float x = shard_teacher[start * H + i];
+        if (q->teacher_hidden[i] != (bf16 ? ddt_bf16_to_f32(ddt_f32_to_bf16(x)) : x))
+            return 0;
+    }
+    return 1;
+}
+
+static void shards_read_back(ddt_dtype dtype)
+{
+    char err[512] = "", heads[256];
+    char (*paths)[1024] = xcalloc(2, sizeof *paths);
+    snprintf(heads, sizeof heads, "%s/heads", tmpdir);
+    write_heads_dir(heads, "model.embed_tokens.weight", DDT_F32, 1, "{\"model_type\": \"qwen3_5\"}");
+    snprintf(paths[0], sizeof paths[0], "%s/a.safetensors", tmpdir);
+    snprintf(paths[1], sizeof paths[1], "%s/b.safetensors", tmpdir);
+    const shard_fault none = { 0 };
+    write_shard(paths[0], 0, dtype, &none);
+    write_shard(paths[1], 1, dtype, &none);   /* rows [0, 4): the last sequence overall, held out */
+    ddt_source_config c = shard_config(heads, paths, 2);
+    ddt_source *s;
+    check(ddt_source_open(&c, H, &s, err, sizeof err) == 0, "open: %s", err);
+    if (case_failed) {
+        free(paths);
+        return;
+    }
+    check(ddt_source_vocab(s) == V && ddt_source_target_layers(s) == 0, "vocab / target layers");
+    check(!memcmp(ddt_source_embed(s), heads_embed, sizeof heads_embed) &&
+          !memcmp(ddt_source_lm_head(s), heads_lm, sizeof heads_lm), "embed_tokens / lm_head not read back exactly");
+    ddt_sequence q;
+    const int bf16 = dtype == DDT_BF16;
+    for (int k = 0; k < 6; k++) {   /* two epochs over the three sequences of shard a */
+        check(ddt_source_next(s, &q, err, sizeof err) == 0, "next: %s", err);
+        int found = 0;
+        for (int i = 0; i < SH_SEQS; i++) {
+            int64_t S = shard_offsets[i + 1] - shard_offsets[i];
+            found += rows_match(&q, shard_offsets[i], S < SH_LEN ? S : SH_LEN, bf16);
+        }
+        check(found == 1, "next %d is not exactly one of the shard's sequences (cut to %d)", k, SH_LEN);
+    }
+    check(ddt_source_heldout(s, 0, &q, err, sizeof err) == 0 && rows_match(&q, 0, 4, bf16),
+          "held-out 0 is not shard b's sequence (%s)", err);
+    ddt_source_close(s);
+
+    /* the teacher left out when not wanted */
+    c.want_teacher = 0;
+    check(ddt_source_open(&c, H, &s, err, sizeof err) == 0, "open without teacher: %s", err);
+    if (!case_failed) {
+        check(ddt_source_next(s, &q, err, sizeof err) == 0 && !q.teacher_hidden, "teacher_hidden given unasked");
+        ddt_source_close(s);
+    }
+    free(paths);
+}
+
+static void test_shards_read_back(void)
+{
+    shards_read_back(DDT_F32);
+}
+
+static void test_shards_bf16(void)
+{
+    shards_read_back(DDT_BF16);
+}
+
+static void test_shards_tied_heads(void)
+{
+    char err[512] = "", heads[256];
+    char (*paths)[1024] = xcalloc(1, sizeof *paths);
+    snprintf(heads, sizeof heads, "%s/tied", tmpdir);
+    snprintf(paths[0], sizeof paths[0], "%s/a.safetensors", tmpdir);
+    const shard_fault none = { 0 };
+    write_shard(paths[0], 0, DDT_F32, &none);
+    ddt_source_config c = shard_config(heads, paths, 1);
+    ddt_source *s = NULL;
+
+    write_heads_dir(heads, "model.language_model.embed_tokens.weight", DDT_BF16, 0, "{\"model_type\": \"qwen3_5\"}");
+    check(ddt_source_open(&c, H, &s, err, sizeof err) == -EINVAL && strstr(err, "lm_head.weight") &&
+          strstr(err, "tie_word_embeddings"), "no lm_head and no tie accepted (%s)", err);
+
+    write_heads_dir(heads, "model.language_model.embed_tokens.weight", DDT_BF16, 0,
+                    "{\"model_type\": \"qwen3_5\", \"text_config\": {\"tie_word_embeddings\": true}}");
+    check(ddt_source_open(&c, H, &s, err, sizeof err) == 0, "tied heads refused: %s", err);
+    if (s) {
+        int ok = ddt_source_embed(s) == ddt_source_lm_head(s);
+        for (int i = 0; ok && i < V * H; i++)
+            ok = ddt_source_embed(s)[i] == ddt_bf16_to_f32(ddt_f32_to_bf16(heads_embed[i]));
+        check(ok, "tied BF16 embedding not read as lm_head");
+        ddt_source_close(s);
+    }
+    s = NULL;
+    check(ddt_source_open(&c, H + 2, &s, err, sizeof err) == -EINVAL && strstr(err, heads),
+          "embed_tokens of another hidden size accepted (%s)", err);
+    free(paths);
+}
+
+static void test_shard_errors(void)
+{
+    static const struct {
+        shard_fault fault;
+        const char *named;
+    } cases[] = {
+        { { .format = "pt" }, "format" },
+        { { .version = "2" }, "version" },
+        { { .hidden = "32" }, "hidden_size" },
+        { { .taps = "[1, 3]" }, "target_layer_ids" },
+        { { .taps = "[1]" }, "target_layer_ids" },
+        { { .vocab = "51" }, "vocab_size" },
+        { { .no_teacher = 1 }, "teacher_hidden" },
+        { { .offsets_end = -1 }, "offsets" },
+        { { .offsets_end = 2 }, "offsets" },
+        { { .decreasing = 1 }, "offsets" },
+        { { .feature_cols = F + H }, "features" },
+    };
+    char err[512] = "", heads[256], (*paths)[1024] = xcalloc(2, sizeof *paths);
+    snprintf(heads, sizeof heads, "%s/heads", tmpdir);
+    write_heads_dir(heads, "model.embed_tokens.weight", DDT_F32, 1, "{}");
+    snprintf(paths[0], sizeof paths[0], "%s/good.safetensors", tmpdir);
+    snprintf(paths[1], sizeof paths[1], "%s/bad.safetensors", tmpdir);
+    const shard_fault none = { 0 };
+    write_shard(paths[0], 0, DDT_F32, &none);
+    ddt_source_config c = shard_config(heads, paths, 2);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        write_shard(paths[1], 0, DDT_F32, &cases[i].fault);
+        ddt_source *s = NULL;
+        err[0] = 0;
+        int rc = ddt_source_open(&c, H, &s, err, sizeof err);
+        check(rc < 0 && !s && strstr(err, paths[1]) && strstr(err, cases[i].named),
+              "fault %zu (%s): rc %d, error \"%s\" should name the file and %s", i, cases[i].named, rc, err,
+              cases[i].named);
+        if (s)
+            ddt_source_close(s);
+    }
+    free(paths);
+}
+
+int main(void)
+{
+    if (!mkdtemp(tmpdir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    shard_fixture();
+    static const test_case cases[] = {
+        { "generation deterministic per (seed, index, stream)", test_generate_deterministic },
+        { "temperature 0 == argmax of the full forward's logits", test_greedy_is_argmax },
+        { "KV-cache decode hidden == full forward (llama, qwen3, prompts)", test_decode_matches_forward },
+        { "top_p 1e-9 == greedy", test_top_p_tiny_is_greedy },
+        { "synthetic source: deterministic order, any prefetch", test_synthetic_order },
+        { "synthetic source: seek then next == the original stream", test_synthetic_seek },
+        { "synthetic source: held-out disjoint and stable", test_synthetic_heldout },
+        { "source config errors", test_config_errors },
+        { "hf token file: shuffle per epoch, cut, skip, held-out", test_hf_tokens },
+        { "shards: F32 read back exactly", test_shards_read_back },
+        { "shards: BF16 read back", test_shards_bf16 },
+        { "shards: tied embed_tokens from model.language_model", test_shards_tied_heads },
+        { "shards: each validation rule refused naming the file", test_shard_errors },
+    };
+    run_cases(cases, sizeof cases / sizeof cases[0]);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "could not remove %s\n", tmpdir);
+    return cases_summary();
+}
