@@ -2,7 +2,7 @@
  * (SPEC.md section 5) of a run's newest checkpoint, or of step N. The drafter's shape comes
  * from the checkpoint's state.json (the run config and what it resolved from the target), so
  * the target need not be at hand.
- * Tested by tests/test_train_cli.sh.
+ * Tested by tests/train_cli_test.sh.
  */
 #include "checkpoint.h"
 #include "commands.h"

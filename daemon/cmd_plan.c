@@ -1,8 +1,9 @@
 /* cmd_plan.c: `ddtreed plan CONFIG.json [--budget BYTES] [--json]`: the memory plan of a run
  * without starting it (planner.h). The target's shape comes from the target itself (hf:
  * config.json; shards: the first shard's metadata when readable) or, for synthetic targets
- * and shards not at hand, from the config's target.* shape fields.
- * Tested by tests/test_train_cli.sh (every example must pass it).
+ * and targets not at hand (a plan made before the model is downloaded), from the config's
+ * target.* shape fields.
+ * Tested by tests/train_cli_test.sh (every example must pass it).
  */
 #include "commands.h"
 #include "model_config.h"
@@ -44,8 +45,15 @@ int ddt_cmd_plan(int argc, char **argv)
     free(text);
     int64_t hidden = 0, vocab = 0, layers = 0;
     int tied = 0;
-    if (rc == 0)
-        rc = ddt_run_config_target_shape(&c, &hidden, &vocab, &layers, &tied, err, sizeof err);
+    if (rc == 0 && ddt_run_config_target_shape(&c, &hidden, &vocab, &layers, &tied, err, sizeof err)) {
+        /* planning needs only the shape: say so, and use the config's target.* fields */
+        fprintf(stderr, "ddtreed plan: %s\nddtreed plan: planning with the config's declared target shape "
+                "(target.hidden_size %lld, num_hidden_layers %lld, vocab_size %lld)\n", err,
+                (long long)c.synthetic.hidden, (long long)c.synthetic.layers, (long long)c.synthetic.vocab);
+        hidden = c.synthetic.hidden;
+        vocab = c.synthetic.vocab;
+        layers = c.synthetic.layers;
+    }
     if (rc == 0)
         rc = ddt_run_config_resolve(&c, hidden, vocab, layers, err, sizeof err);
     ddt_memory_plan plan;

@@ -7,7 +7,7 @@
  * A live progress line (step, loss, tok/s, peak memory, ETA), acceptance every
  * eval.every_steps, checkpoints every checkpoint.every_steps and at the end, the serving
  * export of the final weights in runs/<id>/export, then a summary.
- * Tested by tests/test_train_cli.sh (through scripts/test) and scripts/demo.
+ * Tested by tests/train_cli_test.sh (through scripts/test) and scripts/demo.
  */
 #include "commands.h"
 #include "model_config.h"
@@ -139,9 +139,16 @@ int ddt_cmd_train(int argc, char **argv)
             "predicted peak %.1f MB per rank\n", ddt_trainer_run_id(t), c->name, (long long)c->steps,
             (long long)c->sequences_per_step, (long long)c->seq_len, (long long)c->ranks, plan->peak / 1e6);
     int tty = isatty(2);
+    double tau_start = -1;
+    ddt_acceptance acc;
+    if (ddt_trainer_step_count(t) == 0) {   /* where acceptance starts, for the summary */
+        if ((rc = ddt_trainer_eval(t, &acc, err, sizeof err)) == 0) {
+            print_eval(&acc, 0, stderr);
+            tau_start = ddt_acceptance_tau_chain(&acc);
+        }
+    }
     double first_loss = -1, last_loss = 0, tok_s = 0, elapsed = 0;
     int64_t peak = 0, done_here = 0;
-    ddt_acceptance acc;
     int have_eval = 0;
     ddt_step_record rec;
     while (rc == 0 && ddt_trainer_step_count(t) < c->steps && (!stop_after || done_here < stop_after)) {
@@ -196,6 +203,8 @@ int ddt_cmd_train(int argc, char **argv)
     }
     if (have_eval) {
         printf("  acceptance    tau_chain %.3f", ddt_acceptance_tau_chain(&acc));
+        if (tau_start >= 0)
+            printf(" (from %.3f at step 0)", tau_start);
         for (int i = 0; i < acc.n_budgets; i++)
             printf(", tau_tree(%lld) %.3f", (long long)acc.budgets[i], ddt_acceptance_tau_tree(&acc, i));
         printf("\n");

@@ -180,6 +180,51 @@ static void test_top_p_tiny_is_greedy(void)
     ddt_target_free(&t);
 }
 
+/* with top_p 0.5 every sampled token lies in the nucleus of the full forward's distribution
+ * (the fewest most likely tokens whose probability reaches 0.5), and not always at its head */
+static void test_top_p_nucleus(void)
+{
+    ddt_target t;
+    char err[512] = "";
+    ddt_target_config c = tiny_config(0);
+    check(ddt_target_synthetic(&c, 15, &t, err, sizeof err) == 0, "synthetic target: %s", err);
+    ddt_generator g;
+    enum { S = 64 };
+    check(ddt_generator_init(&g, ddk_backend_cpu(), &t, S, err, sizeof err) == 0, "generator: %s", err);
+    const float temperature = 0.7f, top_p = 0.5f;
+    const ddt_generate_params p = { temperature, top_p };
+    int32_t tokens[S];
+    check(ddt_generate(&g, &p, 4, NULL, 0, S, tokens, NULL) == 0, "generate failed");
+    float *hidden = xcalloc(S * H, sizeof(float));   /* (S, H) */
+    check(ddt_target_forward(ddk_backend_cpu(), &t, tokens, S, NULL, 0, NULL, hidden) == 0, "forward failed");
+    int outside = 0, not_first = 0;
+    for (int64_t i = 0; i + 1 < S; i++) {
+        double z[V], max = -1e30, sum = 0.0;
+        for (int64_t v = 0; v < V; v++) {
+            z[v] = 0.0;
+            for (int64_t j = 0; j < H; j++)
+                z[v] += (double)hidden[i * H + j] * t.lm_head[v * H + j];
+            max = fmax(max, z[v]);
+        }
+        for (int64_t v = 0; v < V; v++)
+            sum += exp((z[v] - max) / temperature);
+        /* the probability of the tokens more likely than the sampled one: below top_p in the
+         * nucleus (1e-4: the decode's logits are the forward's up to float rounding) */
+        const int32_t y = tokens[i + 1];
+        double before = 0.0;
+        for (int64_t v = 0; v < V; v++)
+            if (z[v] > z[y])
+                before += exp((z[v] - max) / temperature) / sum;
+        outside += before >= top_p + 1e-4;
+        not_first += before > 0.0;
+    }
+    check(outside == 0, "%d of %d tokens outside the nucleus", outside, S - 1);
+    check(not_first > 0, "top_p 0.5 always took the most likely token: a weak test");
+    free(hidden);
+    ddt_generator_free(&g);
+    ddt_target_free(&t);
+}
+
 /* ------------------------------------------------------------------------------------------
  * Sequences kept by the test
  */
@@ -341,6 +386,36 @@ static void test_synthetic_heldout(void)
     free(held);
     ddt_source_close(s);
     ddt_source_close(again);
+}
+
+/* the loader's forward refused memory: next() reports it (after the sequences made before);
+ * a seek once memory is back resumes the same stream */
+static void test_loader_error(void)
+{
+    char err[512] = "";
+    ddt_source_config c = synthetic_config(1);
+    ddt_source *s;
+    check(ddt_source_open(&c, H, &s, err, sizeof err) == 0, "open: %s", err);
+    if (case_failed)
+        return;
+    ddk_allocator *cpu = ddk_allocator_cpu();
+    /* below what is live now: every later allocation (the next forward's workspace) fails */
+    ddk_allocator_set_budget(cpu, ddk_allocator_stats(cpu).current - 1);
+    ddt_sequence q;
+    int64_t good = 0;
+    int rc = 0;
+    while (good < 4 && (rc = ddt_source_next(s, &q, err, sizeof err)) == 0) {
+        check(same(&stream[good], &q), "sequence %lld before the error differs", (long long)good);
+        good++;
+    }
+    ddk_allocator_set_budget(cpu, 0);
+    check(rc == -ENOMEM && strstr(err, "training sequence") && strstr(err, "forward"),
+          "after %lld sequences: rc %d, error \"%s\"", (long long)good, rc, err);
+    check(ddt_source_next(s, &q, err, sizeof err) == -ENOMEM, "the error is not sticky until a seek");
+    check(ddt_source_seek(s, ddt_source_cursor(s)) == 0, "seek");
+    check(ddt_source_next(s, &q, err, sizeof err) == 0 && same(&stream[good], &q),
+          "after the seek: not sequence %lld of the stream (%s)", (long long)good, err);
+    ddt_source_close(s);
 }
 
 static void test_config_errors(void)
@@ -820,9 +895,11 @@ int main(void)
         { "temperature 0 == argmax of the full forward's logits", test_greedy_is_argmax },
         { "KV-cache decode hidden == full forward (llama, qwen3, prompts)", test_decode_matches_forward },
         { "top_p 1e-9 == greedy", test_top_p_tiny_is_greedy },
+        { "top_p 0.5 samples inside the nucleus only", test_top_p_nucleus },
         { "synthetic source: deterministic order, any prefetch", test_synthetic_order },
         { "synthetic source: seek then next == the original stream", test_synthetic_seek },
         { "synthetic source: held-out disjoint and stable", test_synthetic_heldout },
+        { "synthetic source: a loader error surfaces from next(), seek resumes", test_loader_error },
         { "source config errors", test_config_errors },
         { "hf token file: shuffle per epoch, cut, skip, held-out", test_hf_tokens },
         { "shards: F32 read back exactly", test_shards_read_back },

@@ -33,8 +33,9 @@ typedef struct ddt_generate_params {
 } ddt_generate_params;
 
 /* A decoder for one target and sequences up to max_len tokens: the KV cache and every
- * workspace, allocated once (from the backend's allocator). One generator per thread; the
- * target is only read, so several generators may share it. */
+ * workspace, allocated once (from the backend's allocator). be must be a backend whose memory
+ * the host reads (the CPU backend: the target's weights are host float32, sampling reads the
+ * logits). One generator per thread; the target is only read, so generators may share it. */
 typedef struct ddt_generator {
     const ddk_backend *be;
     const ddt_target *t;

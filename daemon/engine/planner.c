@@ -75,9 +75,11 @@ int ddt_plan(const ddt_run_config *c, int64_t budget, int tied_head, ddt_memory_
     return 0;
 }
 
-static void row(FILE *out, const char *what, int64_t bytes, const char *how)
+/* one line of the table, in GB, or MB when the whole plan is under a gigabyte */
+static void row(FILE *out, const char *what, int64_t bytes, int64_t scale, const char *how)
 {
-    fprintf(out, "  %-22s %12.3f GB   %s\n", what, bytes / 1e9, how);
+    int gb = scale >= 1000000000;
+    fprintf(out, "  %-22s %12.3f %s   %s\n", what, bytes / (gb ? 1e9 : 1e6), gb ? "GB" : "MB", how);
 }
 
 void ddt_plan_print(const ddt_run_config *c, const ddt_memory_plan *p, FILE *out)
@@ -92,21 +94,21 @@ void ddt_plan_print(const ddt_run_config *c, const ddt_memory_plan *p, FILE *out
     fprintf(out, "  one logits tensor: %lld x %lld x 2 B = %.2f GB in bf16 (%.2f GB in fp32); "
             "a naive KL holds three\n", (long long)p->positions, (long long)d->vocab,
             2.0 * p->positions * d->vocab / 1e9, 4.0 * p->positions * d->vocab / 1e9);
-    row(out, "weights", p->weights, "fp32 master weights");
-    row(out, "gradients", p->gradients, "fp32");
-    row(out, "optimizer state", p->optimizer, "AdamW m and v, fp32");
-    row(out, "frozen target head", p->frozen_head, "embed_tokens and lm_head");
-    row(out, "batch", p->batch, "features, teacher hidden, tokens");
-    row(out, "activations", p->activations, "kept from forward for backward");
+    row(out, "weights", p->weights, p->peak, "fp32 master weights");
+    row(out, "gradients", p->gradients, p->peak, "fp32");
+    row(out, "optimizer state", p->optimizer, p->peak, "AdamW m and v, fp32");
+    row(out, "frozen target head", p->frozen_head, p->peak, "embed_tokens and lm_head");
+    row(out, "batch", p->batch, p->peak, "features, teacher hidden, tokens");
+    row(out, "activations", p->activations, p->peak, "kept from forward for backward");
     if (p->vocab_tile)
         snprintf(how, sizeof how, "chunk %lld x vocab_tile %lld, streamed", (long long)p->chunk,
                  (long long)p->vocab_tile);
     else
         snprintf(how, sizeof how, "chunk %lld x %lld vocabulary, materialised", (long long)p->chunk,
                  (long long)d->vocab);
-    row(out, "loss workspace", p->loss_workspace, how);
-    row(out, "attention workspace", p->attention_workspace, "key tiles of one query group (not at the same time as the loss's)");
-    row(out, "predicted peak", p->peak, "");
+    row(out, "loss workspace", p->loss_workspace, p->peak, how);
+    row(out, "attention workspace", p->attention_workspace, p->peak, "key tiles of one query group (not at the same time as the loss's)");
+    row(out, "predicted peak", p->peak, p->peak, "");
     if (p->budget)
         fprintf(out, "  budget %.3f GB: %s\n", p->budget / 1e9,
                 p->fits ? "fits" : "does NOT fit even at the smallest chunk and vocab_tile tried");

@@ -24,7 +24,7 @@
  * The tensor table
  */
 
-typedef enum tensor_kind { KIND_NORM, KIND_MATRIX, KIND_EMBEDDING } tensor_kind;
+typedef enum tensor_kind { KIND_NORM, KIND_MATRIX, KIND_EMBEDDING, KIND_HEAD } tensor_kind;
 
 typedef struct target_tensor {
     char name[96];
@@ -69,7 +69,7 @@ static int target_table(ddt_target *t, target_tensor *table)
     }
     ADD(&t->norm, KIND_NORM, H, 0, "model.norm.weight");
     if (!c->tie_word_embeddings)
-        ADD(&t->lm_head, KIND_MATRIX, c->vocab, H, "lm_head.weight");
+        ADD(&t->lm_head, KIND_HEAD, c->vocab, H, "lm_head.weight");
 #undef ADD
     return n;
 }
@@ -156,6 +156,11 @@ int ddt_target_load(const char *dir, ddt_target *t, char *err, size_t err_len)
     return rc;
 }
 
+/* The synthetic head gives logits of this standard deviation: next-token distributions are
+ * peaked (a few tokens carry most of the mass), so the text it generates has structure a
+ * drafter can learn; with 1 (a plain 1/sqrt(H) init) they are close to uniform over V. */
+enum { SYNTHETIC_LOGIT_STD = 4 };
+
 int ddt_target_synthetic(const ddt_target_config *cfg, uint64_t seed, ddt_target *t,
                          char *err, size_t err_len)
 {
@@ -169,7 +174,9 @@ int ddt_target_synthetic(const ddt_target_config *cfg, uint64_t seed, ddt_target
     for (int i = 0; i < count && !rc; i++) {
         const target_tensor *e = &table[i];
         uint64_t s = seed * 0x100000001B3ull + (uint64_t)i;
-        double std = e->kind == KIND_EMBEDDING ? 1.0 : e->kind == KIND_MATRIX ? 1.0 / sqrt((double)e->cols) : 0.0;
+        double std = e->kind == KIND_EMBEDDING ? 1.0
+                   : e->kind == KIND_MATRIX ? 1.0 / sqrt((double)e->cols)
+                   : e->kind == KIND_HEAD ? SYNTHETIC_LOGIT_STD / sqrt((double)e->cols) : 0.0;
         float *x = *e->slot;
         for (int64_t j = 0; j < numel(e); j++)
             x[j] = e->kind == KIND_NORM ? 1.0f : (float)(std * ddk_rng_normal(&s));

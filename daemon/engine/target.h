@@ -39,8 +39,9 @@ typedef struct ddt_target {
 
 /* DIR (config.json + safetensors). 0, or a negative errno with err naming file and tensor. */
 int ddt_target_load(const char *dir, ddt_target *t, char *err, size_t err_len);
-/* Random weights of the given shape, from seed: embeddings N(0, 1), matrices
- * N(0, 1/fan_in), norms 1, so that its next-token distributions are far from uniform. */
+/* Random weights of the given shape, from seed: embeddings N(0, 1), matrices N(0, 1/fan_in),
+ * an untied lm_head N(0, 16/H) (logits of std ~4: peaked next-token distributions, so the
+ * text it generates has learnable structure), norms 1. */
 int ddt_target_synthetic(const ddt_target_config *cfg, uint64_t seed, ddt_target *t,
                          char *err, size_t err_len);
 void ddt_target_free(ddt_target *t);

@@ -304,6 +304,10 @@ int ddt_trainer_open(const char *config_json, size_t len, const char *state_dir,
         t->lm_head = ddt_source_lm_head(t->source);
         t->param_count = ddt_drafter_param_table(&t->cfg.drafter, t->table, &t->total);
         t->ranks = (int)t->cfg.ranks;
+        /* ranks are the CPU parallelism, beside the loader thread: the BLAS runs each rank's
+         * products on the rank's own thread (OpenBLAS threads even tiny products, and its
+         * spinning workers cost more than they give at drafter sizes) */
+        ddk_cpu_set_threads(1);
         ddk_allocator *a0 = ddk_allocator_cpu_rank(0);
         for (int r = 0; r < t->ranks && t->cfg.budget_bytes; r++)
             ddk_allocator_set_budget(ddk_allocator_cpu_rank(r), (size_t)t->cfg.budget_bytes);
@@ -531,8 +535,14 @@ int ddt_trainer_step(ddt_trainer *t, ddt_step_record *rec, char *err, size_t err
             for (int64_t i = 0; i < t->total; i++)
                 g0[i] += f * gr[i];
     }
-    double lr = 0;
-    double norm = ddt_adamw_update(&t->adam_cfg, t->table, t->param_count, t->params, g0, &t->adam, &lr);
+    double lr = 0, norm = ddt_grad_norm(g0, t->total);
+    if (!isfinite(norm)) {   /* an update now would ruin the weights and the moments */
+        snprintf(err, err_len, "step %lld: the gradient is not finite (norm %g, loss %g): lower train.lr "
+                 "or check the data; the weights were left as they were", (long long)t->step + 1, norm, loss);
+        event(t, "error", "{\"step\": %lld, \"message\": \"gradient not finite\"}", (long long)t->step + 1);
+        return -ERANGE;
+    }
+    ddt_adamw_update(&t->adam_cfg, t->table, t->param_count, t->params, g0, &t->adam, &lr);
     t->step++;
 
     double seconds = mono_s() - t0;

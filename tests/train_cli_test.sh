@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# train_cli_test.sh DDTREED EXAMPLES_DIR: ddtreed's run commands end to end, as a user runs
+# them: every example passes `ddtreed plan`; a short run stopped with --stop-after, resumed
+# with --resume to its end, exported again with `ddtreed export`, its SQLite records read
+# back; bad configs and bad command lines refused with the field named and the right exit
+# status (1: refused, 2: usage). One line per case, a final "N passed, M failed".
+set -uo pipefail
+ddtreed=$1 examples=$2
+work=$(mktemp -d /tmp/ddtree_cli.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+passed=0 failed=0
+ok() { echo "ok   $1"; passed=$((passed + 1)); }
+fail() { echo "FAIL $1"; [ -n "${2:-}" ] && sed 's/^/  # /' <<<"$2"; failed=$((failed + 1)); }
+
+for f in "$examples"/*.json; do
+    if out=$("$ddtreed" plan "$f" 2>&1) && grep -q "predicted peak" <<<"$out"; then
+        ok "plan $(basename "$f")"
+    else
+        fail "plan $(basename "$f")" "$out"
+    fi
+done
+
+cat >"$work/run.json" <<'JSON'
+{"name": "cli", "target": {"kind": "synthetic", "hidden_size": 32, "num_hidden_layers": 3,
+ "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "intermediate_size": 48,
+ "vocab_size": 64},
+ "drafter": {"num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
+             "head_dim": 8, "intermediate_size": 48, "block_size": 4},
+ "train": {"steps": 6, "sequences_per_step": 2, "seq_len": 24, "max_anchors": 3, "heldout": 2},
+ "checkpoint": {"every_steps": 2, "keep": 2}, "eval": {"every_steps": 3, "sequences": 2}}
+JSON
+state="$work/state"
+out=$("$ddtreed" train "$work/run.json" --state-dir "$state" --stop-after 3 2>&1)
+if [ $? -eq 0 ] && grep -q "paused at step 3 of 6" <<<"$out"; then ok "train --stop-after 3 pauses"; else fail "train --stop-after 3 pauses" "$out"; fi
+run=$(ls "$state/runs" | head -n 1)
+out=$("$ddtreed" train --resume "$state" 2>&1)
+if [ $? -eq 0 ] && grep -q "completed at step 6 of 6" <<<"$out" && [ -f "$state/runs/$run/export/model.safetensors" ]; then
+    ok "train --resume completes and exports"
+else
+    fail "train --resume completes and exports" "$out"
+fi
+out=$("$ddtreed" export "$state/runs/$run" --out "$work/export" --step 4 2>&1)
+if [ $? -eq 0 ] && [ -f "$work/export/config.json" ] && grep -q DFlashDraftModel "$work/export/config.json"; then
+    ok "export --step 4"
+else
+    fail "export --step 4" "$out"
+fi
+out=$(/usr/bin/python3 - "$state/ddtree.db" "$run" <<'PY' 2>&1
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1])
+steps = db.execute("select count(*), max(step) from steps where run_id = ?", (sys.argv[2],)).fetchone()
+state = db.execute("select state, step from runs where id = ?", (sys.argv[2],)).fetchone()
+evals = db.execute("select count(*) from evals where run_id = ?", (sys.argv[2],)).fetchone()[0]
+ckpts = db.execute("select count(*) from checkpoints where run_id = ?", (sys.argv[2],)).fetchone()[0]
+kinds = {k for (k,) in db.execute("select kind from events where run_id = ?", (sys.argv[2],))}
+assert steps == (6, 6), steps
+assert state == ("completed", 6), state
+assert evals >= 2 and ckpts >= 3, (evals, ckpts)
+assert {"state", "checkpoint"} <= kinds, kinds
+print("ok")
+PY
+)
+if [ "$out" = ok ]; then ok "records in ddtree.db"; else fail "records in ddtree.db" "$out"; fi
+
+echo '{"train": {"lr": "fast"}}' >"$work/bad.json"
+out=$("$ddtreed" train "$work/bad.json" --state-dir "$work/s2" 2>&1)
+if [ $? -eq 1 ] && grep -q "train.lr" <<<"$out"; then ok "a bad config names the field"; else fail "a bad config names the field" "$out"; fi
+out=$("$ddtreed" plan "$work/bad.json" 2>&1)
+if [ $? -eq 1 ] && grep -q "train.lr" <<<"$out"; then ok "plan refuses it too"; else fail "plan refuses it too" "$out"; fi
+"$ddtreed" train --stop-after 0 >/dev/null 2>&1
+if [ $? -eq 2 ]; then ok "usage errors exit 2"; else fail "usage errors exit 2"; fi
+out=$("$ddtreed" train --resume "$work/nowhere" 2>&1)
+if [ $? -eq 1 ] && grep -q "no run to resume" <<<"$out"; then ok "resume of nothing"; else fail "resume of nothing" "$out"; fi
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
