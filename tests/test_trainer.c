@@ -1,7 +1,8 @@
 /* test_trainer.c: whole runs of the trainer on a tiny synthetic target:
  *   - exact resume: a run stopped after step 3 and resumed repeats steps 4..6 of an
  *     uninterrupted run bit for bit;
- *   - 1 rank and 2 ranks give the same losses for the same global batch (float rounding);
+ *   - 1 rank, 2 ranks and 2 accumulated micro-batches give the same losses for the same
+ *     global batch (float rounding);
  *   - an out-of-memory step under a budget that forces it is retried with a smaller chunk
  *     (then a vocab_tile) and the run goes on; a budget below the floor fails with a message
  *     that says what would fit;
@@ -93,9 +94,16 @@ static void test_exact_resume(void)
     }
 }
 
+/* json with "grad_accum": k in train */
+static void with_accum(const char *json, int k, char *out, size_t len)
+{
+    const char *at = strstr(json, "\"train\": {") + strlen("\"train\": {");
+    snprintf(out, len, "%.*s\"grad_accum\": %d, %s", (int)(at - json), json, k, at);
+}
+
 static void test_ranks(void)
 {
-    double one[4], two[4];
+    double one[4], two[4], accum[4];
     ddt_trainer *t = open_run(TINY("1", ""), NULL);
     if (!t)
         return;
@@ -108,10 +116,20 @@ static void test_ranks(void)
     run_steps(t, 4, two, &rec);
     check(rec.devices == 2 && rec.device_peak_bytes[1] > 0, "two ranks should report two peaks");
     ddt_trainer_close(t);
+    char json[4096];
+    with_accum(TINY("1", ""), 2, json, sizeof json);
+    t = open_run(json, NULL);
+    if (!t)
+        return;
+    run_steps(t, 4, accum, NULL);
+    ddt_trainer_close(t);
     /* the same global batch: the losses agree to float rounding (sums in another order) */
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 4; i++) {
         check(fabs(one[i] - two[i]) <= 1e-5 * fabs(one[i]), "step %d: 1 rank %.9g, 2 ranks %.9g",
               i + 1, one[i], two[i]);
+        check(fabs(one[i] - accum[i]) <= 1e-5 * fabs(one[i]), "step %d: 1 rank %.9g, 2 micro-batches %.9g",
+              i + 1, one[i], accum[i]);
+    }
 }
 
 /* json with the synthetic target's vocabulary set to vocab (a loss workspace that dominates) */
@@ -213,7 +231,7 @@ int main(void)
     static const struct { const char *name; void (*fn)(void); } cases[] = {
         { "run config errors name the field", test_config_errors },
         { "exact resume", test_exact_resume },
-        { "1 rank vs 2 ranks", test_ranks },
+        { "1 rank vs 2 ranks vs 2 micro-batches", test_ranks },
         { "out-of-memory recovery", test_oom_recovery },
         { "plan vs measured peak", test_plan_vs_peak },
     };

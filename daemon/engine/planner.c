@@ -22,15 +22,16 @@ static void fill(const ddt_run_config *c, int tied_head, int64_t chunk, int64_t 
     ddt_drafter_param_table(d, table, &total);
     const int64_t F = (int64_t)sizeof(float), H = d->hidden, V = d->vocab;
     const int64_t nseq = (c->sequences_per_step + c->ranks - 1) / c->ranks;   /* the largest rank */
+    const int64_t micro = (nseq + c->grad_accum - 1) / c->grad_accum;         /* its micro-batch */
     const int uses_teacher = c->ce_target_teacher || c->kl_weight > 0.0f;
-    p->positions = nseq * c->max_anchors * d->block_size;
+    p->positions = micro * c->max_anchors * d->block_size;
     p->weights = total * F;
-    p->gradients = total * F;
+    p->gradients = (micro < nseq ? 2 : 1) * total * F;
     p->optimizer = 2 * total * F;
     p->frozen_head = (tied_head ? 1 : 2) * V * H * F;
     p->batch = nseq * c->seq_len * ((d->taps + (uses_teacher ? 1 : 0)) * H * F + 5) +
                nseq * c->max_anchors * 5;
-    p->activations = (int64_t)ddt_drafter_step_bytes(d, nseq, c->seq_len, c->max_anchors, uses_teacher);
+    p->activations = (int64_t)ddt_drafter_step_bytes(d, micro, c->seq_len, c->max_anchors, uses_teacher);
     ddk_loss_params lp = { .n = p->positions, .hidden = H, .vocab = V, .chunk = chunk,
                            .vocab_tile = tile, .kl_weight = c->kl_weight,
                            .kl_temperature = c->kl_temperature, .cap_weight = c->cap_weight,
@@ -86,16 +87,17 @@ void ddt_plan_print(const ddt_run_config *c, const ddt_memory_plan *p, FILE *out
 {
     const ddt_drafter_config *d = &c->drafter;
     char how[200];
+    const int64_t nseq = (c->sequences_per_step + c->ranks - 1) / c->ranks;
     fprintf(out, "memory plan of \"%s\", per device (rank) of %lld: %lld positions "
-            "(%lld sequences x %lld anchors x block %lld), vocabulary %lld\n", c->name,
+            "(%lld sequences x %lld anchors x block %lld) at a time, vocabulary %lld\n", c->name,
             (long long)c->ranks, (long long)p->positions,
-            (long long)((c->sequences_per_step + c->ranks - 1) / c->ranks), (long long)c->max_anchors,
+            (long long)((nseq + c->grad_accum - 1) / c->grad_accum), (long long)c->max_anchors,
             (long long)d->block_size, (long long)d->vocab);
     fprintf(out, "  one logits tensor: %lld x %lld x 2 B = %.2f GB in bf16 (%.2f GB in fp32); "
             "a naive KL holds three\n", (long long)p->positions, (long long)d->vocab,
             2.0 * p->positions * d->vocab / 1e9, 4.0 * p->positions * d->vocab / 1e9);
     row(out, "weights", p->weights, p->peak, "fp32 master weights");
-    row(out, "gradients", p->gradients, p->peak, "fp32");
+    row(out, "gradients", p->gradients, p->peak, c->grad_accum > 1 ? "fp32, and one micro-batch's" : "fp32");
     row(out, "optimizer state", p->optimizer, p->peak, "AdamW m and v, fp32");
     row(out, "frozen target head", p->frozen_head, p->peak, "embed_tokens and lm_head");
     row(out, "batch", p->batch, p->peak, "features, teacher hidden, tokens");

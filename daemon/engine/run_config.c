@@ -64,6 +64,8 @@ static const config_field fields[] = {
 
     { "train.steps", F_INT, OFF(steps), 1000, 1, 1e12, NULL, 0, "optimiser steps" },
     { "train.sequences_per_step", F_INT, OFF(sequences_per_step), 4, 1, 1 << 20, NULL, 0, "global batch, in sequences" },
+    { "train.grad_accum", F_INT, OFF(grad_accum), 1, 1, 1 << 20, NULL, 0,
+      "micro-batches per step and rank: gradients accumulated, activations of one micro-batch at a time" },
     { "train.seq_len", F_INT, OFF(seq_len), 128, 2, 1 << 24, NULL, 0, "S: tokens per sequence" },
     { "train.max_anchors", F_INT, OFF(max_anchors), 16, 1, 1 << 20, NULL, 0, "A: blocks per sequence" },
     { "train.heldout", F_INT, OFF(heldout), 32, 0, 1 << 20, NULL, 0, "sequences kept apart for acceptance" },

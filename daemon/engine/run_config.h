@@ -36,7 +36,7 @@ typedef struct ddt_run_config {
     int64_t mask_token_id;                 /* -1: vocab - 1 */
 
     /* train */
-    int64_t steps, sequences_per_step, seq_len, max_anchors, heldout;
+    int64_t steps, sequences_per_step, grad_accum, seq_len, max_anchors, heldout;
     float gamma, noise_std;
     int ce_target_teacher;                 /* train.ce_target: 1 "teacher", 0 "data" */
     double lr, warmup_fraction, weight_decay, grad_clip;

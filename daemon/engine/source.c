@@ -8,10 +8,12 @@
  *     seq_len) in file order, the last `heldout` of them kept apart; training cursor c is
  *     item perm_e[c mod n] of epoch e = c / n, perm_e a Fisher-Yates shuffle seeded by
  *     ddt_generate_seed(seed, e, "epoch").
- * The queue: slot c mod (prefetch + 1) holds sequence c; the loader fills cursors
- * [cursor, cursor + prefetch), the slot of the sequence last handed out is left alone until
- * the next call. A seek bumps a generation number: whatever the loader was computing for the
- * old one is dropped. A loader error stops it at that cursor; next() reports it there.
+ * The queue: prefetch + 1 slots, each free, being written (by the loader), ready (holding
+ * sequence `cursor` of its tag) or held (the sequence last handed out, untouched until the
+ * next call that returns one, seeks included). The loader fills cursors [cursor, cursor +
+ * prefetch), so a free slot is always there when it starts one. A seek frees the ready slots
+ * and bumps a generation number: what the loader was computing for the old one is dropped.
+ * A loader error stops it at that cursor; next() reports it there.
  * Not here: GPU memory (sequences are host float32; the trainer uploads them), caching
  * features of held-out sequences (their generated tokens are cached: the decode is the cost).
  * Tested by tests/test_source.c.
@@ -47,10 +49,14 @@ typedef struct shard {
     const ddt_st_tensor *input_ids, *loss_mask, *offsets, *features, *teacher;
 } shard;
 
+typedef enum slot_state { SLOT_FREE, SLOT_WRITING, SLOT_READY, SLOT_HELD } slot_state;
+
 typedef struct slot {        /* room for one sequence of up to seq_len tokens */
     ddt_sequence seq;
     void *block;
     size_t bytes;
+    slot_state state;        /* queue slots only; under the source's lock */
+    int64_t cursor;          /* SLOT_READY: the training sequence it holds */
 } slot;
 
 typedef struct worker {      /* what one thread needs to make sequences */
@@ -137,11 +143,14 @@ static void slot_free(slot *sl)
     sl->block = NULL;
 }
 
-static int worker_init(worker *w, const ddt_source *s, char *err, size_t err_len)
+/* shuffles: whether this worker makes training sequences of a listed source */
+static int worker_init(worker *w, const ddt_source *s, int shuffles, char *err, size_t err_len)
 {
     w->perm_epoch = -1;
     if (s->generated)
         return ddt_generator_init(&w->gen, s->be, &s->target, s->cfg.seq_len, err, err_len);
+    if (!shuffles)
+        return 0;
     w->perm = malloc((size_t)s->n_train * sizeof *w->perm);
     return w->perm ? 0 : fail(err, err_len, -ENOMEM, "source: no memory for a shuffle of %lld sequences",
                               (long long)s->n_train);
@@ -257,13 +266,22 @@ static void *loader_main(void *arg)
             break;
         const int64_t c = s->produced;
         const uint64_t generation = s->generation;
-        slot *sl = &s->slots[c % s->nslots];   /* neither ready nor handed out (see the top) */
+        slot *sl = NULL;   /* one is free: at most prefetch - 1 ready and one held (see the top) */
+        for (int i = 0; i < s->nslots && !sl; i++)
+            if (s->slots[i].state == SLOT_FREE)
+                sl = &s->slots[i];
+        if (!sl) {   /* the counting above is wrong: a programming error */
+            fprintf(stderr, "%s:%d: source loader found no free slot\n", __FILE__, __LINE__);
+            abort();
+        }
+        sl->state = SLOT_WRITING;
         pthread_mutex_unlock(&s->lock);
 
         char err[1024] = "";
         int rc = fill_train(s, &s->loader, c, sl, err, sizeof err);
 
         pthread_mutex_lock(&s->lock);
+        sl->state = SLOT_FREE;
         if (generation != s->generation)
             continue;   /* a seek came: this one is not wanted */
         if (rc) {
@@ -271,6 +289,8 @@ static void *loader_main(void *arg)
             s->fail_rc = rc;
             snprintf(s->fail_err, sizeof s->fail_err, "training sequence %lld: %s", (long long)c, err);
         } else {
+            sl->state = SLOT_READY;
+            sl->cursor = c;
             s->produced = c + 1;
         }
         pthread_cond_broadcast(&s->wake);
@@ -286,7 +306,15 @@ int ddt_source_next(ddt_source *s, ddt_sequence *out, char *err, size_t err_len)
         pthread_cond_wait(&s->wake, &s->lock);
     int rc = 0;
     if (s->produced > s->cursor) {
-        *out = s->slots[s->cursor % s->nslots].seq;
+        for (int i = 0; i < s->nslots; i++) {
+            slot *sl = &s->slots[i];
+            if (sl->state == SLOT_HELD)
+                sl->state = SLOT_FREE;
+            else if (sl->state == SLOT_READY && sl->cursor == s->cursor) {
+                sl->state = SLOT_HELD;
+                *out = sl->seq;
+            }
+        }
         s->cursor++;
         pthread_cond_broadcast(&s->wake);   /* a slot is free again */
     } else {
@@ -309,6 +337,9 @@ int ddt_source_seek(ddt_source *s, int64_t cursor)
     s->generation++;
     s->cursor = s->produced = cursor;
     s->failed = 0;
+    for (int i = 0; i < s->nslots; i++)
+        if (s->slots[i].state == SLOT_READY)
+            s->slots[i].state = SLOT_FREE;
     pthread_cond_broadcast(&s->wake);
     pthread_mutex_unlock(&s->lock);
     return 0;
@@ -361,9 +392,10 @@ static int check_config(const ddt_source_config *c, int64_t hidden, char *err, s
         return fail(err, err_len, -EINVAL, "source: prefetch %d must be in [1, 4096]", c->prefetch);
     if (c->heldout < 0)
         return fail(err, err_len, -EINVAL, "source: heldout %lld must be >= 0", (long long)c->heldout);
-    if (c->kind != DDT_SOURCE_SHARDS && !(c->temperature >= 0.0f && c->temperature < 1e6f))
+    const int generates = c->kind == DDT_SOURCE_SYNTHETIC || (c->kind == DDT_SOURCE_HF && !c->tokens_file[0]);
+    if (generates && !(c->temperature >= 0.0f && c->temperature < 1e6f))
         return fail(err, err_len, -EINVAL, "source: temperature %g must be >= 0", (double)c->temperature);
-    if (c->kind != DDT_SOURCE_SHARDS && !(c->top_p > 0.0f && c->top_p <= 1.0f))
+    if (generates && !(c->top_p > 0.0f && c->top_p <= 1.0f))
         return fail(err, err_len, -EINVAL, "source: top_p %g must be in (0, 1]", (double)c->top_p);
     if (c->kind == DDT_SOURCE_SHARDS && (c->shard_count < 1 || c->shard_count > DDT_MAX_SHARDS || !c->shards))
         return fail(err, err_len, -EINVAL, "source: shards needs 1 to %d shard files (got %d)", DDT_MAX_SHARDS,
@@ -731,9 +763,9 @@ int ddt_source_open(const ddt_source_config *c, int64_t hidden, ddt_source **out
             rc = fail(err, err_len, -ENOMEM, "source: no memory for %lld held-out sequences", (long long)s->n_heldout);
     }
     if (!rc)
-        rc = worker_init(&s->loader, s, err, err_len);
+        rc = worker_init(&s->loader, s, 1, err, err_len);
     if (!rc)
-        rc = worker_init(&s->heldout_worker, s, err, err_len);
+        rc = worker_init(&s->heldout_worker, s, 0, err, err_len);
     if (!rc) {
         int e = pthread_create(&s->thread, NULL, loader_main, s);
         if (e)

@@ -35,6 +35,7 @@ enum { MAX_RANKS = 64, CHUNK_FLOOR = 16, TILE_FLOOR = 256, SEED_ANCHORS = 1, SEE
 typedef struct rank_state {
     const ddk_backend *be;
     float *grads;                 /* (total) */
+    float *micro_grads;           /* (total): one micro-batch's, when grad_accum > 1 */
     /* the rank's slice of the batch */
     int64_t nseq, first;          /* sequences, index of the first in the global batch */
     int32_t *input_ids;           /* (nseq, S) */
@@ -130,11 +131,13 @@ static int alloc_ranks(ddt_trainer *t, char *err, size_t err_len)
             rs->nseq = 0;
         size_t gbytes = (size_t)t->total * sizeof(float);
         rs->grads = ddk_malloc(rs->be->alloc, gbytes);
+        if (c->grad_accum > 1 && rs->nseq > 1)
+            rs->micro_grads = ddk_malloc(rs->be->alloc, gbytes);
         int64_t n = rs->nseq > 0 ? rs->nseq : 1;
         rs->batch_bytes = (size_t)(n * S) * (sizeof(int32_t) + 1 + (size_t)(LH + (teacher ? H : 0)) * sizeof(float)) +
                           (size_t)(n * A) * (sizeof(int32_t) + 1) + 256;
         rs->batch_block = ddk_malloc(rs->be->alloc, rs->batch_bytes);
-        if (!rs->grads || !rs->batch_block) {
+        if (!rs->grads || !rs->batch_block || (c->grad_accum > 1 && rs->nseq > 1 && !rs->micro_grads)) {
             snprintf(err, err_len, "rank %d: no memory for its gradients and batch (%zu bytes)", r,
                      gbytes + rs->batch_bytes);
             return -ENOMEM;
@@ -363,6 +366,7 @@ void ddt_trainer_close(ddt_trainer *t)
         rank_state *rs = &t->rank[r];
         if (rs->be) {
             ddk_free(rs->be->alloc, rs->grads, bytes);
+            ddk_free(rs->be->alloc, rs->micro_grads, bytes);
             ddk_free(rs->be->alloc, rs->batch_block, rs->batch_bytes);
         }
         ddk_allocator_set_budget(ddk_allocator_cpu_rank(r), 0);
@@ -388,25 +392,63 @@ const ddt_memory_plan *ddt_trainer_plan(const ddt_trainer *t) { return &t->plan;
  * A step
  */
 
+/* The rank's slice in micro-batches of at most ceil(nseq / grad_accum) sequences: each one's
+ * gradient (of its own normalised loss) is weighted by its weight sum into the rank's, which
+ * then is the gradient of the rank's normalised loss, as if the slice had run at once. */
 static void *rank_main(void *arg)
 {
     rank_state *rs = arg;
     ddt_trainer *t = rs->t;
     const ddt_run_config *c = &t->cfg;
+    const int64_t S = c->seq_len, A = c->max_anchors, H = c->drafter.hidden, LH = c->drafter.taps * H;
+    const int64_t micro = (rs->nseq + c->grad_accum - 1) / c->grad_accum;
     double t0 = mono_s();
+    const int accumulate = micro < rs->nseq;
+    float *target = accumulate ? rs->micro_grads : rs->grads;
     ddt_drafter_weights g;
-    ddt_drafter_bind(&c->drafter, rs->grads, &g);
+    ddt_drafter_bind(&c->drafter, target, &g);
     memset(rs->grads, 0, (size_t)t->total * sizeof(float));
-    ddt_batch b = { rs->nseq, c->seq_len, c->max_anchors, rs->input_ids, rs->loss_mask,
-                    rs->features, rs->teacher, rs->anchors, rs->keep };
     ddt_loss_config lc = { .gamma = c->gamma, .ce_target_teacher = c->ce_target_teacher,
                            .loss = { .chunk = t->chunk, .vocab_tile = t->vocab_tile,
                                      .kl_weight = c->kl_weight, .kl_temperature = c->kl_temperature,
                                      .cap_weight = c->cap_weight, .cap_temperature = c->cap_temperature } };
-    rs->result = (ddk_loss_result){ 0 };
-    rs->rc = rs->nseq > 0 ? ddt_drafter_step(rs->be, &c->drafter, &t->w, &g, t->embed, t->lm_head,
-                                             &b, &lc, &rs->result)
-                          : 0;
+    ddk_loss_result sum = { 0 };
+    double sum_loss = 0, sum_ce = 0, sum_kl = 0, sum_cap = 0;
+    rs->rc = 0;
+    for (int64_t first = 0; first < rs->nseq && rs->rc == 0; first += micro) {
+        const int64_t n = rs->nseq - first < micro ? rs->nseq - first : micro;
+        ddt_batch b = { n, S, A, rs->input_ids + first * S, rs->loss_mask + first * S,
+                        rs->features + first * S * LH, rs->teacher ? rs->teacher + first * S * H : NULL,
+                        rs->anchors + first * A, rs->keep + first * A };
+        ddk_loss_result r = { 0 };
+        if (accumulate)
+            memset(target, 0, (size_t)t->total * sizeof(float));
+        rs->rc = ddt_drafter_step(rs->be, &c->drafter, &t->w, &g, t->embed, t->lm_head, &b, &lc, &r);
+        if (accumulate && rs->rc == 0 && r.weight_sum > 0) {
+            const float wm = (float)r.weight_sum;
+            for (int64_t i = 0; i < t->total; i++)
+                rs->grads[i] += wm * target[i];
+        }
+        sum.weight_sum += r.weight_sum;
+        sum.counted += r.counted;
+        sum.correct += r.correct;
+        sum_loss += r.weight_sum * r.loss;
+        sum_ce += r.weight_sum * r.ce;
+        sum_kl += r.weight_sum * r.kl;
+        sum_cap += r.weight_sum * r.cap;
+    }
+    if (sum.weight_sum > 0) {
+        sum.loss = sum_loss / sum.weight_sum;
+        sum.ce = sum_ce / sum.weight_sum;
+        sum.kl = sum_kl / sum.weight_sum;
+        sum.cap = sum_cap / sum.weight_sum;
+        if (accumulate) {
+            const float inv = (float)(1.0 / sum.weight_sum);
+            for (int64_t i = 0; i < t->total; i++)
+                rs->grads[i] *= inv;
+        }
+    }
+    rs->result = sum;
     rs->seconds = mono_s() - t0;
     return NULL;
 }
@@ -645,12 +687,23 @@ int ddt_trainer_eval(ddt_trainer *t, ddt_acceptance *acc, char *err, size_t err_
             snprintf(err, err_len, "the evaluation's forward failed: %s", strerror(-rc));
             break;
         }
+        const int teacher_labels = c->ce_target_teacher && q.teacher_hidden;
         for (int64_t j = 0; j < A && keep[j]; j++) {
-            be->matmul(be, 0, 1, B, V, H, 1.0f, hs + j * B * H, H, t->lm_head, H, 0.0f, logits, V);
+            /* labels as training has them: the teacher's argmax (what greedy verification by
+             * the target accepts), or the data's next token */
             for (int64_t k = 0; k < B && k < DDT_MAX_SLOTS; k++) {
                 int64_t p = anchors[j] + k;
                 labels[k] = k >= 1 && p < S && q.loss_mask[p] ? q.input_ids[p] : -1;
+                if (teacher_labels && labels[k] >= 0) {
+                    be->matmul(be, 0, 1, 1, V, H, 1.0f, q.teacher_hidden + (p - 1) * H, H, t->lm_head, H,
+                               0.0f, logits, V);
+                    int32_t best = 0;
+                    for (int64_t v = 1; v < V; v++)
+                        best = logits[v] > logits[best] ? (int32_t)v : best;
+                    labels[k] = best;
+                }
             }
+            be->matmul(be, 0, 1, B, V, H, 1.0f, hs + j * B * H, H, t->lm_head, H, 0.0f, logits, V);
             ddt_acceptance_add_block(acc, logits, B, V, labels);
         }
     }

@@ -48,9 +48,16 @@ static ddk_backend cpu_backend = {
     .causal_attention = ddk_cpu_causal_attention,
 };
 
-const ddk_backend *ddk_backend_cpu(void)
+static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;
+
+static void cpu_backend_init(void)
 {
     cpu_backend.alloc = ddk_allocator_cpu();
+}
+
+const ddk_backend *ddk_backend_cpu(void)
+{
+    pthread_once(&cpu_once, cpu_backend_init);   /* threads call this at once: set it once */
     return &cpu_backend;
 }
 
@@ -60,6 +67,7 @@ static pthread_once_t rank_once = PTHREAD_ONCE_INIT;
 
 static void rank_backends_init(void)
 {
+    ddk_backend_cpu();
     for (int r = 0; r < CPU_RANKS; r++) {
         rank_backends[r] = cpu_backend;
         rank_backends[r].alloc = ddk_allocator_cpu_rank(r);
