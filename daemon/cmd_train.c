@@ -73,7 +73,8 @@ int ddt_cmd_train(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(k, "--help")) {
-            fputs(TRAIN_USAGE, stdout);
+            fputs(TRAIN_USAGE "\nThe run config (JSON; unknown keys are errors):\n\n", stdout);
+            ddt_run_config_print_reference(stdout);
             return 0;
         }
         if (k[0] != '-' && !config) {

@@ -1,5 +1,5 @@
 /* test_trainer.c: whole runs of the trainer on a tiny synthetic target:
- *   - exact resume: a run stopped after step 3 and resumed repeats steps 4..6 of an
+ *   - exact resume: a run stopped after step 10 and resumed repeats steps 11..20 of an
  *     uninterrupted run bit for bit;
  *   - 1 rank, 2 ranks and 2 accumulated micro-batches give the same losses for the same
  *     global batch (float rounding);
@@ -63,19 +63,28 @@ static int run_steps(ddt_trainer *t, int n, double *losses, ddt_step_record *las
     return 0;
 }
 
+/* json with train.steps set to n */
+static void with_steps(const char *json, int n, char *out, size_t len)
+{
+    const char *at = strstr(json, "\"steps\": 6");
+    snprintf(out, len, "%.*s\"steps\": %d%s", (int)(at - json), json, n, at + strlen("\"steps\": 6"));
+}
+
 static void test_exact_resume(void)
 {
-    double straight[6], first[3], resumed[3];
-    ddt_trainer *t = open_run(TINY("1", ""), NULL);
+    double straight[20], first[10], resumed[10];
+    char json[4096];
+    with_steps(TINY("1", ""), 20, json, sizeof json);
+    ddt_trainer *t = open_run(json, NULL);
     if (!t)
         return;
-    run_steps(t, 6, straight, NULL);
+    run_steps(t, 20, straight, NULL);
     ddt_trainer_close(t);
 
-    t = open_run(TINY("1", ""), NULL);
+    t = open_run(json, NULL);
     if (!t)
         return;
-    run_steps(t, 3, first, NULL);
+    run_steps(t, 10, first, NULL);
     char err[1024], id[64];
     check(ddt_trainer_checkpoint(t, err, sizeof err) == 0, "checkpoint: %s", err);
     snprintf(id, sizeof id, "%s", ddt_trainer_run_id(t));
@@ -84,13 +93,13 @@ static void test_exact_resume(void)
     t = open_run("", id);
     if (!t)
         return;
-    check(ddt_trainer_step_count(t) == 3, "resumed at step %lld, want 3", (long long)ddt_trainer_step_count(t));
-    run_steps(t, 3, resumed, NULL);
+    check(ddt_trainer_step_count(t) == 10, "resumed at step %lld, want 10", (long long)ddt_trainer_step_count(t));
+    run_steps(t, 10, resumed, NULL);
     ddt_trainer_close(t);
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 10; i++) {
         check(first[i] == straight[i], "step %d: %.9g vs uninterrupted %.9g", i + 1, first[i], straight[i]);
-        check(resumed[i] == straight[3 + i], "resumed step %d: %.9g vs uninterrupted %.9g (bit for bit)",
-              i + 4, resumed[i], straight[3 + i]);
+        check(resumed[i] == straight[10 + i], "resumed step %d: %.9g vs uninterrupted %.9g (bit for bit)",
+              i + 11, resumed[i], straight[10 + i]);
     }
 }
 

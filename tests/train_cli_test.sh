@@ -72,5 +72,12 @@ if [ $? -eq 2 ]; then ok "usage errors exit 2"; else fail "usage errors exit 2";
 out=$("$ddtreed" train --resume "$work/nowhere" 2>&1)
 if [ $? -eq 1 ] && grep -q "no run to resume" <<<"$out"; then ok "resume of nothing"; else fail "resume of nothing" "$out"; fi
 
+docs=$(dirname "$0")/../docs/run-config.md
+if diff <("$ddtreed" train --help | sed -n '/^| field/,$p') <(sed -n '/^| field/,$p' "$docs") >/dev/null; then
+    ok "docs/run-config.md is the config table"
+else
+    fail "docs/run-config.md is the config table" "regenerate its table from: ddtreed train --help"
+fi
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

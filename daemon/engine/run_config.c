@@ -475,10 +475,14 @@ void ddt_run_config_print_reference(FILE *out)
             snprintf(dflt, sizeof dflt, "\"%.*s\"", (int)n, d);
             if (f->type == F_ENUM)
                 snprintf(bounds, sizeof bounds, "%s", f->text);
+        } else if (f->type == F_BOOL) {
+            snprintf(dflt, sizeof dflt, "%s", f->dflt ? "true" : "false");
+        } else if (f->type == F_INT) {
+            snprintf(dflt, sizeof dflt, f->dflt < 0 ? "auto" : "%.0f", f->dflt);
+            snprintf(bounds, sizeof bounds, f->hi >= BIG ? "[%.0f, 2^53]" : "[%.0f, %.0f]", f->lo, f->hi);
         } else if (f->type != F_LIST) {
-            snprintf(dflt, sizeof dflt, f->type == F_BOOL ? (f->dflt ? "true" : "false") : "%g", f->dflt);
-            if (f->type != F_BOOL)
-                snprintf(bounds, sizeof bounds, "[%g, %g]", f->lo, f->hi);
+            snprintf(dflt, sizeof dflt, "%g", f->dflt);
+            snprintf(bounds, sizeof bounds, "[%g, %g]", f->lo, f->hi);
         }
         fprintf(out, "| `%s` | %s | %s | %s | %s |\n", f->path, names[f->type], dflt, bounds, f->help);
     }
