@@ -124,8 +124,8 @@ int ddt_cmd_train(int argc, char **argv)
     ddt_trainer *t = NULL;
     if (!rc)
         rc = ddt_trainer_open(json ? json : "", json ? strlen(json) : 0, state_dir,
-                              resume ? (run ? run : run_id) : NULL, store, &t, err, sizeof err,
-                              field, sizeof field);
+                              resume ? (run ? run : run_id) : NULL, resume != NULL, store, &t, err,
+                              sizeof err, field, sizeof field);
     free(json);
     if (rc) {
         fprintf(stderr, "ddtreed train: %s%s%s\n", config && *field ? config : "", config && *field ? ": " : "", err);
@@ -136,6 +136,9 @@ int ddt_cmd_train(int argc, char **argv)
 
     const ddt_run_config *c = ddt_trainer_config(t);
     const ddt_memory_plan *plan = ddt_trainer_plan(t);
+    ddt_store_run_update(store, ddt_trainer_run_id(t), "running", ddt_trainer_step_count(t), -1, wall_ms(),
+                         wall_ms(), -1, NULL);
+    ddt_store_event(store, ddt_trainer_run_id(t), wall_ms(), "state", "{\"state\": \"running\"}");
     fprintf(stderr, "run %s (%s): %lld steps, %lld sequences x %lld tokens per step, %lld rank(s); "
             "predicted peak %.1f MB per rank\n", ddt_trainer_run_id(t), c->name, (long long)c->steps,
             (long long)c->sequences_per_step, (long long)c->seq_len, (long long)c->ranks, plan->peak / 1e6);

@@ -10,6 +10,7 @@ int ddt_cmd_features(int argc, char **argv);
 int ddt_cmd_train(int argc, char **argv);
 int ddt_cmd_plan(int argc, char **argv);
 int ddt_cmd_export(int argc, char **argv);
+int ddt_cmd_serve(int argc, char **argv);
 
 /* A non-negative decimal integer: 0, or -1 when text is anything else. */
 int ddt_parse_count(const char *text, int64_t *out);

@@ -1,6 +1,5 @@
-/* main.c: ddtreed's entry point: dispatches the subcommands of API.md's command line.
- * The daemon itself (`serve`, the default) arrives with the daemon issue; the engine's tools
- * are here now. Tested through the tools by the oracle tests (tests/step_torch_check.py and
+/* main.c: ddtreed's entry point: dispatches the subcommands of API.md's command line; with
+ * no command (or options only) it is the daemon, `serve`. Tested through the tools by the oracle tests (tests/step_torch_check.py and
  * tests/features_torch_check.py).
  */
 #include "commands.h"
@@ -12,7 +11,8 @@
 #include <string.h>
 
 #define USAGE                                                                                    \
-    "usage: ddtreed COMMAND [options]\n"                                                         \
+    "usage: ddtreed [COMMAND] [options]\n"                                                       \
+    "  serve     the daemon (the default; ddtreed serve --help)\n"                              \
     "  step      one drafter forward + loss + backward from files (ddtreed step --help)\n"      \
     "  features  a target's features of token sequences, as a feature shard\n"                 \
     "  train     one run in the foreground (or --resume one)\n"                               \
@@ -33,10 +33,16 @@ int ddt_parse_count(const char *text, int64_t *out)
 
 int main(int argc, char **argv)
 {
-    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
-        fputs(USAGE, argc < 2 ? stderr : stdout);
-        return argc < 2 ? 2 : 0;
+    if (argc < 2 || argv[1][0] == '-') {   /* options only: the daemon */
+        if (argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
+            fputs(USAGE, stdout);
+            return 0;
+        }
+        if (argc < 2 || strcmp(argv[1], "--version"))
+            return ddt_cmd_serve(argc, argv);
     }
+    if (!strcmp(argv[1], "serve"))
+        return ddt_cmd_serve(argc - 1, argv + 1);
     if (!strcmp(argv[1], "--version")) {
         printf("ddtreed %s\n", DDK_VERSION);
         return 0;

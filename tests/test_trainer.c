@@ -39,8 +39,8 @@ static ddt_trainer *open_run(const char *json, const char *resume_id)
 {
     ddt_trainer *t = NULL;
     char err[1024] = "", field[128] = "";
-    int rc = ddt_trainer_open(json, strlen(json), state_dir, resume_id, NULL, &t, err, sizeof err,
-                              field, sizeof field);
+    int rc = ddt_trainer_open(json, strlen(json), state_dir, resume_id, resume_id != NULL, NULL, &t, err,
+                              sizeof err, field, sizeof field);
     check(rc == 0, "open failed (%d): %s [%s]", rc, err, field);
     return rc == 0 ? t : NULL;
 }

@@ -12,6 +12,7 @@
  */
 #include "trainer.h"
 #include "batch.h"
+#include "model_config.h"
 #include "checkpoint.h"
 #include "ddk.h"
 #include "optimizer.h"
@@ -68,6 +69,7 @@ struct ddt_trainer {
     ddt_adamw_config adam_cfg;
     ddt_drafter_weights w;
     int64_t step, chunk, vocab_tile;
+    uint64_t oom_recoveries;
     int ranks;
     rank_state rank[MAX_RANKS];
     ddt_memory_plan plan;
@@ -158,7 +160,7 @@ static int alloc_ranks(ddt_trainer *t, char *err, size_t err_len)
     return 0;
 }
 
-static void make_run_id(char *out, size_t len)
+void ddt_trainer_new_run_id(char *out, size_t len)
 {
     static unsigned counter;
     time_t now = time(NULL);
@@ -255,7 +257,7 @@ static char *resume_config(const char *run_dir, char *ckpt, size_t ckpt_len, cha
 }
 
 int ddt_trainer_open(const char *config_json, size_t len, const char *state_dir,
-                     const char *resume_run_id, ddt_store *store, ddt_trainer **out,
+                     const char *run_id, int resume, ddt_store *store, ddt_trainer **out,
                      char *err, size_t err_len, char *field, size_t field_len)
 {
     *field = '\0';
@@ -270,13 +272,16 @@ int ddt_trainer_open(const char *config_json, size_t len, const char *state_dir,
     int rc = make_dir(state_dir, err, err_len);
     if (!rc)
         rc = make_dir(path, err, err_len);
-    if (!rc && resume_run_id) {
-        snprintf(t->run_id, sizeof t->run_id, "%s", resume_run_id);
-        snprintf(t->run_dir, sizeof t->run_dir, "%s/runs/%s", state_dir, resume_run_id);
+    if (!rc && resume) {
+        snprintf(t->run_id, sizeof t->run_id, "%s", run_id);
+        snprintf(t->run_dir, sizeof t->run_dir, "%s/runs/%s", state_dir, run_id);
         t->config_json = resume_config(t->run_dir, ckpt, sizeof ckpt, err, err_len);
         rc = t->config_json ? 0 : -ENOENT;
     } else if (!rc) {
-        make_run_id(t->run_id, sizeof t->run_id);
+        if (run_id)
+            snprintf(t->run_id, sizeof t->run_id, "%s", run_id);
+        else
+            ddt_trainer_new_run_id(t->run_id, sizeof t->run_id);
         snprintf(t->run_dir, sizeof t->run_dir, "%s/runs/%s", state_dir, t->run_id);
         t->config_json = strndup(config_json, len);
         rc = t->config_json ? make_dir(t->run_dir, err, err_len) : -ENOMEM;
@@ -344,16 +349,15 @@ int ddt_trainer_open(const char *config_json, size_t len, const char *state_dir,
                                           .total_steps = c->steps };
         ddt_plan(&t->cfg, 0, t->embed == t->lm_head, &t->plan);
     }
-    if (!rc && store && !resume_run_id)
+    if (!rc && store && !resume) {
         rc = ddt_store_run_create(store, t->run_id, t->cfg.name, t->config_json, t->cfg.steps, now_ms());
+        rc = rc == -EEXIST ? 0 : rc;   /* the daemon creates the row when it queues the run */
+    }
     if (rc) {
         ddt_trainer_close(t);
         return rc;
     }
-    if (store)
-        ddt_store_run_update(store, t->run_id, "running", t->step, -1, now_ms(), now_ms(), -1, NULL);
-    event(t, "state", "{\"state\": \"running\", \"step\": %lld}", (long long)t->step);
-    *out = t;
+    *out = t;   /* the caller (ddtreed train, the run manager) records the run's states */
     return 0;
 }
 
@@ -387,6 +391,7 @@ const char *ddt_trainer_run_dir(const ddt_trainer *t) { return t->run_dir; }
 const ddt_run_config *ddt_trainer_config(const ddt_trainer *t) { return &t->cfg; }
 int64_t ddt_trainer_step_count(const ddt_trainer *t) { return t->step; }
 const ddt_memory_plan *ddt_trainer_plan(const ddt_trainer *t) { return &t->plan; }
+uint64_t ddt_trainer_oom_recoveries(const ddt_trainer *t) { return t->oom_recoveries; }
 
 /* ------------------------------------------------------------------------------------------
  * A step
@@ -544,6 +549,7 @@ int ddt_trainer_step(ddt_trainer *t, ddt_step_record *rec, char *err, size_t err
                   (long long)old_chunk, (long long)old_tile);
             return -ENOMEM;
         }
+        t->oom_recoveries++;
         event(t, "oom_recovery", "{\"step\": %lld, \"from\": {\"chunk\": %lld, \"vocab_tile\": %lld}, "
               "\"to\": {\"chunk\": %lld, \"vocab_tile\": %lld}}", (long long)t->step + 1,
               (long long)old_chunk, (long long)old_tile, (long long)t->chunk, (long long)t->vocab_tile);
@@ -725,5 +731,80 @@ int ddt_trainer_eval(ddt_trainer *t, ddt_acceptance *acc, char *err, size_t err_
         snprintf(accj + used, sizeof accj - used, "}");
         ddt_store_eval(t->store, t->run_id, t->step, ddt_acceptance_tau_chain(acc), tree, accj);
     }
+    return rc;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * The serving export of a kept checkpoint, without the target: the drafter's shape comes from
+ * the checkpoint's state.json (the run config and what it resolved from the target).
+ */
+
+static int checkpoint_drafter(const char *ckpt, ddt_run_config *rc_out, char *err, size_t err_len)
+{
+    char path[2500], field[160];
+    snprintf(path, sizeof path, "%.2400s/state.json", ckpt);
+    char *text = ddt_read_text_file(path, 1 << 22, err, err_len);
+    cJSON *o = text ? cJSON_Parse(text) : NULL;
+    free(text);
+    const char *config = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "config"));
+    const cJSON *r = cJSON_GetObjectItemCaseSensitive(o, "resolved");
+    int rc = config && cJSON_IsObject(r) ? 0 : -EINVAL;
+    if (rc)
+        snprintf(err, err_len, "%s: no run config and resolved drafter shape in it", path);
+    if (!rc)
+        rc = ddt_run_config_parse(config, strlen(config), rc_out, err, err_len, field, sizeof field);
+    if (!rc) {
+        ddt_drafter_config *d = &rc_out->drafter;
+        const cJSON *ids = cJSON_GetObjectItemCaseSensitive(r, "target_layer_ids");
+        d->hidden = (int64_t)cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(r, "hidden_size"));
+        d->vocab = (int64_t)cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(r, "vocab_size"));
+        d->num_target_layers = (int64_t)cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(r, "num_target_layers"));
+        d->mask_token_id = (int32_t)cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(r, "mask_token_id"));
+        d->taps = cJSON_GetArraySize(ids);
+        for (int i = 0; i < d->taps && i < DDT_MAX_TAPS; i++)
+            d->target_layer_ids[i] = (int32_t)cJSON_GetNumberValue(cJSON_GetArrayItem(ids, i));
+        char why[512];
+        if (ddt_drafter_config_check(d, why, sizeof why)) {
+            snprintf(err, err_len, "%s: %s", path, why);
+            rc = -EINVAL;
+        }
+    }
+    cJSON_Delete(o);
+    return rc;
+}
+
+int ddt_trainer_export_checkpoint(const char *run_dir, int64_t step, const char *out_dir,
+                                  char *ckpt, size_t ckpt_len, char *err, size_t err_len)
+{
+    int64_t latest;
+    int rc = 0;
+    if (step >= 0)
+        snprintf(ckpt, ckpt_len, "%s/checkpoints/step-%08lld", run_dir, (long long)step);
+    else if (ddt_checkpoint_latest(run_dir, &latest, ckpt, ckpt_len)) {
+        snprintf(err, err_len, "%s has no complete checkpoint", run_dir);
+        return -ENOENT;
+    }
+    ddt_run_config c;
+    memset(&c, 0, sizeof c);
+    rc = checkpoint_drafter(ckpt, &c, err, err_len);
+    float *params = NULL, *m = NULL, *v = NULL;
+    char *state = NULL;
+    if (!rc) {
+        static _Thread_local ddt_param table[DDT_MAX_PARAMS];
+        int64_t total;
+        ddt_drafter_param_table(&c.drafter, table, &total);
+        params = malloc((size_t)total * sizeof(float));
+        m = malloc((size_t)total * sizeof(float));
+        v = malloc((size_t)total * sizeof(float));
+        ddt_adamw_state adam = { 0, m, v };
+        rc = params && m && v ? ddt_checkpoint_read(ckpt, &c.drafter, params, &adam, &state, err, err_len) : -ENOMEM;
+    }
+    if (!rc)
+        rc = ddt_export_write(out_dir, &c.drafter, params, err, err_len);
+    free(params);
+    free(m);
+    free(v);
+    free(state);
+    ddt_run_config_free(&c);
     return rc;
 }

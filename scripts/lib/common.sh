@@ -7,7 +7,8 @@ DDTREE_JOBS=$(nproc 2>/dev/null || echo 2)
 export PATH="$PATH:/usr/local/cuda/bin"   # nvcc, where the CUDA toolkit is installed
 
 # The build and test dependencies (Debian 12 package names).
-DDTREE_PACKAGES=(build-essential cmake pkg-config libopenblas-dev libcjson-dev libsqlite3-dev python3 python3-numpy python3-torch)
+DDTREE_PACKAGES=(build-essential cmake pkg-config libopenblas-dev libcjson-dev libsqlite3-dev libmicrohttpd-dev
+                 libuv1-dev libcurl4-openssl-dev python3 python3-numpy python3-torch python3-prometheus-client)
 
 ddtree_install() {
     local missing=() p

@@ -1,0 +1,326 @@
+/* api.c: ddtreed's routes and handlers (api.h). Every error is
+ * {"error": {"code", "message", "field"?}} with a 4xx/5xx status; nothing is stored by a
+ * refused request.
+ * Tested by tests/api_e2e.py and fuzzed by tests/fuzz/fuzz_api.c.
+ */
+#include "api.h"
+#include "ddk.h"
+#include "metrics.h"
+#include "planner.h"
+#include "run_config.h"
+#include "store_read.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void reply(ddt_http_response *res, int status, cJSON *o)
+{
+    ddt_http_json(res, status, cJSON_PrintUnformatted(o));
+    cJSON_Delete(o);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Handlers
+ */
+
+static void get_healthz(ddt_api *a, ddt_http_response *res)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "status", "ok");
+    cJSON_AddStringToObject(o, "version", DDK_VERSION);
+    reply(res, 200, o);
+}
+
+static void get_status(ddt_api *a, ddt_http_response *res)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "version", DDK_VERSION);
+    cJSON_AddNumberToObject(o, "uptime_s", mono_s() - a->started_s);
+    int gpus = ddk_cuda_device_count();
+    cJSON_AddStringToObject(o, "backend", gpus > 0 ? "cuda" : "cpu");
+    cJSON *devices = cJSON_AddArrayToObject(o, "devices");
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE), cores = sysconf(_SC_NPROCESSORS_ONLN);
+    char run[40];
+    for (int d = 0; d < gpus; d++) {
+        ddk_device_info info;
+        if (ddk_cuda_device_info(d, &info))
+            continue;
+        cJSON *x = cJSON_CreateObject();
+        char id[24];
+        snprintf(id, sizeof id, "cuda:%d", d);
+        cJSON_AddStringToObject(x, "id", id);
+        cJSON_AddStringToObject(x, "name", info.name);
+        cJSON_AddNumberToObject(x, "memory_total_bytes", (double)info.memory_total_bytes);
+        cJSON_AddNumberToObject(x, "memory_used_bytes", (double)ddk_allocator_stats(ddk_allocator_cuda(d)).current);
+        cJSON_AddNullToObject(x, "run");
+        cJSON_AddItemToArray(devices, x);
+    }
+    cJSON *cpu = cJSON_CreateObject();
+    char name[64];
+    snprintf(name, sizeof name, "CPU (%ld cores)", cores);
+    cJSON_AddStringToObject(cpu, "id", "cpu:0");
+    cJSON_AddStringToObject(cpu, "name", name);
+    cJSON_AddNumberToObject(cpu, "memory_total_bytes", (double)pages * (double)page);
+    cJSON_AddNumberToObject(cpu, "memory_used_bytes", (double)ddk_allocator_stats(ddk_allocator_cpu_rank(0)).current);
+    if (ddt_runs_on_device(a->runs, 0, run, sizeof run))
+        cJSON_AddStringToObject(cpu, "run", run);
+    else
+        cJSON_AddNullToObject(cpu, "run");
+    cJSON_AddItemToArray(devices, cpu);
+    int64_t counts[DDT_RUN_STATES];
+    ddt_runs_counts(a->runs, counts);
+    cJSON *runs = cJSON_AddObjectToObject(o, "runs");
+    for (int s = 0; s < DDT_RUN_STATES; s++)
+        cJSON_AddNumberToObject(runs, ddt_run_state_names[s], (double)counts[s]);
+    cJSON_AddItemToObject(o, "config", ddt_daemon_config_json(a->config));
+    reply(res, 200, o);
+}
+
+static void post_runs(ddt_api *a, const ddt_http_request *req, ddt_http_response *res)
+{
+    char id[40], err[1024] = "", field[160] = "";
+    int rc = ddt_runs_submit(a->runs, req->body, req->body_len, id, sizeof id, err, sizeof err, field, sizeof field);
+    if (rc) {
+        ddt_http_error(res, rc == -EINVAL ? 400 : 500, rc == -EINVAL ? "invalid_config" : "internal",
+                       *field ? field : NULL, "%s", err);
+        return;
+    }
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "id", id);
+    cJSON_AddStringToObject(o, "state", "queued");
+    snprintf(res->location, sizeof res->location, "/runs/%s", id);
+    reply(res, 201, o);
+}
+
+static void get_runs(ddt_api *a, const ddt_http_request *req, ddt_http_response *res)
+{
+    char err[256];
+    cJSON *o = ddt_runs_list(a->runs, ddt_http_query(req, "state"), err, sizeof err);
+    if (!o)
+        ddt_http_error(res, 400, "invalid_query", "state", "%s", err);
+    else
+        reply(res, 200, o);
+}
+
+static void get_run(ddt_api *a, const char *id, ddt_http_response *res)
+{
+    cJSON *o = ddt_runs_get(a->runs, id);
+    if (!o)
+        ddt_http_error(res, 404, "not_found", NULL, "no run %s", id);
+    else
+        reply(res, 200, o);
+}
+
+static void post_control(ddt_api *a, const char *id, const char *verb, const ddt_http_request *req,
+                         ddt_http_response *res)
+{
+    static const struct { const char *verb; ddt_run_action action; } verbs[] = {
+        { "pause", DDT_RUN_PAUSE }, { "resume", DDT_RUN_RESUME }, { "cancel", DDT_RUN_CANCEL },
+        { "rechunk", DDT_RUN_RECHUNK }, { "checkpoint", DDT_RUN_CHECKPOINT }, { "export", DDT_RUN_EXPORT },
+    };
+    int v = -1;
+    for (size_t i = 0; i < sizeof verbs / sizeof verbs[0] && v < 0; i++)
+        if (!strcmp(verb, verbs[i].verb))
+            v = (int)i;
+    if (v < 0) {
+        ddt_http_error(res, 404, "not_found", NULL, "no action %s (pause, resume, cancel, rechunk, checkpoint, export)", verb);
+        return;
+    }
+    cJSON *body = NULL;
+    if (verbs[v].action == DDT_RUN_RECHUNK) {
+        const char *end = NULL;
+        body = cJSON_ParseWithLengthOpts(req->body, req->body_len + 1, &end, 1);
+        if (!body) {
+            ddt_http_error(res, 400, "invalid_json", NULL, "the body is not valid JSON (near byte %ld)",
+                           (long)(end ? end - req->body : 0));
+            return;
+        }
+    }
+    cJSON *out = NULL;
+    int status = 202;
+    char err[1024] = "", field[160] = "";
+    int rc = ddt_runs_control(a->runs, id, verbs[v].action, body, &out, &status, err, sizeof err, field, sizeof field);
+    cJSON_Delete(body);
+    if (rc == -ENOENT)
+        ddt_http_error(res, 404, "not_found", NULL, "%s", err);
+    else if (rc == -EBUSY)
+        ddt_http_error(res, 409, "illegal_transition", NULL, "%s", err);
+    else if (rc == -EINVAL)
+        ddt_http_error(res, 400, "invalid_value", *field ? field : NULL, "%s", err);
+    else if (rc)
+        ddt_http_error(res, 500, "internal", NULL, "%s", err);
+    else
+        reply(res, status, out);
+}
+
+static int parse_count(const char *text, int64_t dflt, int64_t *out)
+{
+    if (!text) {
+        *out = dflt;
+        return 0;
+    }
+    char *end;
+    long long v = strtoll(text, &end, 10);
+    if (!*text || *end || v < 0)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+static void get_records(ddt_api *a, const char *id, int events, const ddt_http_request *req,
+                        ddt_http_response *res)
+{
+    cJSON *known = ddt_runs_get(a->runs, id);
+    if (!known) {
+        ddt_http_error(res, 404, "not_found", NULL, "no run %s", id);
+        return;
+    }
+    cJSON_Delete(known);
+    int64_t after, limit;
+    if (parse_count(ddt_http_query(req, "after"), events ? 0 : -1, &after)) {
+        ddt_http_error(res, 400, "invalid_query", "after", "after must be a non-negative integer");
+        return;
+    }
+    if (parse_count(ddt_http_query(req, "limit"), 1000, &limit) || limit < 1 || limit > 10000) {
+        ddt_http_error(res, 400, "invalid_query", "limit", "limit must be an integer in [1, 10000]");
+        return;
+    }
+    const char *format = ddt_http_query(req, "format");
+    if (format && strcmp(format, "csv") && strcmp(format, "json")) {
+        ddt_http_error(res, 400, "invalid_query", "format", "format must be csv or json");
+        return;
+    }
+    int csv = !events && format && !strcmp(format, "csv");
+    char *text = NULL, err[512];
+    size_t len = 0;
+    int rc = events ? ddt_store_read_events(a->db_path, id, after, limit, &text, &len, err, sizeof err)
+                    : ddt_store_read_steps(a->db_path, id, after, limit, csv, &text, &len, err, sizeof err);
+    if (rc) {
+        ddt_http_error(res, 500, "store", NULL, "%s", err);
+        return;
+    }
+    res->status = 200;
+    res->body = text;
+    res->body_len = len;
+    res->content_type = csv ? "text/csv; charset=utf-8" : "application/json";
+}
+
+static void post_plan(ddt_api *a, const ddt_http_request *req, ddt_http_response *res)
+{
+    ddt_run_config c;
+    char err[1024] = "", field[160] = "";
+    if (ddt_run_config_parse(req->body, req->body_len, &c, err, sizeof err, field, sizeof field)) {
+        ddt_http_error(res, 400, "invalid_config", *field ? field : NULL, "%s", err);
+        return;
+    }
+    int64_t hidden, vocab, layers;
+    int tied = 0;
+    if (ddt_run_config_target_shape(&c, &hidden, &vocab, &layers, &tied, err, sizeof err)) {
+        hidden = c.synthetic.hidden;   /* not at hand: plan with the declared shape */
+        vocab = c.synthetic.vocab;
+        layers = c.synthetic.layers;
+    }
+    ddt_memory_plan plan;
+    if (ddt_run_config_resolve(&c, hidden, vocab, layers, err, sizeof err) || ddt_plan(&c, 0, tied, &plan)) {
+        ddt_http_error(res, 400, "invalid_config", "drafter", "%s", err);
+        ddt_run_config_free(&c);
+        return;
+    }
+    ddt_http_json(res, 200, ddt_plan_json(&c, &plan));
+    ddt_run_config_free(&c);
+}
+
+static void get_metrics(ddt_api *a, ddt_http_response *res)
+{
+    ddt_metrics_snapshot m;
+    memset(&m, 0, sizeof m);
+    m.version = DDK_VERSION;
+    ddt_runs_metrics(a->runs, &m);
+    for (int d = 0; d < DDT_METRICS_MAX_DEVICES; d++) {   /* the CPU ranks that were ever used */
+        ddk_alloc_stats s = ddk_allocator_stats(ddk_allocator_cpu_rank(d));
+        if (d > 0 && s.peak == 0)
+            continue;
+        snprintf(m.device_names[m.device_count], sizeof m.device_names[0], "cpu:%d", d);
+        m.device_used_bytes[m.device_count] = (int64_t)s.current;
+        m.device_peak_bytes[m.device_count] = (int64_t)s.peak;
+        m.device_count++;
+    }
+    if (a->http)
+        m.code_count = ddt_http_counts(a->http, m.codes, m.code_counts, DDT_METRICS_MAX_CODES);
+    size_t len = 0;
+    res->status = 200;
+    res->body = ddt_metrics_render(&m, &len);
+    res->body_len = len;
+    res->content_type = "text/plain; version=0.0.4; charset=utf-8";
+    free(m.runs);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Routing
+ */
+
+static int method_is(const ddt_http_request *req, const char *method, ddt_http_response *res, const char *allowed)
+{
+    if (!strcmp(req->method, method))
+        return 1;
+    ddt_http_error(res, 405, "method_not_allowed", NULL, "%s %s: use %s", req->method, req->path, allowed);
+    return 0;
+}
+
+void ddt_api_handle(void *ctx, const ddt_http_request *req, ddt_http_response *res)
+{
+    ddt_api *a = ctx;
+    const char *p = req->path;
+    if (!strcmp(p, "/healthz")) {
+        if (method_is(req, "GET", res, "GET"))
+            get_healthz(a, res);
+    } else if (!strcmp(p, "/status")) {
+        if (method_is(req, "GET", res, "GET"))
+            get_status(a, res);
+    } else if (!strcmp(p, "/metrics")) {
+        if (method_is(req, "GET", res, "GET"))
+            get_metrics(a, res);
+    } else if (!strcmp(p, "/plan")) {
+        if (method_is(req, "POST", res, "POST"))
+            post_plan(a, req, res);
+    } else if (!strcmp(p, "/runs")) {
+        if (!strcmp(req->method, "POST"))
+            post_runs(a, req, res);
+        else if (method_is(req, "GET", res, "GET or POST"))
+            get_runs(a, req, res);
+    } else if (!strncmp(p, "/runs/", 6) && p[6]) {
+        char id[64], verb[32] = "";
+        const char *slash = strchr(p + 6, '/');
+        size_t n = slash ? (size_t)(slash - (p + 6)) : strlen(p + 6);
+        if (n >= sizeof id || (slash && (strlen(slash + 1) >= sizeof verb || strchr(slash + 1, '/')))) {
+            ddt_http_error(res, 404, "not_found", NULL, "no such path: %s", p);
+            return;
+        }
+        memcpy(id, p + 6, n);
+        id[n] = '\0';
+        if (slash)
+            snprintf(verb, sizeof verb, "%s", slash + 1);
+        if (!*verb) {
+            if (method_is(req, "GET", res, "GET"))
+                get_run(a, id, res);
+        } else if (!strcmp(verb, "steps") || !strcmp(verb, "events")) {
+            if (method_is(req, "GET", res, "GET"))
+                get_records(a, id, !strcmp(verb, "events"), req, res);
+        } else if (method_is(req, "POST", res, "POST")) {
+            post_control(a, id, verb, req, res);
+        }
+    } else {
+        ddt_http_error(res, 404, "not_found", NULL, "no such path: %s", p);
+    }
+}

@@ -1,0 +1,40 @@
+/* store_read.h: read-only queries of the SQLite store for the daemon's HTTP handlers and its
+ * start-up, each through a connection of its own (WAL: readers never wait for the writer).
+ * Tested by tests/test_store_read.c.
+ */
+#ifndef DDT_STORE_READ_H
+#define DDT_STORE_READ_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct ddt_run_row {
+    char id[40], name[128], state[16];
+    char *config_json;             /* malloc'd */
+    char *error;                   /* malloc'd or NULL */
+    int64_t created_ms, started_ms, updated_ms, finished_ms;   /* -1 when NULL */
+    int64_t step, max_steps, last_checkpoint_step;             /* -1 when NULL */
+} ddt_run_row;
+
+/* Every run, oldest first. 0, or a negative errno with err. */
+int ddt_store_read_runs(const char *db_path, ddt_run_row **rows, int *count, char *err, size_t err_len);
+void ddt_store_free_runs(ddt_run_row *rows, int count);
+
+/* Steps of run_id with step > after, at most limit (1..10000), ascending: as JSON
+ * {"steps": [{"step": .., "ts_ms": .., "loss": .., ... every column of API.md's steps,
+ * plus "devices": [{"device": .., "peak_bytes": .., "step_ms": ..}]}]} or as CSV (a header line
+ * of the steps columns, then one line per step). *text malloc'd. */
+int ddt_store_read_steps(const char *db_path, const char *run_id, int64_t after, int64_t limit,
+                         int csv, char **text, size_t *len, char *err, size_t err_len);
+
+/* Events of run_id with id > after_id, at most limit, ascending:
+ * {"events": [{"id": .., "ts_ms": .., "kind": "..", "detail": <the detail_json as JSON>}]} */
+int ddt_store_read_events(const char *db_path, const char *run_id, int64_t after_id,
+                          int64_t limit, char **text, size_t *len, char *err, size_t err_len);
+
+/* The newest eval of run_id: 0 with its fields, -ENOENT when none. tau_tree_json and acc_json
+ * malloc'd. */
+int ddt_store_read_last_eval(const char *db_path, const char *run_id, int64_t *step,
+                             double *tau_chain, char **tau_tree_json, char **acc_json);
+
+#endif

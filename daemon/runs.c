@@ -1,0 +1,794 @@
+/* runs.c: the run manager (runs.h).
+ *
+ * One mutex guards every run's snapshot and requests; a worker thread per active run owns its
+ * trainer and looks at its requests only between steps, so a step is never torn. Each state
+ * change is written to the store (runs row and a "state" event) as it happens.
+ * Tested by tests/api_e2e.py.
+ */
+#include "runs.h"
+#include "log.h"
+#include "planner.h"
+#include "run_config.h"
+#include "store_read.h"
+#include "trainer.h"
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef struct run {
+    char id[40], name[DDT_RUN_NAME];
+    char *config_json;
+    ddt_run_state state;
+    int64_t step, max_steps, last_checkpoint_step;
+    int64_t created_ms, started_ms, updated_ms, finished_ms;
+    char error[512];
+    int has_record;
+    ddt_step_record last;               /* the newest step */
+    double tokens_total;
+    uint64_t oom_recoveries;
+    double tau_chain;                   /* < 0 until evaluated */
+    int n_budgets;
+    int64_t budgets[DDT_MAX_EVAL_BUDGETS];
+    double tau_tree[DDT_MAX_EVAL_BUDGETS];
+    int64_t chunk, vocab_tile;
+    /* the worker */
+    int has_thread, thread_done, resume;
+    pthread_t thread;
+    double last_progress_s;             /* monotonic time of its last step or control */
+    /* requests, applied at the next step boundary */
+    int want_pause, want_resume, want_cancel, want_checkpoint, want_export;
+    int64_t want_chunk, want_tile;      /* -1: none */
+    struct ddt_runs *owner;
+} run;
+
+struct ddt_runs {
+    char state_dir[1024], db_path[1100];
+    ddt_store *store;
+    pthread_mutex_t lock;
+    pthread_cond_t wake;                /* paused workers wait on it */
+    run **runs;
+    int count, capacity, max_parallel, closing;
+    void (*notify)(void *);
+    void *notify_ctx;
+    uint64_t step_buckets[DDT_METRICS_BUCKETS + 1];
+    double step_seconds_sum;
+    uint64_t step_count;
+};
+
+static int64_t wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static run *find(ddt_runs *r, const char *id)
+{
+    for (int i = 0; i < r->count; i++)
+        if (!strcmp(r->runs[i]->id, id))
+            return r->runs[i];
+    return NULL;
+}
+
+static int active(ddt_run_state s)
+{
+    return s == DDT_RUN_QUEUED || s == DDT_RUN_RUNNING || s == DDT_RUN_PAUSING || s == DDT_RUN_PAUSED ||
+           s == DDT_RUN_INTERRUPTED;
+}
+
+/* A state change: the snapshot, the store, an event, the main loop. Called with the lock. */
+static void set_state(ddt_runs *r, run *u, ddt_run_state s, const char *error)
+{
+    u->state = s;
+    u->updated_ms = wall_ms();
+    if (s == DDT_RUN_RUNNING && u->started_ms < 0)
+        u->started_ms = u->updated_ms;
+    if (s == DDT_RUN_COMPLETED || s == DDT_RUN_FAILED || s == DDT_RUN_CANCELLED)
+        u->finished_ms = u->updated_ms;
+    if (error)
+        snprintf(u->error, sizeof u->error, "%s", error);
+    if (r->store) {
+        ddt_store_run_update(r->store, u->id, ddt_run_state_names[s], u->step, u->last_checkpoint_step,
+                             u->updated_ms, s == DDT_RUN_RUNNING ? u->started_ms : -1,
+                             u->finished_ms >= 0 ? u->finished_ms : -1, error);
+        cJSON *d = cJSON_CreateObject();
+        cJSON_AddStringToObject(d, "state", ddt_run_state_names[s]);
+        cJSON_AddNumberToObject(d, "step", (double)u->step);
+        if (error)
+            cJSON_AddStringToObject(d, "error", error);
+        char *text = cJSON_PrintUnformatted(d);
+        ddt_store_event(r->store, u->id, u->updated_ms, "state", text);
+        free(text);
+        cJSON_Delete(d);
+    }
+    ddt_log(s == DDT_RUN_FAILED ? DDT_LOG_ERR : DDT_LOG_INFO, "run=%s state=%s step=%lld%s%s", u->id,
+            ddt_run_state_names[s], (long long)u->step, error ? " error=" : "", error ? error : "");
+    if (r->notify)
+        r->notify(r->notify_ctx);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * The worker: one training run
+ */
+
+static void *worker_main(void *arg);
+
+/* Starts workers for queued (and interrupted) runs while slots are free. With the lock. */
+static void schedule(ddt_runs *r)
+{
+    int busy = 0;
+    for (int i = 0; i < r->count; i++)
+        busy += r->runs[i]->has_thread && !r->runs[i]->thread_done;
+    for (int i = 0; i < r->count && busy < r->max_parallel && !r->closing; i++) {
+        run *u = r->runs[i];
+        if ((u->state != DDT_RUN_QUEUED && u->state != DDT_RUN_INTERRUPTED) || (u->has_thread && !u->thread_done))
+            continue;
+        if (u->has_thread) {   /* a finished worker of an earlier life of this run */
+            pthread_join(u->thread, NULL);
+            u->has_thread = 0;
+        }
+        u->thread_done = 0;
+        u->last_progress_s = mono_s();
+        if (pthread_create(&u->thread, NULL, worker_main, u) == 0) {
+            u->has_thread = 1;
+            busy++;
+        } else {
+            set_state(r, u, DDT_RUN_FAILED, "could not start its worker thread");
+        }
+    }
+}
+
+static void record_step(ddt_runs *r, run *u, const ddt_step_record *rec)
+{
+    u->has_record = 1;
+    u->last = *rec;
+    u->step = rec->step;
+    u->tokens_total += (double)rec->tokens;
+    u->chunk = rec->chunk;
+    u->vocab_tile = rec->vocab_tile;
+    u->updated_ms = rec->ts_ms;
+    u->last_progress_s = mono_s();
+    double s = rec->step_ms / 1e3;
+    int b = 0;
+    while (b < DDT_METRICS_BUCKETS && s > ddt_metrics_bucket_bounds[b])
+        b++;
+    r->step_buckets[b]++;
+    r->step_seconds_sum += s;
+    r->step_count++;
+}
+
+static void record_eval(run *u, const ddt_acceptance *a)
+{
+    u->tau_chain = ddt_acceptance_tau_chain(a);
+    u->n_budgets = a->n_budgets;
+    for (int i = 0; i < a->n_budgets; i++) {
+        u->budgets[i] = a->budgets[i];
+        u->tau_tree[i] = ddt_acceptance_tau_tree(a, i);
+    }
+}
+
+/* checkpoint, outside the lock; records the step */
+static void checkpoint(ddt_runs *r, run *u, ddt_trainer *t)
+{
+    char err[1024];
+    if (ddt_trainer_checkpoint(t, err, sizeof err)) {
+        ddt_log(DDT_LOG_ERR, "run=%s checkpoint failed: %s", u->id, err);
+        return;
+    }
+    pthread_mutex_lock(&r->lock);
+    u->last_checkpoint_step = ddt_trainer_step_count(t);
+    pthread_mutex_unlock(&r->lock);
+}
+
+static void export_now(ddt_runs *r, run *u, ddt_trainer *t)
+{
+    char dir[2200], err[1024];
+    snprintf(dir, sizeof dir, "%s/export", ddt_trainer_run_dir(t));
+    if (ddt_trainer_export(t, dir, err, sizeof err))
+        ddt_log(DDT_LOG_ERR, "run=%s export failed: %s", u->id, err);
+    else if (r->store)
+        ddt_store_event(r->store, u->id, wall_ms(), "export", "{\"written\": true}");
+}
+
+static void *worker_main(void *arg)
+{
+    run *u = arg;
+    ddt_runs *r = u->owner;
+    char err[2048] = "", field[160];
+    ddt_trainer *t = NULL;
+    int rc = ddt_trainer_open(u->config_json, strlen(u->config_json), r->state_dir, u->id, u->resume,
+                              r->store, &t, err, sizeof err, field, sizeof field);
+    pthread_mutex_lock(&r->lock);
+    if (rc) {
+        set_state(r, u, DDT_RUN_FAILED, err);
+        goto done;
+    }
+    u->resume = 1;   /* from now on a restart continues from its checkpoints */
+    u->step = ddt_trainer_step_count(t);
+    set_state(r, u, DDT_RUN_RUNNING, NULL);
+    const ddt_run_config *c = ddt_trainer_config(t);
+    for (;;) {
+        /* ---- the step boundary: requests ---- */
+        if (r->closing) {
+            pthread_mutex_unlock(&r->lock);
+            checkpoint(r, u, t);
+            pthread_mutex_lock(&r->lock);
+            set_state(r, u, DDT_RUN_INTERRUPTED, NULL);
+            break;
+        }
+        if (u->want_cancel) {
+            pthread_mutex_unlock(&r->lock);
+            checkpoint(r, u, t);   /* a final checkpoint is kept */
+            pthread_mutex_lock(&r->lock);
+            set_state(r, u, DDT_RUN_CANCELLED, NULL);
+            break;
+        }
+        if (u->want_chunk >= 0 || u->want_tile >= 0) {
+            ddt_trainer_rechunk(t, u->want_chunk > 0 ? u->want_chunk : -1, u->want_tile, err, sizeof err);
+            u->chunk = u->want_chunk > 0 ? u->want_chunk : u->chunk;
+            u->vocab_tile = u->want_tile >= 0 ? u->want_tile : u->vocab_tile;
+            u->want_chunk = u->want_tile = -1;
+        }
+        int want_ckpt = u->want_checkpoint, want_export = u->want_export, pause = u->want_pause;
+        u->want_checkpoint = u->want_export = 0;
+        pthread_mutex_unlock(&r->lock);
+        if (want_ckpt || pause)
+            checkpoint(r, u, t);
+        if (want_export)
+            export_now(r, u, t);
+        pthread_mutex_lock(&r->lock);
+        u->last_progress_s = mono_s();
+        if (pause) {
+            u->want_pause = 0;
+            set_state(r, u, DDT_RUN_PAUSED, NULL);
+            while (!u->want_resume && !u->want_cancel && !r->closing && !u->want_checkpoint && !u->want_export)
+                pthread_cond_wait(&r->wake, &r->lock);
+            if (u->want_resume) {
+                u->want_resume = 0;
+                set_state(r, u, DDT_RUN_RUNNING, NULL);
+            } else if (!u->want_cancel && !r->closing) {
+                u->want_pause = 1;   /* a checkpoint or export while paused: do it, stay paused */
+            }
+            continue;
+        }
+        if (ddt_trainer_step_count(t) >= c->steps) {
+            pthread_mutex_unlock(&r->lock);
+            checkpoint(r, u, t);
+            export_now(r, u, t);
+            pthread_mutex_lock(&r->lock);
+            set_state(r, u, DDT_RUN_COMPLETED, NULL);
+            break;
+        }
+        pthread_mutex_unlock(&r->lock);
+
+        /* ---- one step, outside the lock ---- */
+        ddt_step_record rec;
+        rc = ddt_trainer_step(t, &rec, err, sizeof err);
+        ddt_acceptance acc;
+        int evaluated = 0;
+        if (rc == 0 && (rec.step % c->eval_every == 0 || rec.step == c->steps))
+            evaluated = ddt_trainer_eval(t, &acc, err, sizeof err) == 0;
+        if (rc == 0 && rec.step % c->checkpoint_every == 0 && rec.step != c->steps)
+            checkpoint(r, u, t);
+        pthread_mutex_lock(&r->lock);
+        if (rc) {
+            set_state(r, u, DDT_RUN_FAILED, err);
+            break;
+        }
+        u->oom_recoveries = ddt_trainer_oom_recoveries(t);
+        record_step(r, u, &rec);
+        if (evaluated)
+            record_eval(u, &acc);
+    }
+done:
+    pthread_mutex_unlock(&r->lock);
+    ddt_trainer_close(t);   /* before the next run starts: it gives the ranks' memory back */
+    pthread_mutex_lock(&r->lock);
+    u->thread_done = 1;
+    schedule(r);            /* a slot is free */
+    pthread_mutex_unlock(&r->lock);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Open, close, submit
+ */
+
+static run *add_run(ddt_runs *r, const char *id, const char *name, const char *config_json)
+{
+    if (r->count == r->capacity) {
+        int cap = r->capacity ? 2 * r->capacity : 16;
+        run **grown = realloc(r->runs, (size_t)cap * sizeof *grown);
+        if (!grown)
+            return NULL;
+        r->runs = grown;
+        r->capacity = cap;
+    }
+    run *u = calloc(1, sizeof *u);
+    if (!u || !(u->config_json = strdup(config_json))) {
+        free(u);
+        return NULL;
+    }
+    snprintf(u->id, sizeof u->id, "%s", id);
+    snprintf(u->name, sizeof u->name, "%s", name);
+    u->owner = r;
+    u->tau_chain = -1;
+    u->started_ms = u->finished_ms = u->last_checkpoint_step = -1;
+    u->want_chunk = u->want_tile = -1;
+    r->runs[r->count++] = u;
+    return u;
+}
+
+static ddt_run_state state_of(const char *name)
+{
+    for (int s = 0; s < DDT_RUN_STATES; s++)
+        if (!strcmp(ddt_run_state_names[s], name))
+            return (ddt_run_state)s;
+    return DDT_RUN_FAILED;
+}
+
+int ddt_runs_open(const char *state_dir, const char *db_path, ddt_store *store, int max_parallel,
+                  void (*notify)(void *), void *notify_ctx, ddt_runs **out, char *err, size_t err_len)
+{
+    ddt_runs *r = calloc(1, sizeof *r);
+    if (!r) {
+        snprintf(err, err_len, "no memory for the run manager");
+        return -ENOMEM;
+    }
+    snprintf(r->state_dir, sizeof r->state_dir, "%s", state_dir);
+    snprintf(r->db_path, sizeof r->db_path, "%s", db_path);
+    r->store = store;
+    r->max_parallel = max_parallel;
+    r->notify = notify;
+    r->notify_ctx = notify_ctx;
+    pthread_mutex_init(&r->lock, NULL);
+    pthread_cond_init(&r->wake, NULL);
+    ddt_run_row *rows = NULL;
+    int count = 0;
+    int rc = ddt_store_read_runs(db_path, &rows, &count, err, err_len);
+    pthread_mutex_lock(&r->lock);
+    for (int i = 0; rc == 0 && i < count; i++) {
+        run *u = add_run(r, rows[i].id, rows[i].name, rows[i].config_json ? rows[i].config_json : "{}");
+        if (!u) {
+            snprintf(err, err_len, "no memory for the run list");
+            rc = -ENOMEM;
+            break;
+        }
+        u->state = state_of(rows[i].state);
+        u->step = rows[i].step > 0 ? rows[i].step : 0;
+        u->max_steps = rows[i].max_steps;
+        u->last_checkpoint_step = rows[i].last_checkpoint_step;
+        u->created_ms = rows[i].created_ms;
+        u->started_ms = rows[i].started_ms;
+        u->updated_ms = rows[i].updated_ms;
+        u->finished_ms = rows[i].finished_ms;
+        if (rows[i].error)
+            snprintf(u->error, sizeof u->error, "%s", rows[i].error);
+        u->resume = u->last_checkpoint_step >= 0 || u->step > 0;
+        /* the daemon stopped (or died) under these: they resume from their checkpoints */
+        if (u->state == DDT_RUN_RUNNING || u->state == DDT_RUN_PAUSING)
+            set_state(r, u, DDT_RUN_INTERRUPTED, NULL);
+    }
+    ddt_store_free_runs(rows, count);
+    if (rc == 0)
+        schedule(r);
+    pthread_mutex_unlock(&r->lock);
+    if (rc) {
+        ddt_runs_close(r);
+        return rc;
+    }
+    *out = r;
+    return 0;
+}
+
+void ddt_runs_close(ddt_runs *r)
+{
+    if (!r)
+        return;
+    pthread_mutex_lock(&r->lock);
+    r->closing = 1;
+    pthread_cond_broadcast(&r->wake);
+    pthread_mutex_unlock(&r->lock);
+    for (int i = 0; i < r->count; i++)
+        if (r->runs[i]->has_thread)
+            pthread_join(r->runs[i]->thread, NULL);
+    for (int i = 0; i < r->count; i++) {
+        free(r->runs[i]->config_json);
+        free(r->runs[i]);
+    }
+    free(r->runs);
+    pthread_mutex_destroy(&r->lock);
+    pthread_cond_destroy(&r->wake);
+    free(r);
+}
+
+void ddt_runs_set_parallel(ddt_runs *r, int max_parallel)
+{
+    pthread_mutex_lock(&r->lock);
+    r->max_parallel = max_parallel;
+    schedule(r);
+    pthread_mutex_unlock(&r->lock);
+}
+
+int ddt_runs_submit(ddt_runs *r, const char *json, size_t len, char *id, size_t id_len,
+                    char *err, size_t err_len, char *field, size_t field_len)
+{
+    ddt_run_config c;
+    int rc = ddt_run_config_parse(json, len, &c, err, err_len, field, field_len);
+    if (rc)
+        return rc;
+    /* what can be checked before the run starts: the target's shape and the drafter */
+    int64_t hidden, vocab, layers;
+    int tied;
+    rc = ddt_run_config_target_shape(&c, &hidden, &vocab, &layers, &tied, err, err_len);
+    if (!rc && (rc = ddt_run_config_resolve(&c, hidden, vocab, layers, err, err_len)))
+        snprintf(field, field_len, "drafter");
+    if (rc && !*field)
+        snprintf(field, field_len, "target");
+    char name[DDT_RUN_NAME];
+    snprintf(name, sizeof name, "%s", c.name);
+    int64_t steps = c.steps;
+    ddt_run_config_free(&c);
+    if (rc)
+        return rc;
+    char *text = strndup(json, len);
+    char new_id[40];
+    ddt_trainer_new_run_id(new_id, sizeof new_id);
+    pthread_mutex_lock(&r->lock);
+    while (find(r, new_id))   /* two in the same second */
+        ddt_trainer_new_run_id(new_id, sizeof new_id);
+    run *u = text ? add_run(r, new_id, name, text) : NULL;
+    free(text);
+    if (!u) {
+        pthread_mutex_unlock(&r->lock);
+        snprintf(err, err_len, "no memory for another run");
+        return -ENOMEM;
+    }
+    u->state = DDT_RUN_QUEUED;
+    u->max_steps = steps;
+    u->created_ms = u->updated_ms = wall_ms();
+    if (r->store && (rc = ddt_store_run_create(r->store, u->id, u->name, u->config_json, steps, u->created_ms))) {
+        r->count--;
+        free(u->config_json);
+        free(u);
+        pthread_mutex_unlock(&r->lock);
+        snprintf(err, err_len, "the database refused the run (%s)", strerror(-rc));
+        return rc;
+    }
+    snprintf(id, id_len, "%s", u->id);
+    ddt_log(DDT_LOG_INFO, "run=%s name=\"%s\" queued steps=%lld", u->id, u->name, (long long)steps);
+    schedule(r);
+    pthread_mutex_unlock(&r->lock);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Controls
+ */
+
+static int illegal(run *u, const char *what, char *err, size_t err_len)
+{
+    snprintf(err, err_len, "cannot %s run %s: it is %s", what, u->id, ddt_run_state_names[u->state]);
+    return -EBUSY;
+}
+
+static cJSON *state_reply(ddt_run_state s)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "state", ddt_run_state_names[s]);
+    return o;
+}
+
+int ddt_runs_control(ddt_runs *r, const char *id, ddt_run_action action, const cJSON *body,
+                     cJSON **reply, int *status, char *err, size_t err_len, char *field,
+                     size_t field_len)
+{
+    *field = '\0';
+    *status = 202;
+    int64_t chunk = -1, tile = -1;
+    if (action == DDT_RUN_RECHUNK) {   /* {"chunk": N, "vocab_tile": M}, either may be omitted */
+        if (!cJSON_IsObject(body)) {
+            snprintf(err, err_len, "the body must be a JSON object {\"chunk\": N, \"vocab_tile\": M}");
+            return -EINVAL;
+        }
+        for (const cJSON *item = body->child; item; item = item->next) {
+            int is_chunk = !strcmp(item->string, "chunk"), is_tile = !strcmp(item->string, "vocab_tile");
+            double v = cJSON_IsNumber(item) ? item->valuedouble : NAN;
+            if (!is_chunk && !is_tile) {
+                snprintf(field, field_len, "%s", item->string);
+                snprintf(err, err_len, "%s is not a rechunk field (chunk, vocab_tile)", item->string);
+                return -EINVAL;
+            }
+            if (!(v == floor(v)) || v < (is_chunk ? 1 : 0) || v > 9.0e15) {
+                snprintf(field, field_len, "%s", item->string);
+                snprintf(err, err_len, "%s must be an integer >= %d", item->string, is_chunk ? 1 : 0);
+                return -EINVAL;
+            }
+            *(is_chunk ? &chunk : &tile) = (int64_t)v;
+        }
+        if (chunk < 0 && tile < 0) {
+            snprintf(err, err_len, "give chunk, vocab_tile or both");
+            return -EINVAL;
+        }
+    }
+    pthread_mutex_lock(&r->lock);
+    run *u = find(r, id);
+    int rc = 0;
+    if (!u) {
+        snprintf(err, err_len, "no run %s", id);
+        rc = -ENOENT;
+        goto out;
+    }
+    int live = u->has_thread && !u->thread_done;
+    switch (action) {
+    case DDT_RUN_PAUSE:
+        if (u->state != DDT_RUN_RUNNING && u->state != DDT_RUN_PAUSING) {
+            rc = illegal(u, "pause", err, err_len);
+            break;
+        }
+        u->want_pause = 1;
+        if (u->state == DDT_RUN_RUNNING)
+            set_state(r, u, DDT_RUN_PAUSING, NULL);
+        *reply = state_reply(DDT_RUN_PAUSING);
+        break;
+    case DDT_RUN_RESUME:
+        if (u->state == DDT_RUN_PAUSED && live) {
+            u->want_resume = 1;
+            pthread_cond_broadcast(&r->wake);
+            *reply = state_reply(DDT_RUN_RUNNING);
+        } else if (u->state == DDT_RUN_PAUSED || u->state == DDT_RUN_INTERRUPTED) {
+            set_state(r, u, DDT_RUN_QUEUED, NULL);   /* its worker is gone: continue from a checkpoint */
+            schedule(r);
+            *reply = state_reply(u->state);
+        } else {
+            rc = illegal(u, "resume", err, err_len);
+        }
+        break;
+    case DDT_RUN_CANCEL:
+        if (!active(u->state)) {
+            rc = illegal(u, "cancel", err, err_len);
+            break;
+        }
+        if (live) {
+            u->want_cancel = 1;
+            pthread_cond_broadcast(&r->wake);
+        } else {
+            set_state(r, u, DDT_RUN_CANCELLED, NULL);
+        }
+        *reply = state_reply(live ? u->state : DDT_RUN_CANCELLED);
+        break;
+    case DDT_RUN_RECHUNK:
+        if (!active(u->state)) {
+            rc = illegal(u, "rechunk", err, err_len);
+            break;
+        }
+        u->want_chunk = chunk;
+        u->want_tile = tile;
+        *reply = cJSON_CreateObject();
+        cJSON_AddNumberToObject(*reply, "applies_from_step", (double)(u->step + 1));
+        break;
+    case DDT_RUN_CHECKPOINT:
+        if (!live || u->state == DDT_RUN_QUEUED) {
+            rc = illegal(u, "checkpoint", err, err_len);
+            break;
+        }
+        u->want_checkpoint = 1;
+        pthread_cond_broadcast(&r->wake);
+        *reply = cJSON_CreateObject();
+        cJSON_AddNumberToObject(*reply, "applies_from_step", (double)(u->step + (u->state == DDT_RUN_PAUSED ? 0 : 1)));
+        break;
+    case DDT_RUN_EXPORT: {
+        char dir[2200];
+        snprintf(dir, sizeof dir, "%s/runs/%s/export", r->state_dir, u->id);
+        *reply = cJSON_CreateObject();
+        cJSON_AddStringToObject(*reply, "path", dir);
+        if (live && u->state != DDT_RUN_QUEUED) {
+            u->want_export = 1;
+            pthread_cond_broadcast(&r->wake);
+        } else {   /* no worker: from its newest checkpoint, now (outside the lock) */
+            char run_dir[2100], ckpt[2400];
+            snprintf(run_dir, sizeof run_dir, "%s/runs/%s", r->state_dir, u->id);
+            pthread_mutex_unlock(&r->lock);
+            rc = ddt_trainer_export_checkpoint(run_dir, -1, dir, ckpt, sizeof ckpt, err, err_len);
+            if (rc) {
+                cJSON_Delete(*reply);
+                *reply = NULL;
+                return rc == -ENOENT ? -EBUSY : rc;
+            }
+            *status = 200;
+            return 0;
+        }
+        break;
+    }
+    }
+out:
+    if (rc == 0)
+        u->last_progress_s = mono_s();
+    pthread_mutex_unlock(&r->lock);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Snapshots
+ */
+
+static void add_number_or_null(cJSON *o, const char *key, int has, double v)
+{
+    if (has && isfinite(v))
+        cJSON_AddNumberToObject(o, key, v);
+    else
+        cJSON_AddNullToObject(o, key);
+}
+
+static cJSON *run_json(const run *u)
+{
+    cJSON *o = cJSON_CreateObject();
+    const ddt_step_record *s = &u->last;
+    int has = u->has_record;
+    cJSON_AddStringToObject(o, "id", u->id);
+    cJSON_AddStringToObject(o, "name", u->name);
+    cJSON_AddStringToObject(o, "state", ddt_run_state_names[u->state]);
+    cJSON_AddNumberToObject(o, "step", (double)u->step);
+    cJSON_AddNumberToObject(o, "max_steps", (double)u->max_steps);
+    add_number_or_null(o, "loss", has, s->loss);
+    add_number_or_null(o, "ce", has, s->ce);
+    add_number_or_null(o, "kl", has, s->kl);
+    add_number_or_null(o, "cap", has, s->cap);
+    add_number_or_null(o, "acc", has, s->acc);
+    add_number_or_null(o, "tau_chain", u->tau_chain >= 0, u->tau_chain);
+    cJSON *tree = cJSON_AddObjectToObject(o, "tau_tree");
+    for (int i = 0; i < u->n_budgets && u->tau_chain >= 0; i++) {
+        char k[24];
+        snprintf(k, sizeof k, "%lld", (long long)u->budgets[i]);
+        cJSON_AddNumberToObject(tree, k, u->tau_tree[i]);
+    }
+    add_number_or_null(o, "tokens_per_s", has, s->tokens_per_s);
+    add_number_or_null(o, "positions_per_s", has, s->positions_per_s);
+    cJSON *peak = cJSON_AddObjectToObject(o, "peak_memory_bytes");
+    add_number_or_null(peak, "max", has, (double)s->peak_bytes);
+    cJSON *devices = cJSON_AddObjectToObject(peak, "devices");
+    for (int d = 0; has && d < s->devices; d++) {
+        char k[24];
+        snprintf(k, sizeof k, "cpu:%d", d);
+        cJSON_AddNumberToObject(devices, k, (double)s->device_peak_bytes[d]);
+    }
+    add_number_or_null(o, "chunk", has || u->chunk > 0, (double)(has ? s->chunk : u->chunk));
+    add_number_or_null(o, "vocab_tile", has || u->chunk > 0, (double)(has ? s->vocab_tile : u->vocab_tile));
+    cJSON_AddNumberToObject(o, "tokens_total", u->tokens_total);
+    cJSON_AddNumberToObject(o, "oom_recoveries", (double)u->oom_recoveries);
+    add_number_or_null(o, "created_ms", u->created_ms > 0, (double)u->created_ms);
+    add_number_or_null(o, "started_ms", u->started_ms > 0, (double)u->started_ms);
+    add_number_or_null(o, "updated_ms", u->updated_ms > 0, (double)u->updated_ms);
+    add_number_or_null(o, "finished_ms", u->finished_ms > 0, (double)u->finished_ms);
+    add_number_or_null(o, "last_checkpoint_step", u->last_checkpoint_step >= 0, (double)u->last_checkpoint_step);
+    if (*u->error)
+        cJSON_AddStringToObject(o, "error", u->error);
+    else
+        cJSON_AddNullToObject(o, "error");
+    return o;
+}
+
+cJSON *ddt_runs_get(ddt_runs *r, const char *id)
+{
+    pthread_mutex_lock(&r->lock);
+    run *u = find(r, id);
+    cJSON *o = u ? run_json(u) : NULL;
+    pthread_mutex_unlock(&r->lock);
+    return o;
+}
+
+cJSON *ddt_runs_list(ddt_runs *r, const char *state, char *err, size_t err_len)
+{
+    int want = -1;
+    if (state) {
+        for (int s = 0; s < DDT_RUN_STATES && want < 0; s++)
+            if (!strcmp(state, ddt_run_state_names[s]))
+                want = s;
+        if (want < 0) {
+            snprintf(err, err_len, "state must be one of queued, running, pausing, paused, completed, "
+                     "failed, cancelled, interrupted (got \"%s\")", state);
+            return NULL;
+        }
+    }
+    cJSON *o = cJSON_CreateObject();
+    cJSON *list = cJSON_AddArrayToObject(o, "runs");
+    pthread_mutex_lock(&r->lock);
+    for (int i = 0; i < r->count; i++)
+        if (want < 0 || (int)r->runs[i]->state == want)
+            cJSON_AddItemToArray(list, run_json(r->runs[i]));
+    pthread_mutex_unlock(&r->lock);
+    return o;
+}
+
+void ddt_runs_counts(ddt_runs *r, int64_t counts[DDT_RUN_STATES])
+{
+    memset(counts, 0, sizeof(int64_t) * DDT_RUN_STATES);
+    pthread_mutex_lock(&r->lock);
+    for (int i = 0; i < r->count; i++)
+        counts[r->runs[i]->state]++;
+    pthread_mutex_unlock(&r->lock);
+}
+
+int ddt_runs_on_device(ddt_runs *r, int rank, char *id, size_t id_len)
+{
+    int found = 0;
+    pthread_mutex_lock(&r->lock);
+    for (int i = 0; i < r->count && !found; i++) {   /* a live run holds cpu:0 .. its ranks - 1 */
+        run *u = r->runs[i];
+        int ranks = u->has_record ? u->last.devices : 1;
+        if (u->has_thread && !u->thread_done && rank < ranks) {
+            snprintf(id, id_len, "%s", u->id);
+            found = 1;
+        }
+    }
+    pthread_mutex_unlock(&r->lock);
+    return found;
+}
+
+void ddt_runs_metrics(ddt_runs *r, ddt_metrics_snapshot *m)
+{
+    ddt_runs_counts(r, m->runs_by_state);
+    pthread_mutex_lock(&r->lock);
+    m->runs = calloc((size_t)(r->count ? r->count : 1), sizeof *m->runs);
+    m->run_count = 0;
+    for (int i = 0; m->runs && i < r->count; i++) {
+        const run *u = r->runs[i];
+        if (!active(u->state))
+            continue;
+        ddt_metrics_run *x = &m->runs[m->run_count++];
+        snprintf(x->id, sizeof x->id, "%s", u->id);
+        x->step = u->step;
+        x->loss = u->has_record ? u->last.loss : NAN;
+        x->ce = u->has_record ? u->last.ce : NAN;
+        x->kl = u->has_record ? u->last.kl : NAN;
+        x->cap = u->has_record ? u->last.cap : NAN;
+        x->tokens_total = u->tokens_total;
+        x->tokens_per_second = u->has_record ? u->last.tokens_per_s : 0;
+        x->tau_chain = u->tau_chain;
+        x->n_budgets = u->n_budgets < DDT_METRICS_MAX_BUDGETS ? u->n_budgets : DDT_METRICS_MAX_BUDGETS;
+        for (int b = 0; b < x->n_budgets; b++) {
+            x->budgets[b] = u->budgets[b];
+            x->tau_tree[b] = u->tau_tree[b];
+        }
+        x->oom_recoveries = u->oom_recoveries;
+    }
+    memcpy(m->step_buckets, r->step_buckets, sizeof m->step_buckets);
+    m->step_seconds_sum = r->step_seconds_sum;
+    m->step_count = r->step_count;
+    pthread_mutex_unlock(&r->lock);
+}
+
+int ddt_runs_progressing(ddt_runs *r, double stall_s)
+{
+    int ok = 1;
+    double now = mono_s();
+    pthread_mutex_lock(&r->lock);
+    for (int i = 0; i < r->count && ok; i++) {
+        const run *u = r->runs[i];
+        if (u->has_thread && !u->thread_done && u->state == DDT_RUN_RUNNING && now - u->last_progress_s > stall_s)
+            ok = 0;
+    }
+    pthread_mutex_unlock(&r->lock);
+    return ok;
+}
+
+void ddt_runs_summary(ddt_runs *r, char *out, size_t len)
+{
+    int64_t counts[DDT_RUN_STATES];
+    ddt_runs_counts(r, counts);
+    snprintf(out, len, "%lld running, %lld queued, %lld paused, %lld done", (long long)counts[DDT_RUN_RUNNING],
+             (long long)counts[DDT_RUN_QUEUED], (long long)counts[DDT_RUN_PAUSED],
+             (long long)(counts[DDT_RUN_COMPLETED] + counts[DDT_RUN_FAILED] + counts[DDT_RUN_CANCELLED]));
+}

@@ -1,0 +1,274 @@
+/* metrics.c: GET /metrics as Prometheus text exposition 0.0.4, written by hand from a
+ * ddt_metrics_snapshot (see metrics.h and API.md, "Metrics").
+ *
+ * Every family has its # HELP and # TYPE lines, also when it has no sample (no runs yet), so a
+ * scraper learns the names at once. Label values are escaped (backslash, quote, newline); numbers
+ * are the shortest decimal that reads back as the same double, NaN and infinities as the
+ * format spells them (NaN, +Inf, -Inf). The step histogram takes the snapshot's counts as
+ * they are: already cumulative, the last one +Inf.
+ *
+ * Not here: collecting the snapshot (the run manager and the HTTP server fill it), OpenMetrics
+ * (# EOF, _created), timestamps.
+ *
+ * Tested by tests/test_metrics.c (lines, escaping, the histogram; parsed by
+ * python3-prometheus-client when installed) and tests/api_e2e.py.
+ */
+#include "metrics.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+const double ddt_metrics_bucket_bounds[DDT_METRICS_BUCKETS] = {
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 15.0, 60.0,
+};
+
+const char *const ddt_run_state_names[DDT_RUN_STATES] = {
+    "queued", "running", "pausing", "paused", "completed", "failed", "cancelled", "interrupted",
+};
+
+/* ------------------------------------------------------------------------------------------
+ * A growing text
+ */
+
+typedef struct text {
+    char *data;
+    size_t len, capacity;
+    int failed;   /* out of memory: the render returns NULL */
+} text;
+
+static int reserve(text *t, size_t extra)
+{
+    if (t->failed)
+        return 0;
+    if (t->len + extra + 1 <= t->capacity)
+        return 1;
+    size_t capacity = t->capacity ? t->capacity : 8192;
+    while (capacity < t->len + extra + 1)
+        capacity *= 2;
+    char *grown = realloc(t->data, capacity);
+    if (!grown) {
+        t->failed = 1;
+        return 0;
+    }
+    t->data = grown;
+    t->capacity = capacity;
+    return 1;
+}
+
+__attribute__((format(printf, 2, 3))) static void put(text *t, const char *fmt, ...)
+{
+    va_list args;
+    va_start(args, fmt);
+    int n = vsnprintf(NULL, 0, fmt, args);
+    va_end(args);
+    if (n < 0 || !reserve(t, (size_t)n))
+        return;
+    va_start(args, fmt);
+    vsnprintf(t->data + t->len, (size_t)n + 1, fmt, args);
+    va_end(args);
+    t->len += (size_t)n;
+}
+
+/* a label value: backslash, double quote and newline escaped */
+static void put_escaped(text *t, const char *value)
+{
+    for (const char *c = value ? value : ""; *c; c++) {
+        if (!reserve(t, 2))
+            return;
+        if (*c == '\\' || *c == '"' || *c == '\n')
+            t->data[t->len++] = '\\';
+        t->data[t->len++] = *c == '\n' ? 'n' : *c;
+        t->data[t->len] = '\0';
+    }
+}
+
+/* a double: the shortest %g that reads back the same; NaN, +Inf, -Inf */
+static void put_double(text *t, double v)
+{
+    if (isnan(v)) {
+        put(t, "NaN");
+        return;
+    }
+    if (isinf(v)) {
+        put(t, v > 0 ? "+Inf" : "-Inf");
+        return;
+    }
+    char number[40];
+    for (int precision = 15; precision <= 17; precision++) {
+        snprintf(number, sizeof number, "%.*g", precision, v);
+        if (strtod(number, NULL) == v)
+            break;
+    }
+    put(t, "%s", number);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Families and samples
+ */
+
+static void family(text *t, const char *name, const char *type, const char *help)
+{
+    put(t, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+/* name{key="value" : the caller adds more labels with label(), then ends with a value */
+static void sample(text *t, const char *name, const char *key, const char *value)
+{
+    put(t, "%s{%s=\"", name, key);
+    put_escaped(t, value);
+    put(t, "\"");
+}
+
+static void label(text *t, const char *key, const char *value)
+{
+    put(t, ",%s=\"", key);
+    put_escaped(t, value);
+    put(t, "\"");
+}
+
+static void end_double(text *t, double v)
+{
+    put(t, "} ");
+    put_double(t, v);
+    put(t, "\n");
+}
+
+static void end_int(text *t, int64_t v)
+{
+    put(t, "} %" PRId64 "\n", v);
+}
+
+static void end_uint(text *t, uint64_t v)
+{
+    put(t, "} %" PRIu64 "\n", v);
+}
+
+static int clamp(int n, int max)
+{
+    return n < 0 ? 0 : n > max ? max : n;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * The exposition
+ */
+
+char *ddt_metrics_render(const ddt_metrics_snapshot *m, size_t *len)
+{
+    text t = {0};
+    const int runs = m->runs && m->run_count > 0 ? m->run_count : 0;
+    const int devices = clamp(m->device_count, DDT_METRICS_MAX_DEVICES);
+    const int codes = clamp(m->code_count, DDT_METRICS_MAX_CODES);
+
+    family(&t, "ddtree_build_info", "gauge", "The version of ddtreed (always 1).");
+    sample(&t, "ddtree_build_info", "version", m->version ? m->version : "unknown");
+    end_int(&t, 1);
+
+    family(&t, "ddtree_runs", "gauge", "Runs known to the daemon, by state.");
+    for (int j = 0; j < DDT_RUN_STATES; j++) {
+        sample(&t, "ddtree_runs", "state", ddt_run_state_names[j]);
+        end_int(&t, m->runs_by_state[j]);
+    }
+
+    family(&t, "ddtree_run_step", "gauge", "The last completed step of a run.");
+    for (int r = 0; r < runs; r++) {
+        sample(&t, "ddtree_run_step", "run", m->runs[r].id);
+        end_int(&t, m->runs[r].step);
+    }
+
+    family(&t, "ddtree_run_loss", "gauge",
+           "The loss of a run's last step: total and its terms ce, kl, cap.");
+    for (int r = 0; r < runs; r++) {
+        const ddt_metrics_run *run = &m->runs[r];
+        const char *terms[4] = {"total", "ce", "kl", "cap"};
+        const double values[4] = {run->loss, run->ce, run->kl, run->cap};
+        for (int k = 0; k < 4; k++) {
+            sample(&t, "ddtree_run_loss", "run", run->id);
+            label(&t, "term", terms[k]);
+            end_double(&t, values[k]);
+        }
+    }
+
+    family(&t, "ddtree_run_tokens_total", "counter", "Tokens a run has trained on.");
+    for (int r = 0; r < runs; r++) {
+        sample(&t, "ddtree_run_tokens_total", "run", m->runs[r].id);
+        end_double(&t, m->runs[r].tokens_total);
+    }
+
+    family(&t, "ddtree_run_tokens_per_second", "gauge", "A run's training throughput.");
+    for (int r = 0; r < runs; r++) {
+        sample(&t, "ddtree_run_tokens_per_second", "run", m->runs[r].id);
+        end_double(&t, m->runs[r].tokens_per_second);
+    }
+
+    family(&t, "ddtree_run_acceptance_length", "gauge",
+           "Mean accepted length of the last evaluation: a chain, or a tree of budget nodes.");
+    for (int r = 0; r < runs; r++) {
+        const ddt_metrics_run *run = &m->runs[r];
+        if (run->tau_chain >= 0) {   /* < 0 or NaN: no evaluation yet */
+            sample(&t, "ddtree_run_acceptance_length", "run", run->id);
+            label(&t, "kind", "chain");
+            end_double(&t, run->tau_chain);
+        }
+        for (int b = 0; b < clamp(run->n_budgets, DDT_METRICS_MAX_BUDGETS); b++) {
+            if (!(run->tau_tree[b] >= 0))
+                continue;
+            char budget[24];
+            snprintf(budget, sizeof budget, "%" PRId64, run->budgets[b]);
+            sample(&t, "ddtree_run_acceptance_length", "run", run->id);
+            label(&t, "kind", "tree");
+            label(&t, "budget", budget);
+            end_double(&t, run->tau_tree[b]);
+        }
+    }
+
+    family(&t, "ddtree_device_memory_peak_bytes", "gauge",
+           "The peak of a device's accounted allocations.");
+    for (int d = 0; d < devices; d++) {
+        sample(&t, "ddtree_device_memory_peak_bytes", "device", m->device_names[d]);
+        end_int(&t, m->device_peak_bytes[d]);
+    }
+
+    family(&t, "ddtree_device_memory_used_bytes", "gauge",
+           "A device's accounted allocations now.");
+    for (int d = 0; d < devices; d++) {
+        sample(&t, "ddtree_device_memory_used_bytes", "device", m->device_names[d]);
+        end_int(&t, m->device_used_bytes[d]);
+    }
+
+    family(&t, "ddtree_step_duration_seconds", "histogram",
+           "Wall time of a training step, over all runs.");
+    for (int b = 0; b <= DDT_METRICS_BUCKETS; b++) {
+        put(&t, "ddtree_step_duration_seconds_bucket{le=\"");
+        put_double(&t, b < DDT_METRICS_BUCKETS ? ddt_metrics_bucket_bounds[b] : INFINITY);
+        put(&t, "\"} %" PRIu64 "\n", m->step_buckets[b]);
+    }
+    put(&t, "ddtree_step_duration_seconds_sum ");
+    put_double(&t, m->step_seconds_sum);
+    put(&t, "\nddtree_step_duration_seconds_count %" PRIu64 "\n", m->step_count);
+
+    family(&t, "ddtree_oom_recoveries_total", "counter",
+           "Out-of-memory steps a run recovered from (retried with a smaller chunk).");
+    for (int r = 0; r < runs; r++) {
+        sample(&t, "ddtree_oom_recoveries_total", "run", m->runs[r].id);
+        end_uint(&t, m->runs[r].oom_recoveries);
+    }
+
+    family(&t, "ddtree_http_requests_total", "counter", "HTTP responses, by status code.");
+    for (int c = 0; c < codes; c++) {
+        char code[16];
+        snprintf(code, sizeof code, "%d", m->codes[c]);
+        sample(&t, "ddtree_http_requests_total", "code", code);
+        end_uint(&t, m->code_counts[c]);
+    }
+
+    if (t.failed || !t.data) {
+        free(t.data);
+        return NULL;
+    }
+    *len = t.len;
+    return t.data;
+}
