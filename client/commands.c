@@ -745,11 +745,11 @@ static int ddc_run_action(ddc_ctx *ctx, int argc, char **argv, const char *actio
     cJSON *root;
     if ((rc = ddc_request(ctx, "POST", path, NULL, 0, &root, NULL)) || !root)
         return rc;
+    /* the state is the one at the answer: "running" after a cancel is not a refusal, the
+     * cancel lands at the next step boundary */
     const char *state = ddc_string(ddc_get(root, "state"));
-    if (state)
-        printf("run %s: %s\n", args.operand, state);
-    else
-        printf("run %s: %s requested\n", args.operand, action);
+    printf("run %s: %s requested%s%s%s\n", args.operand, action, state ? " (now " : "", state ? state : "",
+           state ? ")" : "");
     cJSON_Delete(root);
     return 0;
 }
@@ -857,7 +857,8 @@ int ddc_cmd_steps(ddc_ctx *ctx, int argc, char **argv)
         ddc_reply reply;
         if ((rc = ddc_call(ctx, "GET", path, NULL, 0, &reply)))
             return rc;
-        fwrite(reply.body, 1, reply.len, stdout);
+        if (reply.len)
+            ddc_print_raw(&reply); /* adds the last line's newline when the daemon left it out */
         ddc_reply_free(&reply);
         return 0;
     }

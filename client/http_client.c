@@ -165,7 +165,11 @@ int ddc_http_request(ddc_http *http, const char *method, const char *path, const
 
     curl_easy_setopt(curl, CURLOPT_URL, url);
     curl_easy_setopt(curl, CURLOPT_UNIX_SOCKET_PATH, http->socket_path); /* NULL: TCP */
+#if LIBCURL_VERSION_NUM >= 0x075500 /* 7.85 */
     curl_easy_setopt(curl, CURLOPT_PROTOCOLS_STR, "http,https");
+#else
+    curl_easy_setopt(curl, CURLOPT_PROTOCOLS, (long)(CURLPROTO_HTTP | CURLPROTO_HTTPS));
+#endif
     curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT, (long)DDC_CONNECT_TIMEOUT_S);
     curl_easy_setopt(curl, CURLOPT_TIMEOUT, (long)DDC_TOTAL_TIMEOUT_S);

@@ -3,6 +3,7 @@
  * refused request.
  * Tested by tests/api_e2e.py and fuzzed by tests/fuzz/fuzz_api.c.
  */
+#include "ddt_time.h"
 #include "api.h"
 #include "ddk.h"
 #include "metrics.h"
@@ -16,13 +17,6 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-
-static double mono_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static void reply(ddt_http_response *res, int status, cJSON *o)
 {
@@ -46,7 +40,7 @@ static void get_status(ddt_api *a, ddt_http_response *res)
 {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "version", DDK_VERSION);
-    cJSON_AddNumberToObject(o, "uptime_s", mono_s() - a->started_s);
+    cJSON_AddNumberToObject(o, "uptime_s", ddt_mono_s() - a->started_s);
     int gpus = ddk_cuda_device_count();
     cJSON_AddStringToObject(o, "backend", gpus > 0 ? "cuda" : "cpu");
     cJSON *devices = cJSON_AddArrayToObject(o, "devices");
@@ -87,8 +81,24 @@ static void get_status(ddt_api *a, ddt_http_response *res)
     reply(res, 200, o);
 }
 
+/* 0 when body is JSON at all, else the 400 invalid_json answer */
+static int json_syntax(const ddt_http_request *req, ddt_http_response *res)
+{
+    const char *end = NULL;
+    cJSON *body = cJSON_ParseWithLengthOpts(req->body, req->body_len + 1, &end, 1);
+    if (body) {
+        cJSON_Delete(body);
+        return 0;
+    }
+    ddt_http_error(res, 400, "invalid_json", NULL, "the body is not valid JSON (near byte %ld)",
+                   (long)(end ? end - req->body : 0));
+    return -1;
+}
+
 static void post_runs(ddt_api *a, const ddt_http_request *req, ddt_http_response *res)
 {
+    if (json_syntax(req, res))
+        return;
     char id[40], err[1024] = "", field[160] = "";
     int rc = ddt_runs_submit(a->runs, req->body, req->body_len, id, sizeof id, err, sizeof err, field, sizeof field);
     if (rc) {
@@ -218,6 +228,8 @@ static void get_records(ddt_api *a, const char *id, int events, const ddt_http_r
 
 static void post_plan(ddt_api *a, const ddt_http_request *req, ddt_http_response *res)
 {
+    if (json_syntax(req, res))
+        return;
     ddt_run_config c;
     char err[1024] = "", field[160] = "";
     if (ddt_run_config_parse(req->body, req->body_len, &c, err, sizeof err, field, sizeof field)) {
@@ -275,6 +287,10 @@ static int method_is(const ddt_http_request *req, const char *method, ddt_http_r
     if (!strcmp(req->method, method))
         return 1;
     ddt_http_error(res, 405, "method_not_allowed", NULL, "%s %s: use %s", req->method, req->path, allowed);
+    snprintf(res->allow, sizeof res->allow, "%s", allowed);
+    for (char *c = res->allow; *c; c++)   /* "GET or POST" -> "GET, POST" */
+        if (!strncmp(c, " or", 3))
+            memcpy(c, ",  ", 3);
     return 0;
 }
 

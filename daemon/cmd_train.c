@@ -9,6 +9,7 @@
  * export of the final weights in runs/<id>/export, then a summary.
  * Tested by tests/train_cli_test.sh (through scripts/test) and scripts/demo.
  */
+#include "ddt_time.h"
 #include "commands.h"
 #include "model_config.h"
 #include "trainer.h"
@@ -25,13 +26,6 @@
 #define TRAIN_USAGE                                                                 \
     "usage: ddtreed train CONFIG.json --state-dir DIR [--stop-after N]\n"          \
     "       ddtreed train --resume DIR [--run ID] [--stop-after N]\n"
-
-static int64_t wall_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* the newest run directory under DIR/runs (by name: ids start with their UTC time) */
 static int newest_run(const char *state_dir, char *id, size_t len)
@@ -136,9 +130,9 @@ int ddt_cmd_train(int argc, char **argv)
 
     const ddt_run_config *c = ddt_trainer_config(t);
     const ddt_memory_plan *plan = ddt_trainer_plan(t);
-    ddt_store_run_update(store, ddt_trainer_run_id(t), "running", ddt_trainer_step_count(t), -1, wall_ms(),
-                         wall_ms(), -1, NULL);
-    ddt_store_event(store, ddt_trainer_run_id(t), wall_ms(), "state", "{\"state\": \"running\"}");
+    ddt_store_run_update(store, ddt_trainer_run_id(t), "running", ddt_trainer_step_count(t), -1, ddt_wall_ms(),
+                         ddt_wall_ms(), -1, NULL);
+    ddt_store_event(store, ddt_trainer_run_id(t), ddt_wall_ms(), "state", "{\"state\": \"running\"}");
     fprintf(stderr, "run %s (%s): %lld steps, %lld sequences x %lld tokens per step, %lld rank(s); "
             "predicted peak %.1f MB per rank\n", ddt_trainer_run_id(t), c->name, (long long)c->steps,
             (long long)c->sequences_per_step, (long long)c->seq_len, (long long)c->ranks, plan->peak / 1e6);
@@ -190,9 +184,9 @@ int ddt_cmd_train(int argc, char **argv)
     if (finished)
         rc = ddt_trainer_export(t, export_dir, err, sizeof err);
     const char *state = rc ? "failed" : finished ? "completed" : "paused";
-    ddt_store_run_update(store, ddt_trainer_run_id(t), state, ddt_trainer_step_count(t), -1, wall_ms(), -1,
-                         finished || rc ? wall_ms() : -1, rc ? err : NULL);
-    ddt_store_event(store, ddt_trainer_run_id(t), wall_ms(), "state", finished ? "{\"state\": \"completed\"}"
+    ddt_store_run_update(store, ddt_trainer_run_id(t), state, ddt_trainer_step_count(t), -1, ddt_wall_ms(), -1,
+                         finished || rc ? ddt_wall_ms() : -1, rc ? err : NULL);
+    ddt_store_event(store, ddt_trainer_run_id(t), ddt_wall_ms(), "state", finished ? "{\"state\": \"completed\"}"
                     : rc ? "{\"state\": \"failed\"}" : "{\"state\": \"paused\"}");
     ddt_store_close(store);
 

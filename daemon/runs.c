@@ -5,6 +5,7 @@
  * change is written to the store (runs row and a "state" event) as it happens.
  * Tested by tests/api_e2e.py.
  */
+#include "ddt_time.h"
 #include "runs.h"
 #include "log.h"
 #include "planner.h"
@@ -60,20 +61,6 @@ struct ddt_runs {
     uint64_t step_count;
 };
 
-static int64_t wall_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static double mono_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static run *find(ddt_runs *r, const char *id)
 {
     for (int i = 0; i < r->count; i++)
@@ -92,7 +79,7 @@ static int active(ddt_run_state s)
 static void set_state(ddt_runs *r, run *u, ddt_run_state s, const char *error)
 {
     u->state = s;
-    u->updated_ms = wall_ms();
+    u->updated_ms = ddt_wall_ms();
     if (s == DDT_RUN_RUNNING && u->started_ms < 0)
         u->started_ms = u->updated_ms;
     if (s == DDT_RUN_COMPLETED || s == DDT_RUN_FAILED || s == DDT_RUN_CANCELLED)
@@ -140,7 +127,7 @@ static void schedule(ddt_runs *r)
             u->has_thread = 0;
         }
         u->thread_done = 0;
-        u->last_progress_s = mono_s();
+        u->last_progress_s = ddt_mono_s();
         if (pthread_create(&u->thread, NULL, worker_main, u) == 0) {
             u->has_thread = 1;
             busy++;
@@ -159,7 +146,7 @@ static void record_step(ddt_runs *r, run *u, const ddt_step_record *rec)
     u->chunk = rec->chunk;
     u->vocab_tile = rec->vocab_tile;
     u->updated_ms = rec->ts_ms;
-    u->last_progress_s = mono_s();
+    u->last_progress_s = ddt_mono_s();
     double s = rec->step_ms / 1e3;
     int b = 0;
     while (b < DDT_METRICS_BUCKETS && s > ddt_metrics_bucket_bounds[b])
@@ -199,7 +186,7 @@ static void export_now(ddt_runs *r, run *u, ddt_trainer *t)
     if (ddt_trainer_export(t, dir, err, sizeof err))
         ddt_log(DDT_LOG_ERR, "run=%s export failed: %s", u->id, err);
     else if (r->store)
-        ddt_store_event(r->store, u->id, wall_ms(), "export", "{\"written\": true}");
+        ddt_store_event(r->store, u->id, ddt_wall_ms(), "export", "{\"written\": true}");
 }
 
 static void *worker_main(void *arg)
@@ -249,15 +236,18 @@ static void *worker_main(void *arg)
         if (want_export)
             export_now(r, u, t);
         pthread_mutex_lock(&r->lock);
-        u->last_progress_s = mono_s();
+        u->last_progress_s = ddt_mono_s();
         if (pause) {
             u->want_pause = 0;
-            set_state(r, u, DDT_RUN_PAUSED, NULL);
+            if (u->state != DDT_RUN_PAUSED)
+                set_state(r, u, DDT_RUN_PAUSED, NULL);
             while (!u->want_resume && !u->want_cancel && !r->closing && !u->want_checkpoint && !u->want_export)
                 pthread_cond_wait(&r->wake, &r->lock);
             if (u->want_resume) {
                 u->want_resume = 0;
                 set_state(r, u, DDT_RUN_RUNNING, NULL);
+            } else if (r->closing && !u->want_cancel) {
+                break;   /* it stays paused (checkpointed): a restart leaves it to the user */
             } else if (!u->want_cancel && !r->closing) {
                 u->want_pause = 1;   /* a checkpoint or export while paused: do it, stay paused */
             }
@@ -458,7 +448,7 @@ int ddt_runs_submit(ddt_runs *r, const char *json, size_t len, char *id, size_t 
     }
     u->state = DDT_RUN_QUEUED;
     u->max_steps = steps;
-    u->created_ms = u->updated_ms = wall_ms();
+    u->created_ms = u->updated_ms = ddt_wall_ms();
     if (r->store && (rc = ddt_store_run_create(r->store, u->id, u->name, u->config_json, steps, u->created_ms))) {
         r->count--;
         free(u->config_json);
@@ -544,7 +534,11 @@ int ddt_runs_control(ddt_runs *r, const char *id, ddt_run_action action, const c
         *reply = state_reply(DDT_RUN_PAUSING);
         break;
     case DDT_RUN_RESUME:
-        if (u->state == DDT_RUN_PAUSED && live) {
+        if (u->state == DDT_RUN_PAUSING || (u->state == DDT_RUN_RUNNING && u->want_pause)) {
+            u->want_pause = 0;   /* not paused yet: the request is withdrawn */
+            set_state(r, u, DDT_RUN_RUNNING, NULL);
+            *reply = state_reply(DDT_RUN_RUNNING);
+        } else if (u->state == DDT_RUN_PAUSED && live) {
             u->want_resume = 1;
             pthread_cond_broadcast(&r->wake);
             *reply = state_reply(DDT_RUN_RUNNING);
@@ -568,6 +562,7 @@ int ddt_runs_control(ddt_runs *r, const char *id, ddt_run_action action, const c
             set_state(r, u, DDT_RUN_CANCELLED, NULL);
         }
         *reply = state_reply(live ? u->state : DDT_RUN_CANCELLED);
+        cJSON_AddStringToObject(*reply, "requested", "cancel");   /* at the next step boundary */
         break;
     case DDT_RUN_RECHUNK:
         if (!active(u->state)) {
@@ -577,7 +572,9 @@ int ddt_runs_control(ddt_runs *r, const char *id, ddt_run_action action, const c
         u->want_chunk = chunk;
         u->want_tile = tile;
         *reply = cJSON_CreateObject();
-        cJSON_AddNumberToObject(*reply, "applies_from_step", (double)(u->step + 1));
+        /* a running worker is inside step + 1 now: the boundary after it applies the request */
+        cJSON_AddNumberToObject(*reply, "applies_from_step",
+                                (double)(u->step + (live && u->state == DDT_RUN_RUNNING ? 2 : 1)));
         break;
     case DDT_RUN_CHECKPOINT:
         if (!live || u->state == DDT_RUN_QUEUED) {
@@ -615,7 +612,7 @@ int ddt_runs_control(ddt_runs *r, const char *id, ddt_run_action action, const c
     }
 out:
     if (rc == 0)
-        u->last_progress_s = mono_s();
+        u->last_progress_s = ddt_mono_s();
     pthread_mutex_unlock(&r->lock);
     return rc;
 }
@@ -764,7 +761,9 @@ void ddt_runs_metrics(ddt_runs *r, ddt_metrics_snapshot *m)
         }
         x->oom_recoveries = u->oom_recoveries;
     }
-    memcpy(m->step_buckets, r->step_buckets, sizeof m->step_buckets);
+    uint64_t cumulative = 0;   /* Prometheus buckets count every step at or below their bound */
+    for (int b = 0; b <= DDT_METRICS_BUCKETS; b++)
+        m->step_buckets[b] = cumulative += r->step_buckets[b];
     m->step_seconds_sum = r->step_seconds_sum;
     m->step_count = r->step_count;
     pthread_mutex_unlock(&r->lock);
@@ -773,7 +772,7 @@ void ddt_runs_metrics(ddt_runs *r, ddt_metrics_snapshot *m)
 int ddt_runs_progressing(ddt_runs *r, double stall_s)
 {
     int ok = 1;
-    double now = mono_s();
+    double now = ddt_mono_s();
     pthread_mutex_lock(&r->lock);
     for (int i = 0; i < r->count && ok; i++) {
         const run *u = r->runs[i];

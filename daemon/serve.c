@@ -11,6 +11,7 @@
  * lines) and a wake-up the run manager posts when a run changes state.
  * Tested by tests/api_e2e.py.
  */
+#include "ddt_time.h"
 #include "api.h"
 #include "commands.h"
 #include "config.h"
@@ -50,13 +51,6 @@ typedef struct daemon_state {
     int stopping;
     char last_status[256];
 } daemon_state;
-
-static double mono_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* sd_notify(3) without libsystemd: one datagram to $NOTIFY_SOCKET ("@" = abstract). */
 static void sd_notify_text(const char *text)
@@ -100,10 +94,12 @@ static void on_wake(uv_async_t *h)
 static void on_tick(uv_timer_t *h)
 {
     daemon_state *d = h->data;
-    if (d->watchdog_s > 0 && d->config.watchdog && ddt_runs_progressing(d->runs, d->watchdog_s) &&
-        mono_s() - d->last_ping_s >= d->watchdog_s / 2) {
+    /* with the watchdog setting off the loop still pings (systemd's WatchdogSec then only
+     * catches a hung loop, not a stuck trainer) */
+    if (d->watchdog_s > 0 && (!d->config.watchdog || ddt_runs_progressing(d->runs, d->watchdog_s)) &&
+        ddt_mono_s() - d->last_ping_s >= d->watchdog_s / 2) {
         sd_notify_text("WATCHDOG=1");
-        d->last_ping_s = mono_s();
+        d->last_ping_s = ddt_mono_s();
     }
     update_status(d);
 }
@@ -224,7 +220,7 @@ int ddt_cmd_serve(int argc, char **argv)
         ddt_store_close(d.store);
         return 1;
     }
-    d.api = (ddt_api){ .runs = d.runs, .config = &d.config, .started_s = mono_s() };
+    d.api = (ddt_api){ .runs = d.runs, .config = &d.config, .started_s = ddt_mono_s() };
     snprintf(d.api.db_path, sizeof d.api.db_path, "%s", db);
     ddt_http_config hc = { .socket_path = d.config.socket, .listen = d.config.listen,
                            .token = *d.config.token ? d.config.token : NULL,

@@ -133,6 +133,19 @@ if command -v python3 >/dev/null 2>&1; then
         python3 -c 'import json, sys; sys.exit(json.load(open(sys.argv[1]))["listen"] != "")' \
         "$sysd/ddtreed.json.example"
 fi
+# the daemon's own table (ddtreed serve --help): every setting documented, every example key known
+settings=$("$ddtreed" serve --help 2>/dev/null | sed -n 's/^  \([a-z_]*\)  *default .*/\1/p')
+if [ -n "$settings" ]; then
+    missing=""
+    for k in $settings; do grep -qF "\`$k\`" "$root/docs/operations.md" 2>/dev/null || missing+=" $k"; done
+    check "every setting of ddtreed serve --help is in docs/operations.md${missing:+ (missing:$missing)}" \
+        test -z "$missing"
+    unknown=""
+    for k in ${keys:-}; do printf '%s\n' "$settings" | grep -qxF "$k" || unknown+=" $k"; done
+    check "every key of the example is a setting of ddtreed${unknown:+ (unknown:$unknown)}" test -z "$unknown"
+else
+    echo "     (ddtreed serve --help lists no settings: the example is not checked against it)"
+fi
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -12,6 +12,7 @@
  * Legend: S tokens, H hidden, V vocabulary, nh / nkv heads, d head dim, I intermediate,
  * C rows per prefill chunk, n rows of one step.
  */
+#include "ddk_vmath.h"
 #include "generate.h"
 #include "ddk_rng.h"
 
@@ -112,33 +113,12 @@ static inline float sum8(const v8 *v)
     return (((*v)[0] + (*v)[4]) + ((*v)[1] + (*v)[5])) + (((*v)[2] + (*v)[6]) + ((*v)[3] + (*v)[7]));
 }
 
-/* e^x, branch-free so that a loop of it vectorises (libm's expf is a call): Cephes'
- * polynomial, relative error below 2e-7, exactly 0 below -87.3; the same as the CPU backend's
- * softmax exp (kernels/cpu/vmath.h, private to libddk). */
-static inline float exp_approx(float x)
-{
-    const float hi = 88.0f, lo = -87.3f;
-    float xc = x > hi ? hi : (x < lo ? lo : x);
-    float kf = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;   /* round(x / ln2) */
-    float r = xc - kf * 0.693359375f + kf * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    uint32_t bits = (uint32_t)((int32_t)kf + 127) << 23;   /* 2^k */
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return x < lo ? 0.0f : p * scale;
-}
 
 /* x (n) = e^(x - shift); returns their sum */
 static float exp_shifted(float *x, int64_t n, float shift)
 {
     for (int64_t i = 0; i < n; i++)
-        x[i] = exp_approx(x[i] - shift);
+        x[i] = ddk_expf(x[i] - shift);
     v8 acc = { 0 };
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
@@ -317,7 +297,7 @@ static int32_t sample(ddt_generator *g, const ddt_generate_params *p, uint64_t *
     const float max = z[best], inv_t = 1.0f / p->temperature;
     float *prob = g->probs;   /* unnormalised: exp((z - max) / temperature), in (0, 1] */
     for (int64_t v = 0; v < V; v++)
-        prob[v] = exp_approx((z[v] - max) * inv_t);
+        prob[v] = ddk_expf((z[v] - max) * inv_t);
     double sum = 0.0;
     for (int64_t v = 0; v < V; v++)
         sum += prob[v];

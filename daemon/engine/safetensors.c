@@ -17,6 +17,7 @@
  * tables and a reference, a table of corrupted files, sharded model directories and writer
  * failures.
  */
+#include "errors.h"
 #include "safetensors.h"
 
 #include <cjson/cJSON.h>
@@ -43,20 +44,6 @@
  * Errors: "PATH: what is wrong", returned as a negative errno
  */
 
-__attribute__((format(printf, 5, 6)))
-static int st_fail(char *err, size_t err_len, int rc, const char *path, const char *fmt, ...)
-{
-    if (err && err_len > 0) {
-        int n = snprintf(err, err_len, "%s: ", path ? path : "(null)");
-        if (n >= 0 && (size_t)n < err_len) {
-            va_list args;
-            va_start(args, fmt);
-            vsnprintf(err + n, err_len - (size_t)n, fmt, args);
-            va_end(args);
-        }
-    }
-    return rc;
-}
 
 /* ------------------------------------------------------------------------------------------
  * Dtypes
@@ -324,7 +311,7 @@ static int parse_tensor_entry(const char *path, const cJSON *entry, ddt_st_tenso
 {
     const char *name = entry->string;
     if (!cJSON_IsObject(entry))
-        return st_fail(err, err_len, -EINVAL, path,
+        return ddt_fail_path(err, err_len, -EINVAL, path,
                        "tensor '%s' is not a JSON object with dtype, shape and data_offsets", name);
     const cJSON *dtype = NULL, *shape = NULL, *offsets = NULL;
     for (const cJSON *field = entry->child; field; field = field->next) {
@@ -333,33 +320,33 @@ static int parse_tensor_entry(const char *path, const cJSON *entry, ddt_st_tenso
                              : strcmp(field->string, "data_offsets") == 0 ? &offsets
                                                                           : NULL;
         if (!slot)
-            return st_fail(err, err_len, -EINVAL, path,
+            return ddt_fail_path(err, err_len, -EINVAL, path,
                            "tensor '%s' has an unknown field '%s' (allowed: dtype, shape, "
                            "data_offsets)", name, field->string);
         if (*slot)
-            return st_fail(err, err_len, -EINVAL, path, "tensor '%s' has a duplicate field '%s'",
+            return ddt_fail_path(err, err_len, -EINVAL, path, "tensor '%s' has a duplicate field '%s'",
                            name, field->string);
         *slot = field;
     }
 
     if (!dtype || !cJSON_IsString(dtype))
-        return st_fail(err, err_len, -EINVAL, path, "tensor '%s' has no dtype string", name);
+        return ddt_fail_path(err, err_len, -EINVAL, path, "tensor '%s' has no dtype string", name);
     if (dtype_from_name(dtype->valuestring, &t->dtype) != 0)
-        return st_fail(err, err_len, -EINVAL, path,
+        return ddt_fail_path(err, err_len, -EINVAL, path,
                        "tensor '%s' has unknown dtype '%s' (supported: F32 F64 BF16 F16 I64 I32 "
                        "U8)", name, dtype->valuestring);
 
     if (!shape || !cJSON_IsArray(shape))
-        return st_fail(err, err_len, -EINVAL, path, "tensor '%s' has no shape array", name);
+        return ddt_fail_path(err, err_len, -EINVAL, path, "tensor '%s' has no shape array", name);
     int ndim = cJSON_GetArraySize(shape);
     if (ndim > DDT_ST_MAX_DIMS)
-        return st_fail(err, err_len, -EINVAL, path,
+        return ddt_fail_path(err, err_len, -EINVAL, path,
                        "tensor '%s' shape has %d dimensions, more than the %d supported", name,
                        ndim, DDT_ST_MAX_DIMS);
     t->ndim = 0;
     for (const cJSON *dim = shape->child; dim; dim = dim->next) {
         if (json_exact_uint(dim, &t->shape[t->ndim]) != 0)
-            return st_fail(err, err_len, -EINVAL, path,
+            return ddt_fail_path(err, err_len, -EINVAL, path,
                            "tensor '%s' shape entry %d is not a non-negative integer", name,
                            t->ndim);
         t->ndim++;
@@ -368,22 +355,22 @@ static int parse_tensor_entry(const char *path, const cJSON *entry, ddt_st_tenso
     size_t dsize = ddt_dtype_size(t->dtype);
     char text[256];
     if (numel < 0 || numel > INT64_MAX / (int64_t)dsize)
-        return st_fail(err, err_len, -EINVAL, path, "tensor '%s' %s: its byte size overflows",
+        return ddt_fail_path(err, err_len, -EINVAL, path, "tensor '%s' %s: its byte size overflows",
                        name, shape_text(t->dtype, t->shape, t->ndim, text, sizeof(text)));
 
     int64_t begin, end;
     if (!offsets || !cJSON_IsArray(offsets) || cJSON_GetArraySize(offsets) != 2 ||
         json_exact_uint(offsets->child, &begin) != 0 ||
         json_exact_uint(offsets->child->next, &end) != 0)
-        return st_fail(err, err_len, -EINVAL, path,
+        return ddt_fail_path(err, err_len, -EINVAL, path,
                        "tensor '%s' data_offsets must be [begin, end], two non-negative integers",
                        name);
     if (begin > end)
-        return st_fail(err, err_len, -EINVAL, path,
+        return ddt_fail_path(err, err_len, -EINVAL, path,
                        "tensor '%s' data_offsets [%lld, %lld] end before they begin", name,
                        (long long)begin, (long long)end);
     if (end - begin != numel * (int64_t)dsize)
-        return st_fail(err, err_len, -EINVAL, path,
+        return ddt_fail_path(err, err_len, -EINVAL, path,
                        "tensor '%s' data_offsets [%lld, %lld] hold %lld bytes but %s needs %lld",
                        name, (long long)begin, (long long)end, (long long)(end - begin),
                        shape_text(t->dtype, t->shape, t->ndim, text, sizeof(text)),
@@ -398,27 +385,27 @@ static int parse_metadata(const char *path, const cJSON *meta, ddt_st_file *f, c
                           size_t err_len)
 {
     if (!cJSON_IsObject(meta))
-        return st_fail(err, err_len, -EINVAL, path,
+        return ddt_fail_path(err, err_len, -EINVAL, path,
                        "__metadata__ is not a JSON object of string values");
     int n = cJSON_GetArraySize(meta);
     f->meta_keys = calloc((size_t)n + 1, sizeof(char *));
     f->meta_values = calloc((size_t)n + 1, sizeof(char *));
     if (!f->meta_keys || !f->meta_values)
-        return st_fail(err, err_len, -ENOMEM, path, "out of memory reading __metadata__");
+        return ddt_fail_path(err, err_len, -ENOMEM, path, "out of memory reading __metadata__");
     for (const cJSON *item = meta->child; item; item = item->next) {
         if (!cJSON_IsString(item))
-            return st_fail(err, err_len, -EINVAL, path,
+            return ddt_fail_path(err, err_len, -EINVAL, path,
                            "__metadata__ value of '%s' is not a string (metadata values must "
                            "be strings)", item->string);
         for (int i = 0; i < f->meta_count; i++)
             if (strcmp(f->meta_keys[i], item->string) == 0)
-                return st_fail(err, err_len, -EINVAL, path, "__metadata__ has a duplicate key '%s'",
+                return ddt_fail_path(err, err_len, -EINVAL, path, "__metadata__ has a duplicate key '%s'",
                                item->string);
         f->meta_keys[f->meta_count] = strdup(item->string);
         f->meta_values[f->meta_count] = strdup(item->valuestring);
         f->meta_count++;   /* counted before the check so that close frees a half pair */
         if (!f->meta_keys[f->meta_count - 1] || !f->meta_values[f->meta_count - 1])
-            return st_fail(err, err_len, -ENOMEM, path, "out of memory reading __metadata__");
+            return ddt_fail_path(err, err_len, -ENOMEM, path, "out of memory reading __metadata__");
     }
     return 0;
 }
@@ -433,28 +420,28 @@ static int parse_mapped(ddt_st_file *f, char *err, size_t err_len)
         header_len = (header_len << 8) | bytes[i];
     uint64_t file_bytes = f->map_bytes;
     if (header_len > ST_MAX_HEADER_BYTES)
-        return st_fail(err, err_len, -EINVAL, path,
+        return ddt_fail_path(err, err_len, -EINVAL, path,
                        "header length %llu exceeds the %llu-byte limit (not a safetensors file, "
                        "or a corrupted one)", (unsigned long long)header_len,
                        ST_MAX_HEADER_BYTES);
     if (header_len > file_bytes - 8)
-        return st_fail(err, err_len, -EINVAL, path,
+        return ddt_fail_path(err, err_len, -EINVAL, path,
                        "header length %llu goes beyond the end of the file (%llu bytes after the "
                        "length): the file is truncated", (unsigned long long)header_len,
                        (unsigned long long)(file_bytes - 8));
     if (header_len == 0)
-        return st_fail(err, err_len, -EINVAL, path, "header is empty (length 0)");
+        return ddt_fail_path(err, err_len, -EINVAL, path, "header is empty (length 0)");
     if (header_len % 8 != 0)
-        return st_fail(err, err_len, -EINVAL, path,
+        return ddt_fail_path(err, err_len, -EINVAL, path,
                        "header length %llu is not a multiple of 8 (the header must be padded "
                        "with spaces)", (unsigned long long)header_len);
     const char *header = (const char *)bytes + 8;
     if (memchr(header, '\0', header_len))
-        return st_fail(err, err_len, -EINVAL, path, "header contains a NUL byte");
+        return ddt_fail_path(err, err_len, -EINVAL, path, "header contains a NUL byte");
 
     char *text = malloc(header_len + 1);   /* cJSON wants a NUL-terminated copy */
     if (!text)
-        return st_fail(err, err_len, -ENOMEM, path, "out of memory for a %llu-byte header",
+        return ddt_fail_path(err, err_len, -ENOMEM, path, "out of memory for a %llu-byte header",
                        (unsigned long long)header_len);
     memcpy(text, header, header_len);
     text[header_len] = '\0';
@@ -466,19 +453,19 @@ static int parse_mapped(ddt_st_file *f, char *err, size_t err_len)
     int rc = 0;
     if (!root) {
         size_t at = json_end && json_end >= text ? (size_t)(json_end - text) : 0;
-        rc = st_fail(err, err_len, -EINVAL, path, "header is not valid JSON (error near byte %zu)",
+        rc = ddt_fail_path(err, err_len, -EINVAL, path, "header is not valid JSON (error near byte %zu)",
                      at);
         goto done;
     }
     for (const char *p = json_end; p < text + header_len; p++)
         if (*p != ' ') {
-            rc = st_fail(err, err_len, -EINVAL, path,
+            rc = ddt_fail_path(err, err_len, -EINVAL, path,
                          "header has something other than space padding after the JSON (byte "
                          "%zu)", (size_t)(p - text));
             goto done;
         }
     if (!cJSON_IsObject(root)) {
-        rc = st_fail(err, err_len, -EINVAL, path, "header is not a JSON object");
+        rc = ddt_fail_path(err, err_len, -EINVAL, path, "header is not a JSON object");
         goto done;
     }
 
@@ -489,7 +476,7 @@ static int parse_mapped(ddt_st_file *f, char *err, size_t err_len)
     f->tensors = calloc((size_t)entries + 1, sizeof(*f->tensors));
     spans = calloc((size_t)entries + 1, sizeof(*spans));
     if (!names || !parsed || !f->tensors || !spans) {
-        rc = st_fail(err, err_len, -ENOMEM, path, "out of memory for %d header entries", entries);
+        rc = ddt_fail_path(err, err_len, -ENOMEM, path, "out of memory for %d header entries", entries);
         goto done;
     }
     int name_count = 0;
@@ -498,7 +485,7 @@ static int parse_mapped(ddt_st_file *f, char *err, size_t err_len)
     qsort(names, (size_t)name_count, sizeof(*names), name_compare);
     for (int i = 1; i < name_count; i++)
         if (strcmp(names[i - 1], names[i]) == 0) {
-            rc = st_fail(err, err_len, -EINVAL, path, "header names '%s' twice (duplicate name)",
+            rc = ddt_fail_path(err, err_len, -EINVAL, path, "header names '%s' twice (duplicate name)",
                          names[i]);
             goto done;
         }
@@ -509,7 +496,7 @@ static int parse_mapped(ddt_st_file *f, char *err, size_t err_len)
         if (strcmp(item->string, "__metadata__") == 0) {
             rc = parse_metadata(path, item, f, err, err_len);
         } else if (item->string[0] == '\0') {
-            rc = st_fail(err, err_len, -EINVAL, path, "header has a tensor with an empty name");
+            rc = ddt_fail_path(err, err_len, -EINVAL, path, "header has a tensor with an empty name");
         } else {
             rc = parse_tensor_entry(path, item, &parsed[count], &spans[count], err, err_len);
             parsed[count].name = (char *)item->string;   /* borrowed until copied below */
@@ -527,16 +514,16 @@ static int parse_mapped(ddt_st_file *f, char *err, size_t err_len)
         const ddt_st_tensor *t = &parsed[spans[i].header_order];
         const char *prev = i ? parsed[spans[i - 1].header_order].name : NULL;
         if (i == 0 && spans[i].begin != 0)
-            rc = st_fail(err, err_len, -EINVAL, path,
+            rc = ddt_fail_path(err, err_len, -EINVAL, path,
                          "first tensor '%s' begins at %lld, not 0 (tensors must tile the data "
                          "region from its start)", t->name, (long long)spans[i].begin);
         else if (spans[i].begin > data_end)
-            rc = st_fail(err, err_len, -EINVAL, path,
+            rc = ddt_fail_path(err, err_len, -EINVAL, path,
                          "gap of %lld bytes between tensor '%s' (ends at %lld) and '%s' (begins "
                          "at %lld)", (long long)(spans[i].begin - data_end), prev,
                          (long long)data_end, t->name, (long long)spans[i].begin);
         else if (spans[i].begin < data_end)
-            rc = st_fail(err, err_len, -EINVAL, path,
+            rc = ddt_fail_path(err, err_len, -EINVAL, path,
                          "tensor '%s' [%lld, %lld] overlaps tensor '%s' (ends at %lld)", t->name,
                          (long long)spans[i].begin, (long long)spans[i].end, prev,
                          (long long)data_end);
@@ -546,11 +533,11 @@ static int parse_mapped(ddt_st_file *f, char *err, size_t err_len)
     }
     uint64_t expected = 8 + header_len + (uint64_t)data_end;
     if (file_bytes < expected)
-        rc = st_fail(err, err_len, -EINVAL, path,
+        rc = ddt_fail_path(err, err_len, -EINVAL, path,
                      "file is %llu bytes but its tensors end at byte %llu: the file is truncated",
                      (unsigned long long)file_bytes, (unsigned long long)expected);
     else if (file_bytes > expected)
-        rc = st_fail(err, err_len, -EINVAL, path,
+        rc = ddt_fail_path(err, err_len, -EINVAL, path,
                      "%llu trailing bytes after the last tensor (file is %llu bytes, data ends at "
                      "%llu)", (unsigned long long)(file_bytes - expected),
                      (unsigned long long)file_bytes, (unsigned long long)expected);
@@ -566,7 +553,7 @@ static int parse_mapped(ddt_st_file *f, char *err, size_t err_len)
         t->name = strdup(t->name);
         f->count++;
         if (!t->name) {
-            rc = st_fail(err, err_len, -ENOMEM, path, "out of memory for tensor names");
+            rc = ddt_fail_path(err, err_len, -ENOMEM, path, "out of memory for tensor names");
             break;
         }
     }
@@ -586,28 +573,28 @@ int ddt_st_open(const char *path, ddt_st_file *f, char *err, size_t err_len)
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         int e = errno;
-        return st_fail(err, err_len, -e, path, "cannot open: %s", strerror(e));
+        return ddt_fail_path(err, err_len, -e, path, "cannot open: %s", strerror(e));
     }
     struct stat st;
     if (fstat(fd, &st) != 0) {
         int e = errno;
         close(fd);
-        return st_fail(err, err_len, -e, path, "cannot stat: %s", strerror(e));
+        return ddt_fail_path(err, err_len, -e, path, "cannot stat: %s", strerror(e));
     }
     if (!S_ISREG(st.st_mode)) {
         close(fd);
-        return st_fail(err, err_len, S_ISDIR(st.st_mode) ? -EISDIR : -EINVAL, path,
+        return ddt_fail_path(err, err_len, S_ISDIR(st.st_mode) ? -EISDIR : -EINVAL, path,
                        "not a regular file");
     }
     if (st.st_size < 8) {
         close(fd);
-        return st_fail(err, err_len, -EINVAL, path,
+        return ddt_fail_path(err, err_len, -EINVAL, path,
                        "file is %lld bytes, too short for the 8-byte header length (truncated?)",
                        (long long)st.st_size);
     }
     if ((unsigned long long)st.st_size > SIZE_MAX) {
         close(fd);
-        return st_fail(err, err_len, -EFBIG, path, "file of %lld bytes cannot be mapped",
+        return ddt_fail_path(err, err_len, -EFBIG, path, "file of %lld bytes cannot be mapped",
                        (long long)st.st_size);
     }
     size_t map_bytes = (size_t)st.st_size;
@@ -615,14 +602,14 @@ int ddt_st_open(const char *path, ddt_st_file *f, char *err, size_t err_len)
     int map_errno = errno;
     close(fd);   /* the mapping holds the file */
     if (map == MAP_FAILED)
-        return st_fail(err, err_len, -map_errno, path, "cannot map %zu bytes: %s", map_bytes,
+        return ddt_fail_path(err, err_len, -map_errno, path, "cannot map %zu bytes: %s", map_bytes,
                        strerror(map_errno));
 
     f->map = map;
     f->map_bytes = map_bytes;
     f->path = strdup(path);
     int rc = f->path ? parse_mapped(f, err, err_len)
-                     : st_fail(err, err_len, -ENOMEM, path, "out of memory");
+                     : ddt_fail_path(err, err_len, -ENOMEM, path, "out of memory");
     if (rc != 0)
         ddt_st_close(f);
     return rc;
@@ -669,24 +656,24 @@ static int read_small_file(const char *path, long long limit, char **text, size_
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         int e = errno;
-        return st_fail(err, err_len, -e, path, "cannot open: %s", strerror(e));
+        return ddt_fail_path(err, err_len, -e, path, "cannot open: %s", strerror(e));
     }
     struct stat st;
     if (fstat(fd, &st) != 0) {
         int e = errno;
         close(fd);
-        return st_fail(err, err_len, -e, path, "cannot stat: %s", strerror(e));
+        return ddt_fail_path(err, err_len, -e, path, "cannot stat: %s", strerror(e));
     }
     if (!S_ISREG(st.st_mode) || st.st_size > limit) {
         close(fd);
-        return st_fail(err, err_len, -EINVAL, path, "not a regular file of at most %lld bytes",
+        return ddt_fail_path(err, err_len, -EINVAL, path, "not a regular file of at most %lld bytes",
                        limit);
     }
     size_t n = (size_t)st.st_size, got = 0;
     char *buf = malloc(n + 1);
     if (!buf) {
         close(fd);
-        return st_fail(err, err_len, -ENOMEM, path, "out of memory");
+        return ddt_fail_path(err, err_len, -ENOMEM, path, "out of memory");
     }
     while (got < n) {
         ssize_t r = read(fd, buf + got, n - got);
@@ -696,7 +683,7 @@ static int read_small_file(const char *path, long long limit, char **text, size_
             int e = r < 0 ? errno : EIO;
             free(buf);
             close(fd);
-            return st_fail(err, err_len, -e, path, "read failed: %s",
+            return ddt_fail_path(err, err_len, -e, path, "read failed: %s",
                            r < 0 ? strerror(e) : "file shrank while reading");
         }
         got += (size_t)r;
@@ -723,11 +710,11 @@ static int open_sharded(const char *dir, const char *index_path, ddt_st_model *m
     const char **shards = NULL;
     char *shard_path = NULL;
     if (!root) {
-        rc = st_fail(err, err_len, -EINVAL, index_path, "not valid JSON");
+        rc = ddt_fail_path(err, err_len, -EINVAL, index_path, "not valid JSON");
         goto done;
     }
     if (!cJSON_IsObject(weight_map) || !weight_map->child) {
-        rc = st_fail(err, err_len, -EINVAL, index_path,
+        rc = ddt_fail_path(err, err_len, -EINVAL, index_path,
                      "has no \"weight_map\" object naming the shard of each tensor");
         goto done;
     }
@@ -737,20 +724,20 @@ static int open_sharded(const char *dir, const char *index_path, ddt_st_model *m
     shards = calloc((size_t)names, sizeof(*shards));
     m->files = calloc((size_t)names, sizeof(*m->files));
     if (!shards || !m->files) {
-        rc = st_fail(err, err_len, -ENOMEM, index_path, "out of memory");
+        rc = ddt_fail_path(err, err_len, -ENOMEM, index_path, "out of memory");
         goto done;
     }
     int shard_count = 0;
     for (const cJSON *item = weight_map->child; item; item = item->next) {
         if (!cJSON_IsString(item) || !item->valuestring[0] || strchr(item->valuestring, '/') ||
             strcmp(item->valuestring, ".") == 0 || strcmp(item->valuestring, "..") == 0) {
-            rc = st_fail(err, err_len, -EINVAL, index_path,
+            rc = ddt_fail_path(err, err_len, -EINVAL, index_path,
                          "weight_map entry '%s' must name a shard file in %s", item->string, dir);
             goto done;
         }
         for (const cJSON *prev = weight_map->child; prev != item; prev = prev->next)
             if (strcmp(prev->string, item->string) == 0) {
-                rc = st_fail(err, err_len, -EINVAL, index_path,
+                rc = ddt_fail_path(err, err_len, -EINVAL, index_path,
                              "weight_map names tensor '%s' twice", item->string);
                 goto done;
             }
@@ -765,7 +752,7 @@ static int open_sharded(const char *dir, const char *index_path, ddt_st_model *m
         free(shard_path);
         shard_path = path_join(dir, shards[s]);
         if (!shard_path) {
-            rc = st_fail(err, err_len, -ENOMEM, index_path, "out of memory");
+            rc = ddt_fail_path(err, err_len, -ENOMEM, index_path, "out of memory");
             goto done;
         }
         rc = ddt_st_open(shard_path, &m->files[s], err, err_len);
@@ -780,7 +767,7 @@ static int open_sharded(const char *dir, const char *index_path, ddt_st_model *m
         while (strcmp(shards[s], item->valuestring) != 0)
             s++;
         if (!ddt_st_find(&m->files[s], item->string)) {
-            rc = st_fail(err, err_len, -EINVAL, index_path,
+            rc = ddt_fail_path(err, err_len, -EINVAL, index_path,
                          "tensor '%s' is listed in shard '%s' but that shard does not hold it",
                          item->string, item->valuestring);
             goto done;
@@ -803,25 +790,25 @@ int ddt_st_model_open(const char *dir, ddt_st_model *m, char *err, size_t err_le
     int rc;
     struct stat st;
     if (!index_path || !single_path) {
-        rc = st_fail(err, err_len, -ENOMEM, dir, "out of memory");
+        rc = ddt_fail_path(err, err_len, -ENOMEM, dir, "out of memory");
     } else if (stat(index_path, &st) == 0) {
         rc = open_sharded(dir, index_path, m, err, err_len);
     } else if (errno != ENOENT) {
         int e = errno;
-        rc = st_fail(err, err_len, -e, index_path, "cannot stat: %s", strerror(e));
+        rc = ddt_fail_path(err, err_len, -e, index_path, "cannot stat: %s", strerror(e));
     } else if (stat(single_path, &st) == 0) {
         m->files = calloc(1, sizeof(*m->files));
-        rc = !m->files ? st_fail(err, err_len, -ENOMEM, dir, "out of memory")
+        rc = !m->files ? ddt_fail_path(err, err_len, -ENOMEM, dir, "out of memory")
                        : ddt_st_open(single_path, &m->files[0], err, err_len);
         if (rc == 0)
             m->file_count = 1;
     } else if (errno == ENOENT) {
-        rc = st_fail(err, err_len, -ENOENT, dir,
+        rc = ddt_fail_path(err, err_len, -ENOENT, dir,
                      "neither model.safetensors nor model.safetensors.index.json is there (is "
                      "this a Hugging Face model directory?)");
     } else {
         int e = errno;
-        rc = st_fail(err, err_len, -e, single_path, "cannot stat: %s", strerror(e));
+        rc = ddt_fail_path(err, err_len, -e, single_path, "cannot stat: %s", strerror(e));
     }
     free(index_path);
     free(single_path);
@@ -866,60 +853,60 @@ static int validate_entries(const char *path, const ddt_st_entry *tensors, int c
                             int meta_count, size_t *bytes, char *err, size_t err_len)
 {
     if (count < 0 || (count > 0 && !tensors))
-        return st_fail(err, err_len, -EINVAL, path, "invalid tensor list (count %d)", count);
+        return ddt_fail_path(err, err_len, -EINVAL, path, "invalid tensor list (count %d)", count);
     if (meta_count < 0 || (meta_count > 0 && (!meta_keys || !meta_values)))
-        return st_fail(err, err_len, -EINVAL, path, "invalid metadata (count %d)", meta_count);
+        return ddt_fail_path(err, err_len, -EINVAL, path, "invalid metadata (count %d)", meta_count);
     uint64_t total = 0;
     for (int i = 0; i < count; i++) {
         const ddt_st_entry *e = &tensors[i];
         if (!e->name || !e->name[0] || strcmp(e->name, "__metadata__") == 0)
-            return st_fail(err, err_len, -EINVAL, path,
+            return ddt_fail_path(err, err_len, -EINVAL, path,
                            "tensor %d has an empty or reserved name", i);
         if (!dtype_valid(e->dtype))
-            return st_fail(err, err_len, -EINVAL, path, "tensor '%s' has invalid dtype %d",
+            return ddt_fail_path(err, err_len, -EINVAL, path, "tensor '%s' has invalid dtype %d",
                            e->name, (int)e->dtype);
         if (e->ndim < 0 || e->ndim > DDT_ST_MAX_DIMS)
-            return st_fail(err, err_len, -EINVAL, path,
+            return ddt_fail_path(err, err_len, -EINVAL, path,
                            "tensor '%s' has ndim %d (allowed: 0 to %d)", e->name, e->ndim,
                            DDT_ST_MAX_DIMS);
         for (int d = 0; d < e->ndim; d++)
             if (e->shape[d] < 0)
-                return st_fail(err, err_len, -EINVAL, path,
+                return ddt_fail_path(err, err_len, -EINVAL, path,
                                "tensor '%s' has negative dimension %lld", e->name,
                                (long long)e->shape[d]);
         int64_t numel = shape_numel(e->shape, e->ndim);
         size_t dsize = ddt_dtype_size(e->dtype);
         if (numel < 0 || (uint64_t)numel > (uint64_t)(ST_MAX_EXACT_INTEGER / (double)dsize))
-            return st_fail(err, err_len, -EINVAL, path, "tensor '%s' is too large", e->name);
+            return ddt_fail_path(err, err_len, -EINVAL, path, "tensor '%s' is too large", e->name);
         bytes[i] = (size_t)numel * dsize;
         total += bytes[i];
         if (total > (uint64_t)ST_MAX_EXACT_INTEGER)
-            return st_fail(err, err_len, -EINVAL, path, "tensors are too large in total");
+            return ddt_fail_path(err, err_len, -EINVAL, path, "tensors are too large in total");
         if (bytes[i] > 0 && !e->data)
-            return st_fail(err, err_len, -EINVAL, path, "tensor '%s' has no data (NULL)",
+            return ddt_fail_path(err, err_len, -EINVAL, path, "tensor '%s' has no data (NULL)",
                            e->name);
     }
     /* Unique names: sort pointers to them. */
     const char **names = malloc(((size_t)count + 1) * sizeof(*names));
     if (!names)
-        return st_fail(err, err_len, -ENOMEM, path, "out of memory");
+        return ddt_fail_path(err, err_len, -ENOMEM, path, "out of memory");
     for (int i = 0; i < count; i++)
         names[i] = tensors[i].name;
     qsort(names, (size_t)count, sizeof(*names), name_compare);
     int rc = 0;
     for (int i = 1; i < count && rc == 0; i++)
         if (strcmp(names[i - 1], names[i]) == 0)
-            rc = st_fail(err, err_len, -EINVAL, path, "tensor name '%s' is given twice",
+            rc = ddt_fail_path(err, err_len, -EINVAL, path, "tensor name '%s' is given twice",
                          names[i]);
     free(names);
     if (rc != 0)
         return rc;
     for (int i = 0; i < meta_count; i++) {
         if (!meta_keys[i] || !meta_values[i])
-            return st_fail(err, err_len, -EINVAL, path, "metadata entry %d is NULL", i);
+            return ddt_fail_path(err, err_len, -EINVAL, path, "metadata entry %d is NULL", i);
         for (int j = 0; j < i; j++)
             if (strcmp(meta_keys[i], meta_keys[j]) == 0)
-                return st_fail(err, err_len, -EINVAL, path, "metadata key '%s' is given twice",
+                return ddt_fail_path(err, err_len, -EINVAL, path, "metadata key '%s' is given twice",
                                meta_keys[i]);
     }
     return 0;
@@ -959,12 +946,12 @@ static int build_header(const char *path, const ddt_st_entry *tensors, int count
     char *json = ok ? cJSON_PrintUnformatted(root) : NULL;
     cJSON_Delete(root);
     if (!json)
-        return st_fail(err, err_len, -ENOMEM, path, "out of memory building the header");
+        return ddt_fail_path(err, err_len, -ENOMEM, path, "out of memory building the header");
     size_t json_len = strlen(json), padded = (json_len + 7) / 8 * 8;
     *header = malloc(8 + padded);
     if (!*header) {
         free(json);
-        return st_fail(err, err_len, -ENOMEM, path, "out of memory building the header");
+        return ddt_fail_path(err, err_len, -ENOMEM, path, "out of memory building the header");
     }
     for (int i = 0; i < 8; i++)
         (*header)[i] = (unsigned char)((uint64_t)padded >> (8 * i));
@@ -1000,7 +987,7 @@ int ddt_st_write(const char *path, const ddt_st_entry *tensors, int count,
 {
     size_t *bytes = calloc((size_t)(count > 0 ? count : 0) + 1, sizeof(*bytes));
     if (!bytes)
-        return st_fail(err, err_len, -ENOMEM, path, "out of memory");
+        return ddt_fail_path(err, err_len, -ENOMEM, path, "out of memory");
     int rc = validate_entries(path, tensors, count, meta_keys, meta_values, meta_count, bytes, err,
                               err_len);
     unsigned char *header = NULL;
@@ -1015,7 +1002,7 @@ int ddt_st_write(const char *path, const ddt_st_entry *tensors, int count,
         if (tmp_path)
             snprintf(tmp_path, n, "%s.tmp", path);
         else
-            rc = st_fail(err, err_len, -ENOMEM, path, "out of memory");
+            rc = ddt_fail_path(err, err_len, -ENOMEM, path, "out of memory");
     }
     if (rc != 0) {
         free(bytes);
@@ -1026,7 +1013,7 @@ int ddt_st_write(const char *path, const ddt_st_entry *tensors, int count,
     int fd = open(tmp_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) {
         rc = -errno;
-        st_fail(err, err_len, rc, path, "cannot create %s: %s", tmp_path, strerror(-rc));
+        ddt_fail_path(err, err_len, rc, path, "cannot create %s: %s", tmp_path, strerror(-rc));
         goto done;   /* nothing of ours to remove */
     }
     rc = write_all(fd, header, header_bytes);
@@ -1046,7 +1033,7 @@ int ddt_st_write(const char *path, const ddt_st_entry *tensors, int count,
         failed = "rename";
     }
     if (failed)
-        st_fail(err, err_len, rc, path, "cannot %s %s: %s (the old file, if any, is untouched)",
+        ddt_fail_path(err, err_len, rc, path, "cannot %s %s: %s (the old file, if any, is untouched)",
                 failed, tmp_path, strerror(-rc));
     if (rc != 0) {
         unlink(tmp_path);
@@ -1054,7 +1041,7 @@ int ddt_st_write(const char *path, const ddt_st_entry *tensors, int count,
     }
     rc = sync_parent_dir(path);
     if (rc != 0)   /* the file is in place; only its durability across a crash is in doubt */
-        st_fail(err, err_len, rc, path, "written, but fsync of its directory failed: %s",
+        ddt_fail_path(err, err_len, rc, path, "written, but fsync of its directory failed: %s",
                 strerror(-rc));
 
 done:

@@ -27,6 +27,7 @@
  *
  * Tested by tests/test_store.c.
  */
+#include "errors.h"
 #include "store.h"
 
 #include <sqlite3.h>
@@ -727,20 +728,6 @@ int ddt_store_schema_version(void)
  * Opening: checks, pragmas, migrations
  */
 
-__attribute__((format(printf, 5, 6)))
-static int open_fail(char *err, size_t err_len, int rc, const char *path, const char *fmt, ...)
-{
-    if (err && err_len > 0) {
-        int n = snprintf(err, err_len, "%s: ", path);
-        if (n >= 0 && (size_t)n < err_len) {
-            va_list args;
-            va_start(args, fmt);
-            vsnprintf(err + n, err_len - (size_t)n, fmt, args);
-            va_end(args);
-        }
-    }
-    return rc;
-}
 
 /* the parent directory of path exists and is a directory */
 static int check_parent(const char *path, char *err, size_t err_len)
@@ -748,7 +735,7 @@ static int check_parent(const char *path, char *err, size_t err_len)
     char dir[PATH_MAX];
     size_t len = strlen(path);
     if (len == 0 || len >= sizeof dir)
-        return open_fail(err, err_len, len ? -ENAMETOOLONG : -EINVAL, path,
+        return ddt_fail_path(err, err_len, len ? -ENAMETOOLONG : -EINVAL, path,
                          "not a usable database path: give the state directory's ddtree.db");
     memcpy(dir, path, len + 1);
     char *slash = strrchr(dir, '/');
@@ -762,13 +749,13 @@ static int check_parent(const char *path, char *err, size_t err_len)
     if (stat(dir, &st) != 0) {
         int e = errno;
         if (e == ENOENT)
-            return open_fail(err, err_len, -ENOENT, path, "the directory %s does not exist: create "
+            return ddt_fail_path(err, err_len, -ENOENT, path, "the directory %s does not exist: create "
                              "it (mkdir -p %s) or choose another state directory", dir, dir);
-        return open_fail(err, err_len, -e, path, "cannot reach the directory %s: %s", dir,
+        return ddt_fail_path(err, err_len, -e, path, "cannot reach the directory %s: %s", dir,
                          strerror(e));
     }
     if (!S_ISDIR(st.st_mode))
-        return open_fail(err, err_len, -ENOTDIR, path, "%s is not a directory: choose another "
+        return ddt_fail_path(err, err_len, -ENOTDIR, path, "%s is not a directory: choose another "
                          "state directory", dir);
     return 0;
 }
@@ -820,25 +807,25 @@ static int check_version(sqlite3 *db, const char *path, int *version, char *err,
     int64_t v = 0, tables = 0;
     int rc = query_int(db, "PRAGMA user_version", &v);
     if (rc == SQLITE_NOTADB)
-        return open_fail(err, err_len, -EINVAL, path, "not a SQLite database: move it away or "
+        return ddt_fail_path(err, err_len, -EINVAL, path, "not a SQLite database: move it away or "
                          "choose another state directory");
     if (rc != SQLITE_OK)
-        return open_fail(err, err_len, errno_of(rc), path, "cannot read it: %s (check its "
+        return ddt_fail_path(err, err_len, errno_of(rc), path, "cannot read it: %s (check its "
                          "permissions and the disk)", sqlite3_errmsg(db));
     if (v > ddt_schema_count)
-        return open_fail(err, err_len, -EPROTONOSUPPORT, path, "schema version %lld was written "
+        return ddt_fail_path(err, err_len, -EPROTONOSUPPORT, path, "schema version %lld was written "
                          "by a newer ddtreed (this one knows up to version %d): upgrade ddtreed; "
                          "the database was not changed", (long long)v, ddt_schema_count);
     if (v < 0)
-        return open_fail(err, err_len, -EINVAL, path, "user_version %lld is not a ddtreed schema "
+        return ddt_fail_path(err, err_len, -EINVAL, path, "user_version %lld is not a ddtreed schema "
                          "version: move it away or choose another state directory", (long long)v);
     if (v == 0) {
         rc = query_int(db, "SELECT count(*) FROM sqlite_master", &tables);
         if (rc != SQLITE_OK)
-            return open_fail(err, err_len, errno_of(rc), path, "cannot read it: %s (check its "
+            return ddt_fail_path(err, err_len, errno_of(rc), path, "cannot read it: %s (check its "
                              "permissions and the disk)", sqlite3_errmsg(db));
         if (tables > 0)
-            return open_fail(err, err_len, -EINVAL, path, "a SQLite database that ddtreed did not "
+            return ddt_fail_path(err, err_len, -EINVAL, path, "a SQLite database that ddtreed did not "
                              "create (tables but no user_version): move it away or choose "
                              "another state directory");
     }
@@ -851,7 +838,7 @@ static int set_pragmas(sqlite3 *db, const char *path, char *err, size_t err_len)
     char mode[32];
     int rc = query_text(db, "PRAGMA journal_mode = WAL", mode, sizeof mode);
     if (rc != SQLITE_OK || strcmp(mode, "wal") != 0)
-        return open_fail(err, err_len, rc != SQLITE_OK ? errno_of(rc) : -ENOTSUP, path,
+        return ddt_fail_path(err, err_len, rc != SQLITE_OK ? errno_of(rc) : -ENOTSUP, path,
                          "cannot switch to WAL (%s): put the state directory on a local file "
                          "system that supports shared memory maps",
                          rc != SQLITE_OK ? sqlite3_errmsg(db) : mode);
@@ -859,7 +846,7 @@ static int set_pragmas(sqlite3 *db, const char *path, char *err, size_t err_len)
     if ((rc = exec(db, "PRAGMA synchronous = NORMAL")) != SQLITE_OK ||
         (rc = exec(db, "PRAGMA foreign_keys = ON")) != SQLITE_OK ||
         (rc = query_int(db, "PRAGMA foreign_keys", &fk)) != SQLITE_OK || fk != 1)
-        return open_fail(err, err_len, rc != SQLITE_OK ? errno_of(rc) : -ENOTSUP, path,
+        return ddt_fail_path(err, err_len, rc != SQLITE_OK ? errno_of(rc) : -ENOTSUP, path,
                          "cannot set synchronous=NORMAL and foreign_keys=ON: %s (this libsqlite3 "
                          "lacks foreign keys: install Debian's libsqlite3-0)",
                          rc != SQLITE_OK ? sqlite3_errmsg(db) : "foreign_keys stays off");
@@ -874,12 +861,12 @@ static int migrate(sqlite3 *db, const char *path, int version, char *err, size_t
         snprintf(set_version, sizeof set_version, "PRAGMA user_version = %d", v);
         int rc = exec(db, "BEGIN IMMEDIATE");
         if (rc != SQLITE_OK)
-            return open_fail(err, err_len, errno_of(rc), path, "cannot begin migration %s: %s "
+            return ddt_fail_path(err, err_len, errno_of(rc), path, "cannot begin migration %s: %s "
                              "(another process holds the write lock? only ddtreed writes it)",
                              ddt_schema_names[v - 1], sqlite3_errmsg(db));
         if ((rc = exec(db, ddt_schema_sql[v - 1])) != SQLITE_OK ||
             (rc = exec(db, set_version)) != SQLITE_OK || (rc = exec(db, "COMMIT")) != SQLITE_OK) {
-            int e = open_fail(err, err_len, errno_of(rc), path, "migration schema/%s failed: %s; "
+            int e = ddt_fail_path(err, err_len, errno_of(rc), path, "migration schema/%s failed: %s; "
                               "the database stays at schema version %d (report this with the "
                               "message)", ddt_schema_names[v - 1], sqlite3_errmsg(db), v - 1);
             if (!sqlite3_get_autocommit(db))
@@ -914,14 +901,14 @@ int ddt_store_open(const char *path, ddt_store **out, char *err, size_t err_len)
     if (err && err_len)
         err[0] = '\0';
     if (!path)
-        return open_fail(err, err_len, -EINVAL, "(null)", "no database path given");
+        return ddt_fail_path(err, err_len, -EINVAL, "(null)", "no database path given");
     int rc = check_parent(path, err, err_len);
     if (rc)
         return rc;
 
     ddt_store *s = calloc(1, sizeof *s);
     if (!s)
-        return open_fail(err, err_len, -ENOMEM, path, "no memory for the store");
+        return ddt_fail_path(err, err_len, -ENOMEM, path, "no memory for the store");
     pthread_mutex_init(&s->lock, NULL);
     pthread_cond_init(&s->not_empty, NULL);
     pthread_cond_init(&s->not_full, NULL);
@@ -932,7 +919,7 @@ int ddt_store_open(const char *path, ddt_store **out, char *err, size_t err_len)
     s->path = strdup(path);
     if (!s->queue || !s->batch || !s->results || !s->path) {
         store_free(s);
-        return open_fail(err, err_len, -ENOMEM, path, "no memory for the store's queue");
+        return ddt_fail_path(err, err_len, -ENOMEM, path, "no memory for the store's queue");
     }
 
     /* NOMUTEX: the connection is used by one thread at a time (this one, then the writer) */
@@ -940,7 +927,7 @@ int ddt_store_open(const char *path, ddt_store **out, char *err, size_t err_len)
                              SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, NULL);
     if (sq != SQLITE_OK) {
         int e = s->db ? sqlite3_system_errno(s->db) : ENOMEM;
-        rc = open_fail(err, err_len, e ? -e : errno_of(sq), path, "cannot open: %s (check the "
+        rc = ddt_fail_path(err, err_len, e ? -e : errno_of(sq), path, "cannot open: %s (check the "
                        "permissions of the file and its directory)",
                        s->db ? sqlite3_errmsg(s->db) : "no memory");
         store_free(s);
@@ -963,11 +950,11 @@ int ddt_store_open(const char *path, ddt_store **out, char *err, size_t err_len)
     for (int j = 0; j < STMT_COUNT && !rc; j++) {
         sq = sqlite3_prepare_v3(s->db, stmt_sql[j], -1, SQLITE_PREPARE_PERSISTENT, &s->stmt[j], NULL);
         if (sq != SQLITE_OK)
-            rc = open_fail(err, err_len, -EINVAL, path, "the schema lacks what this ddtreed "
+            rc = ddt_fail_path(err, err_len, -EINVAL, path, "the schema lacks what this ddtreed "
                            "writes (%s): restore a ddtreed that matches it", sqlite3_errmsg(s->db));
     }
     if (!rc && (sq = pthread_create(&s->writer, NULL, writer_main, s)) != 0)
-        rc = open_fail(err, err_len, -sq, path, "cannot start the store's writer thread: %s",
+        rc = ddt_fail_path(err, err_len, -sq, path, "cannot start the store's writer thread: %s",
                        strerror(sq));
     if (rc) {
         store_free(s);

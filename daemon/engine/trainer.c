@@ -10,11 +10,13 @@
  * one bit for bit, and 1 or 2 ranks give the same losses to float rounding.
  * Tested by tests/test_trainer.c.
  */
+#include "ddt_time.h"
 #include "trainer.h"
 #include "batch.h"
 #include "model_config.h"
 #include "checkpoint.h"
 #include "ddk.h"
+#include "ddk_rng.h"
 #include "optimizer.h"
 #include "source.h"
 
@@ -75,20 +77,6 @@ struct ddt_trainer {
     ddt_memory_plan plan;
 };
 
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static double mono_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static void event(ddt_trainer *t, const char *kind, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 static void event(ddt_trainer *t, const char *kind, const char *fmt, ...)
@@ -100,7 +88,7 @@ static void event(ddt_trainer *t, const char *kind, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(detail, sizeof detail, fmt, ap);
     va_end(ap);
-    ddt_store_event(t->store, t->run_id, now_ms(), kind, detail);
+    ddt_store_event(t->store, t->run_id, ddt_wall_ms(), kind, detail);
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -166,9 +154,14 @@ void ddt_trainer_new_run_id(char *out, size_t len)
     time_t now = time(NULL);
     struct tm tm;
     gmtime_r(&now, &tm);
-    uint64_t x = (uint64_t)now ^ ((uint64_t)getpid() << 20) ^ (uint64_t)__atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED) * 0x9E3779B97F4A7C15ull;
-    snprintf(out, len, "r%04d%02d%02d-%02d%02d%02d-%04x", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
-             tm.tm_hour, tm.tm_min, tm.tm_sec, (unsigned)(x >> 48));
+    struct timespec ns;
+    clock_gettime(CLOCK_REALTIME, &ns);
+    /* pid, nanoseconds and a counter, mixed: two processes in one second differ */
+    uint64_t x = ((uint64_t)getpid() << 32) ^ (uint64_t)ns.tv_nsec ^
+                 ((uint64_t)__atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED) << 48);
+    x = ddk_rng_next(&x);
+    snprintf(out, len, "r%04d%02d%02d-%02d%02d%02d-%06x", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
+             tm.tm_hour, tm.tm_min, tm.tm_sec, (unsigned)(x >> 40));
 }
 
 /* the trainer's own state, stored beside each checkpoint */
@@ -350,7 +343,7 @@ int ddt_trainer_open(const char *config_json, size_t len, const char *state_dir,
         ddt_plan(&t->cfg, 0, t->embed == t->lm_head, &t->plan);
     }
     if (!rc && store && !resume) {
-        rc = ddt_store_run_create(store, t->run_id, t->cfg.name, t->config_json, t->cfg.steps, now_ms());
+        rc = ddt_store_run_create(store, t->run_id, t->cfg.name, t->config_json, t->cfg.steps, ddt_wall_ms());
         rc = rc == -EEXIST ? 0 : rc;   /* the daemon creates the row when it queues the run */
     }
     if (rc) {
@@ -407,7 +400,7 @@ static void *rank_main(void *arg)
     const ddt_run_config *c = &t->cfg;
     const int64_t S = c->seq_len, A = c->max_anchors, H = c->drafter.hidden, LH = c->drafter.taps * H;
     const int64_t micro = (rs->nseq + c->grad_accum - 1) / c->grad_accum;
-    double t0 = mono_s();
+    double t0 = ddt_mono_s();
     const int accumulate = micro < rs->nseq;
     float *target = accumulate ? rs->micro_grads : rs->grads;
     ddt_drafter_weights g;
@@ -454,7 +447,7 @@ static void *rank_main(void *arg)
         }
     }
     rs->result = sum;
-    rs->seconds = mono_s() - t0;
+    rs->seconds = ddt_mono_s() - t0;
     return NULL;
 }
 
@@ -526,7 +519,7 @@ static int shrink(ddt_trainer *t)
 int ddt_trainer_step(ddt_trainer *t, ddt_step_record *rec, char *err, size_t err_len)
 {
     const ddt_run_config *c = &t->cfg;
-    double t0 = mono_s();
+    double t0 = ddt_mono_s();
     int rc = load_batch(t, err, err_len);
     if (rc)
         return rc;
@@ -593,11 +586,11 @@ int ddt_trainer_step(ddt_trainer *t, ddt_step_record *rec, char *err, size_t err
     ddt_adamw_update(&t->adam_cfg, t->table, t->param_count, t->params, g0, &t->adam, &lr);
     t->step++;
 
-    double seconds = mono_s() - t0;
+    double seconds = ddt_mono_s() - t0;
     memset(rec, 0, sizeof *rec);
     snprintf(rec->run_id, sizeof rec->run_id, "%s", t->run_id);
     rec->step = t->step;
-    rec->ts_ms = now_ms();
+    rec->ts_ms = ddt_wall_ms();
     rec->loss = loss;
     rec->ce = ce;
     rec->kl = kl;
@@ -651,9 +644,9 @@ int ddt_trainer_checkpoint(ddt_trainer *t, char *err, size_t err_len)
                    : -ENOMEM;
     free(state);
     if (rc == 0 && t->store) {
-        ddt_store_checkpoint(t->store, t->run_id, t->step, path, bytes, now_ms());
+        ddt_store_checkpoint(t->store, t->run_id, t->step, path, bytes, ddt_wall_ms());
         event(t, "checkpoint", "{\"step\": %lld, \"bytes\": %lld}", (long long)t->step, (long long)bytes);
-        ddt_store_run_update(t->store, t->run_id, "running", t->step, t->step, now_ms(), -1, -1, NULL);
+        ddt_store_run_update(t->store, t->run_id, "running", t->step, t->step, ddt_wall_ms(), -1, -1, NULL);
     }
     return rc;
 }

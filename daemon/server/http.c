@@ -289,6 +289,8 @@ static enum MHD_Result send_response(ddt_http_server *s, struct MHD_Connection *
                                      res->content_type ? res->content_type : json_type) == MHD_YES;
     if (ok && res->location[0])
         ok = MHD_add_response_header(r, MHD_HTTP_HEADER_LOCATION, res->location) == MHD_YES;
+    if (ok && res->allow[0])
+        ok = MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, res->allow) == MHD_YES;
     if (ok && res->status == 401)
         ok = MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer") == MHD_YES;
     if (ok && close_after)

@@ -31,6 +31,7 @@ typedef struct ddt_http_response {
     size_t body_len;
     const char *content_type;   /* a static string; NULL: application/json */
     char location[256];         /* a Location header when not empty */
+    char allow[64];             /* an Allow header (405) when not empty */
 } ddt_http_response;
 
 typedef void (*ddt_http_handler)(void *ctx, const ddt_http_request *req, ddt_http_response *res);

@@ -31,7 +31,7 @@
  */
 #include "ddk.h"
 #include "cpu_backend.h"
-#include "vmath.h"
+#include "ddk_vmath.h"
 
 #include <cblas.h>
 #include <errno.h>

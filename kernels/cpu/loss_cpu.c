@@ -23,7 +23,7 @@
 #include "ddk.h"
 #include "loss_internal.h"
 #include "cpu_backend.h"
-#include "vmath.h"
+#include "ddk_vmath.h"
 
 #include <errno.h>
 #include <math.h>

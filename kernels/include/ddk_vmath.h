@@ -1,4 +1,4 @@
-/* vmath.h: vectorisable float math for the CPU backend's softmax loops.
+/* ddk_vmath.h: vectorisable float math for softmax-like loops (the CPU backend, generation).
  *
  * libm's expf is a call the compiler cannot vectorise; this one is branch-free arithmetic, so
  * `#pragma omp simd` loops over a vocabulary row run 8 or 16 lanes wide. Cephes' polynomial:
