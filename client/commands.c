@@ -70,6 +70,14 @@ static const char *ddc_string(const cJSON *item)
     return cJSON_IsString(item) && item->valuestring ? item->valuestring : NULL;
 }
 
+/* width grown to fit text, for a table's column */
+static void ddc_widen(int *width, const char *text)
+{
+    int w = (int)strlen(text);
+    if (w > *width)
+        *width = w;
+}
+
 static int ddc_is_integral(double v)
 {
     return v > -9e15 && v < 9e15 && (double)(long long)v == v;
@@ -278,11 +286,11 @@ static void ddc_print_raw(const ddc_reply *reply)
         fputs("\n", stdout);
 }
 
-/* A request whose answer is a JSON object. With --json that answer is printed as it came and
- * *root is left NULL: the command is done. Otherwise *root is the object (the caller frees it).
- * status, when not NULL, gets the HTTP status. Returns the exit status so far. */
-static int ddc_request(ddc_ctx *ctx, const char *method, const char *path, const char *body,
-                       size_t body_len, cJSON **root, long *status)
+/* A request whose answer is a JSON object. With raw that answer is printed as it came and
+ * *root is left NULL. Otherwise *root is the object (the caller frees it). status, when not
+ * NULL, gets the HTTP status. Returns the exit status so far. */
+static int ddc_exchange(ddc_ctx *ctx, const char *method, const char *path, const char *body,
+                        size_t body_len, int raw, cJSON **root, long *status)
 {
     *root = NULL;
     ddc_reply reply;
@@ -291,12 +299,26 @@ static int ddc_request(ddc_ctx *ctx, const char *method, const char *path, const
         return rc;
     if (status)
         *status = reply.status;
-    if (ctx->json)
+    if (raw)
         ddc_print_raw(&reply);
     else
         *root = ddc_parse_object(ctx, &reply, method, path);
     ddc_reply_free(&reply);
-    return ctx->json || *root ? 0 : 1;
+    return raw || *root ? 0 : 1;
+}
+
+/* ddc_exchange as a command wants it: raw with --json, when *root comes back NULL and the
+ * command is done */
+static int ddc_request(ddc_ctx *ctx, const char *method, const char *path, const char *body,
+                       size_t body_len, cJSON **root, long *status)
+{
+    return ddc_exchange(ctx, method, path, body, body_len, ctx->json, root, status);
+}
+
+/* GET path as a JSON object whatever --json says (watch reads what it prints) */
+static int ddc_get_object(ddc_ctx *ctx, const char *path, cJSON **root)
+{
+    return ddc_exchange(ctx, "GET", path, NULL, 0, 0, root, NULL);
 }
 
 /* Percent-encodes text as one path segment or query value; -1 when out is too small. */
@@ -331,6 +353,19 @@ static int ddc_run_path(const char *id, const char *suffix, char *path)
         return ddc_usage_error("run id '%.40s...' is too long", id);
     snprintf(path, DDC_PATH_MAX, "/runs/%s%s", escaped, suffix);
     return 0;
+}
+
+/* ddc_request on "/runs/<id><suffix>" */
+static int ddc_run_request(ddc_ctx *ctx, const char *method, const char *id, const char *suffix,
+                           const char *body, size_t body_len, cJSON **root, long *status)
+{
+    char path[DDC_PATH_MAX];
+    int rc = ddc_run_path(id, suffix, path);
+    if (rc) {
+        *root = NULL;
+        return rc;
+    }
+    return ddc_request(ctx, method, path, body, body_len, root, status);
 }
 
 /* Reads a run config whole: "-" is stdin. Larger than the daemon's body limit, or unreadable,
@@ -372,6 +407,22 @@ static int ddc_read_file(const char *path, char **text, size_t *len)
     return 0;
 }
 
+/* ddc_request with the run config file (ddc_read_file) as the body */
+static int ddc_file_request(ddc_ctx *ctx, const char *method, const char *path, const char *file,
+                            cJSON **root, long *status)
+{
+    char *config;
+    size_t config_len;
+    int rc = ddc_read_file(file, &config, &config_len);
+    if (rc) {
+        *root = NULL;
+        return rc;
+    }
+    rc = ddc_request(ctx, method, path, config, config_len, root, status);
+    free(config);
+    return rc;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Arguments after the command: at most one operand (ID or FILE) and the command's own options,
  * in any order; --json and --quiet are understood here too. */
@@ -388,9 +439,10 @@ typedef struct ddc_args {
     const char *operand;
     const char *value[DDC_MAX_VALUE_OPTIONS]; /* NULL when not given */
     int flag[DDC_MAX_FLAG_OPTIONS];
+    int help; /* --help was printed: the command is done, exit 0 */
 } ddc_args;
 
-/* 0: go on; 2: a usage error (said); -1: --help was printed, exit 0 */
+/* The command's exit status so far: 0, go on unless args->help; 2, a usage error (said). */
 static int ddc_parse_args(ddc_ctx *ctx, const ddc_arg_spec *spec, int argc, char **argv, ddc_args *args)
 {
     memset(args, 0, sizeof *args);
@@ -398,7 +450,8 @@ static int ddc_parse_args(ddc_ctx *ctx, const ddc_arg_spec *spec, int argc, char
         const char *arg = argv[i];
         if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
             ddc_usage(stdout);
-            return -1;
+            args->help = 1;
+            return 0;
         }
         if (!strcmp(arg, "--json")) {
             ctx->json = 1;
@@ -444,19 +497,45 @@ static int ddc_parse_count(const char *command, const char *option, const char *
 }
 
 /* ---------------------------------------------------------------------------------------------
- * status */
+ * Commands of one request: status, start, plan, show, pause, resume, cancel, export, events */
 
-int ddc_cmd_status(ddc_ctx *ctx, int argc, char **argv)
+/* What such a command prints of the daemon's answer (the object root, its HTTP status): the
+ * exit status. operand is the command's ID or FILE, path the request's (after /runs/ID). */
+typedef int (*ddc_printer)(const ddc_ctx *ctx, const char *operand, const char *path, const cJSON *root,
+                           long status);
+
+/* A command of no options and at most one operand (spec_operand "ID", "FILE" or NULL) and one
+ * request: method on path without an operand, on /runs/ID<path> with an ID, or with the FILE
+ * as the body; then print on the answer, unless --json printed it as it came. */
+static int ddc_one_request(ddc_ctx *ctx, int argc, char **argv, const char *spec_operand, const char *method,
+                           const char *path, ddc_printer print)
 {
-    static const ddc_arg_spec spec = {0};
+    const ddc_arg_spec spec = {.operand = spec_operand};
     ddc_args args;
     int rc = ddc_parse_args(ctx, &spec, argc, argv, &args);
-    if (rc)
-        return rc < 0 ? 0 : rc;
-    cJSON *root;
-    if ((rc = ddc_request(ctx, "GET", "/status", NULL, 0, &root, NULL)) || !root)
+    if (rc || args.help)
         return rc;
+    cJSON *root;
+    long status = 0;
+    if (!spec_operand)
+        rc = ddc_request(ctx, method, path, NULL, 0, &root, &status);
+    else if (!strcmp(spec_operand, "FILE"))
+        rc = ddc_file_request(ctx, method, path, args.operand, &root, &status);
+    else
+        rc = ddc_run_request(ctx, method, args.operand, path, NULL, 0, &root, &status);
+    if (rc || !root)
+        return rc;
+    rc = print(ctx, args.operand, path, root, status);
+    cJSON_Delete(root);
+    return rc;
+}
 
+/* ---------------------------------------------------------------------------------------------
+ * status */
+
+static int ddc_print_status(const ddc_ctx *ctx, const char *operand, const char *path, const cJSON *root,
+                            long status)
+{
     double uptime = -1;
     ddc_number(ddc_get(root, "uptime_s"), &uptime);
     printf("ddtreed %s, up %s, backend %s\n", ddc_fmt_value(ddc_get(root, "version")).s,
@@ -477,10 +556,8 @@ int ddc_cmd_status(ddc_ctx *ctx, int argc, char **argv)
     const cJSON *devices = ddc_get(root, "devices"), *device;
     int id_width = 6, name_width = 4;
     cJSON_ArrayForEach(device, ddc_array(devices)) {
-        int w = (int)strlen(ddc_fmt_value(ddc_get(device, "id")).s);
-        id_width = w > id_width ? w : id_width;
-        w = (int)strlen(ddc_fmt_value(ddc_get(device, "name")).s);
-        name_width = w > name_width ? w : name_width;
+        ddc_widen(&id_width, ddc_fmt_value(ddc_get(device, "id")).s);
+        ddc_widen(&name_width, ddc_fmt_value(ddc_get(device, "name")).s);
     }
     if (cJSON_GetArraySize(devices) > 0) {
         printf("%-*s  %-*s  %10s  %10s  %s\n", id_width, "DEVICE", name_width, "NAME", "USED", "TOTAL", "RUN");
@@ -494,8 +571,12 @@ int ddc_cmd_status(ddc_ctx *ctx, int argc, char **argv)
     } else {
         puts("devices: none");
     }
-    cJSON_Delete(root);
     return 0;
+}
+
+int ddc_cmd_status(ddc_ctx *ctx, int argc, char **argv)
+{
+    return ddc_one_request(ctx, argc, argv, NULL, "GET", "/status", ddc_print_status);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -511,8 +592,8 @@ int ddc_cmd_runs(ddc_ctx *ctx, int argc, char **argv)
     static const ddc_arg_spec spec = {.values = {"--state"}};
     ddc_args args;
     int rc = ddc_parse_args(ctx, &spec, argc, argv, &args);
-    if (rc)
-        return rc < 0 ? 0 : rc;
+    if (rc || args.help)
+        return rc;
     char path[DDC_PATH_MAX] = "/runs";
     if (args.value[0]) {
         char state[64];
@@ -536,12 +617,9 @@ int ddc_cmd_runs(ddc_ctx *ctx, int argc, char **argv)
     }
     int id_width = 2, state_width = 5, step_width = 8;
     cJSON_ArrayForEach(run, runs) {
-        int w = (int)strlen(ddc_fmt_value(ddc_get(run, "id")).s);
-        id_width = w > id_width ? w : id_width;
-        w = (int)strlen(ddc_fmt_value(ddc_get(run, "state")).s);
-        state_width = w > state_width ? w : state_width;
-        w = (int)strlen(ddc_step_of_max(run).s);
-        step_width = w > step_width ? w : step_width;
+        ddc_widen(&id_width, ddc_fmt_value(ddc_get(run, "id")).s);
+        ddc_widen(&state_width, ddc_fmt_value(ddc_get(run, "state")).s);
+        ddc_widen(&step_width, ddc_step_of_max(run).s);
     }
     printf("%-*s  %-*s  %*s  %9s  %10s  %s\n", id_width, "ID", state_width, "STATE", step_width, "STEP/MAX",
            "LOSS", "TOK/S", "NAME");
@@ -558,53 +636,39 @@ int ddc_cmd_runs(ddc_ctx *ctx, int argc, char **argv)
 /* ---------------------------------------------------------------------------------------------
  * start, plan: a run config file as the body */
 
-int ddc_cmd_start(ddc_ctx *ctx, int argc, char **argv)
+static int ddc_print_started(const ddc_ctx *ctx, const char *operand, const char *path, const cJSON *root,
+                             long status)
 {
-    static const ddc_arg_spec spec = {.operand = "FILE"};
-    ddc_args args;
-    int rc = ddc_parse_args(ctx, &spec, argc, argv, &args);
-    if (rc)
-        return rc < 0 ? 0 : rc;
-    char *config;
-    size_t config_len;
-    if ((rc = ddc_read_file(args.operand, &config, &config_len)))
-        return rc;
-    cJSON *root;
-    rc = ddc_request(ctx, "POST", "/runs", config, config_len, &root, NULL);
-    free(config);
-    if (rc || !root)
-        return rc;
     const cJSON *id = ddc_get(root, "id");
     if (!ddc_string(id) && !cJSON_IsNumber(id)) {
         fputs("ddtreectl: the daemon accepted the run but its answer has no id\n", stderr);
-        cJSON_Delete(root);
         return 1;
     }
     if (ctx->quiet)
         printf("%s\n", ddc_fmt_value(id).s);
     else
         printf("started run %s (%s)\n", ddc_fmt_value(id).s, ddc_fmt_value(ddc_get(root, "state")).s);
-    cJSON_Delete(root);
     return 0;
 }
 
-int ddc_cmd_plan(ddc_ctx *ctx, int argc, char **argv)
+int ddc_cmd_start(ddc_ctx *ctx, int argc, char **argv)
 {
-    static const ddc_arg_spec spec = {.operand = "FILE"};
-    ddc_args args;
-    int rc = ddc_parse_args(ctx, &spec, argc, argv, &args);
-    if (rc)
-        return rc < 0 ? 0 : rc;
-    char *config;
-    size_t config_len;
-    if ((rc = ddc_read_file(args.operand, &config, &config_len)))
-        return rc;
-    cJSON *plan;
-    rc = ddc_request(ctx, "POST", "/plan", config, config_len, &plan, NULL);
-    free(config);
-    if (rc || !plan)
-        return rc;
+    return ddc_one_request(ctx, argc, argv, "FILE", "POST", "/runs", ddc_print_started);
+}
 
+/* one line of the plan's byte table: bytes in unit, or missing when there is no value */
+static void ddc_plan_line(const char *label, int has_bytes, double bytes, double scale, const char *unit,
+                          const char *missing)
+{
+    if (has_bytes)
+        printf("  %-22s %12.3f %s\n", label, bytes / scale, unit);
+    else
+        printf("  %-22s %12s\n", label, missing);
+}
+
+static int ddc_print_plan(const ddc_ctx *ctx, const char *operand, const char *path, const cJSON *plan,
+                          long status)
+{
     /* one unit for the whole table, so that the column reads down */
     double peak = 0, budget = 0;
     int has_peak = ddc_number(ddc_get(plan, "predicted_peak_bytes"), &peak);
@@ -620,30 +684,26 @@ int ddc_cmd_plan(ddc_ctx *ctx, int argc, char **argv)
            ddc_fmt_count(ddc_get(plan, "vocab_tile")).s);
     const cJSON *component;
     cJSON_ArrayForEach(component, ddc_object(ddc_get(plan, "bytes"))) {
-        double bytes;
+        double bytes = 0;
         if (!component->string)
             continue;
         char label[64];
         snprintf(label, sizeof label, "%s", component->string);
         for (char *c = label; *c; c++)
             *c = *c == '_' ? ' ' : *c;
-        if (ddc_number(component, &bytes))
-            printf("  %-22s %12.3f %s\n", label, bytes / scale, unit);
-        else
-            printf("  %-22s %12s\n", label, "-");
+        int has_bytes = ddc_number(component, &bytes);
+        ddc_plan_line(label, has_bytes, bytes, scale, unit, "-");
     }
-    if (has_peak)
-        printf("  %-22s %12.3f %s\n", "predicted peak", peak / scale, unit);
-    else
-        printf("  %-22s %12s\n", "predicted peak", "-");
-    if (has_budget)
-        printf("  %-22s %12.3f %s\n", "budget", budget / scale, unit);
-    else
-        printf("  %-22s %12s\n", "budget", "none set");
+    ddc_plan_line("predicted peak", has_peak, peak, scale, unit, "-");
+    ddc_plan_line("budget", has_budget, budget, scale, unit, "none set");
     const cJSON *fits = ddc_get(plan, "fits");
     puts(cJSON_IsBool(fits) ? (cJSON_IsTrue(fits) ? "fits" : "does not fit") : "fits: -");
-    cJSON_Delete(plan);
     return 0;
+}
+
+int ddc_cmd_plan(ddc_ctx *ctx, int argc, char **argv)
+{
+    return ddc_one_request(ctx, argc, argv, "FILE", "POST", "/plan", ddc_print_plan);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -654,20 +714,9 @@ static void ddc_show_line(const char *key, const char *value)
     printf("%-17s %s\n", key, value);
 }
 
-int ddc_cmd_show(ddc_ctx *ctx, int argc, char **argv)
+static int ddc_print_run(const ddc_ctx *ctx, const char *operand, const char *path, const cJSON *run,
+                         long status)
 {
-    static const ddc_arg_spec spec = {.operand = "ID"};
-    ddc_args args;
-    int rc = ddc_parse_args(ctx, &spec, argc, argv, &args);
-    if (rc)
-        return rc < 0 ? 0 : rc;
-    char path[DDC_PATH_MAX];
-    if ((rc = ddc_run_path(args.operand, "", path)))
-        return rc;
-    cJSON *run;
-    if ((rc = ddc_request(ctx, "GET", path, NULL, 0, &run, NULL)) || !run)
-        return rc;
-
     ddc_show_line("id:", ddc_fmt_value(ddc_get(run, "id")).s);
     ddc_show_line("name:", ddc_fmt_value(ddc_get(run, "name")).s);
     ddc_show_line("state:", ddc_fmt_value(ddc_get(run, "state")).s);
@@ -724,49 +773,42 @@ int ddc_cmd_show(ddc_ctx *ctx, int argc, char **argv)
     /* the error may be long: not through ddc_text, which would cut it */
     const char *error = ddc_string(ddc_get(run, "error"));
     ddc_show_line("error:", error && *error ? error : "-");
-    cJSON_Delete(run);
     return 0;
+}
+
+int ddc_cmd_show(ddc_ctx *ctx, int argc, char **argv)
+{
+    return ddc_one_request(ctx, argc, argv, "ID", "GET", "", ddc_print_run);
 }
 
 /* ---------------------------------------------------------------------------------------------
  * pause, resume, cancel, rechunk, export: POSTs to one run */
 
-static int ddc_run_action(ddc_ctx *ctx, int argc, char **argv, const char *action)
+/* path is "/<action>" */
+static int ddc_print_requested(const ddc_ctx *ctx, const char *id, const char *path, const cJSON *root,
+                               long status)
 {
-    static const ddc_arg_spec spec = {.operand = "ID"};
-    ddc_args args;
-    int rc = ddc_parse_args(ctx, &spec, argc, argv, &args);
-    if (rc)
-        return rc < 0 ? 0 : rc;
-    char path[DDC_PATH_MAX], suffix[32];
-    snprintf(suffix, sizeof suffix, "/%s", action);
-    if ((rc = ddc_run_path(args.operand, suffix, path)))
-        return rc;
-    cJSON *root;
-    if ((rc = ddc_request(ctx, "POST", path, NULL, 0, &root, NULL)) || !root)
-        return rc;
     /* the state is the one at the answer: "running" after a cancel is not a refusal, the
      * cancel lands at the next step boundary */
     const char *state = ddc_string(ddc_get(root, "state"));
-    printf("run %s: %s requested%s%s%s\n", args.operand, action, state ? " (now " : "", state ? state : "",
+    printf("run %s: %s requested%s%s%s\n", id, path + 1, state ? " (now " : "", state ? state : "",
            state ? ")" : "");
-    cJSON_Delete(root);
     return 0;
 }
 
 int ddc_cmd_pause(ddc_ctx *ctx, int argc, char **argv)
 {
-    return ddc_run_action(ctx, argc, argv, "pause");
+    return ddc_one_request(ctx, argc, argv, "ID", "POST", "/pause", ddc_print_requested);
 }
 
 int ddc_cmd_resume(ddc_ctx *ctx, int argc, char **argv)
 {
-    return ddc_run_action(ctx, argc, argv, "resume");
+    return ddc_one_request(ctx, argc, argv, "ID", "POST", "/resume", ddc_print_requested);
 }
 
 int ddc_cmd_cancel(ddc_ctx *ctx, int argc, char **argv)
 {
-    return ddc_run_action(ctx, argc, argv, "cancel");
+    return ddc_one_request(ctx, argc, argv, "ID", "POST", "/cancel", ddc_print_requested);
 }
 
 int ddc_cmd_rechunk(ddc_ctx *ctx, int argc, char **argv)
@@ -774,17 +816,14 @@ int ddc_cmd_rechunk(ddc_ctx *ctx, int argc, char **argv)
     static const ddc_arg_spec spec = {.operand = "ID", .values = {"--chunk", "--vocab-tile"}};
     ddc_args args;
     int rc = ddc_parse_args(ctx, &spec, argc, argv, &args);
-    if (rc)
-        return rc < 0 ? 0 : rc;
+    if (rc || args.help)
+        return rc;
     if (!args.value[0] && !args.value[1])
         return ddc_usage_error("rechunk: give --chunk N, --vocab-tile M or both");
     long long chunk = -1, vocab_tile = -1;
     if (args.value[0] && (rc = ddc_parse_count("rechunk", "--chunk", args.value[0], &chunk)))
         return rc;
     if (args.value[1] && (rc = ddc_parse_count("rechunk", "--vocab-tile", args.value[1], &vocab_tile)))
-        return rc;
-    char path[DDC_PATH_MAX];
-    if ((rc = ddc_run_path(args.operand, "/rechunk", path)))
         return rc;
     char body[128];
     if (chunk >= 0 && vocab_tile >= 0)
@@ -794,7 +833,8 @@ int ddc_cmd_rechunk(ddc_ctx *ctx, int argc, char **argv)
     else
         snprintf(body, sizeof body, "{\"vocab_tile\":%lld}", vocab_tile);
     cJSON *root;
-    if ((rc = ddc_request(ctx, "POST", path, body, strlen(body), &root, NULL)) || !root)
+    if ((rc = ddc_run_request(ctx, "POST", args.operand, "/rechunk", body, strlen(body), &root, NULL)) ||
+        !root)
         return rc;
     printf("run %s: rechunk applies from step %s\n", args.operand,
            ddc_fmt_count(ddc_get(root, "applies_from_step")).s);
@@ -802,27 +842,20 @@ int ddc_cmd_rechunk(ddc_ctx *ctx, int argc, char **argv)
     return 0;
 }
 
-int ddc_cmd_export(ddc_ctx *ctx, int argc, char **argv)
+static int ddc_print_export(const ddc_ctx *ctx, const char *id, const char *path, const cJSON *root,
+                            long status)
 {
-    static const ddc_arg_spec spec = {.operand = "ID"};
-    ddc_args args;
-    int rc = ddc_parse_args(ctx, &spec, argc, argv, &args);
-    if (rc)
-        return rc < 0 ? 0 : rc;
-    char path[DDC_PATH_MAX];
-    if ((rc = ddc_run_path(args.operand, "/export", path)))
-        return rc;
-    cJSON *root;
-    long status = 0;
-    if ((rc = ddc_request(ctx, "POST", path, NULL, 0, &root, &status)) || !root)
-        return rc;
     const char *export_dir = ddc_string(ddc_get(root, "path"));
     if (status == 202)
-        printf("run %s: export started%s%s\n", args.operand, export_dir ? ", into " : "", export_dir ? export_dir : "");
+        printf("run %s: export started%s%s\n", id, export_dir ? ", into " : "", export_dir ? export_dir : "");
     else
-        printf("run %s: exported to %s\n", args.operand, export_dir ? export_dir : "-");
-    cJSON_Delete(root);
+        printf("run %s: exported to %s\n", id, export_dir ? export_dir : "-");
     return 0;
+}
+
+int ddc_cmd_export(ddc_ctx *ctx, int argc, char **argv)
+{
+    return ddc_one_request(ctx, argc, argv, "ID", "POST", "/export", ddc_print_export);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -833,8 +866,8 @@ int ddc_cmd_steps(ddc_ctx *ctx, int argc, char **argv)
     static const ddc_arg_spec spec = {.operand = "ID", .values = {"--after", "--limit"}, .flags = {"--csv"}};
     ddc_args args;
     int rc = ddc_parse_args(ctx, &spec, argc, argv, &args);
-    if (rc)
-        return rc < 0 ? 0 : rc;
+    if (rc || args.help)
+        return rc;
     long long after = -1, limit = -1;
     if (args.value[0] && (rc = ddc_parse_count("steps", "--after", args.value[0], &after)))
         return rc;
@@ -887,23 +920,12 @@ int ddc_cmd_steps(ddc_ctx *ctx, int argc, char **argv)
     return 0;
 }
 
-int ddc_cmd_events(ddc_ctx *ctx, int argc, char **argv)
+static int ddc_print_events(const ddc_ctx *ctx, const char *id, const char *path, const cJSON *root,
+                            long status)
 {
-    static const ddc_arg_spec spec = {.operand = "ID"};
-    ddc_args args;
-    int rc = ddc_parse_args(ctx, &spec, argc, argv, &args);
-    if (rc)
-        return rc < 0 ? 0 : rc;
-    char path[DDC_PATH_MAX];
-    if ((rc = ddc_run_path(args.operand, "/events", path)))
-        return rc;
-    cJSON *root;
-    if ((rc = ddc_request(ctx, "GET", path, NULL, 0, &root, NULL)) || !root)
-        return rc;
     const cJSON *events = ddc_get(root, "events"), *event;
     if (cJSON_GetArraySize(events) == 0) {
         puts("no events");
-        cJSON_Delete(root);
         return 0;
     }
     printf("%-19s  %-12s  %s\n", "TIME", "KIND", "DETAIL");
@@ -923,8 +945,12 @@ int ddc_cmd_events(ddc_ctx *ctx, int argc, char **argv)
         }
         puts("");
     }
-    cJSON_Delete(root);
     return 0;
+}
+
+int ddc_cmd_events(ddc_ctx *ctx, int argc, char **argv)
+{
+    return ddc_one_request(ctx, argc, argv, "ID", "GET", "/events", ddc_print_events);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -976,14 +1002,10 @@ static int ddc_history_update(ddc_ctx *ctx, const char *id, long long run_step, 
         snprintf(suffix, sizeof suffix, "/steps?after=%lld&limit=%d", after, DDC_SPARK_LEN);
     else
         snprintf(suffix, sizeof suffix, "/steps?limit=%d", DDC_SPARK_LEN);
+    cJSON *root;
     int rc = ddc_run_path(id, suffix, path);
-    ddc_reply reply;
-    if (rc || (rc = ddc_call(ctx, "GET", path, NULL, 0, &reply)))
+    if (rc || (rc = ddc_get_object(ctx, path, &root)))
         return rc;
-    cJSON *root = ddc_parse_object(ctx, &reply, "GET", path);
-    ddc_reply_free(&reply);
-    if (!root)
-        return 1;
     const cJSON *record;
     cJSON_ArrayForEach(record, ddc_array(ddc_get(root, "steps"))) {
         double step, loss = NAN, ts_ms = NAN;
@@ -1081,8 +1103,8 @@ int ddc_cmd_watch(ddc_ctx *ctx, int argc, char **argv)
     static const ddc_arg_spec spec = {.operand = "ID", .values = {"--interval"}};
     ddc_args args;
     int rc = ddc_parse_args(ctx, &spec, argc, argv, &args);
-    if (rc)
-        return rc < 0 ? 0 : rc;
+    if (rc || args.help)
+        return rc;
     double interval = 1.0;
     if (args.value[0]) {
         char *end;
@@ -1106,13 +1128,9 @@ int ddc_cmd_watch(ddc_ctx *ctx, int argc, char **argv)
     double shown_step = -2;
     char shown_state[64] = "";
     for (;;) {
-        ddc_reply reply;
-        if ((rc = ddc_call(ctx, "GET", run_path, NULL, 0, &reply)))
+        cJSON *run;
+        if ((rc = ddc_get_object(ctx, run_path, &run)))
             return rc;
-        cJSON *run = ddc_parse_object(ctx, &reply, "GET", run_path);
-        ddc_reply_free(&reply);
-        if (!run)
-            return 1;
         const char *state = ddc_string(ddc_get(run, "state"));
         double step = -1;
         ddc_number(ddc_get(run, "step"), &step);

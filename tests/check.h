@@ -6,6 +6,7 @@
  * it, run_cases() a table of them; cases_summary() prints the final "N passed, M failed" and
  * gives the exit status (1 when a case failed). normalised_error() is max |got - want| /
  * max |want| of a float result against a double reference. xcalloc() never returns NULL.
+ * scratch_dir() makes a test's fixture directory (mkdtemp), remove_tree() removes it whole.
  * Guarded float buffers: sentinel_floats() / zero_floats() allocate count floats followed by
  * guard_words words of sentinel_byte, which guard_intact() checks after the code under test
  * has written.
@@ -13,6 +14,7 @@
 #ifndef DDTREE_TESTS_CHECK_H
 #define DDTREE_TESTS_CHECK_H
 
+#include <ftw.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -98,6 +100,30 @@ static inline void *xcalloc(size_t count, size_t size)
         exit(2);
     }
     return x;
+}
+
+/* mkdtemp(path_template), e.g. "/tmp/ddtree_test_x.XXXXXX" (rewritten in place to the
+ * directory's path); ends the test (exit 2) when it cannot be made */
+static inline void scratch_dir(char *path_template)
+{
+    if (!mkdtemp(path_template)) {
+        perror("mkdtemp");
+        exit(2);
+    }
+}
+
+static inline int remove_tree_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st;
+    (void)flag;
+    (void)ftw;
+    return remove(path);
+}
+
+/* dir and everything under it removed, depth first, links not followed */
+static inline void remove_tree(const char *dir)
+{
+    nftw(dir, remove_tree_entry, 16, FTW_DEPTH | FTW_PHYS);
 }
 
 /* Guard words after an output buffer; any change to them is a write past its end */

@@ -213,6 +213,26 @@ static ddt_http_config config(const char *sock, const char *listen, const char *
     return c;
 }
 
+/* a server of the case's own on c, with test_handler; NULL, a failed check naming what, when it
+ * does not start */
+static ddt_http_server *start_server(ddt_http_config c, const char *what)
+{
+    char err[512];
+    ddt_http_server *s = NULL;
+    int rc = ddt_http_start(&c, test_handler, NULL, &s, err, sizeof err);
+    check(rc == 0, "start %s: %d %s", what, rc, err);
+    return rc == 0 ? s : NULL;
+}
+
+/* GET target over the socket (tcp 0) or TCP answered 200; a failed check naming what if not */
+static void check_get_ok(int tcp, const char *target, const char *what)
+{
+    reply r;
+    int ok = request(tcp, "GET", target, NULL, 0, NULL, NULL, &r) == 0 && r.status == 200;
+    check(ok, "%s: status %ld", what, r.status);
+    reply_free(&r);
+}
+
 /* ------------------------------------------------------------------------------------------
  * Cases
  */
@@ -307,10 +327,7 @@ static void test_body_limit(void)
     check(same(error_code(&r), "body_too_large"), "chunked: body %s", r.body ? r.body : "");
     reply_free(&r);
 
-    /* the server goes on */
-    check(request(0, "GET", "/after", NULL, 0, NULL, NULL, &r) == 0 && r.status == 200,
-          "after the 413s: status %ld", r.status);
-    reply_free(&r);
+    check_get_ok(0, "/after", "after the 413s");   /* the server goes on */
     free(body);
 }
 
@@ -353,10 +370,7 @@ static void test_token(void)
           "right token (scheme in lower case), POST: status %ld", r.status);
     reply_free(&r);
 
-    /* the socket needs none */
-    check(request(0, "GET", "/healthz", NULL, 0, NULL, NULL, &r) == 0 && r.status == 200,
-          "socket without a token: status %ld", r.status);
-    reply_free(&r);
+    check_get_ok(0, "/healthz", "socket without a token");   /* the socket needs none */
 }
 
 static void test_headers(void)
@@ -421,22 +435,15 @@ static void test_second_server_refused(void)
         ddt_http_stop(second);
 
     /* the first goes on, its socket file untouched */
-    reply r;
-    check(request(0, "GET", "/still", NULL, 0, NULL, NULL, &r) == 0 && r.status == 200,
-          "the first server after a refused second: %ld", r.status);
-    reply_free(&r);
+    check_get_ok(0, "/still", "the first server after a refused second");
 }
 
 static void test_counts(void)
 {
     char path[100];
     snprintf(path, sizeof path, "%s/counts.sock", dir);
-    ddt_http_server *s = NULL;
-    char err[512];
-    ddt_http_config c = config(path, NULL, NULL);
-    int rc = ddt_http_start(&c, test_handler, NULL, &s, err, sizeof err);
-    check(rc == 0, "start: %s", err);
-    if (rc)
+    ddt_http_server *s = start_server(config(path, NULL, NULL), path);
+    if (!s)
         return;
     char saved[100];
     snprintf(saved, sizeof saved, "%s", socket_path);
@@ -493,15 +500,8 @@ static void test_stale_socket_replaced(void)
     struct stat st;
     check(lstat(socket_path, &st) == 0 && S_ISSOCK(st.st_mode), "no stale socket to replace");
 
-    ddt_http_config c = config(socket_path, NULL, NULL);
-    char err[512];
-    ddt_http_server *s = NULL;
-    int rc = ddt_http_start(&c, test_handler, NULL, &s, err, sizeof err);
-    check(rc == 0, "start over a stale socket: %d %s", rc, err);
-    reply r;
-    check(request(0, "GET", "/fresh", NULL, 0, NULL, NULL, &r) == 0 && r.status == 200,
-          "the new server: %ld", r.status);
-    reply_free(&r);
+    ddt_http_server *s = start_server(config(socket_path, NULL, NULL), "over a stale socket");
+    check_get_ok(0, "/fresh", "the new server");
     check(stat(socket_path, &st) == 0 && (st.st_mode & 07777) == 0660, "mode after replacing");
     ddt_http_stop(s);
     check(access(socket_path, F_OK) != 0, "socket left after stop");
@@ -574,15 +574,8 @@ static void test_loopback_without_token(void)
     /* 127.0.0.1 without a token: open to local clients (http.h: a token only off loopback) */
     tcp_port = free_port();
     snprintf(listen_addr, sizeof listen_addr, "localhost:%d", tcp_port);
-    ddt_http_config c = config(NULL, listen_addr, NULL);
-    char err[512];
-    ddt_http_server *s = NULL;
-    int rc = ddt_http_start(&c, test_handler, NULL, &s, err, sizeof err);
-    check(rc == 0, "start: %d %s", rc, err);
-    reply r;
-    check(request(1, "GET", "/open", NULL, 0, NULL, NULL, &r) == 0 && r.status == 200,
-          "loopback without a token: %ld", r.status);
-    reply_free(&r);
+    ddt_http_server *s = start_server(config(NULL, listen_addr, NULL), listen_addr);
+    check_get_ok(1, "/open", "loopback without a token");
     ddt_http_stop(s);
 }
 
@@ -602,12 +595,8 @@ static void test_ipv6_loopback(void)
     }
     char addr[64];
     snprintf(addr, sizeof addr, "[::1]:%d", port);
-    ddt_http_config c = config(NULL, addr, token);
-    char err[512];
-    ddt_http_server *s = NULL;
-    int rc = ddt_http_start(&c, test_handler, NULL, &s, err, sizeof err);
-    check(rc == 0, "start on %s: %d %s", addr, rc, err);
-    if (!rc) {
+    ddt_http_server *s = start_server(config(NULL, addr, token), addr);
+    if (s) {
         CURL *curl = curl_easy_init();
         char url[96];
         snprintf(url, sizeof url, "http://[::1]:%d/v6", port);

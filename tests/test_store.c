@@ -21,7 +21,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -65,17 +64,26 @@ static sqlite3 *open_reader(const char *path)
     return db;
 }
 
+/* sql prepared and stepped once: the statement (sqlite3_finalize() it), *row set when it is on
+ * a row; NULL, a failed check, when sql does not prepare */
+static sqlite3_stmt *first_row(sqlite3 *db, const char *sql, int *row)
+{
+    sqlite3_stmt *st;
+    *row = 0;
+    if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK) {
+        check(0, "query \"%s\": %s", sql, sqlite3_errmsg(db));
+        return NULL;
+    }
+    *row = sqlite3_step(st) == SQLITE_ROW;
+    return st;
+}
+
 /* the first column of the first row as an integer; -999 when the query fails or is empty */
 static int64_t query_int(sqlite3 *db, const char *sql)
 {
-    sqlite3_stmt *st;
-    int64_t v = -999;
-    if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK) {
-        check(0, "query \"%s\": %s", sql, sqlite3_errmsg(db));
-        return v;
-    }
-    if (sqlite3_step(st) == SQLITE_ROW)
-        v = sqlite3_column_int64(st, 0);
+    int row;
+    sqlite3_stmt *st = first_row(db, sql, &row);
+    int64_t v = row ? sqlite3_column_int64(st, 0) : -999;
     sqlite3_finalize(st);
     return v;
 }
@@ -83,13 +91,10 @@ static int64_t query_int(sqlite3 *db, const char *sql)
 /* the first column of the first row as text into out ("" when NULL or none) */
 static void query_text(sqlite3 *db, const char *sql, char *out, size_t len)
 {
-    sqlite3_stmt *st;
+    int row;
+    sqlite3_stmt *st = first_row(db, sql, &row);
     out[0] = '\0';
-    if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK) {
-        check(0, "query \"%s\": %s", sql, sqlite3_errmsg(db));
-        return;
-    }
-    if (sqlite3_step(st) == SQLITE_ROW && sqlite3_column_text(st, 0))
+    if (row && sqlite3_column_text(st, 0))
         snprintf(out, len, "%s", (const char *)sqlite3_column_text(st, 0));
     sqlite3_finalize(st);
 }
@@ -123,6 +128,14 @@ static int file_exists(const char *path)
 {
     struct stat st;
     return stat(path, &st) == 0;
+}
+
+/* whether the database at path has a -wal file beside it */
+static int wal_exists(const char *path)
+{
+    char wal[300];
+    snprintf(wal, sizeof wal, "%s-wal", path);
+    return file_exists(wal);
 }
 
 static ddt_step_record make_step(const char *run_id, int64_t step, int devices)
@@ -163,6 +176,26 @@ static int create_run(ddt_store *s, const char *run_id)
     return rc;
 }
 
+/* the store of a fresh database `name` in tmp_dir (its path into path), with the run run_id
+ * created when not NULL; NULL, a failed check, when it does not open */
+static ddt_store *open_fresh(char *path, size_t len, const char *name, const char *run_id)
+{
+    db_path(path, len, name);
+    ddt_store *s = open_store(path);
+    if (s && run_id)
+        create_run(s, run_id);
+    return s;
+}
+
+/* steps [from, to) of run_id, each on `devices` devices */
+static void write_steps(ddt_store *s, const char *run_id, int64_t from, int64_t to, int devices)
+{
+    for (int64_t step = from; step < to; step++) {
+        ddt_step_record r = make_step(run_id, step, devices);
+        ddt_store_step(s, &r);
+    }
+}
+
 /* ------------------------------------------------------------------------------------------
  * Opening, schema, migrations
  */
@@ -187,8 +220,7 @@ static const table_spec api_tables[] = {
 static void test_fresh_schema(void)
 {
     char path[256];
-    db_path(path, sizeof path, "fresh.db");
-    ddt_store *s = open_store(path);
+    ddt_store *s = open_fresh(path, sizeof path, "fresh.db", NULL);
     if (!s)
         return;
     check(ddt_store_schema_version() >= 1, "schema version %d", ddt_store_schema_version());
@@ -243,8 +275,7 @@ static void test_fresh_schema(void)
 static void test_wal_mode(void)
 {
     char path[256];
-    db_path(path, sizeof path, "fresh.db");
-    ddt_store *s = open_store(path);
+    ddt_store *s = open_fresh(path, sizeof path, "fresh.db", NULL);
     if (!s)
         return;
     sqlite3 *db = open_reader(path);
@@ -265,11 +296,9 @@ static void test_wal_mode(void)
 static void test_reopen_idempotent(void)
 {
     char path[256];
-    db_path(path, sizeof path, "reopen.db");
-    ddt_store *s = open_store(path);
+    ddt_store *s = open_fresh(path, sizeof path, "reopen.db", "r1");
     if (!s)
         return;
-    create_run(s, "r1");
     ddt_store_close(s);
 
     char schema_before[8192], schema_after[8192];
@@ -326,9 +355,7 @@ static void test_future_version_refused(void)
     unsigned char *after = read_file(path, &len_after);
     check(before && after && len_before == len_after && memcmp(before, after, len_before) == 0,
           "the refused database was modified (%zu -> %zu bytes)", len_before, len_after);
-    char wal[300];
-    snprintf(wal, sizeof wal, "%s-wal", path);
-    check(!file_exists(wal), "a WAL file was left beside the refused database");
+    check(!wal_exists(path), "a WAL file was left beside the refused database");
     free(before);
     free(after);
     if (rc == 0 && s)
@@ -378,21 +405,17 @@ typedef struct {
 static void *produce_steps(void *arg)
 {
     const producer_arg *p = arg;
-    for (int i = 0; i < STEPS_EACH; i++) {
-        ddt_step_record r = make_step("many", (int64_t)p->producer * STEPS_EACH + i, DEVICES);
-        ddt_store_step(p->s, &r);
-    }
+    write_steps(p->s, "many", (int64_t)p->producer * STEPS_EACH, (int64_t)(p->producer + 1) * STEPS_EACH,
+                DEVICES);
     return NULL;
 }
 
 static void test_steps_from_threads(void)
 {
     char path[256];
-    db_path(path, sizeof path, "steps.db");
-    ddt_store *s = open_store(path);
+    ddt_store *s = open_fresh(path, sizeof path, "steps.db", "many");
     if (!s)
         return;
-    create_run(s, "many");
     pthread_t threads[PRODUCERS];
     producer_arg args[PRODUCERS];
     for (int t = 0; t < PRODUCERS; t++) {
@@ -449,11 +472,9 @@ static void test_steps_from_threads(void)
 static void test_events_evals_checkpoints(void)
 {
     char path[256];
-    db_path(path, sizeof path, "misc.db");
-    ddt_store *s = open_store(path);
+    ddt_store *s = open_fresh(path, sizeof path, "misc.db", "r");
     if (!s)
         return;
-    create_run(s, "r");
     ddt_store_event(s, "r", 100, "state", "{\"from\": \"queued\", \"to\": \"running\"}");
     ddt_store_event(s, "r", 200, "rechunk", "{\"chunk\": 2048, \"applies_from_step\": 11}");
     ddt_store_event(s, NULL, 300, "error", NULL);   /* the daemon's own; no detail */
@@ -507,8 +528,7 @@ static void test_events_evals_checkpoints(void)
 static void test_run_create_duplicate(void)
 {
     char path[256];
-    db_path(path, sizeof path, "runs.db");
-    ddt_store *s = open_store(path);
+    ddt_store *s = open_fresh(path, sizeof path, "runs.db", NULL);
     if (!s)
         return;
     check(ddt_store_run_create(s, "dup", "first", "{\"a\": 1}", 10, 1000) == 0, "first create");
@@ -534,11 +554,9 @@ static void test_run_create_duplicate(void)
 static void test_run_update(void)
 {
     char path[256];
-    db_path(path, sizeof path, "update.db");
-    ddt_store *s = open_store(path);
+    ddt_store *s = open_fresh(path, sizeof path, "update.db", "u");
     if (!s)
         return;
-    create_run(s, "u");
     sqlite3 *db = open_reader(path);
     if (!db) {
         ddt_store_close(s);
@@ -580,15 +598,10 @@ static void test_run_update(void)
 static void test_replace_on_resume(void)
 {
     char path[256];
-    db_path(path, sizeof path, "resume.db");
-    ddt_store *s = open_store(path);
+    ddt_store *s = open_fresh(path, sizeof path, "resume.db", "res");
     if (!s)
         return;
-    create_run(s, "res");
-    for (int step = 0; step < 10; step++) {
-        ddt_step_record r = make_step("res", step, 3);
-        ddt_store_step(s, &r);
-    }
+    write_steps(s, "res", 0, 10, 3);
     check(ddt_store_flush(s) == 0, "first flush");
     /* a crash after step 9, a resume from the checkpoint at 7: steps 7..9 again, on 1 device */
     for (int step = 7; step < 12; step++) {
@@ -614,11 +627,9 @@ static void test_replace_on_resume(void)
 static void test_nan_is_null(void)
 {
     char path[256];
-    db_path(path, sizeof path, "nan.db");
-    ddt_store *s = open_store(path);
+    ddt_store *s = open_fresh(path, sizeof path, "nan.db", "n");
     if (!s)
         return;
-    create_run(s, "n");
     ddt_step_record r = make_step("n", 1, 1);
     r.loss = NAN;
     ddt_store_step(s, &r);
@@ -632,12 +643,10 @@ static void test_nan_is_null(void)
 static void test_failure_reported(void)
 {
     char path[256], log_path[256];
-    db_path(path, sizeof path, "fail.db");
     db_path(log_path, sizeof log_path, "stderr.log");
-    ddt_store *s = open_store(path);
+    ddt_store *s = open_fresh(path, sizeof path, "fail.db", "ok");
     if (!s)
         return;
-    create_run(s, "ok");
 
     fflush(stderr);
     int saved = dup(2), log_fd = open(log_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
@@ -671,15 +680,10 @@ static void test_failure_reported(void)
 static void test_reader_during_writes(void)
 {
     char path[256];
-    db_path(path, sizeof path, "reader.db");
-    ddt_store *s = open_store(path);
+    ddt_store *s = open_fresh(path, sizeof path, "reader.db", "w");
     if (!s)
         return;
-    create_run(s, "w");
-    for (int step = 0; step < 100; step++) {
-        ddt_step_record r = make_step("w", step, 1);
-        ddt_store_step(s, &r);
-    }
+    write_steps(s, "w", 0, 100, 1);
     check(ddt_store_flush(s) == 0, "first flush");
     sqlite3 *db = open_reader(path);
     if (!db) {
@@ -689,10 +693,7 @@ static void test_reader_during_writes(void)
     check(query_int(db, "SELECT count(*) FROM steps") == 100, "the reader does not see committed rows");
     sqlite3_exec(db, "BEGIN", NULL, NULL, NULL);
     check(query_int(db, "SELECT count(*) FROM steps") == 100, "snapshot");
-    for (int step = 100; step < 300; step++) {
-        ddt_step_record r = make_step("w", step, 1);
-        ddt_store_step(s, &r);
-    }
+    write_steps(s, "w", 100, 300, 1);
     int rc = ddt_store_flush(s);   /* would wait out busy_timeout and fail without WAL */
     check(rc == 0, "the writer failed while a reader held a snapshot: %d", rc);
     check(query_int(db, "SELECT count(*) FROM steps") == 100, "the snapshot changed under the reader");
@@ -706,40 +707,22 @@ static void test_reader_during_writes(void)
 static void test_close_drains(void)
 {
     char path[256];
-    db_path(path, sizeof path, "close.db");
-    ddt_store *s = open_store(path);
+    ddt_store *s = open_fresh(path, sizeof path, "close.db", "c");
     if (!s)
         return;
-    create_run(s, "c");
-    for (int step = 0; step < 3000; step++) {
-        ddt_step_record r = make_step("c", step, 1);
-        ddt_store_step(s, &r);
-    }
+    write_steps(s, "c", 0, 3000, 1);
     ddt_store_event(s, "c", 1, "state", "{}");
     ddt_store_close(s);   /* no flush */
-    char wal[300];
-    snprintf(wal, sizeof wal, "%s-wal", path);
-    check(!file_exists(wal), "close left the WAL behind (not checkpointed)");
+    check(!wal_exists(path), "close left the WAL behind (not checkpointed)");
     check(count_in(path, "SELECT count(*) FROM steps") == 3000, "close lost queued steps");
     check(count_in(path, "SELECT count(*) FROM events") == 1, "close lost a queued event");
 }
 
 /* ------------------------------------------------------------------------------------------ */
 
-static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-    (void)st;
-    (void)flag;
-    (void)ftw;
-    return remove(path);
-}
-
 int main(void)
 {
-    if (!mkdtemp(tmp_dir)) {
-        perror("mkdtemp");
-        return 2;
-    }
+    scratch_dir(tmp_dir);
     static const test_case cases[] = {
         { "fresh database: newest user_version, API.md's tables and columns", test_fresh_schema },
         { "journal_mode is WAL", test_wal_mode },
@@ -758,6 +741,6 @@ int main(void)
         { "close writes what is queued", test_close_drains },
     };
     run_cases(cases, sizeof cases / sizeof cases[0]);
-    nftw(tmp_dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+    remove_tree(tmp_dir);
     return cases_summary();
 }

@@ -21,7 +21,6 @@
 #include <cjson/cJSON.h>
 
 #include <errno.h>
-#include <ftw.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdint.h>
@@ -153,40 +152,39 @@ static void test_fixture(void)
  * Helpers
  */
 
-/* steps text of run through the reader, parsed; NULL (a failed check) when it is not JSON */
-static cJSON *read_steps_json(const char *run, int64_t after, int64_t limit)
+/* The JSON answer of the reader's call `what` (its rc, text, len and err) parsed, text freed;
+ * NULL (a failed check) when the call failed or the answer is not JSON. */
+static cJSON *parsed_answer(const char *what, int rc, char *text, size_t len, const char *err)
 {
-    char err[512] = "", *text = NULL;
-    size_t len = 0;
-    int rc = ddt_store_read_steps(db, run, after, limit, 0, &text, &len, err, sizeof err);
-    check(rc == 0 && text, "read_steps(%s, after %" PRId64 ", limit %" PRId64 ") = %d: %s", run,
-          after, limit, rc, err);
+    check(rc == 0 && text, "%s = %d: %s", what, rc, err);
     if (rc || !text) {
         free(text);
         return NULL;
     }
     check(len == strlen(text), "len %zu, strlen %zu", len, strlen(text));
     cJSON *root = cJSON_Parse(text);
-    check(root != NULL, "steps answer is not JSON: %.200s", text);
+    check(root != NULL, "%s: the answer is not JSON: %.200s", what, text);
     free(text);
     return root;
 }
 
+/* steps text of run through the reader, parsed; NULL (a failed check) when it is not JSON */
+static cJSON *read_steps_json(const char *run, int64_t after, int64_t limit)
+{
+    char err[512] = "", *text = NULL, what[160];
+    size_t len = 0;
+    int rc = ddt_store_read_steps(db, run, after, limit, 0, &text, &len, err, sizeof err);
+    snprintf(what, sizeof what, "read_steps(%s, after %" PRId64 ", limit %" PRId64 ")", run, after, limit);
+    return parsed_answer(what, rc, text, len, err);
+}
+
 static cJSON *read_events_json(const char *run, int64_t after_id, int64_t limit)
 {
-    char err[512] = "", *text = NULL;
+    char err[512] = "", *text = NULL, what[160];
     size_t len = 0;
     int rc = ddt_store_read_events(db, run, after_id, limit, &text, &len, err, sizeof err);
-    check(rc == 0 && text, "read_events(%s) = %d: %s", run, rc, err);
-    if (rc || !text) {
-        free(text);
-        return NULL;
-    }
-    check(len == strlen(text), "len %zu, strlen %zu", len, strlen(text));
-    cJSON *root = cJSON_Parse(text);
-    check(root != NULL, "events answer is not JSON: %.200s", text);
-    free(text);
-    return root;
+    snprintf(what, sizeof what, "read_events(%s)", run);
+    return parsed_answer(what, rc, text, len, err);
 }
 
 /* the array named key of root, checked; NULL when absent */
@@ -636,20 +634,9 @@ static void test_not_a_database(void)
 
 /* ------------------------------------------------------------------------------------------ */
 
-static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-    (void)st;
-    (void)flag;
-    (void)ftw;
-    return remove(path);
-}
-
 int main(void)
 {
-    if (!mkdtemp(tmp_dir)) {
-        perror("mkdtemp");
-        return 2;
-    }
+    scratch_dir(tmp_dir);
     snprintf(db, sizeof db, "%s/ddtree.db", tmp_dir);
     static const test_case cases[] = {
         { "fixture written through store.h", test_fixture },
@@ -667,6 +654,6 @@ int main(void)
     run_cases(cases, sizeof cases / sizeof cases[0]);
     if (store)
         ddt_store_close(store);
-    nftw(tmp_dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+    remove_tree(tmp_dir);
     return cases_summary();
 }

@@ -52,6 +52,7 @@ static cJSON *parse_config(const char *dir, char *path, size_t path_len, char *e
 
 int ddt_drafter_config_load(const char *dir, ddt_drafter_config *c, char *err, size_t err_len)
 {
+    memset(c, 0, sizeof *c);
     char path[4096];
     cJSON *root = parse_config(dir, path, sizeof path, err, err_len);
     if (!root)
@@ -118,6 +119,7 @@ int ddt_drafter_config_load(const char *dir, ddt_drafter_config *c, char *err, s
 
 int ddt_target_config_load(const char *dir, ddt_target_config *c, char *err, size_t err_len)
 {
+    memset(c, 0, sizeof *c);   /* defined even when the file cannot be read */
     char path[4096];
     cJSON *root = parse_config(dir, path, sizeof path, err, err_len);
     if (!root)

@@ -356,6 +356,11 @@ int ddt_run_config_parse(const char *json, size_t len, ddt_run_config *c, char *
         return fail(&p, "", "no memory for a %s config", "run");
     memcpy(text, json, len);
     text[len] = '\0';
+    /* cJSON cuts keys and strings at a NUL: "steps\u0000x" would pass as "steps" */
+    if (memchr(json, '\0', len) || strstr(text, "\\u0000")) {
+        free(text);
+        return fail(&p, "", "the run config holds a NUL character (%s)", "raw or as \\u0000");
+    }
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(text, len + 1, &end, 1);
     int rc;
@@ -406,6 +411,22 @@ int ddt_run_config_resolve(ddt_run_config *c, int64_t target_hidden, int64_t tar
         snprintf(err, err_len, "drafter: %s", why);
         return -EINVAL;
     }
+    /* sizes the planner and the engine compute in 64-bit integers: a config beyond them is
+     * refused here, in words, rather than overflowing there */
+    const double limit = 0x1p60, H = (double)d->hidden, S = (double)c->seq_len,
+                 rows = S + (double)c->max_anchors * (double)d->block_size,
+                 width = 8 * H + 3 * (double)d->intermediate + 3 * (double)(d->heads * d->head_dim) +
+                         6 * (double)(d->kv_heads * d->head_dim),
+                 params = H * (double)d->taps * H + (double)d->layers * width * H,
+                 batch = (double)c->sequences_per_step * S * ((double)d->taps + 1) * H * 4,
+                 acts = (double)c->sequences_per_step * rows * ((double)d->layers + 1) * width * 4,
+                 head = (double)d->vocab * H * 8;
+    if (params * 16 > limit || batch > limit || acts > limit || head > limit) {
+        snprintf(err, err_len, "the run is beyond 2^60 bytes (parameters %.3g, batch %.3g, activations %.3g, "
+                 "head %.3g): shrink train.sequences_per_step, train.seq_len, train.max_anchors or the drafter",
+                 params * 16, batch, acts, head);
+        return -EINVAL;
+    }
     return 0;
 }
 
@@ -419,10 +440,12 @@ int ddt_run_config_target_shape(const ddt_run_config *c, int64_t *hidden, int64_
     if (c->target_kind == DDT_SOURCE_HF) {
         ddt_target_config t;
         int rc = ddt_target_config_load(c->target_path, &t, err, err_len);
-        *hidden = t.hidden;
-        *vocab = t.vocab;
-        *layers = t.layers;
-        *tied = t.tie_word_embeddings;
+        if (rc == 0) {   /* on failure the declared shape stays, for callers that plan anyway */
+            *hidden = t.hidden;
+            *vocab = t.vocab;
+            *layers = t.layers;
+            *tied = t.tie_word_embeddings;
+        }
         return rc;
     }
     if (c->target_kind == DDT_SOURCE_SHARDS) {   /* the first shard's metadata, when at hand */

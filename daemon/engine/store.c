@@ -311,22 +311,60 @@ static int run_stmt(ddt_store *s, sqlite3_stmt *st)
     return s->why_code ? s->why_code : rc;
 }
 
-static void bind_text(sqlite3_stmt *st, int column, const char *text)
+/* One parameter of a statement, bound by bind_and_run */
+typedef struct sql_value {
+    enum { VALUE_TEXT, VALUE_INT, VALUE_OPTIONAL, VALUE_DOUBLE } type;
+    const char *text;
+    int64_t integer;
+    double real;
+} sql_value;
+
+/* text (the caller's, SQLITE_STATIC), or NULL */
+static sql_value text_value(const char *text)
 {
-    if (text)
-        sqlite3_bind_text(st, column, text, -1, SQLITE_STATIC);
-    else
-        sqlite3_bind_null(st, column);
+    return (sql_value){ .type = VALUE_TEXT, .text = text };
+}
+
+static sql_value int_value(int64_t integer)
+{
+    return (sql_value){ .type = VALUE_INT, .integer = integer };
 }
 
 /* an optional integer: NULL when negative (leave the column / not known) */
-static void bind_optional(sqlite3_stmt *st, int column, int64_t value)
+static sql_value optional_value(int64_t integer)
 {
-    if (value >= 0)
-        sqlite3_bind_int64(st, column, value);
-    else
-        sqlite3_bind_null(st, column);
+    return (sql_value){ .type = VALUE_OPTIONAL, .integer = integer };
 }
+
+/* a double; SQLite binds a NaN as NULL */
+static sql_value double_value(double real)
+{
+    return (sql_value){ .type = VALUE_DOUBLE, .real = real };
+}
+
+/* binds values[0..n) to ?1..?n of the writer's statement `which`, then run_stmt */
+static int bind_and_run(ddt_store *s, int which, const sql_value *values, int n)
+{
+    sqlite3_stmt *st = s->stmt[which];
+    for (int j = 0; j < n; j++) {
+        const sql_value *v = &values[j];
+        int column = j + 1;
+        if (v->type == VALUE_DOUBLE)
+            sqlite3_bind_double(st, column, v->real);
+        else if (v->type == VALUE_TEXT && v->text)
+            sqlite3_bind_text(st, column, v->text, -1, SQLITE_STATIC);
+        else if (v->type == VALUE_INT || (v->type == VALUE_OPTIONAL && v->integer >= 0))
+            sqlite3_bind_int64(st, column, v->integer);
+        else   /* a NULL text, a negative optional integer */
+            sqlite3_bind_null(st, column);
+    }
+    return run_stmt(s, st);
+}
+
+/* RUN_BOUND(s, STMT_X, text_value(a), int_value(b), ...): bind_and_run with those values */
+#define RUN_BOUND(s, which, ...)                                                                  \
+    bind_and_run((s), (which), (const sql_value[]){ __VA_ARGS__ },                                \
+                 (int)(sizeof((const sql_value[]){ __VA_ARGS__ }) / sizeof(sql_value)))
 
 static int write_step(ddt_store *s, const ddt_step_record *r)
 {
@@ -339,32 +377,17 @@ static int write_step(ddt_store *s, const ddt_step_record *r)
         s->why_code = 0;
         return SQLITE_MISUSE;
     }
-    sqlite3_stmt *st = s->stmt[STMT_STEP];
-    sqlite3_bind_text(st, 1, r->run_id, (int)id_len, SQLITE_STATIC);
-    sqlite3_bind_int64(st, 2, r->step);
-    sqlite3_bind_int64(st, 3, r->ts_ms);
-    const double metrics[] = { r->loss, r->ce, r->kl, r->cap, r->acc, r->lr, r->grad_norm };
-    for (int j = 0; j < 7; j++)
-        sqlite3_bind_double(st, 4 + j, metrics[j]);
-    sqlite3_bind_int64(st, 11, r->tokens);
-    sqlite3_bind_int64(st, 12, r->positions);
-    sqlite3_bind_double(st, 13, r->step_ms);
-    sqlite3_bind_double(st, 14, r->tokens_per_s);
-    sqlite3_bind_double(st, 15, r->positions_per_s);
-    sqlite3_bind_int64(st, 16, r->peak_bytes);
-    sqlite3_bind_int64(st, 17, r->chunk);
-    sqlite3_bind_int64(st, 18, r->vocab_tile);
-    int rc = run_stmt(s, st);
+    /* run_id is NUL-terminated within its array (checked above) */
+    int rc = RUN_BOUND(s, STMT_STEP, text_value(r->run_id), int_value(r->step), int_value(r->ts_ms),
+                       double_value(r->loss), double_value(r->ce), double_value(r->kl), double_value(r->cap),
+                       double_value(r->acc), double_value(r->lr), double_value(r->grad_norm),
+                       int_value(r->tokens), int_value(r->positions), double_value(r->step_ms),
+                       double_value(r->tokens_per_s), double_value(r->positions_per_s),
+                       int_value(r->peak_bytes), int_value(r->chunk), int_value(r->vocab_tile));
     /* a replaced steps row took its old step_devices rows with it (ON DELETE CASCADE) */
-    st = s->stmt[STMT_STEP_DEVICE];
-    for (int d = 0; d < r->devices && rc == SQLITE_OK; d++) {
-        sqlite3_bind_text(st, 1, r->run_id, (int)id_len, SQLITE_STATIC);
-        sqlite3_bind_int64(st, 2, r->step);
-        sqlite3_bind_int(st, 3, d);
-        sqlite3_bind_int64(st, 4, r->device_peak_bytes[d]);
-        sqlite3_bind_double(st, 5, r->device_step_ms[d]);
-        rc = run_stmt(s, st);
-    }
+    for (int d = 0; d < r->devices && rc == SQLITE_OK; d++)
+        rc = RUN_BOUND(s, STMT_STEP_DEVICE, text_value(r->run_id), int_value(r->step), int_value(d),
+                       int_value(r->device_peak_bytes[d]), double_value(r->device_step_ms[d]));
     return rc;
 }
 
@@ -372,7 +395,6 @@ static int write_step(ddt_store *s, const ddt_step_record *r)
  * call), or the failing code with s->why set. */
 static int write_item(ddt_store *s, const store_item *item, int *result)
 {
-    sqlite3_stmt *st;
     int rc = SQLITE_OK;
     *result = 0;
     switch (item->kind) {
@@ -380,56 +402,33 @@ static int write_item(ddt_store *s, const store_item *item, int *result)
         rc = write_step(s, &item->step);
         break;
     case ITEM_EVENT:
-        st = s->stmt[STMT_EVENT];
-        bind_text(st, 1, item->event.run_id);
-        sqlite3_bind_int64(st, 2, item->event.ts_ms);
-        bind_text(st, 3, item->event.kind);
-        bind_text(st, 4, item->event.detail_json ? item->event.detail_json : "{}");
-        rc = run_stmt(s, st);
+        rc = RUN_BOUND(s, STMT_EVENT, text_value(item->event.run_id), int_value(item->event.ts_ms),
+                       text_value(item->event.kind),
+                       text_value(item->event.detail_json ? item->event.detail_json : "{}"));
         break;
     case ITEM_EVAL:
-        st = s->stmt[STMT_EVAL];
-        bind_text(st, 1, item->eval.run_id);
-        sqlite3_bind_int64(st, 2, item->eval.step);
-        sqlite3_bind_double(st, 3, item->eval.tau_chain);
-        bind_text(st, 4, item->eval.tau_tree_json);
-        bind_text(st, 5, item->eval.acc_json);
-        rc = run_stmt(s, st);
+        rc = RUN_BOUND(s, STMT_EVAL, text_value(item->eval.run_id), int_value(item->eval.step),
+                       double_value(item->eval.tau_chain), text_value(item->eval.tau_tree_json),
+                       text_value(item->eval.acc_json));
         break;
     case ITEM_CHECKPOINT:
-        st = s->stmt[STMT_CHECKPOINT];
-        bind_text(st, 1, item->checkpoint.run_id);
-        sqlite3_bind_int64(st, 2, item->checkpoint.step);
-        bind_text(st, 3, item->checkpoint.path);
-        sqlite3_bind_int64(st, 4, item->checkpoint.bytes);
-        sqlite3_bind_int64(st, 5, item->checkpoint.ts_ms);
-        rc = run_stmt(s, st);
+        rc = RUN_BOUND(s, STMT_CHECKPOINT, text_value(item->checkpoint.run_id),
+                       int_value(item->checkpoint.step), text_value(item->checkpoint.path),
+                       int_value(item->checkpoint.bytes), int_value(item->checkpoint.ts_ms));
         break;
     case ITEM_RUN_CREATE: {
         const run_request *q = item->run;
-        st = s->stmt[STMT_RUN_CREATE];
-        bind_text(st, 1, q->run_id);
-        bind_text(st, 2, q->name ? q->name : "");
-        bind_text(st, 3, q->config_json);
-        sqlite3_bind_int64(st, 4, q->created_ms);
-        sqlite3_bind_int64(st, 5, q->max_steps);
-        rc = run_stmt(s, st);
+        rc = RUN_BOUND(s, STMT_RUN_CREATE, text_value(q->run_id), text_value(q->name ? q->name : ""),
+                       text_value(q->config_json), int_value(q->created_ms), int_value(q->max_steps));
         if (rc == SQLITE_OK && sqlite3_changes(s->db) == 0)
             *result = -EEXIST;
         break;
     }
     case ITEM_RUN_UPDATE: {
         const run_request *q = item->run;
-        st = s->stmt[STMT_RUN_UPDATE];
-        bind_text(st, 1, q->run_id);
-        bind_text(st, 2, q->state);
-        sqlite3_bind_int64(st, 3, q->step);
-        sqlite3_bind_int64(st, 4, q->now_ms);
-        bind_optional(st, 5, q->last_checkpoint_step);
-        bind_optional(st, 6, q->started_ms);
-        bind_optional(st, 7, q->finished_ms);
-        bind_text(st, 8, q->error);
-        rc = run_stmt(s, st);
+        rc = RUN_BOUND(s, STMT_RUN_UPDATE, text_value(q->run_id), text_value(q->state), int_value(q->step),
+                       int_value(q->now_ms), optional_value(q->last_checkpoint_step),
+                       optional_value(q->started_ms), optional_value(q->finished_ms), text_value(q->error));
         if (rc == SQLITE_OK && sqlite3_changes(s->db) == 0)
             *result = -ENOENT;
         break;
@@ -450,30 +449,35 @@ static void log_item_failure(ddt_store *s, const store_item *item)
 {
     if (s->batch_logged++ >= LOG_FAILURES_PER_BATCH)
         return;   /* a full disk fails every item: the summary line counts the rest */
-    char run_id[64] = "", step[32] = "";
+    const char *id = NULL;   /* the item's run, and its step where it has one */
+    const int64_t *step_of = NULL;
     switch (item->kind) {
     case ITEM_STEP:
-        copy_quotable(run_id, sizeof run_id, item->step.run_id);
-        snprintf(step, sizeof step, " step=%lld", (long long)item->step.step);
+        id = item->step.run_id;
+        step_of = &item->step.step;
         break;
     case ITEM_EVENT:
-        copy_quotable(run_id, sizeof run_id, item->event.run_id);
+        id = item->event.run_id;
         break;
     case ITEM_EVAL:
-        copy_quotable(run_id, sizeof run_id, item->eval.run_id);
-        snprintf(step, sizeof step, " step=%lld", (long long)item->eval.step);
+        id = item->eval.run_id;
+        step_of = &item->eval.step;
         break;
     case ITEM_CHECKPOINT:
-        copy_quotable(run_id, sizeof run_id, item->checkpoint.run_id);
-        snprintf(step, sizeof step, " step=%lld", (long long)item->checkpoint.step);
+        id = item->checkpoint.run_id;
+        step_of = &item->checkpoint.step;
         break;
     case ITEM_RUN_CREATE:
     case ITEM_RUN_UPDATE:
-        copy_quotable(run_id, sizeof run_id, item->run->run_id);
+        id = item->run->run_id;
         break;
     case ITEM_FLUSH:
         break;
     }
+    char run_id[64] = "", step[32] = "";
+    copy_quotable(run_id, sizeof run_id, id);   /* NULL: "" */
+    if (step_of)
+        snprintf(step, sizeof step, " step=%lld", (long long)*step_of);
     store_log(3, "write failed, record lost kind=%s run_id=\"%s\"%s error=\"%s\" hint=\"%s\"",
               item_names[item->kind], run_id, step, s->why, failure_hint(s->why_code));
 }
@@ -626,13 +630,19 @@ static int copy_text(char **out, const char *text)
     return *out ? 0 : -ENOMEM;
 }
 
-/* a record that could not even be queued: logged, and reported by the next flush */
-static void record_lost(ddt_store *s, const char *kind, const char *run_id)
+/* Queues an item that owns copies of the caller's strings; when a copy failed (copy_failed)
+ * the record cannot even be queued: freed, logged, and reported by the next flush. */
+static void enqueue_copied(ddt_store *s, store_item *item, const char *run_id, int copy_failed)
 {
+    if (!copy_failed) {
+        enqueue(s, item);
+        return;
+    }
+    item_free(item);
     char quoted[64];
     copy_quotable(quoted, sizeof quoted, run_id);
     store_log(3, "no memory to queue a record, record lost kind=%s run_id=\"%s\" "
-              "hint=\"give ddtreed more memory\"", kind, quoted);
+              "hint=\"give ddtreed more memory\"", item_names[item->kind], quoted);
     pthread_mutex_lock(&s->lock);
     s->failures++;
     pthread_mutex_unlock(&s->lock);
@@ -649,13 +659,9 @@ void ddt_store_event(ddt_store *s, const char *run_id, int64_t ts_ms, const char
 {
     store_item item = { .kind = ITEM_EVENT };
     item.event.ts_ms = ts_ms;
-    if (copy_text(&item.event.run_id, run_id) || copy_text(&item.event.kind, kind) ||
-        copy_text(&item.event.detail_json, detail_json)) {
-        item_free(&item);
-        record_lost(s, "event", run_id);
-        return;
-    }
-    enqueue(s, &item);
+    enqueue_copied(s, &item, run_id,
+                   copy_text(&item.event.run_id, run_id) || copy_text(&item.event.kind, kind) ||
+                       copy_text(&item.event.detail_json, detail_json));
 }
 
 void ddt_store_eval(ddt_store *s, const char *run_id, int64_t step, double tau_chain,
@@ -664,13 +670,9 @@ void ddt_store_eval(ddt_store *s, const char *run_id, int64_t step, double tau_c
     store_item item = { .kind = ITEM_EVAL };
     item.eval.step = step;
     item.eval.tau_chain = tau_chain;
-    if (copy_text(&item.eval.run_id, run_id) || copy_text(&item.eval.tau_tree_json, tau_tree_json) ||
-        copy_text(&item.eval.acc_json, acc_json)) {
-        item_free(&item);
-        record_lost(s, "eval", run_id);
-        return;
-    }
-    enqueue(s, &item);
+    enqueue_copied(s, &item, run_id,
+                   copy_text(&item.eval.run_id, run_id) || copy_text(&item.eval.tau_tree_json, tau_tree_json) ||
+                       copy_text(&item.eval.acc_json, acc_json));
 }
 
 void ddt_store_checkpoint(ddt_store *s, const char *run_id, int64_t step, const char *path,
@@ -680,12 +682,8 @@ void ddt_store_checkpoint(ddt_store *s, const char *run_id, int64_t step, const 
     item.checkpoint.step = step;
     item.checkpoint.bytes = bytes;
     item.checkpoint.ts_ms = ts_ms;
-    if (copy_text(&item.checkpoint.run_id, run_id) || copy_text(&item.checkpoint.path, path)) {
-        item_free(&item);
-        record_lost(s, "checkpoint", run_id);
-        return;
-    }
-    enqueue(s, &item);
+    enqueue_copied(s, &item, run_id,
+                   copy_text(&item.checkpoint.run_id, run_id) || copy_text(&item.checkpoint.path, path));
 }
 
 int ddt_store_run_create(ddt_store *s, const char *run_id, const char *name,
@@ -760,16 +758,25 @@ static int check_parent(const char *path, char *err, size_t err_len)
     return 0;
 }
 
-/* the first column of the first row of sql as an integer (*value), or an SQLite code */
-static int query_int(sqlite3 *db, const char *sql, int64_t *value)
+/* The first column of the first row of sql, as an integer (value, when not NULL) and as text
+ * (out, when not NULL; "" unless there is a row): SQLITE_OK, SQLITE_NOTFOUND when there is no
+ * row, or an SQLite code. */
+static int query_first(sqlite3 *db, const char *sql, int64_t *value, char *out, size_t out_len)
 {
     sqlite3_stmt *st;
+    if (out)
+        out[0] = '\0';
     int rc = sqlite3_prepare_v2(db, sql, -1, &st, NULL);
     if (rc != SQLITE_OK)
         return rc;
     rc = sqlite3_step(st);
     if (rc == SQLITE_ROW) {
-        *value = sqlite3_column_int64(st, 0);
+        if (value)
+            *value = sqlite3_column_int64(st, 0);
+        if (out) {
+            const unsigned char *text = sqlite3_column_text(st, 0);
+            snprintf(out, out_len, "%s", text ? (const char *)text : "");
+        }
         rc = SQLITE_OK;
     } else if (rc == SQLITE_DONE) {
         rc = SQLITE_NOTFOUND;
@@ -778,22 +785,17 @@ static int query_int(sqlite3 *db, const char *sql, int64_t *value)
     return rc;
 }
 
+/* the first column of the first row of sql as an integer (*value), or an SQLite code */
+static int query_int(sqlite3 *db, const char *sql, int64_t *value)
+{
+    return query_first(db, sql, value, NULL, 0);
+}
+
 /* the text of the first row of a pragma (lower case as SQLite gives it), or "" */
 static int query_text(sqlite3 *db, const char *sql, char *out, size_t out_len)
 {
-    sqlite3_stmt *st;
-    out[0] = '\0';
-    int rc = sqlite3_prepare_v2(db, sql, -1, &st, NULL);
-    if (rc != SQLITE_OK)
-        return rc;
-    rc = sqlite3_step(st);
-    if (rc == SQLITE_ROW) {
-        const unsigned char *text = sqlite3_column_text(st, 0);
-        snprintf(out, out_len, "%s", text ? (const char *)text : "");
-        rc = SQLITE_OK;
-    }
-    sqlite3_finalize(st);
-    return rc == SQLITE_DONE ? SQLITE_OK : rc;
+    int rc = query_first(db, sql, NULL, out, out_len);
+    return rc == SQLITE_NOTFOUND ? SQLITE_OK : rc;
 }
 
 static int exec(sqlite3 *db, const char *sql)

@@ -187,6 +187,37 @@ static int prepare(sqlite3 *db, const char *path, const char *sql, const char *w
     return 0;
 }
 
+/* Steps st onto its next row: 1 when there is one; 0 when there is none, with *rc 0, or when
+ * the step failed, with *rc from query_fail (what: the rows, for the message). */
+static int next_row(sqlite3 *db, sqlite3_stmt *st, const char *path, const char *what, int *rc,
+                    char *err, size_t err_len)
+{
+    int sq = sqlite3_step(st);
+    if (sq == SQLITE_ROW)
+        return 1;
+    *rc = sq == SQLITE_DONE ? 0 : query_fail(db, path, what, err, err_len);
+    return 0;
+}
+
+/* The start of a read of one run's rows: the outputs cleared, the run id checked, a connection
+ * opened (*db). 0, or a negative errno with err. */
+static int run_reader_open(const char *path, const char *run_id, char **text, size_t *len, sqlite3 **db,
+                           char *err, size_t err_len)
+{
+    *text = NULL;
+    *len = 0;
+    if (!run_id)
+        return ddt_fail_path(err, err_len, -EINVAL, path, "no run id given");
+    return reader_open(path, db, err, err_len);
+}
+
+/* ?1 the run id, ?2 the exclusive start of the window */
+static void bind_run_after(sqlite3_stmt *st, const char *run_id, int64_t after)
+{
+    sqlite3_bind_text(st, 1, run_id, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 2, after);
+}
+
 static int64_t clamp_limit(int64_t limit)
 {
     return limit < 1 ? 1 : limit > LIMIT_MAX ? LIMIT_MAX : limit;
@@ -265,6 +296,17 @@ static cJSON *json_column(sqlite3_stmt *st, int column)
     }
 }
 
+/* a new object at the end of array; NULL when there is no memory */
+static cJSON *json_add_object(cJSON *array)
+{
+    cJSON *object = cJSON_CreateObject();
+    if (!object || !cJSON_AddItemToArray(array, object)) {
+        cJSON_Delete(object);
+        return NULL;
+    }
+    return object;
+}
+
 /* item added to object under key; -ENOMEM (item freed) when either is missing */
 static int json_add(cJSON *object, const char *key, cJSON *item)
 {
@@ -331,6 +373,22 @@ static void text_append(text_buffer *b, const char *fmt, ...)
     b->len += (size_t)n;
 }
 
+/* The steps' text: handed over (*text, *len) when rc is 0 and b is whole; otherwise freed, and
+ * rc returned (a b that ran out of memory: -ENOMEM, said). */
+static int text_finish(text_buffer *b, int rc, const char *path, char **text, size_t *len, char *err,
+                       size_t err_len)
+{
+    if (!rc && b->failed)
+        rc = ddt_fail_path(err, err_len, -ENOMEM, path, "no memory for the steps");
+    if (rc) {
+        free(b->bytes);
+        return rc;
+    }
+    *text = b->bytes;
+    *len = b->len;
+    return 0;
+}
+
 /* ------------------------------------------------------------------------------------------
  * Runs
  */
@@ -382,14 +440,7 @@ int ddt_store_read_runs(const char *db_path, ddt_run_row **rows, int *count, cha
     rc = prepare(db, db_path, runs_sql, "the runs", &st, err, err_len);
     ddt_run_row *list = NULL;
     int n = 0, cap = 0;
-    while (!rc) {
-        int sq = sqlite3_step(st);
-        if (sq == SQLITE_DONE)
-            break;
-        if (sq != SQLITE_ROW) {
-            rc = query_fail(db, db_path, "the runs", err, err_len);
-            break;
-        }
+    while (!rc && next_row(db, st, db_path, "the runs", &rc, err, err_len)) {
         if (n == cap) {
             int grown = cap ? cap * 2 : 16;
             ddt_run_row *more = realloc(list, (size_t)grown * sizeof *list);
@@ -440,11 +491,9 @@ static cJSON *step_object(sqlite3_stmt *st, cJSON **devices)
 /* the device row at dev into devices: 0 or -ENOMEM */
 static int device_object(sqlite3_stmt *dev, cJSON *devices)
 {
-    cJSON *device = cJSON_CreateObject();
-    if (!device || !cJSON_AddItemToArray(devices, device)) {
-        cJSON_Delete(device);
+    cJSON *device = json_add_object(devices);
+    if (!device)
         return -ENOMEM;
-    }
     int rc;
     if ((rc = json_add(device, "device", json_column(dev, 1))) ||
         (rc = json_add(device, "peak_bytes", json_column(dev, 2))) ||
@@ -468,13 +517,8 @@ static int steps_json(sqlite3 *db, sqlite3_stmt *st, sqlite3_stmt *dev, const ch
             rc = query_fail(db, path, "the step_devices", err, err_len);
             break;
         }
-        int sq = sqlite3_step(st);
-        if (sq == SQLITE_DONE)
+        if (!next_row(db, st, path, "the steps", &rc, err, err_len))
             break;
-        if (sq != SQLITE_ROW) {
-            rc = query_fail(db, path, "the steps", err, err_len);
-            break;
-        }
         cJSON *devices = NULL, *object = step_object(st, &devices);
         if (!object) {
             rc = -ENOMEM;
@@ -496,17 +540,9 @@ static int steps_json(sqlite3 *db, sqlite3_stmt *st, sqlite3_stmt *dev, const ch
         cJSON_Delete(object);
     }
     text_append(&b, "]}");
-    if (!rc && b.failed)
-        rc = -ENOMEM;
     if (rc == -ENOMEM)
         ddt_fail_path(err, err_len, rc, path, "no memory for the steps");
-    if (rc) {
-        free(b.bytes);
-        return rc;
-    }
-    *text = b.bytes;
-    *len = b.len;
-    return 0;
+    return text_finish(&b, rc, path, text, len, err, err_len);
 }
 
 /* a column by its storage class: empty for NULL, an exact integer, or %.17g (what reads
@@ -534,14 +570,7 @@ static int steps_csv(sqlite3 *db, sqlite3_stmt *st, const char *path, char **tex
         text_append(&b, "%s%s", c ? "," : "", step_columns[c]);
     text_append(&b, "\n");
     int rc = 0;
-    while (!rc && !b.failed) {
-        int sq = sqlite3_step(st);
-        if (sq == SQLITE_DONE)
-            break;
-        if (sq != SQLITE_ROW) {
-            rc = query_fail(db, path, "the steps", err, err_len);
-            break;
-        }
+    while (!rc && !b.failed && next_row(db, st, path, "the steps", &rc, err, err_len)) {
         for (int c = 0; c < STEP_COLUMNS; c++) {
             if (c)
                 text_append(&b, ",");
@@ -549,27 +578,14 @@ static int steps_csv(sqlite3 *db, sqlite3_stmt *st, const char *path, char **tex
         }
         text_append(&b, "\n");
     }
-    if (!rc && b.failed)
-        rc = ddt_fail_path(err, err_len, -ENOMEM, path, "no memory for the steps");
-    if (rc) {
-        free(b.bytes);
-        return rc;
-    }
-    *text = b.bytes;
-    *len = b.len;
-    return 0;
+    return text_finish(&b, rc, path, text, len, err, err_len);
 }
 
 int ddt_store_read_steps(const char *db_path, const char *run_id, int64_t after, int64_t limit,
                          int csv, char **text, size_t *len, char *err, size_t err_len)
 {
-    *text = NULL;
-    *len = 0;
-    if (!run_id)
-        return ddt_fail_path(err, err_len, -EINVAL, db_path, "no run id given");
-    limit = clamp_limit(limit);
     sqlite3 *db;
-    int rc = reader_open(db_path, &db, err, err_len);
+    int rc = run_reader_open(db_path, run_id, text, len, &db, err, err_len);
     if (rc)
         return rc;
     /* steps and step_devices from one snapshot: a resumed run may replace steps in between */
@@ -585,13 +601,10 @@ int ddt_store_read_steps(const char *db_path, const char *run_id, int64_t after,
     if (!rc && !csv)
         rc = prepare(db, db_path, step_devices_sql, "the step_devices", &dev, err, err_len);
     if (!rc) {
-        sqlite3_bind_text(st, 1, run_id, -1, SQLITE_STATIC);
-        sqlite3_bind_int64(st, 2, after);
-        sqlite3_bind_int64(st, 3, limit);
-        if (dev) {
-            sqlite3_bind_text(dev, 1, run_id, -1, SQLITE_STATIC);
-            sqlite3_bind_int64(dev, 2, after);
-        }
+        bind_run_after(st, run_id, after);
+        sqlite3_bind_int64(st, 3, clamp_limit(limit));
+        if (dev)
+            bind_run_after(dev, run_id, after);
         rc = csv ? steps_csv(db, st, db_path, text, len, err, err_len)
                  : steps_json(db, st, dev, db_path, text, len, err, err_len);
     }
@@ -621,38 +634,24 @@ static cJSON *json_detail(sqlite3_stmt *st, int column)
 int ddt_store_read_events(const char *db_path, const char *run_id, int64_t after_id,
                           int64_t limit, char **text, size_t *len, char *err, size_t err_len)
 {
-    *text = NULL;
-    *len = 0;
-    if (!run_id)
-        return ddt_fail_path(err, err_len, -EINVAL, db_path, "no run id given");
-    limit = clamp_limit(limit);
     sqlite3 *db;
-    int rc = reader_open(db_path, &db, err, err_len);
+    int rc = run_reader_open(db_path, run_id, text, len, &db, err, err_len);
     if (rc)
         return rc;
     sqlite3_stmt *st;
     rc = prepare(db, db_path, events_sql, "the events", &st, err, err_len);
     cJSON *root = NULL;
     if (!rc) {
-        sqlite3_bind_text(st, 1, run_id, -1, SQLITE_STATIC);
-        sqlite3_bind_int64(st, 2, after_id);
-        sqlite3_bind_int64(st, 3, limit);
+        bind_run_after(st, run_id, after_id);
+        sqlite3_bind_int64(st, 3, clamp_limit(limit));
         root = cJSON_CreateObject();
     }
     cJSON *events = root ? cJSON_AddArrayToObject(root, "events") : NULL;
     if (!rc && !events)
         rc = -ENOMEM;
-    while (!rc) {
-        int sq = sqlite3_step(st);
-        if (sq == SQLITE_DONE)
-            break;
-        if (sq != SQLITE_ROW) {
-            rc = query_fail(db, db_path, "the events", err, err_len);
-            break;
-        }
-        cJSON *event = cJSON_CreateObject();
-        if (!event || !cJSON_AddItemToArray(events, event)) {
-            cJSON_Delete(event);
+    while (!rc && next_row(db, st, db_path, "the events", &rc, err, err_len)) {
+        cJSON *event = json_add_object(events);
+        if (!event) {
             rc = -ENOMEM;
             break;
         }

@@ -25,3 +25,12 @@ ddk_allocator *ddk_allocator_cuda(int device)
 {
     return NULL;
 }
+
+const ddk_backend *ddk_backend_cuda(int device)
+{
+    return NULL;
+}
+
+void ddk_cuda_synchronize(int device)
+{
+}

@@ -89,6 +89,16 @@ DDK_API int ddk_cuda_device_count(void);
 DDK_API int ddk_cuda_device_info(int device, ddk_device_info *info);
 /* The accounting allocator of GPU `device` (cudaMalloc); NULL when there is no such GPU. */
 DDK_API ddk_allocator *ddk_allocator_cuda(int device);
+/* The CUDA backend of GPU `device` (struct ddk_backend below; name "cuda", alloc
+ * ddk_allocator_cuda(device)); NULL when there is no such GPU or no CUDA. Its ops, zero and copy
+ * included, are queued in order on one stream per GPU and return before they are done: the host
+ * reads what they wrote, and rewrites or frees a host buffer given to copy, only after
+ * ddk_cuda_synchronize(device). Not supported yet (NULL): loss, dflash_attention(_backward),
+ * causal_attention. */
+DDK_API const struct ddk_backend *ddk_backend_cuda(int device);
+/* Waits until every op queued on GPU `device`'s backend is done; a fault of one of them aborts
+ * the process here with CUDA's message. Nothing to do without such a GPU. */
+DDK_API void ddk_cuda_synchronize(int device);
 
 /* ------------------------------------------------------------------------------------------
  * The loss (SPEC.md section 1)

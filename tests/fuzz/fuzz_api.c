@@ -17,12 +17,14 @@
  * (with step, event, eval and checkpoint records), r-failed, r-cancelled. max_parallel is 0
  * from the start (ddt_runs_open, not 1 then ddt_runs_set_parallel: a queued run would start
  * in between), so nothing ever trains: a valid POST /runs only queues.
- * A request that changes state (201 or 202) marks the manager dirty; the next input first
- * restores it from a copy of the database made at start-up. So every input meets the same
- * six runs (crashes reproduce from the one input; coverage does not drift), and queued runs
- * never pile up: memory stays flat however long the fuzzer runs. FUZZ_API_FRESH=1 restores
- * before every input; FUZZ_API_LOG=1 keeps the daemon's log lines; FUZZ_API_TRACE=1 prints
- * each request and the start of its answer (to see which route a seed reaches).
+ * A request that changes a run (201, 202, or any change in the counts by state) marks the
+ * manager dirty; the next input first restores it from a copy of the database made at
+ * start-up. So every input meets the same six runs (crashes reproduce from the one input;
+ * coverage does not drift), and queued runs never pile up: memory stays flat however long
+ * the fuzzer runs. (Only r-paused's export directory outlives a restore: each export
+ * rewrites it.) FUZZ_API_FRESH=1 restores before every input; FUZZ_API_LOG=1 keeps the
+ * daemon's log lines; FUZZ_API_TRACE=1 prints each request and the start of its answer (to
+ * see which route a seed reaches).
  *
  * Checked for every request (a broken expectation prints and aborts: libFuzzer's crash):
  * a status in [200, 599]; a body of body_len readable bytes; a JSON body that parses, and for
@@ -52,12 +54,15 @@
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
+static void remove_state_dir(void);
+
 #define EXPECT(cond, ...)                                                   \
     do {                                                                    \
         if (!(cond)) {                                                      \
             fprintf(stderr, "fuzz_api: expectation failed: %s: ", #cond);   \
             fprintf(stderr, __VA_ARGS__);                                   \
             fprintf(stderr, "\n");                                          \
+            remove_state_dir();                                             \
             abort();                                                        \
         }                                                                   \
     } while (0)
@@ -232,11 +237,18 @@ static void env_open(void)
     env.dirty = 0;
 }
 
+/* on a broken expectation: the directory, nothing else (a sanitizer's report ends the process
+ * without atexit: its directory stays behind, a few MB under $TMPDIR) */
+static void remove_state_dir(void)
+{
+    if (env.dir[0])
+        nftw(env.dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
 static void env_teardown(void)
 {
     env_close();
-    if (env.dir[0])
-        nftw(env.dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+    remove_state_dir();
 }
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)

@@ -1,0 +1,287 @@
+/* backend_cuda.cu: the CUDA backend table of GPU d (ddk.h, struct ddk_backend): its stream, its
+ * cuBLAS handle, memory (zero, copy) and the matrix product. The elementwise and normalisation
+ * kernels are in ops_cuda.cu.
+ *
+ * Ordering (what callers rely on):
+ *   - Each GPU has ONE stream (non-blocking, created on first use). Every op of this backend,
+ *     zero and copy included, is queued on it, so ops run in the order they were issued and a
+ *     buffer freed to the accounting allocator may be handed to the next op at once: its next
+ *     user is on the same stream, after every op that used it before (a block the allocator
+ *     gives back to CUDA goes through cudaFree, which waits for the device).
+ *   - Calls return when the work is queued, not done. The host reads memory an op wrote (a copy
+ *     to host memory included) only after ddk_cuda_synchronize(d); a host buffer given to copy as
+ *     its source is not rewritten or freed before then either.
+ *   - One host thread drives a GPU at a time (the trainer's one worker per rank). Several threads
+ *     may still call in: the lazy creation of the stream, the cuBLAS handle and the scratch is
+ *     guarded, and so is the one op with shared scratch (rmsnorm_backward's dg partials).
+ *   - A device error (a failed launch, a sticky CUDA error) aborts with the file, line and CUDA's
+ *     message: the process cannot trust the GPU any more (DESIGN.md, "Failure policy").
+ *
+ * Not here yet (NULL = unsupported, callers take the CPU path or refuse): the loss, DFlash
+ * attention (forward and backward) and causal attention: the next step of the CUDA backend.
+ *
+ * Tested by tests/test_backend_ops.c against the CPU backend (skipped without a GPU).
+ */
+#include "ddk.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+/* ------------------------------------------------------------------------------------------
+ * Shared with ops_cuda.cu. C++ linkage: the names carry their parameter types, so a prototype
+ * that drifted from its definition is a link error, not a silent mismatch.
+ */
+
+cudaStream_t ddk_cuda_stream(const ddk_backend *be);
+int ddk_cuda_multiprocessors(const ddk_backend *be);
+float *ddk_cuda_scratch_lock(const ddk_backend *be, size_t *capacity_floats);
+void ddk_cuda_scratch_unlock(const ddk_backend *be);
+
+void ddk_cuda_rmsnorm(const ddk_backend *be, const float *x, const float *g, int64_t rows,
+                      int64_t d, float eps, float *y, float *rstd);
+void ddk_cuda_rmsnorm_backward(const ddk_backend *be, const float *x, const float *g,
+                               const float *rstd, const float *dy, int64_t rows, int64_t d,
+                               float *dx, float *dg);
+void ddk_cuda_rope(const ddk_backend *be, float *x, const int32_t *pos, int64_t rows,
+                   int64_t heads, int64_t d, float theta, int inverse);
+void ddk_cuda_swiglu(const ddk_backend *be, const float *gate, const float *up, int64_t count,
+                     float *h);
+void ddk_cuda_swiglu_backward(const ddk_backend *be, const float *gate, const float *up,
+                              const float *dh, int64_t count, float *dgate, float *dup);
+void ddk_cuda_embedding(const ddk_backend *be, const float *table, const int32_t *tokens,
+                        int64_t rows, int64_t H, float *out);
+
+/* ------------------------------------------------------------------------------------------
+ * Device errors abort (CONVENTIONS.md: a programming or device error)
+ */
+
+#define CUDA_CHECK(call) cuda_check((call), #call, __FILE__, __LINE__)
+#define CUBLAS_CHECK(call) cublas_check((call), #call, __FILE__, __LINE__)
+
+static void cuda_check(cudaError_t err, const char *what, const char *file, int line)
+{
+    if (err == cudaSuccess)
+        return;
+    fprintf(stderr, "<2>%s:%d %s failed: %s\n", file, line, what, cudaGetErrorString(err));
+    abort();
+}
+
+static void cublas_check(cublasStatus_t status, const char *what, const char *file, int line)
+{
+    if (status == CUBLAS_STATUS_SUCCESS)
+        return;
+    fprintf(stderr, "<2>%s:%d %s failed: %s\n", file, line, what, cublasGetStatusString(status));
+    abort();
+}
+
+/* ------------------------------------------------------------------------------------------
+ * One backend per GPU: the table first (a const ddk_backend * is a pointer to it), then the
+ * device's stream, cuBLAS handle and scratch, each made on first use
+ */
+
+enum { DDK_CUDA_MAX_GPUS = 64 };   /* device_cuda.cu's limit */
+
+/* rmsnorm_backward's per-slice dg partials: 4 MiB bounds the slices at 2^20 / d (ops_cuda.cu) */
+static const size_t scratch_floats = (size_t)1 << 20;
+
+typedef struct cuda_backend {
+    ddk_backend table;          /* must stay first */
+    int device;
+    int multiprocessors;        /* read once, for grid sizes */
+    pthread_mutex_t lock;       /* guards the lazy creation below */
+    int stream_ready;           /* read with acquire, written with release under lock */
+    cudaStream_t stream;
+    int cublas_ready;
+    cublasHandle_t cublas;
+    pthread_mutex_t scratch_lock;   /* held from the first to the last launch that uses it */
+    int scratch_tried;
+    float *scratch;             /* scratch_floats, or NULL when the allocator said no */
+} cuda_backend;
+
+static cuda_backend backends[DDK_CUDA_MAX_GPUS];
+static int backend_count;
+static pthread_once_t backends_once = PTHREAD_ONCE_INIT;
+
+static cuda_backend *cuda_of(const ddk_backend *be)
+{
+    return (cuda_backend *)be;   /* table is the first member */
+}
+
+/* Makes this host thread's current device be's GPU (current devices are per thread) and returns
+ * the stream, created on the first call. */
+cudaStream_t ddk_cuda_stream(const ddk_backend *be)
+{
+    cuda_backend *cb = cuda_of(be);
+    CUDA_CHECK(cudaSetDevice(cb->device));
+    if (!__atomic_load_n(&cb->stream_ready, __ATOMIC_ACQUIRE)) {
+        pthread_mutex_lock(&cb->lock);
+        if (!cb->stream_ready) {
+            /* non-blocking: the legacy default stream (cudaMalloc's neighbours, other
+             * libraries) does not serialise with it; our ops order themselves on it */
+            CUDA_CHECK(cudaStreamCreateWithFlags(&cb->stream, cudaStreamNonBlocking));
+            cudaDeviceProp prop;
+            CUDA_CHECK(cudaGetDeviceProperties(&prop, cb->device));
+            cb->multiprocessors = prop.multiProcessorCount;
+            __atomic_store_n(&cb->stream_ready, 1, __ATOMIC_RELEASE);
+        }
+        pthread_mutex_unlock(&cb->lock);
+    }
+    return cb->stream;
+}
+
+int ddk_cuda_multiprocessors(const ddk_backend *be)
+{
+    ddk_cuda_stream(be);
+    return cuda_of(be)->multiprocessors;
+}
+
+/* The cuBLAS handle of be's GPU, bound to its stream, created on the first call. cuBLAS allows
+ * one handle to be used by several threads as long as its settings do not change, and they are
+ * set here once. */
+static cublasHandle_t cuda_cublas(const ddk_backend *be)
+{
+    cuda_backend *cb = cuda_of(be);
+    cudaStream_t stream = ddk_cuda_stream(be);
+    if (!__atomic_load_n(&cb->cublas_ready, __ATOMIC_ACQUIRE)) {
+        pthread_mutex_lock(&cb->lock);
+        if (!cb->cublas_ready) {
+            CUBLAS_CHECK(cublasCreate(&cb->cublas));
+            CUBLAS_CHECK(cublasSetStream(cb->cublas, stream));
+            /* plain fp32 FMA with fp32 accumulation, never TF32 (cuBLAS's default, made
+             * explicit): the CPU backend's numbers. TF32 would be a later, measured choice. */
+            CUBLAS_CHECK(cublasSetMathMode(cb->cublas, CUBLAS_DEFAULT_MATH));
+            __atomic_store_n(&cb->cublas_ready, 1, __ATOMIC_RELEASE);
+        }
+        pthread_mutex_unlock(&cb->lock);
+    }
+    return cb->cublas;
+}
+
+/* Locks be's scratch and returns it (*capacity_floats of it), allocated from the GPU's
+ * accounting allocator on the first call; NULL with capacity 0 when the allocator refused it
+ * (then the caller takes a path without scratch). Always pair with ddk_cuda_scratch_unlock(),
+ * called after the last launch that uses it is queued: launches are stream-ordered, so the next
+ * holder's launches run after them. */
+float *ddk_cuda_scratch_lock(const ddk_backend *be, size_t *capacity_floats)
+{
+    cuda_backend *cb = cuda_of(be);
+    pthread_mutex_lock(&cb->scratch_lock);
+    if (!cb->scratch_tried) {
+        cb->scratch_tried = 1;
+        cb->scratch = (float *)ddk_malloc(cb->table.alloc, scratch_floats * sizeof(float));
+    }
+    *capacity_floats = cb->scratch ? scratch_floats : 0;
+    return cb->scratch;
+}
+
+void ddk_cuda_scratch_unlock(const ddk_backend *be)
+{
+    pthread_mutex_unlock(&cuda_of(be)->scratch_lock);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Memory
+ */
+
+/* bytes at dst (on this GPU) := 0, queued on the stream */
+static void cuda_zero(const ddk_backend *be, void *dst, size_t bytes)
+{
+    if (bytes == 0)
+        return;
+    CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, ddk_cuda_stream(be)));
+}
+
+/* Any direction (host or device on either side: unified addressing tells them apart), queued
+ * on the stream. Regions must not overlap (unlike the CPU backend's memmove). */
+static void cuda_copy(const ddk_backend *be, void *dst, const void *src, size_t bytes)
+{
+    if (bytes == 0)
+        return;
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, ddk_cuda_stream(be)));
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Matrix product: cuBLAS, column-major. A row-major (r, c) matrix with row stride ld is, read
+ * column-major, its (c, r) transpose with leading dimension ld. So the row-major
+ * c = op(a) op(b) is the column-major c^T = op(b)^T op(a)^T: swap the operands and m with n,
+ * keep each operand's transpose flag.
+ */
+
+static int to_int(int64_t v)
+{
+    if (v < 0 || v > INT_MAX) {   /* a programming error: no caller's dimension is near 2^31 */
+        fprintf(stderr, "<2>%s:%d matmul dimension %lld does not fit cuBLAS's int\n", __FILE__,
+                __LINE__, (long long)v);
+        abort();
+    }
+    return (int)v;
+}
+
+static void cuda_matmul(const ddk_backend *be, int trans_a, int trans_b, int64_t m, int64_t n,
+                        int64_t k, float alpha, const float *a, int64_t lda, const float *b,
+                        int64_t ldb, float beta, float *c, int64_t ldc)
+{
+    if (m == 0 || n == 0)
+        return;
+    cublasHandle_t handle = cuda_cublas(be);
+    CUBLAS_CHECK(cublasSgemm(handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                             trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, to_int(n), to_int(m), to_int(k),
+                             &alpha, b, to_int(ldb), a, to_int(lda), &beta, c, to_int(ldc)));
+}
+
+/* ------------------------------------------------------------------------------------------
+ * The tables
+ */
+
+static void backends_init(void)
+{
+    backend_count = ddk_cuda_device_count();
+    if (backend_count > DDK_CUDA_MAX_GPUS)
+        backend_count = DDK_CUDA_MAX_GPUS;
+    for (int d = 0; d < backend_count; d++) {
+        cuda_backend *cb = &backends[d];
+        cb->table.name = "cuda";
+        cb->table.alloc = ddk_allocator_cuda(d);
+        cb->table.matmul = cuda_matmul;
+        cb->table.loss = NULL;   /* next step: the fused chunked loss on the GPU */
+        cb->table.zero = cuda_zero;
+        cb->table.copy = cuda_copy;
+        cb->table.rmsnorm = ddk_cuda_rmsnorm;
+        cb->table.rmsnorm_backward = ddk_cuda_rmsnorm_backward;
+        cb->table.rope = ddk_cuda_rope;
+        cb->table.swiglu = ddk_cuda_swiglu;
+        cb->table.swiglu_backward = ddk_cuda_swiglu_backward;
+        cb->table.embedding = ddk_cuda_embedding;
+        cb->table.dflash_attention = NULL;            /* next step */
+        cb->table.dflash_attention_backward = NULL;   /* next step */
+        cb->table.causal_attention = NULL;            /* next step */
+        cb->device = d;
+        pthread_mutex_init(&cb->lock, NULL);
+        pthread_mutex_init(&cb->scratch_lock, NULL);
+    }
+}
+
+extern "C" const ddk_backend *ddk_backend_cuda(int device)
+{
+    pthread_once(&backends_once, backends_init);
+    if (device < 0 || device >= backend_count)
+        return NULL;
+    return &backends[device].table;
+}
+
+extern "C" void ddk_cuda_synchronize(int device)
+{
+    pthread_once(&backends_once, backends_init);
+    if (device < 0 || device >= backend_count)
+        return;
+    cuda_backend *cb = &backends[device];
+    if (!__atomic_load_n(&cb->stream_ready, __ATOMIC_ACQUIRE))
+        return;   /* nothing was ever queued */
+    CUDA_CHECK(cudaSetDevice(device));
+    /* also reports an earlier kernel's fault (an illegal address) here, with its message */
+    CUDA_CHECK(cudaStreamSynchronize(cb->stream));
+}
