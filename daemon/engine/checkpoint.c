@@ -16,6 +16,7 @@
  *
  * Legend: P floats in all parameters (the table's total), n entries of the parameter table.
  */
+#include "errors.h"
 #include "checkpoint.h"
 #include "model_config.h"
 #include "safetensors.h"
@@ -67,19 +68,6 @@ static int path_join(char *out, size_t len, const char *fmt, ...)
     int n = vsnprintf(out, len, fmt, args);
     va_end(args);
     return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
-}
-
-/* fsync of a directory, so that the names created or renamed in it survive a crash */
-static int fsync_dir(const char *dir)
-{
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0)
-        return -errno;
-    int rc = 0;
-    if (fsync(fd) != 0 && errno != EINVAL)   /* EINVAL: this filesystem cannot sync a directory */
-        rc = -errno;
-    close(fd);
-    return rc;
 }
 
 /* path created (it must not exist) with text, fsynced: 0, or -errno with nothing left */
@@ -154,7 +142,7 @@ static int install_dir(const char *tmp, const char *final, const char *aside, co
             rename(aside, final);
         return fail(err, err_len, rc, "%s: cannot rename %s into place: %s", final, tmp, strerror(-rc));
     }
-    int rc = fsync_dir(parent);
+    int rc = ddt_fsync_dir(parent);
     if (rc != 0) {   /* the rename may not survive a crash: undo it rather than report a maybe */
         rename(final, tmp);
         if (replacing)
@@ -380,7 +368,7 @@ int ddt_checkpoint_write(const char *run_dir, int64_t step, const ddt_drafter_co
         return fail(err, err_len, -ENAMETOOLONG, "%s: longer than path_out (%zu bytes)", final, path_len);
 
     if (mkdir(ckdir, 0755) == 0) {
-        int rc = fsync_dir(run_dir);
+        int rc = ddt_fsync_dir(run_dir);
         if (rc != 0)
             return fail(err, err_len, rc, "%s: fsync after creating checkpoints/: %s", run_dir, strerror(-rc));
     } else if (errno != EEXIST) {
@@ -393,7 +381,7 @@ int ddt_checkpoint_write(const char *run_dir, int64_t step, const ddt_drafter_co
     if (mkdir(tmp, 0755) != 0)
         return fail(err, err_len, -errno, "%s: cannot create: %s", tmp, strerror(errno));
     int rc = write_state(tmp, c, params, adam, state_json, err, err_len);
-    if (rc == 0 && (rc = fsync_dir(tmp)) != 0)
+    if (rc == 0 && (rc = ddt_fsync_dir(tmp)) != 0)
         fail(err, err_len, rc, "%s: fsync: %s", tmp, strerror(-rc));
     if (rc == 0)
         rc = install_dir(tmp, final, aside, ckdir, err, err_len);
@@ -703,7 +691,7 @@ int ddt_export_write(const char *out_dir, const ddt_drafter_config *c, const flo
     if (rc != 0)
         return fail(err, err_len, rc, "%s: cannot create: %s", tmp, strerror(-rc));
     rc = write_export_files(tmp, c, params, err, err_len);
-    if (rc == 0 && (rc = fsync_dir(tmp)) != 0)
+    if (rc == 0 && (rc = ddt_fsync_dir(tmp)) != 0)
         fail(err, err_len, rc, "%s: fsync: %s", tmp, strerror(-rc));
     if (rc == 0)
         rc = install_dir(tmp, out, aside, parent, err, err_len);

@@ -1,8 +1,11 @@
-/* errors.c: "PATH: what is wrong" errors (errors.h). */
+/* errors.c: "PATH: what is wrong" errors and the directory fsync of atomic writes (errors.h). */
 #include "errors.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <unistd.h>
 
 int ddt_fail_path(char *err, size_t err_len, int rc, const char *path, const char *fmt, ...)
 {
@@ -15,5 +18,17 @@ int ddt_fail_path(char *err, size_t err_len, int rc, const char *path, const cha
             va_end(args);
         }
     }
+    return rc;
+}
+
+int ddt_fsync_dir(const char *dir)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    int rc = 0;
+    if (fsync(fd) != 0 && errno != EINVAL)   /* EINVAL: this filesystem cannot sync a directory */
+        rc = -errno;
+    close(fd);
     return rc;
 }

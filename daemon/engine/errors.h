@@ -9,4 +9,8 @@
 __attribute__((format(printf, 5, 6)))
 int ddt_fail_path(char *err, size_t err_len, int rc, const char *path, const char *fmt, ...);
 
+/* fsync of a directory, so that the names created or renamed in it survive a crash:
+ * 0 or -errno (a filesystem that cannot sync directories counts as success). */
+int ddt_fsync_dir(const char *dir);
+
 #endif

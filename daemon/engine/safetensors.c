@@ -970,14 +970,8 @@ static int sync_parent_dir(const char *path)
                                                     : strdup(".");
     if (!dir)
         return -ENOMEM;
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int rc = ddt_fsync_dir(dir);
     free(dir);
-    if (fd < 0)
-        return -errno;
-    int rc = 0;
-    if (fsync(fd) != 0 && errno != EINVAL)   /* EINVAL: this filesystem cannot sync a directory */
-        rc = -errno;
-    close(fd);
     return rc;
 }
 
