@@ -9,8 +9,11 @@
  * overwrite instead of an ADD fails. Every GPU buffer has guard bytes before and after it, and
  * cases alternate between 64-byte aligned buffers and buffers 4 bytes off (no float4 luck); the
  * guards are checked at the end of the case. The gathers (embedding) and copies must be exact.
- * The backward of each op is checked against finite differences by tests/test_ops.c on the CPU;
- * here the GPU has to match the CPU.
+ * The ops: zero, copy, matmul, rmsnorm (+ backward), rope, swiglu (+ backward), embedding,
+ * DFlash and causal attention (+ backward: out, lse, dq, dk, dv) and the fused loss (every
+ * result field, l_i and the gradient, both memory modes, workspace = ddk_loss_workspace_bytes,
+ * refusals with nothing written). The backward of each op is checked against finite
+ * differences by tests/test_ops.c on the CPU; here the GPU has to match the CPU.
  *
  * Skipped (exit 77, "SKIPPED: no GPU") when libddk has no CUDA or the machine no GPU: never
  * reported as passed. DDTREE_BACKEND_OPS_SELF_CHECK=1 runs every case with the CPU backend in
@@ -27,6 +30,7 @@
 #include "check.h"
 #include "ddk_rng.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -471,6 +475,206 @@ static void case_copy_zero(size_t bytes)
 }
 
 /* ------------------------------------------------------------------------------------------
+ * Attention: DFlash forward + backward and causal attention (attention_cuda.cu) against the CPU
+ * backend. q, k in [-2, 2] so that softmaxes are peaked as well as flat; anchors sorted, with
+ * the first at 0 (no context), the last at S - 1, two equal (overlapping blocks) and padded
+ * blocks (keep 0) whose anchors are garbage (never to be read as positions). Tolerances:
+ */
+
+/* out and lse: fp32 online softmax on both sides, keys summed in different orders (tiles of 64
+ * keys through BLAS on the CPU, 32 per warp on the GPU) and different exps (ddk_expf < 2e-7,
+ * CUDA's expf 2 ulp): rounding of a sum of up to ~2000 terms, ~1e-7 sqrt(n) ~ 5e-6 at worst */
+static const double tol_attn_fwd = 1e-5;
+/* dq, dk, dv increments (got - start against want - start): ds = p (dout.v - D) subtracts two
+ * nearly equal fp32 sums when a row's attention is spread, which amplifies their rounding by up
+ * to ~10-100; dk, dv then add contributions of up to A * B * nh / nkv rows (on the GPU with
+ * atomics, in an order that changes from run to run: attention_cuda.cu) */
+static const double tol_attn_grad = 1e-4;
+
+/* compares the increments got - start and want - start (an overwrite instead of an ADD is then
+ * off by the O(1) start) */
+static void expect_close_added(const char *what, const float *got, const float *want,
+                               const float *start, int64_t count, double tol)
+{
+    float *g = xcalloc((size_t)count, sizeof(float)), *w = xcalloc((size_t)count, sizeof(float));
+    for (int64_t i = 0; i < count; i++) {
+        g[i] = got[i] - start[i];
+        w[i] = want[i] - start[i];
+    }
+    expect_close(what, g, w, count, tol);
+    free(g);
+    free(w);
+}
+
+typedef struct {
+    int64_t S, A, B, nh, nkv, d, window;
+} attn_case_shape;
+
+static int cmp_i32(const void *a, const void *b)
+{
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+static void case_dflash_attention(const attn_case_shape *s)
+{
+    snprintf(case_name, sizeof case_name,
+             "dflash_attention S=%lld A=%lld B=%lld nh=%lld nkv=%lld d=%lld window=%lld",
+             (long long)s->S, (long long)s->A, (long long)s->B, (long long)s->nh,
+             (long long)s->nkv, (long long)s->d, (long long)s->window);
+    const ddk_attention_shape sh = { s->S, s->A, s->B, s->nh, s->nkv, s->d, s->window };
+    const int64_t A = s->A, nq = A * s->B * s->nh * s->d, nk = (s->S + A * s->B) * s->nkv * s->d;
+    const int64_t nl = A * s->B * s->nh;
+    float *q = host_floats(nq), *k = host_floats(nk), *v = host_floats(nk);
+    fill_uniform(q, nq, -2.0, 2.0);
+    fill_uniform(k, nk, -2.0, 2.0);
+    fill_uniform(v, nk, -1.0, 1.0);
+    int32_t *anchors = host((size_t)A * sizeof(int32_t));
+    uint8_t *keep = host((size_t)A);
+    for (int64_t j = 0; j < A; j++)
+        anchors[j] = (int32_t)rng_below(s->S);
+    qsort(anchors, (size_t)A, sizeof *anchors, cmp_i32);
+    anchors[0] = 0;
+    if (A >= 2)
+        anchors[A - 1] = (int32_t)(s->S - 1);
+    if (A >= 4)
+        anchors[1] = anchors[2];   /* two blocks at one anchor */
+    for (int64_t j = 0; j < A; j++) {
+        keep[j] = !(j % 5 == 3 || (A > 1 && j == A - 2));
+        if (!keep[j])
+            anchors[j] = j % 2 ? -12345 : 1 << 30;   /* a padded block's anchor is not read */
+    }
+    float *out = host_floats(nq), *lse = host_floats(nl);
+    check(cpu->dflash_attention(cpu, &sh, q, k, v, anchors, keep, out, lse) == 0, "cpu forward");
+    float *dout = host_floats(nq), *dq0 = host_floats(nq), *dk0 = host_floats(nk),
+          *dv0 = host_floats(nk);
+    fill_uniform(dout, nq, -1.0, 1.0);
+    fill_uniform(dq0, nq, -1.0, 1.0);
+    fill_uniform(dk0, nk, -1.0, 1.0);
+    fill_uniform(dv0, nk, -1.0, 1.0);
+    float *dq = host_copy(dq0, nq), *dk = host_copy(dk0, nk), *dv = host_copy(dv0, nk);
+    check(cpu->dflash_attention_backward(cpu, &sh, q, k, v, anchors, keep, out, lse, dout, dq, dk,
+                                         dv) == 0,
+          "cpu backward");
+
+    float *q_dev = dev_floats(q, nq, "q"), *k_dev = dev_floats(k, nk, "k"),
+          *v_dev = dev_floats(v, nk, "v");
+    int32_t *anchors_dev = dev_buffer(anchors, (size_t)A * sizeof(int32_t), "anchors");
+    uint8_t *keep_dev = dev_buffer(keep, (size_t)A, "keep");
+    float *out_dev = dev_floats(NULL, nq, "out"), *lse_dev = dev_floats(NULL, nl, "lse");
+    int rc = dev->dflash_attention(dev, &sh, q_dev, k_dev, v_dev, anchors_dev, keep_dev, out_dev,
+                                   lse_dev);
+    check(rc == 0, "forward returned %d", rc);
+    expect_close("out", download(out_dev, nq), out, nq, tol_attn_fwd);
+    expect_close("lse", download(lse_dev, nl), lse, nl, tol_attn_fwd);
+    /* the backward from the CPU's out and lse: each side's backward on the same inputs */
+    float *outc_dev = dev_floats(out, nq, "out (cpu)"), *lsec_dev = dev_floats(lse, nl, "lse (cpu)");
+    float *dout_dev = dev_floats(dout, nq, "dout"), *dq_dev = dev_floats(dq0, nq, "dq");
+    float *dk_dev = dev_floats(dk0, nk, "dk"), *dv_dev = dev_floats(dv0, nk, "dv");
+    rc = dev->dflash_attention_backward(dev, &sh, q_dev, k_dev, v_dev, anchors_dev, keep_dev,
+                                        outc_dev, lsec_dev, dout_dev, dq_dev, dk_dev, dv_dev);
+    check(rc == 0, "backward returned %d", rc);
+    expect_close_added("dq", download(dq_dev, nq), dq, dq0, nq, tol_attn_grad);
+    expect_close_added("dk", download(dk_dev, nk), dk, dk0, nk, tol_attn_grad);
+    expect_close_added("dv", download(dv_dev, nk), dv, dv0, nk, tol_attn_grad);
+    end_case(case_name);
+}
+
+static void case_causal_attention(int64_t T, int64_t nh, int64_t nkv, int64_t d)
+{
+    snprintf(case_name, sizeof case_name, "causal_attention T=%lld nh=%lld nkv=%lld d=%lld",
+             (long long)T, (long long)nh, (long long)nkv, (long long)d);
+    const ddk_attention_shape sh = { T, 0, 0, nh, nkv, d, 0 };
+    const int64_t nq = T * nh * d, nk = T * nkv * d;
+    float *q = host_floats(nq), *k = host_floats(nk), *v = host_floats(nk);
+    fill_uniform(q, nq, -2.0, 2.0);
+    fill_uniform(k, nk, -2.0, 2.0);
+    fill_uniform(v, nk, -1.0, 1.0);
+    float *out = host_floats(nq);
+    check(cpu->causal_attention(cpu, &sh, q, k, v, out) == 0, "cpu causal");
+    float *q_dev = dev_floats(q, nq, "q"), *k_dev = dev_floats(k, nk, "k"),
+          *v_dev = dev_floats(v, nk, "v"), *out_dev = dev_floats(NULL, nq, "out");
+    const int rc = dev->causal_attention(dev, &sh, q_dev, k_dev, v_dev, out_dev);
+    check(rc == 0, "causal returned %d", rc);
+    expect_close("out", download(out_dev, nq), out, nq, tol_attn_fwd);
+    end_case(case_name);
+}
+
+/* nh % nkv != 0: -EINVAL from all three, nothing written (out, lse NaN as they started; dq,
+ * dk, dv as they started) */
+static void case_attention_einval(void)
+{
+    snprintf(case_name, sizeof case_name, "attention bad shape (nh=3 nkv=2): -EINVAL");
+    const ddk_attention_shape sh = { 4, 2, 3, 3, 2, 8, 0 };
+    const int64_t nq = 2 * 3 * 3 * 8, nk = (4 + 6) * 2 * 8, nl = 2 * 3 * 3;
+    float *x = host_floats(nk);
+    fill_uniform(x, nk, -1.0, 1.0);
+    const int32_t anchors[2] = { 1, 3 };
+    const uint8_t keep[2] = { 1, 1 };
+    float *x_dev = dev_floats(x, nk, "q, k, v, out, dout");
+    int32_t *anchors_dev = dev_buffer(anchors, sizeof anchors, "anchors");
+    uint8_t *keep_dev = dev_buffer(keep, sizeof keep, "keep");
+    float *out_dev = dev_floats(NULL, nq, "out"), *lse_dev = dev_floats(NULL, nl, "lse");
+    float *g_dev = dev_floats(x, nk, "dq, dk, dv");
+    int rf = dev->dflash_attention(dev, &sh, x_dev, x_dev, x_dev, anchors_dev, keep_dev, out_dev,
+                                   lse_dev);
+    int rb = dev->dflash_attention_backward(dev, &sh, x_dev, x_dev, x_dev, anchors_dev, keep_dev,
+                                            x_dev, x_dev, x_dev, g_dev, g_dev, g_dev);
+    int rcz = dev->causal_attention(dev, &sh, x_dev, x_dev, x_dev, out_dev);
+    check(rf == -EINVAL && rb == -EINVAL && rcz == -EINVAL,
+          "returned %d, %d, %d instead of -EINVAL", rf, rb, rcz);
+    unsigned char *nan_bytes = host((size_t)nq * sizeof(float));
+    memset(nan_bytes, 0xff, (size_t)nq * sizeof(float));
+    expect_same("out untouched", download(out_dev, nq), nan_bytes, (size_t)nq * sizeof(float));
+    expect_same("lse untouched", download(lse_dev, nl), nan_bytes, (size_t)nl * sizeof(float));
+    expect_same("gradients untouched", download(g_dev, nk), x, (size_t)nk * sizeof(float));
+    end_case(case_name);
+}
+
+static const attn_case_shape attn_shapes[] = {
+    /* S, A, B, nh, nkv, d, window */
+    { 1, 1, 3, 1, 1, 8, 0 },          /* one block at anchor 0: its own slots only */
+    { 40, 5, 3, 2, 1, 8, 2 },         /* window 2 < B */
+    { 100, 7, 16, 4, 2, 64, 0 },
+    { 100, 7, 16, 4, 4, 64, 5 },      /* window 5 < B */
+    { 300, 33, 24, 4, 1, 128, 0 },    /* B = 24: two row groups, the second partial */
+    { 513, 12, 24, 1, 1, 128, 7 },
+    { 777, 9, 16, 2, 2, 100, 0 },     /* d not a multiple of 32 */
+    { 2048, 64, 16, 4, 2, 128, 0 },
+    { 2048, 64, 16, 2, 2, 64, 9 },
+    { 2048, 1, 24, 4, 4, 8, 0 },      /* one block at anchor 0 */
+    { 2048, 20, 3, 4, 1, 128, 2048 }, /* window larger than any context: full but causal slots */
+};
+
+static const struct { int64_t T, nh, nkv, d; } causal_shapes[] = {
+    { 1, 1, 1, 8 }, { 17, 2, 1, 64 }, { 300, 4, 2, 128 }, { 2048, 4, 4, 64 }, { 129, 2, 2, 100 },
+};
+
+/* every attention case, reseeded like main's (seq continues its count) */
+static void run_attention_cases(uint64_t *seq)
+{
+    check(dev->dflash_attention && dev->dflash_attention_backward && dev->causal_attention,
+          "an attention op is NULL");
+    case_done("attention table");
+    if (!dev->dflash_attention || !dev->dflash_attention_backward || !dev->causal_attention)
+        return;
+    for (size_t i = 0; i < sizeof attn_shapes / sizeof attn_shapes[0]; i++) {
+        rng_state = 0x5eed0000u + *seq;
+        misalign = (*seq)++ % 2 * 4;
+        case_dflash_attention(&attn_shapes[i]);
+    }
+    for (size_t i = 0; i < sizeof causal_shapes / sizeof causal_shapes[0]; i++) {
+        rng_state = 0x5eed0000u + *seq;
+        misalign = (*seq)++ % 2 * 4;
+        case_causal_attention(causal_shapes[i].T, causal_shapes[i].nh, causal_shapes[i].nkv,
+                              causal_shapes[i].d);
+    }
+    rng_state = 0x5eed0000u + *seq;
+    misalign = (*seq)++ % 2 * 4;
+    case_attention_einval();
+}
+
+/* ------------------------------------------------------------------------------------------
  * The table: tiny, odd, unaligned and large shapes
  */
 
@@ -505,6 +709,238 @@ static const matmul_shape matmul_shapes[] = {
     { 1024, 5120, 4096, 0, 0, 0, 1.0f, 1.0f },
     { 4096, 5120, 1024, 1, 0, 0, 1.0f, 1.0f },
 };
+
+/* ------------------------------------------------------------------------------------------
+ * The loss (SPEC.md section 1): the device's loss against ddk_loss_cpu, same inputs
+ */
+
+/* loss, ce, kl, cap and per_position, by |gpu - cpu| / max(1, max|cpu|): the logits come from two
+ * fp32 products (cuBLAS, OpenBLAS) that differ by ~3e-7 sqrt(H) of the logits' scale
+ * (tol_matmul), ~1e-6 absolute at |z| ~ 3 and H = 130. Log-sum-exps and expectations carry that
+ * as an absolute error, and KL and CAP are differences of O(1..10) quantities, hence the floor of
+ * 1 instead of a relative error; float sums per thread and warp on the GPU against float blocks of
+ * 512 merged in double on the CPU add ~1e-7 at V = 5000. 3e-5 is a margin of ~10 over that and
+ * still far below what a wrong term or a misplaced tile costs (1e-2 and more). */
+static const double tol_loss_value = 3e-5;
+/* d loss / d hs, normalised by max|cpu|: g = d l / d zs inherits the logits' ~1e-6 relative error,
+ * then one more fp32 product over V (tol_matmul(V)) */
+static double tol_loss_grad(int64_t V)
+{
+    return 2e-5 + 2.0 * tol_matmul(V);
+}
+
+typedef struct {
+    int64_t n, H, V, chunk, vocab_tile;
+    int labels;    /* 0: NULL (the teacher's argmax); 1: given, every 7th ignored; 2: all ignored */
+    int weights;   /* 0: NULL; 1: in [0.25, 2], every 11th 0 and every 13th -1 (ignored) */
+    float alpha, T, lambda, Tc;
+    int no_outputs;   /* 1: grad_student and per_position NULL */
+} loss_case;
+
+static void loss_scalar(const char *what, double got, double want)
+{
+    double err = fabs(got - want) / fmax(1.0, fabs(want));
+    if (verbose)
+        printf("  . %-16s err %.2e  tol %.0e\n", what, err, tol_loss_value);
+    check(isfinite(got) && err <= tol_loss_value, "%s: gpu %.9g, cpu %.9g (error %.3g > %.3g)",
+          what, got, want, err, tol_loss_value);
+}
+
+/* The inputs of a loss case on the host: hs, ht (n, H), W (V, H), labels, weights (n) */
+typedef struct {
+    float *hs, *ht, *W, *weights;
+    int32_t *labels;
+} loss_inputs;
+
+static loss_inputs loss_make_inputs(const loss_case *s)
+{
+    loss_inputs in = { 0 };
+    const int64_t n = s->n, H = s->H, V = s->V;
+    in.hs = host_floats(n * H);
+    in.ht = host_floats(n * H);
+    in.W = host_floats(V * H);
+    fill_uniform(in.hs, n * H, -1.0, 1.0);
+    fill_uniform(in.ht, n * H, -0.3, 0.3);
+    for (int64_t i = 0; i < n * H; i++)
+        in.ht[i] += in.hs[i];   /* a teacher near the student: argmax agrees often, not always */
+    const double a = 6.0 / sqrt((double)H);   /* logits of standard deviation ~2 */
+    fill_uniform(in.W, V * H, -a, a);
+    if (s->labels) {
+        in.labels = host((size_t)n * sizeof(int32_t));
+        for (int64_t i = 0; i < n; i++)
+            in.labels[i] = s->labels == 2 || i % 7 == 3 ? -1 : (int32_t)rng_below(V);
+    }
+    if (s->weights) {
+        in.weights = host_floats(n);
+        fill_uniform(in.weights, n, 0.25, 2.0);
+        for (int64_t i = 0; i < n; i++)
+            in.weights[i] = i % 11 == 5 ? 0.0f : i % 13 == 6 ? -1.0f : in.weights[i];
+    }
+    return in;
+}
+
+static void case_loss(const loss_case *s)
+{
+    int len = snprintf(case_name, sizeof case_name,
+             "loss n=%lld H=%lld V=%lld chunk=%lld tile=%lld labels=%s%s alpha=%g T=%g "
+             "lambda=%g Tc=%g%s",
+             (long long)s->n, (long long)s->H, (long long)s->V, (long long)s->chunk,
+             (long long)s->vocab_tile,
+             s->labels == 0 ? "teacher" : s->labels == 1 ? "given" : "ignored",
+             s->weights ? " weights" : "", (double)s->alpha, (double)s->T, (double)s->lambda,
+             (double)s->Tc, s->no_outputs ? " no outputs" : "");
+    if (len >= (int)sizeof case_name)   /* a long name is cut, never overrun */
+        case_name[sizeof case_name - 1] = '\0';
+    const int64_t n = s->n, H = s->H, V = s->V;
+    const ddk_loss_params p = { n, H, V, s->chunk, s->vocab_tile, s->alpha, s->T, s->lambda, s->Tc };
+    loss_inputs in = loss_make_inputs(s);
+    const int uses_teacher = ddk_loss_uses_teacher(&p, in.labels != NULL);
+    float *grad = s->no_outputs ? NULL : host_floats(n * H);
+    float *pp = s->no_outputs ? NULL : host_floats(n);
+    ddk_loss_result want;
+    int rc = ddk_loss_cpu(&p, in.hs, uses_teacher ? in.ht : NULL, in.W, in.labels, in.weights,
+                          grad, pp, &want);
+    check(rc == 0, "ddk_loss_cpu returned %d", rc);
+
+    float *hs_dev = dev_floats(in.hs, n * H, "student_hidden");
+    float *ht_dev = uses_teacher ? dev_floats(in.ht, n * H, "teacher_hidden") : NULL;
+    float *W_dev = dev_floats(in.W, V * H, "lm_head");
+    int32_t *labels_dev =
+        in.labels ? dev_buffer(in.labels, (size_t)n * sizeof(int32_t), "labels") : NULL;
+    float *weights_dev = in.weights ? dev_floats(in.weights, n, "weights") : NULL;
+    float *grad_dev[2] = { NULL, NULL }, *pp_dev[2] = { NULL, NULL };
+    if (!s->no_outputs)
+        for (int t = 0; t < 2; t++) {
+            grad_dev[t] = dev_floats(NULL, n * H, t ? "grad_student (2nd run)" : "grad_student");
+            pp_dev[t] = dev_floats(NULL, n, t ? "per_position (2nd run)" : "per_position");
+        }
+
+    /* run twice: the same bits (the reduction order is fixed); the workspace is exactly
+     * ddk_loss_workspace_bytes (none when no position is counted) and is given back */
+    ddk_loss_result got[2];
+    const size_t before = ddk_allocator_stats(dev->alloc).current;
+    const int64_t ws = ddk_loss_workspace_bytes(&p, uses_teacher);
+    for (int t = 0; t < 2; t++) {
+        ddk_allocator_reset_peak(dev->alloc);
+        rc = dev->loss(dev, &p, hs_dev, ht_dev, W_dev, labels_dev, weights_dev, grad_dev[t],
+                       pp_dev[t], &got[t]);
+        dev_sync();
+        check(rc == 0, "run %d returned %d", t + 1, rc);
+        ddk_alloc_stats st = ddk_allocator_stats(dev->alloc);
+        check(st.current == before, "run %d: %zu bytes still allocated", t + 1, st.current - before);
+        size_t used = st.peak - before, expected = want.counted ? (size_t)ws : 0;
+        check(used == expected, "run %d: workspace peak %zu bytes, ddk_loss_workspace_bytes %zu",
+              t + 1, used, expected);
+    }
+    if (rc == 0) {
+        loss_scalar("loss", got[0].loss, want.loss);
+        loss_scalar("ce", got[0].ce, want.ce);
+        loss_scalar("kl", got[0].kl, want.kl);
+        loss_scalar("cap", got[0].cap, want.cap);
+        check(got[0].weight_sum == want.weight_sum, "weight_sum: gpu %.17g, cpu %.17g",
+              got[0].weight_sum, want.weight_sum);
+        check(got[0].counted == want.counted && got[0].correct == want.correct,
+              "counted %lld correct %lld, cpu %lld and %lld", (long long)got[0].counted,
+              (long long)got[0].correct, (long long)want.counted, (long long)want.correct);
+        expect_same("result twice", &got[1], &got[0], sizeof got[0]);
+    }
+    if (!s->no_outputs) {
+        float *pp_got = download(pp_dev[0], n), *grad_got = download(grad_dev[0], n * H);
+        /* per_position by the scalars' rule: max(1, max|cpu|) */
+        double num = 0.0, den = 1.0;
+        int64_t nonfinite = 0;
+        for (int64_t i = 0; i < n; i++) {
+            nonfinite += !isfinite(pp_got[i]);
+            num = fmax(num, fabs((double)pp_got[i] - pp[i]));
+            den = fmax(den, fabs((double)pp[i]));
+        }
+        check(nonfinite == 0 && num / den <= tol_loss_value,
+              "per_position: %lld not finite, error %.3g > %.3g", (long long)nonfinite, num / den,
+              tol_loss_value);
+        expect_close("grad_student", grad_got, grad, n * H, tol_loss_grad(V));
+        expect_same("per_position twice", download(pp_dev[1], n), pp_got, (size_t)n * sizeof(float));
+        expect_same("grad_student twice", download(grad_dev[1], n * H), grad_got,
+                    (size_t)(n * H) * sizeof(float));
+    }
+    end_case(case_name);
+}
+
+/* -ENOMEM (a budget one byte short of the workspace) and -EINVAL (a label = V, read from device
+ * memory): nothing written, out and the outputs as they were */
+static void case_loss_refused(void)
+{
+    snprintf(case_name, sizeof case_name, "loss refused: -ENOMEM, then -EINVAL (label = V)");
+    const loss_case s = { 37, 64, 257, 8, 0, 1, 1, 0.15f, 2.0f, 0.1f, 1.5f, 0 };
+    const ddk_loss_params p = { s.n, s.H, s.V, s.chunk, s.vocab_tile, s.alpha, s.T, s.lambda, s.Tc };
+    loss_inputs in = loss_make_inputs(&s);
+    float *hs_dev = dev_floats(in.hs, s.n * s.H, "student_hidden");
+    float *ht_dev = dev_floats(in.ht, s.n * s.H, "teacher_hidden");
+    float *W_dev = dev_floats(in.W, s.V * s.H, "lm_head");
+    int32_t *labels_dev = dev_buffer(in.labels, (size_t)s.n * sizeof(int32_t), "labels");
+    float *weights_dev = dev_floats(in.weights, s.n, "weights");
+    float *grad_dev = dev_floats(NULL, s.n * s.H, "grad_student");
+    float *pp_dev = dev_floats(NULL, s.n, "per_position");
+    const int64_t ws = ddk_loss_workspace_bytes(&p, 1);
+    ddk_loss_result out, sentinel;
+    memset(&sentinel, sentinel_byte, sizeof sentinel);
+
+    for (int t = 0; t < 2; t++) {
+        if (t == 0) {
+            ddk_allocator_set_budget(dev->alloc, ddk_allocator_stats(dev->alloc).current + (size_t)ws - 1);
+        } else {
+            int32_t bad = (int32_t)s.V;
+            dev->copy(dev, labels_dev + 5, &bad, sizeof bad);
+            dev_sync();
+        }
+        memcpy(&out, &sentinel, sizeof out);
+        int rc = dev->loss(dev, &p, hs_dev, ht_dev, W_dev, labels_dev, weights_dev, grad_dev,
+                           pp_dev, &out);
+        dev_sync();
+        ddk_allocator_set_budget(dev->alloc, 0);
+        int expected = t == 0 ? -ENOMEM : -EINVAL;
+        check(rc == expected, "returned %d instead of %d", rc, expected);
+        expect_same(t == 0 ? "out untouched (ENOMEM)" : "out untouched (EINVAL)", &out, &sentinel,
+                    sizeof out);
+        unsigned char *nan_bytes = host((size_t)(s.n * s.H) * sizeof(float));
+        memset(nan_bytes, 0xff, (size_t)(s.n * s.H) * sizeof(float));
+        expect_same("grad_student untouched", download(grad_dev, s.n * s.H), nan_bytes,
+                    (size_t)(s.n * s.H) * sizeof(float));
+        expect_same("per_position untouched", download(pp_dev, s.n), nan_bytes,
+                    (size_t)s.n * sizeof(float));
+    }
+    end_case(case_name);
+}
+
+static const loss_case loss_cases[] = {
+    /* n, H, V, chunk, vocab_tile, labels, weights, alpha, T, lambda, Tc, no_outputs */
+    { 1, 8, 2, 1, 0, 1, 0, 0.0f, 1.0f, 0.0f, 1.0f, 0 },
+    { 1, 8, 2, 4, 1, 0, 0, 1.0f, 2.0f, 0.1f, 2.0f, 0 },          /* tiles of one column */
+    { 37, 64, 257, 8, 0, 1, 1, 0.15f, 2.0f, 0.1f, 1.5f, 0 },
+    { 37, 64, 257, 16, 64, 1, 1, 0.15f, 2.0f, 0.1f, 1.5f, 0 },   /* last tile of one column */
+    { 37, 8, 257, 37, 100, 0, 1, 0.0f, 2.0f, 0.5f, 1.0f, 0 },     /* the teacher only for labels */
+    { 37, 64, 257, 5, 0, 2, 1, 0.15f, 2.0f, 0.1f, 1.5f, 0 },      /* every position ignored */
+    { 300, 130, 5000, 128, 0, 0, 0, 1.0f, 2.0f, 0.1f, 1.5f, 0 },
+    { 300, 130, 5000, 300, 1000, 1, 1, 0.15f, 2.0f, 0.1f, 1.5f, 0 },
+    { 300, 64, 5000, 64, 777, 0, 1, 0.15f, 1.0f, 0.2f, 1.0f, 0 }, /* T = 1, Tc = 1: shared exps */
+    { 300, 130, 5000, 100, 999, 1, 0, 0.15f, 2.0f, 0.1f, 1.5f, 1 },
+};
+
+/* every loss case, reseeded like main's (seq continues its count) */
+static void run_loss_cases(uint64_t *seq)
+{
+    check(dev->loss != NULL, "loss is NULL");
+    case_done("loss table");
+    if (!dev->loss)
+        return;
+    for (size_t i = 0; i < sizeof loss_cases / sizeof loss_cases[0]; i++) {
+        rng_state = 0x5eed0000u + *seq;
+        misalign = (*seq)++ % 2 * 4;
+        case_loss(&loss_cases[i]);
+    }
+    rng_state = 0x5eed0000u + *seq;
+    misalign = (*seq)++ % 2 * 4;
+    case_loss_refused();
+}
 
 int main(void)
 {
@@ -584,6 +1020,8 @@ int main(void)
         misalign = i % 3;   /* byte offsets 0, 1, 2: copies and memsets are byte-granular */
         case_copy_zero(copy_bytes[i]);
     }
+    run_attention_cases(&seq);
+    run_loss_cases(&seq);
 #undef NEXT_CASE
     return cases_summary();
 }

@@ -17,8 +17,8 @@
  *   - A device error (a failed launch, a sticky CUDA error) aborts with the file, line and CUDA's
  *     message: the process cannot trust the GPU any more (DESIGN.md, "Failure policy").
  *
- * Not here yet (NULL = unsupported, callers take the CPU path or refuse): the loss, DFlash
- * attention (forward and backward) and causal attention: the next step of the CUDA backend.
+ * The loss is in loss_cuda.cu. DFlash attention (forward and backward) and causal attention
+ * are in attention_cuda.cu.
  *
  * Tested by tests/test_backend_ops.c against the CPU backend (skipped without a GPU).
  */
@@ -54,6 +54,23 @@ void ddk_cuda_swiglu_backward(const ddk_backend *be, const float *gate, const fl
                               const float *dh, int64_t count, float *dgate, float *dup);
 void ddk_cuda_embedding(const ddk_backend *be, const float *table, const int32_t *tokens,
                         int64_t rows, int64_t H, float *out);
+
+/* loss_cuda.cu: the backend's loss (contract of ddk_loss_cpu) */
+int ddk_cuda_loss(const ddk_backend *be, const ddk_loss_params *p, const float *student_hidden,
+                  const float *teacher_hidden, const float *lm_head, const int32_t *labels,
+                  const float *weights, float *grad_student, float *per_position,
+                  ddk_loss_result *out);
+/* attention_cuda.cu */
+int ddk_cuda_dflash_attention(const ddk_backend *be, const ddk_attention_shape *shape,
+                              const float *q, const float *k, const float *v,
+                              const int32_t *anchors, const uint8_t *keep, float *out, float *lse);
+int ddk_cuda_dflash_attention_backward(const ddk_backend *be, const ddk_attention_shape *shape,
+                                       const float *q, const float *k, const float *v,
+                                       const int32_t *anchors, const uint8_t *keep,
+                                       const float *out, const float *lse, const float *dout,
+                                       float *dq, float *dk, float *dv);
+int ddk_cuda_causal_attention(const ddk_backend *be, const ddk_attention_shape *shape,
+                              const float *q, const float *k, const float *v, float *out);
 
 /* ------------------------------------------------------------------------------------------
  * Device errors abort (CONVENTIONS.md: a programming or device error)
@@ -247,7 +264,7 @@ static void backends_init(void)
         cb->table.name = "cuda";
         cb->table.alloc = ddk_allocator_cuda(d);
         cb->table.matmul = cuda_matmul;
-        cb->table.loss = NULL;   /* next step: the fused chunked loss on the GPU */
+        cb->table.loss = ddk_cuda_loss;
         cb->table.zero = cuda_zero;
         cb->table.copy = cuda_copy;
         cb->table.rmsnorm = ddk_cuda_rmsnorm;
@@ -256,9 +273,9 @@ static void backends_init(void)
         cb->table.swiglu = ddk_cuda_swiglu;
         cb->table.swiglu_backward = ddk_cuda_swiglu_backward;
         cb->table.embedding = ddk_cuda_embedding;
-        cb->table.dflash_attention = NULL;            /* next step */
-        cb->table.dflash_attention_backward = NULL;   /* next step */
-        cb->table.causal_attention = NULL;            /* next step */
+        cb->table.dflash_attention = ddk_cuda_dflash_attention;
+        cb->table.dflash_attention_backward = ddk_cuda_dflash_attention_backward;
+        cb->table.causal_attention = ddk_cuda_causal_attention;
         cb->device = d;
         pthread_mutex_init(&cb->lock, NULL);
         pthread_mutex_init(&cb->scratch_lock, NULL);

@@ -93,8 +93,8 @@ DDK_API ddk_allocator *ddk_allocator_cuda(int device);
  * ddk_allocator_cuda(device)); NULL when there is no such GPU or no CUDA. Its ops, zero and copy
  * included, are queued in order on one stream per GPU and return before they are done: the host
  * reads what they wrote, and rewrites or frees a host buffer given to copy, only after
- * ddk_cuda_synchronize(device). Not supported yet (NULL): loss, dflash_attention(_backward),
- * causal_attention. */
+ * ddk_cuda_synchronize(device). Every op of the CPU backend is there, in fp32 (bf16 comes
+ * next); the loss returns with its work done (its result is a host struct). */
 DDK_API const struct ddk_backend *ddk_backend_cuda(int device);
 /* Waits until every op queued on GPU `device`'s backend is done; a fault of one of them aborts
  * the process here with CUDA's message. Nothing to do without such a GPU. */
