@@ -1,0 +1,336 @@
+/* bench_loss_cuda.c: figures of the fused, chunked loss on GPU 0 (the CUDA backend's `loss`,
+ * fp32). Prints, never fails on speed; exits 77 ("SKIPPED: no GPU") when libddk has no CUDA or
+ * the machine no GPU, 1 when an allocation or the loss fails or a loss is not finite.
+ *
+ *   bench_loss_cuda [--n N] [--hidden H] [--vocab V] [--chunk C] [--tile T] [--reps R]
+ *                   [--kl-weight A] [--cap-weight L] [--ceiling 0|1] [--json]
+ *
+ * It prints a table, then one JSON line (--json: the JSON line alone).
+ *
+ * Defaults are the seed's scale: n 24,576 positions, H 5,120, V 248,320, chunk 4,096, and the
+ * two memory modes vocab_tile 0 and vocab_tile T = 8,192; kl_weight 0.15, labels the teacher's
+ * argmax (labels = NULL), weights all 1. tests/gpu/check.sh runs it on the device machine.
+ *
+ * What it measures, and how:
+ *   - inputs hs, ht (n, H), W (V, H) and grad (n, H) live in device memory from
+ *     ddk_malloc(ddk_allocator_cuda(0), ...); they are filled on the host one slice at a time
+ *     (SLICE floats) and copied with the backend's copy, so the host never holds more than one
+ *     slice. Values are uniform with the standard deviations bench_loss draws normals with
+ *     (hs, ht: 1; W: 2 / sqrt(H), logits of std ~2): 1.3e9 Box-Muller draws at the seed's
+ *     scale would take longer than the loss;
+ *   - time: ddk_cuda_synchronize, then CLOCK_MONOTONIC around the call, then
+ *     ddk_cuda_synchronize again (no CUDA events: this file is plain C and links ddk only);
+ *     one warm-up call, then the median (and minimum) of --reps calls;
+ *   - TFLOP/s count the logit-sized products the mode performs, 2 n V H FLOP each: 3 when the
+ *     logits are materialised (vocab_tile 0: student and teacher logits, d hs = g W), 5 when
+ *     tiled (both logits again in the gradient pass). The softmax statistics are not counted;
+ *   - workspace: the CUDA allocator's peak during the calls minus its level before them
+ *     (ddk_loss_workspace_bytes is printed beside it);
+ *   - the matmul ceiling: the best fp32 rate of the backend's matmul (cublasSgemm, never TF32)
+ *     over the loss's own product shapes at this chunk (C x V x H with op(W) transposed, and
+ *     C x H x V) and one square 8192 product, median of 5 each.
+ * bf16 is not implemented in libddk yet: every figure here is fp32, and the issue's bf16
+ * targets cannot be evaluated from it.
+ *
+ * Dimension legend: n positions, H hidden size, V vocabulary, C chunk.
+ */
+#include "bench_util.h"
+#include "ddk.h"
+#include "ddk_rng.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define SLICE ((int64_t)1 << 24)   /* floats per host slice (64 MiB) */
+#define MAX_REPS 64
+
+typedef struct bench_args {
+    int64_t n, hidden, vocab, chunk, tile;
+    int reps, json, ceiling;
+    float kl_weight, cap_weight;
+} bench_args;
+
+static int parse_args(int argc, char **argv, bench_args *a)
+{
+    *a = (bench_args){ .n = 24576, .hidden = 5120, .vocab = 248320, .chunk = 4096, .tile = 8192,
+                       .reps = 3, .ceiling = 1, .kl_weight = 0.15f };
+    for (int i = 1; i < argc; i++) {
+        const char *k = argv[i];
+        if (!strcmp(k, "--json")) { a->json = 1; continue; }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "bench_loss_cuda: %s needs a value\n", k);
+            return -1;
+        }
+        char *end;
+        double v = strtod(argv[++i], &end);
+        if (*end || v < 0) {
+            fprintf(stderr, "bench_loss_cuda: %s wants a non-negative number, got '%s'\n", k, argv[i]);
+            return -1;
+        }
+        if (!strcmp(k, "--n")) a->n = (int64_t)v;
+        else if (!strcmp(k, "--hidden")) a->hidden = (int64_t)v;
+        else if (!strcmp(k, "--vocab")) a->vocab = (int64_t)v;
+        else if (!strcmp(k, "--chunk")) a->chunk = (int64_t)v;
+        else if (!strcmp(k, "--tile")) a->tile = (int64_t)v;
+        else if (!strcmp(k, "--reps")) a->reps = (int)v;
+        else if (!strcmp(k, "--kl-weight")) a->kl_weight = (float)v;
+        else if (!strcmp(k, "--cap-weight")) a->cap_weight = (float)v;
+        else if (!strcmp(k, "--ceiling")) a->ceiling = v != 0;
+        else {
+            fprintf(stderr, "bench_loss_cuda: unknown option %s (see the comment at the top of bench_loss_cuda.c)\n", k);
+            return -1;
+        }
+    }
+    if (a->n < 1 || a->hidden < 1 || a->vocab < 1 || a->chunk < 1 || a->tile < 1 || a->reps < 1) {
+        fprintf(stderr, "bench_loss_cuda: --n, --hidden, --vocab, --chunk, --tile and --reps must be >= 1\n");
+        return -1;
+    }
+    if (a->reps > MAX_REPS)
+        a->reps = MAX_REPS;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+
+static const ddk_backend *be;
+static ddk_allocator *gpu;
+
+static float *dev_alloc(int64_t count, const char *what)
+{
+    float *p = ddk_malloc(gpu, (size_t)count * sizeof(float));
+    if (!p) {
+        ddk_alloc_stats s = ddk_allocator_stats(gpu);
+        fprintf(stderr, "bench_loss_cuda: cannot allocate %s (%.3f GB) on cuda:0 (%.3f GB live)\n",
+                what, (double)count * sizeof(float) / 1e9, s.current / 1e9);
+        exit(1);
+    }
+    return p;
+}
+
+/* dst (count) on the GPU := uniform values of standard deviation std, one host slice at a time */
+static void fill_device(float *dst, int64_t count, float std, float *slice, uint64_t *rng)
+{
+    const float half_width = std * 1.7320508f;   /* uniform on [-a, a] has std a / sqrt(3) */
+    for (int64_t off = 0; off < count; off += SLICE) {
+        int64_t m = count - off < SLICE ? count - off : SLICE;
+        for (int64_t i = 0; i < m; i++) {
+            uint64_t r = ddk_rng_next(rng);
+            slice[i] = half_width * ((float)(r >> 40) * 0x1.0p-23f - 1.0f);
+        }
+        be->copy(be, dst + off, slice, (size_t)m * sizeof(float));
+        ddk_cuda_synchronize(0);   /* the slice is rewritten next: the copy must be done */
+    }
+}
+
+typedef struct mode_figures {
+    int64_t tile;
+    double median, min;        /* seconds */
+    double flop;               /* counted products, 2 n V H each */
+    size_t workspace;          /* allocator peak above the level before the calls */
+    int64_t workspace_analytic;
+    ddk_loss_result result;
+} mode_figures;
+
+static int time_loss(const bench_args *a, int64_t tile, const float *hs, const float *ht,
+                     const float *W, float *grad, mode_figures *f)
+{
+    ddk_loss_params p = { .n = a->n, .hidden = a->hidden, .vocab = a->vocab, .chunk = a->chunk,
+                          .vocab_tile = tile, .kl_weight = a->kl_weight, .kl_temperature = 1.0f,
+                          .cap_weight = a->cap_weight, .cap_temperature = 1.0f };
+    double t[MAX_REPS];
+    f->tile = tile;
+    f->flop = (tile > 0 && tile < a->vocab ? 5.0 : 3.0) * 2.0 * (double)a->n * a->vocab * a->hidden;
+    f->workspace_analytic = ddk_loss_workspace_bytes(&p, 1);
+    ddk_cuda_synchronize(0);
+    ddk_allocator_trim(gpu);   /* a cached block of the same size would hide the workspace */
+    ddk_allocator_reset_peak(gpu);
+    size_t base = ddk_allocator_stats(gpu).current;
+    int rc = be->loss(be, &p, hs, ht, W, NULL, NULL, grad, NULL, &f->result);   /* warm-up */
+    ddk_cuda_synchronize(0);
+    for (int r = 0; r < a->reps && rc == 0; r++) {
+        double t0 = bench_now_s();
+        rc = be->loss(be, &p, hs, ht, W, NULL, NULL, grad, NULL, &f->result);
+        ddk_cuda_synchronize(0);
+        t[r] = bench_now_s() - t0;
+    }
+    if (rc) {
+        fprintf(stderr, "bench_loss_cuda: the loss (vocab_tile %lld) failed with %d\n", (long long)tile, rc);
+        return rc;
+    }
+    f->workspace = ddk_allocator_stats(gpu).peak - base;
+    f->median = bench_median(t, a->reps);   /* sorts t */
+    f->min = t[0];
+    if (!isfinite(f->result.loss)) {
+        fprintf(stderr, "bench_loss_cuda: the loss (vocab_tile %lld) is %g\n", (long long)tile, f->result.loss);
+        return -1;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * The matmul ceiling: the backend's fp32 matmul (cublasSgemm) on the loss's product shapes
+ */
+
+typedef struct gemm_case {
+    const char *what;
+    int trans_b;
+    int64_t m, n, k;
+    double tflops;
+} gemm_case;
+
+static double time_gemm(int trans_b, int64_t m, int64_t n, int64_t k, const float *A,
+                        const float *B, float *C)
+{
+    enum { REPS = 5 };
+    double t[REPS];
+    int64_t ldb = trans_b ? k : n;
+    for (int r = -1; r < REPS; r++) {   /* r = -1: warm-up */
+        ddk_cuda_synchronize(0);
+        double t0 = bench_now_s();
+        be->matmul(be, 0, trans_b, m, n, k, 1.0f, A, k, B, ldb, 0.0f, C, n);
+        ddk_cuda_synchronize(0);
+        if (r >= 0)
+            t[r] = bench_now_s() - t0;
+    }
+    return 2.0 * m * n * k / bench_median(t, REPS) / 1e12;
+}
+
+/* cases[3]; returns the best rate. W (V, H) is the B of the first two; A and C are allocated
+ * here, big enough for every case, and filled with random values (never timed on zeros). */
+static double gemm_ceiling(const bench_args *a, const float *W, float *slice, uint64_t *rng,
+                           gemm_case *cases)
+{
+    int64_t c = a->chunk < a->n ? a->chunk : a->n, H = a->hidden, V = a->vocab, sq = 8192;
+    cases[0] = (gemm_case){ "C x V x H (logits = h W^T)", 1, c, V, H, 0 };
+    cases[1] = (gemm_case){ "C x H x V (d h = g W)", 0, c, H, V, 0 };
+    cases[2] = (gemm_case){ "8192 x 8192 x 8192", 0, sq, sq, sq, 0 };
+    int64_t a_count = c * (V > H ? V : H), c_count = c * (V > H ? V : H);
+    if (a_count < sq * sq) a_count = sq * sq;
+    if (c_count < sq * sq) c_count = sq * sq;
+    float *A = dev_alloc(a_count, "the ceiling's A");
+    float *C = dev_alloc(c_count, "the ceiling's C");
+    float *B = dev_alloc(sq * sq, "the ceiling's square B");
+    fill_device(A, a_count, 1.0f, slice, rng);
+    fill_device(B, sq * sq, 1.0f / sqrtf((float)sq), slice, rng);
+    double best = 0;
+    for (int i = 0; i < 3; i++) {
+        const float *b = i < 2 ? W : B;
+        cases[i].tflops = time_gemm(cases[i].trans_b, cases[i].m, cases[i].n, cases[i].k, A, b, C);
+        if (cases[i].tflops > best)
+            best = cases[i].tflops;
+    }
+    ddk_free(gpu, A, (size_t)a_count * sizeof(float));
+    ddk_free(gpu, C, (size_t)c_count * sizeof(float));
+    ddk_free(gpu, B, (size_t)(sq * sq) * sizeof(float));
+    return best;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+
+int main(int argc, char **argv)
+{
+    bench_args a;
+    if (parse_args(argc, argv, &a))
+        return 2;
+    if (!ddk_has_cuda() || ddk_cuda_device_count() == 0) {
+        printf("SKIPPED: no GPU\n");
+        return 77;
+    }
+    be = ddk_backend_cuda(0);
+    gpu = ddk_allocator_cuda(0);
+    if (!be || !gpu || !be->loss || !be->matmul || !be->copy) {
+        fprintf(stderr, "bench_loss_cuda: the CUDA backend of GPU 0 is missing or incomplete\n");
+        return 1;
+    }
+    ddk_device_info info;
+    memset(&info, 0, sizeof info);
+    if (ddk_cuda_device_info(0, &info) != 0)
+        snprintf(info.name, sizeof info.name, "cuda:0");
+
+    int64_t n = a.n, H = a.hidden, V = a.vocab;
+    float *slice = malloc((size_t)SLICE * sizeof(float));
+    if (!slice) {
+        fprintf(stderr, "bench_loss_cuda: out of host memory for one slice\n");
+        return 1;
+    }
+    uint64_t rng = 0x9E3779B97F4A7C15ull;
+    double t_fill = bench_now_s();
+    float *hs = dev_alloc(n * H, "hs");       /* (n, H) */
+    float *ht = dev_alloc(n * H, "ht");       /* (n, H) */
+    float *W = dev_alloc(V * H, "W");         /* (V, H) */
+    float *grad = dev_alloc(n * H, "grad");   /* (n, H) */
+    fill_device(hs, n * H, 1.0f, slice, &rng);
+    fill_device(ht, n * H, 1.0f, slice, &rng);
+    fill_device(W, V * H, 2.0f / sqrtf((float)H), slice, &rng);
+    t_fill = bench_now_s() - t_fill;
+    size_t inputs_bytes = ddk_allocator_stats(gpu).current;
+
+    mode_figures m[2];
+    if (time_loss(&a, 0, hs, ht, W, grad, &m[0]) || time_loss(&a, a.tile, hs, ht, W, grad, &m[1]))
+        return 1;
+    gemm_case cases[3];
+    memset(cases, 0, sizeof cases);
+    double ceiling = a.ceiling ? gemm_ceiling(&a, W, slice, &rng, cases) : 0;
+    double rel = fabs(m[0].result.loss - m[1].result.loss) / fmax(fabs(m[0].result.loss), 1e-30);
+
+    if (!a.json) {
+        printf("CUDA loss benchmark on cuda:0 %s (sm_%d): n %lld, H %lld, V %lld, chunk %lld, "
+               "kl_weight %.3g, cap_weight %.3g, labels the teacher's argmax, fp32, median of %d\n",
+               info.name, info.compute_capability, (long long)n, (long long)H, (long long)V,
+               (long long)a.chunk, a.kl_weight, a.cap_weight, a.reps);
+        printf("  inputs %.2f GB on the GPU, filled in %.1f s (host slices of %lld MB)\n",
+               inputs_bytes / 1e9, t_fill, (long long)(SLICE * 4 >> 20));
+        printf("  %-16s %9s %9s %9s %9s %13s %13s %11s\n", "mode", "median s", "min s", "products",
+               "TFLOP/s*", "workspace GB", "analytic GB", "of ceiling");
+        for (int i = 0; i < 2; i++) {
+            char name[32];
+            snprintf(name, sizeof name, "vocab_tile %lld", (long long)m[i].tile);
+            double tf = m[i].flop / m[i].median / 1e12;
+            char frac[16] = "-";
+            if (ceiling > 0)
+                snprintf(frac, sizeof frac, "%.0f%%", 100.0 * tf / ceiling);
+            printf("  %-16s %9.3f %9.3f %9.0f %9.1f %13.3f %13.3f %11s\n", name, m[i].median, m[i].min,
+                   m[i].flop / (2.0 * n * V * H), tf, m[i].workspace / 1e9, m[i].workspace_analytic / 1e9, frac);
+        }
+        printf("  * 2 n V H FLOP per logit-sized product the mode performs (3 materialised, 5 tiled);\n"
+               "    softmax statistics not counted. loss %.6f (tile 0) vs %.6f (tile %lld): rel. diff %.2e\n",
+               m[0].result.loss, m[1].result.loss, (long long)a.tile, rel);
+        if (a.ceiling) {
+            printf("  matmul ceiling, fp32 cublasSgemm through the backend (no TF32), median of 5:\n");
+            for (int i = 0; i < 3; i++)
+                printf("    %-28s %6lld x %6lld x %6lld  %7.1f TFLOP/s\n", cases[i].what,
+                       (long long)cases[i].m, (long long)cases[i].n, (long long)cases[i].k, cases[i].tflops);
+            printf("    best %.1f TFLOP/s\n", ceiling);
+        }
+        printf("  bf16: not implemented in libddk yet; every figure is fp32, so the issue's bf16 goals "
+               "cannot be evaluated here.\n");
+    }
+
+    printf("{\"impl\":\"ddtree-cuda\",\"device\":\"%s\",\"sm\":%d,\"dtype\":\"fp32\",\"bf16\":\"not implemented\","
+           "\"n\":%lld,\"hidden\":%lld,\"vocab\":%lld,\"chunk\":%lld,\"tile\":%lld,\"reps\":%d,"
+           "\"kl_weight\":%.9g,\"cap_weight\":%.9g,\"inputs_bytes\":%zu,\"fill_seconds\":%.3f",
+           info.name, info.compute_capability, (long long)n, (long long)H, (long long)V,
+           (long long)a.chunk, (long long)a.tile, a.reps, a.kl_weight, a.cap_weight, inputs_bytes, t_fill);
+    for (int i = 0; i < 2; i++)
+        printf(",\"%s\":{\"vocab_tile\":%lld,\"seconds_median\":%.6f,\"seconds_min\":%.6f,"
+               "\"products\":%.0f,\"tflops\":%.3f,\"workspace_bytes\":%zu,\"workspace_analytic_bytes\":%lld,"
+               "\"loss\":%.9g,\"ce\":%.9g,\"kl\":%.9g}",
+               i ? "tiled" : "full", (long long)m[i].tile, m[i].median, m[i].min,
+               m[i].flop / (2.0 * n * V * H), m[i].flop / m[i].median / 1e12, m[i].workspace,
+               (long long)m[i].workspace_analytic, m[i].result.loss, m[i].result.ce, m[i].result.kl);
+    printf(",\"loss_rel_diff\":%.3e,\"ceiling_tflops\":%.3f,\"ceiling_cases\":[", rel, ceiling);
+    for (int i = 0; a.ceiling && i < 3; i++)
+        printf("%s{\"m\":%lld,\"n\":%lld,\"k\":%lld,\"trans_b\":%d,\"tflops\":%.3f}", i ? "," : "",
+               (long long)cases[i].m, (long long)cases[i].n, (long long)cases[i].k, cases[i].trans_b,
+               cases[i].tflops);
+    printf("]}\n");
+
+    ddk_free(gpu, hs, (size_t)(n * H) * sizeof(float));
+    ddk_free(gpu, ht, (size_t)(n * H) * sizeof(float));
+    ddk_free(gpu, W, (size_t)(V * H) * sizeof(float));
+    ddk_free(gpu, grad, (size_t)(n * H) * sizeof(float));
+    free(slice);
+    return 0;
+}
