@@ -174,18 +174,12 @@ static void post_control(ddt_api *a, const char *id, const char *verb, const ddt
         reply(res, status, out);
 }
 
-static int parse_count(const char *text, int64_t dflt, int64_t *out)
+/* an optional count of the query: dflt when absent */
+static int query_count(const ddt_http_request *req, const char *key, int64_t dflt, int64_t *out)
 {
-    if (!text) {
-        *out = dflt;
-        return 0;
-    }
-    char *end;
-    long long v = strtoll(text, &end, 10);
-    if (!*text || *end || v < 0)
-        return -1;
-    *out = v;
-    return 0;
+    const char *text = ddt_http_query(req, key);
+    *out = dflt;
+    return text ? ddt_parse_count(text, out) : 0;
 }
 
 static void get_records(ddt_api *a, const char *id, int events, const ddt_http_request *req,
@@ -198,11 +192,11 @@ static void get_records(ddt_api *a, const char *id, int events, const ddt_http_r
     }
     cJSON_Delete(known);
     int64_t after, limit;
-    if (parse_count(ddt_http_query(req, "after"), events ? 0 : -1, &after)) {
+    if (query_count(req, "after", events ? 0 : -1, &after)) {
         ddt_http_error(res, 400, "invalid_query", "after", "after must be a non-negative integer");
         return;
     }
-    if (parse_count(ddt_http_query(req, "limit"), 1000, &limit) || limit < 1 || limit > 10000) {
+    if (query_count(req, "limit", 1000, &limit) || limit < 1 || limit > 10000) {
         ddt_http_error(res, 400, "invalid_query", "limit", "limit must be an integer in [1, 10000]");
         return;
     }

@@ -3,6 +3,8 @@
 #ifndef DDT_COMMANDS_H
 #define DDT_COMMANDS_H
 
+#include "config.h"
+
 #include <stdint.h>
 
 int ddt_cmd_step(int argc, char **argv);
@@ -11,8 +13,5 @@ int ddt_cmd_train(int argc, char **argv);
 int ddt_cmd_plan(int argc, char **argv);
 int ddt_cmd_export(int argc, char **argv);
 int ddt_cmd_serve(int argc, char **argv);
-
-/* A non-negative decimal integer: 0, or -1 when text is anything else. */
-int ddt_parse_count(const char *text, int64_t *out);
 
 #endif

@@ -210,3 +210,14 @@ cJSON *ddt_daemon_config_json(const ddt_daemon_config *c)
     }
     return o;
 }
+
+int ddt_parse_count(const char *text, int64_t *out)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(text, &end, 10);
+    if (errno || end == text || *end || v < 0)
+        return -1;
+    *out = v;
+    return 0;
+}

@@ -36,6 +36,9 @@ int ddt_daemon_config_reload(ddt_daemon_config *c, const ddt_daemon_config *fres
 void ddt_daemon_config_print_help(FILE *out);
 /* The start-up summary: one log line with every setting (the token hidden). */
 void ddt_daemon_config_log(const ddt_daemon_config *c);
+/* A non-negative decimal integer (flags, query strings): 0, or -1 when text is anything else. */
+int ddt_parse_count(const char *text, int64_t *out);
+
 /* Every setting as a JSON object (the token hidden), for GET /status. */
 cJSON *ddt_daemon_config_json(const ddt_daemon_config *c);
 

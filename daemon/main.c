@@ -20,17 +20,6 @@
     "  export    the serving export of a run's checkpoint\n"                                 \
     "  --version\n"
 
-int ddt_parse_count(const char *text, int64_t *out)
-{
-    char *end;
-    errno = 0;
-    long long v = strtoll(text, &end, 10);
-    if (errno || end == text || *end || v < 0)
-        return -1;
-    *out = v;
-    return 0;
-}
-
 int main(int argc, char **argv)
 {
     if (argc < 2 || argv[1][0] == '-') {   /* options only: the daemon */

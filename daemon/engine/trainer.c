@@ -39,6 +39,7 @@ typedef struct rank_state {
     const ddk_backend *be;
     float *grads;                 /* (total) */
     float *micro_grads;           /* (total): one micro-batch's, when grad_accum > 1 */
+    ddt_drafter_weights step_grads;   /* bound once: into micro_grads when accumulating, else grads */
     /* the rank's slice of the batch */
     int64_t nseq, first;          /* sequences, index of the first in the global batch */
     int32_t *input_ids;           /* (nseq, S) */
@@ -132,6 +133,7 @@ static int alloc_ranks(ddt_trainer *t, char *err, size_t err_len)
                      gbytes + rs->batch_bytes);
             return -ENOMEM;
         }
+        ddt_drafter_bind(&c->drafter, rs->micro_grads ? rs->micro_grads : rs->grads, &rs->step_grads);
         char *p = rs->batch_block;
         rs->features = (float *)p;
         p += (size_t)(n * S * LH) * sizeof(float);
@@ -214,6 +216,19 @@ static int resume_from(ddt_trainer *t, const char *ckpt, char *err, size_t err_l
     return rc;
 }
 
+/* A checkpoint's state.json, parsed (the trainer's own state beside the tensors); NULL with
+ * err. path receives its file name. */
+static cJSON *checkpoint_state(const char *ckpt, char *path, size_t path_len, char *err, size_t err_len)
+{
+    snprintf(path, path_len, "%.2400s/state.json", ckpt);
+    char *text = ddt_read_text_file(path, 1 << 22, err, err_len);
+    cJSON *o = text ? cJSON_Parse(text) : NULL;
+    if (text && !o)
+        snprintf(err, err_len, "%s: not valid JSON", path);
+    free(text);
+    return o;
+}
+
 /* The config of a run to resume: the newest checkpoint's state.json. */
 static char *resume_config(const char *run_dir, char *ckpt, size_t ckpt_len, char *err, size_t err_len)
 {
@@ -222,30 +237,13 @@ static char *resume_config(const char *run_dir, char *ckpt, size_t ckpt_len, cha
         snprintf(err, err_len, "%s has no complete checkpoint to resume from", run_dir);
         return NULL;
     }
-    char path[2300];
-    snprintf(path, sizeof path, "%s/state.json", ckpt);
-    FILE *f = fopen(path, "rb");
-    char *text = NULL;
-    if (f) {
-        fseek(f, 0, SEEK_END);
-        long n = ftell(f);
-        fseek(f, 0, SEEK_SET);
-        text = n > 0 ? malloc((size_t)n + 1) : NULL;
-        if (text && fread(text, 1, (size_t)n, f) == (size_t)n)
-            text[n] = '\0';
-        else {
-            free(text);
-            text = NULL;
-        }
-        fclose(f);
-    }
-    cJSON *o = text ? cJSON_Parse(text) : NULL;
+    char path[2500];
+    cJSON *o = checkpoint_state(ckpt, path, sizeof path, err, err_len);
     const char *config = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "config"));
     char *out = config ? strdup(config) : NULL;
-    if (!out)
+    if (o && !out)
         snprintf(err, err_len, "%s: no run config in state.json", path);
     cJSON_Delete(o);
-    free(text);
     return out;
 }
 
@@ -401,10 +399,9 @@ static void *rank_main(void *arg)
     const int64_t S = c->seq_len, A = c->max_anchors, H = c->drafter.hidden, LH = c->drafter.taps * H;
     const int64_t micro = (rs->nseq + c->grad_accum - 1) / c->grad_accum;
     double t0 = ddt_mono_s();
-    const int accumulate = micro < rs->nseq;
+    const int accumulate = micro < rs->nseq;   /* then micro_grads exists (alloc_ranks) */
     float *target = accumulate ? rs->micro_grads : rs->grads;
-    ddt_drafter_weights g;
-    ddt_drafter_bind(&c->drafter, target, &g);
+    ddt_drafter_weights *g = &rs->step_grads;
     memset(rs->grads, 0, (size_t)t->total * sizeof(float));
     ddt_loss_config lc = { .gamma = c->gamma, .ce_target_teacher = c->ce_target_teacher,
                            .loss = { .chunk = t->chunk, .vocab_tile = t->vocab_tile,
@@ -421,7 +418,7 @@ static void *rank_main(void *arg)
         ddk_loss_result r = { 0 };
         if (accumulate)
             memset(target, 0, (size_t)t->total * sizeof(float));
-        rs->rc = ddt_drafter_step(rs->be, &c->drafter, &t->w, &g, t->embed, t->lm_head, &b, &lc, &r);
+        rs->rc = ddt_drafter_step(rs->be, &c->drafter, &t->w, g, t->embed, t->lm_head, &b, &lc, &r);
         if (accumulate && rs->rc == 0 && r.weight_sum > 0) {
             const float wm = (float)r.weight_sum;
             for (int64_t i = 0; i < t->total; i++)
@@ -735,10 +732,9 @@ int ddt_trainer_eval(ddt_trainer *t, ddt_acceptance *acc, char *err, size_t err_
 static int checkpoint_drafter(const char *ckpt, ddt_run_config *rc_out, char *err, size_t err_len)
 {
     char path[2500], field[160];
-    snprintf(path, sizeof path, "%.2400s/state.json", ckpt);
-    char *text = ddt_read_text_file(path, 1 << 22, err, err_len);
-    cJSON *o = text ? cJSON_Parse(text) : NULL;
-    free(text);
+    cJSON *o = checkpoint_state(ckpt, path, sizeof path, err, err_len);
+    if (!o)
+        return -EINVAL;
     const char *config = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "config"));
     const cJSON *r = cJSON_GetObjectItemCaseSensitive(o, "resolved");
     int rc = config && cJSON_IsObject(r) ? 0 : -EINVAL;

@@ -59,33 +59,14 @@ static int parse_args(int argc, char **argv, bench_args *a)
 {
     *a = (bench_args){ .A = 256, .B = 16, .S = 2048, .nh = 8, .d = 64, .window = 0, .reps = 3,
                        .threads = 0, .dense = 1 };
-    for (int i = 1; i < argc; i++) {
-        const char *k = argv[i];
-        if (!strcmp(k, "--no-dense")) { a->dense = 0; continue; }
-        if (i + 1 >= argc) {
-            fprintf(stderr, "bench_attention: %s needs a value\n", k);
-            return -1;
-        }
-        char *end;
-        double v = strtod(argv[++i], &end);
-        if (*end || v < 0) {
-            fprintf(stderr, "bench_attention: %s wants a non-negative number, got '%s'\n", k,
-                    argv[i]);
-            return -1;
-        }
-        if (!strcmp(k, "--A")) a->A = (int64_t)v;
-        else if (!strcmp(k, "--B")) a->B = (int64_t)v;
-        else if (!strcmp(k, "--S")) a->S = (int64_t)v;
-        else if (!strcmp(k, "--nh")) a->nh = (int64_t)v;
-        else if (!strcmp(k, "--d")) a->d = (int64_t)v;
-        else if (!strcmp(k, "--window")) a->window = (int64_t)v;
-        else if (!strcmp(k, "--reps")) a->reps = (int)v;
-        else if (!strcmp(k, "--threads")) a->threads = (int)v;
-        else {
-            fprintf(stderr, "bench_attention: unknown option %s (see the top of bench_attention.c)\n", k);
-            return -1;
-        }
-    }
+    const bench_opt opts[] = {
+        { "--A", BENCH_I64, &a->A }, { "--B", BENCH_I64, &a->B }, { "--S", BENCH_I64, &a->S },
+        { "--nh", BENCH_I64, &a->nh }, { "--d", BENCH_I64, &a->d }, { "--window", BENCH_I64, &a->window },
+        { "--reps", BENCH_INT, &a->reps }, { "--threads", BENCH_INT, &a->threads },
+        { "--no-dense", BENCH_CLEAR, &a->dense },
+    };
+    if (bench_parse("bench_attention", argc, argv, opts, (int)(sizeof opts / sizeof opts[0])))
+        return -1;
     if (a->A < 1 || a->B < 1 || a->S < 2 || a->nh < 1 || a->d < 1 || a->reps < 1) {
         fprintf(stderr, "bench_attention: --A, --B, --nh, --d, --reps must be >= 1, --S >= 2\n");
         return -1;

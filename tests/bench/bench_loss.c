@@ -57,34 +57,15 @@ static int parse_args(int argc, char **argv, bench_args *a)
 {
     *a = (bench_args){ .n = 2048, .hidden = 256, .vocab = 16000, .chunk = 512, .tile = 2048,
                        .threads = 1, .reps = 3, .kl_weight = 0.15f };
-    for (int i = 1; i < argc; i++) {
-        const char *k = argv[i];
-        if (!strcmp(k, "--json")) { a->json = 1; continue; }
-        if (!strcmp(k, "--seed-arithmetic")) { a->seed_arithmetic = 1; continue; }
-        if (i + 1 >= argc) {
-            fprintf(stderr, "bench_loss: %s needs a value\n", k);
-            return -1;
-        }
-        char *end;
-        double v = strtod(argv[++i], &end);
-        if (*end || v < 0) {
-            fprintf(stderr, "bench_loss: %s wants a non-negative number, got '%s'\n", k, argv[i]);
-            return -1;
-        }
-        if (!strcmp(k, "--n")) a->n = (int64_t)v;
-        else if (!strcmp(k, "--hidden")) a->hidden = (int64_t)v;
-        else if (!strcmp(k, "--vocab")) a->vocab = (int64_t)v;
-        else if (!strcmp(k, "--chunk")) a->chunk = (int64_t)v;
-        else if (!strcmp(k, "--tile")) a->tile = (int64_t)v;
-        else if (!strcmp(k, "--threads")) a->threads = (int)v;
-        else if (!strcmp(k, "--reps")) a->reps = (int)v;
-        else if (!strcmp(k, "--kl-weight")) a->kl_weight = (float)v;
-        else if (!strcmp(k, "--cap-weight")) a->cap_weight = (float)v;
-        else {
-            fprintf(stderr, "bench_loss: unknown option %s (see the comment at the top of bench_loss.c)\n", k);
-            return -1;
-        }
-    }
+    const bench_opt opts[] = {
+        { "--n", BENCH_I64, &a->n }, { "--hidden", BENCH_I64, &a->hidden }, { "--vocab", BENCH_I64, &a->vocab },
+        { "--chunk", BENCH_I64, &a->chunk }, { "--tile", BENCH_I64, &a->tile },
+        { "--threads", BENCH_INT, &a->threads }, { "--reps", BENCH_INT, &a->reps },
+        { "--kl-weight", BENCH_F32, &a->kl_weight }, { "--cap-weight", BENCH_F32, &a->cap_weight },
+        { "--json", BENCH_SET, &a->json }, { "--seed-arithmetic", BENCH_SET, &a->seed_arithmetic },
+    };
+    if (bench_parse("bench_loss", argc, argv, opts, (int)(sizeof opts / sizeof opts[0])))
+        return -1;
     if (a->n < 1 || a->hidden < 1 || a->vocab < 1 || a->chunk < 1 || a->reps < 1 || a->threads < 1) {
         fprintf(stderr, "bench_loss: --n, --hidden, --vocab, --chunk, --reps and --threads must be >= 1\n");
         return -1;

@@ -56,33 +56,14 @@ static int parse_args(int argc, char **argv, bench_args *a)
 {
     *a = (bench_args){ .n = 24576, .hidden = 5120, .vocab = 248320, .chunk = 4096, .tile = 8192,
                        .reps = 3, .ceiling = 1, .kl_weight = 0.15f };
-    for (int i = 1; i < argc; i++) {
-        const char *k = argv[i];
-        if (!strcmp(k, "--json")) { a->json = 1; continue; }
-        if (i + 1 >= argc) {
-            fprintf(stderr, "bench_loss_cuda: %s needs a value\n", k);
-            return -1;
-        }
-        char *end;
-        double v = strtod(argv[++i], &end);
-        if (*end || v < 0) {
-            fprintf(stderr, "bench_loss_cuda: %s wants a non-negative number, got '%s'\n", k, argv[i]);
-            return -1;
-        }
-        if (!strcmp(k, "--n")) a->n = (int64_t)v;
-        else if (!strcmp(k, "--hidden")) a->hidden = (int64_t)v;
-        else if (!strcmp(k, "--vocab")) a->vocab = (int64_t)v;
-        else if (!strcmp(k, "--chunk")) a->chunk = (int64_t)v;
-        else if (!strcmp(k, "--tile")) a->tile = (int64_t)v;
-        else if (!strcmp(k, "--reps")) a->reps = (int)v;
-        else if (!strcmp(k, "--kl-weight")) a->kl_weight = (float)v;
-        else if (!strcmp(k, "--cap-weight")) a->cap_weight = (float)v;
-        else if (!strcmp(k, "--ceiling")) a->ceiling = v != 0;
-        else {
-            fprintf(stderr, "bench_loss_cuda: unknown option %s (see the comment at the top of bench_loss_cuda.c)\n", k);
-            return -1;
-        }
-    }
+    const bench_opt opts[] = {
+        { "--n", BENCH_I64, &a->n }, { "--hidden", BENCH_I64, &a->hidden }, { "--vocab", BENCH_I64, &a->vocab },
+        { "--chunk", BENCH_I64, &a->chunk }, { "--tile", BENCH_I64, &a->tile }, { "--reps", BENCH_INT, &a->reps },
+        { "--kl-weight", BENCH_F32, &a->kl_weight }, { "--cap-weight", BENCH_F32, &a->cap_weight },
+        { "--ceiling", BENCH_INT, &a->ceiling }, { "--json", BENCH_SET, &a->json },
+    };
+    if (bench_parse("bench_loss_cuda", argc, argv, opts, (int)(sizeof opts / sizeof opts[0])))
+        return -1;
     if (a->n < 1 || a->hidden < 1 || a->vocab < 1 || a->chunk < 1 || a->tile < 1 || a->reps < 1) {
         fprintf(stderr, "bench_loss_cuda: --n, --hidden, --vocab, --chunk, --tile and --reps must be >= 1\n");
         return -1;

@@ -26,29 +26,16 @@ int main(int argc, char **argv)
             block = 16, anchors = 64, seq = 512, vocab = 8192, nseq = 1, taps = 2, window = 0,
             threads = 1, reps = 3;
     int json = 0;
-    struct { const char *name; int64_t *value; } opts[] = {
-        { "--hidden", &hidden }, { "--layers", &layers }, { "--heads", &heads },
-        { "--kv-heads", &kv_heads }, { "--head-dim", &head_dim }, { "--intermediate", &inter },
-        { "--block", &block }, { "--anchors", &anchors }, { "--seq", &seq }, { "--vocab", &vocab },
-        { "--nseq", &nseq }, { "--taps", &taps }, { "--window", &window }, { "--threads", &threads },
-        { "--reps", &reps },
+    const bench_opt opts[] = {
+        { "--hidden", BENCH_I64, &hidden }, { "--layers", BENCH_I64, &layers }, { "--heads", BENCH_I64, &heads },
+        { "--kv-heads", BENCH_I64, &kv_heads }, { "--head-dim", BENCH_I64, &head_dim },
+        { "--intermediate", BENCH_I64, &inter }, { "--block", BENCH_I64, &block },
+        { "--anchors", BENCH_I64, &anchors }, { "--seq", BENCH_I64, &seq }, { "--vocab", BENCH_I64, &vocab },
+        { "--nseq", BENCH_I64, &nseq }, { "--taps", BENCH_I64, &taps }, { "--window", BENCH_I64, &window },
+        { "--threads", BENCH_I64, &threads }, { "--reps", BENCH_I64, &reps }, { "--json", BENCH_SET, &json },
     };
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--json")) {
-            json = 1;
-            continue;
-        }
-        int found = 0;
-        for (size_t k = 0; k < sizeof opts / sizeof opts[0] && !found; k++)
-            if (!strcmp(argv[i], opts[k].name) && i + 1 < argc) {
-                *opts[k].value = atoll(argv[++i]);
-                found = 1;
-            }
-        if (!found) {
-            fprintf(stderr, "bench_step: unknown option or missing value: %s (see bench_step.c)\n", argv[i]);
-            return 2;
-        }
-    }
+    if (bench_parse("bench_step", argc, argv, opts, (int)(sizeof opts / sizeof opts[0])))
+        return 2;
     if (reps < 1 || reps > 64 || anchors * block > seq * 64) {
         fprintf(stderr, "bench_step: --reps must be in [1, 64]\n");
         return 2;
