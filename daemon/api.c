@@ -185,12 +185,10 @@ static int query_count(const ddt_http_request *req, const char *key, int64_t dfl
 static void get_records(ddt_api *a, const char *id, int events, const ddt_http_request *req,
                         ddt_http_response *res)
 {
-    cJSON *known = ddt_runs_get(a->runs, id);
-    if (!known) {
+    if (!ddt_runs_known(a->runs, id)) {
         ddt_http_error(res, 404, "not_found", NULL, "no run %s", id);
         return;
     }
-    cJSON_Delete(known);
     int64_t after, limit;
     if (query_count(req, "after", events ? 0 : -1, &after)) {
         ddt_http_error(res, 400, "invalid_query", "after", "after must be a non-negative integer");

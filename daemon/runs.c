@@ -677,6 +677,14 @@ static cJSON *run_json(const run *u)
     return o;
 }
 
+int ddt_runs_known(ddt_runs *r, const char *id)
+{
+    pthread_mutex_lock(&r->lock);
+    int known = find(r, id) != NULL;
+    pthread_mutex_unlock(&r->lock);
+    return known;
+}
+
 cJSON *ddt_runs_get(ddt_runs *r, const char *id)
 {
     pthread_mutex_lock(&r->lock);

@@ -45,6 +45,8 @@ int ddt_runs_control(ddt_runs *r, const char *id, ddt_run_action action, const c
                      cJSON **reply, int *status, char *err, size_t err_len, char *field,
                      size_t field_len);
 
+/* 1 when the manager knows run id */
+int ddt_runs_known(ddt_runs *r, const char *id);
 /* One run as API.md's GET /runs/{id} object; NULL when unknown. */
 cJSON *ddt_runs_get(ddt_runs *r, const char *id);
 /* {"runs": [...]} of every run, or of those in state (NULL: all); NULL with err for an
