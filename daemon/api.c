@@ -270,6 +270,25 @@ static void get_metrics(ddt_api *a, ddt_http_response *res)
     free(m.runs);
 }
 
+/* A new NCCL unique id: what rank 0's daemon hands to the daemons of the other nodes of a
+ * multi-node run (docs/api.md, "NCCL unique id") */
+static void post_nccl_unique_id(ddt_http_response *res)
+{
+    char hex[DDK_COMM_ID_HEX + 1], err[512] = "";
+    int rc = ddk_comm_unique_id(hex, err, sizeof err);
+    if (rc == -ENOSYS) {
+        ddt_http_error(res, 501, "not_implemented", NULL, "%s", err);
+        return;
+    }
+    if (rc) {
+        ddt_http_error(res, 500, "nccl", NULL, "%s", err);
+        return;
+    }
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "nccl_unique_id", hex);
+    reply(res, 200, o);
+}
+
 /* ------------------------------------------------------------------------------------------
  * Routing
  */
@@ -302,6 +321,9 @@ void ddt_api_handle(void *ctx, const ddt_http_request *req, ddt_http_response *r
     } else if (!strcmp(p, "/plan")) {
         if (method_is(req, "POST", res, "POST"))
             post_plan(a, req, res);
+    } else if (!strcmp(p, "/nccl/unique-id")) {
+        if (method_is(req, "POST", res, "POST"))
+            post_nccl_unique_id(res);
     } else if (!strcmp(p, "/runs")) {
         if (!strcmp(req->method, "POST"))
             post_runs(a, req, res);

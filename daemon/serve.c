@@ -82,6 +82,20 @@ static void update_status(daemon_state *d)
     }
 }
 
+/* A device error ends the process (libddk, ddk_set_fatal_hook): the queued records are
+ * committed first; systemd (Restart=on-failure) restarts the daemon, whose runs then resume from
+ * their last checkpoints (DESIGN.md, "Failure policy"). Runs on the failing thread. */
+static ddt_store *fatal_store;
+
+static void on_device_error(const char *message)
+{
+    ddt_log(DDT_LOG_ERR, "device error: %s; ending so that systemd restarts the daemon and the runs "
+            "resume from their last checkpoints", message);
+    sd_notify_text("STATUS=device error: ending for a restart");
+    if (fatal_store)
+        ddt_store_flush(fatal_store);
+}
+
 /* ------------------------------------------------------------------------------------------
  * Loop callbacks
  */
@@ -211,12 +225,15 @@ int ddt_cmd_serve(int argc, char **argv)
         ddt_log(DDT_LOG_ERR, "database: %s", err);
         return 1;
     }
+    fatal_store = d.store;
+    ddk_set_fatal_hook(on_device_error);
     d.loop = uv_default_loop();
     uv_async_init(d.loop, &d.wake, on_wake);
     d.wake.data = &d;
     if (ddt_runs_open(d.config.state_dir, db, d.store, (int)d.config.max_parallel_runs, notify_from_runs, &d.wake,
                       &d.runs, err, sizeof err)) {
         ddt_log(DDT_LOG_ERR, "runs: %s", err);
+        ddk_set_fatal_hook(NULL);
         ddt_store_close(d.store);
         return 1;
     }
@@ -229,6 +246,7 @@ int ddt_cmd_serve(int argc, char **argv)
     if (ddt_http_start(&hc, ddt_api_handle, &d.api, &d.http, err, sizeof err)) {
         ddt_log(DDT_LOG_ERR, "listeners: %s", err);
         ddt_runs_close(d.runs);
+        ddk_set_fatal_hook(NULL);
         ddt_store_close(d.store);
         return 1;
     }
@@ -256,6 +274,7 @@ int ddt_cmd_serve(int argc, char **argv)
     /* stopping: no new requests, every run to its step boundary and a checkpoint */
     ddt_http_stop(d.http);
     ddt_runs_close(d.runs);
+    ddk_set_fatal_hook(NULL);
     ddt_store_close(d.store);
     uv_timer_stop(&d.tick);
     uv_signal_stop(&d.sighup);

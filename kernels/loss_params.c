@@ -17,7 +17,7 @@ static int positive_finite(float x)
 int ddk_loss_shape_of(const ddk_loss_params *p, int uses_teacher, ddk_loss_shape *shape)
 {
     if (!p || p->n < 1 || p->hidden < 1 || p->vocab < 1 || p->vocab > INT32_MAX ||
-        p->chunk < 1 || p->vocab_tile < 0)
+        p->chunk < 1 || p->vocab_tile < 0 || (p->bf16_products != 0 && p->bf16_products != 1))
         return -EINVAL;
     if (!(p->kl_weight >= 0.0f && p->kl_weight <= 1.0f) || !positive_finite(p->kl_temperature) ||
         !(p->cap_weight >= 0.0f && isfinite(p->cap_weight)) || !positive_finite(p->cap_temperature))

@@ -412,6 +412,27 @@ def check_histogram(t, types, samples, name):
     t.check(count[0].value > 0, "%s_count is 0 while a run trains" % name)
 
 
+HEX_ID = re.compile(r"^[0-9a-f]{256}$")
+
+
+def check_nccl_unique_id(t, c):
+    """POST /nccl/unique-id: 200 with 256 lowercase hex digits, a new id each call (a daemon
+    built with CUDA/NCCL, as CI's is), or 501 with an error body (built without)"""
+    r = c.post("/nccl/unique-id")
+    if r.status == 501:
+        check_error(t, "POST /nccl/unique-id without NCCL", r, 501)
+        t.note("POST /nccl/unique-id: 501, this ddtreed has no NCCL")
+        return
+    if not t.check(r.status == 200, "POST /nccl/unique-id: %r (want 200, or 501 without NCCL)" % r):
+        return
+    first = r.json().get("nccl_unique_id")
+    t.check(isinstance(first, str) and HEX_ID.match(first),
+            "POST /nccl/unique-id: nccl_unique_id is not 256 lowercase hex digits: %s" % short(r.text))
+    r = c.post("/nccl/unique-id")
+    t.check(r.status == 200 and r.json().get("nccl_unique_id") != first,
+            "POST /nccl/unique-id twice: the second answer %r is not a new id" % r)
+
+
 # ------------------------------------------------------------------------------------------
 # 1. every route over the Unix socket
 
@@ -520,6 +541,8 @@ def case_unix_routes(t, env):
                 "POST /plan predicted_peak_bytes: %r" % p.get("predicted_peak_bytes"))
         t.check(isinstance(p.get("bytes"), dict) and p["bytes"] and "chunk" in p and "vocab_tile" in p,
                 "POST /plan: bytes per component, chunk, vocab_tile: %s" % short(r.text))
+
+    check_nccl_unique_id(t, c)
 
     r = c.get("/metrics")
     t.check(r.status == 200 and "0.0.4" in r.headers.get("content-type", ""),
@@ -681,6 +704,7 @@ def case_bad_inputs(t, env):
         ("POST /healthz", "POST", "/healthz", "{}", 405, None),
         ("PUT /metrics", "PUT", "/metrics", "{}", 405, None),
         ("GET /plan", "GET", "/plan", None, 405, None),
+        ("GET /nccl/unique-id", "GET", "/nccl/unique-id", None, 405, None),
         ("GET pause", "GET", "/runs/%s/pause" % a, None, 405, None),
         ("POST steps", "POST", "/runs/%s/steps" % a, "{}", 405, None),
         ("?state=bogus", "GET", "/runs?state=bogus", None, 400, "state"),

@@ -81,7 +81,8 @@ class LossParams(ctypes.Structure):
     _fields_ = [("n", ctypes.c_int64), ("hidden", ctypes.c_int64), ("vocab", ctypes.c_int64),
                 ("chunk", ctypes.c_int64), ("vocab_tile", ctypes.c_int64),
                 ("kl_weight", ctypes.c_float), ("kl_temperature", ctypes.c_float),
-                ("cap_weight", ctypes.c_float), ("cap_temperature", ctypes.c_float)]
+                ("cap_weight", ctypes.c_float), ("cap_temperature", ctypes.c_float),
+                ("bf16_products", ctypes.c_int)]
 
 
 class LossResult(ctypes.Structure):

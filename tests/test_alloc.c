@@ -4,19 +4,24 @@
  * NULL with errno set and changes nothing else, 64-byte alignment, reset_peak, a budget lowered
  * below what is live, and 4 threads allocating and freeing at once. Every check is relative to
  * the counters found at its start, so it does not assume the process allocated nothing before.
- * The budget is restored to 0 (unlimited) at the end.
+ * The budget is restored to 0 (unlimited) at the end. Also the fatal path (kernels/fatal.c): in a
+ * child process, ddk_fatal prints its message, runs the hook once with it, and aborts.
  *
  * ctest: exit 0 when every case passes; one line per case; a final "N passed, M failed".
  */
 #include "ddk.h"
 #include "check.h"
+#include "fatal.h"
 
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 /* ------------------------------------------------------------------------------------------
  * Cases
@@ -218,6 +223,46 @@ static void test_threads(ddk_allocator *a)
 }
 
 /* ------------------------------------------------------------------------------------------
+ * The fatal path: the hook gets the message, then the process aborts
+ */
+
+static int hook_fd = -1;
+
+static void write_hook(const char *message)
+{
+    if (write(hook_fd, message, strlen(message)) < 0)
+        _exit(3);
+}
+
+static void test_fatal_hook(ddk_allocator *a)
+{
+    (void)a;
+    int fds[2];
+    if (pipe(fds)) {
+        check(0, "pipe failed");
+        return;
+    }
+    fflush(stdout);
+    pid_t child = fork();
+    if (child == 0) {
+        close(fds[0]);
+        hook_fd = fds[1];
+        ddk_set_fatal_hook(write_hook);
+        freopen("/dev/null", "w", stderr);   /* the "<2>..." line is for the journal */
+        ddk_fatal("somewhere.cu", 42, "a sticky error on cuda:%d", 3);
+    }
+    close(fds[1]);
+    char got[256] = "";
+    ssize_t n = read(fds[0], got, sizeof got - 1);
+    close(fds[0]);
+    int status = 0;
+    waitpid(child, &status, 0);
+    got[n > 0 ? n : 0] = '\0';
+    check(!strcmp(got, "somewhere.cu:42 a sticky error on cuda:3"), "the hook got \"%s\"", got);
+    check(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT, "the child ends by abort (status %#x)", status);
+}
+
+/* ------------------------------------------------------------------------------------------
  * Main
  */
 
@@ -233,6 +278,7 @@ int main(void)
         { "budget", test_budget },
         { "budget_below_current", test_budget_below_current },
         { "threads", test_threads },
+        { "fatal_hook_then_abort", test_fatal_hook },
     };
     ddk_allocator *a = ddk_allocator_cpu();
     for (size_t j = 0; j < sizeof(cases) / sizeof(cases[0]); j++) {

@@ -9,11 +9,15 @@
  * overwrite instead of an ADD fails. Every GPU buffer has guard bytes before and after it, and
  * cases alternate between 64-byte aligned buffers and buffers 4 bytes off (no float4 luck); the
  * guards are checked at the end of the case. The gathers (embedding) and copies must be exact.
- * The ops: zero, copy, matmul, rmsnorm (+ backward), rope, swiglu (+ backward), embedding,
- * DFlash and causal attention (+ backward: out, lse, dq, dk, dv) and the fused loss (every
- * result field, l_i and the gradient, both memory modes, workspace = ddk_loss_workspace_bytes,
- * refusals with nothing written). The backward of each op is checked against finite
- * differences by tests/test_ops.c on the CPU; here the GPU has to match the CPU.
+ * The ops: zero, copy, synchronize (every download waits through it), matmul, matmul_bf16 (on
+ * fp32 values, and on bf16 values where nothing is rounded), rmsnorm (+ backward), rope, swiglu
+ * (+ backward), embedding, DFlash and causal attention (+ backward: out, lse, dq, dk, dv), the
+ * fused loss (every result field, l_i and the gradient, both memory modes, fp32 and bf16
+ * products, workspace = ddk_loss_workspace_bytes, refusals with nothing written) and the
+ * whole-buffer ops sumsq (run twice: the same bits), axpby (beta = 0 over NaN, in place) and
+ * adamw, with sumsq and axpby past 2^31 elements (2^24 in self-check mode). The backward of
+ * each op is checked against finite differences by tests/test_ops.c on the CPU; here the GPU
+ * has to match the CPU.
  *
  * Skipped (exit 77, "SKIPPED: no GPU") when libddk has no CUDA or the machine no GPU: never
  * reported as passed. DDTREE_BACKEND_OPS_SELF_CHECK=1 runs every case with the CPU backend in
@@ -27,6 +31,7 @@
  * (m, n, k) for c (m, n) = alpha op(a) (m, k) op(b) (k, n) + beta c.
  */
 #include "ddk.h"
+#include "ddk_bf16.h"
 #include "check.h"
 #include "ddk_rng.h"
 
@@ -66,6 +71,32 @@ static double tol_matmul(int64_t k)
 {
     return fmax(1e-6, 3e-7 * sqrt((double)k));
 }
+/* matmul_bf16 on fp32 values, per element relative to |alpha| sum_k |a_ik||b_kj| + |beta c_ij|
+ * (what the roundings act on): the CPU rounds both operands to the nearest bf16 (2^-8 of each at
+ * most), so each of its products is within 2 2^-8 + 2^-16 of the exact one. cuBLAS's conversion
+ * is undocumented and its header lets it take TF32 instead (2^-10 per operand even truncated,
+ * 2^-9 per product); rounding to nearest as the CPU does, it gives the CPU's operands and the two
+ * differ by fp32 sums alone. At worst the bounds add: 2^-7 + 2^-9 + 2^-16, plus the fp32 sums
+ * (tol_matmul). Layouts and transposes are checked tightly by the bf16-exact cases: with operands
+ * that are bf16 values nothing is rounded and the fp32 tol_matmul(k) holds. */
+static double tol_matmul_bf16(int64_t k)
+{
+    return ldexp(1.0, -7) + ldexp(1.0, -9) + ldexp(1.0, -16) + tol_matmul(k);
+}
+/* sumsq, relative: each square is exact in double (a 48-bit product) and a double sum of
+ * non-negative terms errs by at most (count - 1) 2^-53 of itself in any order, 1.1e-10 on each
+ * side at 10^6 + 3 terms; 1e-9 covers both up to 4.5e6 terms. A float accumulator would err by
+ * 1e-7 and more. */
+static const double tol_sumsq = 1e-9;
+/* axpby with beta != 0, per element relative to |alpha x| + |beta y|: each side rounds the two
+ * products and the sum, or fuses one product into the sum (FMA), ~2 2^-24 of that scale each.
+ * With beta = 0 both sides round the one product alpha x: the same bits. */
+static const double tol_axpby = 3e-7;
+/* adamw, each of w, m, v normalised by its max: the same float operations in the same order on
+ * both sides, FMA contraction aside (a few roundings, ~4 2^-24 of m's and v's scale); w's update
+ * (lr = 1e-2) carries the direction's few-ulp error times lr, below w's own last bit. g is one
+ * product on both sides: the same bits. */
+static const double tol_adamw = 1e-6;
 
 /* ------------------------------------------------------------------------------------------
  * The backends, host buffers and GPU buffers of a case
@@ -109,10 +140,11 @@ static struct dev_buffer {
 static int dev_count;
 static size_t misalign;   /* bytes past a 64-byte boundary at which this case's GPU buffers start */
 
-/* Waits for the device under test (a no-op for the CPU in self-check mode) */
+/* Waits for the device under test through its table's synchronize (a no-op for the CPU in
+ * self-check mode): every download relies on it */
 static void dev_sync(void)
 {
-    ddk_cuda_synchronize(0);
+    dev->synchronize(dev);
 }
 
 /* bytes on the device under test holding src's bytes, or NaN (all bits set) when src is NULL,
@@ -227,6 +259,35 @@ static void expect_close(const char *what, const float *got, const float *want, 
           (double)got[first_nonfinite], (double)want[first_nonfinite]);
     check(err <= tol, "%s: normalised error %.3g > %.3g (worst [%lld]: gpu %.9g, cpu %.9g)", what,
           err, tol, (long long)worst, (double)got[worst], (double)want[worst]);
+}
+
+/* max over elements of |got - want| / scale, scale (> 0, or 0 where want must be exact) the sum
+ * of the magnitudes of the terms behind each value; NaN or Inf in either fails */
+static void expect_close_scaled(const char *what, const float *got, const float *want,
+                                const float *scale, int64_t count, double tol)
+{
+    double err = 0.0;
+    int64_t worst = 0, nonfinite = 0;
+    for (int64_t i = 0; i < count; i++) {
+        if (!isfinite(got[i]) || !isfinite(want[i])) {
+            nonfinite++;
+            continue;
+        }
+        const double diff = fabs((double)got[i] - want[i]);
+        const double e = diff == 0.0 ? 0.0 : scale[i] > 0.0f ? diff / scale[i] : INFINITY;
+        if (e > err) {
+            err = e;
+            worst = i;
+        }
+    }
+    if (verbose)
+        printf("  . %-16s err %.2e  tol %.0e\n", what, err, tol);
+    check(nonfinite == 0, "%s: %lld of %lld values not finite", what, (long long)nonfinite,
+          (long long)count);
+    check(err <= tol,
+          "%s: error %.3g of the terms' scale > %.3g (worst [%lld]: gpu %.9g, cpu %.9g, scale %.3g)",
+          what, err, tol, (long long)worst, (double)got[worst], (double)want[worst],
+          (double)scale[worst]);
 }
 
 /* the same bytes (gathers, copies, a deterministic op run twice) */
@@ -396,9 +457,28 @@ static void case_embedding(int64_t rows, int64_t H, int64_t V)
 }
 
 /* ------------------------------------------------------------------------------------------
- * Matrix product. Row strides pad past the row (the padding must stay as it was: a write there
- * is out of bounds within the buffer); beta = 0 starts c as NaN (BLAS never reads c then).
+ * Matrix products (matmul, and matmul_bf16 on fp32 values and on bf16 values). Row strides pad
+ * past the row (the padding must stay as it was: a write there is out of bounds within the
+ * buffer); beta = 0 starts c as NaN (BLAS never reads c then).
  */
+
+enum { MATMUL_FP32, MATMUL_BF16, MATMUL_BF16_EXACT };   /* the op, and its operands */
+static const char *const matmul_mode_name[] = { "matmul", "matmul_bf16",
+                                                "matmul_bf16 bf16-values" };
+
+static void round_bf16(float *x, int64_t count)
+{
+    for (int64_t i = 0; i < count; i++)
+        x[i] = ddk_round_bf16(x[i]);
+}
+
+static float *abs_copy(const float *x, int64_t count)
+{
+    float *y = host_floats(count);
+    for (int64_t i = 0; i < count; i++)
+        y[i] = fabsf(x[i]);
+    return y;
+}
 
 typedef struct {
     int64_t m, n, k;
@@ -407,11 +487,12 @@ typedef struct {
     float alpha, beta;
 } matmul_shape;
 
-static void case_matmul(const matmul_shape *s)
+static void case_matmul(const matmul_shape *s, int mode)
 {
-    snprintf(case_name, sizeof case_name, "matmul %lldx%lldx%lld %c%c pad=%lld alpha=%g beta=%g",
-             (long long)s->m, (long long)s->n, (long long)s->k, s->trans_a ? 'T' : 'N',
-             s->trans_b ? 'T' : 'N', (long long)s->pad, (double)s->alpha, (double)s->beta);
+    snprintf(case_name, sizeof case_name, "%s %lldx%lldx%lld %c%c pad=%lld alpha=%g beta=%g",
+             matmul_mode_name[mode], (long long)s->m, (long long)s->n, (long long)s->k,
+             s->trans_a ? 'T' : 'N', s->trans_b ? 'T' : 'N', (long long)s->pad, (double)s->alpha,
+             (double)s->beta);
     /* a as stored: (m, k), or (k, m) when trans_a; b: (k, n), or (n, k) when trans_b */
     const int64_t a_rows = s->trans_a ? s->k : s->m, a_cols = s->trans_a ? s->m : s->k;
     const int64_t b_rows = s->trans_b ? s->n : s->k, b_cols = s->trans_b ? s->k : s->n;
@@ -421,18 +502,24 @@ static void case_matmul(const matmul_shape *s)
     fill_uniform(a, a_rows * lda, -1.0, 1.0);
     fill_uniform(b, b_rows * ldb, -1.0, 1.0);
     fill_uniform(c0, s->m * ldc, -1.0, 1.0);
+    if (mode == MATMUL_BF16_EXACT) {
+        round_bf16(a, a_rows * lda);
+        round_bf16(b, b_rows * ldb);
+    }
     if (s->beta == 0.0f)
         for (int64_t i = 0; i < s->m; i++)
             for (int64_t j = 0; j < s->n; j++)
                 c0[i * ldc + j] = NAN;
     float *c = host_copy(c0, s->m * ldc);
-    cpu->matmul(cpu, s->trans_a, s->trans_b, s->m, s->n, s->k, s->alpha, a, lda, b, ldb, s->beta,
-                c, ldc);
+    (mode == MATMUL_FP32 ? cpu->matmul : cpu->matmul_bf16)(cpu, s->trans_a, s->trans_b, s->m, s->n,
+                                                           s->k, s->alpha, a, lda, b, ldb, s->beta,
+                                                           c, ldc);
 
     float *a_dev = dev_floats(a, a_rows * lda, "a"), *b_dev = dev_floats(b, b_rows * ldb, "b");
     float *c_dev = dev_floats(c0, s->m * ldc, "c");
-    dev->matmul(dev, s->trans_a, s->trans_b, s->m, s->n, s->k, s->alpha, a_dev, lda, b_dev, ldb,
-                s->beta, c_dev, ldc);
+    (mode == MATMUL_FP32 ? dev->matmul : dev->matmul_bf16)(dev, s->trans_a, s->trans_b, s->m, s->n,
+                                                           s->k, s->alpha, a_dev, lda, b_dev, ldb,
+                                                           s->beta, c_dev, ldc);
     float *got = download(c_dev, s->m * ldc);
     /* the (m, n) block by normalised error, the padding exactly as it started */
     float *got_block = host_floats(s->m * s->n), *want_block = host_floats(s->m * s->n);
@@ -443,7 +530,21 @@ static void case_matmul(const matmul_shape *s)
         pad_changed += memcmp(got + i * ldc + s->n, c0 + i * ldc + s->n,
                               (size_t)s->pad * sizeof(float)) != 0;
     }
-    expect_close("c", got_block, want_block, s->m * s->n, tol_matmul(s->k));
+    if (mode == MATMUL_BF16) {
+        /* scale (m, n) = |alpha| |op(a)| |op(b)| + |beta| |c0| (fp32: a scale need not be exact) */
+        float *scale = host_floats(s->m * s->n);
+        if (s->beta != 0.0f)
+            for (int64_t i = 0; i < s->m; i++)
+                for (int64_t j = 0; j < s->n; j++)
+                    scale[i * s->n + j] = fabsf(c0[i * ldc + j]);
+        cpu->matmul(cpu, s->trans_a, s->trans_b, s->m, s->n, s->k, fabsf(s->alpha),
+                    abs_copy(a, a_rows * lda), lda, abs_copy(b, b_rows * ldb), ldb,
+                    fabsf(s->beta), scale, s->n);
+        expect_close_scaled("c", got_block, want_block, scale, s->m * s->n,
+                            tol_matmul_bf16(s->k));
+    } else {
+        expect_close("c", got_block, want_block, s->m * s->n, tol_matmul(s->k));
+    }
     check(pad_changed == 0, "c: the padding of %lld rows was written", (long long)pad_changed);
     end_case(case_name);
 }
@@ -472,6 +573,175 @@ static void case_copy_zero(size_t bytes)
     unsigned char *zeros = host(bytes);
     expect_same("zeroed", back, zeros, bytes);
     end_case(case_name);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Whole buffers: sumsq, axpby, adamw (the trainer's gradient reduction and optimiser)
+ */
+
+/* against the CPU's, relative; run twice: the same bits (the order depends on count alone);
+ * x itself untouched */
+static void case_sumsq(int64_t count)
+{
+    snprintf(case_name, sizeof case_name, "sumsq count=%lld", (long long)count);
+    float *x = host_floats(count);
+    fill_uniform(x, count, -2.0, 2.0);
+    const double want = cpu->sumsq(cpu, x, count);
+    float *x_dev = dev_floats(x, count, "x");
+    const double got = dev->sumsq(dev, x_dev, count), again = dev->sumsq(dev, x_dev, count);
+    const double err = want > 0.0 ? fabs(got - want) / want : fabs(got);
+    if (verbose)
+        printf("  . %-16s err %.2e  tol %.0e\n", "sum", err, tol_sumsq);
+    check(isfinite(got) && err <= tol_sumsq, "sum: gpu %.17g, cpu %.17g (error %.3g > %.3g)", got,
+          want, err, tol_sumsq);
+    expect_same("sum twice", &again, &got, sizeof got);
+    expect_same("x untouched", download(x_dev, count), x, (size_t)count * sizeof(float));
+    end_case(case_name);
+}
+
+/* y = alpha x + beta y; beta = 0 starts y as NaN, which must not leak (and gives the CPU's bits);
+ * in_place: x is y */
+static void case_axpby(int64_t count, float alpha, float beta, int in_place)
+{
+    snprintf(case_name, sizeof case_name, "axpby count=%lld alpha=%g beta=%g%s", (long long)count,
+             (double)alpha, (double)beta, in_place ? " in place" : "");
+    float *x = host_floats(count), *y0 = host_floats(count);   /* y0: y's start */
+    fill_uniform(x, count, -1.0, 1.0);
+    fill_uniform(y0, count, -1.0, 1.0);
+    if (in_place)
+        memcpy(x, y0, (size_t)count * sizeof(float));
+    else if (beta == 0.0f)
+        for (int64_t i = 0; i < count; i++)
+            y0[i] = NAN;
+    float *y = host_copy(y0, count);
+    cpu->axpby(cpu, count, alpha, in_place ? y : x, beta, y);
+
+    float *y_dev = dev_floats(y0, count, "y");
+    float *x_dev = in_place ? y_dev : dev_floats(x, count, "x");
+    dev->axpby(dev, count, alpha, x_dev, beta, y_dev);
+    float *got = download(y_dev, count);
+    if (beta == 0.0f) {
+        expect_same("y", got, y, (size_t)count * sizeof(float));
+    } else {
+        float *scale = host_floats(count);   /* |alpha x| + |beta y| */
+        for (int64_t i = 0; i < count; i++)
+            scale[i] = fabsf(alpha * x[i]) + fabsf(beta * y0[i]);
+        expect_close_scaled("y", got, y, scale, count, tol_axpby);
+    }
+    if (!in_place)
+        expect_same("x untouched", download(x_dev, count), x, (size_t)count * sizeof(float));
+    end_case(case_name);
+}
+
+/* One update at step t = 3 (bias corrections well away from 1) with lr = 1e-2, so the update
+ * shows above w's last bits; every 97th element has g = m = v = 0 (direction 0 / eps = 0). */
+static void case_adamw(int64_t count, float grad_scale, float weight_decay)
+{
+    snprintf(case_name, sizeof case_name, "adamw count=%lld grad_scale=%g weight_decay=%g",
+             (long long)count, (double)grad_scale, (double)weight_decay);
+    const double beta1 = 0.9, beta2 = 0.999, lr = 1e-2, t = 3.0;
+    const ddk_adamw_scalars sc = {
+        grad_scale, (float)beta1, (float)(1.0 - beta1), (float)beta2, (float)(1.0 - beta2),
+        (float)(1.0 / (1.0 - pow(beta1, t))), (float)(1.0 / (1.0 - pow(beta2, t))), 1e-8f,
+        (float)lr, (float)(lr * weight_decay),
+    };
+    float *w0 = host_floats(count), *g0 = host_floats(count), *m0 = host_floats(count),
+          *v0 = host_floats(count);   /* the starts */
+    fill_uniform(w0, count, -1.0, 1.0);
+    fill_uniform(g0, count, -1.0, 1.0);
+    fill_uniform(m0, count, -0.1, 0.1);
+    fill_uniform(v0, count, 0.0, 0.01);
+    for (int64_t i = 5; i < count; i += 97)
+        g0[i] = m0[i] = v0[i] = 0.0f;
+    float *w = host_copy(w0, count), *g = host_copy(g0, count), *m = host_copy(m0, count),
+          *v = host_copy(v0, count);
+    cpu->adamw(cpu, w, g, m, v, count, &sc);
+
+    float *w_dev = dev_floats(w0, count, "w"), *g_dev = dev_floats(g0, count, "g"),
+          *m_dev = dev_floats(m0, count, "m"), *v_dev = dev_floats(v0, count, "v");
+    dev->adamw(dev, w_dev, g_dev, m_dev, v_dev, count, &sc);
+    expect_close("w", download(w_dev, count), w, count, tol_adamw);
+    expect_same("g", download(g_dev, count), g, (size_t)count * sizeof(float));
+    expect_close("m", download(m_dev, count), m, count, tol_adamw);
+    expect_close("v", download(v_dev, count), v, count, tol_adamw);
+    end_case(case_name);
+}
+
+/* sumsq and axpby past 2^31 elements, where an int index would wrap: x = 1, then 2 (axpby
+ * alpha = 2, beta = 0, in place), then 1 again (alpha = 1, beta = -0.5, in place); every sum of
+ * squares is an integer below 2^53, exact in double in any order, so no CPU reference is needed.
+ * 8 GiB on the GPU, no guards (their staging copy would be 8 GiB of host memory: the other cases
+ * check guards). Self-check mode runs it at 2^24 + 5. */
+static void case_vector_large(int64_t count)
+{
+    snprintf(case_name, sizeof case_name, "sumsq+axpby count=%lld (exact sums)", (long long)count);
+    const int64_t chunk = (int64_t)1 << 24;   /* floats of ones per host -> device copy */
+    float *ones = host_floats(chunk);
+    for (int64_t i = 0; i < chunk; i++)
+        ones[i] = 1.0f;
+    const size_t bytes = (size_t)count * sizeof(float);
+    float *x_dev = ddk_malloc(dev->alloc, bytes);
+    check(x_dev != NULL, "no %zu bytes on %s", bytes, ddk_allocator_device(dev->alloc));
+    if (x_dev) {
+        for (int64_t off = 0; off < count; off += chunk)
+            dev->copy(dev, x_dev + off, ones,
+                      (size_t)(count - off < chunk ? count - off : chunk) * sizeof(float));
+        const double n = (double)count;
+        double got = dev->sumsq(dev, x_dev, count);
+        check(got == n, "x = 1: sumsq %.17g, expected %.17g", got, n);
+        dev->axpby(dev, count, 2.0f, x_dev, 0.0f, x_dev);
+        got = dev->sumsq(dev, x_dev, count);
+        check(got == 4.0 * n, "x = 2: sumsq %.17g, expected %.17g", got, 4.0 * n);
+        dev->axpby(dev, count, 1.0f, x_dev, -0.5f, x_dev);
+        got = dev->sumsq(dev, x_dev, count);
+        check(got == n, "x = 1 again: sumsq %.17g, expected %.17g", got, n);
+        float tail[2];   /* the last two elements, past 2^31 on the GPU */
+        dev->copy(dev, tail, x_dev + count - 2, sizeof tail);
+        dev_sync();
+        check(tail[0] == 1.0f && tail[1] == 1.0f, "the last elements are %g, %g", (double)tail[0],
+              (double)tail[1]);
+        ddk_free(dev->alloc, x_dev, bytes);
+    }
+    end_case(case_name);
+}
+
+static const int64_t sumsq_counts[] = { 0, 1, 3, 17, 1000, (1 << 18) + 3, 1000003 };
+
+static const struct { int64_t count; float alpha, beta; int in_place; } axpby_cases[] = {
+    { 0, 1.0f, 0.0f, 0 },        { 1, 2.0f, 0.0f, 0 },      { 3, 0.5f, 0.0f, 0 },
+    { 17, -1.5f, 0.25f, 0 },     { 1000, 1.0f, 1.0f, 0 },   { 17, 3.0f, 0.0f, 1 },
+    { 1000003, 0.125f, -0.5f, 0 }, { 1000003, 2.0f, 0.9f, 1 }, { 1000003, -0.75f, 0.0f, 0 },
+};
+
+static const struct { int64_t count; float grad_scale, weight_decay; } adamw_cases[] = {
+    { 0, 1.0f, 0.1f }, { 1, 1.0f, 0.0f }, { 17, 0.5f, 0.1f }, { 1000, 1.0f, 0.1f },
+    { 1000003, 0.37f, 0.0f }, { 1000003, 0.5f, 0.1f },
+};
+
+/* every whole-buffer case, reseeded like main's (seq continues its count) */
+static void run_vector_cases(uint64_t *seq, int self_check)
+{
+    check(dev->sumsq && dev->axpby && dev->adamw, "sumsq, axpby or adamw is NULL");
+    case_done("whole-buffer table");
+    if (!dev->sumsq || !dev->axpby || !dev->adamw)
+        return;
+    for (size_t i = 0; i < sizeof sumsq_counts / sizeof sumsq_counts[0]; i++) {
+        rng_state = 0x5eed0000u + *seq;
+        misalign = (*seq)++ % 2 * 4;
+        case_sumsq(sumsq_counts[i]);
+    }
+    for (size_t i = 0; i < sizeof axpby_cases / sizeof axpby_cases[0]; i++) {
+        rng_state = 0x5eed0000u + *seq;
+        misalign = (*seq)++ % 2 * 4;
+        case_axpby(axpby_cases[i].count, axpby_cases[i].alpha, axpby_cases[i].beta,
+                   axpby_cases[i].in_place);
+    }
+    for (size_t i = 0; i < sizeof adamw_cases / sizeof adamw_cases[0]; i++) {
+        rng_state = 0x5eed0000u + *seq;
+        misalign = (*seq)++ % 2 * 4;
+        case_adamw(adamw_cases[i].count, adamw_cases[i].grad_scale, adamw_cases[i].weight_decay);
+    }
+    case_vector_large(self_check ? ((int64_t)1 << 24) + 5 : ((int64_t)1 << 31) + 5);
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -728,6 +998,17 @@ static double tol_loss_grad(int64_t V)
 {
     return 2e-5 + 2.0 * tol_matmul(V);
 }
+/* The same with bf16_products, on inputs that are bf16 values (loss_make_inputs rounds them): the
+ * logit products round nothing and stay fp32 sums, so the values keep tol_loss_value. The
+ * gradient product's operand g = d l / d zs is formed in fp32 and rounded to bf16 on both sides
+ * (loss_cpu.c calls matmul_bf16 as well): where the two sides' g (~1e-6 apart) straddle a rounding
+ * boundary they round to neighbours one bf16 step apart, at most 2^-7 of that g_v; and if cuBLAS
+ * rounds otherwise (TF32, truncation) every term moves by at most 2^-8 + 2^-10 of itself, with
+ * random signs. Either is below 2^-7 of the gradient's scale, on top of the fp32 differences. */
+static double tol_loss_grad_bf16(int64_t V)
+{
+    return ldexp(1.0, -7) + tol_loss_grad(V);
+}
 
 typedef struct {
     int64_t n, H, V, chunk, vocab_tile;
@@ -735,6 +1016,7 @@ typedef struct {
     int weights;   /* 0: NULL; 1: in [0.25, 2], every 11th 0 and every 13th -1 (ignored) */
     float alpha, T, lambda, Tc;
     int no_outputs;   /* 1: grad_student and per_position NULL */
+    int bf16;         /* 1: bf16_products, on hidden states and lm_head that are bf16 values */
 } loss_case;
 
 static void loss_scalar(const char *what, double got, double want)
@@ -765,6 +1047,11 @@ static loss_inputs loss_make_inputs(const loss_case *s)
         in.ht[i] += in.hs[i];   /* a teacher near the student: argmax agrees often, not always */
     const double a = 6.0 / sqrt((double)H);   /* logits of standard deviation ~2 */
     fill_uniform(in.W, V * H, -a, a);
+    if (s->bf16) {
+        round_bf16(in.hs, n * H);
+        round_bf16(in.ht, n * H);
+        round_bf16(in.W, V * H);
+    }
     if (s->labels) {
         in.labels = host((size_t)n * sizeof(int32_t));
         for (int64_t i = 0; i < n; i++)
@@ -783,16 +1070,17 @@ static void case_loss(const loss_case *s)
 {
     int len = snprintf(case_name, sizeof case_name,
              "loss n=%lld H=%lld V=%lld chunk=%lld tile=%lld labels=%s%s alpha=%g T=%g "
-             "lambda=%g Tc=%g%s",
+             "lambda=%g Tc=%g%s%s",
              (long long)s->n, (long long)s->H, (long long)s->V, (long long)s->chunk,
              (long long)s->vocab_tile,
              s->labels == 0 ? "teacher" : s->labels == 1 ? "given" : "ignored",
              s->weights ? " weights" : "", (double)s->alpha, (double)s->T, (double)s->lambda,
-             (double)s->Tc, s->no_outputs ? " no outputs" : "");
+             (double)s->Tc, s->no_outputs ? " no outputs" : "", s->bf16 ? " bf16" : "");
     if (len >= (int)sizeof case_name)   /* a long name is cut, never overrun */
         case_name[sizeof case_name - 1] = '\0';
     const int64_t n = s->n, H = s->H, V = s->V;
-    const ddk_loss_params p = { n, H, V, s->chunk, s->vocab_tile, s->alpha, s->T, s->lambda, s->Tc };
+    const ddk_loss_params p = { n,        H,    V,         s->chunk, s->vocab_tile,
+                                s->alpha, s->T, s->lambda, s->Tc,    s->bf16 };
     loss_inputs in = loss_make_inputs(s);
     const int uses_teacher = ddk_loss_uses_teacher(&p, in.labels != NULL);
     float *grad = s->no_outputs ? NULL : host_floats(n * H);
@@ -857,7 +1145,8 @@ static void case_loss(const loss_case *s)
         check(nonfinite == 0 && num / den <= tol_loss_value,
               "per_position: %lld not finite, error %.3g > %.3g", (long long)nonfinite, num / den,
               tol_loss_value);
-        expect_close("grad_student", grad_got, grad, n * H, tol_loss_grad(V));
+        expect_close("grad_student", grad_got, grad, n * H,
+                     s->bf16 ? tol_loss_grad_bf16(V) : tol_loss_grad(V));
         expect_same("per_position twice", download(pp_dev[1], n), pp_got, (size_t)n * sizeof(float));
         expect_same("grad_student twice", download(grad_dev[1], n * H), grad_got,
                     (size_t)(n * H) * sizeof(float));
@@ -870,8 +1159,9 @@ static void case_loss(const loss_case *s)
 static void case_loss_refused(void)
 {
     snprintf(case_name, sizeof case_name, "loss refused: -ENOMEM, then -EINVAL (label = V)");
-    const loss_case s = { 37, 64, 257, 8, 0, 1, 1, 0.15f, 2.0f, 0.1f, 1.5f, 0 };
-    const ddk_loss_params p = { s.n, s.H, s.V, s.chunk, s.vocab_tile, s.alpha, s.T, s.lambda, s.Tc };
+    const loss_case s = { 37, 64, 257, 8, 0, 1, 1, 0.15f, 2.0f, 0.1f, 1.5f, 0, 0 };
+    const ddk_loss_params p = { s.n, s.H, s.V, s.chunk, s.vocab_tile, s.alpha, s.T, s.lambda, s.Tc,
+                                0 };
     loss_inputs in = loss_make_inputs(&s);
     float *hs_dev = dev_floats(in.hs, s.n * s.H, "student_hidden");
     float *ht_dev = dev_floats(in.ht, s.n * s.H, "teacher_hidden");
@@ -912,17 +1202,24 @@ static void case_loss_refused(void)
 }
 
 static const loss_case loss_cases[] = {
-    /* n, H, V, chunk, vocab_tile, labels, weights, alpha, T, lambda, Tc, no_outputs */
-    { 1, 8, 2, 1, 0, 1, 0, 0.0f, 1.0f, 0.0f, 1.0f, 0 },
-    { 1, 8, 2, 4, 1, 0, 0, 1.0f, 2.0f, 0.1f, 2.0f, 0 },          /* tiles of one column */
-    { 37, 64, 257, 8, 0, 1, 1, 0.15f, 2.0f, 0.1f, 1.5f, 0 },
-    { 37, 64, 257, 16, 64, 1, 1, 0.15f, 2.0f, 0.1f, 1.5f, 0 },   /* last tile of one column */
-    { 37, 8, 257, 37, 100, 0, 1, 0.0f, 2.0f, 0.5f, 1.0f, 0 },     /* the teacher only for labels */
-    { 37, 64, 257, 5, 0, 2, 1, 0.15f, 2.0f, 0.1f, 1.5f, 0 },      /* every position ignored */
-    { 300, 130, 5000, 128, 0, 0, 0, 1.0f, 2.0f, 0.1f, 1.5f, 0 },
-    { 300, 130, 5000, 300, 1000, 1, 1, 0.15f, 2.0f, 0.1f, 1.5f, 0 },
-    { 300, 64, 5000, 64, 777, 0, 1, 0.15f, 1.0f, 0.2f, 1.0f, 0 }, /* T = 1, Tc = 1: shared exps */
-    { 300, 130, 5000, 100, 999, 1, 0, 0.15f, 2.0f, 0.1f, 1.5f, 1 },
+    /* n, H, V, chunk, vocab_tile, labels, weights, alpha, T, lambda, Tc, no_outputs, bf16 */
+    { 1, 8, 2, 1, 0, 1, 0, 0.0f, 1.0f, 0.0f, 1.0f, 0, 0 },
+    { 1, 8, 2, 4, 1, 0, 0, 1.0f, 2.0f, 0.1f, 2.0f, 0, 0 },       /* tiles of one column */
+    { 37, 64, 257, 8, 0, 1, 1, 0.15f, 2.0f, 0.1f, 1.5f, 0, 0 },
+    { 37, 64, 257, 16, 64, 1, 1, 0.15f, 2.0f, 0.1f, 1.5f, 0, 0 }, /* last tile of one column */
+    { 37, 8, 257, 37, 100, 0, 1, 0.0f, 2.0f, 0.5f, 1.0f, 0, 0 },  /* the teacher only for labels */
+    { 37, 64, 257, 5, 0, 2, 1, 0.15f, 2.0f, 0.1f, 1.5f, 0, 0 },   /* every position ignored */
+    { 300, 130, 5000, 128, 0, 0, 0, 1.0f, 2.0f, 0.1f, 1.5f, 0, 0 },
+    { 300, 130, 5000, 300, 1000, 1, 1, 0.15f, 2.0f, 0.1f, 1.5f, 0, 0 },
+    { 300, 64, 5000, 64, 777, 0, 1, 0.15f, 1.0f, 0.2f, 1.0f, 0, 0 }, /* T = 1, Tc = 1 */
+    { 300, 130, 5000, 100, 999, 1, 0, 0.15f, 2.0f, 0.1f, 1.5f, 1, 0 },
+};
+
+/* bf16_products in both memory modes: the whole vocabulary (teacher labels, KL, CAP) and tiles */
+static const loss_case loss_bf16_cases[] = {
+    { 37, 64, 257, 8, 0, 1, 1, 0.15f, 2.0f, 0.1f, 1.5f, 0, 1 },
+    { 300, 130, 5000, 128, 0, 0, 0, 1.0f, 2.0f, 0.1f, 1.5f, 0, 1 },
+    { 300, 130, 5000, 300, 1000, 1, 1, 0.15f, 2.0f, 0.1f, 1.5f, 0, 1 },
 };
 
 /* every loss case, reseeded like main's (seq continues its count) */
@@ -940,6 +1237,12 @@ static void run_loss_cases(uint64_t *seq)
     rng_state = 0x5eed0000u + *seq;
     misalign = (*seq)++ % 2 * 4;
     case_loss_refused();
+    for (size_t i = 0; dev->matmul_bf16 && i < sizeof loss_bf16_cases / sizeof loss_bf16_cases[0];
+         i++) {   /* a NULL matmul_bf16 fails main's "matmul_bf16 table" */
+        rng_state = 0x5eed0000u + *seq;
+        misalign = (*seq)++ % 2 * 4;
+        case_loss(&loss_bf16_cases[i]);
+    }
 }
 
 int main(void)
@@ -970,8 +1273,9 @@ int main(void)
         check(ddk_backend_cuda(-1) == NULL && ddk_backend_cuda(ddk_cuda_device_count()) == NULL,
               "a backend for a GPU that does not exist");
     }
-    check(dev && dev->zero && dev->copy && dev->matmul && dev->rmsnorm && dev->rmsnorm_backward &&
-              dev->rope && dev->swiglu && dev->swiglu_backward && dev->embedding,
+    check(dev && dev->zero && dev->copy && dev->synchronize && dev->matmul && dev->rmsnorm &&
+              dev->rmsnorm_backward && dev->rope && dev->swiglu && dev->swiglu_backward &&
+              dev->embedding,
           "an op tested here is NULL");
     case_done("backend table");
     if (cases_failed)
@@ -1012,7 +1316,7 @@ int main(void)
     }
     for (size_t i = 0; i < sizeof matmul_shapes / sizeof matmul_shapes[0]; i++) {
         NEXT_CASE();
-        case_matmul(&matmul_shapes[i]);
+        case_matmul(&matmul_shapes[i], MATMUL_FP32);
     }
     static const size_t copy_bytes[] = { 1, 3, 17, 4097, ((size_t)1 << 20) + 5 };
     for (size_t i = 0; i < sizeof copy_bytes / sizeof copy_bytes[0]; i++) {
@@ -1022,6 +1326,15 @@ int main(void)
     }
     run_attention_cases(&seq);
     run_loss_cases(&seq);
+    /* the ops added after the cases above (appended, so those keep their seeds) */
+    check(dev->matmul_bf16 != NULL, "matmul_bf16 is NULL");
+    case_done("matmul_bf16 table");
+    for (int mode = MATMUL_BF16; dev->matmul_bf16 && mode <= MATMUL_BF16_EXACT; mode++)
+        for (size_t i = 0; i < sizeof matmul_shapes / sizeof matmul_shapes[0]; i++) {
+            NEXT_CASE();
+            case_matmul(&matmul_shapes[i], mode);
+        }
+    run_vector_cases(&seq, self_check);
 #undef NEXT_CASE
     return cases_summary();
 }

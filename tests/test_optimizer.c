@@ -14,6 +14,7 @@
 #include <string.h>
 
 static const double pi = 3.14159265358979323846;
+#define cpu ddk_backend_cpu()   /* the optimiser's arithmetic is the backend's */
 
 /* ------------------------------------------------------------------------------------------
  * A small parameter table: matrices and norm gains of odd sizes (vector bodies and tails)
@@ -140,8 +141,8 @@ static void test_schedule(void)
 static void test_grad_norm(void)
 {
     float pythagoras[2] = { 3, -4 };
-    check(ddt_grad_norm(pythagoras, 2) == 5, "norm of (3, -4) = 5, got %.17g", ddt_grad_norm(pythagoras, 2));
-    check(ddt_grad_norm(pythagoras, 0) == 0, "norm of nothing = 0");
+    check(ddt_grad_norm(cpu, pythagoras, 2) == 5, "norm of (3, -4) = 5, got %.17g", ddt_grad_norm(cpu, pythagoras, 2));
+    check(ddt_grad_norm(cpu, pythagoras, 0) == 0, "norm of nothing = 0");
     /* lengths around the accumulator width: every element counted once */
     uint64_t rng = 7;
     float *g = xcalloc(1001, sizeof(float));
@@ -152,7 +153,7 @@ static void test_grad_norm(void)
         double sum = 0;
         for (int64_t i = 0; i < lengths[k]; i++)
             sum += (double)g[i] * g[i];
-        double got = ddt_grad_norm(g, lengths[k]);
+        double got = ddt_grad_norm(cpu, g, lengths[k]);
         /* float64 sums in another order: a few ulps */
         check(fabs(got - sqrt(sum)) <= 1e-14 * sqrt(sum), "length %lld: %.17g, reference %.17g",
               (long long)lengths[k], got, sqrt(sum));
@@ -161,8 +162,8 @@ static void test_grad_norm(void)
     for (int i = 0; i < 1001; i++)
         g[i] = 1e20f;
     double expect = sqrt(1001.0) * (double)1e20f;
-    check(fabs(ddt_grad_norm(g, 1001) - expect) <= 1e-14 * expect, "norm of 1001 x 1e20: %g, expected %g",
-          ddt_grad_norm(g, 1001), expect);
+    check(fabs(ddt_grad_norm(cpu, g, 1001) - expect) <= 1e-14 * expect, "norm of 1001 x 1e20: %g, expected %g",
+          ddt_grad_norm(cpu, g, 1001), expect);
     free(g);
 }
 
@@ -190,7 +191,7 @@ static void run_against_reference(const ddt_adamw_config *c, const double *gradi
             g_ref[i] = g[i];
         }
         double lr = -1;
-        double norm = ddt_adamw_update(c, table, param_count, w, g, &state, &lr);
+        double norm = ddt_adamw_update(cpu, c, table, param_count, w, g, &state, &lr);
         double norm_ref = reference_update(c, table, param_count, w_ref, m_ref, v_ref, g_ref, total, s);
         clipped_steps += c->grad_clip > 0 && norm_ref > c->grad_clip;
 
@@ -262,9 +263,9 @@ static void test_clip_scales_grads(void)
     ddt_adamw_config c = default_config();
     c.grad_clip = 0.5;
     ddt_adamw_state state = { 0, m, v };
-    double norm = ddt_adamw_update(&c, table, param_count, w, g, &state, NULL);
-    check(fabs(norm - ddt_grad_norm(g0, total)) <= 1e-14 * norm, "returns the norm before clipping: %g", norm);
-    double after = ddt_grad_norm(g, total);
+    double norm = ddt_adamw_update(cpu, &c, table, param_count, w, g, &state, NULL);
+    check(fabs(norm - ddt_grad_norm(cpu, g0, total)) <= 1e-14 * norm, "returns the norm before clipping: %g", norm);
+    double after = ddt_grad_norm(cpu, g, total);
     check(fabs(after - 0.5) <= 1e-6, "grads scaled in place to the clip norm: %.9g", after);
     /* first step: m = (1 - beta1) g exactly up to rounding, so m carries the clipped grads */
     double worst = 0;
@@ -276,7 +277,7 @@ static void test_clip_scales_grads(void)
     for (int64_t i = 0; i < total; i++)
         g[i] = 1000 * g0[i];
     c.grad_clip = 0;
-    ddt_adamw_update(&c, table, param_count, w, g, &state, NULL);
+    ddt_adamw_update(cpu, &c, table, param_count, w, g, &state, NULL);
     int same = 1;
     for (int64_t i = 0; i < total; i++)
         same &= g[i] == 1000 * g0[i];
@@ -297,7 +298,7 @@ static void test_weight_decay_on_matrices_only(void)
     ddt_adamw_config c = default_config();
     ddt_adamw_state state = { 0, m, v };
     double lr = 0;
-    ddt_adamw_update(&c, table, param_count, w, g, &state, &lr);
+    ddt_adamw_update(cpu, &c, table, param_count, w, g, &state, &lr);
     int norms_unchanged = 1;
     double worst = 0;
     for (int p = 0; p < param_count; p++)
@@ -330,7 +331,7 @@ static void test_deterministic(void)
         for (int s = 0; s < 8; s++) {
             for (int64_t i = 0; i < total; i++)
                 g[i] = (float)(gradient_scales[s] * ddk_rng_normal(&rng));
-            ddt_adamw_update(&c, table, param_count, w, g, &state, NULL);
+            ddt_adamw_update(cpu, &c, table, param_count, w, g, &state, NULL);
         }
         runs[r][0] = w, runs[r][1] = m, runs[r][2] = v;
         free(g);
@@ -343,6 +344,26 @@ static void test_deterministic(void)
             free(runs[r][k]);
 }
 
+/* a NaN or Inf gradient: the norm says so and nothing moves (the trainer refuses the step) */
+static void test_not_finite_changes_nothing(void)
+{
+    ddt_param table[param_count];
+    int64_t total = make_table(table);
+    float *w = zero_floats(total), *g = zero_floats(total), *m = zero_floats(total), *v = zero_floats(total);
+    for (int64_t i = 0; i < total; i++)
+        w[i] = m[i] = v[i] = g[i] = 0.25f;
+    g[total / 2] = NAN;
+    ddt_adamw_config c = default_config();
+    ddt_adamw_state state = { 3, m, v };
+    double norm = ddt_adamw_update(cpu, &c, table, param_count, w, g, &state, NULL);
+    int same = 1;
+    for (int64_t i = 0; i < total; i++)
+        same &= w[i] == 0.25f && m[i] == 0.25f && v[i] == 0.25f;
+    check(isnan(norm), "a NaN gradient gives a NaN norm (%g)", norm);
+    check(same && state.step == 3, "weights, moments and the step count are left as they were");
+    free(w), free(g), free(m), free(v);
+}
+
 int main(void)
 {
     static const test_case cases[] = {
@@ -353,6 +374,7 @@ int main(void)
         { "clipping scales grads in place; 0 = off", test_clip_scales_grads },
         { "weight decay on matrices only", test_weight_decay_on_matrices_only },
         { "deterministic", test_deterministic },
+        { "a gradient that is not finite changes nothing", test_not_finite_changes_nothing },
     };
     run_cases(cases, sizeof cases / sizeof cases[0]);
     return cases_summary();

@@ -198,21 +198,29 @@ static void *take(arena *a, size_t bytes)
 }
 #define TAKE(a, type, count) ((type *)take((a), (size_t)(count) * sizeof(type)))
 
+/* Kept per layer. What a cheap op makes again is not: the normed inputs u and m of the
+ * attention and the MLP (in the scratch `normed`), the normed and rotated q and k (in dq_pre
+ * and dk_pre, free until the attention's backward has run) and silu(gate) * up (in dact, then
+ * dgate). The backward recomputes them bit for bit (the same op on the same input rewrites the
+ * same rstd), which saves 3 (AB, H) + (AB, nh*d) + (SAB, nkv*d) + (AB, I) floats per layer. */
 typedef struct layer_acts {
-    float *u, *rstd_u;                /* (AB, H), (AB): input_layernorm */
-    float *q_pre, *rstd_q, *q;        /* (AB, nh*d), (AB*nh), (AB, nh*d) after q_norm + RoPE */
-    float *k_pre, *rstd_k, *k;        /* (SAB, nkv*d), (SAB*nkv), (SAB, nkv*d) after k_norm + RoPE */
+    float *rstd_u;                    /* (AB): input_layernorm */
+    float *q_pre, *rstd_q;            /* (AB, nh*d), (AB*nh): before q_norm + RoPE */
+    float *k_pre, *rstd_k;            /* (SAB, nkv*d), (SAB*nkv): before k_norm + RoPE */
     float *v;                         /* (SAB, nkv*d) */
     float *attn, *lse;                /* (AB, nh*d), (AB, nh) */
     float *h_mid;                     /* (AB, H) after the attention's residual */
-    float *m, *rstd_m;                /* (AB, H), (AB): post_attention_layernorm */
-    float *gate, *up, *act;           /* (AB, I) each */
+    float *rstd_m;                    /* (AB): post_attention_layernorm */
+    float *gate, *up;                 /* (AB, I) each; silu(gate) * up is recomputed by the backward */
 } layer_acts;
 
 typedef struct seq_acts {
+    /* index arrays, formed on the host and copied in at once (carve_index) */
     int32_t *anchors;                 /* (A) padded blocks take the last kept anchor */
     int32_t *tokens;                  /* (AB) x[a_j] then mask tokens */
     int32_t *pos;                     /* (SAB) context 0..S-1, then a_j + o */
+    int32_t *teacher_rows;            /* (AB) slot (j, k) is taught by th[a_j + k - 1] (clamped) */
+    uint8_t *keep;                    /* (A) the batch's */
     float *xf, *ctx, *rstd_ctx;       /* (S, H) fc output, (S, H) context C, (S) */
     float *h[DDT_MAX_LAYERS + 1];     /* (AB, H) residual stream before each layer, and after */
     float *hs_rstd;                   /* (AB) final norm */
@@ -220,8 +228,9 @@ typedef struct seq_acts {
 } seq_acts;
 
 typedef struct grad_scratch {
+    float *normed;                    /* (AB, H) u or m of the layer at hand (forward and backward) */
     float *dh, *dh_mid, *dm, *du;     /* (AB, H) */
-    float *dact, *dgate, *dup;        /* (AB, I) */
+    float *dact, *dgate, *dup;        /* (AB, I); dact is also the forward's silu(gate) * up */
     float *dattn, *dq, *dq_pre;       /* (AB, nh*d) */
     float *dk, *dv, *dk_pre;          /* (SAB, nkv*d) */
     float *dctx, *dxf;                /* (S, H) */
@@ -229,12 +238,29 @@ typedef struct grad_scratch {
 
 typedef struct step_memory {
     seq_acts *seq;                    /* (nseq), host structs pointing into the arena */
+    int32_t *labels;                  /* (nseq*AB) the data's, or -1 (then the teacher's argmax) */
+    float *weights;                   /* (nseq*AB) */
     float *hs, *dhs;                  /* (nseq*AB, H) student hidden and its gradient */
     float *teacher;                   /* (nseq*AB, H) th[a_j + k - 1], or NULL */
-    int32_t *labels;                  /* (nseq*AB) or NULL (teacher argmax) */
-    float *weights;                   /* (nseq*AB) */
     grad_scratch g;
 } step_memory;
+
+/* The index arrays: the arena's first bytes, carved the same way over a host buffer, where
+ * they are formed, and over the backend's arena, where one copy puts them. */
+static void carve_index(arena *a, const ddt_drafter_config *c, const ddt_batch *b, step_memory *m)
+{
+    const int64_t AB = b->A * c->block_size, SAB = b->S + AB;
+    for (int64_t s = 0; s < b->nseq; s++) {
+        seq_acts *q = &m->seq[s];
+        q->anchors = TAKE(a, int32_t, b->A);
+        q->tokens = TAKE(a, int32_t, AB);
+        q->pos = TAKE(a, int32_t, SAB);
+        q->teacher_rows = TAKE(a, int32_t, AB);
+        q->keep = TAKE(a, uint8_t, b->A);
+    }
+    m->labels = TAKE(a, int32_t, b->nseq * AB);
+    m->weights = TAKE(a, float, b->nseq * AB);
+}
 
 static void carve(arena *a, const ddt_drafter_config *c, const ddt_batch *b, int uses_teacher,
                   step_memory *m)
@@ -242,11 +268,9 @@ static void carve(arena *a, const ddt_drafter_config *c, const ddt_batch *b, int
     const int64_t H = c->hidden, qd = c->heads * c->head_dim, kvd = c->kv_heads * c->head_dim,
                   I = c->intermediate, S = b->S, AB = b->A * c->block_size, SAB = S + AB,
                   N = b->nseq * AB;
+    carve_index(a, c, b, m);
     for (int64_t s = 0; s < b->nseq; s++) {
         seq_acts *q = &m->seq[s];
-        q->anchors = TAKE(a, int32_t, b->A);
-        q->tokens = TAKE(a, int32_t, AB);
-        q->pos = TAKE(a, int32_t, SAB);
         q->xf = TAKE(a, float, S * H);
         q->ctx = TAKE(a, float, S * H);
         q->rstd_ctx = TAKE(a, float, S);
@@ -255,31 +279,25 @@ static void carve(arena *a, const ddt_drafter_config *c, const ddt_batch *b, int
         q->hs_rstd = TAKE(a, float, AB);
         for (int64_t l = 0; l < c->layers; l++) {
             layer_acts *L = &q->layer[l];
-            L->u = TAKE(a, float, AB * H);
             L->rstd_u = TAKE(a, float, AB);
             L->q_pre = TAKE(a, float, AB * qd);
             L->rstd_q = TAKE(a, float, AB * c->heads);
-            L->q = TAKE(a, float, AB * qd);
             L->k_pre = TAKE(a, float, SAB * kvd);
             L->rstd_k = TAKE(a, float, SAB * c->kv_heads);
-            L->k = TAKE(a, float, SAB * kvd);
             L->v = TAKE(a, float, SAB * kvd);
             L->attn = TAKE(a, float, AB * qd);
             L->lse = TAKE(a, float, AB * c->heads);
             L->h_mid = TAKE(a, float, AB * H);
-            L->m = TAKE(a, float, AB * H);
             L->rstd_m = TAKE(a, float, AB);
             L->gate = TAKE(a, float, AB * I);
             L->up = TAKE(a, float, AB * I);
-            L->act = TAKE(a, float, AB * I);
         }
     }
     m->hs = TAKE(a, float, N * H);
     m->dhs = TAKE(a, float, N * H);
     m->teacher = uses_teacher ? TAKE(a, float, N * H) : NULL;
-    m->labels = TAKE(a, int32_t, N);
-    m->weights = TAKE(a, float, N);
     grad_scratch *g = &m->g;
+    g->normed = TAKE(a, float, AB * H);
     g->dh = TAKE(a, float, AB * H);
     g->dh_mid = TAKE(a, float, AB * H);
     g->dm = TAKE(a, float, AB * H);
@@ -301,24 +319,31 @@ static void carve(arena *a, const ddt_drafter_config *c, const ddt_batch *b, int
  * Linear layers: y (M, N) = x (M, K) W^T with W (N, K), the Hugging Face layout.
  */
 
-static void linear(const ddk_backend *be, const float *x, int64_t M, int64_t K, const float *W,
-                   int64_t N, float beta, float *y)
+/* The step's product: be->matmul, or be->matmul_bf16 when loss.bf16_products asks for bf16
+ * operands (train.precision "bf16": the tensor cores' product; fp32 accumulation either way). */
+typedef void (*product_fn)(const ddk_backend *be, int trans_a, int trans_b, int64_t m, int64_t n,
+                           int64_t k, float alpha, const float *a, int64_t lda, const float *b,
+                           int64_t ldb, float beta, float *c, int64_t ldc);
+
+static void linear(const ddk_backend *be, product_fn mul, const float *x, int64_t M, int64_t K,
+                   const float *W, int64_t N, float beta, float *y)
 {
-    be->matmul(be, 0, 1, M, N, K, 1.0f, x, K, W, K, beta, y, N);
+    mul(be, 0, 1, M, N, K, 1.0f, x, K, W, K, beta, y, N);
 }
 
 /* dx (M, K) += dy W (when dx), dW (N, K) += dy^T x */
-static void linear_backward(const ddk_backend *be, const float *x, int64_t M, int64_t K,
-                            const float *W, int64_t N, const float *dy, float *dx, float *dW)
+static void linear_backward(const ddk_backend *be, product_fn mul, const float *x, int64_t M,
+                            int64_t K, const float *W, int64_t N, const float *dy, float *dx,
+                            float *dW)
 {
     if (dx)
-        be->matmul(be, 0, 0, M, K, N, 1.0f, dy, N, W, K, 1.0f, dx, K);
-    be->matmul(be, 1, 0, N, K, M, 1.0f, dy, N, x, K, 1.0f, dW, K);
+        mul(be, 0, 0, M, K, N, 1.0f, dy, N, W, K, 1.0f, dx, K);
+    mul(be, 1, 0, N, K, M, 1.0f, dy, N, x, K, 1.0f, dW, K);
 }
 
 /* ------------------------------------------------------------------------------------------
- * Forward of one sequence. The index arrays (anchors, tokens, positions, labels, weights) are
- * formed on the host, in the arena: the CPU backend's memory is the host's.
+ * Forward of one sequence. Its index arrays (anchors, tokens, positions, teacher rows, keep,
+ * labels, weights) are formed on the host from the batch's host arrays.
  */
 
 static void sequence_inputs(const ddt_drafter_config *c, const ddt_batch *b, int64_t s,
@@ -332,6 +357,7 @@ static void sequence_inputs(const ddt_drafter_config *c, const ddt_batch *b, int
     int32_t last = 0;
     for (int64_t j = 0; j < b->A; j++) {
         q->anchors[j] = keep[j] ? a[j] : last;   /* padding keeps the anchors sorted */
+        q->keep[j] = keep[j];
         last = q->anchors[j];
     }
     for (int64_t t = 0; t < S; t++)
@@ -342,6 +368,8 @@ static void sequence_inputs(const ddt_drafter_config *c, const ddt_batch *b, int
             const int64_t r = j * B + k, target = aj + k;
             q->tokens[r] = k == 0 ? x[aj] : c->mask_token_id;
             q->pos[S + r] = (int32_t)target;
+            const int64_t taught = target - 1;   /* clamped: such slots weigh 0 */
+            q->teacher_rows[r] = (int32_t)(taught < 0 ? 0 : taught >= S ? S - 1 : taught);
             int valid = keep[j] && k >= 1 && target < S && mask[target];
             weights[r] = valid ? (float)exp(-(double)(k - 1) / gamma) : 0.0f;
             labels[r] = data_labels && target < S ? x[target] : -1;
@@ -349,18 +377,20 @@ static void sequence_inputs(const ddt_drafter_config *c, const ddt_batch *b, int
     }
 }
 
-static int forward_sequence(const ddk_backend *be, const ddt_drafter_config *c,
+static int forward_sequence(const ddk_backend *be, product_fn mul, const ddt_drafter_config *c,
                             const ddt_drafter_weights *w, const float *embed, const ddt_batch *b,
-                            int64_t s, seq_acts *q, float *hs)
+                            int64_t s, seq_acts *q, const grad_scratch *t, float *hs)
 {
     const int64_t H = c->hidden, nh = c->heads, nkv = c->kv_heads, d = c->head_dim,
                   qd = nh * d, kvd = nkv * d, I = c->intermediate, S = b->S, A = b->A,
                   B = c->block_size, AB = A * B, SAB = S + AB, LH = c->taps * H;
     const float eps = c->rms_norm_eps, theta = c->rope_theta;
+    float *const u = t->normed, *const m = t->normed, *const act = t->dact,   /* scratch */
+                 *const qr = t->dq_pre, *const kr = t->dk_pre;
 
     /* context: C = RMSNorm(X fc^T; hidden_norm) (S, H) */
     const float *X = b->features + s * S * LH;   /* (S, L_t*H) */
-    linear(be, X, S, LH, w->fc, H, 0.0f, q->xf);
+    linear(be, mul, X, S, LH, w->fc, H, 0.0f, q->xf);
     be->rmsnorm(be, q->xf, w->hidden_norm, S, H, eps, q->ctx, q->rstd_ctx);
 
     be->embedding(be, embed, q->tokens, AB, H, q->h[0]);
@@ -368,34 +398,34 @@ static int forward_sequence(const ddk_backend *be, const ddt_drafter_config *c,
         const ddt_layer_weights *W = &w->layer[l];
         layer_acts *L = &q->layer[l];
         const float *h = q->h[l];
-        be->rmsnorm(be, h, W->input_layernorm, AB, H, eps, L->u, L->rstd_u);
+        be->rmsnorm(be, h, W->input_layernorm, AB, H, eps, u, L->rstd_u);
 
         /* Q for block rows; K, V over [C ; u] (the context gets no input_layernorm) */
-        linear(be, L->u, AB, H, W->q_proj, qd, 0.0f, L->q_pre);
-        be->rmsnorm(be, L->q_pre, W->q_norm, AB * nh, d, eps, L->q, L->rstd_q);
-        be->rope(be, L->q, q->pos + S, AB, nh, d, theta, 0);
-        linear(be, q->ctx, S, H, W->k_proj, kvd, 0.0f, L->k_pre);
-        linear(be, L->u, AB, H, W->k_proj, kvd, 0.0f, L->k_pre + S * kvd);
-        be->rmsnorm(be, L->k_pre, W->k_norm, SAB * nkv, d, eps, L->k, L->rstd_k);
-        be->rope(be, L->k, q->pos, SAB, nkv, d, theta, 0);
-        linear(be, q->ctx, S, H, W->v_proj, kvd, 0.0f, L->v);
-        linear(be, L->u, AB, H, W->v_proj, kvd, 0.0f, L->v + S * kvd);
+        linear(be, mul, u, AB, H, W->q_proj, qd, 0.0f, L->q_pre);
+        be->rmsnorm(be, L->q_pre, W->q_norm, AB * nh, d, eps, qr, L->rstd_q);
+        be->rope(be, qr, q->pos + S, AB, nh, d, theta, 0);
+        linear(be, mul, q->ctx, S, H, W->k_proj, kvd, 0.0f, L->k_pre);
+        linear(be, mul, u, AB, H, W->k_proj, kvd, 0.0f, L->k_pre + S * kvd);
+        be->rmsnorm(be, L->k_pre, W->k_norm, SAB * nkv, d, eps, kr, L->rstd_k);
+        be->rope(be, kr, q->pos, SAB, nkv, d, theta, 0);
+        linear(be, mul, q->ctx, S, H, W->v_proj, kvd, 0.0f, L->v);
+        linear(be, mul, u, AB, H, W->v_proj, kvd, 0.0f, L->v + S * kvd);
 
         ddk_attention_shape shape = { .S = S, .A = A, .B = B, .nh = nh, .nkv = nkv, .d = d,
                                       .window = c->sliding[l] ? c->sliding_window : 0 };
-        int rc = be->dflash_attention(be, &shape, L->q, L->k, L->v, q->anchors,
-                                      b->keep + s * A, L->attn, L->lse);
+        int rc = be->dflash_attention(be, &shape, qr, kr, L->v, q->anchors, q->keep, L->attn,
+                                      L->lse);
         if (rc)
             return rc;
         be->copy(be, L->h_mid, h, (size_t)(AB * H) * sizeof(float));
-        linear(be, L->attn, AB, qd, W->o_proj, H, 1.0f, L->h_mid);
+        linear(be, mul, L->attn, AB, qd, W->o_proj, H, 1.0f, L->h_mid);
 
-        be->rmsnorm(be, L->h_mid, W->post_attention_layernorm, AB, H, eps, L->m, L->rstd_m);
-        linear(be, L->m, AB, H, W->gate_proj, I, 0.0f, L->gate);
-        linear(be, L->m, AB, H, W->up_proj, I, 0.0f, L->up);
-        be->swiglu(be, L->gate, L->up, AB * I, L->act);
+        be->rmsnorm(be, L->h_mid, W->post_attention_layernorm, AB, H, eps, m, L->rstd_m);
+        linear(be, mul, m, AB, H, W->gate_proj, I, 0.0f, L->gate);
+        linear(be, mul, m, AB, H, W->up_proj, I, 0.0f, L->up);
+        be->swiglu(be, L->gate, L->up, AB * I, act);
         be->copy(be, q->h[l + 1], L->h_mid, (size_t)(AB * H) * sizeof(float));
-        linear(be, L->act, AB, I, W->down_proj, H, 1.0f, q->h[l + 1]);
+        linear(be, mul, act, AB, I, W->down_proj, H, 1.0f, q->h[l + 1]);
     }
     be->rmsnorm(be, q->h[c->layers], w->norm, AB, H, eps, hs, q->hs_rstd);
     return 0;
@@ -405,7 +435,7 @@ static int forward_sequence(const ddk_backend *be, const ddt_drafter_config *c,
  * Backward of one sequence, from dhs (AB, H); gradients ADD into g.
  */
 
-static int backward_sequence(const ddk_backend *be, const ddt_drafter_config *c,
+static int backward_sequence(const ddk_backend *be, product_fn mul, const ddt_drafter_config *c,
                              const ddt_drafter_weights *w, ddt_drafter_weights *gw,
                              const ddt_batch *b, int64_t s, const seq_acts *q, const float *dhs,
                              const grad_scratch *t)
@@ -413,8 +443,10 @@ static int backward_sequence(const ddk_backend *be, const ddt_drafter_config *c,
     const int64_t H = c->hidden, nh = c->heads, nkv = c->kv_heads, d = c->head_dim,
                   qd = nh * d, kvd = nkv * d, I = c->intermediate, S = b->S, A = b->A,
                   B = c->block_size, AB = A * B, SAB = S + AB, LH = c->taps * H;
-    const float theta = c->rope_theta;
+    const float eps = c->rms_norm_eps, theta = c->rope_theta;
     const size_t ab_h = (size_t)(AB * H) * sizeof(float);
+    /* recomputed, as the forward had them */
+    float *const u = t->normed, *const m = t->normed, *const qr = t->dq_pre, *const kr = t->dk_pre;
 
     be->zero(be, t->dctx, (size_t)(S * H) * sizeof(float));
     be->zero(be, t->dh, ab_h);
@@ -425,48 +457,54 @@ static int backward_sequence(const ddk_backend *be, const ddt_drafter_config *c,
         ddt_layer_weights *G = &gw->layer[l];
         const layer_acts *L = &q->layer[l];
 
-        /* MLP: h_out = h_mid + swiglu(m Wg^T, m Wu^T) Wd^T */
+        /* MLP: h_out = h_mid + swiglu(m Wg^T, m Wu^T) Wd^T; m and the swiglu recomputed */
+        be->rmsnorm(be, L->h_mid, W->post_attention_layernorm, AB, H, eps, m, L->rstd_m);
         be->copy(be, t->dh_mid, t->dh, ab_h);
         be->zero(be, t->dact, (size_t)(AB * I) * sizeof(float));
-        linear_backward(be, L->act, AB, I, W->down_proj, H, t->dh, t->dact, G->down_proj);
+        be->swiglu(be, L->gate, L->up, AB * I, t->dgate);
+        linear_backward(be, mul, t->dgate, AB, I, W->down_proj, H, t->dh, t->dact, G->down_proj);
         be->zero(be, t->dgate, (size_t)(AB * I) * sizeof(float));
         be->zero(be, t->dup, (size_t)(AB * I) * sizeof(float));
         be->swiglu_backward(be, L->gate, L->up, t->dact, AB * I, t->dgate, t->dup);
         be->zero(be, t->dm, ab_h);
-        linear_backward(be, L->m, AB, H, W->gate_proj, I, t->dgate, t->dm, G->gate_proj);
-        linear_backward(be, L->m, AB, H, W->up_proj, I, t->dup, t->dm, G->up_proj);
+        linear_backward(be, mul, m, AB, H, W->gate_proj, I, t->dgate, t->dm, G->gate_proj);
+        linear_backward(be, mul, m, AB, H, W->up_proj, I, t->dup, t->dm, G->up_proj);
         be->rmsnorm_backward(be, L->h_mid, W->post_attention_layernorm, L->rstd_m, t->dm, AB, H,
                              t->dh_mid, G->post_attention_layernorm);
 
         /* attention: h_mid = h + attn Wo^T */
         be->zero(be, t->dattn, (size_t)(AB * qd) * sizeof(float));
-        linear_backward(be, L->attn, AB, qd, W->o_proj, H, t->dh_mid, t->dattn, G->o_proj);
+        linear_backward(be, mul, L->attn, AB, qd, W->o_proj, H, t->dh_mid, t->dattn, G->o_proj);
         be->zero(be, t->dq, (size_t)(AB * qd) * sizeof(float));
         be->zero(be, t->dk, (size_t)(SAB * kvd) * sizeof(float));
         be->zero(be, t->dv, (size_t)(SAB * kvd) * sizeof(float));
         ddk_attention_shape shape = { .S = S, .A = A, .B = B, .nh = nh, .nkv = nkv, .d = d,
                                       .window = c->sliding[l] ? c->sliding_window : 0 };
-        int rc = be->dflash_attention_backward(be, &shape, L->q, L->k, L->v, q->anchors,
-                                               b->keep + s * A, L->attn, L->lse, t->dattn,
-                                               t->dq, t->dk, t->dv);
+        be->rmsnorm(be, L->q_pre, W->q_norm, AB * nh, d, eps, qr, L->rstd_q);
+        be->rope(be, qr, q->pos + S, AB, nh, d, theta, 0);
+        be->rmsnorm(be, L->k_pre, W->k_norm, SAB * nkv, d, eps, kr, L->rstd_k);
+        be->rope(be, kr, q->pos, SAB, nkv, d, theta, 0);
+        int rc = be->dflash_attention_backward(be, &shape, qr, kr, L->v, q->anchors, q->keep,
+                                               L->attn, L->lse, t->dattn, t->dq, t->dk, t->dv);
         if (rc)
             return rc;
 
-        /* V = [C ; u] Wv^T */
+        /* V = [C ; u] Wv^T, u recomputed */
+        be->rmsnorm(be, q->h[l], W->input_layernorm, AB, H, eps, u, L->rstd_u);
         be->zero(be, t->du, ab_h);
-        linear_backward(be, q->ctx, S, H, W->v_proj, kvd, t->dv, t->dctx, G->v_proj);
-        linear_backward(be, L->u, AB, H, W->v_proj, kvd, t->dv + S * kvd, t->du, G->v_proj);
+        linear_backward(be, mul, q->ctx, S, H, W->v_proj, kvd, t->dv, t->dctx, G->v_proj);
+        linear_backward(be, mul, u, AB, H, W->v_proj, kvd, t->dv + S * kvd, t->du, G->v_proj);
         /* K = RoPE(k_norm([C ; u] Wk^T)) */
         be->rope(be, t->dk, q->pos, SAB, nkv, d, theta, 1);
         be->zero(be, t->dk_pre, (size_t)(SAB * kvd) * sizeof(float));
         be->rmsnorm_backward(be, L->k_pre, W->k_norm, L->rstd_k, t->dk, SAB * nkv, d, t->dk_pre, G->k_norm);
-        linear_backward(be, q->ctx, S, H, W->k_proj, kvd, t->dk_pre, t->dctx, G->k_proj);
-        linear_backward(be, L->u, AB, H, W->k_proj, kvd, t->dk_pre + S * kvd, t->du, G->k_proj);
+        linear_backward(be, mul, q->ctx, S, H, W->k_proj, kvd, t->dk_pre, t->dctx, G->k_proj);
+        linear_backward(be, mul, u, AB, H, W->k_proj, kvd, t->dk_pre + S * kvd, t->du, G->k_proj);
         /* Q = RoPE(q_norm(u Wq^T)) */
         be->rope(be, t->dq, q->pos + S, AB, nh, d, theta, 1);
         be->zero(be, t->dq_pre, (size_t)(AB * qd) * sizeof(float));
         be->rmsnorm_backward(be, L->q_pre, W->q_norm, L->rstd_q, t->dq, AB * nh, d, t->dq_pre, G->q_norm);
-        linear_backward(be, L->u, AB, H, W->q_proj, qd, t->dq_pre, t->du, G->q_proj);
+        linear_backward(be, mul, u, AB, H, W->q_proj, qd, t->dq_pre, t->du, G->q_proj);
 
         /* u = RMSNorm(h; input_layernorm), plus the residual */
         be->copy(be, t->dh, t->dh_mid, ab_h);
@@ -476,7 +514,7 @@ static int backward_sequence(const ddk_backend *be, const ddt_drafter_config *c,
     /* the block inputs are the frozen embedding: the context is what remains */
     be->zero(be, t->dxf, (size_t)(S * H) * sizeof(float));
     be->rmsnorm_backward(be, q->xf, w->hidden_norm, q->rstd_ctx, t->dctx, S, H, t->dxf, gw->hidden_norm);
-    linear_backward(be, b->features + s * S * LH, S, LH, w->fc, H, t->dxf, NULL, gw->fc);
+    linear_backward(be, mul, b->features + s * S * LH, S, LH, w->fc, H, t->dxf, NULL, gw->fc);
     return 0;
 }
 
@@ -507,9 +545,10 @@ size_t ddt_drafter_step_bytes(const ddt_drafter_config *c, int64_t nseq, int64_t
     return bytes;
 }
 
-/* Shared by the step and the forward: the arena, the index arrays, the teacher rows and the
- * forward of every sequence. On success *base is the arena (the caller frees it). */
-static int forward_batch(const ddk_backend *be, const ddt_drafter_config *c,
+/* Shared by the step and the forward: the arena, the index arrays (formed on the host, one
+ * copy in), the teacher rows and the forward of every sequence. On success *base is the arena
+ * (the caller frees it). */
+static int forward_batch(const ddk_backend *be, product_fn mul, const ddt_drafter_config *c,
                          const ddt_drafter_weights *w, const float *embed, const ddt_batch *b,
                          const ddt_loss_config *lc, int uses_teacher, step_memory *m,
                          char **base, size_t *bytes)
@@ -521,20 +560,34 @@ static int forward_batch(const ddk_backend *be, const ddt_drafter_config *c,
         return -ENOMEM;
     arena a = { *base, 0 };
     carve(&a, c, b, uses_teacher, m);
+
+    step_memory staged = { .seq = calloc((size_t)b->nseq, sizeof(seq_acts)) };
+    arena sizing = { NULL, 0 };
+    carve_index(&sizing, c, b, &staged);
+    char *host = staged.seq ? malloc(sizing.used) : NULL;
+    if (!host) {
+        free(staged.seq);
+        ddk_free(be->alloc, *base, *bytes);
+        *base = NULL;
+        return -ENOMEM;
+    }
+    arena h = { host, 0 };
+    carve_index(&h, c, b, &staged);
+    for (int64_t s = 0; s < b->nseq; s++)
+        sequence_inputs(c, b, s, &staged.seq[s], staged.labels + s * AB, staged.weights + s * AB,
+                        lc->gamma, !lc->ce_target_teacher);
+    be->copy(be, *base, host, sizing.used);
+    be->synchronize(be);   /* the host buffer is read by then */
+    free(host);
+    free(staged.seq);
+
     int rc = 0;
     for (int64_t s = 0; s < b->nseq && rc == 0; s++) {
         seq_acts *q = &m->seq[s];
-        sequence_inputs(c, b, s, q, m->labels + s * AB, m->weights + s * AB, lc->gamma,
-                        !lc->ce_target_teacher);
-        if (uses_teacher) {   /* slot (j, k) is taught by th[a_j + k - 1] */
-            const float *th = b->teacher_hidden + s * b->S * H;   /* (S, H) */
-            for (int64_t r = 0; r < AB; r++) {
-                int64_t k = r % c->block_size, t = q->anchors[r / c->block_size] + k - 1;
-                t = t < 0 ? 0 : (t >= b->S ? b->S - 1 : t);      /* such slots weigh 0 */
-                be->copy(be, m->teacher + (s * AB + r) * H, th + t * H, (size_t)H * sizeof(float));
-            }
-        }
-        rc = forward_sequence(be, c, w, embed, b, s, q, m->hs + s * AB * H);
+        if (uses_teacher)   /* teacher (AB, H) = th[teacher_rows] with th (S, H) */
+            be->embedding(be, b->teacher_hidden + s * b->S * H, q->teacher_rows, AB, H,
+                          m->teacher + s * AB * H);
+        rc = forward_sequence(be, mul, c, w, embed, b, s, q, &m->g, m->hs + s * AB * H);
     }
     return rc;
 }
@@ -550,9 +603,11 @@ int ddt_drafter_forward(const ddk_backend *be, const ddt_drafter_config *c,
     ddt_loss_config lc = { .gamma = 1.0f, .ce_target_teacher = 1 };
     char *base = NULL;
     size_t bytes = 0;
-    int rc = forward_batch(be, c, w, embed, b, &lc, 0, &m, &base, &bytes);
-    if (rc == 0)
+    int rc = forward_batch(be, be->matmul, c, w, embed, b, &lc, 0, &m, &base, &bytes);
+    if (rc == 0) {
         be->copy(be, hs, m.hs, (size_t)(b->nseq * b->A * c->block_size * c->hidden) * sizeof(float));
+        be->synchronize(be);   /* before the arena goes back: hs may be host memory */
+    }
     ddk_free(be->alloc, base, bytes);
     free(seqs);
     return rc;
@@ -577,13 +632,14 @@ int ddt_drafter_step(const ddk_backend *be, const ddt_drafter_config *c,
     step_memory m = { .seq = seqs };
     char *base = NULL;
     size_t bytes = 0;
-    int rc = forward_batch(be, c, w, embed, b, lc, uses_teacher, &m, &base, &bytes);
+    product_fn mul = p.bf16_products ? be->matmul_bf16 : be->matmul;
+    int rc = forward_batch(be, mul, c, w, embed, b, lc, uses_teacher, &m, &base, &bytes);
     if (rc == 0)
         rc = be->loss(be, &p, m.hs, m.teacher, lm_head, data_labels ? m.labels : NULL, m.weights,
                       m.dhs, NULL, out);
     for (int64_t s = 0; s < b->nseq && rc == 0; s++)
-        rc = backward_sequence(be, c, w, g, b, s, &m.seq[s], m.dhs + s * AB * H, &m.g);
-    ddk_free(be->alloc, base, bytes);
+        rc = backward_sequence(be, mul, c, w, g, b, s, &m.seq[s], m.dhs + s * AB * H, &m.g);
+    ddk_free(be->alloc, base, bytes);   /* stream-ordered: the backward's ops run before reuse */
     free(seqs);
     return rc;
 }

@@ -78,21 +78,24 @@ void ddt_drafter_bind(const ddt_drafter_config *c, float *base, ddt_drafter_weig
 /* The initialisation (documented in drafter.c): seeded, norms 1, matrices N(0, 0.02^2). */
 void ddt_drafter_init(const ddt_drafter_config *c, float *base, uint64_t seed);
 
-/* A batch of independent sequences, in the backend's memory. */
+/* A batch of independent sequences: the index arrays in host memory (the step forms its own
+ * from them), the hidden states in the backend's memory. */
 typedef struct ddt_batch {
     int64_t nseq, S, A;
-    const int32_t *input_ids;       /* (nseq, S) */
-    const uint8_t *loss_mask;       /* (nseq, S) */
-    const float *features;          /* (nseq, S, L_t*H) */
-    const float *teacher_hidden;    /* (nseq, S, H), or NULL */
-    const int32_t *anchors;         /* (nseq, A) sorted per row, padding after the kept ones */
-    const uint8_t *keep;            /* (nseq, A) */
+    const int32_t *input_ids;       /* (nseq, S) host */
+    const uint8_t *loss_mask;       /* (nseq, S) host */
+    const float *features;          /* (nseq, S, L_t*H) backend */
+    const float *teacher_hidden;    /* (nseq, S, H) backend, or NULL */
+    const int32_t *anchors;         /* (nseq, A) host, sorted per row, padding after the kept ones */
+    const uint8_t *keep;            /* (nseq, A) host */
 } ddt_batch;
 
 typedef struct ddt_loss_config {
     float gamma;              /* weight decay over slots: exp(-(k-1)/gamma) */
     int ce_target_teacher;    /* 1: labels are the teacher's argmax; 0: the data's next token */
-    ddk_loss_params loss;     /* kl/cap weights and temperatures, chunk, vocab_tile (n, H, V set by the step) */
+    ddk_loss_params loss;     /* kl/cap weights and temperatures, chunk, vocab_tile (n, H, V set by
+                                 the step); loss.bf16_products = 1 makes every product of the step
+                                 (the drafter's and the loss's) take bf16 operands */
 } ddt_loss_config;
 
 /* Checks a batch against the configuration (token ids < V, anchors sorted and < S, keep
@@ -101,15 +104,17 @@ int ddt_batch_check(const ddt_drafter_config *c, const ddt_batch *b, const ddt_l
                     char *err, size_t err_len);
 
 /* One forward + loss + backward. grads ADD into g (callers zero it once per accumulation).
- * embed, lm_head (V, H): the target's, frozen. 0, -EINVAL (batch), or -ENOMEM: then g holds a
- * partial sum, and a retry (smaller chunk) starts from zeroed gradients. */
+ * w, g, embed, lm_head (V, H, the target's, frozen) in the backend's memory. 0, -EINVAL
+ * (batch), or -ENOMEM: then g holds a partial sum, and a retry (smaller chunk) starts from
+ * zeroed gradients. On a backend whose ops are queued (CUDA) g is written when the call
+ * returns only in the queue: be->synchronize before the host reads it. */
 int ddt_drafter_step(const ddk_backend *be, const ddt_drafter_config *c,
                      const ddt_drafter_weights *w, ddt_drafter_weights *g,
                      const float *embed, const float *lm_head, const ddt_batch *b,
                      const ddt_loss_config *lc, ddk_loss_result *out);
 
-/* The final-normed block hidden states hs (nseq*A*B, H) of a batch, no gradients (the
- * acceptance evaluation). 0 or -ENOMEM. */
+/* The final-normed block hidden states hs (nseq*A*B, H, the backend's memory or the host's) of
+ * a batch, no gradients, fp32 products (the acceptance evaluation). 0 or -ENOMEM. */
 int ddt_drafter_forward(const ddk_backend *be, const ddt_drafter_config *c,
                         const ddt_drafter_weights *w, const float *embed, const ddt_batch *b,
                         float *hs);

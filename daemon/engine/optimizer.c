@@ -1,7 +1,8 @@
 /* optimizer.c: AdamW for the drafter (SPEC.md section 2): global L2-norm gradient clipping,
  * bias-corrected moments, decoupled weight decay on every parameter except the RMSNorm gains
- * (ddt_param.is_norm), and the learning-rate schedule below. Plain C loops over float32
- * that gcc vectorises at -O3; only the norm is accumulated in float64.
+ * (ddt_param.is_norm), and the learning-rate schedule below. The arithmetic is the backend's
+ * (be->sumsq for the norm in float64, be->adamw per parameter tensor in float32), so the same
+ * code updates weights in host memory and on a GPU.
  * Not here: mixed precision, parameter groups other than "norm or not", the checkpoint I/O of
  * the state (checkpoint.c stores ddt_adamw_state as is).
  * Tested by tests/test_optimizer.c (against a float64 reference of the schedule and update).
@@ -45,62 +46,23 @@ double ddt_adamw_lr(const ddt_adamw_config *c, int64_t step)
     return c->lr * 0.5 * (1.0 + cos(pi * progress));
 }
 
-/* Sum of squares in float64. Eight independent accumulators: gcc does not reorder a single
- * floating-point sum (no -ffast-math here), but vectorises these lanes, and the result is the
- * same on every build. */
-static double sum_squares(const float *x, int64_t count)
+double ddt_grad_norm(const ddk_backend *be, const float *grads, int64_t total)
 {
-    enum { lanes = 8 };
-    double acc[lanes] = { 0 };
-    int64_t i = 0;
-    for (; i + lanes <= count; i += lanes)
-        for (int k = 0; k < lanes; k++)
-            acc[k] += (double)x[i + k] * (double)x[i + k];
-    double sum = 0;
-    for (; i < count; i++)
-        sum += (double)x[i] * (double)x[i];
-    for (int k = 0; k < lanes; k++)
-        sum += acc[k];
-    return sum;
-}
-
-double ddt_grad_norm(const float *grads, int64_t total)
-{
-    return total > 0 ? sqrt(sum_squares(grads, total)) : 0.0;
+    return total > 0 ? sqrt(be->sumsq(be, grads, total)) : 0.0;
 }
 
 /* ------------------------------------------------------------------------------------------
  * The update
  */
 
-/* One parameter tensor: clip-scale g in place, then the AdamW step. Scalars arrive in float
- * so that the loop is all float32; restrict because w, g, m, v never alias. gcc vectorises it
- * at -O3 only because this file is built with -fno-math-errno (daemon/CMakeLists.txt): with
- * errno, every sqrtf carries a branch to libm. v >= 0, so errno would never be set anyway. */
-static void adamw_tensor(float *restrict w, float *restrict g, float *restrict m, float *restrict v,
-                         int64_t count, float grad_scale, float beta1, float one_minus_beta1, float beta2,
-                         float one_minus_beta2, float inv_bc1, float inv_bc2, float eps, float lr,
-                         float lr_wd)
+double ddt_adamw_update(const ddk_backend *be, const ddt_adamw_config *c, const ddt_param *table,
+                        int count, float *params, float *grads, ddt_adamw_state *state,
+                        double *lr_out)
 {
-    for (int64_t i = 0; i < count; i++) {
-        float gi = g[i] * grad_scale;
-        g[i] = gi;
-        float mi = beta1 * m[i] + one_minus_beta1 * gi;
-        float vi = beta2 * v[i] + one_minus_beta2 * gi * gi;
-        m[i] = mi;
-        v[i] = vi;
-        float direction = (mi * inv_bc1) / (sqrtf(vi * inv_bc2) + eps);
-        w[i] -= lr * direction + lr_wd * w[i];
-    }
-}
-
-double ddt_adamw_update(const ddt_adamw_config *c, const ddt_param *table, int count,
-                        float *params, float *grads, ddt_adamw_state *state, double *lr_out)
-{
-    double sum = 0;
-    for (int p = 0; p < count; p++)
-        sum += sum_squares(grads + table[p].offset, table[p].numel);
-    double norm = sqrt(sum);
+    int64_t total = count ? table[count - 1].offset + table[count - 1].numel : 0;
+    double norm = ddt_grad_norm(be, grads, total);   /* the table covers one contiguous buffer */
+    if (!isfinite(norm))
+        return norm;
     double grad_scale = 1.0;
     if (c->grad_clip > 0 && norm > c->grad_clip)
         grad_scale = c->grad_clip / norm;
@@ -113,9 +75,12 @@ double ddt_adamw_update(const ddt_adamw_config *c, const ddt_param *table, int c
         const ddt_param *param = &table[p];
         double wd = param->is_norm ? 0.0 : c->weight_decay;
         int64_t o = param->offset;
-        adamw_tensor(params + o, grads + o, state->m + o, state->v + o, param->numel, (float)grad_scale,
-                     (float)c->beta1, (float)(1.0 - c->beta1), (float)c->beta2, (float)(1.0 - c->beta2),
-                     (float)inv_bc1, (float)inv_bc2, (float)c->eps, (float)lr, (float)(lr * wd));
+        ddk_adamw_scalars s = { .grad_scale = (float)grad_scale, .beta1 = (float)c->beta1,
+                                .one_minus_beta1 = (float)(1.0 - c->beta1), .beta2 = (float)c->beta2,
+                                .one_minus_beta2 = (float)(1.0 - c->beta2), .inv_bc1 = (float)inv_bc1,
+                                .inv_bc2 = (float)inv_bc2, .eps = (float)c->eps, .lr = (float)lr,
+                                .lr_wd = (float)(lr * wd) };
+        be->adamw(be, params + o, grads + o, state->m + o, state->v + o, param->numel, &s);
     }
     state->step++;
     if (lr_out)

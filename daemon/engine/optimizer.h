@@ -22,18 +22,21 @@ typedef struct ddt_adamw_config {
 
 typedef struct ddt_adamw_state {
     int64_t step;            /* updates applied so far */
-    float *m, *v;            /* (total) each, same layout as the parameters */
+    float *m, *v;            /* (total) each, same layout as the parameters, on the backend's memory */
 } ddt_adamw_state;
 
 /* learning rate of update number `step` (0-based) */
 double ddt_adamw_lr(const ddt_adamw_config *c, int64_t step);
 
-/* L2 norm of grads (total floats) */
-double ddt_grad_norm(const float *grads, int64_t total);
+/* L2 norm of grads (total floats, on be's memory), accumulated in float64 by be->sumsq */
+double ddt_grad_norm(const ddk_backend *be, const float *grads, int64_t total);
 
-/* One update of params (total) from grads (total), clipping by the global norm first (grads
- * are scaled in place when clipped). Returns the norm before clipping; *lr_out the rate used. */
-double ddt_adamw_update(const ddt_adamw_config *c, const ddt_param *table, int count,
-                        float *params, float *grads, ddt_adamw_state *state, double *lr_out);
+/* One update of params (total) from grads (total), all on be's memory (the ops are be->sumsq and
+ * be->adamw), clipping by the global norm first (grads are scaled in place when clipped).
+ * Returns the norm before clipping; *lr_out the rate used. When the norm is not finite nothing
+ * is changed (weights, moments, step) and the norm is returned for the caller to refuse. */
+double ddt_adamw_update(const ddk_backend *be, const ddt_adamw_config *c, const ddt_param *table,
+                        int count, float *params, float *grads, ddt_adamw_state *state,
+                        double *lr_out);
 
 #endif

@@ -5,6 +5,7 @@
 #include "run_config.h"
 #include "safetensors.h"
 #include "target.h"
+#include "ddk.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -78,6 +79,8 @@ static const config_field fields[] = {
     { "train.weight_decay", F_F64, OFF(weight_decay), 0.0, 0, 10, NULL, 0, "AdamW decoupled decay (not on norms)" },
     { "train.grad_clip", F_F64, OFF(grad_clip), 1.0, 0, 1e9, NULL, 0, "global L2 norm clip (0: none)" },
     { "train.seed", F_INT, OFF(seed), 0, 0, BIG, NULL, 0, "seeds initialisation, data and anchors" },
+    { "train.precision", F_ENUM, OFF(bf16), 0, 0, 0, "fp32|bf16", 0,
+      "matrix products: fp32, or bf16 operands with fp32 accumulation (tensor cores; weights, moments and statistics stay fp32)" },
 
     { "loss.kl_weight", F_F32, OFF(kl_weight), 0.15, 0, 1, NULL, 0, "alpha" },
     { "loss.kl_temperature", F_F32, OFF(kl_temperature), 1.0, 1e-6, 1e6, NULL, 0, "T" },
@@ -87,7 +90,11 @@ static const config_field fields[] = {
     { "loss.vocab_tile", F_INT, OFF(vocab_tile), 0, 0, BIG, NULL, 0, "0: whole vocabulary per chunk; > 0: streamed tiles" },
     { "loss.auto_rechunk", F_BOOL, OFF(auto_rechunk), 1, 0, 1, NULL, 0, "halve chunk (then tile) when a step runs out of memory" },
 
-    { "devices", F_LIST, 0, 0, 0, 0, NULL, 0, "\"all\" or a number of data-parallel ranks" },
+    { "devices", F_LIST, 0, 0, 0, 0, NULL, 0,
+      "\"all\" (every GPU; one CPU rank without GPUs), N (GPUs 0..N-1; N CPU ranks without GPUs), \"cpu\", or [\"cuda:0\", ...]" },
+    { "cluster.unique_id", F_STR, OFF(cluster_id), 0, 0, 0, "", 257, "several daemons, one run: rank 0's NCCL id (POST /nccl/unique-id)" },
+    { "cluster.world_size", F_INT, OFF(cluster_world), 0, 0, 1 << 16, NULL, 0, "ranks of all the daemons together (0: this daemon alone)" },
+    { "cluster.first_rank", F_INT, OFF(cluster_first), 0, 0, 1 << 16, NULL, 0, "the global rank of this daemon's first device" },
     { "memory.budget_bytes", F_LIST, 0, 0, 0, 0, NULL, 0, "null, or a per-device budget in bytes" },
     { "checkpoint.every_steps", F_INT, OFF(checkpoint_every), 500, 1, BIG, NULL, 0, "steps between checkpoints" },
     { "checkpoint.keep", F_INT, OFF(checkpoint_keep), 3, 1, 1000, NULL, 0, "checkpoints kept" },
@@ -195,7 +202,11 @@ static int parse_value(const parse_ctx *p, const config_field *f, const cJSON *v
     case F_STR: {
         const char *s = cJSON_GetStringValue(v);
         if (!s || strlen(s) >= f->size)
-            return fail(p, f->path, "must be a string of at most %s characters", f->size == DDT_RUN_NAME ? "127" : "1023");
+        {
+            char most[24];
+            snprintf(most, sizeof most, "%zu", f->size - 1);
+            return fail(p, f->path, "must be a string of at most %s characters", most);
+        }
         snprintf(at, f->size, "%s", s);
         return 0;
     }
@@ -273,13 +284,33 @@ static int parse_list(const parse_ctx *p, const config_field *f, const cJSON *v)
     }
     if (!strcmp(path, "devices")) {
         const char *s = cJSON_GetStringValue(v);
-        if (s && !strcmp(s, "all")) {
-            c->ranks = 1;   /* the CPU backend: one rank; GPUs: all of them (CUDA backend) */
+        c->ranks = 1;
+        if (s && (!strcmp(s, "all") || !strcmp(s, "cpu"))) {
+            c->devices_kind = !strcmp(s, "all") ? DDT_DEVICES_ALL : DDT_DEVICES_CPU;
+            return 0;
+        }
+        if (n >= 1 && n <= DDT_MAX_RANKS) {
+            for (int i = 0; i < n; i++) {
+                const char *name = cJSON_GetStringValue(cJSON_GetArrayItem(v, i));
+                char *end = NULL;
+                long id = name && !strncmp(name, "cuda:", 5) && name[5] >= '0' && name[5] <= '9'
+                              ? strtol(name + 5, &end, 10) : -1;
+                if (id < 0 || id >= DDT_MAX_RANKS || *end)
+                    return fail(p, path, "entries must be %s", "GPU names \"cuda:N\" (N in [0, 63])");
+                for (int j = 0; j < i; j++)
+                    if (c->gpu_ids[j] == id)
+                        return fail(p, path, "names %s twice", name);
+                c->gpu_ids[i] = (int32_t)id;
+            }
+            c->devices_kind = DDT_DEVICES_LIST;
+            c->ranks = n;
             return 0;
         }
         if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < 1 ||
-            v->valuedouble > 64)
-            return fail(p, path, "must be %s", "\"all\" or a number of ranks in [1, 64]");
+            v->valuedouble > DDT_MAX_RANKS)
+            return fail(p, path, "must be %s",
+                        "\"all\", \"cpu\", a number of ranks in [1, 64] or a list of GPUs [\"cuda:0\", ...]");
+        c->devices_kind = DDT_DEVICES_COUNT;
         c->ranks = (int64_t)v->valuedouble;
         return 0;
     }
@@ -340,6 +371,53 @@ static int check_relations(const parse_ctx *p)
                     "(and head_dim even)");
     if (c->max_anchors * c->drafter.block_size > (int64_t)1 << 30)
         return fail(p, "train.max_anchors", "times block_size is %s", "too large");
+    if (*c->cluster_id && !ddk_comm_id_valid(c->cluster_id))
+        return fail(p, "cluster.unique_id", "must be %s", "the 256 hex digits POST /nccl/unique-id answered");
+    if (*c->cluster_id != '\0' && c->cluster_world < 2)
+        return fail(p, "cluster.world_size", "must be >= 2 with %s", "cluster.unique_id (the ranks of all daemons)");
+    if (c->cluster_world && !*c->cluster_id)
+        return fail(p, "cluster.unique_id", "is required with %s", "cluster.world_size");
+    if (c->cluster_world && c->cluster_first + c->ranks > c->cluster_world)
+        return fail(p, "cluster.first_rank", "plus this daemon's ranks must be <= %s", "cluster.world_size");
+    if (c->cluster_world && c->devices_kind != DDT_DEVICES_LIST && c->devices_kind != DDT_DEVICES_COUNT)
+        return fail(p, "devices", "must name the GPUs (a count or [\"cuda:N\", ...]) with %s",
+                    "a cluster section: the ranks must be known before the run starts");
+    return 0;
+}
+
+int ddt_run_config_devices(const ddt_run_config *c, int gpus, int *gpu, int *ranks,
+                           int32_t *gpu_ids, char *err, size_t err_len)
+{
+    *gpu = 0;
+    *ranks = (int)c->ranks;
+    switch (c->devices_kind) {
+    case DDT_DEVICES_CPU:
+        return 0;
+    case DDT_DEVICES_ALL:
+    case DDT_DEVICES_COUNT:
+        if (gpus < 1)   /* a node without GPUs: CPU ranks */
+            return c->cluster_world ? (snprintf(err, err_len, "cluster: this node has no GPU; a cluster run "
+                                                "needs NCCL over GPUs"), -EINVAL) : 0;
+        *gpu = 1;
+        *ranks = c->devices_kind == DDT_DEVICES_ALL ? (gpus < DDT_MAX_RANKS ? gpus : DDT_MAX_RANKS) : (int)c->ranks;
+        if (*ranks > gpus) {
+            snprintf(err, err_len, "devices: %d GPUs asked for, this node has %d", *ranks, gpus);
+            return -EINVAL;
+        }
+        for (int i = 0; i < *ranks; i++)
+            gpu_ids[i] = i;
+        return 0;
+    case DDT_DEVICES_LIST:
+        for (int i = 0; i < c->ranks; i++)
+            if (c->gpu_ids[i] >= gpus) {
+                snprintf(err, err_len, "devices: cuda:%d is not a GPU of this node (it has %d%s)", c->gpu_ids[i],
+                         gpus, gpus ? "" : ": none, or this ddtreed was built without CUDA");
+                return -EINVAL;
+            }
+        *gpu = 1;
+        memcpy(gpu_ids, c->gpu_ids, (size_t)c->ranks * sizeof *gpu_ids);
+        return 0;
+    }
     return 0;
 }
 

@@ -15,7 +15,15 @@
 #include <stdint.h>
 #include <stdio.h>
 
-enum { DDT_MAX_EVAL_BUDGETS = 8, DDT_RUN_NAME = 128, DDT_RUN_PATH = 1024 };
+enum { DDT_MAX_EVAL_BUDGETS = 8, DDT_RUN_NAME = 128, DDT_RUN_PATH = 1024, DDT_MAX_RANKS = 64 };
+
+/* What "devices" asked for; the trainer resolves it against the node (ddt_run_config_devices). */
+typedef enum ddt_devices_kind {
+    DDT_DEVICES_ALL,      /* "all": every GPU, or one CPU rank on a node without GPUs */
+    DDT_DEVICES_COUNT,    /* N: GPUs 0..N-1, or N CPU ranks on a node without GPUs */
+    DDT_DEVICES_CPU,      /* "cpu": one CPU rank even where there are GPUs */
+    DDT_DEVICES_LIST      /* ["cuda:0", "cuda:3"]: those GPUs */
+} ddt_devices_kind;
 
 typedef struct ddt_run_config {
     char name[DDT_RUN_NAME];
@@ -39,6 +47,7 @@ typedef struct ddt_run_config {
     int64_t steps, sequences_per_step, grad_accum, seq_len, max_anchors, heldout;
     float gamma, noise_std;
     int ce_target_teacher;                 /* train.ce_target: 1 "teacher", 0 "data" */
+    int bf16;                              /* train.precision: 1 "bf16" products, 0 "fp32" */
     double lr, warmup_fraction, weight_decay, grad_clip;
     uint64_t seed;
 
@@ -48,7 +57,11 @@ typedef struct ddt_run_config {
     int auto_rechunk;
 
     /* devices, memory, checkpoints, eval */
-    int64_t ranks;                         /* data-parallel workers ("devices") */
+    int64_t ranks;                         /* data-parallel workers of this daemon ("devices") */
+    ddt_devices_kind devices_kind;
+    int32_t gpu_ids[DDT_MAX_RANKS];        /* DDT_DEVICES_LIST: the GPUs, ranks of them */
+    char cluster_id[260];                  /* cluster.unique_id: "" = this daemon alone */
+    int64_t cluster_world, cluster_first;  /* cluster.world_size (0 = alone), cluster.first_rank */
     int64_t budget_bytes;                  /* 0: no budget */
     int64_t checkpoint_every, checkpoint_keep;
     int64_t eval_every, eval_sequences;
@@ -72,6 +85,12 @@ int ddt_run_config_resolve(ddt_run_config *c, int64_t target_hidden, int64_t tar
  * not at hand) the config's target.* shape fields. 0 or -EINVAL with err. */
 int ddt_run_config_target_shape(const ddt_run_config *c, int64_t *hidden, int64_t *vocab,
                                 int64_t *layers, int *tied, char *err, size_t err_len);
+
+/* The ranks of this daemon for a run: *gpu = 1 and gpu_ids[0..ranks) GPU ordinals, or *gpu = 0
+ * and ranks CPU ranks; gpus is the node's GPU count (ddk_cuda_device_count()). 0, or -EINVAL
+ * with err when the config names GPUs the node does not have. */
+int ddt_run_config_devices(const ddt_run_config *c, int gpus, int *gpu, int *ranks,
+                           int32_t *gpu_ids, char *err, size_t err_len);
 
 /* The source configuration of a run (shards point into c). */
 void ddt_run_config_source(const ddt_run_config *c, ddt_source_config *s);

@@ -19,6 +19,7 @@
  */
 #include "errors.h"
 #include "safetensors.h"
+#include "ddk_bf16.h"
 
 #include <cjson/cJSON.h>
 
@@ -139,18 +140,12 @@ static float f32_from_bits(uint32_t u)
 
 uint16_t ddt_f32_to_bf16(float x)
 {
-    uint32_t u = f32_bits(x);
-    if ((u & 0x7fffffffu) > 0x7f800000u)   /* NaN: keep sign and top payload, force quiet */
-        return (uint16_t)((u >> 16) | 0x0040u);
-    /* round to nearest even on the 16 bits dropped; a carry into the exponent is correct,
-     * and the largest finite floats round up to inf */
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
+    return ddk_f32_to_bf16(x);
 }
 
 float ddt_bf16_to_f32(uint16_t x)
 {
-    return f32_from_bits((uint32_t)x << 16);
+    return ddk_bf16_to_f32(x);
 }
 
 uint16_t ddt_f32_to_f16(float x)

@@ -1,14 +1,21 @@
 /* trainer.c: one run's training loop (trainer.h).
  *
  * A step: the main thread takes the global batch's sequences from the source in cursor order
- * and gives rank r a contiguous slice; every rank (a thread with its own CPU backend and
- * allocator) samples its anchors and noise from seeds of (run seed, step, global sequence
- * index), runs the drafter step into its own gradient buffer; the ranks' gradients are then
- * summed in rank order, each weighted by its share of the global weight sum, which is exactly
- * the gradient of the one globally normalised loss; AdamW updates the one set of weights.
+ * and gives global rank g a contiguous slice (a daemon in a cluster reads the whole batch and
+ * keeps its ranks' slices); every rank (a thread with its own backend: a CPU rank, or a GPU)
+ * samples its anchors and noise from seeds of (run seed, step, global sequence index), runs
+ * the drafter step into its own gradient buffer. Then the gradient of the one globally
+ * normalised loss, each rank's weighted by its share of the global weight sum:
+ *   - CPU ranks: summed in rank order on the host; AdamW updates the one set of weights;
+ *   - GPU ranks: each scales its gradient by its weight sum and appends its loss sums
+ *     (REDUCED floats), one NCCL all-reduce sums them over every rank of the run (of every
+ *     daemon), each rank divides by the global weight sum and runs AdamW on its own replica of
+ *     the weights and moments (the same update everywhere: the replicas stay equal). The host
+ *     keeps a mirror of rank 0's weights, refreshed for checkpoints and exports.
  * Everything depends on (seed, step, cursor) only, so a resumed run repeats an uninterrupted
  * one bit for bit, and 1 or 2 ranks give the same losses to float rounding.
- * Tested by tests/test_trainer.c.
+ * Tested by tests/test_trainer.c (CPU ranks) and tests/test_step_cuda.c (a GPU's step against
+ * the CPU's; skipped without a GPU).
  */
 #include "ddt_time.h"
 #include "trainer.h"
@@ -32,27 +39,41 @@
 #include <time.h>
 #include <unistd.h>
 
-enum { MAX_RANKS = 64, CHUNK_FLOOR = 16, TILE_FLOOR = 256, SEED_ANCHORS = 1, SEED_NOISE = 2,
-       SEED_EVAL = 3, SEED_INIT = 4 };
+enum { MAX_RANKS = DDT_MAX_RANKS, CHUNK_FLOOR = 16, TILE_FLOOR = 256, SEED_ANCHORS = 1,
+       SEED_NOISE = 2, SEED_EVAL = 3, SEED_INIT = 4 };
+
+/* Floats appended to a GPU rank's gradient for the all-reduce: its weight sum, the weighted
+ * sums of loss, ce, kl and cap, the counted and correct positions (exact below 2^24). */
+enum { R_WEIGHT, R_LOSS, R_CE, R_KL, R_CAP, R_COUNTED, R_CORRECT, REDUCED };
 
 typedef struct rank_state {
     const ddk_backend *be;
-    float *grads;                 /* (total) */
+    int gpu;                      /* the GPU ordinal, or -1: a CPU rank */
+    float *grads;                 /* (total [+ REDUCED on a GPU]) */
     float *micro_grads;           /* (total): one micro-batch's, when grad_accum > 1 */
     ddt_drafter_weights step_grads;   /* bound once: into micro_grads when accumulating, else grads */
-    /* the rank's slice of the batch */
+    /* GPU ranks: the replica of the weights, the moments and the target's head on the GPU
+     * (CPU ranks read the trainer's) */
+    float *params, *m, *v;        /* (total) each */
+    float *embed, *lm_head;       /* (V, H) each; one buffer when the target ties them */
+    ddt_drafter_weights w;        /* bound to the weights this rank's step reads */
+    /* the rank's slice of the batch: index arrays and the host's copy of the features in
+     * host_block (the rank's allocator for a CPU rank, malloc for a GPU rank), the features
+     * the step reads in the rank's memory (host_block's own on a CPU rank) */
     int64_t nseq, first;          /* sequences, index of the first in the global batch */
     int32_t *input_ids;           /* (nseq, S) */
     uint8_t *loss_mask;           /* (nseq, S) */
-    float *features;              /* (nseq, S, L_t*H) */
-    float *teacher;               /* (nseq, S, H) or NULL */
+    float *features;              /* (nseq, S, L_t*H) host */
+    float *teacher;               /* (nseq, S, H) host, or NULL */
     int32_t *anchors;             /* (nseq, A) */
     uint8_t *keep;                /* (nseq, A) */
-    size_t batch_bytes;
-    void *batch_block;
+    float *dev_features, *dev_teacher;   /* GPU: (nseq, S, L_t*H), (nseq, S, H) or NULL */
+    size_t batch_bytes, dev_batch_bytes;
+    void *batch_block, *dev_batch_block;
     /* per step */
     struct ddt_trainer *t;
     ddk_loss_result result;
+    float reduced[REDUCED];       /* GPU: what this rank appends to its gradient */
     int rc;
     double seconds;
 } rank_state;
@@ -63,17 +84,21 @@ struct ddt_trainer {
     char run_id[40], run_dir[2048];
     ddt_store *store;
     ddt_source *source;
-    const float *embed, *lm_head; /* (V, H), the source's */
+    const float *embed, *lm_head; /* (V, H), the source's (host) */
     ddt_param table[DDT_MAX_PARAMS];
     int param_count;
     int64_t total;
-    float *params;                /* (total) */
-    ddt_adamw_state adam;
+    float *params;                /* (total) host: THE weights of CPU ranks, rank 0's mirror on GPUs */
+    ddt_adamw_state adam;         /* host moments likewise; adam.step counts for every rank */
     ddt_adamw_config adam_cfg;
-    ddt_drafter_weights w;
+    ddt_drafter_weights w;        /* bound to params */
     int64_t step, chunk, vocab_tile;
     uint64_t oom_recoveries;
-    int ranks;
+    int ranks;                    /* this daemon's */
+    int gpu;                      /* 1: the ranks are GPUs */
+    int world, first_rank;        /* every daemon's ranks; this daemon's first global rank */
+    int64_t per_rank;             /* sequences of the global batch per global rank */
+    ddk_comm *comm;               /* GPU ranks, world > 1 */
     rank_state rank[MAX_RANKS];
     ddt_memory_plan plan;
 };
@@ -105,49 +130,106 @@ static int make_dir(const char *path, char *err, size_t err_len)
     return 0;
 }
 
-static int alloc_ranks(ddt_trainer *t, char *err, size_t err_len)
+/* The rank's slice of the batch in its blocks: host_block (index arrays, then the host's
+ * features) and, on a GPU, dev_block (the features the step reads). */
+static void carve_batch(rank_state *rs, int64_t n, int64_t S, int64_t A, int64_t LH, int64_t H,
+                        int teacher)
+{
+    char *p = rs->batch_block;
+    rs->features = (float *)p;
+    p += (size_t)(n * S * LH) * sizeof(float);
+    rs->teacher = teacher ? (float *)p : NULL;
+    p += teacher ? (size_t)(n * S * H) * sizeof(float) : 0;
+    rs->input_ids = (int32_t *)p;
+    p += (size_t)(n * S) * sizeof(int32_t);
+    rs->anchors = (int32_t *)p;
+    p += (size_t)(n * A) * sizeof(int32_t);
+    rs->loss_mask = (uint8_t *)p;
+    p += (size_t)(n * S);
+    rs->keep = (uint8_t *)p;
+    rs->dev_features = rs->dev_batch_block;
+    rs->dev_teacher = rs->dev_batch_block && teacher ? rs->dev_features + n * S * LH : NULL;
+}
+
+static int alloc_ranks(ddt_trainer *t, const int32_t *gpu_ids, char *err, size_t err_len)
 {
     const ddt_run_config *c = &t->cfg;
     const ddt_drafter_config *d = &c->drafter;
-    const int64_t S = c->seq_len, A = c->max_anchors, LH = d->taps * d->hidden, H = d->hidden;
-    const int64_t per = (c->sequences_per_step + t->ranks - 1) / t->ranks;
-    const int teacher = c->ce_target_teacher || c->kl_weight > 0.0f;
+    const int64_t S = c->seq_len, A = c->max_anchors, LH = d->taps * d->hidden, H = d->hidden,
+                  V = d->vocab, per = t->per_rank;
+    const int teacher = c->ce_target_teacher || c->kl_weight > 0.0f, tied = t->embed == t->lm_head;
+    const size_t bytes = (size_t)t->total * sizeof(float), head = (size_t)(V * H) * sizeof(float);
     for (int r = 0; r < t->ranks; r++) {
         rank_state *rs = &t->rank[r];
         rs->t = t;
-        rs->be = ddk_backend_cpu_rank(r);
-        rs->first = r * per;
+        rs->gpu = t->gpu ? gpu_ids[r] : -1;
+        rs->be = t->gpu ? ddk_backend_cuda(rs->gpu) : ddk_backend_cpu_rank(r);
+        rs->first = (t->first_rank + r) * per;
         rs->nseq = c->sequences_per_step - rs->first < per ? c->sequences_per_step - rs->first : per;
         if (rs->nseq < 0)
             rs->nseq = 0;
-        size_t gbytes = (size_t)t->total * sizeof(float);
-        rs->grads = ddk_malloc(rs->be->alloc, gbytes);
+        ddk_allocator *a = rs->be->alloc;
+        if (c->budget_bytes)   /* the weights allocated before count towards it too */
+            ddk_allocator_set_budget(a, (size_t)c->budget_bytes);
+        const int64_t n = rs->nseq > 0 ? rs->nseq : 1;
+        const size_t features = (size_t)(n * S) * (size_t)(LH + (teacher ? H : 0)) * sizeof(float);
+        rs->batch_bytes = features + (size_t)(n * S) * (sizeof(int32_t) + 1) + (size_t)(n * A) * (sizeof(int32_t) + 1) + 256;
+        rs->grads = ddk_malloc(a, bytes + (t->gpu ? REDUCED * sizeof(float) : 0));
+        int ok = rs->grads != NULL;
         if (c->grad_accum > 1 && rs->nseq > 1)
-            rs->micro_grads = ddk_malloc(rs->be->alloc, gbytes);
-        int64_t n = rs->nseq > 0 ? rs->nseq : 1;
-        rs->batch_bytes = (size_t)(n * S) * (sizeof(int32_t) + 1 + (size_t)(LH + (teacher ? H : 0)) * sizeof(float)) +
-                          (size_t)(n * A) * (sizeof(int32_t) + 1) + 256;
-        rs->batch_block = ddk_malloc(rs->be->alloc, rs->batch_bytes);
-        if (!rs->grads || !rs->batch_block || (c->grad_accum > 1 && rs->nseq > 1 && !rs->micro_grads)) {
-            snprintf(err, err_len, "rank %d: no memory for its gradients and batch (%zu bytes)", r,
-                     gbytes + rs->batch_bytes);
+            ok &= (rs->micro_grads = ddk_malloc(a, bytes)) != NULL;
+        if (t->gpu) {
+            rs->batch_block = malloc(rs->batch_bytes);
+            rs->dev_batch_bytes = features;
+            ok &= rs->batch_block && (rs->dev_batch_block = ddk_malloc(a, features)) != NULL;
+            ok &= (rs->params = ddk_malloc(a, bytes)) && (rs->m = ddk_malloc(a, bytes)) &&
+                  (rs->v = ddk_malloc(a, bytes)) && (rs->lm_head = ddk_malloc(a, head)) &&
+                  (tied || (rs->embed = ddk_malloc(a, head)));
+            if (ok) {
+                rs->be->copy(rs->be, rs->lm_head, t->lm_head, head);
+                if (!tied)
+                    rs->be->copy(rs->be, rs->embed, t->embed, head);
+                rs->be->synchronize(rs->be);
+            }
+        } else {
+            ok &= (rs->batch_block = ddk_malloc(a, rs->batch_bytes)) != NULL;
+        }
+        if (!ok) {
+            snprintf(err, err_len, "rank %d (%s:%d): no memory for its gradients, batch%s; see `ddtreed plan`", r,
+                     rs->be->name, t->gpu ? rs->gpu : r, t->gpu ? ", weights, moments and the target's head" : "");
             return -ENOMEM;
         }
-        ddt_drafter_bind(&c->drafter, rs->micro_grads ? rs->micro_grads : rs->grads, &rs->step_grads);
-        char *p = rs->batch_block;
-        rs->features = (float *)p;
-        p += (size_t)(n * S * LH) * sizeof(float);
-        rs->teacher = teacher ? (float *)p : NULL;
-        p += teacher ? (size_t)(n * S * H) * sizeof(float) : 0;
-        rs->input_ids = (int32_t *)p;
-        p += (size_t)(n * S) * sizeof(int32_t);
-        rs->anchors = (int32_t *)p;
-        p += (size_t)(n * A) * sizeof(int32_t);
-        rs->loss_mask = (uint8_t *)p;
-        p += (size_t)(n * S);
-        rs->keep = (uint8_t *)p;
+        ddt_drafter_bind(d, rs->micro_grads ? rs->micro_grads : rs->grads, &rs->step_grads);
+        ddt_drafter_bind(d, t->gpu ? rs->params : t->params, &rs->w);
+        carve_batch(rs, n, S, A, LH, H, teacher);
     }
     return 0;
+}
+
+/* The ranks' replicas := the host's weights and moments (after initialisation or a resume). */
+static void push_weights(ddt_trainer *t)
+{
+    const size_t bytes = (size_t)t->total * sizeof(float);
+    for (int r = 0; t->gpu && r < t->ranks; r++) {
+        rank_state *rs = &t->rank[r];
+        rs->be->copy(rs->be, rs->params, t->params, bytes);
+        rs->be->copy(rs->be, rs->m, t->adam.m, bytes);
+        rs->be->copy(rs->be, rs->v, t->adam.v, bytes);
+        rs->be->synchronize(rs->be);
+    }
+}
+
+/* The host's weights and moments := rank 0's (before a checkpoint or an export). */
+static void pull_weights(ddt_trainer *t)
+{
+    if (!t->gpu)
+        return;
+    const size_t bytes = (size_t)t->total * sizeof(float);
+    rank_state *rs = &t->rank[0];
+    rs->be->copy(rs->be, t->params, rs->params, bytes);
+    rs->be->copy(rs->be, t->adam.m, rs->m, bytes);
+    rs->be->copy(rs->be, t->adam.v, rs->v, bytes);
+    rs->be->synchronize(rs->be);
 }
 
 void ddt_trainer_new_run_id(char *out, size_t len)
@@ -259,6 +341,7 @@ int ddt_trainer_open(const char *config_json, size_t len, const char *state_dir,
     }
     t->store = store;
     char path[2100], ckpt[2400] = "";
+    int32_t gpu_ids[MAX_RANKS];
     snprintf(path, sizeof path, "%s/runs", state_dir);
     int rc = make_dir(state_dir, err, err_len);
     if (!rc)
@@ -302,14 +385,19 @@ int ddt_trainer_open(const char *config_json, size_t len, const char *state_dir,
         t->embed = ddt_source_embed(t->source);
         t->lm_head = ddt_source_lm_head(t->source);
         t->param_count = ddt_drafter_param_table(&t->cfg.drafter, t->table, &t->total);
-        t->ranks = (int)t->cfg.ranks;
-        /* ranks are the CPU parallelism, beside the loader thread: the BLAS runs each rank's
+        rc = ddt_run_config_devices(&t->cfg, ddk_cuda_device_count(), &t->gpu, &t->ranks, gpu_ids, err, err_len);
+    }
+    if (!rc) {
+        const ddt_run_config *c = &t->cfg;
+        t->world = c->cluster_world ? (int)c->cluster_world : t->ranks;
+        t->first_rank = (int)c->cluster_first;
+        t->per_rank = (c->sequences_per_step + t->world - 1) / t->world;
+        /* CPU ranks are the CPU parallelism, beside the loader thread: the BLAS runs each rank's
          * products on the rank's own thread (OpenBLAS threads even tiny products, and its
          * spinning workers cost more than they give at drafter sizes) */
         ddk_cpu_set_threads(1);
-        ddk_allocator *a0 = ddk_allocator_cpu_rank(0);
-        for (int r = 0; r < t->ranks && t->cfg.budget_bytes; r++)
-            ddk_allocator_set_budget(ddk_allocator_cpu_rank(r), (size_t)t->cfg.budget_bytes);
+        /* the weights of CPU ranks count on rank 0's device; a GPU run's host mirror on the host's */
+        ddk_allocator *a0 = t->gpu ? ddk_allocator_cpu() : ddk_allocator_cpu_rank(0);
         size_t bytes = (size_t)t->total * sizeof(float);
         t->params = ddk_malloc(a0, bytes);
         t->adam.m = ddk_malloc(a0, bytes);
@@ -321,7 +409,14 @@ int ddt_trainer_open(const char *config_json, size_t len, const char *state_dir,
         }
     }
     if (!rc)
-        rc = alloc_ranks(t, err, err_len);
+        rc = alloc_ranks(t, gpu_ids, err, err_len);
+    if (!rc && t->gpu && t->world > 1) {
+        int32_t devices[MAX_RANKS];
+        for (int r = 0; r < t->ranks; r++)
+            devices[r] = t->rank[r].gpu;
+        rc = ddk_comm_init(*t->cfg.cluster_id ? t->cfg.cluster_id : NULL, t->world, t->first_rank, t->ranks,
+                           devices, &t->comm, err, err_len);
+    }
     if (!rc) {
         ddt_drafter_bind(&t->cfg.drafter, t->params, &t->w);
         t->chunk = t->cfg.chunk;
@@ -333,6 +428,7 @@ int ddt_trainer_open(const char *config_json, size_t len, const char *state_dir,
             memset(t->adam.m, 0, (size_t)t->total * sizeof(float));
             memset(t->adam.v, 0, (size_t)t->total * sizeof(float));
         }
+        push_weights(t);
         const ddt_run_config *c = &t->cfg;
         t->adam_cfg = (ddt_adamw_config){ .lr = c->lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8,
                                           .weight_decay = c->weight_decay, .grad_clip = c->grad_clip,
@@ -356,17 +452,31 @@ void ddt_trainer_close(ddt_trainer *t)
 {
     if (!t)
         return;
-    size_t bytes = (size_t)t->total * sizeof(float);
+    size_t bytes = (size_t)t->total * sizeof(float),
+           head = (size_t)(t->cfg.drafter.vocab * t->cfg.drafter.hidden) * sizeof(float);
+    ddk_comm_destroy(t->comm);
     for (int r = 0; r < t->ranks; r++) {
         rank_state *rs = &t->rank[r];
-        if (rs->be) {
-            ddk_free(rs->be->alloc, rs->grads, bytes);
-            ddk_free(rs->be->alloc, rs->micro_grads, bytes);
-            ddk_free(rs->be->alloc, rs->batch_block, rs->batch_bytes);
+        if (!rs->be)
+            continue;
+        ddk_allocator *a = rs->be->alloc;
+        rs->be->synchronize(rs->be);   /* nothing queued may still use what is freed */
+        ddk_free(a, rs->grads, bytes + (t->gpu ? REDUCED * sizeof(float) : 0));
+        ddk_free(a, rs->micro_grads, bytes);
+        if (t->gpu) {
+            free(rs->batch_block);
+            ddk_free(a, rs->dev_batch_block, rs->dev_batch_bytes);
+            ddk_free(a, rs->params, bytes);
+            ddk_free(a, rs->m, bytes);
+            ddk_free(a, rs->v, bytes);
+            ddk_free(a, rs->lm_head, head);
+            ddk_free(a, rs->embed, head);
+        } else {
+            ddk_free(a, rs->batch_block, rs->batch_bytes);
         }
-        ddk_allocator_set_budget(ddk_allocator_cpu_rank(r), 0);
+        ddk_allocator_set_budget(a, 0);
     }
-    ddk_allocator *a0 = ddk_allocator_cpu_rank(0);
+    ddk_allocator *a0 = t->gpu ? ddk_allocator_cpu() : ddk_allocator_cpu_rank(0);
     ddk_free(a0, t->params, bytes);
     ddk_free(a0, t->adam.m, bytes);
     ddk_free(a0, t->adam.v, bytes);
@@ -402,28 +512,32 @@ static void *rank_main(void *arg)
     const int accumulate = micro < rs->nseq;   /* then micro_grads exists (alloc_ranks) */
     float *target = accumulate ? rs->micro_grads : rs->grads;
     ddt_drafter_weights *g = &rs->step_grads;
-    memset(rs->grads, 0, (size_t)t->total * sizeof(float));
+    const ddk_backend *be = rs->be;
+    const size_t gbytes = (size_t)t->total * sizeof(float);
+    const float *embed = rs->gpu >= 0 ? (rs->embed ? rs->embed : rs->lm_head) : t->embed,
+                *lm_head = rs->gpu >= 0 ? rs->lm_head : t->lm_head,
+                *features = rs->gpu >= 0 ? rs->dev_features : rs->features,
+                *teacher = rs->gpu >= 0 ? rs->dev_teacher : rs->teacher;
+    be->zero(be, rs->grads, gbytes);
     ddt_loss_config lc = { .gamma = c->gamma, .ce_target_teacher = c->ce_target_teacher,
                            .loss = { .chunk = t->chunk, .vocab_tile = t->vocab_tile,
                                      .kl_weight = c->kl_weight, .kl_temperature = c->kl_temperature,
-                                     .cap_weight = c->cap_weight, .cap_temperature = c->cap_temperature } };
+                                     .cap_weight = c->cap_weight, .cap_temperature = c->cap_temperature,
+                                     .bf16_products = c->bf16 } };
     ddk_loss_result sum = { 0 };
     double sum_loss = 0, sum_ce = 0, sum_kl = 0, sum_cap = 0;
     rs->rc = 0;
     for (int64_t first = 0; first < rs->nseq && rs->rc == 0; first += micro) {
         const int64_t n = rs->nseq - first < micro ? rs->nseq - first : micro;
         ddt_batch b = { n, S, A, rs->input_ids + first * S, rs->loss_mask + first * S,
-                        rs->features + first * S * LH, rs->teacher ? rs->teacher + first * S * H : NULL,
+                        features + first * S * LH, teacher ? teacher + first * S * H : NULL,
                         rs->anchors + first * A, rs->keep + first * A };
         ddk_loss_result r = { 0 };
         if (accumulate)
-            memset(target, 0, (size_t)t->total * sizeof(float));
-        rs->rc = ddt_drafter_step(rs->be, &c->drafter, &t->w, g, t->embed, t->lm_head, &b, &lc, &r);
-        if (accumulate && rs->rc == 0 && r.weight_sum > 0) {
-            const float wm = (float)r.weight_sum;
-            for (int64_t i = 0; i < t->total; i++)
-                rs->grads[i] += wm * target[i];
-        }
+            be->zero(be, target, gbytes);
+        rs->rc = ddt_drafter_step(be, &c->drafter, &rs->w, g, embed, lm_head, &b, &lc, &r);
+        if (accumulate && rs->rc == 0 && r.weight_sum > 0)
+            be->axpby(be, t->total, (float)r.weight_sum, target, 1.0f, rs->grads);
         sum.weight_sum += r.weight_sum;
         sum.counted += r.counted;
         sum.correct += r.correct;
@@ -437,45 +551,55 @@ static void *rank_main(void *arg)
         sum.ce = sum_ce / sum.weight_sum;
         sum.kl = sum_kl / sum.weight_sum;
         sum.cap = sum_cap / sum.weight_sum;
-        if (accumulate) {
-            const float inv = (float)(1.0 / sum.weight_sum);
-            for (int64_t i = 0; i < t->total; i++)
-                rs->grads[i] *= inv;
-        }
+        if (accumulate)
+            be->axpby(be, t->total, (float)(1.0 / sum.weight_sum), rs->grads, 0.0f, rs->grads);
     }
+    be->synchronize(be);   /* the rank's time is its GPU's */
     rs->result = sum;
     rs->seconds = ddt_mono_s() - t0;
     return NULL;
 }
 
-/* the global batch's sequences into the ranks' buffers, anchors and noise seeded per sequence */
+/* The global batch's sequences into the ranks' buffers, anchors and noise seeded per sequence.
+ * Global rank g's slice is sequences [g * per_rank, ...); the slices of other daemons' ranks are
+ * read and dropped, so every daemon's cursor stays the same. A GPU rank's features then go to
+ * its GPU. */
 static int load_batch(ddt_trainer *t, char *err, size_t err_len)
 {
     const ddt_run_config *c = &t->cfg;
     const int64_t S = c->seq_len, A = c->max_anchors, H = c->drafter.hidden, LH = c->drafter.taps * H;
-    for (int r = 0; r < t->ranks; r++) {
-        rank_state *rs = &t->rank[r];
-        for (int64_t i = 0; i < rs->nseq; i++) {
-            ddt_sequence q;
-            int rc = ddt_source_next(t->source, &q, err, err_len);
-            if (rc)
-                return rc;
-            if (q.S != S) {
-                snprintf(err, err_len, "the source gave a sequence of %lld tokens, not seq_len %lld",
-                         (long long)q.S, (long long)S);
-                return -EINVAL;
-            }
-            const int64_t gi = rs->first + i;
-            memcpy(rs->input_ids + i * S, q.input_ids, (size_t)S * sizeof(int32_t));
-            memcpy(rs->loss_mask + i * S, q.loss_mask, (size_t)S);
-            memcpy(rs->features + i * S * LH, q.features, (size_t)(S * LH) * sizeof(float));
-            if (rs->teacher)
-                memcpy(rs->teacher + i * S * H, q.teacher_hidden, (size_t)(S * H) * sizeof(float));
-            ddt_add_uniform_noise(rs->features + i * S * LH, S * LH, c->noise_std,
-                                  ddt_batch_seed(c->seed, t->step, gi, SEED_NOISE));
-            ddt_sample_anchors(rs->loss_mask + i * S, S, A, ddt_batch_seed(c->seed, t->step, gi, SEED_ANCHORS),
-                               rs->anchors + i * A, rs->keep + i * A);
+    for (int64_t gi = 0; gi < c->sequences_per_step; gi++) {
+        ddt_sequence q;
+        int rc = ddt_source_next(t->source, &q, err, err_len);
+        if (rc)
+            return rc;
+        if (q.S != S) {
+            snprintf(err, err_len, "the source gave a sequence of %lld tokens, not seq_len %lld",
+                     (long long)q.S, (long long)S);
+            return -EINVAL;
         }
+        const int64_t r = gi / t->per_rank - t->first_rank;
+        if (r < 0 || r >= t->ranks)
+            continue;   /* another daemon's */
+        rank_state *rs = &t->rank[r];
+        const int64_t i = gi - rs->first;
+        memcpy(rs->input_ids + i * S, q.input_ids, (size_t)S * sizeof(int32_t));
+        memcpy(rs->loss_mask + i * S, q.loss_mask, (size_t)S);
+        memcpy(rs->features + i * S * LH, q.features, (size_t)(S * LH) * sizeof(float));
+        if (rs->teacher)
+            memcpy(rs->teacher + i * S * H, q.teacher_hidden, (size_t)(S * H) * sizeof(float));
+        ddt_add_uniform_noise(rs->features + i * S * LH, S * LH, c->noise_std,
+                              ddt_batch_seed(c->seed, t->step, gi, SEED_NOISE));
+        ddt_sample_anchors(rs->loss_mask + i * S, S, A, ddt_batch_seed(c->seed, t->step, gi, SEED_ANCHORS),
+                           rs->anchors + i * A, rs->keep + i * A);
+    }
+    for (int r = 0; t->gpu && r < t->ranks; r++) {
+        rank_state *rs = &t->rank[r];
+        const ddk_backend *be = rs->be;
+        be->copy(be, rs->dev_features, rs->features, (size_t)(rs->nseq * S * LH) * sizeof(float));
+        if (rs->teacher)
+            be->copy(be, rs->dev_teacher, rs->teacher, (size_t)(rs->nseq * S * H) * sizeof(float));
+        be->synchronize(be);   /* the host buffers are refilled by the next step */
     }
     return 0;
 }
@@ -511,6 +635,90 @@ static int shrink(ddt_trainer *t)
         return 0;
     }
     return -ENOMEM;
+}
+
+/* The gradient of the globally normalised loss into every rank's grads (CPU ranks: rank 0's
+ * only), and the step's figures (weighted means over every rank of the run) into *sums. */
+static int reduce_gradients(ddt_trainer *t, ddk_loss_result *sums, char *err, size_t err_len)
+{
+    memset(sums, 0, sizeof *sums);
+    if (t->gpu && t->world > 1) {   /* NCCL: sum of weight-scaled gradients and the figures */
+        float *bufs[MAX_RANKS];
+        for (int r = 0; r < t->ranks; r++) {
+            rank_state *rs = &t->rank[r];
+            const ddk_loss_result *res = &rs->result;
+            const double w = res->weight_sum;
+            const float x[REDUCED] = { [R_WEIGHT] = (float)w, [R_LOSS] = (float)(w * res->loss),
+                                       [R_CE] = (float)(w * res->ce), [R_KL] = (float)(w * res->kl),
+                                       [R_CAP] = (float)(w * res->cap), [R_COUNTED] = (float)res->counted,
+                                       [R_CORRECT] = (float)res->correct };
+            memcpy(rs->reduced, x, sizeof x);
+            rs->be->axpby(rs->be, t->total, (float)w, rs->grads, 0.0f, rs->grads);
+            rs->be->copy(rs->be, rs->grads + t->total, rs->reduced, sizeof rs->reduced);
+            bufs[r] = rs->grads;
+        }
+        int rc = ddk_comm_allreduce_sum(t->comm, bufs, t->total + REDUCED, err, err_len);
+        if (rc) {
+            event(t, "error", "{\"step\": %lld, \"message\": \"the gradient all-reduce failed\"}",
+                  (long long)t->step + 1);
+            return rc;
+        }
+        float total[REDUCED];
+        const ddk_backend *be0 = t->rank[0].be;
+        be0->copy(be0, total, t->rank[0].grads + t->total, sizeof total);
+        be0->synchronize(be0);
+        const double w = total[R_WEIGHT];
+        for (int r = 0; r < t->ranks && w > 0; r++)
+            t->rank[r].be->axpby(t->rank[r].be, t->total, (float)(1.0 / w), t->rank[r].grads, 0.0f,
+                                 t->rank[r].grads);
+        *sums = (ddk_loss_result){ .weight_sum = w, .counted = (int64_t)total[R_COUNTED],
+                                   .correct = (int64_t)total[R_CORRECT] };
+        if (w > 0) {
+            sums->loss = total[R_LOSS] / w;
+            sums->ce = total[R_CE] / w;
+            sums->kl = total[R_KL] / w;
+            sums->cap = total[R_CAP] / w;
+        }
+        return 0;
+    }
+    /* CPU ranks (or one GPU): rank 0's grads := sum over ranks of share_r * grads_r */
+    for (int r = 0; r < t->ranks; r++)
+        sums->weight_sum += t->rank[r].result.weight_sum;
+    const ddk_backend *be0 = t->rank[0].be;
+    float *g0 = t->rank[0].grads;
+    for (int r = 0; r < t->ranks; r++) {
+        const ddk_loss_result *res = &t->rank[r].result;
+        double share = sums->weight_sum > 0 ? res->weight_sum / sums->weight_sum : 0.0;
+        sums->loss += share * res->loss;
+        sums->ce += share * res->ce;
+        sums->kl += share * res->kl;
+        sums->cap += share * res->cap;
+        sums->counted += res->counted;
+        sums->correct += res->correct;
+        if (t->ranks > 1)
+            be0->axpby(be0, t->total, (float)share, t->rank[r].grads, r == 0 ? 0.0f : 1.0f, g0);
+    }
+    return 0;
+}
+
+/* AdamW on the weights: the trainer's (CPU ranks) or every GPU rank's replica, from the same
+ * reduced gradient. Returns the gradient's norm; when it is not finite nothing was changed. */
+static double update_weights(ddt_trainer *t, double *lr)
+{
+    if (!t->gpu)
+        return ddt_adamw_update(t->rank[0].be, &t->adam_cfg, t->table, t->param_count, t->params,
+                                t->rank[0].grads, &t->adam, lr);
+    double norm = 0;
+    for (int r = 0; r < t->ranks; r++) {
+        rank_state *rs = &t->rank[r];
+        ddt_adamw_state replica = { t->adam.step, rs->m, rs->v };
+        norm = ddt_adamw_update(rs->be, &t->adam_cfg, t->table, t->param_count, rs->params, rs->grads,
+                                &replica, lr);
+        if (!isfinite(norm))
+            return norm;   /* the same on every rank (the same gradient): none was changed */
+    }
+    t->adam.step++;
+    return norm;
 }
 
 int ddt_trainer_step(ddt_trainer *t, ddt_step_record *rec, char *err, size_t err_len)
@@ -549,39 +757,19 @@ int ddt_trainer_step(ddt_trainer *t, ddt_step_record *rec, char *err, size_t err
         return rc;
     }
 
-    /* all-reduce: the gradient of the globally normalised loss */
-    double weight_sum = 0, loss = 0, ce = 0, kl = 0, cap = 0;
-    int64_t counted = 0, correct = 0;
-    for (int r = 0; r < t->ranks; r++)
-        weight_sum += t->rank[r].result.weight_sum;
-    float *g0 = t->rank[0].grads;
-    for (int r = 0; r < t->ranks; r++) {
-        const ddk_loss_result *res = &t->rank[r].result;
-        double share = weight_sum > 0 ? res->weight_sum / weight_sum : 0.0;
-        loss += share * res->loss;
-        ce += share * res->ce;
-        kl += share * res->kl;
-        cap += share * res->cap;
-        counted += res->counted;
-        correct += res->correct;
-        const float *gr = t->rank[r].grads;
-        const float f = (float)share;
-        if (r == 0)
-            for (int64_t i = 0; i < t->total; i++)
-                g0[i] *= f;
-        else
-            for (int64_t i = 0; i < t->total; i++)
-                g0[i] += f * gr[i];
-    }
-    double lr = 0, norm = ddt_grad_norm(g0, t->total);
+    ddk_loss_result sums;
+    if ((rc = reduce_gradients(t, &sums, err, err_len)))
+        return rc;
+    double lr = 0, norm = update_weights(t, &lr);
     if (!isfinite(norm)) {   /* an update now would ruin the weights and the moments */
         snprintf(err, err_len, "step %lld: the gradient is not finite (norm %g, loss %g): lower train.lr "
-                 "or check the data; the weights were left as they were", (long long)t->step + 1, norm, loss);
+                 "or check the data; the weights were left as they were", (long long)t->step + 1, norm, sums.loss);
         event(t, "error", "{\"step\": %lld, \"message\": \"gradient not finite\"}", (long long)t->step + 1);
         return -ERANGE;
     }
-    ddt_adamw_update(&t->adam_cfg, t->table, t->param_count, t->params, g0, &t->adam, &lr);
     t->step++;
+    const double loss = sums.loss, ce = sums.ce, kl = sums.kl, cap = sums.cap;
+    const int64_t counted = sums.counted, correct = sums.correct;
 
     double seconds = ddt_mono_s() - t0;
     memset(rec, 0, sizeof *rec);
@@ -634,6 +822,7 @@ int ddt_trainer_rechunk(ddt_trainer *t, int64_t chunk, int64_t vocab_tile, char 
 
 int ddt_trainer_checkpoint(ddt_trainer *t, char *err, size_t err_len)
 {
+    pull_weights(t);
     char *state = state_json(t), path[2400];
     int64_t bytes = 0;
     int rc = state ? ddt_checkpoint_write(t->run_dir, t->step, &t->cfg.drafter, t->params, &t->adam, state,
@@ -650,6 +839,7 @@ int ddt_trainer_checkpoint(ddt_trainer *t, char *err, size_t err_len)
 
 int ddt_trainer_export(ddt_trainer *t, const char *out_dir, char *err, size_t err_len)
 {
+    pull_weights(t);
     return ddt_export_write(out_dir, &t->cfg.drafter, t->params, err, err_len);
 }
 
@@ -657,20 +847,37 @@ int ddt_trainer_export(ddt_trainer *t, const char *out_dir, char *err, size_t er
  * Acceptance on held-out sequences
  */
 
+/* The argmax of each of rows logit rows (rows, V) in host memory. */
+static void argmax_rows(const float *logits, int64_t rows, int64_t V, int32_t *out)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        const float *z = logits + r * V;
+        int32_t best = 0;
+        for (int64_t v = 1; v < V; v++)
+            best = z[v] > z[best] ? (int32_t)v : best;
+        out[r] = best;
+    }
+}
+
 int ddt_trainer_eval(ddt_trainer *t, ddt_acceptance *acc, char *err, size_t err_len)
 {
     const ddt_run_config *c = &t->cfg;
     const ddt_drafter_config *d = &c->drafter;
-    const int64_t S = c->seq_len, A = c->max_anchors, B = d->block_size, H = d->hidden, V = d->vocab;
-    const ddk_backend *be = t->rank[0].be;
+    const int64_t S = c->seq_len, A = c->max_anchors, B = d->block_size, H = d->hidden, V = d->vocab,
+                  LH = d->taps * H;
+    rank_state *rs = &t->rank[0];   /* rank 0 evaluates, on its device */
+    const ddk_backend *be = rs->be;
+    const float *embed = rs->gpu >= 0 ? (rs->embed ? rs->embed : rs->lm_head) : t->embed,
+                *lm_head = rs->gpu >= 0 ? rs->lm_head : t->lm_head;
     ddt_acceptance_init(acc, c->tree_budgets, c->n_budgets);
     int64_t n = c->eval_sequences < c->heldout ? c->eval_sequences : c->heldout;
     size_t hs_bytes = (size_t)(A * B * H) * sizeof(float), logit_bytes = (size_t)(B * V) * sizeof(float);
     float *hs = ddk_malloc(be->alloc, hs_bytes);               /* (A*B, H) */
-    float *logits = ddk_malloc(be->alloc, logit_bytes);        /* (B, V) */
-    int32_t *anchors = malloc((size_t)A * sizeof(int32_t)), labels[DDT_MAX_SLOTS];
+    float *logits_dev = ddk_malloc(be->alloc, logit_bytes);    /* (B, V) */
+    float *logits = malloc(logit_bytes);                        /* (B, V) host */
+    int32_t *anchors = malloc((size_t)A * sizeof(int32_t)), labels[DDT_MAX_SLOTS], greedy[DDT_MAX_SLOTS];
     uint8_t *keep = malloc((size_t)A);
-    int rc = hs && logits && anchors && keep ? 0 : -ENOMEM;
+    int rc = hs && logits_dev && logits && anchors && keep ? 0 : -ENOMEM;
     if (rc)
         snprintf(err, err_len, "no memory for the acceptance evaluation");
     for (int64_t i = 0; i < n && rc == 0; i++) {
@@ -678,33 +885,48 @@ int ddt_trainer_eval(ddt_trainer *t, ddt_acceptance *acc, char *err, size_t err_
         if ((rc = ddt_source_heldout(t->source, i, &q, err, err_len)))
             break;
         ddt_sample_anchors(q.loss_mask, S, A, ddt_batch_seed(c->seed, 0, i, SEED_EVAL), anchors, keep);
-        ddt_batch b = { 1, S, A, q.input_ids, q.loss_mask, q.features, NULL, anchors, keep };
-        if ((rc = ddt_drafter_forward(be, d, &t->w, t->embed, &b, hs))) {
+        /* the held-out hidden states in rank 0's memory: its batch buffers are free between steps */
+        const float *features = q.features, *th = q.teacher_hidden;
+        if (rs->gpu >= 0) {
+            be->copy(be, rs->dev_features, q.features, (size_t)(S * LH) * sizeof(float));
+            if (th && rs->dev_teacher)
+                be->copy(be, rs->dev_teacher, th, (size_t)(S * H) * sizeof(float));
+            features = rs->dev_features;
+            th = th ? rs->dev_teacher : NULL;
+        }
+        ddt_batch b = { 1, S, A, q.input_ids, q.loss_mask, features, NULL, anchors, keep };
+        if ((rc = ddt_drafter_forward(be, d, &rs->w, embed, &b, hs))) {
             snprintf(err, err_len, "the evaluation's forward failed: %s", strerror(-rc));
             break;
         }
-        const int teacher_labels = c->ce_target_teacher && q.teacher_hidden;
+        const int teacher_labels = c->ce_target_teacher && th;
+        const int64_t slots = B < DDT_MAX_SLOTS ? B : DDT_MAX_SLOTS;
         for (int64_t j = 0; j < A && keep[j]; j++) {
             /* labels as training has them: the teacher's argmax (what greedy verification by
-             * the target accepts), or the data's next token */
-            for (int64_t k = 0; k < B && k < DDT_MAX_SLOTS; k++) {
+             * the target accepts), or the data's next token. Slot k >= 1 is taught by
+             * th[a_j + k - 1]: rows a_j .. a_j + rows - 1, one product per block. */
+            const int64_t rows = S - anchors[j] < slots - 1 ? S - anchors[j] : slots - 1;
+            if (teacher_labels && rows > 0) {
+                be->matmul(be, 0, 1, rows, V, H, 1.0f, th + anchors[j] * H, H, lm_head, H, 0.0f, logits_dev, V);
+                be->copy(be, logits, logits_dev, (size_t)(rows * V) * sizeof(float));
+                be->synchronize(be);
+                argmax_rows(logits, rows, V, greedy);
+            }
+            for (int64_t k = 0; k < slots; k++) {
                 int64_t p = anchors[j] + k;
                 labels[k] = k >= 1 && p < S && q.loss_mask[p] ? q.input_ids[p] : -1;
-                if (teacher_labels && labels[k] >= 0) {
-                    be->matmul(be, 0, 1, 1, V, H, 1.0f, q.teacher_hidden + (p - 1) * H, H, t->lm_head, H,
-                               0.0f, logits, V);
-                    int32_t best = 0;
-                    for (int64_t v = 1; v < V; v++)
-                        best = logits[v] > logits[best] ? (int32_t)v : best;
-                    labels[k] = best;
-                }
+                if (teacher_labels && labels[k] >= 0)
+                    labels[k] = greedy[k - 1];
             }
-            be->matmul(be, 0, 1, B, V, H, 1.0f, hs + j * B * H, H, t->lm_head, H, 0.0f, logits, V);
+            be->matmul(be, 0, 1, B, V, H, 1.0f, hs + j * B * H, H, lm_head, H, 0.0f, logits_dev, V);
+            be->copy(be, logits, logits_dev, logit_bytes);
+            be->synchronize(be);
             ddt_acceptance_add_block(acc, logits, B, V, labels);
         }
     }
     ddk_free(be->alloc, hs, hs_bytes);
-    ddk_free(be->alloc, logits, logit_bytes);
+    ddk_free(be->alloc, logits_dev, logit_bytes);
+    free(logits);
     free(anchors);
     free(keep);
     if (rc == 0 && t->store) {

@@ -37,4 +37,15 @@ int ddk_cpu_dflash_attention_backward(const ddk_backend *be, const ddk_attention
 int ddk_cpu_causal_attention(const ddk_backend *be, const ddk_attention_shape *shape,
                              const float *q, const float *k, const float *v, float *out);
 
+/* Whole buffers and the bf16 product (vector_cpu.c); contracts in ddk.h. */
+void ddk_cpu_synchronize(const ddk_backend *be);
+double ddk_cpu_sumsq(const ddk_backend *be, const float *x, int64_t count);
+void ddk_cpu_axpby(const ddk_backend *be, int64_t count, float alpha, const float *x, float beta,
+                   float *y);
+void ddk_cpu_adamw(const ddk_backend *be, float *w, float *g, float *m, float *v, int64_t count,
+                   const ddk_adamw_scalars *s);
+void ddk_cpu_matmul_bf16(const ddk_backend *be, int trans_a, int trans_b, int64_t m, int64_t n,
+                         int64_t k, float alpha, const float *a, int64_t lda, const float *b,
+                         int64_t ldb, float beta, float *c, int64_t ldc);
+
 #endif

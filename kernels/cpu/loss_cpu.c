@@ -14,7 +14,8 @@
  * v != y, so p_y -> 1 loses nothing to cancellation.
  *
  * Deliberately not here: threads of our own (the BLAS's pool runs the products, which are
- * almost all of the time), bf16 inputs (the CUDA backend's job).
+ * almost all of the time), bf16 storage (the CUDA backend's job). bf16_products rounds the
+ * products' operands to bf16 (be->matmul_bf16), the reference for the GPU's tensor cores.
  * Tested by tests/test_loss.c (float64 C reference, finite differences, chunk/tile
  * invariance, budgets) and tests/loss_torch_check.py (PyTorch autograd).
  *
@@ -32,6 +33,10 @@
 /* One call's constants. */
 typedef struct loss_run {
     const ddk_backend *be;
+    /* the products: be->matmul, or be->matmul_bf16 when p->bf16_products */
+    void (*product)(const ddk_backend *be, int trans_a, int trans_b, int64_t m, int64_t n,
+                    int64_t k, float alpha, const float *a, int64_t lda, const float *b,
+                    int64_t ldb, float beta, float *c, int64_t ldc);
     int64_t H;
     float alpha, T, invT, lambda, invTc;
     int kl;          /* the KL term is computed (alpha > 0; the teacher is then present) */
@@ -312,7 +317,7 @@ static float grad_at_label(const loss_run *k, const ddk_loss_row *r, float zt_la
 static void tile_logits(const loss_run *k, const float *x, int64_t m, const float *lm_head,
                         int64_t off, int64_t w, float *z)
 {
-    k->be->matmul(k->be, 0, 1, m, w, k->H, 1.0f, x, k->H, lm_head + off * k->H, k->H, 0.0f, z, w);
+    k->product(k->be, 0, 1, m, w, k->H, 1.0f, x, k->H, lm_head + off * k->H, k->H, 0.0f, z, w);
 }
 
 int ddk_cpu_loss(const ddk_backend *be, const ddk_loss_params *p,
@@ -361,6 +366,7 @@ int ddk_cpu_loss(const ddk_backend *be, const ddk_loss_params *p,
 
     loss_run k = {
         .be = be,
+        .product = p->bf16_products ? be->matmul_bf16 : be->matmul,
         .H = H,
         .alpha = p->kl_weight,
         .T = p->kl_temperature,
@@ -439,7 +445,7 @@ int ddk_cpu_loss(const ddk_backend *be, const ddk_loss_params *p,
                     g[row->label - off] = grad_at_label(&k, row, zt_label);
             }
             /* dhs (m, H) (+)= g (m, w) . W[off .. off+w) (w, H) */
-            be->matmul(be, 0, 0, m, H, w, 1.0f, zs, w, lm_head + off * H, H,
+            k.product(be, 0, 0, m, H, w, 1.0f, zs, w, lm_head + off * H, H,
                        off == 0 ? 0.0f : 1.0f, dhs, H);
         }
     }

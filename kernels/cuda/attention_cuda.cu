@@ -49,6 +49,7 @@
  * d head dim, W window, R rows (warps) of a thread block, n keys of the current tile.
  */
 #include "ddk.h"
+#include "cuda_check.h"
 
 #include <cuda_runtime.h>
 #include <errno.h>
@@ -66,15 +67,7 @@ cudaStream_t ddk_cuda_stream(const ddk_backend *be);
  * Launch helpers: a failed launch is a device error (abort with CUDA's message)
  */
 
-#define ATTN_CHECK(call) attn_check((call), #call, __FILE__, __LINE__)
 
-static void attn_check(cudaError_t err, const char *what, const char *file, int line)
-{
-    if (err == cudaSuccess)
-        return;
-    fprintf(stderr, "<2>%s:%d %s failed: %s\n", file, line, what, cudaGetErrorString(err));
-    abort();
-}
 
 enum {
     KEY_TILE = 32,       /* keys per tile: one per lane */
@@ -385,8 +378,8 @@ static size_t backward_smem(int64_t warps, int64_t d)
 static size_t smem_limit(void)
 {
     int device = 0, bytes = 0;
-    ATTN_CHECK(cudaGetDevice(&device));
-    ATTN_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
     return (size_t)bytes;
 }
 
@@ -419,10 +412,10 @@ static int launch(const ddk_backend *be, const attn_params &p, dim3 grid, int64_
         return -EINVAL;
     attn_kernel kernel = kernel_for(p.d, backward);
     if (smem > 48 * 1024)
-        ATTN_CHECK(cudaFuncSetAttribute((const void *)kernel,
+        CUDA_CHECK(cudaFuncSetAttribute((const void *)kernel,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     kernel<<<grid, (unsigned)(warps * 32), smem, stream>>>(p);
-    ATTN_CHECK(cudaGetLastError());
+    CUDA_CHECK(cudaGetLastError());
     return 0;
 }
 

@@ -1,6 +1,7 @@
 /* backend_cuda.cu: the CUDA backend table of GPU d (ddk.h, struct ddk_backend): its stream, its
- * cuBLAS handle, memory (zero, copy) and the matrix product. The elementwise and normalisation
- * kernels are in ops_cuda.cu.
+ * cuBLAS handle, memory (zero, copy, synchronize) and the matrix products (fp32, and bf16 on the
+ * tensor cores). The elementwise and normalisation kernels are in ops_cuda.cu, the whole-buffer
+ * ones (sumsq, axpby, adamw) in vector_cuda.cu.
  *
  * Ordering (what callers rely on):
  *   - Each GPU has ONE stream (non-blocking, created on first use). Every op of this backend,
@@ -13,7 +14,8 @@
  *     its source is not rewritten or freed before then either.
  *   - One host thread drives a GPU at a time (the trainer's one worker per rank). Several threads
  *     may still call in: the lazy creation of the stream, the cuBLAS handle and the scratch is
- *     guarded, and so is the one op with shared scratch (rmsnorm_backward's dg partials).
+ *     guarded, and so are the ops with shared scratch (rmsnorm_backward's dg partials, sumsq's
+ *     block partials).
  *   - A device error (a failed launch, a sticky CUDA error) aborts with the file, line and CUDA's
  *     message: the process cannot trust the GPU any more (DESIGN.md, "Failure policy").
  *
@@ -23,6 +25,7 @@
  * Tested by tests/test_backend_ops.c against the CPU backend (skipped without a GPU).
  */
 #include "ddk.h"
+#include "cuda_check.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -54,6 +57,12 @@ void ddk_cuda_swiglu_backward(const ddk_backend *be, const float *gate, const fl
                               const float *dh, int64_t count, float *dgate, float *dup);
 void ddk_cuda_embedding(const ddk_backend *be, const float *table, const int32_t *tokens,
                         int64_t rows, int64_t H, float *out);
+/* vector_cuda.cu */
+double ddk_cuda_sumsq(const ddk_backend *be, const float *x, int64_t count);
+void ddk_cuda_axpby(const ddk_backend *be, int64_t count, float alpha, const float *x, float beta,
+                    float *y);
+void ddk_cuda_adamw(const ddk_backend *be, float *w, float *g, float *m, float *v, int64_t count,
+                    const ddk_adamw_scalars *s);
 
 /* loss_cuda.cu: the backend's loss (contract of ddk_loss_cpu) */
 int ddk_cuda_loss(const ddk_backend *be, const ddk_loss_params *p, const float *student_hidden,
@@ -76,24 +85,8 @@ int ddk_cuda_causal_attention(const ddk_backend *be, const ddk_attention_shape *
  * Device errors abort (CONVENTIONS.md: a programming or device error)
  */
 
-#define CUDA_CHECK(call) cuda_check((call), #call, __FILE__, __LINE__)
-#define CUBLAS_CHECK(call) cublas_check((call), #call, __FILE__, __LINE__)
 
-static void cuda_check(cudaError_t err, const char *what, const char *file, int line)
-{
-    if (err == cudaSuccess)
-        return;
-    fprintf(stderr, "<2>%s:%d %s failed: %s\n", file, line, what, cudaGetErrorString(err));
-    abort();
-}
 
-static void cublas_check(cublasStatus_t status, const char *what, const char *file, int line)
-{
-    if (status == CUBLAS_STATUS_SUCCESS)
-        return;
-    fprintf(stderr, "<2>%s:%d %s failed: %s\n", file, line, what, cublasGetStatusString(status));
-    abort();
-}
 
 /* ------------------------------------------------------------------------------------------
  * One backend per GPU: the table first (a const ddk_backend * is a pointer to it), then the
@@ -102,7 +95,8 @@ static void cublas_check(cublasStatus_t status, const char *what, const char *fi
 
 enum { DDK_CUDA_MAX_GPUS = 64 };   /* device_cuda.cu's limit */
 
-/* rmsnorm_backward's per-slice dg partials: 4 MiB bounds the slices at 2^20 / d (ops_cuda.cu) */
+/* rmsnorm_backward's per-slice dg partials: 4 MiB bounds the slices at 2^20 / d (ops_cuda.cu);
+ * sumsq's block partials take 8 KiB of it (vector_cuda.cu) */
 static const size_t scratch_floats = (size_t)1 << 20;
 
 typedef struct cuda_backend {
@@ -221,6 +215,11 @@ static void cuda_copy(const ddk_backend *be, void *dst, const void *src, size_t 
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, ddk_cuda_stream(be)));
 }
 
+static void cuda_synchronize(const ddk_backend *be)
+{
+    ddk_cuda_synchronize(cuda_of(be)->device);
+}
+
 /* ------------------------------------------------------------------------------------------
  * Matrix product: cuBLAS, column-major. A row-major (r, c) matrix with row stride ld is, read
  * column-major, its (c, r) transpose with leading dimension ld. So the row-major
@@ -230,11 +229,8 @@ static void cuda_copy(const ddk_backend *be, void *dst, const void *src, size_t 
 
 static int to_int(int64_t v)
 {
-    if (v < 0 || v > INT_MAX) {   /* a programming error: no caller's dimension is near 2^31 */
-        fprintf(stderr, "<2>%s:%d matmul dimension %lld does not fit cuBLAS's int\n", __FILE__,
-                __LINE__, (long long)v);
-        abort();
-    }
+    if (v < 0 || v > INT_MAX)   /* a programming error: no caller's dimension is near 2^31 */
+        ddk_fatal(__FILE__, __LINE__, "matmul dimension %lld does not fit cuBLAS's int", (long long)v);
     return (int)v;
 }
 
@@ -248,6 +244,24 @@ static void cuda_matmul(const ddk_backend *be, int trans_a, int trans_b, int64_t
     CUBLAS_CHECK(cublasSgemm(handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
                              trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, to_int(n), to_int(m), to_int(k),
                              &alpha, b, to_int(ldb), a, to_int(lda), &beta, c, to_int(ldc)));
+}
+
+/* The same product on the tensor cores: fp32 in memory (a, b, c all CUDA_R_32F), cuBLAS
+ * down-converts a and b to bf16 (CUBLAS_COMPUTE_32F_FAST_16BF; its header says "or TF32", which
+ * is finer) and accumulates in fp32. The rounding mode of that conversion is not documented:
+ * tests/test_backend_ops.c holds the tolerance against the CPU's round-to-nearest-even. */
+static void cuda_matmul_bf16(const ddk_backend *be, int trans_a, int trans_b, int64_t m,
+                             int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+                             const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
+{
+    if (m == 0 || n == 0)
+        return;
+    cublasHandle_t handle = cuda_cublas(be);
+    CUBLAS_CHECK(cublasGemmEx(handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                              trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, to_int(n), to_int(m), to_int(k),
+                              &alpha, b, CUDA_R_32F, to_int(ldb), a, CUDA_R_32F, to_int(lda),
+                              &beta, c, CUDA_R_32F, to_int(ldc), CUBLAS_COMPUTE_32F_FAST_16BF,
+                              CUBLAS_GEMM_DEFAULT));
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -264,9 +278,14 @@ static void backends_init(void)
         cb->table.name = "cuda";
         cb->table.alloc = ddk_allocator_cuda(d);
         cb->table.matmul = cuda_matmul;
+        cb->table.matmul_bf16 = cuda_matmul_bf16;
         cb->table.loss = ddk_cuda_loss;
         cb->table.zero = cuda_zero;
         cb->table.copy = cuda_copy;
+        cb->table.synchronize = cuda_synchronize;
+        cb->table.sumsq = ddk_cuda_sumsq;
+        cb->table.axpby = ddk_cuda_axpby;
+        cb->table.adamw = ddk_cuda_adamw;
         cb->table.rmsnorm = ddk_cuda_rmsnorm;
         cb->table.rmsnorm_backward = ddk_cuda_rmsnorm_backward;
         cb->table.rope = ddk_cuda_rope;

@@ -6,6 +6,7 @@
  * Tested by tests/test_cuda_device.c, which reports skipped on a machine without a GPU.
  */
 #include "ddk.h"
+#include "fatal.h"
 #include "alloc_device.h"
 
 #include <cuda_runtime.h>
@@ -35,9 +36,7 @@ static void gpu_raw_free(int index, void *ptr)
     if (err == cudaSuccess)
         err = cudaFree(ptr);
     if (err != cudaSuccess) {   /* a device error: the process cannot trust this GPU any more */
-        fprintf(stderr, "<2>%s:%d cudaFree on cuda:%d failed: %s\n", __FILE__, __LINE__, index,
-                cudaGetErrorString(err));
-        abort();
+        ddk_fatal(__FILE__, __LINE__, "cudaFree on cuda:%d failed: %s", index, cudaGetErrorString(err));
     }
 }
 

@@ -7,7 +7,8 @@
  * online-softmax statistics and recomputed logits. Per chunk:
  *   1. rows_init_kernel: the chunk's ddk_loss_row statistics (loss_internal.h) from labels and
  *      weights;
- *   2. per tile: the logits by cuBLAS (be->matmul: cublasSgemm, fp32, never TF32), then
+ *   2. per tile: the logits by cuBLAS (be->matmul: cublasSgemm, fp32, never TF32; with
+ *      bf16_products every product here is be->matmul_bf16, the tensor cores'), then
  *      stats_kernel, one block per row: tile max / argmax (lowest index on ties) and the seven
  *      shifted sums in float per thread and per warp (shuffles), the warps' partial sums added
  *      in double in warp order, then thread 0 merges the tile into the row in double with the
@@ -39,14 +40,16 @@
  * stream once for labels / weights and once at the end; the per-chunk 40-byte copies go to
  * pageable memory and may wait too.
  *
- * Deliberately not here: bf16 inputs, fusion of the softmax into the products, templated kernels
- * per term combination (the flags are block-uniform branches). Each is to buy a measured speed-up.
+ * Deliberately not here: bf16 tensors in memory, fusion of the softmax into the products,
+ * templated kernels per term combination (the flags are block-uniform branches). Each is to buy a
+ * measured speed-up.
  *
  * Tested by tests/test_backend_ops.c (loss cases against ddk_loss_cpu; skipped without a GPU).
  *
  * Legend: n positions, H hidden, V vocabulary, m rows of the current chunk, w tile width.
  */
 #include "ddk.h"
+#include "cuda_check.h"
 
 extern "C" {
 #include "loss_internal.h"
@@ -71,16 +74,7 @@ int ddk_cuda_loss(const ddk_backend *be, const ddk_loss_params *p, const float *
  * Device errors abort (CONVENTIONS.md: a programming or device error)
  */
 
-#define CUDA_CHECK(call) cuda_check((call), #call, __FILE__, __LINE__)
-#define LAUNCH_CHECK() cuda_check(cudaGetLastError(), "kernel launch", __FILE__, __LINE__)
 
-static void cuda_check(cudaError_t err, const char *what, const char *file, int line)
-{
-    if (err == cudaSuccess)
-        return;
-    fprintf(stderr, "<2>%s:%d %s failed: %s\n", file, line, what, cudaGetErrorString(err));
-    abort();
-}
 
 /* ------------------------------------------------------------------------------------------
  * One call's constants (loss_cpu.c's loss_run)
@@ -515,6 +509,8 @@ int ddk_cuda_loss(const ddk_backend *be, const ddk_loss_params *p, const float *
     k.given_labels = labels != NULL;
     const int64_t width = shape.width;
     const int tiled = width < V;
+    /* every product of the call: the logits and the gradient */
+    const decltype(be->matmul) product = p->bf16_products ? be->matmul_bf16 : be->matmul;
 
     for (int64_t r0 = 0, c = 0; r0 < n; r0 += shape.chunk, c++) {
         const int64_t m = n - r0 < shape.chunk ? n - r0 : shape.chunk;
@@ -527,9 +523,9 @@ int ddk_cuda_loss(const ddk_backend *be, const ddk_loss_params *p, const float *
 
         for (int64_t off = 0; off < V; off += width) {
             const int64_t w = V - off < width ? V - off : width;
-            be->matmul(be, 0, 1, m, w, H, 1.0f, hs, H, lm_head + off * H, H, 0.0f, zs, w);
+            product(be, 0, 1, m, w, H, 1.0f, hs, H, lm_head + off * H, H, 0.0f, zs, w);
             if (zt)
-                be->matmul(be, 0, 1, m, w, H, 1.0f, ht, H, lm_head + off * H, H, 0.0f, zt, w);
+                product(be, 0, 1, m, w, H, 1.0f, ht, H, lm_head + off * H, H, 0.0f, zt, w);
             stats_kernel<<<grid_rows(m), THREADS, 0, stream>>>(
                 rows, m, zs, zt, off, w, k, off + w >= V, wc, weight_sum,
                 per_position ? per_position + r0 : NULL);
@@ -541,18 +537,18 @@ int ddk_cuda_loss(const ddk_backend *be, const ddk_loss_params *p, const float *
             for (int64_t off = 0; off < V; off += width) {
                 const int64_t w = V - off < width ? V - off : width;
                 if (tiled) {
-                    be->matmul(be, 0, 1, m, w, H, 1.0f, hs, H, lm_head + off * H, H, 0.0f, zs, w);
+                    product(be, 0, 1, m, w, H, 1.0f, hs, H, lm_head + off * H, H, 0.0f, zs, w);
                     if (k.kl)
-                        be->matmul(be, 0, 1, m, w, H, 1.0f, ht, H, lm_head + off * H, H, 0.0f,
-                                   zt, w);
+                        product(be, 0, 1, m, w, H, 1.0f, ht, H, lm_head + off * H, H, 0.0f, zt,
+                                w);
                 }
                 const int64_t col_blocks = (w + THREADS - 1) / THREADS;
                 dim3 grid((unsigned)(col_blocks < 1024 ? col_blocks : 1024), grid_rows(m));
                 grad_kernel<<<grid, THREADS, 0, stream>>>(rows, m, zs, k.kl ? zt : NULL, off, w, k);
                 LAUNCH_CHECK();
                 /* dhs (m, H) (+)= g (m, w) . W[off .. off+w) (w, H) */
-                be->matmul(be, 0, 0, m, H, w, 1.0f, zs, w, lm_head + off * H, H,
-                           off == 0 ? 0.0f : 1.0f, dhs, H);
+                product(be, 0, 0, m, H, w, 1.0f, zs, w, lm_head + off * H, H,
+                        off == 0 ? 0.0f : 1.0f, dhs, H);
             }
         }
 

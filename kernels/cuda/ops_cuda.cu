@@ -18,6 +18,7 @@
  * token (rope), count elements (swiglu), H hidden size, V vocabulary.
  */
 #include "ddk.h"
+#include "cuda_check.h"
 
 #include <cuda_runtime.h>
 #include <stdio.h>
@@ -38,16 +39,7 @@ void ddk_cuda_scratch_unlock(const ddk_backend *be);
 
 /* A launch that failed (bad configuration, a sticky error) is a device error: abort with the
  * file, line and CUDA's message. Faults inside a kernel surface at ddk_cuda_synchronize. */
-#define LAUNCH_CHECK() launch_check(__FILE__, __LINE__)
 
-static void launch_check(const char *file, int line)
-{
-    cudaError_t err = cudaGetLastError();
-    if (err == cudaSuccess)
-        return;
-    fprintf(stderr, "<2>%s:%d kernel launch failed: %s\n", file, line, cudaGetErrorString(err));
-    abort();
-}
 
 __host__ __device__ static int64_t ceil_div(int64_t a, int64_t b)
 {

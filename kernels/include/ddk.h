@@ -70,6 +70,12 @@ DDK_API void ddk_allocator_reset_peak(ddk_allocator *a);
 /* Returns the cached blocks to the device. */
 DDK_API void ddk_allocator_trim(ddk_allocator *a);
 
+/* A device error (a failed launch, a sticky CUDA error: the GPU cannot be trusted any more) ends
+ * the process: libddk prints the error, calls hook(message) once, then abort()s. The daemon's hook
+ * flushes its records so that systemd's restart resumes the runs from their last checkpoint. The
+ * hook may run on any thread and must not call libddk. NULL removes it. */
+DDK_API void ddk_set_fatal_hook(void (*hook)(const char *message));
+
 /* ------------------------------------------------------------------------------------------
  * GPUs (present when libddk was built with CUDA; ddk_has_cuda() says so at run time)
  */
@@ -93,12 +99,47 @@ DDK_API ddk_allocator *ddk_allocator_cuda(int device);
  * ddk_allocator_cuda(device)); NULL when there is no such GPU or no CUDA. Its ops, zero and copy
  * included, are queued in order on one stream per GPU and return before they are done: the host
  * reads what they wrote, and rewrites or frees a host buffer given to copy, only after
- * ddk_cuda_synchronize(device). Every op of the CPU backend is there, in fp32 (bf16 comes
- * next); the loss returns with its work done (its result is a host struct). */
+ * ddk_cuda_synchronize(device) (or the backend's synchronize). Every op of the CPU backend is
+ * there, in fp32 storage, with bf16 tensor-core products where asked (matmul_bf16, the loss's
+ * bf16_products); the loss and sumsq return with their work done (their results are on the
+ * host). */
 DDK_API const struct ddk_backend *ddk_backend_cuda(int device);
 /* Waits until every op queued on GPU `device`'s backend is done; a fault of one of them aborts
  * the process here with CUDA's message. Nothing to do without such a GPU. */
 DDK_API void ddk_cuda_synchronize(int device);
+
+/* ------------------------------------------------------------------------------------------
+ * Collectives between the data-parallel ranks on GPUs (NCCL), one node or several
+ *
+ * A run's communicator spans `world` ranks; this process drives `local` of them, its GPUs
+ * devices[0..local), as ranks first_rank .. first_rank + local - 1. Several daemons share one
+ * communicator through rank 0's unique id: the daemon of rank 0 makes it
+ * (ddk_comm_unique_id), the others are given it (API.md: POST /nccl/unique-id, the run config's
+ * "cluster" section).
+ */
+
+typedef struct ddk_comm ddk_comm;
+
+enum { DDK_COMM_ID_HEX = 256 };   /* an NCCL unique id (128 bytes) as 256 lowercase hex digits */
+
+/* A new unique id into hex (DDK_COMM_ID_HEX + 1 bytes). 0; -ENOSYS when this libddk has no
+ * NCCL (built without CUDA); -EIO with err when NCCL said no. Needs no GPU. */
+DDK_API int ddk_comm_unique_id(char *hex, char *err, size_t err_len);
+/* 1 when hex is DDK_COMM_ID_HEX hex digits (either case) and nothing else, else 0. */
+DDK_API int ddk_comm_id_valid(const char *hex);
+/* The communicator of this process's ranks, as above. id_hex may be NULL only when world ==
+ * local (one node: the id is made here). Returns after every rank of the world has joined.
+ * 0, -EINVAL (bad arguments, err says which), -ENOSYS (no NCCL) or -EIO (NCCL's message). */
+DDK_API int ddk_comm_init(const char *id_hex, int world, int first_rank, int local,
+                          const int *devices, ddk_comm **out, char *err, size_t err_len);
+/* In-place sum over all ranks of count floats: bufs[i] on GPU devices[i] of the local ranks,
+ * queued on each GPU's backend stream (after the ops queued there) and waited for while
+ * polling NCCL for asynchronous errors (a peer that died, a network failure). 0, or -EIO with
+ * err, after which the communicator is aborted (ncclCommAbort) and only destroy is allowed. */
+DDK_API int ddk_comm_allreduce_sum(ddk_comm *c, float *const *bufs, int64_t count, char *err,
+                                   size_t err_len);
+/* Frees the communicator (NULL: nothing). */
+DDK_API void ddk_comm_destroy(ddk_comm *c);
 
 /* ------------------------------------------------------------------------------------------
  * The loss (SPEC.md section 1)
@@ -112,6 +153,8 @@ typedef struct ddk_loss_params {
     float kl_temperature;       /* T > 0 */
     float cap_weight;           /* lambda >= 0 */
     float cap_temperature;      /* Tc > 0 */
+    int bf16_products;          /* 1: the logit and gradient products take their operands rounded
+                                   to bf16 (backend->matmul_bf16); statistics stay fp32 */
 } ddk_loss_params;
 
 typedef struct ddk_loss_result {
@@ -151,6 +194,14 @@ DDK_API int64_t ddk_loss_workspace_bytes(const ddk_loss_params *p, int uses_teac
 
 typedef struct ddk_backend ddk_backend;
 
+/* The scalars of one AdamW update (backend->adamw); the trainer's optimizer.c forms them. */
+typedef struct ddk_adamw_scalars {
+    float grad_scale;                  /* clipping factor, 1 when not clipped */
+    float beta1, one_minus_beta1, beta2, one_minus_beta2;
+    float inv_bc1, inv_bc2;            /* 1 / (1 - beta^t) */
+    float eps, lr, lr_wd;              /* lr_wd = lr * weight_decay (0 for norm gains) */
+} ddk_adamw_scalars;
+
 typedef struct ddk_attention_shape {
     int64_t S;        /* context rows (the target's tokens of the sequence) */
     int64_t A, B;     /* blocks (anchors) and block size: A*B query rows */
@@ -170,6 +221,14 @@ struct ddk_backend {
                    const float *a, int64_t lda, const float *b, int64_t ldb,
                    float beta, float *c, int64_t ldc);
 
+    /* matmul with a and b rounded to bf16 (round to nearest even) before the product, fp32
+     * accumulation and output: the tensor cores' product (cuBLAS CUBLAS_COMPUTE_32F_FAST_16BF on
+     * the GPU; the CPU emulates the rounding, panel by panel, for reference). */
+    void (*matmul_bf16)(const ddk_backend *be, int trans_a, int trans_b,
+                        int64_t m, int64_t n, int64_t k, float alpha,
+                        const float *a, int64_t lda, const float *b, int64_t ldb,
+                        float beta, float *c, int64_t ldc);
+
     /* The loss of SPEC.md section 1 on this backend's memory; contract of ddk_loss_cpu. */
     int (*loss)(const ddk_backend *be, const ddk_loss_params *p,
                 const float *student_hidden, const float *teacher_hidden, const float *lm_head,
@@ -180,6 +239,21 @@ struct ddk_backend {
     void (*zero)(const ddk_backend *be, void *dst, size_t bytes);
     /* dst and src anywhere (host or this device): the backend knows its own pointers */
     void (*copy)(const ddk_backend *be, void *dst, const void *src, size_t bytes);
+    /* Returns when every op queued on this backend is done (the CPU's are done on return). */
+    void (*synchronize)(const ddk_backend *be);
+
+    /* ---- whole buffers: the trainer's gradient reduction and optimiser ---- */
+    /* sum of x[i]^2 over count floats, accumulated in float64 in an order that depends on
+     * count alone (the same result at every call); returns with the work done */
+    double (*sumsq)(const ddk_backend *be, const float *x, int64_t count);
+    /* y (count) = alpha * x + beta * y; beta = 0 ignores y's old contents (even NaN) */
+    void (*axpby)(const ddk_backend *be, int64_t count, float alpha, const float *x, float beta,
+                  float *y);
+    /* One AdamW update of a parameter tensor, per element, in float32:
+     *   g *= grad_scale; m = beta1 m + (1 - beta1) g; v = beta2 v + (1 - beta2) g^2;
+     *   w -= lr * (m * inv_bc1) / (sqrt(v * inv_bc2) + eps) + lr_wd * w   (g keeps the scaled value) */
+    void (*adamw)(const ddk_backend *be, float *w, float *g, float *m, float *v, int64_t count,
+                  const ddk_adamw_scalars *s);
 
     /* ---- the drafter's and the target's ops (SPEC.md sections 2 and 3) ----
      * Convention (llm.c's): forward ops overwrite their outputs; backward ops ADD into their

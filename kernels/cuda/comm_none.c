@@ -1,0 +1,36 @@
+/* comm_none.c: the NCCL collectives of a libddk built without CUDA (DDTREE_CUDA=OFF or no
+ * nvcc): every call says -ENOSYS and why, so a caller (the daemon's POST /nccl/unique-id: 501)
+ * can tell the user. The CUDA build compiles comm_nccl.cu instead.
+ * Tested by tests/test_comm.c (its -ENOSYS branch).
+ */
+#include "ddk.h"
+#include "comm_internal.h"
+
+#include <errno.h>
+
+static const char no_nccl[] =
+    "this ddtreed was built without CUDA/NCCL: rebuild it with the CUDA toolkit and NCCL "
+    "(DDTREE_CUDA=ON) to train on GPUs across ranks";
+
+int ddk_comm_unique_id(char *hex, char *err, size_t err_len)
+{
+    return ddk_comm_error(-ENOSYS, err, err_len, "%s", no_nccl);
+}
+
+int ddk_comm_init(const char *id_hex, int world, int first_rank, int local, const int *devices,
+                  ddk_comm **out, char *err, size_t err_len)
+{
+    if (out)
+        *out = NULL;
+    return ddk_comm_error(-ENOSYS, err, err_len, "%s", no_nccl);
+}
+
+int ddk_comm_allreduce_sum(ddk_comm *c, float *const *bufs, int64_t count, char *err,
+                           size_t err_len)
+{
+    return ddk_comm_error(-ENOSYS, err, err_len, "%s", no_nccl);
+}
+
+void ddk_comm_destroy(ddk_comm *c)
+{
+}

@@ -1,0 +1,204 @@
+/* vector_cuda.cu: the whole-buffer ops of the trainer's gradient reduction and optimiser on the
+ * GPU (contracts in ddk.h, struct ddk_backend): sumsq (the gradient norm's sum of squares), axpby
+ * (gradient accumulation and averaging) and the per-element AdamW update. Plain fp32 kernels
+ * queued on the backend's stream (backend_cuda.cu), grid-stride with 64-bit indices: a count may
+ * pass 2^31.
+ *
+ * sumsq is deterministic by construction: a FIXED grid (SUMSQ_BLOCKS blocks of THREADS threads,
+ * whatever the GPU's multiprocessor count), thread t of block b squaring and adding in double the
+ * elements b * THREADS + t + j * SUMSQ_BLOCKS * THREADS in j order, then a fixed tree per block
+ * (shuffles, then the warps in order) into one double partial per block, then one block adding
+ * the partials the same way. The order depends on count alone (not on the multiprocessor count),
+ * so every call gives the same bits for the same buffer. The partials live in the backend's
+ * scratch, under its lock; the call returns the value to the host, so it waits for the stream.
+ *
+ * axpby and adamw are elementwise and write each element from the thread that read it, so x may
+ * be y (axpby). They follow the CPU's operation order (daemon/engine/optimizer.c's adamw_tensor);
+ * contraction into FMAs may differ between nvcc and the C compiler, so results agree to float
+ * rounding, not bit for bit (except axpby with beta = 0: one product, the same on both sides).
+ *
+ * Deliberately not here: vector (16-byte) loads, a fused norm-and-update. Memory-bound ops, each
+ * one pass over its buffers; a faster variant is to buy a measured speed-up first.
+ *
+ * Tested by tests/test_backend_ops.c (every op against the CPU backend, sumsq run twice for the
+ * same bits, a count past 2^31; skipped without a GPU).
+ *
+ * Legend: count elements; w, g, m, v a parameter tensor, its gradient and AdamW moments.
+ */
+#include "ddk.h"
+#include "cuda_check.h"
+
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+/* ------------------------------------------------------------------------------------------
+ * From backend_cuda.cu (C++ linkage: a drifted prototype is a link error)
+ */
+
+cudaStream_t ddk_cuda_stream(const ddk_backend *be);
+int ddk_cuda_multiprocessors(const ddk_backend *be);
+float *ddk_cuda_scratch_lock(const ddk_backend *be, size_t *capacity_floats);
+void ddk_cuda_scratch_unlock(const ddk_backend *be);
+
+double ddk_cuda_sumsq(const ddk_backend *be, const float *x, int64_t count);
+void ddk_cuda_axpby(const ddk_backend *be, int64_t count, float alpha, const float *x, float beta,
+                    float *y);
+void ddk_cuda_adamw(const ddk_backend *be, float *w, float *g, float *m, float *v, int64_t count,
+                    const ddk_adamw_scalars *s);
+
+/* ------------------------------------------------------------------------------------------
+ * Errors abort (CONVENTIONS.md: a programming or device error)
+ */
+
+
+
+enum {
+    THREADS = 256,
+    SUMSQ_BLOCKS = 1024,   /* fixed: with THREADS, the order of sumsq's additions */
+    BLOCKS_PER_SM = 32,    /* elementwise grids stop growing there (ops_cuda.cu's choice) */
+};
+
+/* blocks of THREADS for an elementwise pass over count values */
+static unsigned grid_for(const ddk_backend *be, int64_t count)
+{
+    const int64_t wanted = (count + THREADS - 1) / THREADS;
+    const int64_t most = (int64_t)ddk_cuda_multiprocessors(be) * BLOCKS_PER_SM;
+    return (unsigned)(wanted < most ? wanted : most);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * sumsq
+ */
+
+/* the sum of v over the block (blockDim.x == THREADS) in a fixed order, returned to every
+ * thread; one call per kernel (no barrier before the shared writes) */
+__device__ static double block_sum_double(double v)
+{
+    __shared__ double warp_sums[THREADS / 32];
+    for (int offset = 16; offset > 0; offset /= 2)
+        v += __shfl_xor_sync(0xffffffffu, v, offset);
+    if (threadIdx.x % 32 == 0)
+        warp_sums[threadIdx.x / 32] = v;
+    __syncthreads();
+    double total = 0.0;
+    for (int w = 0; w < THREADS / 32; w++)
+        total += warp_sums[w];
+    return total;
+}
+
+/* Launch: exactly SUMSQ_BLOCKS x THREADS. partials[b] = block b's sum of squares. A warp reads 32
+ * consecutive floats per step (coalesced). */
+__global__ static void sumsq_blocks_kernel(const float *x,     /* (count) */
+                                           int64_t count,
+                                           double *partials)   /* (SUMSQ_BLOCKS) */
+{
+    const int64_t stride = (int64_t)SUMSQ_BLOCKS * THREADS;
+    double acc = 0.0;
+    for (int64_t i = (int64_t)blockIdx.x * THREADS + threadIdx.x; i < count; i += stride) {
+        const double xi = x[i];
+        acc += xi * xi;   /* exact square (48 bits), one rounding per addition */
+    }
+    acc = block_sum_double(acc);
+    if (threadIdx.x == 0)
+        partials[blockIdx.x] = acc;
+}
+
+/* Launch: 1 x THREADS. *sum = the partials added in a fixed order */
+__global__ static void sumsq_final_kernel(const double *partials,   /* (SUMSQ_BLOCKS) */
+                                          double *sum)              /* (1) */
+{
+    double acc = 0.0;
+    for (int b = threadIdx.x; b < SUMSQ_BLOCKS; b += THREADS)
+        acc += partials[b];
+    acc = block_sum_double(acc);
+    if (threadIdx.x == 0)
+        *sum = acc;
+}
+
+double ddk_cuda_sumsq(const ddk_backend *be, const float *x, int64_t count)
+{
+    if (count <= 0)
+        return 0.0;
+    cudaStream_t stream = ddk_cuda_stream(be);
+    const size_t bytes = (SUMSQ_BLOCKS + 1) * sizeof(double);   /* the partials, then the sum */
+    size_t capacity = 0;
+    double *partials = (double *)ddk_cuda_scratch_lock(be, &capacity);
+    double *own = NULL;   /* when the scratch could not be had: a block of our own */
+    if (!partials || capacity * sizeof(float) < bytes) {
+        own = (double *)ddk_malloc(be->alloc, bytes);
+        if (!own)   /* no error channel in the contract, and no step can go on without it */
+            ddk_fatal(__FILE__, __LINE__, "sumsq: no %zu bytes on %s for its partials", bytes,
+                      ddk_allocator_device(be->alloc));
+        partials = own;
+    }
+    sumsq_blocks_kernel<<<SUMSQ_BLOCKS, THREADS, 0, stream>>>(x, count, partials);
+    LAUNCH_CHECK();
+    sumsq_final_kernel<<<1, THREADS, 0, stream>>>(partials, partials + SUMSQ_BLOCKS);
+    LAUNCH_CHECK();
+    double sum = 0.0;
+    CUDA_CHECK(cudaMemcpyAsync(&sum, partials + SUMSQ_BLOCKS, sizeof sum, cudaMemcpyDeviceToHost,
+                               stream));
+    ddk_cuda_scratch_unlock(be);   /* all queued: the next holder's launches run after them */
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    ddk_free(be->alloc, own, bytes);
+    return sum;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * axpby: y = alpha x + beta y; with beta = 0, y = alpha x without reading y (a NaN there must
+ * not leak through 0 * NaN). Launch: grid-stride, THREADS per block, one element per step.
+ */
+
+__global__ static void axpby_kernel(int64_t count, float alpha,
+                                    const float *x,   /* (count) */
+                                    float beta,
+                                    float *y)         /* (count), may be x */
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const float ax = alpha * x[i];
+        y[i] = beta == 0.0f ? ax : ax + beta * y[i];
+    }
+}
+
+void ddk_cuda_axpby(const ddk_backend *be, int64_t count, float alpha, const float *x, float beta,
+                    float *y)
+{
+    if (count <= 0)
+        return;
+    cudaStream_t stream = ddk_cuda_stream(be);
+    axpby_kernel<<<grid_for(be, count), THREADS, 0, stream>>>(count, alpha, x, beta, y);
+    LAUNCH_CHECK();
+}
+
+/* ------------------------------------------------------------------------------------------
+ * AdamW, per element in float32, in optimizer.c's adamw_tensor order (ddk.h has the formula).
+ * Launch: grid-stride, THREADS per block. sqrtf and the division are IEEE (no fast math).
+ */
+
+__global__ static void adamw_kernel(float *w, float *g, float *m, float *v,   /* (count) each */
+                                    int64_t count, ddk_adamw_scalars s)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const float gi = g[i] * s.grad_scale;
+        g[i] = gi;
+        const float mi = s.beta1 * m[i] + s.one_minus_beta1 * gi;
+        const float vi = s.beta2 * v[i] + s.one_minus_beta2 * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        const float direction = (mi * s.inv_bc1) / (sqrtf(vi * s.inv_bc2) + s.eps);
+        w[i] -= s.lr * direction + s.lr_wd * w[i];
+    }
+}
+
+void ddk_cuda_adamw(const ddk_backend *be, float *w, float *g, float *m, float *v, int64_t count,
+                    const ddk_adamw_scalars *s)
+{
+    if (count <= 0)
+        return;
+    cudaStream_t stream = ddk_cuda_stream(be);
+    adamw_kernel<<<grid_for(be, count), THREADS, 0, stream>>>(w, g, m, v, count, *s);
+    LAUNCH_CHECK();
+}

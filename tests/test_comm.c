@@ -1,0 +1,261 @@
+/* test_comm.c: the collectives between data-parallel ranks (ddk.h, ddk_comm_*: NCCL in the
+ * CUDA build, -ENOSYS without it).
+ *
+ * Without a GPU: the unique id's text form (ddk_comm_id_valid: the right length, hex only,
+ * NULL), a new unique id (with NCCL: 256 lowercase hex digits, valid, two calls differ; without:
+ * -ENOSYS and a sentence) and ddk_comm_init's refusals (world 0, first_rank out of range, more
+ * local ranks than GPUs, a bad id, no id across processes): -EINVAL (-ENOSYS without NCCL) with
+ * a sentence and no communicator.
+ * With GPUs: the refusals that need one (a device that does not exist, the same GPU twice),
+ * a 1-rank all-reduce that leaves its buffer as it was and, with two GPUs, a 2-rank sum of
+ * known values that must be exact. Without a GPU that part prints "SKIPPED: no GPU" and the
+ * rest still decides the exit status.
+ *
+ * ctest: labels unit and sanitize; one line per case; a final "N passed, M failed"; exit 1 when
+ * a case failed.
+ */
+#include "ddk.h"
+#include "check.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CHECK(cond) check((cond), "%s:%d: %s", __FILE__, __LINE__, #cond)
+
+static int with_nccl;   /* libddk has NCCL (the CUDA build always does) */
+static int gpus;        /* GPUs this process sees */
+
+static void test_id_valid(void)
+{
+    char id[DDK_COMM_ID_HEX + 2];
+    for (int j = 0; j < DDK_COMM_ID_HEX; j++)
+        id[j] = "0123456789abcdef"[(j * 7) % 16];
+    id[DDK_COMM_ID_HEX] = '\0';
+    CHECK(ddk_comm_id_valid(id) == 1);
+    id[3] = 'A';   /* either case */
+    id[100] = 'F';
+    CHECK(ddk_comm_id_valid(id) == 1);
+
+    id[DDK_COMM_ID_HEX - 1] = '\0';   /* 255 digits */
+    CHECK(ddk_comm_id_valid(id) == 0);
+    id[DDK_COMM_ID_HEX - 1] = '0';
+    id[DDK_COMM_ID_HEX] = '0';        /* 257 */
+    id[DDK_COMM_ID_HEX + 1] = '\0';
+    CHECK(ddk_comm_id_valid(id) == 0);
+    id[DDK_COMM_ID_HEX] = '\n';       /* a trailing newline is not part of an id */
+    CHECK(ddk_comm_id_valid(id) == 0);
+    id[DDK_COMM_ID_HEX] = '\0';
+    CHECK(ddk_comm_id_valid(id) == 1);
+
+    id[17] = 'g';
+    CHECK(ddk_comm_id_valid(id) == 0);
+    id[17] = ' ';
+    CHECK(ddk_comm_id_valid(id) == 0);
+    id[17] = '0';
+    CHECK(ddk_comm_id_valid(id) == 1);
+
+    CHECK(ddk_comm_id_valid(NULL) == 0);
+    CHECK(ddk_comm_id_valid("") == 0);
+    CHECK(ddk_comm_id_valid("0123abcd") == 0);
+}
+
+static void test_unique_id(void)
+{
+    char a[DDK_COMM_ID_HEX + 1], b[DDK_COMM_ID_HEX + 1], err[512] = "";
+    int rc = ddk_comm_unique_id(a, err, sizeof err);
+    if (!with_nccl) {
+        check(rc == -ENOSYS && strstr(err, "without CUDA/NCCL"),
+              "without NCCL: rc %d (want -ENOSYS), err \"%s\"", rc, err);
+        return;
+    }
+    if (rc != 0) {
+        check(0, "ddk_comm_unique_id: rc %d: %s", rc, err);
+        return;
+    }
+    CHECK(strlen(a) == DDK_COMM_ID_HEX);
+    CHECK(strspn(a, "0123456789abcdef") == DDK_COMM_ID_HEX);
+    CHECK(ddk_comm_id_valid(a) == 1);
+    rc = ddk_comm_unique_id(b, err, sizeof err);
+    check(rc == 0, "second ddk_comm_unique_id: rc %d: %s", rc, err);
+    CHECK(strcmp(a, b) != 0);
+}
+
+/* ddk_comm_init must refuse with want (-ENOSYS without NCCL), say why, and make nothing */
+static void refused(int want, const char *what, const char *id, int world, int first_rank,
+                    int local, const int *devices)
+{
+    if (!with_nccl)
+        want = -ENOSYS;
+    char err[512] = "";
+    ddk_comm *c = (ddk_comm *)&err;   /* not NULL: the refusal must clear it */
+    int rc = ddk_comm_init(id, world, first_rank, local, devices, &c, err, sizeof err);
+    check(rc == want, "%s: rc %d, want %d (%s)", what, rc, want, err);
+    check(strlen(err) > 20, "%s: no sentence in err (\"%s\")", what, err);
+    check(c == NULL, "%s: a communicator was made", what);
+    if (rc == 0)
+        ddk_comm_destroy(c);
+    else
+        printf("  %s: %s\n", what, err);
+}
+
+static void test_init_refusals(void)
+{
+    char id[DDK_COMM_ID_HEX + 1];
+    memset(id, 'a', DDK_COMM_ID_HEX);
+    id[DDK_COMM_ID_HEX] = '\0';
+    int devices[66];
+    for (int j = 0; j < 66; j++)
+        devices[j] = j;
+
+    refused(-EINVAL, "world 0", id, 0, 0, 1, devices);
+    refused(-EINVAL, "world -3", id, -3, 0, 1, devices);
+    refused(-EINVAL, "local 0", id, 2, 0, 0, devices);
+    refused(-EINVAL, "first_rank -1", id, 2, -1, 1, devices);
+    refused(-EINVAL, "first_rank = world", id, 2, 2, 1, devices);
+    refused(-EINVAL, "first_rank + local > world", id, 4, 3, 2, devices);
+    refused(-EINVAL, "first_rank + local overflows", id, 4, 2147483647, 1, devices);
+    refused(-EINVAL, "local > devices available", NULL, gpus + 1, 0, gpus + 1, devices);
+    refused(-EINVAL, "bad id: too short", "0123abcd", 2, 0, 1, devices);
+    id[10] = 'z';
+    refused(-EINVAL, "bad id: not hex", id, 2, 0, 1, devices);
+    refused(-EINVAL, "no id across processes", NULL, 2, 0, 1, devices);
+
+    char err[512] = "";
+    int want = with_nccl ? -EINVAL : -ENOSYS;
+    int rc = ddk_comm_allreduce_sum(NULL, NULL, 4, err, sizeof err);
+    check(rc == want && *err, "all-reduce without a communicator: rc %d, want %d (%s)", rc, want, err);
+    ddk_comm_destroy(NULL);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * With GPUs
+ */
+
+/* count floats on GPU d holding host[0..count) (the backend's copy, then a synchronize) */
+static float *upload(int d, const float *host, int64_t count)
+{
+    const ddk_backend *be = ddk_backend_cuda(d);
+    float *x = ddk_malloc(ddk_allocator_cuda(d), (size_t)count * sizeof(float));
+    if (!x) {
+        fprintf(stderr, "no memory on cuda:%d for %lld floats\n", d, (long long)count);
+        exit(2);
+    }
+    be->copy(be, x, host, (size_t)count * sizeof(float));
+    ddk_cuda_synchronize(d);
+    return x;
+}
+
+static void download(int d, float *host, const float *x, int64_t count)
+{
+    const ddk_backend *be = ddk_backend_cuda(d);
+    be->copy(be, host, x, (size_t)count * sizeof(float));
+    ddk_cuda_synchronize(d);
+}
+
+static void test_gpu_refusals(void)
+{
+    int devices[2] = { gpus, 0 };
+    refused(-EINVAL, "no such GPU", NULL, 1, 0, 1, devices);
+    devices[0] = -1;
+    refused(-EINVAL, "GPU -1", NULL, 1, 0, 1, devices);
+    if (gpus >= 2) {
+        devices[0] = 0;
+        refused(-EINVAL, "the same GPU twice", NULL, 2, 0, 2, devices);
+    }
+}
+
+/* 1 rank: the sum over one rank is the buffer itself */
+static void test_allreduce_1rank(void)
+{
+    enum { count = 100003 };   /* odd: no vector-width luck */
+    char err[512] = "";
+    int device = 0;
+    ddk_comm *c = NULL;
+    int rc = ddk_comm_init(NULL, 1, 0, 1, &device, &c, err, sizeof err);
+    if (rc != 0 || !c) {
+        check(0, "ddk_comm_init of 1 rank: rc %d: %s", rc, err);
+        return;
+    }
+    float *want = xcalloc(count, sizeof(float)), *got = xcalloc(count, sizeof(float));
+    for (int j = 0; j < count; j++)
+        want[j] = (float)(j % 1000) * 0.25f - 17.0f;
+    float *x = upload(0, want, count);
+    rc = ddk_comm_allreduce_sum(c, &x, count, err, sizeof err);
+    check(rc == 0, "all-reduce: rc %d: %s", rc, err);
+    rc = ddk_comm_allreduce_sum(c, &x, 0, err, sizeof err);
+    check(rc == 0, "all-reduce of 0 floats: rc %d: %s", rc, err);
+    download(0, got, x, count);
+    CHECK(memcmp(got, want, count * sizeof(float)) == 0);
+    ddk_free(ddk_allocator_cuda(0), x, count * sizeof(float));
+    ddk_comm_destroy(c);
+    free(want);
+    free(got);
+}
+
+/* 2 ranks on GPUs 0 and 1 of this process: a[j] + b[j], exact (the values are small
+ * multiples of 0.5 well within float's 24 bits) */
+static void test_allreduce_2rank(void)
+{
+    enum { count = 1000003 };
+    char err[512] = "";
+    int devices[2] = { 0, 1 };
+    ddk_comm *c = NULL;
+    int rc = ddk_comm_init(NULL, 2, 0, 2, devices, &c, err, sizeof err);
+    if (rc != 0 || !c) {
+        check(0, "ddk_comm_init of 2 ranks: rc %d: %s", rc, err);
+        return;
+    }
+    float *a = xcalloc(count, sizeof(float)), *b = xcalloc(count, sizeof(float));
+    float *got = xcalloc(count, sizeof(float));
+    for (int j = 0; j < count; j++) {
+        a[j] = (float)j;
+        b[j] = 2.0f * (float)j + 0.5f;
+    }
+    float *bufs[2] = { upload(0, a, count), upload(1, b, count) };
+    for (int round = 0; round < 2; round++) {   /* twice: the communicator is reusable */
+        rc = ddk_comm_allreduce_sum(c, bufs, count, err, sizeof err);
+        check(rc == 0, "all-reduce round %d: rc %d: %s", round, rc, err);
+    }
+    /* after two rounds: 2 * (a + b) = 6j + 1 on both GPUs */
+    for (int d = 0; d < 2; d++) {
+        download(d, got, bufs[d], count);
+        int64_t wrong = 0, first = -1;
+        for (int j = 0; j < count; j++)
+            if (got[j] != 6.0f * (float)j + 1.0f && wrong++ == 0)
+                first = j;
+        check(wrong == 0, "cuda:%d: %lld of %d sums wrong (first [%lld] = %g, want %g)", d,
+              (long long)wrong, count, (long long)first, first >= 0 ? got[first] : 0.0,
+              first >= 0 ? 6.0 * first + 1.0 : 0.0);
+        ddk_free(ddk_allocator_cuda(d), bufs[d], count * sizeof(float));
+    }
+    ddk_comm_destroy(c);
+    free(a);
+    free(b);
+    free(got);
+}
+
+int main(void)
+{
+    with_nccl = ddk_has_cuda();
+    gpus = ddk_cuda_device_count();
+    printf("libddk %s NCCL; %d GPU(s)\n", with_nccl ? "with" : "without", gpus);
+    static const test_case cpu_cases[] = {
+        { "id_valid", test_id_valid },
+        { "unique_id", test_unique_id },
+        { "init_refusals", test_init_refusals },
+    };
+    run_cases(cpu_cases, sizeof cpu_cases / sizeof cpu_cases[0]);
+    if (!with_nccl || gpus == 0) {
+        printf("SKIPPED: no GPU (gpu_refusals, allreduce_1rank, allreduce_2rank not run)\n");
+    } else {
+        run_case("gpu_refusals", test_gpu_refusals);
+        run_case("allreduce_1rank", test_allreduce_1rank);
+        if (gpus >= 2)
+            run_case("allreduce_2rank", test_allreduce_2rank);
+        else
+            printf("SKIPPED: one GPU (allreduce_2rank needs two)\n");
+    }
+    return cases_summary();
+}

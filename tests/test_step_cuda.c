@@ -1,0 +1,390 @@
+/* test_step_cuda.c: a whole training step of the drafter (forward, the fused loss, backward into
+ * every parameter) on GPU 0 against the same step on the CPU backend, and whole runs of the
+ * trainer on GPUs against the same run on the CPU.
+ *
+ * Step cases: random weights (norm gains perturbed away from 1), a batch of 2 sequences with a
+ * padded block, sliding and full layers, KL and CAP on, data and teacher labels, the loss
+ * materialised and tiled, fp32 and bf16 products (the CPU's bf16 product rounds its operands
+ * as the tensor cores do). Compared: every figure of the loss result and each parameter's
+ * gradient by normalised error; the forward's hidden states; an -ENOMEM under a device budget
+ * that leaves the next step (budget lifted) equal to the CPU's.
+ * Run cases (a real GPU only): "cpu" against ["cuda:0"] (and ["cuda:0", "cuda:1"], the NCCL
+ * all-reduce, when there are two GPUs) for 4 steps: losses, gradient norms, the acceptance
+ * evaluation; an export and a checkpoint (rank 0's replica to the host) succeed.
+ *
+ * Skipped (exit 77, "SKIPPED: no GPU") without a GPU: never reported as passed.
+ * DDTREE_STEP_CUDA_SELF_CHECK=1 runs the step cases with CPU rank 1's backend in the GPU's
+ * place, a check of this test's plumbing on a machine without a GPU (then every comparison is
+ * exact up to the BLAS's threading).
+ * ctest: label gpu; one line per case; a final "N passed, M failed".
+ *
+ * Legend: H hidden, V vocabulary, S sequence length, A anchors, B block size, LH = taps * H.
+ */
+#include "check.h"
+#include "drafter.h"
+#include "trainer.h"
+#include "ddk_bf16.h"
+#include "ddk_rng.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Tolerances, normalised error (max |dev - cpu| / max |cpu|) per tensor, with their reasons:
+ * fp32: both sides accumulate every product in fp32 in different orders (cuBLAS tiles against
+ * OpenBLAS kernels, the GPU's attention tiles and atomics for dk/dv), ~1e-6 relative per op;
+ * through 2 layers of forward and backward the errors compound to a few 1e-5 on the smallest
+ * gradients' scale: 2e-4 leaves margin and is still 100x below any real mistake (a wrong
+ * mask or a missed term moves a gradient by O(1) of its scale). */
+static const double tol_fp32 = 2e-4;
+/* bf16: both sides round every product operand to bf16 (8-bit mantissa, 2^-9 relative); the
+ * CPU rounds to nearest even and cuBLAS's down-conversion mode is not documented, so one
+ * operand element may round differently: 2^-8 relative per differing element, averaged over
+ * k-long dot products, then compounded through the layers: 2e-2. */
+static const double tol_bf16 = 2e-2;
+/* the loss's figures (loss, ce, kl, cap): sums of many positions, far more precise than any
+ * single gradient element */
+static const double tol_figures_fp32 = 1e-5, tol_figures_bf16 = 5e-3;
+
+static const ddk_backend *cpu, *dev;
+static int self_check;
+
+/* ------------------------------------------------------------------------------------------
+ * The problem: a config, weights, a batch
+ */
+
+typedef struct problem {
+    ddt_drafter_config c;
+    ddt_param table[DDT_MAX_PARAMS];
+    int count;
+    int64_t total, nseq, S, A;
+    float *params, *embed, *lm_head, *features, *teacher;   /* host */
+    int32_t *input_ids, *anchors;
+    uint8_t *loss_mask, *keep;
+} problem;
+
+static void make_problem(problem *p, int sliding_first, uint64_t seed)
+{
+    memset(p, 0, sizeof *p);
+    ddt_drafter_config *c = &p->c;
+    *c = (ddt_drafter_config){ .hidden = 48, .layers = 2, .heads = 4, .kv_heads = 2, .head_dim = 12,
+                               .intermediate = 80, .vocab = 211, .block_size = 5, .sliding_window = 7,
+                               .rms_norm_eps = 1e-6f, .rope_theta = 10000.0f, .taps = 2,
+                               .target_layer_ids = { 0, 2 }, .mask_token_id = 210, .num_target_layers = 4 };
+    c->sliding[0] = sliding_first;
+    p->count = ddt_drafter_param_table(c, p->table, &p->total);
+    p->nseq = 2, p->S = 37, p->A = 4;
+    const int64_t H = c->hidden, V = c->vocab, S = p->S, LH = c->taps * H;
+    uint64_t rng = seed;
+    p->params = xcalloc((size_t)p->total, sizeof(float));
+    ddt_drafter_init(c, p->params, seed);
+    for (int i = 0; i < p->count; i++)   /* gains away from 1, so their gradients matter */
+        if (p->table[i].is_norm)
+            for (int64_t j = 0; j < p->table[i].numel; j++)
+                p->params[p->table[i].offset + j] = (float)(0.8 + 0.4 * ddk_rng_uniform(&rng));
+    p->embed = xcalloc((size_t)(V * H), sizeof(float));
+    p->lm_head = xcalloc((size_t)(V * H), sizeof(float));
+    for (int64_t i = 0; i < V * H; i++) {
+        p->embed[i] = (float)(0.5 * ddk_rng_normal(&rng));
+        p->lm_head[i] = (float)(0.3 * ddk_rng_normal(&rng));
+    }
+    p->features = xcalloc((size_t)(p->nseq * S * LH), sizeof(float));
+    p->teacher = xcalloc((size_t)(p->nseq * S * H), sizeof(float));
+    for (int64_t i = 0; i < p->nseq * S * LH; i++)
+        p->features[i] = (float)ddk_rng_normal(&rng);
+    for (int64_t i = 0; i < p->nseq * S * H; i++)
+        p->teacher[i] = (float)ddk_rng_normal(&rng);
+    p->input_ids = xcalloc((size_t)(p->nseq * S), sizeof(int32_t));
+    p->loss_mask = xcalloc((size_t)(p->nseq * S), 1);
+    for (int64_t i = 0; i < p->nseq * S; i++) {
+        p->input_ids[i] = (int32_t)(ddk_rng_next(&rng) % (uint64_t)V);
+        p->loss_mask[i] = i % S >= 3;
+    }
+    /* sequence 0: 4 blocks, one at the end (slots past S); sequence 1: 3 and a padded one */
+    static const int32_t anchors[2][4] = { { 3, 10, 11, 34 }, { 5, 20, 30, 0 } };
+    static const uint8_t keep[2][4] = { { 1, 1, 1, 1 }, { 1, 1, 1, 0 } };
+    p->anchors = xcalloc(8, sizeof(int32_t));
+    p->keep = xcalloc(8, 1);
+    memcpy(p->anchors, anchors, sizeof anchors);
+    memcpy(p->keep, keep, sizeof keep);
+}
+
+static void free_problem(problem *p)
+{
+    free(p->params), free(p->embed), free(p->lm_head), free(p->features), free(p->teacher);
+    free(p->input_ids), free(p->anchors), free(p->loss_mask), free(p->keep);
+}
+
+/* count floats of host memory on the device under test */
+static float *upload(const float *x, int64_t count)
+{
+    float *d = ddk_malloc(dev->alloc, (size_t)count * sizeof(float));
+    if (!d) {
+        fprintf(stderr, "no device memory for %lld floats\n", (long long)count);
+        exit(2);
+    }
+    dev->copy(dev, d, x, (size_t)count * sizeof(float));
+    return d;
+}
+
+static float *download(const float *d, int64_t count)
+{
+    float *x = xcalloc((size_t)count, sizeof(float));
+    dev->copy(dev, x, d, (size_t)count * sizeof(float));
+    dev->synchronize(dev);
+    return x;
+}
+
+static double max_rel(double a, double b)
+{
+    return fabs(a - b) / fmax(fabs(b), 1e-30);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * One step on both backends
+ */
+
+typedef struct step_case {
+    const char *name;
+    int sliding_first, teacher_labels, bf16;
+    int64_t chunk, vocab_tile;
+    float kl, cap;
+} step_case;
+
+static void run_step_case(const step_case *sc)
+{
+    problem p;
+    make_problem(&p, sc->sliding_first, 11);
+    const ddt_drafter_config *c = &p.c;
+    const int64_t H = c->hidden, V = c->vocab, S = p.S, LH = c->taps * H;
+    const int64_t rows = p.nseq * p.A * c->block_size;
+    ddt_loss_config lc = { .gamma = 4.0f, .ce_target_teacher = sc->teacher_labels,
+                           .loss = { .chunk = sc->chunk, .vocab_tile = sc->vocab_tile, .kl_weight = sc->kl,
+                                     .kl_temperature = 1.5f, .cap_weight = sc->cap, .cap_temperature = 1.0f,
+                                     .bf16_products = sc->bf16 } };
+    const int teacher = sc->teacher_labels || sc->kl > 0;
+
+    /* the CPU: host memory */
+    float *g_cpu = xcalloc((size_t)p.total, sizeof(float));
+    ddt_drafter_weights w, g;
+    ddt_drafter_bind(c, p.params, &w);
+    ddt_drafter_bind(c, g_cpu, &g);
+    ddt_batch b = { p.nseq, S, p.A, p.input_ids, p.loss_mask, p.features, teacher ? p.teacher : NULL,
+                    p.anchors, p.keep };
+    ddk_loss_result want;
+    int rc = ddt_drafter_step(cpu, c, &w, &g, p.embed, p.lm_head, &b, &lc, &want);
+    check(rc == 0, "the CPU step failed: %d", rc);
+    float *hs_cpu = xcalloc((size_t)(rows * H), sizeof(float));
+    check(ddt_drafter_forward(cpu, c, &w, p.embed, &b, hs_cpu) == 0, "the CPU forward failed");
+
+    /* the device: its own copies; gradients start from a value to check that they ADD */
+    float *d_params = upload(p.params, p.total), *d_embed = upload(p.embed, V * H),
+          *d_head = upload(p.lm_head, V * H), *d_features = upload(p.features, p.nseq * S * LH),
+          *d_teacher = upload(p.teacher, p.nseq * S * H);
+    float *start = xcalloc((size_t)p.total, sizeof(float));
+    for (int64_t i = 0; i < p.total; i++)
+        start[i] = 0.125f;
+    float *d_grads = upload(start, p.total);
+    ddt_drafter_weights dw, dg;
+    ddt_drafter_bind(c, d_params, &dw);
+    ddt_drafter_bind(c, d_grads, &dg);
+    ddt_batch db = b;
+    db.features = d_features;
+    db.teacher_hidden = teacher ? d_teacher : NULL;
+    ddk_loss_result got;
+    rc = ddt_drafter_step(dev, c, &dw, &dg, d_embed, d_head, &db, &lc, &got);
+    check(rc == 0, "the device step failed: %d", rc);
+    float *g_dev = download(d_grads, p.total);
+    for (int64_t i = 0; i < p.total; i++)
+        g_dev[i] -= 0.125f;   /* exact: |g| << 2^20 * 0.125 */
+    float *d_hs = ddk_malloc(dev->alloc, (size_t)(rows * H) * sizeof(float));
+    check(ddt_drafter_forward(dev, c, &dw, d_embed, &db, d_hs) == 0, "the device forward failed");
+    float *hs_dev = download(d_hs, rows * H);
+
+    const double tol = sc->bf16 ? tol_bf16 : tol_fp32, tol_fig = sc->bf16 ? tol_figures_bf16 : tol_figures_fp32;
+    check(got.counted == want.counted, "counted %lld, CPU %lld", (long long)got.counted, (long long)want.counted);
+    check(max_rel(got.weight_sum, want.weight_sum) <= 1e-6, "weight_sum %.9g, CPU %.9g", got.weight_sum,
+          want.weight_sum);
+    check(max_rel(got.loss, want.loss) <= tol_fig, "loss %.9g, CPU %.9g", got.loss, want.loss);
+    check(max_rel(got.ce, want.ce) <= tol_fig, "ce %.9g, CPU %.9g", got.ce, want.ce);
+    check(fabs(got.kl - want.kl) <= tol_fig * fmax(fabs(want.kl), 1e-3), "kl %.9g, CPU %.9g", got.kl, want.kl);
+    check(fabs(got.cap - want.cap) <= tol_fig * fmax(fabs(want.cap), 1e-3), "cap %.9g, CPU %.9g", got.cap, want.cap);
+    /* argmax ties aside, the same positions are right */
+    check(llabs(got.correct - want.correct) <= (sc->bf16 ? 2 : 0), "correct %lld, CPU %lld",
+          (long long)got.correct, (long long)want.correct);
+    double *ref = xcalloc((size_t)(rows * H > p.total ? rows * H : p.total), sizeof(double));
+    for (int i = 0; i < p.count; i++) {
+        const ddt_param *t = &p.table[i];
+        for (int64_t j = 0; j < t->numel; j++)
+            ref[j] = g_cpu[t->offset + j];
+        double e = normalised_error(g_dev + t->offset, ref, t->numel);
+        check(e <= tol, "d %s: normalised error %.3g > %.1g", t->name, e, tol);
+    }
+    for (int64_t j = 0; j < rows * H; j++)
+        ref[j] = hs_cpu[j];
+    double e = normalised_error(hs_dev, ref, rows * H);
+    check(e <= tol, "forward hs: normalised error %.3g > %.1g", e, tol);
+
+    ddk_free(dev->alloc, d_hs, (size_t)(rows * H) * sizeof(float));
+    ddk_free(dev->alloc, d_params, (size_t)p.total * sizeof(float));
+    ddk_free(dev->alloc, d_grads, (size_t)p.total * sizeof(float));
+    ddk_free(dev->alloc, d_embed, (size_t)(V * H) * sizeof(float));
+    ddk_free(dev->alloc, d_head, (size_t)(V * H) * sizeof(float));
+    ddk_free(dev->alloc, d_features, (size_t)(p.nseq * S * LH) * sizeof(float));
+    ddk_free(dev->alloc, d_teacher, (size_t)(p.nseq * S * H) * sizeof(float));
+    free(ref), free(g_cpu), free(g_dev), free(start), free(hs_cpu), free(hs_dev);
+    free_problem(&p);
+}
+
+static const step_case step_cases[] = {
+    { "step fp32: data labels, KL + CAP, materialised", 1, 0, 0, 64, 0, 0.3f, 0.1f },
+    { "step fp32: teacher labels, KL + CAP, tiled (64)", 1, 1, 0, 16, 64, 0.3f, 0.1f },
+    { "step fp32: teacher labels, CE only, full layer first", 0, 1, 0, 1000, 0, 0.0f, 0.0f },
+    { "step bf16: data labels, KL + CAP, materialised", 1, 0, 1, 64, 0, 0.3f, 0.1f },
+    { "step bf16: teacher labels, KL, tiled (50)", 0, 1, 1, 32, 50, 0.5f, 0.0f },
+};
+
+/* A device budget the step cannot live within: -ENOMEM, the allocator back where it was; with
+ * the budget lifted the same step runs. */
+static void test_out_of_memory(void)
+{
+    problem p;
+    make_problem(&p, 1, 3);
+    const ddt_drafter_config *c = &p.c;
+    const int64_t H = c->hidden, V = c->vocab, S = p.S, LH = c->taps * H;
+    float *d_params = upload(p.params, p.total), *d_head = upload(p.lm_head, V * H),
+          *d_features = upload(p.features, p.nseq * S * LH);
+    float *zeros = xcalloc((size_t)p.total, sizeof(float));
+    float *d_grads = upload(zeros, p.total);
+    ddt_drafter_weights dw, dg;
+    ddt_drafter_bind(c, d_params, &dw);
+    ddt_drafter_bind(c, d_grads, &dg);
+    ddt_batch db = { p.nseq, S, p.A, p.input_ids, p.loss_mask, d_features, NULL, p.anchors, p.keep };
+    ddt_loss_config lc = { .gamma = 4.0f, .ce_target_teacher = 0,
+                           .loss = { .chunk = 64, .kl_temperature = 1.0f, .cap_temperature = 1.0f } };
+    dev->synchronize(dev);
+    ddk_alloc_stats before = ddk_allocator_stats(dev->alloc);
+    ddk_allocator_set_budget(dev->alloc, before.current + 4096);
+    ddk_loss_result r;
+    int rc = ddt_drafter_step(dev, c, &dw, &dg, d_head, d_head, &db, &lc, &r);
+    check(rc == -ENOMEM, "a step over the budget returns -ENOMEM, got %d", rc);
+    check(ddk_allocator_stats(dev->alloc).current == before.current, "nothing stays allocated after the refusal");
+    ddk_allocator_set_budget(dev->alloc, 0);
+    dev->zero(dev, d_grads, (size_t)p.total * sizeof(float));
+    rc = ddt_drafter_step(dev, c, &dw, &dg, d_head, d_head, &db, &lc, &r);
+    check(rc == 0 && isfinite(r.loss) && r.counted > 0, "the step runs once the budget is lifted (%d, loss %g)",
+          rc, r.loss);
+    ddk_free(dev->alloc, d_params, (size_t)p.total * sizeof(float));
+    ddk_free(dev->alloc, d_grads, (size_t)p.total * sizeof(float));
+    ddk_free(dev->alloc, d_head, (size_t)(V * H) * sizeof(float));
+    ddk_free(dev->alloc, d_features, (size_t)(p.nseq * S * LH) * sizeof(float));
+    free(zeros);
+    free_problem(&p);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Whole runs: the trainer on GPUs against the trainer on the CPU
+ */
+
+static char state_dir[] = "/tmp/ddtree_test_step_cuda.XXXXXX";
+
+#define RUN(devices)                                                                              \
+    "{\"name\": \"g\", \"target\": {\"kind\": \"synthetic\", \"hidden_size\": 32, "               \
+    "\"num_hidden_layers\": 4, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, "          \
+    "\"head_dim\": 8, \"intermediate_size\": 48, \"vocab_size\": 96},"                             \
+    " \"drafter\": {\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 2," \
+    " \"head_dim\": 8, \"intermediate_size\": 48, \"block_size\": 4,"                             \
+    " \"layer_types\": [\"sliding_attention\", \"full_attention\"], \"sliding_window\": 6},"       \
+    " \"train\": {\"steps\": 4, \"sequences_per_step\": 4, \"seq_len\": 24, \"max_anchors\": 4,"   \
+    " \"heldout\": 4, \"noise_std\": 0.05, \"lr\": 0.003, \"seed\": 5},"                           \
+    " \"loss\": {\"kl_weight\": 0.15, \"cap_weight\": 0.05, \"chunk\": 64},"                       \
+    " \"devices\": " devices ", \"checkpoint\": {\"every_steps\": 100, \"keep\": 2},"             \
+    " \"eval\": {\"every_steps\": 100, \"sequences\": 4, \"tree_budgets\": [2, 8]}}"
+
+typedef struct run_figures {
+    double loss[4], norm[4], tau_chain;
+} run_figures;
+
+static int run_trainer(const char *json, run_figures *out)
+{
+    ddt_trainer *t = NULL;
+    char err[1024] = "", field[128] = "";
+    int rc = ddt_trainer_open(json, strlen(json), state_dir, NULL, 0, NULL, &t, err, sizeof err, field,
+                              sizeof field);
+    check(rc == 0, "open failed (%d): %s [%s]", rc, err, field);
+    if (rc)
+        return rc;
+    for (int i = 0; i < 4 && rc == 0; i++) {
+        ddt_step_record rec;
+        rc = ddt_trainer_step(t, &rec, err, sizeof err);
+        check(rc == 0, "step %d: %s", i + 1, err);
+        out->loss[i] = rec.loss;
+        out->norm[i] = rec.grad_norm;
+    }
+    ddt_acceptance acc;
+    if (rc == 0 && (rc = ddt_trainer_eval(t, &acc, err, sizeof err)) == 0)
+        out->tau_chain = ddt_acceptance_tau_chain(&acc);
+    check(rc == 0, "eval: %s", err);
+    char dir[2200];
+    snprintf(dir, sizeof dir, "%s/export-%s", state_dir, ddt_trainer_run_id(t));
+    if (rc == 0 && (rc = ddt_trainer_export(t, dir, err, sizeof err)) == 0)   /* the host mirror */
+        rc = ddt_trainer_checkpoint(t, err, sizeof err);
+    check(rc == 0, "export / checkpoint: %s", err);
+    ddt_trainer_close(t);
+    return rc;
+}
+
+static void compare_runs(const char *devices_json)
+{
+    char cpu_json[4096], dev_json[4096];
+    snprintf(cpu_json, sizeof cpu_json, RUN("%s"), "\"cpu\"");
+    snprintf(dev_json, sizeof dev_json, RUN("%s"), devices_json);
+    run_figures a = { 0 }, b = { 0 };
+    if (run_trainer(cpu_json, &a) || run_trainer(dev_json, &b))
+        return;
+    for (int i = 0; i < 4; i++) {
+        check(max_rel(b.loss[i], a.loss[i]) <= 1e-4, "step %d: loss %.9g, CPU %.9g", i + 1, b.loss[i], a.loss[i]);
+        check(max_rel(b.norm[i], a.norm[i]) <= 1e-3, "step %d: grad norm %.9g, CPU %.9g", i + 1, b.norm[i], a.norm[i]);
+    }
+    check(fabs(b.tau_chain - a.tau_chain) <= 0.05, "tau_chain %.4f, CPU %.4f", b.tau_chain, a.tau_chain);
+}
+
+static void test_run_one_gpu(void)
+{
+    compare_runs("[\"cuda:0\"]");
+}
+
+static void test_run_two_gpus(void)
+{
+    compare_runs("[\"cuda:0\", \"cuda:1\"]");
+}
+
+int main(void)
+{
+    self_check = getenv("DDTREE_STEP_CUDA_SELF_CHECK") && !strcmp(getenv("DDTREE_STEP_CUDA_SELF_CHECK"), "1");
+    cpu = ddk_backend_cpu();
+    dev = self_check ? ddk_backend_cpu_rank(1) : ddk_backend_cuda(0);
+    if (!dev) {
+        printf("SKIPPED: no GPU (%s)\n", ddk_has_cuda() ? "none visible" : "libddk built without CUDA");
+        return 77;
+    }
+    ddk_cpu_set_threads(1);
+    for (size_t i = 0; i < sizeof step_cases / sizeof step_cases[0]; i++) {
+        case_failed = 0;
+        run_step_case(&step_cases[i]);
+        case_done(step_cases[i].name);
+    }
+    run_case("step under a device budget: -ENOMEM, then the step", test_out_of_memory);
+    if (!self_check) {
+        scratch_dir(state_dir);
+        run_case("run: \"cpu\" against [\"cuda:0\"], 4 steps, eval, export", test_run_one_gpu);
+        if (ddk_cuda_device_count() >= 2)
+            run_case("run: \"cpu\" against [\"cuda:0\", \"cuda:1\"] (NCCL), 4 steps", test_run_two_gpus);
+        else
+            printf("SKIPPED: run on two GPUs (this machine has one)\n");
+        remove_tree(state_dir);
+    }
+    return cases_summary();
+}
