@@ -1193,3 +1193,23 @@ int ddc_cmd_watch(ddc_ctx *ctx, int argc, char **argv)
         }
     }
 }
+
+/* ---------------------------------------------------------------------------------------------
+ * nccl-id: rank 0's NCCL unique id, for the other daemons' "cluster" sections */
+
+static int ddc_print_nccl_id(const ddc_ctx *ctx, const char *operand, const char *path, const cJSON *root,
+                             long status)
+{
+    const char *id = ddc_string(ddc_get(root, "nccl_unique_id"));
+    if (!id) {
+        fputs("ddtreectl: the answer to POST /nccl/unique-id has no \"nccl_unique_id\"\n", stderr);
+        return 1;
+    }
+    puts(id);
+    return 0;
+}
+
+int ddc_cmd_nccl_id(ddc_ctx *ctx, int argc, char **argv)
+{
+    return ddc_one_request(ctx, argc, argv, NULL, "POST", "/nccl/unique-id", ddc_print_nccl_id);
+}

@@ -36,6 +36,8 @@ static const char ddc_usage_text[] =
     "                                 per-step records (--csv: the daemon's CSV as is)\n"
     "  events ID                      state changes, re-chunks, OOM recoveries, checkpoints\n"
     "  export ID                      write the serving export of the latest checkpoint\n"
+    "  nccl-id                        a new NCCL unique id from this daemon (rank 0 of a run over\n"
+    "                                 several daemons: their configs' cluster.unique_id)\n"
     "\n"
     "options:\n"
     "  --socket PATH   the control socket (default $DDTREE_SOCKET, else " DDC_DEFAULT_SOCKET ")\n"
@@ -70,7 +72,7 @@ static const struct ddc_command {
     {"show", ddc_cmd_show},     {"watch", ddc_cmd_watch},     {"pause", ddc_cmd_pause},
     {"resume", ddc_cmd_resume}, {"cancel", ddc_cmd_cancel},   {"rechunk", ddc_cmd_rechunk},
     {"plan", ddc_cmd_plan},     {"steps", ddc_cmd_steps},     {"events", ddc_cmd_events},
-    {"export", ddc_cmd_export},
+    {"export", ddc_cmd_export}, {"nccl-id", ddc_cmd_nccl_id},
 };
 
 int ddc_option_value(int argc, char **argv, int *i, const char *name, const char **value)

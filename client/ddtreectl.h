@@ -67,6 +67,7 @@ int ddc_cmd_plan(ddc_ctx *ctx, int argc, char **argv);
 int ddc_cmd_steps(ddc_ctx *ctx, int argc, char **argv);
 int ddc_cmd_events(ddc_ctx *ctx, int argc, char **argv);
 int ddc_cmd_export(ddc_ctx *ctx, int argc, char **argv);
+int ddc_cmd_nccl_id(ddc_ctx *ctx, int argc, char **argv);
 
 /* ---------------------------------------------------------------------------------------------
  * Usage (ddtreectl.c) */

@@ -992,6 +992,10 @@ def case_ddtreectl(t, env):
     res = ctl(["watch", sid, "--interval", "0.2"], 0, timeout=60)
     t.note("watch of a 30-step run exited %d after %.1f s" % (res.returncode, time.monotonic() - t0))
     t.check(d.run(sid)["state"] == "completed", "watch exited but the run is %s" % d.run(sid)["state"])
+    res = ctl(["nccl-id"], None)   # 0 with the id (NCCL built in), 1 with the daemon's 501 message
+    t.check((res.returncode == 0 and re.match(r"^[0-9a-f]{256}$", res.stdout.strip())) or
+            (res.returncode == 1 and "NCCL" in res.stderr + res.stdout),
+            "ddtreectl nccl-id: exit %d %s" % (res.returncode, res.out))
     ctl(["frobnicate"], 2)
     ctl(["show"], 2)
     ctl([], 2)

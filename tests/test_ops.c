@@ -9,8 +9,13 @@
  * guard bytes on both sides that must survive the case (no out-of-bounds writes).
  * Ops: rmsnorm (+ backward), rope (inverse = backward: round trip, pair norms, adjoint, finite
  * differences), swiglu (+ backward), embedding, matmul (4 transposes, padded ld, alpha, beta),
- * zero, copy. Not here: the loss (tests/test_loss.c) and attention. Only the CPU backend for
- * now: another backend is to be compared with the same references, case by case.
+ * zero, copy; the whole-buffer ops sumsq (float64 lanes, overflow), axpby (beta = 0 over NaN,
+ * in place), adamw (float64 formula of ddk.h); matmul_bf16 (against a float64 product of the
+ * operands rounded with ddk_round_bf16: 4 transposes, k at the 256-column panel edges, k = 0,
+ * and a case where the rounding shows); and the loss's bf16_products (same loss as fp32 on
+ * bf16-representable operands, bounded change on others, bf16_products = 2 refused). Not here:
+ * the rest of the loss (tests/test_loss.c) and attention. Only the CPU backend for now:
+ * another backend is to be compared with the same references, case by case.
  *
  * ctest: exit 0 when every case passes; one line per case; a final "N passed, M failed".
  * DDTREE_OPS_VERBOSE=1 also prints every comparison's error next to its tolerance.
@@ -21,7 +26,10 @@
  */
 #include "ddk.h"
 #include "check.h"
+#include "ddk_bf16.h"
 #include "ddk_rng.h"
+
+#include <errno.h>
 
 #include <math.h>
 #include <stdint.h>
@@ -44,6 +52,23 @@ static const double tol_rope = 1e-6;
 static const double tol_swiglu = 1e-6;
 /* matmul: fp32 accumulation of k <= 130 products (BLAS order, FMA): ~sqrt(k) eps typically */
 static const double tol_matmul = 1e-5;
+/* matmul_bf16 against the float64 product of the same rounded operands: a product of two bf16
+ * (8-bit significands) is exact in fp32, so only the fp32 accumulation of k <= 700 terms errs:
+ * ~sqrt(k) 2^-24 = 1.6e-6 of the terms' size at k = 700 (random signs; measured <= 1.7e-7 of
+ * max |c|). An operand left unrounded errs by ~2^-9 / sqrt(3) of a term each, ~1e-3 of c. */
+static const double tol_matmul_bf16 = 2e-6;
+/* sumsq: each x^2 is exact in float64 (a 48-bit product), so only the float64 summation of
+ * `count` positive terms rounds: <= count 2^-53 relative (1001 terms: 1.1e-13) */
+static const double tol_sumsq = 1e-12;
+/* axpby, per element against |alpha x| + |beta y|: at most two float roundings (product, sum;
+ * one with FMA), each <= 2^-24 of that sum: 2^-23 = 1.19e-7, plus the reference's 1e-16 */
+static const double tol_axpby = 1.2e-7;
+/* adamw m, v: two products and a sum (g^2 one product more) in float, each <= 2^-24 of terms
+ * of the result's size (v's terms are positive; m's cancel at most to max |m|): 3e-7; 1e-6 */
+static const double tol_adamw_moments = 1e-6;
+/* adamw, the update w_new - w (normalised by its max, >= lr / 4 here): w_new's own rounding
+ * (2^-24 |w| <= 6e-8 with |w| <= 1) over 0.0125 is 5e-6, the direction's ~5 roundings 3e-7 */
+static const double tol_adamw_update = 1e-5;
 /* a second backward call, or a pre-filled gradient: one float addition more per element (and
  * another summation order of dg's rows); an overwrite instead of an add errs by >= 0.5 */
 static const double tol_adds = 1e-5;
@@ -224,7 +249,11 @@ struct op_case {
     int64_t m, n, k;           /* matmul */
     int trans_a, trans_b;      /* matmul */
     float eps, theta, beta;    /* rmsnorm; rope; matmul (alpha is 0.75) */
-    int extremes;              /* rmsnorm, swiglu: inputs at the edges of float, not O(1) */
+    int extremes;              /* rmsnorm, swiglu: inputs at the edges of float, not O(1);
+                                * sumsq: values of 1e20 (x^2 overflows float);
+                                * matmul_bf16: operands with low mantissa bits set */
+    float grad_scale, decay;   /* adamw: the clipping factor, weight decay (lr_wd = lr decay) */
+    int64_t vocab_tile;        /* loss */
 };
 
 /* ------------------------------------------------------------------------------------------
@@ -672,10 +701,23 @@ static void case_embedding(const ddk_backend *be, const op_case *c)
 /* ------------------------------------------------------------------------------------------
  * Matmul: c (m, n) = alpha op(a) op(b) + beta c, every leading dimension longer than its row;
  * the padding of a and b is NaN (never read), that of c must stay as it was (never written).
- * beta = 0 takes c as NaN: the BLAS convention, c is then not read.
+ * beta = 0 takes c as NaN: the BLAS convention, c is then not read. matmul_bf16 is the same
+ * product of the operands rounded to bf16 (ddk_round_bf16), which the reference rounds too.
  */
 
-static void case_matmul(const ddk_backend *be, const op_case *c)
+/* an operand value whose low 16 bits (those bf16 drops) are set, 0x4000..0x7fff: below the
+ * tie, so it rounds down, always by a quarter to half a bf16 unit; positive, in [0.5, 2) */
+static float low_bits_value(void)
+{
+    float x = ddk_round_bf16((float)rng_uniform(0.5, 2.0));
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    u = (u & 0xffff0000u) | 0x4000u | (uint32_t)(ddk_rng_next(&rng_state) & 0x3fffu);
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+static void matmul_check(const ddk_backend *be, const op_case *c, int bf16)
 {
     const int64_t m = c->m, n = c->n, k = c->k;
     const int ta = c->trans_a, tb = c->trans_b;
@@ -689,15 +731,18 @@ static void case_matmul(const ddk_backend *be, const op_case *c)
     float *c_old = floats(m * ldc, "c before");
     fill_nan(a, rows_a * lda), fill_nan(b, rows_b * ldb);
     for (int64_t i = 0; i < rows_a; i++)
-        fill_uniform(a + i * lda, cols_a, -1.0, 1.0);
+        for (int64_t j = 0; j < cols_a; j++)
+            a[i * lda + j] = c->extremes ? low_bits_value() : (float)rng_uniform(-1, 1);
     for (int64_t i = 0; i < rows_b; i++)
-        fill_uniform(b + i * ldb, cols_b, -1.0, 1.0);
+        for (int64_t j = 0; j < cols_b; j++)
+            b[i * ldb + j] = c->extremes ? low_bits_value() : (float)rng_uniform(-1, 1);
     for (int64_t i = 0; i < m; i++)
         for (int64_t j = 0; j < ldc; j++)
             cm[i * ldc + j] = j >= n ? 12345.0f : beta == 0.0f ? NAN : (float)rng_uniform(-1, 1);
     memcpy(c_old, cm, (size_t)(m * ldc) * sizeof(float));
 
-    be->matmul(be, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, cm, ldc);
+    (bf16 ? be->matmul_bf16 : be->matmul)(be, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, cm,
+                                          ldc);
 
     float *got = floats(m * n, "c compact");
     double *want = doubles(m * n, "c want");
@@ -705,18 +750,417 @@ static void case_matmul(const ddk_backend *be, const op_case *c)
     for (int64_t i = 0; i < m; i++) {
         for (int64_t j = 0; j < n; j++) {
             double acc = 0.0;
-            for (int64_t p = 0; p < k; p++)
-                acc += (double)(ta ? a[p * lda + i] : a[i * lda + p]) *
-                       (tb ? b[j * ldb + p] : b[p * ldb + j]);
+            for (int64_t p = 0; p < k; p++) {
+                float x = ta ? a[p * lda + i] : a[i * lda + p];
+                float y = tb ? b[j * ldb + p] : b[p * ldb + j];
+                acc += bf16 ? (double)ddk_round_bf16(x) * ddk_round_bf16(y) : (double)x * y;
+            }
             want[i * n + j] = alpha * acc + (beta == 0.0f ? 0.0 : beta * (double)c_old[i * ldc + j]);
             got[i * n + j] = cm[i * ldc + j];
         }
         for (int64_t j = n; j < ldc; j++)
             padding_written += memcmp(&cm[i * ldc + j], &c_old[i * ldc + j], sizeof(float)) != 0;
     }
-    expect_close_f("c", got, want, m * n, tol_matmul);
+    expect_close_f("c", got, want, m * n, bf16 ? tol_matmul_bf16 : tol_matmul);
     check(padding_written == 0, "%lld entries of c past column n written",
           (long long)padding_written);
+    if (k == 0)   /* nothing to sum: exactly beta c (0 for beta = 0, whatever c held) */
+        for (int64_t i = 0; i < m * n; i++)
+            check(got[i] == (float)want[i], "k = 0: c[%lld] = %g, want beta c = %g", (long long)i,
+                  got[i], want[i]);
+
+    if (bf16 && c->extremes) {
+        /* the rounding shows: the fp32 product of the same operands is farther from this one
+         * than fp32 rounding (tol_matmul_bf16) by far; each operand lost 1/4..1/2 of a bf16
+         * unit (2^-8 relative in [1, 2)), so c is ~1.5e-3 smaller. 5e-4 > 25x the tolerance. */
+        float *c_fp32 = floats(m * ldc, "c fp32");
+        memcpy(c_fp32, c_old, (size_t)(m * ldc) * sizeof(float));
+        be->matmul(be, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c_fp32, ldc);
+        double *fp32 = doubles(m * n, "c fp32 as double");
+        double diff = 0.0, scale = 0.0;
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < n; j++) {
+                fp32[i * n + j] = c_fp32[i * ldc + j];
+                diff = fmax(diff, fabs(fp32[i * n + j] - got[i * n + j]));
+                scale = fmax(scale, fabs(fp32[i * n + j]));
+            }
+        if (verbose)
+            printf("  . %-44s err %.2e  min %.0e\n", "bf16 product vs fp32 product", diff / scale,
+                   5e-4);
+        check(diff > 5e-4 * scale, "matmul_bf16 differs from the fp32 product by only %.3g of c: "
+              "were the operands rounded?", diff / scale);
+    }
+}
+
+static void case_matmul(const ddk_backend *be, const op_case *c)
+{
+    matmul_check(be, c, 0);
+}
+
+static void case_matmul_bf16(const ddk_backend *be, const op_case *c)
+{
+    matmul_check(be, c, 1);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Whole buffers: sumsq, axpby, adamw (the trainer's reduction and optimiser)
+ */
+
+/* sum of x^2 in float64: the same at every call and at another alignment (order fixed by the
+ * count); 1e20 values (x^2 = 1e40 overflows float) stay finite */
+static void case_sumsq(const ddk_backend *be, const op_case *c)
+{
+    const int64_t n = c->rows;
+    const double scale = c->extremes ? 1e20 : 1.0;
+    float *x = floats(n, "x"), *shifted = floats(n + 1, "x shifted by one float");   /* (n) */
+    for (int64_t i = 0; i < n; i++)
+        x[i] = (float)(scale * rng_uniform(-2.0, 2.0));
+    memcpy(shifted + 1, x, (size_t)n * sizeof(float));
+    double want = 0.0;
+    for (int64_t i = 0; i < n; i++)
+        want += (double)x[i] * x[i];
+
+    double got = be->sumsq(be, x, n);
+    be->synchronize(be);   /* nothing queued on the CPU: a no-op that must not crash */
+    double err = want > 0.0 ? fabs(got - want) / want : fabs(got);
+    if (verbose)
+        printf("  . %-44s err %.2e  tol %.0e\n", "sumsq", err, tol_sumsq);
+    check(isfinite(got) && err <= tol_sumsq, "sumsq %.17g, want %.17g (relative error %.3g)", got,
+          want, err);
+    if (n == 0)
+        check(got == 0.0, "sumsq of nothing is %g, want 0", got);
+    double again = be->sumsq(be, x, n), elsewhere = be->sumsq(be, shifted + 1, n);
+    check(memcmp(&again, &got, sizeof got) == 0, "a second call gave %.17g, the first %.17g",
+          again, got);
+    check(memcmp(&elsewhere, &got, sizeof got) == 0,
+          "at another alignment %.17g, aligned %.17g (the order must depend on count alone)",
+          elsewhere, got);
+}
+
+/* y[i] against want[i] to tol_axpby of |alpha x| + |beta y|, or bit for bit when exact */
+static void expect_axpby(const char *what, const float *y, const double *want,
+                         const double *terms, int64_t n, int exact)
+{
+    int64_t bad = 0, first = 0;
+    double worst = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        double err = fabs((double)y[i] - (exact ? (double)(float)want[i] : want[i]));
+        double bound = exact ? 0.0 : tol_axpby * terms[i];
+        int ok = isfinite(y[i]) && (exact ? y[i] == (float)want[i] : err <= bound);
+        if (!ok && bad++ == 0)
+            first = i;
+        if (terms[i] > 0.0)
+            worst = fmax(worst, err / terms[i]);
+    }
+    if (verbose)
+        printf("  . %-44s err %.2e  tol %.0e\n", what, worst, exact ? 0.0 : tol_axpby);
+    check(bad == 0, "%s: %lld of %lld wrong, first [%lld]: got %.9g, want %.9g%s", what,
+          (long long)bad, (long long)n, (long long)first, n ? (double)y[first] : 0.0,
+          n ? want[first] : 0.0, exact ? " (bit for bit)" : "");
+}
+
+/* y = alpha x + beta y: beta = 0 over a NaN y (y not read: alpha x, one rounding, so bit for
+ * bit (float)(alpha x)), beta != 0, and in place (x == y) with both */
+static void case_axpby(const ddk_backend *be, const op_case *c)
+{
+    const int64_t n = c->rows;
+    const float alpha = -0.7f, beta = 1.3f;
+    float *x = floats(n, "x"), *x_copy = floats(n, "x copy"), *y = floats(n, "y");
+    float *y_old = floats(n, "y before");
+    double *want = doubles(n, "y want"), *terms = doubles(n, "|alpha x| + |beta y|");
+    fill_uniform(x, n, -2.0, 2.0);
+    memcpy(x_copy, x, (size_t)n * sizeof(float));
+
+    fill_nan(y, n);
+    be->axpby(be, n, alpha, x, 0.0f, y);
+    for (int64_t i = 0; i < n; i++)
+        want[i] = (double)alpha * x[i], terms[i] = fabs(want[i]);
+    expect_axpby("beta 0 over NaN: y = alpha x", y, want, terms, n, 1);
+
+    fill_uniform(y, n, -2.0, 2.0);
+    memcpy(y_old, y, (size_t)n * sizeof(float));
+    be->axpby(be, n, alpha, x, beta, y);
+    for (int64_t i = 0; i < n; i++) {
+        want[i] = (double)alpha * x[i] + (double)beta * y_old[i];
+        terms[i] = fabs((double)alpha * x[i]) + fabs((double)beta * y_old[i]);
+    }
+    expect_axpby("y = alpha x + beta y", y, want, terms, n, 0);
+    check(memcmp(x, x_copy, (size_t)n * sizeof(float)) == 0, "x changed");
+
+    /* in place: y = alpha y + beta y, then y = alpha y */
+    memcpy(y_old, y, (size_t)n * sizeof(float));
+    be->axpby(be, n, alpha, y, beta, y);
+    for (int64_t i = 0; i < n; i++) {
+        want[i] = ((double)alpha + beta) * y_old[i];
+        terms[i] = (fabs((double)alpha) + fabs((double)beta)) * fabs((double)y_old[i]);
+    }
+    expect_axpby("in place: y = alpha y + beta y", y, want, terms, n, 0);
+    memcpy(y_old, y, (size_t)n * sizeof(float));
+    be->axpby(be, n, alpha, y, 0.0f, y);
+    for (int64_t i = 0; i < n; i++)
+        want[i] = (double)alpha * y_old[i], terms[i] = fabs(want[i]);
+    expect_axpby("in place, beta 0: y = alpha y", y, want, terms, n, 1);
+}
+
+/* One AdamW update at step 3 against the float64 formula of ddk.h, with the float scalars:
+ * g scaled (stored back, bit for bit the float product), m, v, and the change of w. When
+ * n >= 3, elements 0 and n-1 have g = m = v = 0 (a parameter that has seen no gradient: only
+ * decay moves it; with one element the change would be decay alone, too small for the
+ * tolerance's premise). */
+static void case_adamw(const ddk_backend *be, const op_case *c)
+{
+    const int64_t n = c->rows;
+    const double b1 = 0.9, b2 = 0.95, lr = 0.05;
+    const ddk_adamw_scalars s = {
+        .grad_scale = c->grad_scale,
+        .beta1 = (float)b1, .one_minus_beta1 = (float)(1.0 - b1),
+        .beta2 = (float)b2, .one_minus_beta2 = (float)(1.0 - b2),
+        .inv_bc1 = (float)(1.0 / (1.0 - b1 * b1 * b1)), .inv_bc2 = (float)(1.0 / (1.0 - b2 * b2 * b2)),
+        .eps = 1e-8f, .lr = (float)lr, .lr_wd = (float)(lr * c->decay),
+    };
+    float *w = floats(n, "w"), *g = floats(n, "g"), *m = floats(n, "m"), *v = floats(n, "v");
+    float *w0 = floats(n, "w before"), *g0 = floats(n, "g before");
+    fill_uniform(w, n, -1.0, 1.0);
+    fill_uniform(g, n, -1.0, 1.0);
+    fill_uniform(m, n, -0.3, 0.3);
+    fill_uniform(v, n, 0.01, 0.3);
+    if (n >= 3)
+        g[0] = m[0] = v[0] = g[n - 1] = m[n - 1] = v[n - 1] = 0.0f;
+    memcpy(w0, w, (size_t)n * sizeof(float)), memcpy(g0, g, (size_t)n * sizeof(float));
+    double *m_want = doubles(n, "m want"), *v_want = doubles(n, "v want");
+    double *dw_want = doubles(n, "w change want"), *dw = doubles(n, "w change");
+    for (int64_t i = 0; i < n; i++) {
+        double gi = (double)g0[i] * s.grad_scale;
+        m_want[i] = (double)s.beta1 * m[i] + (double)s.one_minus_beta1 * gi;
+        v_want[i] = (double)s.beta2 * v[i] + (double)s.one_minus_beta2 * gi * gi;
+        double direction = m_want[i] * s.inv_bc1 / (sqrt(v_want[i] * s.inv_bc2) + (double)s.eps);
+        dw_want[i] = -((double)s.lr * direction + (double)s.lr_wd * w0[i]);
+    }
+
+    be->adamw(be, w, g, m, v, n, &s);
+
+    int64_t g_wrong = 0;
+    for (int64_t i = 0; i < n; i++) {
+        g_wrong += g[i] != g0[i] * s.grad_scale;   /* one float product: exactly this */
+        dw[i] = (double)w[i] - w0[i];
+    }
+    check(g_wrong == 0, "%lld of %lld g not stored back as g * grad_scale", (long long)g_wrong,
+          (long long)n);
+    expect_close_f("m", m, m_want, n, tol_adamw_moments);
+    expect_close_f("v", v, v_want, n, tol_adamw_moments);
+    expect_close_d("w_new - w", dw, dw_want, n, tol_adamw_update);
+    /* element 0 saw no gradient: unchanged without decay, moved by it otherwise */
+    if (n >= 3 && c->decay == 0.0f)
+        check(w[0] == w0[0], "w[0] moved from %.9g to %.9g with g = m = v = 0 and no decay",
+              w0[0], w[0]);
+    else if (n >= 3)
+        check(w[0] != w0[0], "w[0] = %.9g did not decay", w[0]);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * The loss's bf16 products (ddk_loss_params.bf16_products), through be->loss: n positions,
+ * H hidden, V vocabulary; H and V past the 256-column panel of matmul_bf16; chunk 10 (the last
+ * one short), vocab_tile 0 or 256; KL (T = 2), CAP (Tc = 1.5); labels with two ignored,
+ * weights with one 0.
+ */
+
+enum { LOSS_N = 23, LOSS_H = 300, LOSS_V = 600 };
+static const double tol_loss_bf16_grad = 0x1p-7;   /* case_loss_bf16_exact says why */
+
+typedef struct {
+    float *hs, *ht, *head, *weights;   /* (n, H), (n, H), (V, H), (n) */
+    int32_t *labels;                   /* (n) */
+} loss_inputs;
+
+static loss_inputs loss_data(int bf16_representable)
+{
+    const int64_t n = LOSS_N, H = LOSS_H, V = LOSS_V;
+    loss_inputs in = { floats(n * H, "student hidden"), floats(n * H, "teacher hidden"),
+                       floats(V * H, "lm_head"), floats(n, "weights"), int32s(n, "labels") };
+    fill_uniform(in.hs, n * H, -1.0, 1.0);
+    for (int64_t i = 0; i < n * H; i++)   /* a teacher close to the student: CAP has hits */
+        in.ht[i] = in.hs[i] + (float)rng_uniform(-0.3, 0.3);
+    fill_uniform(in.head, V * H, -0.2, 0.2);   /* logits of std ~1.2 */
+    fill_uniform(in.weights, n, 0.5, 1.5);
+    in.weights[4] = 0.0f;
+    for (int64_t i = 0; i < n; i++)
+        in.labels[i] = (int32_t)(ddk_rng_next(&rng_state) % V);
+    if (bf16_representable) {
+        float *all[] = { in.hs, in.ht, in.head };
+        const int64_t sizes[] = { n * H, n * H, V * H };
+        for (int j = 0; j < 3; j++)
+            for (int64_t i = 0; i < sizes[j]; i++)
+                all[j][i] = ddk_round_bf16(all[j][i]);
+    }
+    for (int64_t i = 0; i < n; i += 3) {   /* every third label the student's argmax: c_i = 1 */
+        double best = -INFINITY;
+        for (int64_t v = 0; v < V; v++) {
+            double z = 0.0;
+            for (int64_t k = 0; k < H; k++)
+                z += (double)in.hs[i * H + k] * in.head[v * H + k];
+            if (z > best)
+                best = z, in.labels[i] = (int32_t)v;
+        }
+    }
+    in.labels[2] = in.labels[n - 1] = -1;
+    return in;
+}
+
+static ddk_loss_params loss_params(const op_case *c, int bf16)
+{
+    return (ddk_loss_params){ .n = LOSS_N, .hidden = LOSS_H, .vocab = LOSS_V, .chunk = 10,
+                              .vocab_tile = c->vocab_tile, .kl_weight = 0.3f,
+                              .kl_temperature = 2.0f, .cap_weight = 0.1f,
+                              .cap_temperature = 1.5f, .bf16_products = bf16 };
+}
+
+typedef struct {
+    ddk_loss_result r;
+    float *grad, *per_position;   /* (n, H), (n) */
+} loss_output;
+
+static loss_output loss_run_once(const ddk_backend *be, const op_case *c, const loss_inputs *in,
+                                 int bf16)
+{
+    const ddk_loss_params p = loss_params(c, bf16);
+    loss_output o = { { 0 }, floats(LOSS_N * LOSS_H, "grad"), floats(LOSS_N, "per position") };
+    fill_nan(o.grad, LOSS_N * LOSS_H), fill_nan(o.per_position, LOSS_N);
+    int rc = be->loss(be, &p, in->hs, in->ht, in->head, in->labels, in->weights, o.grad,
+                      o.per_position, &o.r);
+    check(rc == 0, "loss (bf16_products %d) failed: %d", bf16, rc);
+    return o;
+}
+
+/* |got - want| <= tol max(|want|, scale), one scalar of the loss */
+static void expect_scalar(const char *what, double got, double want, double scale, double tol)
+{
+    double err = fabs(got - want) / fmax(fabs(want), scale);
+    if (verbose)
+        printf("  . %-44s err %.2e  tol %.0e  (%.6g)\n", what, err, tol, want);
+    check(isfinite(got) && err <= tol, "%s: %.12g, want %.12g (relative %.3g > %.3g)", what, got,
+          want, err, tol);
+}
+
+/* With hidden states and lm_head already bf16, the logit products round nothing: the same
+ * products as fp32 in another summation order (panels of 256 along H), so loss, CE, KL, CAP
+ * and l_i agree to fp32 rounding of the logits: ~sqrt(H) 2^-24 sum |h w| ~ 1e-7 absolute,
+ * through softmax statistics in double; 1e-6 relative (measured <= 1e-8). The KL (~0.06) is a
+ * difference of log-sum-exps of such logits: its error is absolute, judged against the loss
+ * (~4) as the others are against themselves (measured 2e-8 of the loss). The gradient product
+ * g W does round g (the logit gradient, fp32) to bf16: element (i, h) errs by at most
+ * 2^-9 sum_v |g_v W_vh|; g is a difference of softmaxes, sum_v |g_v| <= 2 (1-a) + 2 a T + CAP's
+ * ~ 2.7 times its largest element, and W's entries are alike, so sum |g W| <= ~4 max |g W|:
+ * normalised error <= 2^-7 = 7.8e-3 (tol_loss_bf16_grad; measured 1.7e-3..2.2e-3). And it
+ * must differ from fp32 by more than fp32 rounding (1e-5), else g was not rounded. */
+static void case_loss_bf16_exact(const ddk_backend *be, const op_case *c)
+{
+    const loss_inputs in = loss_data(1);
+    const loss_output f = loss_run_once(be, c, &in, 0), h = loss_run_once(be, c, &in, 1);
+    const double tol = 1e-6, loss = fabs(f.r.loss);
+    expect_scalar("loss", h.r.loss, f.r.loss, loss, tol);
+    expect_scalar("ce", h.r.ce, f.r.ce, loss, tol);
+    expect_scalar("kl", h.r.kl, f.r.kl, loss, tol);
+    expect_scalar("cap", h.r.cap, f.r.cap, loss, tol);
+    check(h.r.weight_sum == f.r.weight_sum && h.r.counted == f.r.counted &&
+              h.r.correct == f.r.correct,
+          "weight_sum %g / %g, counted %lld / %lld, correct %lld / %lld (bf16 / fp32)",
+          h.r.weight_sum, f.r.weight_sum, (long long)h.r.counted, (long long)f.r.counted,
+          (long long)h.r.correct, (long long)f.r.correct);
+    check(f.r.cap > 0.0 && f.r.correct > 0, "no position is confident: CAP untested");
+    expect_close_f("l_i", h.per_position, to_doubles(f.per_position, LOSS_N, "fp32 l_i"), LOSS_N,
+                   tol);
+    double *grad_fp32 = to_doubles(f.grad, LOSS_N * LOSS_H, "fp32 grad");
+    expect_close_f("grad (g rounded to bf16)", h.grad, grad_fp32, LOSS_N * LOSS_H,
+                   tol_loss_bf16_grad);
+    double diff = 0.0, scale = 0.0;
+    for (int64_t i = 0; i < LOSS_N * LOSS_H; i++) {
+        diff = fmax(diff, fabs(h.grad[i] - grad_fp32[i]));
+        scale = fmax(scale, fabs(grad_fp32[i]));
+    }
+    check(diff > 1e-5 * scale, "the bf16 gradient is within %.3g of fp32's: was g rounded?",
+          diff / scale);
+}
+
+/* Unrounded operands: the loss is that of the operands rounded to bf16 (fp32 loss of rounded
+ * copies, to the tolerances above); against fp32 of the operands as they are, each logit moves
+ * by at most 2^-8 sum_h |h| |w| (both operands rounded by
+ * <= 2^-9, first order), and each l_i by at most that times sum_v |d l_i / d z_v| over student
+ * and teacher logits: (1-a) 2 + a T 2 for CE and the KL on zs, about as much for the KL on zt,
+ * lambda / Tc E|log pc + H| for CAP: 4 bounds it here. The weighted means move no more than
+ * the worst l_i. The loss must move (a product that did not round would leave it to ~1e-7). */
+static void case_loss_bf16_rounds(const ddk_backend *be, const op_case *c)
+{
+    const loss_inputs in = loss_data(0);
+    const loss_output f = loss_run_once(be, c, &in, 0), h = loss_run_once(be, c, &in, 1);
+    double worst = 0.0;   /* max over positions and tokens of sum_h |h| |w|, student or teacher */
+    for (int64_t i = 0; i < LOSS_N; i++)
+        for (int64_t v = 0; v < LOSS_V; v++) {
+            double s = 0.0, t = 0.0;
+            for (int64_t k = 0; k < LOSS_H; k++) {
+                s += fabs((double)in.hs[i * LOSS_H + k] * in.head[v * LOSS_H + k]);
+                t += fabs((double)in.ht[i * LOSS_H + k] * in.head[v * LOSS_H + k]);
+            }
+            worst = fmax(worst, fmax(s, t));
+        }
+    const double bound = 0x1p-8 * worst * 4.0;
+    const double moved[] = { fabs(h.r.loss - f.r.loss), fabs(h.r.ce - f.r.ce),
+                             fabs(h.r.kl - f.r.kl), fabs(h.r.cap - f.r.cap) };
+    static const char *names[] = { "loss", "ce", "kl", "cap" };
+    for (int j = 0; j < 4; j++) {
+        if (verbose)
+            printf("  . %-44s moved %.2e  bound %.1e\n", names[j], moved[j], bound);
+        check(isfinite(moved[j]) && moved[j] <= bound, "%s moved by %.3g > %.3g", names[j],
+              moved[j], bound);
+    }
+    check(moved[0] > 1e-6 * fabs(f.r.loss), "the loss moved by only %.3g: were the operands rounded?",
+          moved[0]);
+
+    /* the tight form: the products round exactly as ddk_round_bf16 does, so this is the fp32
+     * loss of operands rounded beforehand (case_loss_bf16_exact's tolerances and reasons) */
+    loss_inputs rounded = in;
+    rounded.hs = floats(LOSS_N * LOSS_H, "student hidden, rounded");
+    rounded.ht = floats(LOSS_N * LOSS_H, "teacher hidden, rounded");
+    rounded.head = floats(LOSS_V * LOSS_H, "lm_head, rounded");
+    for (int64_t i = 0; i < LOSS_N * LOSS_H; i++)
+        rounded.hs[i] = ddk_round_bf16(in.hs[i]), rounded.ht[i] = ddk_round_bf16(in.ht[i]);
+    for (int64_t i = 0; i < LOSS_V * LOSS_H; i++)
+        rounded.head[i] = ddk_round_bf16(in.head[i]);
+    const loss_output r = loss_run_once(be, c, &rounded, 0);
+    const double tol = 1e-6, loss = fabs(r.r.loss);
+    expect_scalar("loss vs fp32 of rounded operands", h.r.loss, r.r.loss, loss, tol);
+    expect_scalar("ce vs fp32 of rounded operands", h.r.ce, r.r.ce, loss, tol);
+    expect_scalar("kl vs fp32 of rounded operands", h.r.kl, r.r.kl, loss, tol);
+    expect_scalar("cap vs fp32 of rounded operands", h.r.cap, r.r.cap, loss, tol);
+    expect_close_f("l_i vs fp32 of rounded operands", h.per_position,
+                   to_doubles(r.per_position, LOSS_N, "l_i of rounded operands"), LOSS_N, tol);
+    expect_close_f("grad vs fp32 of rounded operands", h.grad,
+                   to_doubles(r.grad, LOSS_N * LOSS_H, "grad of rounded operands"),
+                   LOSS_N * LOSS_H, tol_loss_bf16_grad);
+}
+
+/* bf16_products is 0 or 1: 2 and -1 are refused with -EINVAL and nothing written (outputs all
+ * sentinel bytes); the workspace size refuses them too */
+static void case_loss_bf16_refused(const ddk_backend *be, const op_case *c)
+{
+    const loss_inputs in = loss_data(0);
+    const int bad[] = { 2, -1 };
+    for (int j = 0; j < 2; j++) {
+        ddk_loss_params p = loss_params(c, 0);
+        p.bf16_products = bad[j];
+        float *grad = floats(LOSS_N * LOSS_H, "grad"), *per = floats(LOSS_N, "per position");
+        memset(grad, sentinel_byte, (size_t)(LOSS_N * LOSS_H) * sizeof(float));
+        memset(per, sentinel_byte, (size_t)LOSS_N * sizeof(float));
+        ddk_loss_result out, out_sentinel;
+        memset(&out, sentinel_byte, sizeof out), memset(&out_sentinel, sentinel_byte, sizeof out);
+        int rc = be->loss(be, &p, in.hs, in.ht, in.head, in.labels, in.weights, grad, per, &out);
+        check(rc == -EINVAL, "bf16_products = %d: rc %d, want -EINVAL", bad[j], rc);
+        check(all_sentinel(grad, LOSS_N * LOSS_H) && all_sentinel(per, LOSS_N) &&
+                  memcmp(&out, &out_sentinel, sizeof out) == 0,
+              "bf16_products = %d: something was written", bad[j]);
+        int64_t bytes = ddk_loss_workspace_bytes(&p, 1);
+        check(bytes == -EINVAL, "bf16_products = %d: workspace bytes %lld, want -EINVAL", bad[j],
+              (long long)bytes);
+    }
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -846,6 +1290,74 @@ static void build_cases(void)
                      c->beta);
         }
 
+    /* matmul_bf16: k = 1, either side of the 256-column panel, 700 (three panels, the last
+     * short); beta 0 (c NaN) for the first transpose pair, -1.5 for the others; k = 0 */
+    static const int64_t ks[] = { 1, 255, 256, 257, 700 };
+    for (size_t j = 0; j < sizeof(ks) / sizeof(ks[0]); j++)
+        for (int t = 0; t < 4; t++) {
+            c = add_case(case_matmul_bf16);
+            c->m = 5 + t, c->n = 7, c->k = ks[j];
+            c->trans_a = t >> 1, c->trans_b = t & 1;
+            c->beta = (t + (int)j) % 2 ? 0.0f : -1.5f;
+            snprintf(c->name, sizeof(c->name),
+                     "matmul_bf16 %c%c m=%lld n=%lld k=%lld alpha=0.75 beta=%g",
+                     c->trans_a ? 'T' : 'N', c->trans_b ? 'T' : 'N', (long long)c->m,
+                     (long long)c->n, (long long)c->k, c->beta);
+        }
+    for (int j = 0; j < 2; j++) {
+        c = add_case(case_matmul_bf16);
+        c->m = 4, c->n = 3, c->k = 0, c->trans_a = j, c->beta = j ? 0.0f : -1.5f;
+        snprintf(c->name, sizeof(c->name), "matmul_bf16 %cN k=0 beta=%g: c = beta c",
+                 j ? 'T' : 'N', c->beta);
+    }
+    c = add_case(case_matmul_bf16);
+    c->m = 9, c->n = 11, c->k = 300, c->trans_b = 1, c->beta = 0.0f, c->extremes = 1;
+    snprintf(c->name, sizeof(c->name),
+             "matmul_bf16 NT m=9 n=11 k=300 low mantissa bits: rounded, unlike fp32");
+
+    static const int64_t lengths[] = { 0, 1, 7, 8, 9, 1001 };
+    for (size_t j = 0; j < sizeof(lengths) / sizeof(lengths[0]); j++) {
+        c = add_case(case_sumsq);
+        c->rows = lengths[j];
+        snprintf(c->name, sizeof(c->name), "sumsq count=%lld", (long long)c->rows);
+    }
+    c = add_case(case_sumsq);
+    c->rows = 1001, c->extremes = 1;
+    snprintf(c->name, sizeof(c->name), "sumsq count=1001 values of 1e20 (x^2 past float)");
+
+    static const int64_t axpby_lengths[] = { 0, 1, 7, 1001 };
+    for (size_t j = 0; j < sizeof(axpby_lengths) / sizeof(axpby_lengths[0]); j++) {
+        c = add_case(case_axpby);
+        c->rows = axpby_lengths[j];
+        snprintf(c->name, sizeof(c->name),
+                 "axpby count=%lld: beta 0 over NaN, beta 1.3, in place", (long long)c->rows);
+    }
+
+    static const struct { int64_t count; float grad_scale, decay; } adamw[] = {
+        { 301, 1.0f, 0.1f }, { 301, 0.37f, 0.0f }, { 300, 0.37f, 0.1f }, { 1, 2.5f, 0.1f },
+    };
+    for (size_t j = 0; j < sizeof(adamw) / sizeof(adamw[0]); j++) {
+        c = add_case(case_adamw);
+        c->rows = adamw[j].count, c->grad_scale = adamw[j].grad_scale, c->decay = adamw[j].decay;
+        snprintf(c->name, sizeof(c->name), "adamw count=%lld grad_scale=%g weight_decay=%g (lr_wd %s)",
+                 (long long)c->rows, c->grad_scale, c->decay, c->decay > 0.0f ? "on" : "off");
+    }
+
+    for (int64_t tile = 0; tile <= 256; tile += 256) {
+        c = add_case(case_loss_bf16_exact);
+        c->vocab_tile = tile;
+        snprintf(c->name, sizeof(c->name),
+                 "loss bf16_products=1 vocab_tile=%lld, bf16 operands: = fp32 loss, grad to 2^-7",
+                 (long long)tile);
+        c = add_case(case_loss_bf16_rounds);
+        c->vocab_tile = tile;
+        snprintf(c->name, sizeof(c->name),
+                 "loss bf16_products=1 vocab_tile=%lld, fp32 operands: rounded, within bf16 bound",
+                 (long long)tile);
+    }
+    c = add_case(case_loss_bf16_refused);
+    snprintf(c->name, sizeof(c->name), "loss bf16_products=2 and -1 refused, nothing written");
+
     c = add_case(case_zero);
     snprintf(c->name, sizeof(c->name), "zero 0..5000 bytes at odd offsets");
     c = add_case(case_copy);
@@ -860,7 +1372,9 @@ int main(void)
 
     /* the CPU backend is complete: without that no case below can run */
     check(be != NULL && be->rmsnorm && be->rmsnorm_backward && be->rope && be->swiglu &&
-              be->swiglu_backward && be->embedding && be->matmul && be->zero && be->copy,
+              be->swiglu_backward && be->embedding && be->matmul && be->zero && be->copy &&
+              be->synchronize && be->sumsq && be->axpby && be->adamw && be->matmul_bf16 &&
+              be->loss,
           "an op of the CPU backend is NULL");
     case_done("cpu backend has every op tested here");
     if (cases_failed)

@@ -7,12 +7,19 @@
  *     (then a vocab_tile) and the run goes on; a budget below the floor fails with a message
  *     that says what would fit;
  *   - the planner's prediction against the accounting allocator's measured peak (15%);
- *   - run config errors name the field.
+ *   - run config errors name the field (train.precision, devices, cluster.* among them), good
+ *     configs parse to what they say, ddt_run_config_devices resolves "devices" against 0, 2
+ *     and 8 GPUs;
+ *   - a GPU the node does not have ("cuda:N") fails at open, naming it, and leaves nothing
+ *     that changes a later run;
+ *   - train.precision "bf16": finite losses close to fp32's, not identical to them.
  * ctest: one line per case, a final "N passed, M failed".
  */
 #include "check.h"
 #include "trainer.h"
+#include "ddk.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -207,6 +214,34 @@ static void test_plan_vs_peak(void)
     ddt_trainer_close(t);
 }
 
+/* A valid cluster.unique_id: NCCL's when this libddk has it, else 256 hex digits of our own */
+static char cluster_id[DDK_COMM_ID_HEX + 1];
+
+static void make_cluster_id(void)
+{
+    char err[256];
+    if (ddk_comm_unique_id(cluster_id, err, sizeof err) == 0 && ddk_comm_id_valid(cluster_id))
+        return;
+    for (int i = 0; i < DDK_COMM_ID_HEX; i++)
+        cluster_id[i] = "0123456789abcdef"[(i * 7 + 3) % 16];
+    cluster_id[DDK_COMM_ID_HEX] = '\0';
+}
+
+/* json with every "@ID@" replaced by id */
+static void with_id(const char *json, const char *id, char *out, size_t len)
+{
+    size_t o = 0;
+    for (const char *at = json; *at && o + 1 < len;) {
+        if (!strncmp(at, "@ID@", 4)) {
+            o += (size_t)snprintf(out + o, len - o, "%s", id);
+            at += 4;
+        } else {
+            out[o++] = *at++;
+        }
+    }
+    out[o < len ? o : len - 1] = '\0';
+}
+
 static void test_config_errors(void)
 {
     static const struct { const char *json, *field; } cases[] = {
@@ -221,14 +256,308 @@ static void test_config_errors(void)
         { "{\"eval\": {\"tree_budgets\": [0]}}", "eval.tree_budgets" },
         { "{\"train\": 3}", "train" },
         { "[]", "" },
+        /* train.precision */
+        { "{\"train\": {\"precision\": \"fp16\"}}", "train.precision" },
+        { "{\"train\": {\"precision\": \"BF16\"}}", "train.precision" },
+        { "{\"train\": {\"precision\": 16}}", "train.precision" },
+        /* devices */
+        { "{\"devices\": 65}", "devices" },
+        { "{\"devices\": \"gpu\"}", "devices" },
+        { "{\"devices\": []}", "devices" },
+        { "{\"devices\": [0]}", "devices" },
+        { "{\"devices\": [\"cuda:0\", 1]}", "devices" },
+        { "{\"devices\": [\"cuda:64\"]}", "devices" },
+        { "{\"devices\": [\"cuda:-1\"]}", "devices" },
+        { "{\"devices\": [\"cuda:\"]}", "devices" },
+        { "{\"devices\": [\"cuda:1x\"]}", "devices" },
+        { "{\"devices\": [\"cuda: 1\"]}", "devices" },
+        { "{\"devices\": [\"gpu:0\"]}", "devices" },
+        { "{\"devices\": [\"cpu\"]}", "devices" },
+        { "{\"devices\": [\"cuda:2\", \"cuda:0\", \"cuda:2\"]}", "devices" },
+        /* cluster */
+        { "{\"cluster\": 3}", "cluster" },
+        { "{\"cluster\": {\"rank\": 1}}", "cluster.rank" },
+        { "{\"cluster\": {\"unique_id\": 7}}", "cluster.unique_id" },
+        { "{\"cluster\": {\"unique_id\": \"abc\", \"world_size\": 2}, \"devices\": 1}", "cluster.unique_id" },
+        { "{\"cluster\": {\"unique_id\": \"@ID@0\", \"world_size\": 2}, \"devices\": 1}", "cluster.unique_id" },
+        { "{\"cluster\": {\"unique_id\": \"g@ID@\", \"world_size\": 2}, \"devices\": 1}", "cluster.unique_id" },
+        { "{\"cluster\": {\"world_size\": 4}, \"devices\": 1}", "cluster.unique_id" },
+        { "{\"cluster\": {\"unique_id\": \"@ID@\"}, \"devices\": 1}", "cluster.world_size" },
+        { "{\"cluster\": {\"unique_id\": \"@ID@\", \"world_size\": 1}, \"devices\": 1}", "cluster.world_size" },
+        { "{\"cluster\": {\"unique_id\": \"@ID@\", \"world_size\": -2}, \"devices\": 1}", "cluster.world_size" },
+        { "{\"cluster\": {\"unique_id\": \"@ID@\", \"world_size\": 2.5}, \"devices\": 1}", "cluster.world_size" },
+        { "{\"cluster\": {\"unique_id\": \"@ID@\", \"world_size\": 4, \"first_rank\": 3}, \"devices\": 2}", "cluster.first_rank" },
+        { "{\"cluster\": {\"unique_id\": \"@ID@\", \"world_size\": 4, \"first_rank\": 3}, \"devices\": [\"cuda:0\", \"cuda:1\"]}", "cluster.first_rank" },
+        { "{\"cluster\": {\"unique_id\": \"@ID@\", \"world_size\": 4, \"first_rank\": -1}, \"devices\": 1}", "cluster.first_rank" },
+        { "{\"cluster\": {\"first_rank\": 1}, \"devices\": 1}", "cluster.first_rank" },
+        { "{\"cluster\": {\"unique_id\": \"@ID@\", \"world_size\": 4}, \"devices\": \"all\"}", "devices" },
+        { "{\"cluster\": {\"unique_id\": \"@ID@\", \"world_size\": 4}, \"devices\": \"cpu\"}", "devices" },
+        { "{\"cluster\": {\"unique_id\": \"@ID@\", \"world_size\": 4}}", "devices" },
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         ddt_run_config c;
-        char err[512] = "", field[128] = "x";
-        int rc = ddt_run_config_parse(cases[i].json, strlen(cases[i].json), &c, err, sizeof err, field, sizeof field);
+        char json[1024], err[512] = "", field[128] = "x";
+        with_id(cases[i].json, cluster_id, json, sizeof json);
+        int rc = ddt_run_config_parse(json, strlen(json), &c, err, sizeof err, field, sizeof field);
         check(rc == -EINVAL && !strcmp(field, cases[i].field), "%s: rc %d, field '%s' (want '%s'): %s",
               cases[i].json, rc, field, cases[i].field, err);
+        /* the message is a sentence about that field: "path: what is wrong" */
+        size_t n = strlen(cases[i].field);
+        check(strlen(err) > n + 8 && (n == 0 || (!strncmp(err, cases[i].field, n) && err[n] == ':')),
+              "%s: the message '%s' does not start with '%s: ' and a sentence", cases[i].json, err,
+              cases[i].field);
     }
+    /* the message says what is accepted or what is wrong */
+    static const struct { const char *json, *says; } messages[] = {
+        { "{\"train\": {\"precision\": \"fp16\"}}", "fp32|bf16" },
+        { "{\"devices\": [\"cuda:64\"]}", "cuda:N" },
+        { "{\"devices\": [\"cuda:2\", \"cuda:0\", \"cuda:2\"]}", "cuda:2 twice" },
+        { "{\"cluster\": {\"unique_id\": \"@ID@0\"}}", "256" },
+        { "{\"cluster\": {\"unique_id\": \"abc\", \"world_size\": 2}, \"devices\": 1}", "hex" },
+    };
+    for (size_t i = 0; i < sizeof messages / sizeof messages[0]; i++) {
+        ddt_run_config c;
+        char json[1024], err[512] = "", field[128];
+        with_id(messages[i].json, cluster_id, json, sizeof json);
+        ddt_run_config_parse(json, strlen(json), &c, err, sizeof err, field, sizeof field);
+        check(strstr(err, messages[i].says) != NULL, "%s: '%s' does not say '%s'", messages[i].json,
+              err, messages[i].says);
+    }
+}
+
+/* parses json (with "@ID@" the cluster id); check()s success */
+static int parse_ok(const char *json_template, ddt_run_config *c)
+{
+    char json[4096], err[512] = "", field[128] = "";
+    with_id(json_template, cluster_id, json, sizeof json);
+    int rc = ddt_run_config_parse(json, strlen(json), c, err, sizeof err, field, sizeof field);
+    check(rc == 0, "%s: rc %d [%s] %s", json_template, rc, field, err);
+    return rc == 0;
+}
+
+static void test_config_good(void)
+{
+    ddt_run_config c;
+    if (parse_ok("{}", &c)) {
+        check(c.bf16 == 0, "train.precision defaults to fp32 (bf16 = %d)", c.bf16);
+        check(c.devices_kind == DDT_DEVICES_ALL && c.ranks == 1, "devices defaults to \"all\" (kind %d, ranks %lld)",
+              (int)c.devices_kind, (long long)c.ranks);
+        check(!*c.cluster_id && c.cluster_world == 0 && c.cluster_first == 0, "cluster defaults to none");
+        ddt_run_config_free(&c);
+    }
+    if (parse_ok("{\"train\": {\"precision\": \"bf16\"}}", &c))
+        check(c.bf16 == 1, "train.precision \"bf16\": bf16 = %d", c.bf16), ddt_run_config_free(&c);
+    if (parse_ok("{\"train\": {\"precision\": \"fp32\"}}", &c))
+        check(c.bf16 == 0, "train.precision \"fp32\": bf16 = %d", c.bf16), ddt_run_config_free(&c);
+    if (parse_ok("{\"devices\": \"cpu\"}", &c))
+        check(c.devices_kind == DDT_DEVICES_CPU && c.ranks == 1, "\"cpu\": kind %d, ranks %lld", (int)c.devices_kind,
+              (long long)c.ranks), ddt_run_config_free(&c);
+    if (parse_ok("{\"devices\": 3}", &c))
+        check(c.devices_kind == DDT_DEVICES_COUNT && c.ranks == 3, "3: kind %d, ranks %lld", (int)c.devices_kind,
+              (long long)c.ranks), ddt_run_config_free(&c);
+    if (parse_ok("{\"devices\": [\"cuda:0\", \"cuda:3\"]}", &c)) {
+        check(c.devices_kind == DDT_DEVICES_LIST && c.ranks == 2 && c.gpu_ids[0] == 0 && c.gpu_ids[1] == 3,
+              "[cuda:0, cuda:3]: kind %d, ranks %lld, ids %d %d", (int)c.devices_kind, (long long)c.ranks,
+              c.gpu_ids[0], c.gpu_ids[1]);
+        ddt_run_config_free(&c);
+    }
+    char json[4096] = "{\"devices\": [";   /* all 64: cuda:63 .. cuda:0 */
+    for (int i = 63; i >= 0; i--)
+        snprintf(json + strlen(json), sizeof json - strlen(json), "\"cuda:%d\"%s", i, i ? ", " : "]}");
+    if (parse_ok(json, &c)) {
+        check(c.devices_kind == DDT_DEVICES_LIST && c.ranks == 64 && c.gpu_ids[0] == 63 && c.gpu_ids[63] == 0,
+              "64 GPUs: kind %d, ranks %lld", (int)c.devices_kind, (long long)c.ranks);
+        ddt_run_config_free(&c);
+    }
+    if (parse_ok("{\"cluster\": {\"unique_id\": \"@ID@\", \"world_size\": 4, \"first_rank\": 2},"
+                 " \"devices\": [\"cuda:0\", \"cuda:1\"]}", &c)) {
+        check(!strcmp(c.cluster_id, cluster_id) && c.cluster_world == 4 && c.cluster_first == 2 && c.ranks == 2,
+              "cluster: id %.8s..., world %lld, first %lld, ranks %lld", c.cluster_id, (long long)c.cluster_world,
+              (long long)c.cluster_first, (long long)c.ranks);
+        ddt_run_config_free(&c);
+    }
+    char upper[DDK_COMM_ID_HEX + 1];   /* the id in capitals: hex digits of either case */
+    for (int i = 0; i <= DDK_COMM_ID_HEX; i++)
+        upper[i] = (char)(cluster_id[i] >= 'a' && cluster_id[i] <= 'f' ? cluster_id[i] - 'a' + 'A' : cluster_id[i]);
+    snprintf(json, sizeof json, "{\"cluster\": {\"unique_id\": \"%s\", \"world_size\": 2, \"first_rank\": 1},"
+             " \"devices\": 1}", upper);
+    if (parse_ok(json, &c))
+        check(c.cluster_world == 2 && c.cluster_first == 1 && c.devices_kind == DDT_DEVICES_COUNT,
+              "cluster in capitals"), ddt_run_config_free(&c);
+}
+
+/* ddt_run_config_devices: "devices" against a node of 0, 2 or 8 GPUs */
+static void test_config_devices(void)
+{
+    static const struct {
+        const char *devices;   /* the JSON of "devices" (and what follows it) */
+        int gpus, rc, gpu, ranks, ids[8];
+        const char *says;      /* in err when rc != 0 */
+    } cases[] = {
+        { "\"all\"", 0, 0, 0, 1, { 0 }, NULL },
+        { "\"all\"", 2, 0, 1, 2, { 0, 1 }, NULL },
+        { "\"all\"", 8, 0, 1, 8, { 0, 1, 2, 3, 4, 5, 6, 7 }, NULL },
+        { "3", 0, 0, 0, 3, { 0 }, NULL },
+        { "3", 2, -EINVAL, 0, 0, { 0 }, "3 GPUs" },
+        { "3", 8, 0, 1, 3, { 0, 1, 2 }, NULL },
+        { "\"cpu\"", 0, 0, 0, 1, { 0 }, NULL },
+        { "\"cpu\"", 2, 0, 0, 1, { 0 }, NULL },
+        { "\"cpu\"", 8, 0, 0, 1, { 0 }, NULL },
+        { "[\"cuda:1\"]", 0, -EINVAL, 0, 0, { 0 }, "cuda:1" },
+        { "[\"cuda:1\"]", 2, 0, 1, 1, { 1 }, NULL },
+        { "[\"cuda:1\"]", 8, 0, 1, 1, { 1 }, NULL },
+        { "[\"cuda:5\"]", 0, -EINVAL, 0, 0, { 0 }, "cuda:5" },
+        { "[\"cuda:5\"]", 2, -EINVAL, 0, 0, { 0 }, "cuda:5" },
+        { "[\"cuda:5\"]", 8, 0, 1, 1, { 5 }, NULL },
+        { "[\"cuda:6\", \"cuda:2\"]", 8, 0, 1, 2, { 6, 2 }, NULL },
+        { "[\"cuda:0\", \"cuda:2\"]", 2, -EINVAL, 0, 0, { 0 }, "cuda:2" },
+        { "2, \"cluster\": {\"unique_id\": \"@ID@\", \"world_size\": 4}", 0, -EINVAL, 0, 0, { 0 }, "GPU" },
+        { "2, \"cluster\": {\"unique_id\": \"@ID@\", \"world_size\": 4}", 2, 0, 1, 2, { 0, 1 }, NULL },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char json[1024];
+        snprintf(json, sizeof json, "{\"devices\": %s}", cases[i].devices);
+        ddt_run_config c;
+        if (!parse_ok(json, &c))
+            continue;
+        int gpu = -1, ranks = -1;
+        int32_t ids[DDT_MAX_RANKS];
+        memset(ids, 0xff, sizeof ids);
+        char err[512] = "";
+        int rc = ddt_run_config_devices(&c, cases[i].gpus, &gpu, &ranks, ids, err, sizeof err);
+        ddt_run_config_free(&c);
+        if (cases[i].rc) {
+            check(rc == cases[i].rc && strstr(err, cases[i].says) &&
+                      (strstr(err, "devices") || strstr(err, "cluster")),
+                  "devices %s on %d GPUs: rc %d, want %d and a message naming %s: '%s'", cases[i].devices,
+                  cases[i].gpus, rc, cases[i].rc, cases[i].says, err);
+            continue;
+        }
+        int same = rc == 0 && gpu == cases[i].gpu && ranks == cases[i].ranks;
+        for (int r = 0; same && gpu && r < ranks; r++)
+            same = ids[r] == cases[i].ids[r];
+        check(same, "devices %s on %d GPUs: rc %d (%s), gpu %d, ranks %d, ids %d %d ...; want gpu %d, ranks %d, ids %d %d ...",
+              cases[i].devices, cases[i].gpus, rc, err, gpu, ranks, ids[0], ids[1], cases[i].gpu, cases[i].ranks,
+              cases[i].ids[0], cases[i].ids[1]);
+    }
+}
+
+/* A GPU this node does not have: cuda:N with N the node's GPU count (cuda:0 here, without
+ * GPUs). ddt_trainer_open fails naming it and leaves nothing behind
+ * that changes a later run: the allocators hold what they held, and a run after it repeats
+ * the run before it bit for bit. */
+/* entries of DIR (-1 when it cannot be read) */
+static int count_entries(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return -1;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));)
+        n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+    closedir(d);
+    return n;
+}
+
+static void test_missing_gpu(void)
+{
+    const int gpus = ddk_cuda_device_count();
+    if (gpus >= DDT_MAX_RANKS)
+        return;   /* every cuda:N exists */
+    double before[2] = { 0 }, after[2] = { 0 };
+    ddt_trainer *t = open_run(TINY("1", ""), NULL);
+    if (!t)
+        return;
+    int rc = run_steps(t, 2, before, NULL);
+    ddt_trainer_close(t);
+    if (rc)
+        return;
+
+    const size_t cpu0 = ddk_allocator_stats(ddk_allocator_cpu()).current,
+                 rank0 = ddk_allocator_stats(ddk_allocator_cpu_rank(0)).current;
+    char devices[40], json[4096], err[1024] = "", field[128] = "", gpu_name[24];
+    snprintf(gpu_name, sizeof gpu_name, "cuda:%d", gpus);
+    snprintf(devices, sizeof devices, "[\"%s\"]", gpu_name);
+    const char *tiny = TINY("@D@", "");   /* the devices spliced in by hand */
+    const char *at = strstr(tiny, "@D@");
+    snprintf(json, sizeof json, "%.*s%s%s", (int)(at - tiny), tiny, devices, at + 3);
+    t = NULL;
+    char runs[sizeof state_dir + 8];
+    snprintf(runs, sizeof runs, "%s/runs", state_dir);
+    const int dirs = count_entries(runs);
+    rc = ddt_trainer_open(json, strlen(json), state_dir, NULL, 0, NULL, &t, err, sizeof err, field,
+                          sizeof field);
+    check(count_entries(runs) == dirs, "the failed open left a run directory: %d entries, %d before",
+          count_entries(runs), dirs);
+    check(rc == -EINVAL && strstr(err, gpu_name), "devices [\"%s\"]: rc %d, want -EINVAL and a message naming %s: '%s'",
+          gpu_name, rc, gpu_name, err);
+    if (rc == 0) {
+        ddt_trainer_close(t);
+        return;
+    }
+    printf("  # %s\n", err);
+    check(ddk_allocator_stats(ddk_allocator_cpu()).current == cpu0 &&
+              ddk_allocator_stats(ddk_allocator_cpu_rank(0)).current == rank0,
+          "the failed open left memory allocated: cpu %zu -> %zu, cpu:0 %zu -> %zu bytes", cpu0,
+          ddk_allocator_stats(ddk_allocator_cpu()).current, rank0,
+          ddk_allocator_stats(ddk_allocator_cpu_rank(0)).current);
+
+    t = open_run(TINY("1", ""), NULL);
+    if (!t)
+        return;
+    run_steps(t, 2, after, NULL);
+    ddt_trainer_close(t);
+    for (int i = 0; i < 2; i++)
+        check(after[i] == before[i], "step %d after the failed open: %.9g, before it %.9g", i + 1, after[i],
+              before[i]);
+}
+
+/* json with "precision": p and "ce_target": "data" in train */
+static void with_precision(const char *json, const char *p, char *out, size_t len)
+{
+    const char *at = strstr(json, "\"train\": {") + strlen("\"train\": {");
+    snprintf(out, len, "%.*s\"precision\": \"%s\", \"ce_target\": \"data\", %s", (int)(at - json),
+             json, p, at);
+}
+
+/* train.precision "bf16": every product of the step (drafter and loss) takes bf16 operands,
+ * each rounded by <= 2^-9 relative; weights, moments and statistics stay fp32. From features
+ * to logits a chain of ~6 products (fc, q/k/v, o, MLP up/down, lm_head) each adds ~2 x 2^-9
+ * of its output, random in sign: ~sqrt(12) 2^-9 / sqrt(3) = 4e-3 of the logits at most, and
+ * the loss, smooth in them, moves as much relative; the next steps add the difference of a
+ * few AdamW updates of lr 0.003. So 1e-2 relative (measured <= 5e-4). The CE labels are the
+ * data's ("ce_target": "data"): the teacher's argmax (the default) flips at near-ties when its
+ * logits are rounded, which moved one step's CE by 2% here, rounding or not. Not bit-identical
+ * to fp32: the bf16 path was taken. */
+static void test_bf16_run(void)
+{
+    enum { STEPS = 4 };
+    double fp32[STEPS], bf16[STEPS];
+    char json[4096];
+    with_precision(TINY("1", ""), "fp32", json, sizeof json);
+    ddt_trainer *t = open_run(json, NULL);
+    if (!t)
+        return;
+    run_steps(t, STEPS, fp32, NULL);
+    ddt_trainer_close(t);
+    with_precision(TINY("1", ""), "bf16", json, sizeof json);
+    t = open_run(json, NULL);
+    if (!t)
+        return;
+    check(ddt_trainer_config(t)->bf16 == 1, "train.precision \"bf16\" not in the run's config");
+    run_steps(t, STEPS, bf16, NULL);
+    ddt_trainer_close(t);
+    int identical = 1;
+    for (int i = 0; i < STEPS; i++) {
+        identical &= bf16[i] == fp32[i];
+        check(isfinite(bf16[i]) && fabs(bf16[i] - fp32[i]) <= 1e-2 * fabs(fp32[i]),
+              "step %d: bf16 loss %.9g, fp32 %.9g (relative %.3g)", i + 1, bf16[i], fp32[i],
+              fabs(bf16[i] - fp32[i]) / fabs(fp32[i]));
+    }
+    check(!identical, "the bf16 run's losses are fp32's bit for bit: the bf16 path was not taken");
+    printf("  # step 1: fp32 %.9g, bf16 %.9g (%+.2e); step %d: %.9g, %.9g (%+.2e)\n", fp32[0], bf16[0],
+           (bf16[0] - fp32[0]) / fp32[0], STEPS, fp32[STEPS - 1], bf16[STEPS - 1],
+           (bf16[STEPS - 1] - fp32[STEPS - 1]) / fp32[STEPS - 1]);
 }
 
 int main(void)
@@ -237,8 +566,13 @@ int main(void)
         perror("mkdtemp");
         return 1;
     }
+    make_cluster_id();
     static const struct { const char *name; void (*fn)(void); } cases[] = {
         { "run config errors name the field", test_config_errors },
+        { "run configs: precision, devices, cluster parsed", test_config_good },
+        { "devices resolved on 0, 2, 8 GPUs", test_config_devices },
+        { "a GPU the node lacks fails at open, nothing left behind", test_missing_gpu },
+        { "train.precision bf16: close to fp32, not identical", test_bf16_run },
         { "exact resume", test_exact_resume },
         { "1 rank vs 2 ranks vs 2 micro-batches", test_ranks },
         { "out-of-memory recovery", test_oom_recovery },

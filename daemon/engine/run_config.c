@@ -375,6 +375,8 @@ static int check_relations(const parse_ctx *p)
         return fail(p, "cluster.unique_id", "must be %s", "the 256 hex digits POST /nccl/unique-id answered");
     if (*c->cluster_id != '\0' && c->cluster_world < 2)
         return fail(p, "cluster.world_size", "must be >= 2 with %s", "cluster.unique_id (the ranks of all daemons)");
+    if (c->cluster_first && !c->cluster_world)
+        return fail(p, "cluster.first_rank", "needs %s", "cluster.world_size and cluster.unique_id");
     if (c->cluster_world && !*c->cluster_id)
         return fail(p, "cluster.unique_id", "is required with %s", "cluster.world_size");
     if (c->cluster_world && c->cluster_first + c->ranks > c->cluster_world)

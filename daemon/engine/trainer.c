@@ -441,6 +441,8 @@ int ddt_trainer_open(const char *config_json, size_t len, const char *state_dir,
         rc = rc == -EEXIST ? 0 : rc;   /* the daemon creates the row when it queues the run */
     }
     if (rc) {
+        if (!resume)
+            rmdir(t->run_dir);   /* the new run's directory, when nothing was written in it */
         ddt_trainer_close(t);
         return rc;
     }

@@ -82,15 +82,16 @@ int main(int argc, char **argv)
     };
     if (bench_parse("bench_step_cuda", argc, argv, opts, (int)(sizeof opts / sizeof opts[0])))
         return 2;
-    if (reps < 1 || reps > 64 || anchors < 1 || anchors > seq || (bf16 != 0 && bf16 != 1)) {
-        fprintf(stderr, "bench_step_cuda: --reps must be in [1, 64], --anchors in [1, --seq], --bf16 0 or 1\n");
+    if (reps < 1 || reps > 64 || anchors < 1 || anchors > seq || (bf16 != 0 && bf16 != 1) || layers < 1 ||
+        layers > DDT_MAX_LAYERS || taps < 1 || taps > DDT_MAX_TAPS) {
+        fprintf(stderr, "bench_step_cuda: --reps must be in [1, 64], --anchors in [1, --seq], --bf16 0 or 1, "
+                "--layers and --taps in [1, 64]\n");
         return 2;
     }
     be = on_cpu ? ddk_backend_cpu() : ddk_backend_cuda(0);
     if (!be) {
         printf("SKIPPED: no GPU (%s)\n", ddk_has_cuda() ? "none visible" : "libddk built without CUDA");
-        if (json)
-            printf("{\"skipped\": \"no GPU\"}\n");
+        printf("{\"impl\": \"ddtree-cuda-step\", \"skipped\": \"no GPU\"}\n");
         return 77;
     }
 
@@ -203,8 +204,8 @@ int main(int argc, char **argv)
     const double loss_products = tile > 0 && tile < vocab ? 5 : 3;
     const double flops = drafter_flops(&c, S, A) + loss_products * 2.0 * positions * (double)vocab * (double)H;
     ddk_device_info info = { .name = "the CPU" };
-    if (!on_cpu)
-        ddk_cuda_device_info(0, &info);
+    if (!on_cpu && ddk_cuda_device_info(0, &info))
+        snprintf(info.name, sizeof info.name, "cuda:0");
     if (!json) {
         printf("drafter step on %s: H %lld, %lld layers, %lld/%lld heads of %lld, I %lld, window %lld, block %lld,\n"
                "  %lld anchors, S %lld, V %lld, %lld taps; chunk %lld, vocab_tile %lld; %s products\n",
