@@ -34,7 +34,7 @@ static const setting settings[] = {
     { "connection_timeout_s", S_INT, CFG(connection_timeout_s), "30", 1, 3600, 0, 0, "idle connections are closed after this" },
     { "log_level", S_LEVEL, CFG(log_level), "info", 0, 0, 1, 0, "err, warning, info or debug" },
     { "max_parallel_runs", S_INT, CFG(max_parallel_runs), "1", 1, 64, 1, 0,
-      "runs trained at the same time; the others wait in the queue" },
+      "runs trained at the same time; the others wait in the queue, and a run also waits while a running one holds any of its GPUs" },
     { "watchdog", S_BOOL, CFG(watchdog), "true", 0, 0, 0, 0,
       "ping systemd's watchdog (WatchdogSec) only while every training run makes progress" },
 };

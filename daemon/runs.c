@@ -39,6 +39,7 @@ typedef struct run {
     int64_t chunk, vocab_tile;
     /* the worker */
     int has_thread, thread_done, resume;
+    uint64_t gpus;                      /* the GPUs its worker holds (bit i: cuda:i) */
     pthread_t thread;
     double last_progress_s;             /* monotonic time of its last step or control */
     /* requests, applied at the next step boundary */
@@ -112,16 +113,45 @@ static void set_state(ddt_runs *r, run *u, ddt_run_state s, const char *error)
 
 static void *worker_main(void *arg);
 
-/* Starts workers for queued (and interrupted) runs while slots are free. With the lock. */
+/* The GPUs a run's ranks take on this node (its config's "devices"). CPU ranks are not held:
+ * runs on the CPU share its cores (and the per-rank accounting). A config that names what the
+ * node lacks takes nothing here: its worker fails at once with the trainer's message. */
+static uint64_t run_gpus(const run *u)
+{
+    uint64_t gpus = 0;
+    ddt_run_config c;
+    char err[512], field[128];
+    if (ddt_run_config_parse(u->config_json, strlen(u->config_json), &c, err, sizeof err, field, sizeof field))
+        return 0;
+    int gpu = 0, ranks = 0;
+    int32_t ids[DDT_MAX_RANKS];
+    if (ddt_run_config_devices(&c, ddk_cuda_device_count(), &gpu, &ranks, ids, err, sizeof err) == 0 && gpu)
+        for (int i = 0; i < ranks; i++)
+            gpus |= (uint64_t)1 << ids[i];
+    ddt_run_config_free(&c);
+    return gpus;
+}
+
+/* Starts workers for queued (and interrupted) runs while slots are free and their GPUs are not
+ * held by a running one (a run owns its GPUs until its worker ends); in queue order, a run whose
+ * GPUs are busy letting a later one with free GPUs start. With the lock. */
 static void schedule(ddt_runs *r)
 {
     int busy = 0;
+    uint64_t held = 0;
     for (int i = 0; i < r->count; i++)
-        busy += r->runs[i]->has_thread && !r->runs[i]->thread_done;
+        if (r->runs[i]->has_thread && !r->runs[i]->thread_done) {
+            busy++;
+            held |= r->runs[i]->gpus;
+        }
     for (int i = 0; i < r->count && busy < r->max_parallel && !r->closing; i++) {
         run *u = r->runs[i];
         if ((u->state != DDT_RUN_QUEUED && u->state != DDT_RUN_INTERRUPTED) || (u->has_thread && !u->thread_done))
             continue;
+        u->gpus = run_gpus(u);
+        if (u->gpus & held)
+            continue;   /* waits for its GPUs */
+        held |= u->gpus;
         if (u->has_thread) {   /* a finished worker of an earlier life of this run */
             pthread_join(u->thread, NULL);
             u->has_thread = 0;
