@@ -14,9 +14,9 @@
  * (+ backward), embedding, DFlash and causal attention (+ backward: out, lse, dq, dk, dv), the
  * fused loss (every result field, l_i and the gradient, both memory modes, fp32 and bf16
  * products, workspace = ddk_loss_workspace_bytes, refusals with nothing written) and the
- * whole-buffer ops sumsq (run twice: the same bits), axpby (beta = 0 over NaN, in place) and
- * adamw, with sumsq and axpby past 2^31 elements (2^24 in self-check mode). The backward of
- * each op is checked against finite differences by tests/test_ops.c on the CPU; here the GPU
+ * whole-buffer ops sumsq (run twice: the same bits), axpby (beta = 0 over NaN, in place), adamw
+ * and uniform_noise (bit for bit the CPU's), with sumsq and axpby past 2^31 elements (2^24 in
+ * self-check mode). The backward of each op is checked against finite differences by tests/test_ops.c on the CPU; here the GPU
  * has to match the CPU.
  *
  * Skipped (exit 77, "SKIPPED: no GPU") when libddk has no CUDA or the machine no GPU: never
@@ -633,6 +633,23 @@ static void case_axpby(int64_t count, float alpha, float beta, int in_place)
     end_case(case_name);
 }
 
+/* The features' noise: counter draws and one fmaf on both sides, so the bits must agree exactly
+ * (x with magnitudes up to 100, so the rounding of the sum matters); sigma 0 leaves x alone. */
+static void case_uniform_noise(int64_t count, float sigma, uint64_t seed)
+{
+    snprintf(case_name, sizeof case_name, "uniform_noise count=%lld sigma=%g", (long long)count, (double)sigma);
+    float *x0 = host_floats(count);
+    fill_uniform(x0, count, -100.0, 100.0);
+    float *x = host_copy(x0, count);
+    cpu->uniform_noise(cpu, x, count, sigma, seed);
+    float *x_dev = dev_floats(x0, count, "x");
+    dev->uniform_noise(dev, x_dev, count, sigma, seed);
+    expect_same("x", download(x_dev, count), x, (size_t)count * sizeof(float));
+    if (sigma == 0.0f)
+        expect_same("x untouched at sigma 0", x, x0, (size_t)count * sizeof(float));
+    end_case(case_name);
+}
+
 /* One update at step t = 3 (bias corrections well away from 1) with lr = 1e-2, so the update
  * shows above w's last bits; every 97th element has g = m = v = 0 (direction 0 / eps = 0). */
 static void case_adamw(int64_t count, float grad_scale, float weight_decay)
@@ -740,6 +757,14 @@ static void run_vector_cases(uint64_t *seq, int self_check)
         rng_state = 0x5eed0000u + *seq;
         misalign = (*seq)++ % 2 * 4;
         case_adamw(adamw_cases[i].count, adamw_cases[i].grad_scale, adamw_cases[i].weight_decay);
+    }
+    static const struct { int64_t count; float sigma; } noise_cases[] = {
+        { 1, 0.05f }, { 1000003, 0.05f }, { 4099, 3.0f }, { 777, 0.0f },
+    };
+    for (size_t i = 0; dev->uniform_noise && i < sizeof noise_cases / sizeof noise_cases[0]; i++) {
+        rng_state = 0x5eed0000u + *seq;
+        misalign = (*seq)++ % 2 * 4;
+        case_uniform_noise(noise_cases[i].count, noise_cases[i].sigma, 0x9000u + i);
     }
     case_vector_large(self_check ? ((int64_t)1 << 24) + 5 : ((int64_t)1 << 31) + 5);
 }

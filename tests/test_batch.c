@@ -1,12 +1,14 @@
 /* test_batch.c: the random parts of a batch (daemon/engine/batch.c, SPEC.md section 2): anchors
  * are valid, sorted, distinct candidates, min(A, #candidates) of them, padded with keep = 0;
  * the same for a seed and different across seeds; uniform over the subsets of candidates
- * (chi-square); the uniform feature noise (bounds, moments, determinism, sigma = 0); and the
+ * (chi-square); the uniform feature noise of the CPU backend (bounds, moments, determinism,
+ * sigma = 0); and the
  * seeds of ddt_batch_seed.
  * ctest: one line per case, a final "N passed, M failed".
  */
 #include "check.h"
 #include "batch.h"
+#include "ddk.h"
 #include "ddk_rng.h"
 
 #include <math.h>
@@ -236,12 +238,19 @@ static void test_anchors_uniform_marginals(void)
  * Noise and seeds
  */
 
+/* the trainer's noise: the backends' uniform_noise (the CPU's here; test_backend_ops holds the
+ * GPU's to the same bits) */
+static void add_noise(float *x, int64_t count, float sigma, uint64_t seed)
+{
+    ddk_backend_cpu()->uniform_noise(ddk_backend_cpu(), x, count, sigma, seed);
+}
+
 static void test_noise(void)
 {
     enum { count = 300000 };
     const float sigma = 0.5f;
     float *x = zero_floats(count);
-    ddt_add_uniform_noise(x, count, sigma, 11);
+    add_noise(x, count, sigma, 11);
     check(guard_intact(x, count), "a write past the end");
     double sum = 0, sum_squares = 0, lowest = 0, highest = 0;
     int inside = 1;
@@ -268,7 +277,7 @@ static void test_noise(void)
     uint64_t rng = 5;
     for (int i = 0; i < count; i++)
         y0[i] = y[i] = (float)(8 * (2 * ddk_rng_uniform(&rng) - 1));
-    ddt_add_uniform_noise(y, count, sigma, 12);
+    add_noise(y, count, sigma, 12);
     double worst = 0;
     for (int i = 0; i < count; i++)
         worst = fmax(worst, fabs((double)y[i] - y0[i]));
@@ -277,9 +286,9 @@ static void test_noise(void)
 
     /* deterministic, seed-dependent */
     float *a = zero_floats(count), *b = zero_floats(count);
-    ddt_add_uniform_noise(a, count, sigma, 11);
+    add_noise(a, count, sigma, 11);
     check(memcmp(a, x, count * sizeof(float)) == 0, "the same seed gives the same noise");
-    ddt_add_uniform_noise(b, count, sigma, 13);
+    add_noise(b, count, sigma, 13);
     int equal = 0;
     for (int i = 0; i < count; i++)
         equal += a[i] == b[i];
@@ -295,10 +304,10 @@ static void test_noise_sigma_zero(void)
     for (int i = 6; i < 70; i++)
         x[i] = -0.0f;
     memcpy(x0, x, sizeof x);
-    ddt_add_uniform_noise(x, 70, 0.0f, 99);
+    add_noise(x, 70, 0.0f, 99);
     check(memcmp(x, x0, sizeof x) == 0, "sigma = 0 leaves x bit for bit");
     float *g = sentinel_floats(0);
-    ddt_add_uniform_noise(g, 0, 1.0f, 99);
+    add_noise(g, 0, 1.0f, 99);
     check(guard_intact(g, 0), "count = 0 writes nothing");
     free(g);
 }

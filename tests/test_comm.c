@@ -182,8 +182,15 @@ static void test_allreduce_1rank(void)
     for (int j = 0; j < count; j++)
         want[j] = (float)(j % 1000) * 0.25f - 17.0f;
     float *x = upload(0, want, count);
+    /* long work queued before it, so the first poll finds the stream busy; then a launch after
+     * it (a stale "not ready" left behind would end the process at that launch's check) */
+    const ddk_backend *be = ddk_backend_cuda(0);
+    for (int k = 0; k < 200; k++)
+        be->axpby(be, count, 1.0f, x, 0.0f, x);
     rc = ddk_comm_allreduce_sum(c, &x, count, err, sizeof err);
     check(rc == 0, "all-reduce: rc %d: %s", rc, err);
+    be->axpby(be, count, 1.0f, x, 0.0f, x);
+    be->synchronize(be);
     rc = ddk_comm_allreduce_sum(c, &x, 0, err, sizeof err);
     check(rc == 0, "all-reduce of 0 floats: rc %d: %s", rc, err);
     download(0, got, x, count);

@@ -1,9 +1,9 @@
-/* batch.c: the random parts of a training batch (SPEC.md section 2): anchor sampling and the
- * uniform noise on the tapped features, both from ddk_rng (splitmix64) seeded per
- * (run seed, step, sequence, purpose) by ddt_batch_seed, so a batch is the same on every
- * machine and on a resumed run.
+/* batch.c: the random parts of a training batch (SPEC.md section 2): anchor sampling from
+ * ddk_rng (splitmix64) and the seeds of it and of the feature noise (which the backends' own
+ * uniform_noise adds where the features are), per (run seed, step, sequence, purpose) by
+ * ddt_batch_seed, so a batch is the same on every machine, device and resumed run.
  * Not here: reading sequences (source.c / store.c), the forward (drafter.c).
- * Tested by tests/test_batch.c (validity, determinism, uniformity over subsets, noise bounds).
+ * Tested by tests/test_batch.c (validity, determinism, uniformity over subsets, seeds).
  *
  * Legend: S tokens in the sequence, A anchors per sequence, n candidates.
  */
@@ -81,37 +81,20 @@ int64_t ddt_sample_anchors(const uint8_t *loss_mask, int64_t S, int64_t A, uint6
 }
 
 /* ------------------------------------------------------------------------------------------
- * Feature noise and seeds
+ * Seeds
  */
 
-void ddt_add_uniform_noise(float *x, int64_t count, float sigma, uint64_t seed)
-{
-    if (sigma == 0.0f)
-        return;
-    uint64_t rng = seed;
-    double s = sigma;
-    for (int64_t i = 0; i < count; i++)
-        x[i] = (float)((double)x[i] + s * (2.0 * ddk_rng_uniform(&rng) - 1.0));
-}
-
-/* splitmix64's finaliser: a bijection of 64-bit words with full avalanche */
-static uint64_t mix64(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-/* Each field is absorbed through a bijection (h -> mix64(h ^ mix64(field + constant))), so
+/* Each field is absorbed through a bijection (h -> mix(h ^ mix(field + constant)), mix being
+ * splitmix64's finaliser ddk_rng_mix, full avalanche), so
  * two tuples that differ in one field always get different seeds; the distinct constants
  * keep a step from acting like the same number as a sequence or purpose. Streams of
  * splitmix64 from unrelated 64-bit seeds overlap within N draws with probability about
  * N * draws / 2^64: never, for any run we make. */
 uint64_t ddt_batch_seed(uint64_t run_seed, int64_t step, int64_t sequence, uint32_t purpose)
 {
-    uint64_t h = mix64(run_seed ^ 0x6A09E667F3BCC908ull);
-    h = mix64(h ^ mix64((uint64_t)step + 0xBB67AE8584CAA73Bull));
-    h = mix64(h ^ mix64((uint64_t)sequence + 0x3C6EF372FE94F82Bull));
-    h = mix64(h ^ mix64((uint64_t)purpose + 0xA54FF53A5F1D36F1ull));
+    uint64_t h = ddk_rng_mix(run_seed ^ 0x6A09E667F3BCC908ull);
+    h = ddk_rng_mix(h ^ ddk_rng_mix((uint64_t)step + 0xBB67AE8584CAA73Bull));
+    h = ddk_rng_mix(h ^ ddk_rng_mix((uint64_t)sequence + 0x3C6EF372FE94F82Bull));
+    h = ddk_rng_mix(h ^ ddk_rng_mix((uint64_t)purpose + 0xA54FF53A5F1D36F1ull));
     return h;
 }

@@ -563,7 +563,8 @@ static int forward_batch(const ddk_backend *be, product_fn mul, const ddt_drafte
 
     step_memory staged = { .seq = calloc((size_t)b->nseq, sizeof(seq_acts)) };
     arena sizing = { NULL, 0 };
-    carve_index(&sizing, c, b, &staged);
+    if (staged.seq)
+        carve_index(&sizing, c, b, &staged);
     char *host = staged.seq ? malloc(sizing.used) : NULL;
     if (!host) {
         free(staged.seq);

@@ -57,17 +57,16 @@ typedef struct rank_state {
     float *params, *m, *v;        /* (total) each */
     float *embed, *lm_head;       /* (V, H) each; one buffer when the target ties them */
     ddt_drafter_weights w;        /* bound to the weights this rank's step reads */
-    /* the rank's slice of the batch: index arrays and the host's copy of the features in
-     * host_block (the rank's allocator for a CPU rank, malloc for a GPU rank), the features
-     * the step reads in the rank's memory (host_block's own on a CPU rank) */
+    /* the rank's slice of the batch: the index arrays in host memory (batch_block: the rank's
+     * allocator for a CPU rank, malloc for a GPU rank); the features in the rank's memory (in
+     * batch_block too on a CPU rank, in dev_batch_block on a GPU) */
     int64_t nseq, first;          /* sequences, index of the first in the global batch */
     int32_t *input_ids;           /* (nseq, S) */
     uint8_t *loss_mask;           /* (nseq, S) */
-    float *features;              /* (nseq, S, L_t*H) host */
-    float *teacher;               /* (nseq, S, H) host, or NULL */
     int32_t *anchors;             /* (nseq, A) */
     uint8_t *keep;                /* (nseq, A) */
-    float *dev_features, *dev_teacher;   /* GPU: (nseq, S, L_t*H), (nseq, S, H) or NULL */
+    float *features;              /* (nseq, S, L_t*H) */
+    float *teacher;               /* (nseq, S, H), or NULL */
     size_t batch_bytes, dev_batch_bytes;
     void *batch_block, *dev_batch_block;
     /* per step */
@@ -130,16 +129,12 @@ static int make_dir(const char *path, char *err, size_t err_len)
     return 0;
 }
 
-/* The rank's slice of the batch in its blocks: host_block (index arrays, then the host's
- * features) and, on a GPU, dev_block (the features the step reads). */
+/* The rank's slice of the batch in its blocks: the index arrays in batch_block, the features
+ * after them there (a CPU rank) or in dev_batch_block (a GPU). */
 static void carve_batch(rank_state *rs, int64_t n, int64_t S, int64_t A, int64_t LH, int64_t H,
                         int teacher)
 {
     char *p = rs->batch_block;
-    rs->features = (float *)p;
-    p += (size_t)(n * S * LH) * sizeof(float);
-    rs->teacher = teacher ? (float *)p : NULL;
-    p += teacher ? (size_t)(n * S * H) * sizeof(float) : 0;
     rs->input_ids = (int32_t *)p;
     p += (size_t)(n * S) * sizeof(int32_t);
     rs->anchors = (int32_t *)p;
@@ -147,8 +142,10 @@ static void carve_batch(rank_state *rs, int64_t n, int64_t S, int64_t A, int64_t
     rs->loss_mask = (uint8_t *)p;
     p += (size_t)(n * S);
     rs->keep = (uint8_t *)p;
-    rs->dev_features = rs->dev_batch_block;
-    rs->dev_teacher = rs->dev_batch_block && teacher ? rs->dev_features + n * S * LH : NULL;
+    p += (size_t)(n * A);
+    float *f = rs->dev_batch_block ? rs->dev_batch_block : (float *)(p + (64 - (uintptr_t)p % 64) % 64);
+    rs->features = f;
+    rs->teacher = teacher ? f + n * S * LH : NULL;
 }
 
 static int alloc_ranks(ddt_trainer *t, const int32_t *gpu_ids, char *err, size_t err_len)
@@ -172,8 +169,9 @@ static int alloc_ranks(ddt_trainer *t, const int32_t *gpu_ids, char *err, size_t
         if (c->budget_bytes)   /* the weights allocated before count towards it too */
             ddk_allocator_set_budget(a, (size_t)c->budget_bytes);
         const int64_t n = rs->nseq > 0 ? rs->nseq : 1;
-        const size_t features = (size_t)(n * S) * (size_t)(LH + (teacher ? H : 0)) * sizeof(float);
-        rs->batch_bytes = features + (size_t)(n * S) * (sizeof(int32_t) + 1) + (size_t)(n * A) * (sizeof(int32_t) + 1) + 256;
+        const size_t features = (size_t)(n * S) * (size_t)(LH + (teacher ? H : 0)) * sizeof(float),
+                     index = (size_t)(n * S) * (sizeof(int32_t) + 1) + (size_t)(n * A) * (sizeof(int32_t) + 1) + 64;
+        rs->batch_bytes = index + (t->gpu ? 0 : features);
         rs->grads = ddk_malloc(a, bytes + (t->gpu ? REDUCED * sizeof(float) : 0));
         int ok = rs->grads != NULL;
         if (c->grad_accum > 1 && rs->nseq > 1)
@@ -518,8 +516,7 @@ static void *rank_main(void *arg)
     const size_t gbytes = (size_t)t->total * sizeof(float);
     const float *embed = rs->gpu >= 0 ? (rs->embed ? rs->embed : rs->lm_head) : t->embed,
                 *lm_head = rs->gpu >= 0 ? rs->lm_head : t->lm_head,
-                *features = rs->gpu >= 0 ? rs->dev_features : rs->features,
-                *teacher = rs->gpu >= 0 ? rs->dev_teacher : rs->teacher;
+                *features = rs->features, *teacher = rs->teacher;
     be->zero(be, rs->grads, gbytes);
     ddt_loss_config lc = { .gamma = c->gamma, .ce_target_teacher = c->ce_target_teacher,
                            .loss = { .chunk = t->chunk, .vocab_tile = t->vocab_tile,
@@ -564,8 +561,8 @@ static void *rank_main(void *arg)
 
 /* The global batch's sequences into the ranks' buffers, anchors and noise seeded per sequence.
  * Global rank g's slice is sequences [g * per_rank, ...); the slices of other daemons' ranks are
- * read and dropped, so every daemon's cursor stays the same. A GPU rank's features then go to
- * its GPU. */
+ * read and dropped, so every daemon's cursor stays the same. Features go straight to the rank's
+ * memory (its GPU's), where the rank's backend adds their noise. */
 static int load_batch(ddt_trainer *t, char *err, size_t err_len)
 {
     const ddt_run_config *c = &t->cfg;
@@ -584,24 +581,18 @@ static int load_batch(ddt_trainer *t, char *err, size_t err_len)
         if (r < 0 || r >= t->ranks)
             continue;   /* another daemon's */
         rank_state *rs = &t->rank[r];
+        const ddk_backend *be = rs->be;
         const int64_t i = gi - rs->first;
         memcpy(rs->input_ids + i * S, q.input_ids, (size_t)S * sizeof(int32_t));
         memcpy(rs->loss_mask + i * S, q.loss_mask, (size_t)S);
-        memcpy(rs->features + i * S * LH, q.features, (size_t)(S * LH) * sizeof(float));
+        be->copy(be, rs->features + i * S * LH, q.features, (size_t)(S * LH) * sizeof(float));
         if (rs->teacher)
-            memcpy(rs->teacher + i * S * H, q.teacher_hidden, (size_t)(S * H) * sizeof(float));
-        ddt_add_uniform_noise(rs->features + i * S * LH, S * LH, c->noise_std,
-                              ddt_batch_seed(c->seed, t->step, gi, SEED_NOISE));
+            be->copy(be, rs->teacher + i * S * H, q.teacher_hidden, (size_t)(S * H) * sizeof(float));
+        be->uniform_noise(be, rs->features + i * S * LH, S * LH, c->noise_std,
+                          ddt_batch_seed(c->seed, t->step, gi, SEED_NOISE));
         ddt_sample_anchors(rs->loss_mask + i * S, S, A, ddt_batch_seed(c->seed, t->step, gi, SEED_ANCHORS),
                            rs->anchors + i * A, rs->keep + i * A);
-    }
-    for (int r = 0; t->gpu && r < t->ranks; r++) {
-        rank_state *rs = &t->rank[r];
-        const ddk_backend *be = rs->be;
-        be->copy(be, rs->dev_features, rs->features, (size_t)(rs->nseq * S * LH) * sizeof(float));
-        if (rs->teacher)
-            be->copy(be, rs->dev_teacher, rs->teacher, (size_t)(rs->nseq * S * H) * sizeof(float));
-        be->synchronize(be);   /* the host buffers are refilled by the next step */
+        be->synchronize(be);   /* q's buffers are the source's again at its next call */
     }
     return 0;
 }
@@ -716,8 +707,8 @@ static double update_weights(ddt_trainer *t, double *lr)
         ddt_adamw_state replica = { t->adam.step, rs->m, rs->v };
         norm = ddt_adamw_update(rs->be, &t->adam_cfg, t->table, t->param_count, rs->params, rs->grads,
                                 &replica, lr);
-        if (!isfinite(norm))
-            return norm;   /* the same on every rank (the same gradient): none was changed */
+        if (!isfinite(norm))   /* the ranks' reduced gradients are the same bits: rank 0 already */
+            return norm;       /* refused, and none was changed */
     }
     t->adam.step++;
     return norm;
@@ -890,11 +881,11 @@ int ddt_trainer_eval(ddt_trainer *t, ddt_acceptance *acc, char *err, size_t err_
         /* the held-out hidden states in rank 0's memory: its batch buffers are free between steps */
         const float *features = q.features, *th = q.teacher_hidden;
         if (rs->gpu >= 0) {
-            be->copy(be, rs->dev_features, q.features, (size_t)(S * LH) * sizeof(float));
-            if (th && rs->dev_teacher)
-                be->copy(be, rs->dev_teacher, th, (size_t)(S * H) * sizeof(float));
-            features = rs->dev_features;
-            th = th ? rs->dev_teacher : NULL;
+            be->copy(be, rs->features, q.features, (size_t)(S * LH) * sizeof(float));
+            if (th && rs->teacher)
+                be->copy(be, rs->teacher, th, (size_t)(S * H) * sizeof(float));
+            features = rs->features;
+            th = th ? rs->teacher : NULL;
         }
         ddt_batch b = { 1, S, A, q.input_ids, q.loss_mask, features, NULL, anchors, keep };
         if ((rc = ddt_drafter_forward(be, d, &rs->w, embed, &b, hs))) {

@@ -42,6 +42,7 @@ static ddk_backend cpu_backend = {
     .sumsq = ddk_cpu_sumsq,
     .axpby = ddk_cpu_axpby,
     .adamw = ddk_cpu_adamw,
+    .uniform_noise = ddk_cpu_uniform_noise,
     .rmsnorm = ddk_cpu_rmsnorm,
     .rmsnorm_backward = ddk_cpu_rmsnorm_backward,
     .rope = ddk_cpu_rope,

@@ -42,6 +42,7 @@ void ddk_cpu_synchronize(const ddk_backend *be);
 double ddk_cpu_sumsq(const ddk_backend *be, const float *x, int64_t count);
 void ddk_cpu_axpby(const ddk_backend *be, int64_t count, float alpha, const float *x, float beta,
                    float *y);
+void ddk_cpu_uniform_noise(const ddk_backend *be, float *x, int64_t count, float sigma, uint64_t seed);
 void ddk_cpu_adamw(const ddk_backend *be, float *w, float *g, float *m, float *v, int64_t count,
                    const ddk_adamw_scalars *s);
 void ddk_cpu_matmul_bf16(const ddk_backend *be, int trans_a, int trans_b, int64_t m, int64_t n,

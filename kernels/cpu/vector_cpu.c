@@ -1,4 +1,5 @@
-/* vector_cpu.c: the CPU backend's whole-buffer ops (sum of squares, axpby, the AdamW update)
+/* vector_cpu.c: the CPU backend's whole-buffer ops (sum of squares, axpby, the AdamW update,
+ * the features' uniform noise)
  * and its bf16 product (matmul with both operands rounded to bf16, the reference for the GPU's
  * tensor-core product). Contracts in ddk.h (struct ddk_backend).
  *
@@ -14,6 +15,7 @@
  */
 #include "ddk.h"
 #include "ddk_bf16.h"
+#include "ddk_rng.h"
 #include "cpu_backend.h"
 #include "fatal.h"
 
@@ -51,6 +53,16 @@ void ddk_cpu_axpby(const ddk_backend *be, int64_t count, float alpha, const floa
     else
         for (int64_t i = 0; i < count; i++)
             y[i] = alpha * x[i] + beta * y[i];
+}
+
+void ddk_cpu_uniform_noise(const ddk_backend *be, float *x, int64_t count, float sigma, uint64_t seed)
+{
+    if (sigma == 0.0f)
+        return;
+    for (int64_t i = 0; i < count; i++) {
+        const float t = (float)(ddk_rng_at(seed, (uint64_t)i) >> 40) * 0x1p-23f - 1.0f;   /* exact */
+        x[i] = fmaf(sigma, t, x[i]);
+    }
 }
 
 /* restrict: w, g, m, v never alias; the scalars as locals so the loop is all float32 */

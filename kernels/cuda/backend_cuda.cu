@@ -1,7 +1,7 @@
 /* backend_cuda.cu: the CUDA backend table of GPU d (ddk.h, struct ddk_backend): its stream, its
  * cuBLAS handle, memory (zero, copy, synchronize) and the matrix products (fp32, and bf16 on the
  * tensor cores). The elementwise and normalisation kernels are in ops_cuda.cu, the whole-buffer
- * ones (sumsq, axpby, adamw) in vector_cuda.cu.
+ * ones (sumsq, axpby, adamw, uniform_noise) in vector_cuda.cu.
  *
  * Ordering (what callers rely on):
  *   - Each GPU has ONE stream (non-blocking, created on first use). Every op of this backend,
@@ -63,6 +63,7 @@ void ddk_cuda_axpby(const ddk_backend *be, int64_t count, float alpha, const flo
                     float *y);
 void ddk_cuda_adamw(const ddk_backend *be, float *w, float *g, float *m, float *v, int64_t count,
                     const ddk_adamw_scalars *s);
+void ddk_cuda_uniform_noise(const ddk_backend *be, float *x, int64_t count, float sigma, uint64_t seed);
 
 /* loss_cuda.cu: the backend's loss (contract of ddk_loss_cpu) */
 int ddk_cuda_loss(const ddk_backend *be, const ddk_loss_params *p, const float *student_hidden,
@@ -286,6 +287,7 @@ static void backends_init(void)
         cb->table.sumsq = ddk_cuda_sumsq;
         cb->table.axpby = ddk_cuda_axpby;
         cb->table.adamw = ddk_cuda_adamw;
+        cb->table.uniform_noise = ddk_cuda_uniform_noise;
         cb->table.rmsnorm = ddk_cuda_rmsnorm;
         cb->table.rmsnorm_backward = ddk_cuda_rmsnorm_backward;
         cb->table.rope = ddk_cuda_rope;

@@ -32,6 +32,10 @@ enum { COMM_MAX_LOCAL = 64 };   /* device_cuda.cu's limit on the GPUs of a proce
 
 /* How long the all-reduce sleeps between two looks at its streams and communicators */
 static const long poll_interval_ns = 100 * 1000;
+/* How long it waits for its peers at most: a peer that stopped calling (its run failed for a
+ * reason of its own) raises no NCCL error, so silence this long is taken as a dead peer. Every
+ * rank enters a step's all-reduce within one step of the others; no step takes minutes. */
+static const double reduce_deadline_s = 600.0;
 
 struct comm_rank {
     int device;                 /* its GPU */
@@ -245,6 +249,8 @@ extern "C" int ddk_comm_allreduce_sum(ddk_comm *c, float *const *bufs, int64_t c
 
     /* Returns when the sum is in every buffer: each stream has run everything queued on it */
     const struct timespec nap = { 0, poll_interval_ns };
+    struct timespec t0, now;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     for (;;) {
         int pending = 0;
         for (int i = 0; i < c->local; i++) {
@@ -254,24 +260,35 @@ extern "C" int ddk_comm_allreduce_sum(ddk_comm *c, float *const *bufs, int64_t c
                 async = q;
             if (async != ncclSuccess && async != ncclInProgress)
                 return fail_nccl(c, i, "the all-reduce", async, reduce_advice, err, err_len);
+            cudaSetDevice(c->ranks[i].device);   /* its stream's device (set before: no error) */
             cudaError_t e = cudaStreamQuery(streams[i]);
-            if (e == cudaErrorNotReady)
+            if (e == cudaErrorNotReady) {
+                (void)cudaGetLastError();   /* not an error: not to be seen by the next launch check */
                 pending = 1;
-            else if (e != cudaSuccess)
+            } else if (e != cudaSuccess) {
                 return fail_cuda(c, i, "the all-reduce", e, reduce_advice, err, err_len);
+            }
         }
         if (!pending)
             return 0;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if ((double)(now.tv_sec - t0.tv_sec) + 1e-9 * (double)(now.tv_nsec - t0.tv_nsec) > reduce_deadline_s) {
+            ddk_comm_error(-ETIMEDOUT, err, err_len, "the all-reduce waited %.0f s for its peers (a rank "
+                           "whose run stopped, or a hung node); %s", reduce_deadline_s, reduce_advice);
+            abort_all(c);
+            return -ETIMEDOUT;
+        }
         nanosleep(&nap, NULL);
     }
 }
 
+/* Abort, not ncclCommDestroy: destroy is collective in current NCCL and would wait for peers
+ * whose runs may have stopped; with nothing in flight (the trainer synchronised) abort only
+ * frees. */
 extern "C" void ddk_comm_destroy(ddk_comm *c)
 {
     if (!c)
         return;
-    for (int i = 0; i < c->local; i++)
-        if (c->ranks[i].nccl)   /* NULL after an abort, which freed it */
-            ncclCommDestroy(c->ranks[i].nccl);
+    abort_all(c);
     free(c);
 }

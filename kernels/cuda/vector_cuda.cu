@@ -1,6 +1,7 @@
 /* vector_cuda.cu: the whole-buffer ops of the trainer's gradient reduction and optimiser on the
  * GPU (contracts in ddk.h, struct ddk_backend): sumsq (the gradient norm's sum of squares), axpby
- * (gradient accumulation and averaging) and the per-element AdamW update. Plain fp32 kernels
+ * (gradient accumulation and averaging), the per-element AdamW update and the features' uniform
+ * noise (bit for bit the CPU's). Plain fp32 kernels
  * queued on the backend's stream (backend_cuda.cu), grid-stride with 64-bit indices: a count may
  * pass 2^31.
  *
@@ -13,7 +14,7 @@
  * scratch, under its lock; the call returns the value to the host, so it waits for the stream.
  *
  * axpby and adamw are elementwise and write each element from the thread that read it, so x may
- * be y (axpby). They follow the CPU's operation order (daemon/engine/optimizer.c's adamw_tensor);
+ * be y (axpby). They follow the CPU's operation order (daemon/engine/vector_cpu.c's adamw_loop);
  * contraction into FMAs may differ between nvcc and the C compiler, so results agree to float
  * rounding, not bit for bit (except axpby with beta = 0: one product, the same on both sides).
  *
@@ -27,6 +28,7 @@
  */
 #include "ddk.h"
 #include "cuda_check.h"
+#include "ddk_rng.h"
 
 #include <cuda_runtime.h>
 #include <stdio.h>
@@ -46,6 +48,7 @@ void ddk_cuda_axpby(const ddk_backend *be, int64_t count, float alpha, const flo
                     float *y);
 void ddk_cuda_adamw(const ddk_backend *be, float *w, float *g, float *m, float *v, int64_t count,
                     const ddk_adamw_scalars *s);
+void ddk_cuda_uniform_noise(const ddk_backend *be, float *x, int64_t count, float sigma, uint64_t seed);
 
 /* ------------------------------------------------------------------------------------------
  * Errors abort (CONVENTIONS.md: a programming or device error)
@@ -173,7 +176,7 @@ void ddk_cuda_axpby(const ddk_backend *be, int64_t count, float alpha, const flo
 }
 
 /* ------------------------------------------------------------------------------------------
- * AdamW, per element in float32, in optimizer.c's adamw_tensor order (ddk.h has the formula).
+ * AdamW, per element in float32, in vector_cpu.c's adamw_loop order (ddk.h has the formula).
  * Launch: grid-stride, THREADS per block. sqrtf and the division are IEEE (no fast math).
  */
 
@@ -200,5 +203,29 @@ void ddk_cuda_adamw(const ddk_backend *be, float *w, float *g, float *m, float *
         return;
     cudaStream_t stream = ddk_cuda_stream(be);
     adamw_kernel<<<grid_for(be, count), THREADS, 0, stream>>>(w, g, m, v, count, *s);
+    LAUNCH_CHECK();
+}
+
+/* ------------------------------------------------------------------------------------------
+ * The features' noise: element i from its own counter draw (ddk_rng_at), one fmaf: the CPU's
+ * bits. Launch: grid-stride, THREADS per block.
+ */
+
+__global__ static void uniform_noise_kernel(float *x,   /* (count) */
+                                            int64_t count, float sigma, uint64_t seed)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const float t = (float)(ddk_rng_at(seed, (uint64_t)i) >> 40) * 0x1p-23f - 1.0f;   /* exact */
+        x[i] = fmaf(sigma, t, x[i]);
+    }
+}
+
+void ddk_cuda_uniform_noise(const ddk_backend *be, float *x, int64_t count, float sigma, uint64_t seed)
+{
+    if (count <= 0 || sigma == 0.0f)
+        return;
+    cudaStream_t stream = ddk_cuda_stream(be);
+    uniform_noise_kernel<<<grid_for(be, count), THREADS, 0, stream>>>(x, count, sigma, seed);
     LAUNCH_CHECK();
 }

@@ -114,8 +114,8 @@ DDK_API void ddk_cuda_synchronize(int device);
  * A run's communicator spans `world` ranks; this process drives `local` of them, its GPUs
  * devices[0..local), as ranks first_rank .. first_rank + local - 1. Several daemons share one
  * communicator through rank 0's unique id: the daemon of rank 0 makes it
- * (ddk_comm_unique_id), the others are given it (API.md: POST /nccl/unique-id, the run config's
- * "cluster" section).
+ * (ddk_comm_unique_id), the others are given it (docs/api.md: POST /nccl/unique-id, the run
+ * config's "cluster" section).
  */
 
 typedef struct ddk_comm ddk_comm;
@@ -134,8 +134,10 @@ DDK_API int ddk_comm_init(const char *id_hex, int world, int first_rank, int loc
                           const int *devices, ddk_comm **out, char *err, size_t err_len);
 /* In-place sum over all ranks of count floats: bufs[i] on GPU devices[i] of the local ranks,
  * queued on each GPU's backend stream (after the ops queued there) and waited for while
- * polling NCCL for asynchronous errors (a peer that died, a network failure). 0, or -EIO with
- * err, after which the communicator is aborted (ncclCommAbort) and only destroy is allowed. */
+ * polling NCCL for asynchronous errors (a peer that died, a network failure). 0; -EIO with
+ * err, or -ETIMEDOUT after 10 minutes without the peers (one whose run stopped raises no
+ * error), after which the communicator is aborted (ncclCommAbort) and only destroy is
+ * allowed; -EINVAL for bad arguments. */
 DDK_API int ddk_comm_allreduce_sum(ddk_comm *c, float *const *bufs, int64_t count, char *err,
                                    size_t err_len);
 /* Frees the communicator (NULL: nothing). */
@@ -249,6 +251,10 @@ struct ddk_backend {
     /* y (count) = alpha * x + beta * y; beta = 0 ignores y's old contents (even NaN) */
     void (*axpby)(const ddk_backend *be, int64_t count, float alpha, const float *x, float beta,
                   float *y);
+    /* x (count) += sigma * (2 u_i - 1), the training features' noise U(-sigma, sigma), with
+     * u_i = (ddk_rng_at(seed, i) >> 40) 2^-24 (ddk_rng.h) and one rounding (fmaf): the same bits on
+     * every backend. sigma = 0 leaves x untouched. */
+    void (*uniform_noise)(const ddk_backend *be, float *x, int64_t count, float sigma, uint64_t seed);
     /* One AdamW update of a parameter tensor, per element, in float32:
      *   g *= grad_scale; m = beta1 m + (1 - beta1) g; v = beta2 v + (1 - beta2) g^2;
      *   w -= lr * (m * inv_bc1) / (sqrt(v * inv_bc2) + eps) + lr_wd * w   (g keeps the scaled value) */

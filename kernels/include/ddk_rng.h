@@ -1,5 +1,6 @@
 /* ddk_rng.h: the one seeded random number generator of ddtree (splitmix64): the same numbers
- * on every machine, for initialisation, synthetic data, tests and benchmarks. Header-only.
+ * on every machine and device, for initialisation, synthetic data, feature noise (ddk_rng_at, on
+ * the GPU too), tests and benchmarks. Header-only.
  * Tested through its users (tests/test_engine.c checks determinism of initialisation).
  */
 #ifndef DDK_RNG_H
@@ -8,13 +9,31 @@
 #include <math.h>
 #include <stdint.h>
 
-/* next 64 random bits; *state advances */
-static inline uint64_t ddk_rng_next(uint64_t *state)
+#if defined(__CUDACC__)
+#define DDK_RNG_HD __host__ __device__
+#else
+#define DDK_RNG_HD
+#endif
+
+/* splitmix64's output function of a state */
+static inline DDK_RNG_HD uint64_t ddk_rng_mix(uint64_t z)
 {
-    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return z ^ (z >> 31);
+}
+
+/* next 64 random bits; *state advances */
+static inline uint64_t ddk_rng_next(uint64_t *state)
+{
+    return ddk_rng_mix(*state += 0x9E3779B97F4A7C15ull);
+}
+
+/* draw number i (0-based) of the stream seeded with seed, without the draws before it: what
+ * i + 1 calls of ddk_rng_next from state seed return last (a GPU thread's draw for element i) */
+static inline DDK_RNG_HD uint64_t ddk_rng_at(uint64_t seed, uint64_t i)
+{
+    return ddk_rng_mix(seed + (i + 1) * 0x9E3779B97F4A7C15ull);
 }
 
 /* uniform in [0, 1) with 53 random bits */
