@@ -107,7 +107,7 @@ fi
 # shellcheck disable=SC2016  # expanded by the inner bash
 BUILD_CMD='cmake -S "$1" -B "$2" -DDDTREE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release &&
     cmake --build "$2" -j "$(nproc)" --target test_backend_ops test_cuda_device test_step_cuda \
-        bench_loss_cuda bench_step_cuda'
+        test_comm bench_loss_cuda bench_step_cuda'
 if step "configure + build" 240 bash -c "$BUILD_CMD" _ "$ROOT" "$BUILD" >"$LOGS/build.log" 2>&1; then
     built=1
 else
