@@ -49,6 +49,7 @@
  * d head dim, W window, R rows (warps) of a thread block, n keys of the current tile.
  */
 #include "ddk.h"
+#include "cuda_backend.h"
 #include "cuda_check.h"
 
 #include <cuda_runtime.h>
@@ -56,12 +57,6 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
-
-/* ------------------------------------------------------------------------------------------
- * From backend_cuda.cu (C++ linkage: a drifted prototype is a link error)
- */
-
-cudaStream_t ddk_cuda_stream(const ddk_backend *be);
 
 /* ------------------------------------------------------------------------------------------
  * Launch helpers: a failed launch is a device error (abort with CUDA's message)

@@ -25,6 +25,7 @@
  * Tested by tests/test_backend_ops.c against the CPU backend (skipped without a GPU).
  */
 #include "ddk.h"
+#include "cuda_backend.h"
 #include "cuda_check.h"
 
 #include <cublas_v2.h>
@@ -33,54 +34,6 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
-
-/* ------------------------------------------------------------------------------------------
- * Shared with ops_cuda.cu. C++ linkage: the names carry their parameter types, so a prototype
- * that drifted from its definition is a link error, not a silent mismatch.
- */
-
-cudaStream_t ddk_cuda_stream(const ddk_backend *be);
-int ddk_cuda_multiprocessors(const ddk_backend *be);
-float *ddk_cuda_scratch_lock(const ddk_backend *be, size_t *capacity_floats);
-void ddk_cuda_scratch_unlock(const ddk_backend *be);
-
-void ddk_cuda_rmsnorm(const ddk_backend *be, const float *x, const float *g, int64_t rows,
-                      int64_t d, float eps, float *y, float *rstd);
-void ddk_cuda_rmsnorm_backward(const ddk_backend *be, const float *x, const float *g,
-                               const float *rstd, const float *dy, int64_t rows, int64_t d,
-                               float *dx, float *dg);
-void ddk_cuda_rope(const ddk_backend *be, float *x, const int32_t *pos, int64_t rows,
-                   int64_t heads, int64_t d, float theta, int inverse);
-void ddk_cuda_swiglu(const ddk_backend *be, const float *gate, const float *up, int64_t count,
-                     float *h);
-void ddk_cuda_swiglu_backward(const ddk_backend *be, const float *gate, const float *up,
-                              const float *dh, int64_t count, float *dgate, float *dup);
-void ddk_cuda_embedding(const ddk_backend *be, const float *table, const int32_t *tokens,
-                        int64_t rows, int64_t H, float *out);
-/* vector_cuda.cu */
-double ddk_cuda_sumsq(const ddk_backend *be, const float *x, int64_t count);
-void ddk_cuda_axpby(const ddk_backend *be, int64_t count, float alpha, const float *x, float beta,
-                    float *y);
-void ddk_cuda_adamw(const ddk_backend *be, float *w, float *g, float *m, float *v, int64_t count,
-                    const ddk_adamw_scalars *s);
-void ddk_cuda_uniform_noise(const ddk_backend *be, float *x, int64_t count, float sigma, uint64_t seed);
-
-/* loss_cuda.cu: the backend's loss (contract of ddk_loss_cpu) */
-int ddk_cuda_loss(const ddk_backend *be, const ddk_loss_params *p, const float *student_hidden,
-                  const float *teacher_hidden, const float *lm_head, const int32_t *labels,
-                  const float *weights, float *grad_student, float *per_position,
-                  ddk_loss_result *out);
-/* attention_cuda.cu */
-int ddk_cuda_dflash_attention(const ddk_backend *be, const ddk_attention_shape *shape,
-                              const float *q, const float *k, const float *v,
-                              const int32_t *anchors, const uint8_t *keep, float *out, float *lse);
-int ddk_cuda_dflash_attention_backward(const ddk_backend *be, const ddk_attention_shape *shape,
-                                       const float *q, const float *k, const float *v,
-                                       const int32_t *anchors, const uint8_t *keep,
-                                       const float *out, const float *lse, const float *dout,
-                                       float *dq, float *dk, float *dv);
-int ddk_cuda_causal_attention(const ddk_backend *be, const ddk_attention_shape *shape,
-                              const float *q, const float *k, const float *v, float *out);
 
 /* ------------------------------------------------------------------------------------------
  * Device errors abort (CONVENTIONS.md: a programming or device error)

@@ -15,6 +15,7 @@
  */
 #include "ddk.h"
 #include "comm_internal.h"
+#include "cuda_backend.h"
 
 #include <cuda_runtime.h>
 #include <errno.h>
@@ -23,8 +24,6 @@
 #include <string.h>
 #include <time.h>
 
-/* From backend_cuda.cu (C++ linkage: a drifted prototype is a link error) */
-cudaStream_t ddk_cuda_stream(const ddk_backend *be);
 
 static_assert(sizeof(ncclUniqueId) * 2 == DDK_COMM_ID_HEX, "DDK_COMM_ID_HEX is not NCCL's id");
 

@@ -49,6 +49,7 @@
  * Legend: n positions, H hidden, V vocabulary, m rows of the current chunk, w tile width.
  */
 #include "ddk.h"
+#include "cuda_backend.h"
 #include "cuda_check.h"
 
 extern "C" {
@@ -63,12 +64,6 @@ extern "C" {
 #include <stdlib.h>
 #include <string.h>
 
-/* From backend_cuda.cu (C++ linkage: a drifted prototype is a link error) */
-cudaStream_t ddk_cuda_stream(const ddk_backend *be);
-int ddk_cuda_loss(const ddk_backend *be, const ddk_loss_params *p, const float *student_hidden,
-                  const float *teacher_hidden, const float *lm_head, const int32_t *labels,
-                  const float *weights, float *grad_student, float *per_position,
-                  ddk_loss_result *out);
 
 /* ------------------------------------------------------------------------------------------
  * Device errors abort (CONVENTIONS.md: a programming or device error)

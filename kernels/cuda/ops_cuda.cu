@@ -18,20 +18,12 @@
  * token (rope), count elements (swiglu), H hidden size, V vocabulary.
  */
 #include "ddk.h"
+#include "cuda_backend.h"
 #include "cuda_check.h"
 
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
-
-/* ------------------------------------------------------------------------------------------
- * From backend_cuda.cu (C++ linkage: a drifted prototype is a link error)
- */
-
-cudaStream_t ddk_cuda_stream(const ddk_backend *be);
-int ddk_cuda_multiprocessors(const ddk_backend *be);
-float *ddk_cuda_scratch_lock(const ddk_backend *be, size_t *capacity_floats);
-void ddk_cuda_scratch_unlock(const ddk_backend *be);
 
 /* ------------------------------------------------------------------------------------------
  * Launch helpers

@@ -27,28 +27,13 @@
  * Legend: count elements; w, g, m, v a parameter tensor, its gradient and AdamW moments.
  */
 #include "ddk.h"
+#include "cuda_backend.h"
 #include "cuda_check.h"
 #include "ddk_rng.h"
 
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
-
-/* ------------------------------------------------------------------------------------------
- * From backend_cuda.cu (C++ linkage: a drifted prototype is a link error)
- */
-
-cudaStream_t ddk_cuda_stream(const ddk_backend *be);
-int ddk_cuda_multiprocessors(const ddk_backend *be);
-float *ddk_cuda_scratch_lock(const ddk_backend *be, size_t *capacity_floats);
-void ddk_cuda_scratch_unlock(const ddk_backend *be);
-
-double ddk_cuda_sumsq(const ddk_backend *be, const float *x, int64_t count);
-void ddk_cuda_axpby(const ddk_backend *be, int64_t count, float alpha, const float *x, float beta,
-                    float *y);
-void ddk_cuda_adamw(const ddk_backend *be, float *w, float *g, float *m, float *v, int64_t count,
-                    const ddk_adamw_scalars *s);
-void ddk_cuda_uniform_noise(const ddk_backend *be, float *x, int64_t count, float sigma, uint64_t seed);
 
 /* ------------------------------------------------------------------------------------------
  * Errors abort (CONVENTIONS.md: a programming or device error)
