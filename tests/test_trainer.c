@@ -560,6 +560,33 @@ static void test_bf16_run(void)
            (bf16[STEPS - 1] - fp32[STEPS - 1]) / fp32[STEPS - 1]);
 }
 
+/* eval.blocks_per_sequence bounds the blocks an evaluation reads (each held-out sequence's
+ * anchors are drawn as many, not train.max_anchors); the default evaluates all 4 here */
+static void test_eval_blocks(void)
+{
+    char json[4096];
+    const char *tiny = TINY("1", "");
+    const char *at = strstr(tiny, "\"eval\": {") + strlen("\"eval\": {");
+    snprintf(json, sizeof json, "%.*s\"blocks_per_sequence\": 2, %s", (int)(at - tiny), tiny, at);
+    int64_t blocks[2] = { 0, 0 };
+    const char *configs[2] = { tiny, json };
+    for (int i = 0; i < 2; i++) {
+        ddt_trainer *t = open_run(configs[i], NULL);
+        if (!t)
+            return;
+        ddt_acceptance acc;
+        char err[1024];
+        check(ddt_trainer_eval(t, &acc, err, sizeof err) == 0, "eval: %s", err);
+        blocks[i] = acc.blocks;
+        ddt_trainer_close(t);
+    }
+    /* 4 held-out sequences: up to 4 anchors each by default, up to 2 with the bound */
+    check(blocks[1] >= 1 && blocks[1] <= 4 * 2, "%lld blocks with blocks_per_sequence 2 (want 1..8)",
+          (long long)blocks[1]);
+    check(blocks[0] > blocks[1], "the default evaluated %lld blocks, no more than the bound's %lld",
+          (long long)blocks[0], (long long)blocks[1]);
+}
+
 int main(void)
 {
     if (!mkdtemp(state_dir)) {
@@ -572,6 +599,7 @@ int main(void)
         { "run configs: precision, devices, cluster parsed", test_config_good },
         { "devices resolved on 0, 2, 8 GPUs", test_config_devices },
         { "a GPU the node lacks fails at open, nothing left behind", test_missing_gpu },
+        { "eval.blocks_per_sequence bounds the evaluated blocks", test_eval_blocks },
         { "train.precision bf16: close to fp32, not identical", test_bf16_run },
         { "exact resume", test_exact_resume },
         { "1 rank vs 2 ranks vs 2 micro-batches", test_ranks },

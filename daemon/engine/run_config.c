@@ -100,6 +100,8 @@ static const config_field fields[] = {
     { "checkpoint.keep", F_INT, OFF(checkpoint_keep), 3, 1, 1000, NULL, 0, "checkpoints kept" },
     { "eval.every_steps", F_INT, OFF(eval_every), 200, 1, BIG, NULL, 0, "steps between acceptance evaluations" },
     { "eval.sequences", F_INT, OFF(eval_sequences), 32, 0, 1 << 20, NULL, 0, "held-out sequences per evaluation" },
+    { "eval.blocks_per_sequence", F_INT, OFF(eval_blocks), 64, 1, 1 << 20, NULL, 0,
+      "blocks (anchors) drawn per held-out sequence, at most train.max_anchors" },
     { "eval.tree_budgets", F_LIST, 0, 0, 0, 0, NULL, 0, "DDTree node budgets K (default [16, 64])" },
 };
 enum { FIELD_COUNT = sizeof fields / sizeof fields[0] };

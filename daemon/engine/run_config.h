@@ -64,7 +64,7 @@ typedef struct ddt_run_config {
     int64_t cluster_world, cluster_first;  /* cluster.world_size (0 = alone), cluster.first_rank */
     int64_t budget_bytes;                  /* 0: no budget */
     int64_t checkpoint_every, checkpoint_keep;
-    int64_t eval_every, eval_sequences;
+    int64_t eval_every, eval_sequences, eval_blocks;
     int n_budgets;
     int64_t tree_budgets[DDT_MAX_EVAL_BUDGETS];
 } ddt_run_config;

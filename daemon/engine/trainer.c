@@ -856,8 +856,10 @@ int ddt_trainer_eval(ddt_trainer *t, ddt_acceptance *acc, char *err, size_t err_
 {
     const ddt_run_config *c = &t->cfg;
     const ddt_drafter_config *d = &c->drafter;
-    const int64_t S = c->seq_len, A = c->max_anchors, B = d->block_size, H = d->hidden, V = d->vocab,
-                  LH = d->taps * H;
+    /* eval.blocks_per_sequence anchors per sequence: at the seed's shape (1024 x 24 slots, V
+     * 248,320) every block costs two (B, V) logit products read back to the host */
+    const int64_t S = c->seq_len, A = c->max_anchors < c->eval_blocks ? c->max_anchors : c->eval_blocks,
+                  B = d->block_size, H = d->hidden, V = d->vocab, LH = d->taps * H;
     rank_state *rs = &t->rank[0];   /* rank 0 evaluates, on its device */
     const ddk_backend *be = rs->be;
     const float *embed = rs->gpu >= 0 ? (rs->embed ? rs->embed : rs->lm_head) : t->embed,
