@@ -31,10 +31,18 @@ enum { COMM_MAX_LOCAL = 64 };   /* device_cuda.cu's limit on the GPUs of a proce
 
 /* How long the all-reduce sleeps between two looks at its streams and communicators */
 static const long poll_interval_ns = 100 * 1000;
-/* How long it waits for its peers at most: a peer that stopped calling (its run failed for a
- * reason of its own) raises no NCCL error, so silence this long is taken as a dead peer. Every
- * rank enters a step's all-reduce within one step of the others; no step takes minutes. */
-static const double reduce_deadline_s = 600.0;
+/* How long the all-reduce and the communicator's formation wait for their peers at most: a
+ * peer that stopped calling (its run failed for a reason of its own, or never started on its
+ * daemon) raises no NCCL error, so silence this long is taken as a dead peer. Every rank enters
+ * a step's all-reduce within one step of the others; no step takes minutes. */
+static const double peer_deadline_s = 600.0;
+
+static double seconds_since(const struct timespec *t0)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (double)(now.tv_sec - t0->tv_sec) + 1e-9 * (double)(now.tv_nsec - t0->tv_nsec);
+}
 
 struct comm_rank {
     int device;                 /* its GPU */
@@ -188,6 +196,11 @@ extern "C" int ddk_comm_init(const char *id_hex, int world, int first_rank, int 
         ddk_cuda_stream(c->ranks[i].be);   /* made now, not inside the NCCL group */
     }
 
+    /* non-blocking communicators: the inits (and later the collectives) may answer
+     * ncclInProgress, and ncclCommGetAsyncError says when they are done, so a world whose
+     * other daemons never join is given up after peer_deadline_s instead of waited for forever */
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
     ncclResult_t r = ncclGroupStart();
     cudaError_t e = cudaSuccess;
     int at = 0;   /* ends at the rank that failed, or local */
@@ -195,16 +208,41 @@ extern "C" int ddk_comm_init(const char *id_hex, int world, int first_rank, int 
         e = cudaSetDevice(devices[at]);
         if (e != cudaSuccess)
             break;
-        r = ncclCommInitRank(&c->ranks[at].nccl, world, id, first_rank + at);
-        if (r == ncclSuccess)
+        r = ncclCommInitRankConfig(&c->ranks[at].nccl, world, id, first_rank + at, &config);
+        if (r == ncclSuccess || r == ncclInProgress) {
+            r = ncclSuccess;
             at++;
+        }
     }
-    ncclResult_t end = ncclGroupEnd();   /* the inits happen here, with every rank of the world */
+    ncclResult_t end = ncclGroupEnd();   /* the inits proceed with every rank of the world */
     if (e != cudaSuccess)
         rc = fail_cuda(c, at, "cudaSetDevice", e, init_advice, err, err_len);
-    else if (r != ncclSuccess || end != ncclSuccess)
-        rc = fail_nccl(c, at < local ? at : 0, "ncclCommInitRank", r != ncclSuccess ? r : end,
+    else if (r != ncclSuccess || (end != ncclSuccess && end != ncclInProgress))
+        rc = fail_nccl(c, at < local ? at : 0, "ncclCommInitRankConfig", r != ncclSuccess ? r : end,
                        init_advice, err, err_len);
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    const struct timespec nap = { 0, poll_interval_ns };
+    for (int pending = 1; rc == 0 && pending;) {
+        pending = 0;
+        for (int i = 0; i < local && rc == 0; i++) {
+            ncclResult_t state = ncclSuccess, q = ncclCommGetAsyncError(c->ranks[i].nccl, &state);
+            if (q != ncclSuccess)
+                state = q;
+            if (state == ncclInProgress)
+                pending = 1;
+            else if (state != ncclSuccess)
+                rc = fail_nccl(c, i, "ncclCommInitRankConfig", state, init_advice, err, err_len);
+        }
+        if (rc == 0 && pending && seconds_since(&t0) > peer_deadline_s) {
+            ddk_comm_error(-ETIMEDOUT, err, err_len, "the communicator's %d ranks did not all join within %.0f s: "
+                           "start the run on every daemon of the cluster; %s", world, peer_deadline_s, init_advice);
+            abort_all(c);
+            rc = -ETIMEDOUT;
+        }
+        if (rc == 0 && pending)
+            nanosleep(&nap, NULL);
+    }
     if (rc) {
         free(c);
         return rc;
@@ -238,17 +276,20 @@ extern "C" int ddk_comm_allreduce_sum(ddk_comm *c, float *const *bufs, int64_t c
         streams[at] = ddk_cuda_stream(c->ranks[at].be);   /* also makes its GPU current */
         r = ncclAllReduce(bufs[at], bufs[at], (size_t)count, ncclFloat, ncclSum, c->ranks[at].nccl,
                           streams[at]);
-        if (r == ncclSuccess)
+        if (r == ncclSuccess || r == ncclInProgress) {   /* non-blocking communicators */
+            r = ncclSuccess;
             at++;
+        }
     }
-    ncclResult_t end = ncclGroupEnd();
-    if (r != ncclSuccess || end != ncclSuccess)
+    ncclResult_t end = ncclGroupEnd();   /* ncclInProgress: enqueued when the state says so */
+    if (r != ncclSuccess || (end != ncclSuccess && end != ncclInProgress))
         return fail_nccl(c, at < c->local ? at : 0, "ncclAllReduce", r != ncclSuccess ? r : end,
                          reduce_advice, err, err_len);
 
-    /* Returns when the sum is in every buffer: each stream has run everything queued on it */
+    /* Returns when the sum is in every buffer: NCCL has enqueued it (its state is no longer
+     * ncclInProgress) and each stream has run everything queued on it */
     const struct timespec nap = { 0, poll_interval_ns };
-    struct timespec t0, now;
+    struct timespec t0;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     for (;;) {
         int pending = 0;
@@ -257,7 +298,11 @@ extern "C" int ddk_comm_allreduce_sum(ddk_comm *c, float *const *bufs, int64_t c
             ncclResult_t q = ncclCommGetAsyncError(c->ranks[i].nccl, &async);
             if (q != ncclSuccess)
                 async = q;
-            if (async != ncclSuccess && async != ncclInProgress)
+            if (async == ncclInProgress) {   /* not enqueued yet: the stream may look idle */
+                pending = 1;
+                continue;
+            }
+            if (async != ncclSuccess)
                 return fail_nccl(c, i, "the all-reduce", async, reduce_advice, err, err_len);
             cudaSetDevice(c->ranks[i].device);   /* its stream's device (set before: no error) */
             cudaError_t e = cudaStreamQuery(streams[i]);
@@ -270,10 +315,9 @@ extern "C" int ddk_comm_allreduce_sum(ddk_comm *c, float *const *bufs, int64_t c
         }
         if (!pending)
             return 0;
-        clock_gettime(CLOCK_MONOTONIC, &now);
-        if ((double)(now.tv_sec - t0.tv_sec) + 1e-9 * (double)(now.tv_nsec - t0.tv_nsec) > reduce_deadline_s) {
+        if (seconds_since(&t0) > peer_deadline_s) {
             ddk_comm_error(-ETIMEDOUT, err, err_len, "the all-reduce waited %.0f s for its peers (a rank "
-                           "whose run stopped, or a hung node); %s", reduce_deadline_s, reduce_advice);
+                           "whose run stopped, or a hung node); %s", peer_deadline_s, reduce_advice);
             abort_all(c);
             return -ETIMEDOUT;
         }

@@ -129,7 +129,8 @@ DDK_API int ddk_comm_unique_id(char *hex, char *err, size_t err_len);
 DDK_API int ddk_comm_id_valid(const char *hex);
 /* The communicator of this process's ranks, as above. id_hex may be NULL only when world ==
  * local (one node: the id is made here). Returns after every rank of the world has joined.
- * 0, -EINVAL (bad arguments, err says which), -ENOSYS (no NCCL) or -EIO (NCCL's message). */
+ * 0, -EINVAL (bad arguments, err says which), -ENOSYS (no NCCL), -EIO (NCCL's message) or
+ * -ETIMEDOUT (the world's other ranks did not join within 10 minutes). */
 DDK_API int ddk_comm_init(const char *id_hex, int world, int first_rank, int local,
                           const int *devices, ddk_comm **out, char *err, size_t err_len);
 /* In-place sum over all ranks of count floats: bufs[i] on GPU devices[i] of the local ranks,
