@@ -21,7 +21,8 @@ static void fill(const ddt_run_config *c, int tied_head, int64_t chunk, int64_t 
     int64_t total = 0;
     ddt_drafter_param_table(d, table, &total);
     const int64_t F = (int64_t)sizeof(float), H = d->hidden, V = d->vocab;
-    const int64_t nseq = (c->sequences_per_step + c->ranks - 1) / c->ranks;   /* the largest rank */
+    const int64_t world = c->cluster_world ? c->cluster_world : c->ranks;   /* every daemon's ranks */
+    const int64_t nseq = (c->sequences_per_step + world - 1) / world;   /* the largest rank */
     const int64_t micro = (nseq + c->grad_accum - 1) / c->grad_accum;         /* its micro-batch */
     const int uses_teacher = c->ce_target_teacher || c->kl_weight > 0.0f;
     p->positions = micro * c->max_anchors * d->block_size;
@@ -87,7 +88,8 @@ void ddt_plan_print(const ddt_run_config *c, const ddt_memory_plan *p, FILE *out
 {
     const ddt_drafter_config *d = &c->drafter;
     char how[200];
-    const int64_t nseq = (c->sequences_per_step + c->ranks - 1) / c->ranks;
+    const int64_t world = c->cluster_world ? c->cluster_world : c->ranks;
+    const int64_t nseq = (c->sequences_per_step + world - 1) / world;
     fprintf(out, "memory plan of \"%s\", per device (rank) of %lld: %lld positions "
             "(%lld sequences x %lld anchors x block %lld) at a time, vocabulary %lld\n", c->name,
             (long long)c->ranks, (long long)p->positions,
@@ -96,6 +98,8 @@ void ddt_plan_print(const ddt_run_config *c, const ddt_memory_plan *p, FILE *out
     fprintf(out, "  one logits tensor: %lld x %lld x 2 B = %.2f GB in bf16 (%.2f GB in fp32); "
             "a naive KL holds three\n", (long long)p->positions, (long long)d->vocab,
             2.0 * p->positions * d->vocab / 1e9, 4.0 * p->positions * d->vocab / 1e9);
+    fprintf(out, "  matrix products %s; weights, moments, activations and statistics in fp32\n",
+            c->bf16 ? "with bf16 operands on the tensor cores (train.precision bf16)" : "in fp32");
     row(out, "weights", p->weights, p->peak, "fp32 master weights");
     row(out, "gradients", p->gradients, p->peak, c->grad_accum > 1 ? "fp32, and one micro-batch's" : "fp32");
     row(out, "optimizer state", p->optimizer, p->peak, "AdamW m and v, fp32");

@@ -387,6 +387,7 @@ int ddt_trainer_open(const char *config_json, size_t len, const char *state_dir,
     }
     if (!rc) {
         const ddt_run_config *c = &t->cfg;
+        t->cfg.ranks = t->ranks;   /* resolved ("all": every GPU): the plan's figures per rank */
         t->world = c->cluster_world ? (int)c->cluster_world : t->ranks;
         t->first_rank = (int)c->cluster_first;
         t->per_rank = (c->sequences_per_step + t->world - 1) / t->world;
