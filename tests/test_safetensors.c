@@ -14,6 +14,7 @@
  */
 #include "safetensors.h"
 #include "check.h"
+#include "ddk_bf16.h"
 
 #include <cjson/cJSON.h>
 
@@ -89,19 +90,6 @@ static int exists(const char *path)
     return lstat(path, &st) == 0;
 }
 
-static uint32_t bits_of(float x)
-{
-    uint32_t u;
-    memcpy(&u, &x, sizeof(u));
-    return u;
-}
-
-static float float_of(uint32_t u)
-{
-    float x;
-    memcpy(&x, &u, sizeof(x));
-    return x;
-}
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 
@@ -194,7 +182,7 @@ static void test_roundtrip_all_dtypes(void)
           out[1], out[2]);
     const ddt_st_tensor *tb = ddt_st_find(&f, "bf16");
     check(tb && ddt_st_to_f32(tb, out) == 0 && out[0] == 1.0f && out[1] == -2.0f &&
-          isinf(out[2]) && out[3] == float_of(0x00010000u), "to_f32 of BF16");
+          isinf(out[2]) && out[3] == ddk_f32_from_bits(0x00010000u), "to_f32 of BF16");
     const ddt_st_tensor *th = ddt_st_find(&f, "f16");
     check(th && ddt_st_to_f32(th, out) == 0 && out[0] == 1.0f && out[1] == -2.0f &&
           out[2] == 65504.0f && out[3] == ldexpf(1.0f, -24) && isinf(out[4]),
@@ -340,18 +328,18 @@ static uint16_t round_reference(double x, double (*value)(uint16_t), uint16_t in
 
 static double bf16_value(uint16_t b)
 {
-    return (double)float_of((uint32_t)b << 16);
+    return (double)ddk_f32_from_bits((uint32_t)b << 16);
 }
 
 static uint16_t bf16_reference(float x)
 {
-    uint16_t sign = (uint16_t)(bits_of(x) >> 16 & 0x8000);
+    uint16_t sign = (uint16_t)(ddk_f32_bits(x) >> 16 & 0x8000);
     return sign | round_reference(fabs((double)x), bf16_value, 0x7f80, ldexp(1, 128));
 }
 
 static uint16_t f16_reference(float x)
 {
-    uint16_t sign = (uint16_t)(bits_of(x) >> 16 & 0x8000);
+    uint16_t sign = (uint16_t)(ddk_f32_bits(x) >> 16 & 0x8000);
     return sign | round_reference(fabs((double)x), f16_value, 0x7c00, 65536.0);
 }
 
@@ -361,14 +349,14 @@ static float random_float(int i)
 {
     uint32_t r = rng_next();
     if (i % 2 == 0)
-        return float_of(r);
+        return ddk_f32_from_bits(r);
     uint32_t exp = 127 - 28 + rng_next() % 48;   /* 2^-28 .. 2^19 */
     uint32_t mant = r & 0x7fffff;
     if (i % 6 == 1)
         mant = (mant & ~0x1fffu) | 0x1000u;   /* F16 tie (normal range) */
     if (i % 6 == 3)
         mant = (mant & ~0xffffu) | 0x8000u;   /* BF16 tie */
-    return float_of((r & 0x80000000u) | exp << 23 | mant);
+    return ddk_f32_from_bits((r & 0x80000000u) | exp << 23 | mant);
 }
 
 #ifdef __FLT16_MAX__   /* the compiler's own f32 -> f16 conversion, where it has one */
@@ -395,12 +383,12 @@ static void check_random_floats(const char *to, uint16_t (*convert)(float),
         if (isnan(x))
             continue;
         uint16_t got = convert(x), want = reference(x);
-        check(got == want, "f32 %08x (%g) -> %s %04x, reference %04x", bits_of(x), x, to, got,
+        check(got == want, "f32 %08x (%g) -> %s %04x, reference %04x", ddk_f32_bits(x), x, to, got,
               want);
         if (compiler) {
             uint16_t own = compiler(x);
             check(got == own, "f32 %08x (%g) -> %s %04x, the compiler's conversion %04x",
-                  bits_of(x), x, to, got, own);
+                  ddk_f32_bits(x), x, to, got, own);
         }
         if (case_failed)
             return;
@@ -435,20 +423,20 @@ static void test_bf16(void)
         { 0xffc00001u, 0xffc0, "negative NaN keeps its sign" },
     };
     for (size_t i = 0; i < sizeof(table) / sizeof(table[0]); i++) {
-        uint16_t got = ddt_f32_to_bf16(float_of(table[i].f32));
+        uint16_t got = ddt_f32_to_bf16(ddk_f32_from_bits(table[i].f32));
         check(got == table[i].bf16, "f32 %08x -> bf16 %04x, want %04x (%s)", table[i].f32, got,
               table[i].bf16, table[i].why);
     }
     /* Signalling NaNs whose payload lies only in the dropped bits must not become inf. */
     for (uint32_t payload = 1; payload < 0x10000u; payload <<= 1) {
-        uint16_t got = ddt_f32_to_bf16(float_of(0x7f800000u | payload));
+        uint16_t got = ddt_f32_to_bf16(ddk_f32_from_bits(0x7f800000u | payload));
         check((got & 0x7f80) == 0x7f80 && (got & 0x7f) != 0 && (got & 0x40),
               "NaN %08x -> bf16 %04x, not a quiet NaN", 0x7f800000u | payload, got);
     }
     /* Every BF16 pattern widens exactly and narrows back to itself. */
     for (uint32_t b = 0; b < 0x10000u; b++) {
         float x = ddt_bf16_to_f32((uint16_t)b);
-        check(bits_of(x) == b << 16, "bf16 %04x -> f32 %08x, want %08x", b, bits_of(x), b << 16);
+        check(ddk_f32_bits(x) == b << 16, "bf16 %04x -> f32 %08x, want %08x", b, ddk_f32_bits(x), b << 16);
         if (!isnan(x))
             check(ddt_f32_to_bf16(x) == b, "bf16 %04x does not round trip", b);
         else
@@ -501,7 +489,7 @@ static void test_f16(void)
     }
     uint16_t nan = ddt_f32_to_f16(NAN);
     check((nan & 0x7c00) == 0x7c00 && (nan & 0x3ff) != 0, "NaN -> f16 %04x, not a NaN", nan);
-    uint16_t snan = ddt_f32_to_f16(float_of(0x7f800001u));   /* payload only in dropped bits */
+    uint16_t snan = ddt_f32_to_f16(ddk_f32_from_bits(0x7f800001u));   /* payload only in dropped bits */
     check((snan & 0x7c00) == 0x7c00 && (snan & 0x200), "sNaN -> f16 %04x, not a quiet NaN", snan);
 
     /* Every F16 pattern widens to its value and narrows back to itself. */

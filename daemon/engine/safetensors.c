@@ -121,22 +121,9 @@ static const char *shape_text(ddt_dtype t, const int64_t *shape, int ndim, char 
 }
 
 /* ------------------------------------------------------------------------------------------
- * Conversions. Bit patterns go through memcpy (no type punning through pointers).
+ * Conversions (bit patterns through ddk_bf16.h's memcpy helpers).
  */
 
-static uint32_t f32_bits(float x)
-{
-    uint32_t u;
-    memcpy(&u, &x, sizeof(u));
-    return u;
-}
-
-static float f32_from_bits(uint32_t u)
-{
-    float x;
-    memcpy(&x, &u, sizeof(x));
-    return x;
-}
 
 uint16_t ddt_f32_to_bf16(float x)
 {
@@ -150,7 +137,7 @@ float ddt_bf16_to_f32(uint16_t x)
 
 uint16_t ddt_f32_to_f16(float x)
 {
-    uint32_t u = f32_bits(x);
+    uint32_t u = ddk_f32_bits(x);
     uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
     u &= 0x7fffffffu;
     if (u > 0x7f800000u)   /* NaN: keep the top payload bits, force quiet */
@@ -186,17 +173,17 @@ float ddt_f16_to_f32(uint16_t x)
     uint32_t exp = (x >> 10) & 0x1fu, mant = x & 0x3ffu;
     if (exp == 0) {
         if (mant == 0)
-            return f32_from_bits(sign);
+            return ddk_f32_from_bits(sign);
         uint32_t e = 127 - 14;   /* normalise the subnormal: 2^-14 * 0.mant */
         while (!(mant & 0x400u)) {
             mant <<= 1;
             e--;
         }
-        return f32_from_bits(sign | (e << 23) | ((mant & 0x3ffu) << 13));
+        return ddk_f32_from_bits(sign | (e << 23) | ((mant & 0x3ffu) << 13));
     }
     if (exp == 31)   /* inf, or NaN with its payload */
-        return f32_from_bits(sign | 0x7f800000u | (mant << 13));
-    return f32_from_bits(sign | ((exp + 127 - 15) << 23) | (mant << 13));
+        return ddk_f32_from_bits(sign | 0x7f800000u | (mant << 13));
+    return ddk_f32_from_bits(sign | ((exp + 127 - 15) << 23) | (mant << 13));
 }
 
 int ddt_st_to_f32(const ddt_st_tensor *t, float *out)

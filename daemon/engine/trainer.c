@@ -55,7 +55,8 @@ typedef struct rank_state {
     /* GPU ranks: the replica of the weights, the moments and the target's head on the GPU
      * (CPU ranks read the trainer's) */
     float *params, *m, *v;        /* (total) each */
-    float *embed, *lm_head;       /* (V, H) each; one buffer when the target ties them */
+    float *own_embed, *own_lm_head;   /* (V, H) each, a GPU's copies; one buffer when tied */
+    const float *embed, *lm_head; /* what the rank's step reads: its copies, or the trainer's */
     ddt_drafter_weights w;        /* bound to the weights this rank's step reads */
     /* the rank's slice of the batch: the index arrays in host memory (batch_block: the rank's
      * allocator for a CPU rank, malloc for a GPU rank); the features in the rank's memory (in
@@ -181,16 +182,20 @@ static int alloc_ranks(ddt_trainer *t, const int32_t *gpu_ids, char *err, size_t
             rs->dev_batch_bytes = features;
             ok &= rs->batch_block && (rs->dev_batch_block = ddk_malloc(a, features)) != NULL;
             ok &= (rs->params = ddk_malloc(a, bytes)) && (rs->m = ddk_malloc(a, bytes)) &&
-                  (rs->v = ddk_malloc(a, bytes)) && (rs->lm_head = ddk_malloc(a, head)) &&
-                  (tied || (rs->embed = ddk_malloc(a, head)));
+                  (rs->v = ddk_malloc(a, bytes)) && (rs->own_lm_head = ddk_malloc(a, head)) &&
+                  (tied || (rs->own_embed = ddk_malloc(a, head)));
             if (ok) {
-                rs->be->copy(rs->be, rs->lm_head, t->lm_head, head);
+                rs->be->copy(rs->be, rs->own_lm_head, t->lm_head, head);
                 if (!tied)
-                    rs->be->copy(rs->be, rs->embed, t->embed, head);
+                    rs->be->copy(rs->be, rs->own_embed, t->embed, head);
                 rs->be->synchronize(rs->be);
             }
+            rs->lm_head = rs->own_lm_head;
+            rs->embed = tied ? rs->own_lm_head : rs->own_embed;
         } else {
             ok &= (rs->batch_block = ddk_malloc(a, rs->batch_bytes)) != NULL;
+            rs->embed = t->embed;
+            rs->lm_head = t->lm_head;
         }
         if (!ok) {
             snprintf(err, err_len, "rank %d (%s:%d): no memory for its gradients, batch%s; see `ddtreed plan`", r,
@@ -470,8 +475,8 @@ void ddt_trainer_close(ddt_trainer *t)
             ddk_free(a, rs->params, bytes);
             ddk_free(a, rs->m, bytes);
             ddk_free(a, rs->v, bytes);
-            ddk_free(a, rs->lm_head, head);
-            ddk_free(a, rs->embed, head);
+            ddk_free(a, rs->own_lm_head, head);
+            ddk_free(a, rs->own_embed, head);
         } else {
             ddk_free(a, rs->batch_block, rs->batch_bytes);
         }
@@ -515,8 +520,7 @@ static void *rank_main(void *arg)
     ddt_drafter_weights *g = &rs->step_grads;
     const ddk_backend *be = rs->be;
     const size_t gbytes = (size_t)t->total * sizeof(float);
-    const float *embed = rs->gpu >= 0 ? (rs->embed ? rs->embed : rs->lm_head) : t->embed,
-                *lm_head = rs->gpu >= 0 ? rs->lm_head : t->lm_head,
+    const float *embed = rs->embed, *lm_head = rs->lm_head,
                 *features = rs->features, *teacher = rs->teacher;
     be->zero(be, rs->grads, gbytes);
     ddt_loss_config lc = { .gamma = c->gamma, .ce_target_teacher = c->ce_target_teacher,
@@ -863,8 +867,7 @@ int ddt_trainer_eval(ddt_trainer *t, ddt_acceptance *acc, char *err, size_t err_
                   B = d->block_size, H = d->hidden, V = d->vocab, LH = d->taps * H;
     rank_state *rs = &t->rank[0];   /* rank 0 evaluates, on its device */
     const ddk_backend *be = rs->be;
-    const float *embed = rs->gpu >= 0 ? (rs->embed ? rs->embed : rs->lm_head) : t->embed,
-                *lm_head = rs->gpu >= 0 ? rs->lm_head : t->lm_head;
+    const float *embed = rs->embed, *lm_head = rs->lm_head;
     ddt_acceptance_init(acc, c->tree_budgets, c->n_budgets);
     int64_t n = c->eval_sequences < c->heldout ? c->eval_sequences : c->heldout;
     size_t hs_bytes = (size_t)(A * B * H) * sizeof(float), logit_bytes = (size_t)(B * V) * sizeof(float);

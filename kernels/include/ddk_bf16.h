@@ -8,10 +8,24 @@
 #include <stdint.h>
 #include <string.h>
 
-static inline uint16_t ddk_f32_to_bf16(float x)
+/* a float's bit pattern and back, through memcpy (no type punning through pointers) */
+static inline uint32_t ddk_f32_bits(float x)
 {
     uint32_t u;
     memcpy(&u, &x, sizeof u);
+    return u;
+}
+
+static inline float ddk_f32_from_bits(uint32_t u)
+{
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+static inline uint16_t ddk_f32_to_bf16(float x)
+{
+    uint32_t u = ddk_f32_bits(x);
     if ((u & 0x7fffffffu) > 0x7f800000u)   /* NaN: keep sign and top payload, force quiet */
         return (uint16_t)((u >> 16) | 0x0040u);
     /* round to nearest even on the 16 bits dropped; a carry into the exponent is correct, and
@@ -22,10 +36,7 @@ static inline uint16_t ddk_f32_to_bf16(float x)
 
 static inline float ddk_bf16_to_f32(uint16_t x)
 {
-    uint32_t u = (uint32_t)x << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
+    return ddk_f32_from_bits((uint32_t)x << 16);
 }
 
 /* x rounded to the nearest bf16 value, as a float */
