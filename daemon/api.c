@@ -228,6 +228,17 @@ static void post_plan(ddt_api *a, const ddt_http_request *req, ddt_http_response
         ddt_http_error(res, 400, "invalid_config", *field ? field : NULL, "%s", err);
         return;
     }
+    /* the ranks the run would take on this node ("all": the GPUs it trains on); a GPU it
+     * names that this node lacks: the ranks it names (the plan of a run for another node) */
+    ddt_devices dev;
+    int rc = ddt_run_config_devices(&c, ddt_node_here(), &dev, err, sizeof err, field, sizeof field);
+    if (rc && rc != -ENODEV) {
+        ddt_http_error(res, 400, "invalid_config", *field ? field : NULL, "%s", err);
+        ddt_run_config_free(&c);
+        return;
+    }
+    if (rc == 0)
+        c.ranks = dev.ranks;
     int64_t hidden, vocab, layers;
     int tied = 0;
     if (ddt_run_config_target_shape(&c, &hidden, &vocab, &layers, &tied, err, sizeof err)) {
@@ -241,7 +252,7 @@ static void post_plan(ddt_api *a, const ddt_http_request *req, ddt_http_response
         ddt_run_config_free(&c);
         return;
     }
-    ddt_http_json(res, 200, ddt_plan_json(&c, &plan));
+    ddt_http_json(res, 200, ddt_plan_json(&c, &plan, rc == 0 ? dev.note : NULL));
     ddt_run_config_free(&c);
 }
 

@@ -6,6 +6,7 @@
  * Tested by tests/train_cli_test.sh (every example must pass it).
  */
 #include "commands.h"
+#include "ddk.h"
 #include "model_config.h"
 #include "planner.h"
 
@@ -43,6 +44,24 @@ int ddt_cmd_plan(int argc, char **argv)
     ddt_run_config c;
     int rc = text ? ddt_run_config_parse(text, strlen(text), &c, err, sizeof err, field, sizeof field) : -EINVAL;
     free(text);
+    /* the ranks the run takes on this node ("all": the GPUs it trains on); a plan made away
+     * from the node (a GPU it names is not here) takes the ranks the config names */
+    ddt_devices dev;
+    memset(&dev, 0, sizeof dev);
+    if (rc == 0) {
+        char why[1024];
+        int drc = ddt_run_config_devices(&c, ddt_node_here(), &dev, why, sizeof why, field, sizeof field);
+        if (drc == -ENODEV) {
+            fprintf(stderr, "ddtreed plan: %s\nddtreed plan: planning with the %lld rank(s) it names\n", why,
+                    (long long)c.ranks);
+            *field = '\0';
+        } else if (drc) {
+            rc = drc;
+            snprintf(err, sizeof err, "%s", why);
+        } else {
+            c.ranks = dev.ranks;
+        }
+    }
     int64_t hidden = 0, vocab = 0, layers = 0;
     int tied = 0;
     if (rc == 0 && ddt_run_config_target_shape(&c, &hidden, &vocab, &layers, &tied, err, sizeof err)) {
@@ -65,11 +84,13 @@ int ddt_cmd_plan(int argc, char **argv)
         return 1;
     }
     if (json) {
-        char *out = ddt_plan_json(&c, &plan);
+        char *out = ddt_plan_json(&c, &plan, dev.note);
         printf("%s\n", out);
         free(out);
     } else {
         ddt_plan_print(&c, &plan, stdout);
+        if (*dev.note)
+            printf("  %s\n", dev.note);
     }
     ddt_run_config_free(&c);
     return plan.fits ? 0 : 1;

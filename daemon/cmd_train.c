@@ -136,6 +136,8 @@ int ddt_cmd_train(int argc, char **argv)
     fprintf(stderr, "run %s (%s): %lld steps, %lld sequences x %lld tokens per step, %lld rank(s); "
             "predicted peak %.1f MB per rank\n", ddt_trainer_run_id(t), c->name, (long long)c->steps,
             (long long)c->sequences_per_step, (long long)c->seq_len, (long long)c->ranks, plan->peak / 1e6);
+    if (*ddt_trainer_devices_note(t))
+        fprintf(stderr, "%s\n", ddt_trainer_devices_note(t));
     int tty = isatty(2);
     double tau_start = -1;
     ddt_acceptance acc;

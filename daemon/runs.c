@@ -123,11 +123,10 @@ static uint64_t run_gpus(const run *u)
     char err[512], field[128];
     if (ddt_run_config_parse(u->config_json, strlen(u->config_json), &c, err, sizeof err, field, sizeof field))
         return 0;
-    int gpu = 0, ranks = 0;
-    int32_t ids[DDT_MAX_RANKS];
-    if (ddt_run_config_devices(&c, ddk_cuda_device_count(), &gpu, &ranks, ids, err, sizeof err) == 0 && gpu)
-        for (int i = 0; i < ranks; i++)
-            gpus |= (uint64_t)1 << ids[i];
+    ddt_devices d;
+    if (ddt_run_config_devices(&c, ddt_node_here(), &d, err, sizeof err, NULL, 0) == 0 && d.gpu)
+        for (int i = 0; i < d.ranks; i++)   /* "all": only the GPUs it trains on */
+            gpus |= (uint64_t)1 << d.gpu_ids[i];
     ddt_run_config_free(&c);
     return gpus;
 }
@@ -234,6 +233,8 @@ static void *worker_main(void *arg)
     }
     u->resume = 1;   /* from now on a restart continues from its checkpoints */
     u->step = ddt_trainer_step_count(t);
+    if (*ddt_trainer_devices_note(t))
+        ddt_log(DDT_LOG_INFO, "run=%s %s", u->id, ddt_trainer_devices_note(t));
     set_state(r, u, DDT_RUN_RUNNING, NULL);
     const ddt_run_config *c = ddt_trainer_config(t);
     for (;;) {
@@ -449,7 +450,20 @@ int ddt_runs_submit(ddt_runs *r, const char *json, size_t len, char *id, size_t 
     int rc = ddt_run_config_parse(json, len, &c, err, err_len, field, field_len);
     if (rc)
         return rc;
-    /* what can be checked before the run starts: the target's shape and the drafter */
+    /* what can be checked before the run starts: the devices against what the config asks of
+     * them (more ranks than sequences per step, a head_dim beyond the GPUs' attention; a GPU
+     * this node lacks is left to the worker, which fails at once naming it), the target's
+     * shape and the drafter */
+    ddt_devices d;
+    rc = ddt_run_config_devices(&c, ddt_node_here(), &d, err, err_len, field, field_len);
+    if (rc == -ENODEV) {
+        rc = 0;
+        *field = '\0';
+    }
+    if (rc) {
+        ddt_run_config_free(&c);
+        return rc;
+    }
     int64_t hidden, vocab, layers;
     int tied;
     rc = ddt_run_config_target_shape(&c, &hidden, &vocab, &layers, &tied, err, err_len);

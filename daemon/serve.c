@@ -209,7 +209,8 @@ int ddt_cmd_serve(int argc, char **argv)
         return 2;
     }
     ddt_log_set_level(ddt_log_level_from_name(d.config.log_level));
-    ddt_log(DDT_LOG_INFO, "ddtreed %s starting pid=%d", DDK_VERSION, (int)getpid());
+    ddt_log(DDT_LOG_INFO, "ddtreed %s starting pid=%d cuda=%s nccl=%s gpus=%d", DDK_VERSION, (int)getpid(),
+            ddk_has_cuda() ? "on" : "off", ddk_has_nccl() ? "on" : "off", ddk_cuda_device_count());
     ddt_daemon_config_log(&d.config);
     signal(SIGPIPE, SIG_IGN);
 

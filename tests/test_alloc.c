@@ -5,7 +5,10 @@
  * below what is live, and 4 threads allocating and freeing at once. Every check is relative to
  * the counters found at its start, so it does not assume the process allocated nothing before.
  * The budget is restored to 0 (unlimited) at the end. Also the fatal path (kernels/fatal.c): in a
- * child process, ddk_fatal prints its message, runs the hook once with it, and aborts.
+ * child process, ddk_fatal prints its message, runs the hook once with it, and aborts. And the
+ * host staging memory (ddk_host_alloc_pinned): aligned, writable, page-locked exactly when
+ * there is a GPU, outside the accounting, refusals with errno; with a GPU, a round trip
+ * through cuda:0's queued copies.
  *
  * ctest: exit 0 when every case passes; one line per case; a final "N passed, M failed".
  */
@@ -223,6 +226,69 @@ static void test_threads(ddk_allocator *a)
 }
 
 /* ------------------------------------------------------------------------------------------
+ * Host staging memory (ddk_host_alloc_pinned): page-locked where there is a GPU, ordinary
+ * memory otherwise, 64-byte aligned either way, outside the accounting allocators
+ */
+
+static void test_host_staging(ddk_allocator *a)
+{
+    const int gpus = ddk_cuda_device_count();
+    const size_t sizes[] = { 1, 63, 64, 1000, ((size_t)1 << 20) + 3 };
+    const ddk_alloc_stats s0 = ddk_allocator_stats(a);
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        unsigned char *p = ddk_host_alloc_pinned(sizes[i]);
+        check(p != NULL, "ddk_host_alloc_pinned(%zu) failed", sizes[i]);
+        if (!p)
+            continue;
+        check((uintptr_t)p % 64 == 0, "ddk_host_alloc_pinned(%zu) = %p is not 64-byte aligned", sizes[i], (void *)p);
+        for (size_t k = 0; k < sizes[i]; k++)   /* every byte is ours (ASan checks the extent) */
+            p[k] = (unsigned char)(k * 7 + 1);
+        size_t wrong = 0;
+        for (size_t k = 0; k < sizes[i]; k++)
+            wrong += p[k] != (unsigned char)(k * 7 + 1);
+        check(wrong == 0, "%zu of %zu bytes read back wrong", wrong, sizes[i]);
+        /* page-locked exactly when a GPU can DMA from it (a small request never runs out) */
+        check(ddk_host_pinned(p) == (gpus > 0), "%zu bytes: pinned %d with %d GPUs", sizes[i], ddk_host_pinned(p),
+              gpus);
+        ddk_host_free_pinned(p);
+    }
+    const ddk_alloc_stats s1 = ddk_allocator_stats(a);
+    check(s1.current == s0.current && s1.peak == s0.peak, "staging memory was counted by the host allocator: "
+          "current %zu -> %zu, peak %zu -> %zu", s0.current, s1.current, s0.peak, s1.peak);
+    errno = 0;
+    check(ddk_host_alloc_pinned(0) == NULL && errno == EINVAL, "0 bytes: want NULL and EINVAL (errno %d)", errno);
+    errno = 0;
+    check(ddk_host_alloc_pinned(SIZE_MAX) == NULL && errno == ENOMEM, "SIZE_MAX bytes: want NULL and ENOMEM (errno %d)",
+          errno);
+    ddk_host_free_pinned(NULL);   /* a no-op */
+    check(ddk_host_pinned(NULL) == 0, "ddk_host_pinned(NULL) is not 0");
+
+    /* with a GPU: a round trip through its backend's queued copies, host reads after the
+     * synchronize only */
+    const ddk_backend *be = gpus > 0 ? ddk_backend_cuda(0) : NULL;
+    if (!be) {
+        printf("  # no GPU: the round trip through cuda:0 is skipped\n");
+        return;
+    }
+    const size_t n = ((size_t)1 << 22) + 12;
+    float *src = ddk_host_alloc_pinned(n * sizeof(float)), *back = ddk_host_alloc_pinned(n * sizeof(float));
+    float *dev = ddk_malloc(be->alloc, n * sizeof(float));
+    check(src && back && dev, "no memory for the round trip");
+    if (src && back && dev) {
+        for (size_t k = 0; k < n; k++)
+            src[k] = (float)k * 0.5f;
+        memset(back, 0, n * sizeof(float));
+        be->copy(be, dev, src, n * sizeof(float));
+        be->copy(be, back, dev, n * sizeof(float));
+        be->synchronize(be);
+        check(!memcmp(src, back, n * sizeof(float)), "pinned -> cuda:0 -> pinned changed the floats");
+    }
+    ddk_free(be->alloc, dev, n * sizeof(float));
+    ddk_host_free_pinned(src);
+    ddk_host_free_pinned(back);
+}
+
+/* ------------------------------------------------------------------------------------------
  * The fatal path: the hook gets the message, then the process aborts
  */
 
@@ -278,6 +344,7 @@ int main(void)
         { "budget", test_budget },
         { "budget_below_current", test_budget_below_current },
         { "threads", test_threads },
+        { "host_staging_pinned", test_host_staging },
         { "fatal_hook_then_abort", test_fatal_hook },
     };
     ddk_allocator *a = ddk_allocator_cpu();

@@ -66,7 +66,7 @@ static void test_unique_id(void)
     char a[DDK_COMM_ID_HEX + 1], b[DDK_COMM_ID_HEX + 1], err[512] = "";
     int rc = ddk_comm_unique_id(a, err, sizeof err);
     if (!with_nccl) {
-        check(rc == -ENOSYS && strstr(err, "without CUDA/NCCL"),
+        check(rc == -ENOSYS && strstr(err, ddk_has_cuda() ? "without NCCL" : "without CUDA/NCCL"),
               "without NCCL: rc %d (want -ENOSYS), err \"%s\"", rc, err);
         return;
     }
@@ -245,7 +245,7 @@ static void test_allreduce_2rank(void)
 
 int main(void)
 {
-    with_nccl = ddk_has_cuda();
+    with_nccl = ddk_has_nccl();
     gpus = ddk_cuda_device_count();
     printf("libddk %s NCCL; %d GPU(s)\n", with_nccl ? "with" : "without", gpus);
     static const test_case cpu_cases[] = {
@@ -255,7 +255,8 @@ int main(void)
     };
     run_cases(cpu_cases, sizeof cpu_cases / sizeof cpu_cases[0]);
     if (!with_nccl || gpus == 0) {
-        printf("SKIPPED: no GPU (gpu_refusals, allreduce_1rank, allreduce_2rank not run)\n");
+        printf("SKIPPED: no %s (gpu_refusals, allreduce_1rank, allreduce_2rank not run)\n",
+               with_nccl ? "GPU" : "NCCL");
     } else {
         run_case("gpu_refusals", test_gpu_refusals);
         run_case("allreduce_1rank", test_allreduce_1rank);

@@ -211,8 +211,9 @@ static void run_step_case(const step_case *sc)
     check(max_rel(got.ce, want.ce) <= tol_fig, "ce %.9g, CPU %.9g", got.ce, want.ce);
     check(fabs(got.kl - want.kl) <= tol_fig * fmax(fabs(want.kl), 1e-3), "kl %.9g, CPU %.9g", got.kl, want.kl);
     check(fabs(got.cap - want.cap) <= tol_fig * fmax(fabs(want.cap), 1e-3), "cap %.9g, CPU %.9g", got.cap, want.cap);
-    /* argmax ties aside, the same positions are right */
-    check(llabs(got.correct - want.correct) <= (sc->bf16 ? 2 : 0), "correct %lld, CPU %lld",
+    /* argmax ties aside, the same positions are right: a near-tie between two logits may round
+     * to the other argmax on the GPU (another summation order, the tensor cores): fp32 +-1 */
+    check(llabs(got.correct - want.correct) <= (sc->bf16 ? 2 : 1), "correct %lld, CPU %lld",
           (long long)got.correct, (long long)want.correct);
     double *ref = xcalloc((size_t)(rows * H > p.total ? rows * H : p.total), sizeof(double));
     for (int i = 0; i < p.count; i++) {

@@ -1,15 +1,17 @@
 /* test_trainer.c: whole runs of the trainer on a tiny synthetic target:
  *   - exact resume: a run stopped after step 10 and resumed repeats steps 11..20 of an
  *     uninterrupted run bit for bit;
- *   - 1 rank, 2 ranks and 2 accumulated micro-batches give the same losses for the same
- *     global batch (float rounding);
+ *   - 1 rank, 2 ranks, 3 ranks (uneven slices: 2, 1, 1 of 4 sequences) and 2 accumulated
+ *     micro-batches give the same losses for the same global batch (float rounding);
  *   - an out-of-memory step under a budget that forces it is retried with a smaller chunk
  *     (then a vocab_tile) and the run goes on; a budget below the floor fails with a message
  *     that says what would fit;
  *   - the planner's prediction against the accounting allocator's measured peak (15%);
  *   - run config errors name the field (train.precision, devices, cluster.* among them), good
- *     configs parse to what they say, ddt_run_config_devices resolves "devices" against 0, 2
- *     and 8 GPUs;
+ *     configs parse to what they say, ddt_run_config_devices resolves "devices" against 0, 1,
+ *     2 and 8 GPUs: "all" takes no more GPUs than sequences per step and says so, more ranks
+ *     named than sequences are refused, a GPU run's drafter.head_dim beyond the CUDA attention
+ *     is refused (also by ddt_trainer_open, before any step, on a machine without a GPU);
  *   - a GPU the node does not have ("cuda:N") fails at open, naming it, and leaves nothing
  *     that changes a later run;
  *   - train.precision "bf16": finite losses close to fp32's, not identical to them.
@@ -119,7 +121,7 @@ static void with_accum(const char *json, int k, char *out, size_t len)
 
 static void test_ranks(void)
 {
-    double one[4], two[4], accum[4];
+    double one[4], two[4], three[4], accum[4];
     ddt_trainer *t = open_run(TINY("1", ""), NULL);
     if (!t)
         return;
@@ -132,6 +134,12 @@ static void test_ranks(void)
     run_steps(t, 4, two, &rec);
     check(rec.devices == 2 && rec.device_peak_bytes[1] > 0, "two ranks should report two peaks");
     ddt_trainer_close(t);
+    t = open_run(TINY("3", ""), NULL);   /* 4 sequences over 3 ranks: slices of 2, 1 and 1 */
+    if (!t)
+        return;
+    run_steps(t, 4, three, &rec);
+    check(rec.devices == 3 && rec.device_peak_bytes[2] > 0, "three ranks should report three peaks");
+    ddt_trainer_close(t);
     char json[4096];
     with_accum(TINY("1", ""), 2, json, sizeof json);
     t = open_run(json, NULL);
@@ -143,6 +151,8 @@ static void test_ranks(void)
     for (int i = 0; i < 4; i++) {
         check(fabs(one[i] - two[i]) <= 1e-5 * fabs(one[i]), "step %d: 1 rank %.9g, 2 ranks %.9g",
               i + 1, one[i], two[i]);
+        check(fabs(one[i] - three[i]) <= 1e-5 * fabs(one[i]), "step %d: 1 rank %.9g, 3 ranks %.9g",
+              i + 1, one[i], three[i]);
         check(fabs(one[i] - accum[i]) <= 1e-5 * fabs(one[i]), "step %d: 1 rank %.9g, 2 micro-batches %.9g",
               i + 1, one[i], accum[i]);
     }
@@ -386,33 +396,81 @@ static void test_config_good(void)
               "cluster in capitals"), ddt_run_config_free(&c);
 }
 
-/* ddt_run_config_devices: "devices" against a node of 0, 2 or 8 GPUs */
+/* ddt_run_config_devices: "devices" against a node of 0, 1, 2 or 8 GPUs (the count is a
+ * parameter: no GPU needed). Every rank has a sequence of each step: "all" takes no more GPUs
+ * than train.sequences_per_step (default 4) and says so; more ranks named are refused. A GPU
+ * run's drafter.head_dim must be <= DDK_CUDA_MAX_HEAD_DIM, a list of GPUs being a GPU run even
+ * on a node without them. */
+#define SEQ(n) ", \"train\": {\"sequences_per_step\": " #n "}"
+#define HD(n) ", \"drafter\": {\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": " #n "}"
 static void test_config_devices(void)
 {
     static const struct {
         const char *devices;   /* the JSON of "devices" (and what follows it) */
         int gpus, rc, gpu, ranks, ids[8];
-        const char *says;      /* in err when rc != 0 */
+        const char *says;      /* in err when rc != 0; in the note ("" none) when rc == 0 */
+        const char *field;     /* rc != 0: the field at fault */
+        int single_gpu;        /* the node: a CUDA build without NCCL */
     } cases[] = {
-        { "\"all\"", 0, 0, 0, 1, { 0 }, NULL },
-        { "\"all\"", 2, 0, 1, 2, { 0, 1 }, NULL },
-        { "\"all\"", 8, 0, 1, 8, { 0, 1, 2, 3, 4, 5, 6, 7 }, NULL },
-        { "3", 0, 0, 0, 3, { 0 }, NULL },
-        { "3", 2, -EINVAL, 0, 0, { 0 }, "3 GPUs" },
-        { "3", 8, 0, 1, 3, { 0, 1, 2 }, NULL },
-        { "\"cpu\"", 0, 0, 0, 1, { 0 }, NULL },
-        { "\"cpu\"", 2, 0, 0, 1, { 0 }, NULL },
-        { "\"cpu\"", 8, 0, 0, 1, { 0 }, NULL },
-        { "[\"cuda:1\"]", 0, -EINVAL, 0, 0, { 0 }, "cuda:1" },
-        { "[\"cuda:1\"]", 2, 0, 1, 1, { 1 }, NULL },
-        { "[\"cuda:1\"]", 8, 0, 1, 1, { 1 }, NULL },
-        { "[\"cuda:5\"]", 0, -EINVAL, 0, 0, { 0 }, "cuda:5" },
-        { "[\"cuda:5\"]", 2, -EINVAL, 0, 0, { 0 }, "cuda:5" },
-        { "[\"cuda:5\"]", 8, 0, 1, 1, { 5 }, NULL },
-        { "[\"cuda:6\", \"cuda:2\"]", 8, 0, 1, 2, { 6, 2 }, NULL },
-        { "[\"cuda:0\", \"cuda:2\"]", 2, -EINVAL, 0, 0, { 0 }, "cuda:2" },
-        { "2, \"cluster\": {\"unique_id\": \"@ID@\", \"world_size\": 4}", 0, -EINVAL, 0, 0, { 0 }, "GPU" },
-        { "2, \"cluster\": {\"unique_id\": \"@ID@\", \"world_size\": 4}", 2, 0, 1, 2, { 0, 1 }, NULL },
+        { "\"all\"", 0, 0, 0, 1, { 0 }, "", NULL, 0 },
+        { "\"all\"", 2, 0, 1, 2, { 0, 1 }, "", NULL, 0 },
+        { "\"all\"" SEQ(8), 8, 0, 1, 8, { 0, 1, 2, 3, 4, 5, 6, 7 }, "", NULL, 0 },
+        { "\"all\"" SEQ(12), 8, 0, 1, 8, { 0, 1, 2, 3, 4, 5, 6, 7 }, "", NULL, 0 },
+        /* "all" with fewer sequences per step than GPUs: the first ones, and a sentence */
+        { "\"all\"", 8, 0, 1, 4, { 0, 1, 2, 3 },
+          "devices \"all\": 8 GPUs but 4 sequences per step (train.sequences_per_step): training on "
+          "cuda:0..cuda:3, the other 4 stay idle", NULL, 0 },
+        { "\"all\"" SEQ(1), 8, 0, 1, 1, { 0 }, "training on cuda:0, the other 7 stay idle", NULL, 0 },
+        { "\"all\"" SEQ(1), 1, 0, 1, 1, { 0 }, "", NULL, 0 },
+        { "\"all\"" SEQ(1), 0, 0, 0, 1, { 0 }, "", NULL, 0 },
+        { "3", 0, 0, 0, 3, { 0 }, "", NULL, 0 },
+        { "3", 2, -ENODEV, 0, 0, { 0 }, "3 GPUs", "devices", 0 },
+        { "3", 8, 0, 1, 3, { 0, 1, 2 }, "", NULL, 0 },
+        { "\"cpu\"", 0, 0, 0, 1, { 0 }, "", NULL, 0 },
+        { "\"cpu\"", 2, 0, 0, 1, { 0 }, "", NULL, 0 },
+        { "\"cpu\"", 8, 0, 0, 1, { 0 }, "", NULL, 0 },
+        { "[\"cuda:1\"]", 0, -ENODEV, 0, 0, { 0 }, "cuda:1", "devices", 0 },
+        { "[\"cuda:1\"]", 2, 0, 1, 1, { 1 }, "", NULL, 0 },
+        { "[\"cuda:1\"]", 8, 0, 1, 1, { 1 }, "", NULL, 0 },
+        { "[\"cuda:5\"]", 0, -ENODEV, 0, 0, { 0 }, "cuda:5", "devices", 0 },
+        { "[\"cuda:5\"]", 2, -ENODEV, 0, 0, { 0 }, "cuda:5", "devices", 0 },
+        { "[\"cuda:5\"]", 8, 0, 1, 1, { 5 }, "", NULL, 0 },
+        { "[\"cuda:6\", \"cuda:2\"]", 8, 0, 1, 2, { 6, 2 }, "", NULL, 0 },
+        { "[\"cuda:0\", \"cuda:2\"]", 2, -ENODEV, 0, 0, { 0 }, "cuda:2", "devices", 0 },
+        { "2, \"cluster\": {\"unique_id\": \"@ID@\", \"world_size\": 4}", 0, -ENODEV, 0, 0, { 0 }, "GPU", "cluster", 0 },
+        { "2, \"cluster\": {\"unique_id\": \"@ID@\", \"world_size\": 4}", 2, 0, 1, 2, { 0, 1 }, "", NULL, 0 },
+        /* ranks named beyond the sequences per step: refused, GPUs or CPU ranks, whatever the node */
+        { "8", 8, -EINVAL, 0, 0, { 0 }, "train.sequences_per_step is 4", "devices", 0 },
+        { "8", 0, -EINVAL, 0, 0, { 0 }, "train.sequences_per_step is 4", "devices", 0 },
+        { "5", 2, -EINVAL, 0, 0, { 0 }, "at most 4 devices", "devices", 0 },
+        { "[\"cuda:0\", \"cuda:1\", \"cuda:2\", \"cuda:3\", \"cuda:4\"]", 8, -EINVAL, 0, 0, { 0 },
+          "5 ranks but train.sequences_per_step is 4", "devices", 0 },
+        { "[\"cuda:0\", \"cuda:1\"]" SEQ(1), 0, -EINVAL, 0, 0, { 0 }, "train.sequences_per_step", "devices", 0 },
+        { "8" SEQ(8), 0, 0, 0, 8, { 0 }, "", NULL, 0 },
+        { "2, \"cluster\": {\"unique_id\": \"@ID@\", \"world_size\": 8}", 2, -EINVAL, 0, 0, { 0 },
+          "8 ranks but train.sequences_per_step is 4", "cluster.world_size", 0 },
+        /* a head_dim the CUDA attention does not hold: refused for a GPU run only */
+        { "[\"cuda:0\"]" HD(288), 0, -EINVAL, 0, 0, { 0 }, "drafter.head_dim: 288", "drafter.head_dim", 0 },
+        { "[\"cuda:0\"]" HD(288), 1, -EINVAL, 0, 0, { 0 }, "\"devices\": \"cpu\"", "drafter.head_dim", 0 },
+        { "\"all\"" HD(288), 2, -EINVAL, 0, 0, { 0 }, "<= 256", "drafter.head_dim", 0 },
+        { "2" HD(288), 2, -EINVAL, 0, 0, { 0 }, "drafter.head_dim", "drafter.head_dim", 0 },
+        { "\"all\"" HD(288), 0, 0, 0, 1, { 0 }, "", NULL, 0 },
+        { "2" HD(288), 0, 0, 0, 2, { 0 }, "", NULL, 0 },
+        { "\"cpu\"" HD(288), 8, 0, 0, 1, { 0 }, "", NULL, 0 },
+        { "[\"cuda:0\"]" HD(256), 1, 0, 1, 1, { 0 }, "", NULL, 0 },
+        /* a CUDA build without NCCL: one GPU rank; "all" takes cuda:0 and says so */
+        { "\"all\"", 8, 0, 1, 1, { 0 }, "devices \"all\": 8 GPUs but this ddtreed was built without NCCL: "
+          "training on cuda:0, the other 7 stay idle", NULL, 1 },
+        { "\"all\"", 1, 0, 1, 1, { 0 }, "", NULL, 1 },
+        { "\"all\"", 0, 0, 0, 1, { 0 }, "", NULL, 1 },
+        { "[\"cuda:3\"]", 8, 0, 1, 1, { 3 }, "", NULL, 1 },
+        { "1", 8, 0, 1, 1, { 0 }, "", NULL, 1 },
+        { "2", 8, -EINVAL, 0, 0, { 0 }, "2 GPU ranks need NCCL", "devices", 1 },
+        { "[\"cuda:0\", \"cuda:1\"]", 8, -EINVAL, 0, 0, { 0 }, "built without it", "devices", 1 },
+        { "[\"cuda:0\", \"cuda:1\"]", 0, -EINVAL, 0, 0, { 0 }, "need NCCL", "devices", 1 },
+        { "1, \"cluster\": {\"unique_id\": \"@ID@\", \"world_size\": 2}", 1, -EINVAL, 0, 0, { 0 },
+          "need NCCL", "cluster.world_size", 1 },
+        { "2", 0, 0, 0, 2, { 0 }, "", NULL, 1 },   /* CPU ranks need no NCCL */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char json[1024];
@@ -420,25 +478,58 @@ static void test_config_devices(void)
         ddt_run_config c;
         if (!parse_ok(json, &c))
             continue;
-        int gpu = -1, ranks = -1;
-        int32_t ids[DDT_MAX_RANKS];
-        memset(ids, 0xff, sizeof ids);
-        char err[512] = "";
-        int rc = ddt_run_config_devices(&c, cases[i].gpus, &gpu, &ranks, ids, err, sizeof err);
+        ddt_devices d;
+        memset(&d, 0xff, sizeof d);
+        char err[512] = "", field[128] = "x";
+        const ddt_node node = { .gpus = cases[i].gpus, .single_gpu = cases[i].single_gpu };
+        int rc = ddt_run_config_devices(&c, node, &d, err, sizeof err, field, sizeof field);
         ddt_run_config_free(&c);
         if (cases[i].rc) {
-            check(rc == cases[i].rc && strstr(err, cases[i].says) &&
-                      (strstr(err, "devices") || strstr(err, "cluster")),
-                  "devices %s on %d GPUs: rc %d, want %d and a message naming %s: '%s'", cases[i].devices,
-                  cases[i].gpus, rc, cases[i].rc, cases[i].says, err);
+            size_t n = strlen(cases[i].field);
+            check(rc == cases[i].rc && strstr(err, cases[i].says) && !strcmp(field, cases[i].field) &&
+                      !strncmp(err, cases[i].field, n) && err[n] == ':',
+                  "devices %s on %d GPUs: rc %d, field '%s'; want %d, field '%s' and a message \"%s: ...\" "
+                  "naming %s: '%s'", cases[i].devices, cases[i].gpus, rc, field, cases[i].rc, cases[i].field,
+                  cases[i].field, cases[i].says, err);
             continue;
         }
-        int same = rc == 0 && gpu == cases[i].gpu && ranks == cases[i].ranks;
-        for (int r = 0; same && gpu && r < ranks; r++)
-            same = ids[r] == cases[i].ids[r];
+        int same = rc == 0 && d.gpu == cases[i].gpu && d.ranks == cases[i].ranks && !*field;
+        for (int r = 0; same && d.gpu && r < d.ranks; r++)
+            same = d.gpu_ids[r] == cases[i].ids[r];
         check(same, "devices %s on %d GPUs: rc %d (%s), gpu %d, ranks %d, ids %d %d ...; want gpu %d, ranks %d, ids %d %d ...",
-              cases[i].devices, cases[i].gpus, rc, err, gpu, ranks, ids[0], ids[1], cases[i].gpu, cases[i].ranks,
-              cases[i].ids[0], cases[i].ids[1]);
+              cases[i].devices, cases[i].gpus, rc, err, d.gpu, d.ranks, d.gpu_ids[0], d.gpu_ids[1], cases[i].gpu,
+              cases[i].ranks, cases[i].ids[0], cases[i].ids[1]);
+        check(rc == 0 && (*cases[i].says ? strstr(d.note, cases[i].says) != NULL : !*d.note),
+              "devices %s on %d GPUs: note '%s', want %s%s%s", cases[i].devices, cases[i].gpus, rc ? "" : d.note,
+              *cases[i].says ? "one saying '" : "none", cases[i].says, *cases[i].says ? "'" : "");
+    }
+}
+
+/* What a GPU run's config is refused for is refused when the trainer opens it, before any
+ * step and without a GPU: ["cuda:0"] with drafter.head_dim 288 (beyond the CUDA attention),
+ * and CPU ranks beyond the sequences per step; the message names the field and the way out. */
+static void test_open_refuses(void)
+{
+    const char *tiny = TINY("[\"cuda:0\"]", "");
+    const char *drafter = strstr(tiny, "\"drafter\":"), *hd = strstr(drafter, "\"head_dim\": 8");
+    char json[4096];
+    snprintf(json, sizeof json, "%.*s\"head_dim\": 288%s", (int)(hd - tiny), tiny, hd + strlen("\"head_dim\": 8"));
+    static const struct { const char *json_or_null, *field, *says; } cases[] = {
+        { NULL, "drafter.head_dim", "drafter.head_dim: 288 is more than the 256" },
+        { TINY("8", ""), "devices", "train.sequences_per_step is 4" },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *text = cases[i].json_or_null ? cases[i].json_or_null : json;
+        ddt_trainer *t = NULL;
+        char err[1024] = "", field[128] = "";
+        int rc = ddt_trainer_open(text, strlen(text), state_dir, NULL, 0, NULL, &t, err, sizeof err, field,
+                                  sizeof field);
+        check(rc == -EINVAL && !strcmp(field, cases[i].field) && strstr(err, cases[i].says),
+              "case %zu: rc %d, field '%s' (want -EINVAL, '%s'): '%s'", i, rc, field, cases[i].field, err);
+        if (rc == 0)
+            ddt_trainer_close(t);
+        else
+            printf("  # %s\n", err);
     }
 }
 
@@ -489,7 +580,7 @@ static void test_missing_gpu(void)
                           sizeof field);
     check(count_entries(runs) == dirs, "the failed open left a run directory: %d entries, %d before",
           count_entries(runs), dirs);
-    check(rc == -EINVAL && strstr(err, gpu_name), "devices [\"%s\"]: rc %d, want -EINVAL and a message naming %s: '%s'",
+    check(rc == -ENODEV && strstr(err, gpu_name), "devices [\"%s\"]: rc %d, want -ENODEV and a message naming %s: '%s'",
           gpu_name, rc, gpu_name, err);
     if (rc == 0) {
         ddt_trainer_close(t);
@@ -597,12 +688,13 @@ int main(void)
     static const struct { const char *name; void (*fn)(void); } cases[] = {
         { "run config errors name the field", test_config_errors },
         { "run configs: precision, devices, cluster parsed", test_config_good },
-        { "devices resolved on 0, 2, 8 GPUs", test_config_devices },
+        { "devices resolved on 0, 1, 2, 8 GPUs: idle ranks, GPU head_dim", test_config_devices },
+        { "what a node cannot run is refused at open, naming the field", test_open_refuses },
         { "a GPU the node lacks fails at open, nothing left behind", test_missing_gpu },
         { "eval.blocks_per_sequence bounds the evaluated blocks", test_eval_blocks },
         { "train.precision bf16: close to fp32, not identical", test_bf16_run },
         { "exact resume", test_exact_resume },
-        { "1 rank vs 2 ranks vs 2 micro-batches", test_ranks },
+        { "1 rank vs 2 ranks vs 3 ranks vs 2 micro-batches", test_ranks },
         { "out-of-memory recovery", test_oom_recovery },
         { "plan vs measured peak", test_plan_vs_peak },
     };

@@ -120,11 +120,13 @@ void ddt_plan_print(const ddt_run_config *c, const ddt_memory_plan *p, FILE *out
                 p->fits ? "fits" : "does NOT fit even at the smallest chunk and vocab_tile tried");
 }
 
-char *ddt_plan_json(const ddt_run_config *c, const ddt_memory_plan *p)
+char *ddt_plan_json(const ddt_run_config *c, const ddt_memory_plan *p, const char *note)
 {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "name", c->name);
     cJSON_AddNumberToObject(o, "ranks", (double)c->ranks);
+    if (note && *note)
+        cJSON_AddStringToObject(o, "devices_note", note);
     cJSON_AddNumberToObject(o, "positions_per_rank", (double)p->positions);
     cJSON *b = cJSON_AddObjectToObject(o, "bytes");
     cJSON_AddNumberToObject(b, "weights", (double)p->weights);

@@ -22,12 +22,14 @@ typedef struct ddt_memory_plan {
     int fits;
 } ddt_memory_plan;
 
-/* c must be resolved (ddt_run_config_resolve). budget 0 = the config's (or none). */
+/* c must be resolved (ddt_run_config_resolve), and c->ranks be the ranks the run takes on the
+ * node (ddt_devices.ranks: "all" parses as 1). budget 0 = the config's (or none). */
 int ddt_plan(const ddt_run_config *c, int64_t budget, int tied_head, ddt_memory_plan *plan);
 
 /* A table in the seed documents' terms (positions x vocabulary x bytes = per-tensor GB). */
 void ddt_plan_print(const ddt_run_config *c, const ddt_memory_plan *plan, FILE *out);
-/* The same as one JSON object (malloc'd text). */
-char *ddt_plan_json(const ddt_run_config *c, const ddt_memory_plan *plan);
+/* The same as one JSON object (malloc'd text); note, when neither NULL nor "", is added as
+ * "devices_note" (ddt_devices.note: the GPUs "all" leaves idle). */
+char *ddt_plan_json(const ddt_run_config *c, const ddt_memory_plan *plan, const char *note);
 
 #endif

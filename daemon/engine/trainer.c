@@ -12,8 +12,15 @@
  *     daemon), each rank divides by the global weight sum and runs AdamW on its own replica of
  *     the weights and moments (the same update everywhere: the replicas stay equal). The host
  *     keeps a mirror of rank 0's weights, refreshed for checkpoints and exports.
- * Everything depends on (seed, step, cursor) only, so a resumed run repeats an uninterrupted
- * one bit for bit, and 1 or 2 ranks give the same losses to float rounding.
+ * Everything depends on (seed, step, cursor) only: a resumed run sees the same sequences,
+ * anchors and noise as an uninterrupted one, and on CPU ranks repeats it bit for bit; on GPUs
+ * to float rounding only, since the GPU attention's backward sums dk and dv with atomics in no
+ * fixed order (attention_cuda.cu). 1 or 2 ranks give the same losses to float rounding.
+ * Global rank g of W trains on a contiguous slice of the S_step sequences of a step, as even as
+ * can be (the first S_step % W ranks take one more), and every rank on one at least
+ * (ddt_run_config_devices refuses more ranks than sequences, or takes fewer GPUs for "all").
+ * A GPU rank's features and teacher states reach its GPU through a pinned staging buffer
+ * (load_batch).
  * Tested by tests/test_trainer.c (CPU ranks) and tests/test_step_cuda.c (a GPU's step against
  * the CPU's; skipped without a GPU).
  */
@@ -60,7 +67,8 @@ typedef struct rank_state {
     ddt_drafter_weights w;        /* bound to the weights this rank's step reads */
     /* the rank's slice of the batch: the index arrays in host memory (batch_block: the rank's
      * allocator for a CPU rank, malloc for a GPU rank); the features in the rank's memory (in
-     * batch_block too on a CPU rank, in dev_batch_block on a GPU) */
+     * batch_block too on a CPU rank, in dev_batch_block on a GPU, copied there through the
+     * pinned staging block, laid out as dev_batch_block) */
     int64_t nseq, first;          /* sequences, index of the first in the global batch */
     int32_t *input_ids;           /* (nseq, S) */
     uint8_t *loss_mask;           /* (nseq, S) */
@@ -68,8 +76,10 @@ typedef struct rank_state {
     uint8_t *keep;                /* (nseq, A) */
     float *features;              /* (nseq, S, L_t*H) */
     float *teacher;               /* (nseq, S, H), or NULL */
+    float *staged_features;       /* GPU: (nseq, S, L_t*H) in staging, pinned host memory */
+    float *staged_teacher;        /* GPU: (nseq, S, H) in staging, or NULL */
     size_t batch_bytes, dev_batch_bytes;
-    void *batch_block, *dev_batch_block;
+    void *batch_block, *dev_batch_block, *staging;   /* staging: dev_batch_bytes (GPU ranks) */
     /* per step */
     struct ddt_trainer *t;
     ddk_loss_result result;
@@ -97,7 +107,7 @@ struct ddt_trainer {
     int ranks;                    /* this daemon's */
     int gpu;                      /* 1: the ranks are GPUs */
     int world, first_rank;        /* every daemon's ranks; this daemon's first global rank */
-    int64_t per_rank;             /* sequences of the global batch per global rank */
+    char devices_note[256];       /* "" or what "devices" left idle (ddt_devices.note) */
     ddk_comm *comm;               /* GPU ranks, world > 1 */
     rank_state rank[MAX_RANKS];
     ddt_memory_plan plan;
@@ -130,6 +140,20 @@ static int make_dir(const char *path, char *err, size_t err_len)
     return 0;
 }
 
+/* The first sequence of global rank g's slice of a step's s sequences over world <= s ranks:
+ * s / world each, and one more for each of the first s % world ranks. */
+static int64_t slice_first(int64_t s, int64_t world, int64_t g)
+{
+    return g * (s / world) + (g < s % world ? g : s % world);
+}
+
+/* The global rank whose slice holds sequence i of the step (slice_first's inverse). */
+static int64_t slice_rank(int64_t s, int64_t world, int64_t i)
+{
+    const int64_t base = s / world, extra = s % world, big = extra * (base + 1);
+    return i < big ? i / (base + 1) : extra + (i - big) / base;   /* i >= big: base >= 1 */
+}
+
 /* The rank's slice of the batch in its blocks: the index arrays in batch_block, the features
  * after them there (a CPU rank) or in dev_batch_block (a GPU). */
 static void carve_batch(rank_state *rs, int64_t n, int64_t S, int64_t A, int64_t LH, int64_t H,
@@ -147,6 +171,10 @@ static void carve_batch(rank_state *rs, int64_t n, int64_t S, int64_t A, int64_t
     float *f = rs->dev_batch_block ? rs->dev_batch_block : (float *)(p + (64 - (uintptr_t)p % 64) % 64);
     rs->features = f;
     rs->teacher = teacher ? f + n * S * LH : NULL;
+    if (rs->staging) {
+        rs->staged_features = rs->staging;
+        rs->staged_teacher = teacher ? rs->staged_features + n * S * LH : NULL;
+    }
 }
 
 static int alloc_ranks(ddt_trainer *t, const int32_t *gpu_ids, char *err, size_t err_len)
@@ -154,7 +182,7 @@ static int alloc_ranks(ddt_trainer *t, const int32_t *gpu_ids, char *err, size_t
     const ddt_run_config *c = &t->cfg;
     const ddt_drafter_config *d = &c->drafter;
     const int64_t S = c->seq_len, A = c->max_anchors, LH = d->taps * d->hidden, H = d->hidden,
-                  V = d->vocab, per = t->per_rank;
+                  V = d->vocab, steps = c->sequences_per_step, g = t->first_rank;
     const int teacher = c->ce_target_teacher || c->kl_weight > 0.0f, tied = t->embed == t->lm_head;
     const size_t bytes = (size_t)t->total * sizeof(float), head = (size_t)(V * H) * sizeof(float);
     for (int r = 0; r < t->ranks; r++) {
@@ -162,10 +190,13 @@ static int alloc_ranks(ddt_trainer *t, const int32_t *gpu_ids, char *err, size_t
         rs->t = t;
         rs->gpu = t->gpu ? gpu_ids[r] : -1;
         rs->be = t->gpu ? ddk_backend_cuda(rs->gpu) : ddk_backend_cpu_rank(r);
-        rs->first = (t->first_rank + r) * per;
-        rs->nseq = c->sequences_per_step - rs->first < per ? c->sequences_per_step - rs->first : per;
-        if (rs->nseq < 0)
-            rs->nseq = 0;
+        if (!rs->be) {   /* ddt_run_config_devices named GPUs that exist: out of memory */
+            snprintf(err, err_len, "rank %d (cuda:%d): no memory left on the GPU for its stream, cuBLAS handle "
+                     "and scratch (another process holds it?); see nvidia-smi", r, rs->gpu);
+            return -ENOMEM;
+        }
+        rs->first = slice_first(steps, t->world, g + r);
+        rs->nseq = slice_first(steps, t->world, g + r + 1) - rs->first;   /* >= 1 */
         ddk_allocator *a = rs->be->alloc;
         if (c->budget_bytes)   /* the weights allocated before count towards it too */
             ddk_allocator_set_budget(a, (size_t)c->budget_bytes);
@@ -178,9 +209,12 @@ static int alloc_ranks(ddt_trainer *t, const int32_t *gpu_ids, char *err, size_t
         if (c->grad_accum > 1 && rs->nseq > 1)
             ok &= (rs->micro_grads = ddk_malloc(a, bytes)) != NULL;
         if (t->gpu) {
+            /* the staging block is allocated once: the rank's slice, hence its size, is the
+             * same every step */
             rs->batch_block = malloc(rs->batch_bytes);
             rs->dev_batch_bytes = features;
-            ok &= rs->batch_block && (rs->dev_batch_block = ddk_malloc(a, features)) != NULL;
+            rs->staging = ddk_host_alloc_pinned(features);
+            ok &= rs->batch_block && rs->staging && (rs->dev_batch_block = ddk_malloc(a, features)) != NULL;
             ok &= (rs->params = ddk_malloc(a, bytes)) && (rs->m = ddk_malloc(a, bytes)) &&
                   (rs->v = ddk_malloc(a, bytes)) && (rs->own_lm_head = ddk_malloc(a, head)) &&
                   (tied || (rs->own_embed = ddk_malloc(a, head)));
@@ -365,6 +399,10 @@ int ddt_trainer_open(const char *config_json, size_t len, const char *state_dir,
     }
     if (!rc)
         rc = ddt_run_config_parse(t->config_json, strlen(t->config_json), &t->cfg, err, err_len, field, field_len);
+    /* the ranks before anything is made: a config this node cannot run fails at once */
+    ddt_devices dev;
+    if (!rc)
+        rc = ddt_run_config_devices(&t->cfg, ddt_node_here(), &dev, err, err_len, field, field_len);
 
     /* the target's shape completes the drafter; then the data */
     if (!rc) {
@@ -388,14 +426,16 @@ int ddt_trainer_open(const char *config_json, size_t len, const char *state_dir,
         t->embed = ddt_source_embed(t->source);
         t->lm_head = ddt_source_lm_head(t->source);
         t->param_count = ddt_drafter_param_table(&t->cfg.drafter, t->table, &t->total);
-        rc = ddt_run_config_devices(&t->cfg, ddk_cuda_device_count(), &t->gpu, &t->ranks, gpu_ids, err, err_len);
+        t->gpu = dev.gpu;
+        t->ranks = dev.ranks;
+        memcpy(gpu_ids, dev.gpu_ids, sizeof gpu_ids);
+        snprintf(t->devices_note, sizeof t->devices_note, "%s", dev.note);
     }
     if (!rc) {
         const ddt_run_config *c = &t->cfg;
-        t->cfg.ranks = t->ranks;   /* resolved ("all": every GPU): the plan's figures per rank */
+        t->cfg.ranks = t->ranks;   /* resolved ("all": the GPUs used): the plan's figures per rank */
         t->world = c->cluster_world ? (int)c->cluster_world : t->ranks;
         t->first_rank = (int)c->cluster_first;
-        t->per_rank = (c->sequences_per_step + t->world - 1) / t->world;
         /* CPU ranks are the CPU parallelism, beside the loader thread: the BLAS runs each rank's
          * products on the rank's own thread (OpenBLAS threads even tiny products, and its
          * spinning workers cost more than they give at drafter sizes) */
@@ -444,6 +484,16 @@ int ddt_trainer_open(const char *config_json, size_t len, const char *state_dir,
         rc = ddt_store_run_create(store, t->run_id, t->cfg.name, t->config_json, t->cfg.steps, ddt_wall_ms());
         rc = rc == -EEXIST ? 0 : rc;   /* the daemon creates the row when it queues the run */
     }
+    if (!rc && *t->devices_note) {   /* once the run's row exists; again at each resume */
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "message", t->devices_note);
+        cJSON_AddNumberToObject(o, "ranks", t->ranks);
+        char *detail = cJSON_PrintUnformatted(o);
+        if (detail)
+            event(t, "devices", "%s", detail);
+        free(detail);
+        cJSON_Delete(o);
+    }
     if (rc) {
         if (!resume)
             rmdir(t->run_dir);   /* the new run's directory, when nothing was written in it */
@@ -471,6 +521,7 @@ void ddt_trainer_close(ddt_trainer *t)
         ddk_free(a, rs->micro_grads, bytes);
         if (t->gpu) {
             free(rs->batch_block);
+            ddk_host_free_pinned(rs->staging);   /* after the synchronize above: no copy reads it */
             ddk_free(a, rs->dev_batch_block, rs->dev_batch_bytes);
             ddk_free(a, rs->params, bytes);
             ddk_free(a, rs->m, bytes);
@@ -498,6 +549,7 @@ const char *ddt_trainer_run_dir(const ddt_trainer *t) { return t->run_dir; }
 const ddt_run_config *ddt_trainer_config(const ddt_trainer *t) { return &t->cfg; }
 int64_t ddt_trainer_step_count(const ddt_trainer *t) { return t->step; }
 const ddt_memory_plan *ddt_trainer_plan(const ddt_trainer *t) { return &t->plan; }
+const char *ddt_trainer_devices_note(const ddt_trainer *t) { return t->devices_note; }
 uint64_t ddt_trainer_oom_recoveries(const ddt_trainer *t) { return t->oom_recoveries; }
 
 /* ------------------------------------------------------------------------------------------
@@ -565,13 +617,26 @@ static void *rank_main(void *arg)
 }
 
 /* The global batch's sequences into the ranks' buffers, anchors and noise seeded per sequence.
- * Global rank g's slice is sequences [g * per_rank, ...); the slices of other daemons' ranks are
- * read and dropped, so every daemon's cursor stays the same. Features go straight to the rank's
- * memory (its GPU's), where the rank's backend adds their noise. */
+ * Global rank g's slice is sequences [slice_first(g), slice_first(g + 1)); the slices of other
+ * daemons' ranks are read and dropped, so every daemon's cursor stays the same. Features go
+ * to the rank's memory (its GPU's), where the rank's backend adds their noise.
+ *
+ * A GPU rank's features and teacher states go through its pinned staging block: the host
+ * copies sequence i into slot i there, the copy to the GPU is queued on the rank's stream
+ * (be->copy, a DMA that returns at once from page-locked memory) and the host goes on with the
+ * next sequence while it runs; the source's buffers are free again as soon as the host copy is
+ * done. A slot is rewritten only by the next step's load_batch, and by then every copy queued
+ * from it is done: each rank_main ends with the rank's synchronize, after the step's ops on the
+ * same stream, which come after these copies (then the all-reduce, which also waits). The
+ * synchronize at the top makes that explicit and covers a step that never reached rank_main
+ * (a source error halfway through the batch, a failed thread start); with nothing queued it
+ * returns at once. CPU ranks copy before their copy returns: nothing changes for them. */
 static int load_batch(ddt_trainer *t, char *err, size_t err_len)
 {
     const ddt_run_config *c = &t->cfg;
     const int64_t S = c->seq_len, A = c->max_anchors, H = c->drafter.hidden, LH = c->drafter.taps * H;
+    for (int r = 0; t->gpu && r < t->ranks; r++)
+        t->rank[r].be->synchronize(t->rank[r].be);   /* no copy from the staging block in flight */
     for (int64_t gi = 0; gi < c->sequences_per_step; gi++) {
         ddt_sequence q;
         int rc = ddt_source_next(t->source, &q, err, err_len);
@@ -582,22 +647,33 @@ static int load_batch(ddt_trainer *t, char *err, size_t err_len)
                      (long long)q.S, (long long)S);
             return -EINVAL;
         }
-        const int64_t r = gi / t->per_rank - t->first_rank;
+        const int64_t r = slice_rank(c->sequences_per_step, t->world, gi) - t->first_rank;
         if (r < 0 || r >= t->ranks)
             continue;   /* another daemon's */
         rank_state *rs = &t->rank[r];
         const ddk_backend *be = rs->be;
         const int64_t i = gi - rs->first;
+        const size_t fbytes = (size_t)(S * LH) * sizeof(float), tbytes = (size_t)(S * H) * sizeof(float);
+        const float *features = q.features, *teacher = q.teacher_hidden;
+        if (rs->staging) {
+            memcpy(rs->staged_features + i * S * LH, q.features, fbytes);
+            features = rs->staged_features + i * S * LH;
+            if (rs->teacher) {
+                memcpy(rs->staged_teacher + i * S * H, q.teacher_hidden, tbytes);
+                teacher = rs->staged_teacher + i * S * H;
+            }
+        }
         memcpy(rs->input_ids + i * S, q.input_ids, (size_t)S * sizeof(int32_t));
         memcpy(rs->loss_mask + i * S, q.loss_mask, (size_t)S);
-        be->copy(be, rs->features + i * S * LH, q.features, (size_t)(S * LH) * sizeof(float));
+        be->copy(be, rs->features + i * S * LH, features, fbytes);
         if (rs->teacher)
-            be->copy(be, rs->teacher + i * S * H, q.teacher_hidden, (size_t)(S * H) * sizeof(float));
+            be->copy(be, rs->teacher + i * S * H, teacher, tbytes);
         be->uniform_noise(be, rs->features + i * S * LH, S * LH, c->noise_std,
                           ddt_batch_seed(c->seed, t->step, gi, SEED_NOISE));
         ddt_sample_anchors(rs->loss_mask + i * S, S, A, ddt_batch_seed(c->seed, t->step, gi, SEED_ANCHORS),
                            rs->anchors + i * A, rs->keep + i * A);
-        be->synchronize(be);   /* q's buffers are the source's again at its next call */
+        if (!rs->staging)
+            be->synchronize(be);   /* q's buffers are the source's again at its next call */
     }
     return 0;
 }

@@ -1,8 +1,10 @@
 /* trainer.h: one run's training loop over its ranks: data from a feature source, batches
  * (anchors, noise), the drafter step on every rank, the weighted gradient all-reduce, AdamW,
  * out-of-memory recovery (halve chunk, then stream the vocabulary, down to a floor), records,
- * checkpoints, exact resume and acceptance evaluation. `ddtreed train` drives it in the
- * foreground; the daemon's run manager will drive it from worker threads.
+ * checkpoints, exact resume (bit for bit on CPU ranks; on GPUs the same data, anchors and
+ * noise, the arithmetic to float rounding: the attention's backward uses atomics) and
+ * acceptance evaluation. `ddtreed train` drives it in the foreground; the daemon's run
+ * manager will drive it from worker threads.
  * Tested by tests/test_trainer.c (exact resume, OOM recovery, 1 vs 2 ranks, plan vs peak).
  */
 #ifndef DDT_TRAINER_H
@@ -37,6 +39,9 @@ const ddt_run_config *ddt_trainer_config(const ddt_trainer *t);
 int64_t ddt_trainer_step_count(const ddt_trainer *t);   /* optimizer steps done */
 const ddt_memory_plan *ddt_trainer_plan(const ddt_trainer *t);
 uint64_t ddt_trainer_oom_recoveries(const ddt_trainer *t);   /* since this trainer opened */
+/* "" or a sentence on what "devices" left idle ("all" on more GPUs than sequences per step),
+ * also recorded as the run's "devices" event */
+const char *ddt_trainer_devices_note(const ddt_trainer *t);
 
 /* One optimizer step over the global batch; rec describes it. An out-of-memory step is
  * retried smaller (recorded as an oom_recovery event) when auto_rechunk is on. */

@@ -33,11 +33,18 @@
  * deterministic for a given shape and GPU. A deterministic per-key pass would be the choice if
  * bit-exact reruns of training are ever required.
  *
- * Limits of this version: d <= 256 (the accumulator is NC = ceil(d/32) <= 8 registers a lane);
- * larger d, or a tile that needs more shared memory than the GPU allows a block (the backward
- * at d = 256 takes ~164 KiB: H100/H200 yes, smaller parts may not), is refused with -EINVAL,
- * nothing written, and the caller takes the CPU path. Also not here: bf16, tensor cores, splitting
- * long key ranges over thread blocks.
+ * Limits of this version: d <= MAX_D = DDK_CUDA_MAX_HEAD_DIM = 256 (ddk.h: the daemon refuses a
+ * larger head_dim for a GPU run; the accumulator is NC = ceil(d/32) <= 8 registers a lane);
+ * larger d, or a tile that needs more shared memory than the GPU allows a block, is refused with
+ * -EINVAL, nothing written, and the caller takes the CPU path. At d = 256 and 16 warps the
+ * forward takes 82,176 bytes and the backward 164,352 (160.5 KiB) of shared memory, inside
+ * H100/H200's 232,448 (227 KiB, opt-in; checked at compile time below); parts with less may
+ * refuse the backward. Also not here: bf16, tensor cores, splitting long key ranges over thread
+ * blocks.
+ *
+ * Integer widths: key positions, row indices and global offsets are int64 (a long context's
+ * (key * nkv + hk) * d passes 2^31); everything inside a tile is int (n <= KEY_TILE,
+ * d <= MAX_D), and a tile is copied a key row per warp, so no element ever pays a division.
  *
  * Anchors are clamped to [0, S] like the CPU backend; padded blocks (keep = 0) write out = 0 and
  * lse = 0 (forward) and contribute nothing (backward). A = 0 or T = 0: nothing to do.
@@ -59,18 +66,17 @@
 #include <stdlib.h>
 
 /* ------------------------------------------------------------------------------------------
- * Launch helpers: a failed launch is a device error (abort with CUDA's message)
+ * Sizes
  */
-
-
 
 enum {
     KEY_TILE = 32,       /* keys per tile: one per lane */
     ROWS_PER_CTA = 16,   /* query rows (warps) per thread block: 512 threads at most, declared
                             to nvcc (__launch_bounds__) so the registers fit such a block */
-    MAX_D = 256,         /* NC = 8 accumulator registers a lane */
+    MAX_D = DDK_CUDA_MAX_HEAD_DIM,   /* ddk.h, one source of truth with the daemon's check */
     MAX_GRID_YZ = 65535,
 };
+static_assert(MAX_D <= 8 * 32, "kernel_for's largest instance (NC = 8) covers d <= MAX_D");
 
 /* ------------------------------------------------------------------------------------------
  * What a thread block works on
@@ -90,21 +96,39 @@ typedef struct attn_params {
     int causal;                /* 1: causal attention over T positions; 0: DFlash */
 } attn_params;
 
+/* One pass over keys: the block-uniform range [k0, k1) whose tiles the block loads, and the
+ * part [lo, hi) of it that the calling warp's row sees. */
+typedef struct key_pass {
+    int64_t k0, k1;
+    int64_t lo, hi;
+} key_pass;
+
 /* The calling warp's query row and, for the thread block, its key passes. Block-uniform fields
  * (npass, the pass ranges, skip) are the same for every warp; has_row and the row's ranges are
- * the warp's. */
+ * the warp's. The two passes are named fields, not an array: the kernels loop over a runtime
+ * pass, and an array indexed by it would live in local memory (pass_of selects instead). */
 typedef struct attn_rows {
     int skip;                  /* padded block: write zeros / add nothing */
     int has_row;               /* this warp has a query row */
     int64_t row;               /* the row's index in (rows, nh): (position or j*B + o) * nh + h */
     int64_t hk;                /* kv head */
-    int npass;
-    int64_t k0[2], k1[2];      /* block-uniform key range of each pass */
-    int64_t lo[2], hi[2];      /* the row's visible keys in each pass */
+    int npass;                 /* 2 for DFlash (context, own block), 1 for causal (pass0 only) */
+    key_pass pass0, pass1;
 } attn_rows;
 
 __device__ static int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
 __device__ static int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
+
+/* pass 0 or 1 of r, by a select per field, so r stays in registers */
+__device__ static key_pass pass_of(const attn_rows &r, int pass)
+{
+    key_pass kp;
+    kp.k0 = pass == 0 ? r.pass0.k0 : r.pass1.k0;
+    kp.k1 = pass == 0 ? r.pass0.k1 : r.pass1.k1;
+    kp.lo = pass == 0 ? r.pass0.lo : r.pass1.lo;
+    kp.hi = pass == 0 ? r.pass0.hi : r.pass1.hi;
+    return kp;
+}
 
 __device__ static attn_rows attn_rows_of(const attn_params &p, int warp, int warps)
 {
@@ -118,11 +142,11 @@ __device__ static attn_rows attn_rows_of(const attn_params &p, int warp, int war
         r.has_row = t < p.T;
         r.row = t * p.nh + h;
         r.npass = 1;
-        r.k0[0] = 0;
-        r.k1[0] = last + 1;
-        r.lo[0] = 0;
-        r.hi[0] = t + 1;
-        r.k0[1] = r.k1[1] = r.lo[1] = r.hi[1] = 0;
+        r.pass0.k0 = 0;
+        r.pass0.k1 = last + 1;
+        r.pass0.lo = 0;
+        r.pass0.hi = t + 1;
+        r.pass1.k0 = r.pass1.k1 = r.pass1.lo = r.pass1.hi = 0;
         return r;
     }
     const int64_t j = blockIdx.x, first = (int64_t)blockIdx.z * warps, o = first + warp;
@@ -132,15 +156,15 @@ __device__ static attn_rows attn_rows_of(const attn_params &p, int warp, int war
     const int64_t a = imin(imax(p.anchors[j], 0), p.S);
     r.npass = 2;
     /* context: the row's window start is nondecreasing in o, so the first row's is the union's */
-    r.k0[0] = p.W > 0 ? imin(imax(a + first - (p.W - 1), 0), a) : 0;
-    r.k1[0] = a;
-    r.lo[0] = p.W > 0 ? imin(imax(a + o - (p.W - 1), 0), a) : 0;
-    r.hi[0] = a;
+    r.pass0.k0 = p.W > 0 ? imin(imax(a + first - (p.W - 1), 0), a) : 0;
+    r.pass0.k1 = a;
+    r.pass0.lo = p.W > 0 ? imin(imax(a + o - (p.W - 1), 0), a) : 0;
+    r.pass0.hi = a;
     /* own block */
-    r.k0[1] = p.S + j * p.B;
-    r.k1[1] = r.k0[1] + p.B;
-    r.lo[1] = r.k0[1];
-    r.hi[1] = r.k0[1] + (p.W > 0 ? o + 1 : p.B);
+    r.pass1.k0 = p.S + j * p.B;
+    r.pass1.k1 = r.pass1.k0 + p.B;
+    r.pass1.lo = r.pass1.k0;
+    r.pass1.hi = r.pass1.k0 + (p.W > 0 ? o + 1 : p.B);
     return r;
 }
 
@@ -159,23 +183,39 @@ __device__ static float warp_max(float x)
 }
 
 /* dot of a (d) and b (d), both in shared memory, by one thread */
-__device__ static float dot_row(const float *a, const float *b, int64_t d)
+__device__ static float dot_row(const float *a, const float *b, int d)
 {
     float s = 0.0f;
-    for (int64_t i = 0; i < d; i++)
+    for (int i = 0; i < d; i++)
         s = fmaf(a[i], b[i], s);
     return s;
 }
 
-/* keys [t0, t0 + n) of kv head hk (k, v (keys, nkv, d)) into dst (n, ldt), by the whole block */
-__device__ static void load_tile(float *dst, const float *src, int64_t t0, int64_t n, int64_t nkv,
-                                 int64_t hk, int64_t d, int64_t ldt)
+/* keys [t0, t0 + n) of kv head hk (k, v (keys, nkv, d)) into dst (n, ldt), by the whole block:
+ * warp w copies key rows w, w + warps, ... (d contiguous floats each, coalesced); the row's
+ * global offset is formed once in 64 bits, the offsets within the tile are int */
+__device__ static void load_tile(float *dst, const float *src, int64_t t0, int n, int64_t nkv,
+                                 int64_t hk, int d, int ldt)
 {
-    for (int64_t idx = threadIdx.x; idx < n * d; idx += blockDim.x) {
-        const int64_t c = idx / d, i = idx % d;
-        dst[c * ldt + i] = src[((t0 + c) * nkv + hk) * d + i];
+    const int lane = (int)(threadIdx.x % 32), warp = (int)(threadIdx.x / 32);
+    const int warps = (int)(blockDim.x / 32);
+    for (int c = warp; c < n; c += warps) {
+        const float *key = src + ((t0 + c) * nkv + hk) * d;   /* (d) */
+        for (int i = lane; i < d; i += 32)
+            dst[c * ldt + i] = key[i];
     }
 }
+
+/* ------------------------------------------------------------------------------------------
+ * Registers. Each kernel's __launch_bounds__ also names the thread blocks per SM its registers
+ * must allow: 2 where shared memory allows two blocks of 16 warps at every d of the instance
+ * (the forward at any d <= 256: 82,176 bytes a block at most; the backward at d <= 128: 82,432),
+ * 1 for the backward at d in (128, 256] (164,352 bytes at 256: one block per SM). Left to itself
+ * ptxas chose otherwise per architecture and instance (-Xptxas -v, CUDA 13.0): 111 registers
+ * for the backward at d <= 128 on sm_90 (one block per SM instead of two), and spills (stack
+ * frames of 24 and 48 bytes) on sm_100. With these bounds no instance has a stack frame or a
+ * spill on sm_90 or sm_100, and sm_90 keeps the blocks per SM it had with the earlier code.
+ */
 
 /* ------------------------------------------------------------------------------------------
  * Forward. Shared: q rows (R, d), K tile (KEY_TILE, d + 1), V tile (KEY_TILE, d + 1); the +1
@@ -183,19 +223,20 @@ __device__ static void load_tile(float *dst, const float *src, int64_t t0, int64
  */
 
 template <int NC>
-__global__ void __launch_bounds__(ROWS_PER_CTA * 32) attn_forward_kernel(attn_params p)
+__global__ void __launch_bounds__(ROWS_PER_CTA * 32, 2) attn_forward_kernel(attn_params p)
 {
     extern __shared__ float smem[];
     const int lane = (int)(threadIdx.x % 32), warp = (int)(threadIdx.x / 32);
     const int warps = (int)(blockDim.x / 32);
-    const int64_t d = p.d, ldt = d + 1;
+    const int d = (int)p.d, ldt = d + 1;   /* d <= MAX_D (heads_ok) */
     float *sq = smem, *sk = sq + warps * d, *sv = sk + KEY_TILE * ldt;
     const attn_rows r = attn_rows_of(p, warp, warps);
+    const int64_t row_at = r.row * d;   /* the row's offset in q and out (rows, nh, d) */
 
     if (r.skip) {   /* padded block: its rows are 0 (block-uniform: the whole block returns) */
         if (r.has_row) {
-            for (int64_t i = lane; i < d; i += 32)
-                p.y[r.row * d + i] = 0.0f;
+            for (int i = lane; i < d; i += 32)
+                p.y[row_at + i] = 0.0f;
             if (lane == 0 && p.lse)
                 p.lse[r.row] = 0.0f;
         }
@@ -203,8 +244,8 @@ __global__ void __launch_bounds__(ROWS_PER_CTA * 32) attn_forward_kernel(attn_pa
     }
     float *qr = sq + warp * d;   /* (d) */
     if (r.has_row)
-        for (int64_t i = lane; i < d; i += 32)
-            qr[i] = p.q[r.row * d + i];
+        for (int i = lane; i < d; i += 32)
+            qr[i] = p.q[row_at + i];
 
     float m = -INFINITY, l = 0.0f, acc[NC];
 #pragma unroll
@@ -212,18 +253,20 @@ __global__ void __launch_bounds__(ROWS_PER_CTA * 32) attn_forward_kernel(attn_pa
         acc[cc] = 0.0f;
 
     for (int pass = 0; pass < r.npass; pass++) {
-        const int64_t lo = r.lo[pass], hi = r.hi[pass];
-        for (int64_t t0 = r.k0[pass]; t0 < r.k1[pass]; t0 += KEY_TILE) {
-            const int64_t n = imin(KEY_TILE, r.k1[pass] - t0);
+        const key_pass kp = pass_of(r, pass);
+        for (int64_t t0 = kp.k0; t0 < kp.k1; t0 += KEY_TILE) {
+            const int n = (int)imin(KEY_TILE, kp.k1 - t0);
             __syncthreads();   /* the previous tile is used up (and q is stored, first time) */
             load_tile(sk, p.k, t0, n, p.nkv, r.hk, d, ldt);
             load_tile(sv, p.v, t0, n, p.nkv, r.hk, d, ldt);
             __syncthreads();
             /* warp-uniform: does this row see any key of the tile? */
-            if (!r.has_row || lo >= hi || lo >= t0 + n || hi <= t0)
+            if (!r.has_row || kp.lo >= kp.hi || kp.lo >= t0 + n || kp.hi <= t0)
                 continue;
-            const int64_t t = t0 + lane;
-            const bool vis = lane < n && t >= lo && t < hi;
+            /* the keys it sees, as tile columns [c0, c1), 0 <= c0 < c1 <= n: lane l's key
+             * t0 + l is seen iff c0 <= l < c1 */
+            const int c0 = (int)(imax(kp.lo, t0) - t0), c1 = (int)(imin(kp.hi, t0 + n) - t0);
+            const bool vis = lane >= c0 && lane < c1;
             const float s = vis ? p.scale * dot_row(qr, sk + lane * ldt, d) : -INFINITY;
             const float m_new = fmaxf(m, warp_max(s));   /* finite: one key at least is seen */
             const float pl = vis ? expf(s - m_new) : 0.0f;
@@ -233,13 +276,12 @@ __global__ void __launch_bounds__(ROWS_PER_CTA * 32) attn_forward_kernel(attn_pa
 #pragma unroll
             for (int cc = 0; cc < NC; cc++)
                 acc[cc] *= rescale;
-            const int64_t c0 = imax(lo, t0) - t0, c1 = imin(hi, t0 + n) - t0;
-            for (int64_t c = c0; c < c1; c++) {
-                const float pc = __shfl_sync(0xffffffffu, pl, (int)c);
+            for (int c = c0; c < c1; c++) {
+                const float pc = __shfl_sync(0xffffffffu, pl, c);
                 const float *vr = sv + c * ldt;
 #pragma unroll
                 for (int cc = 0; cc < NC; cc++) {
-                    const int64_t i = lane + 32 * cc;
+                    const int i = lane + 32 * cc;
                     if (i < d)
                         acc[cc] = fmaf(pc, vr[i], acc[cc]);
                 }
@@ -252,9 +294,9 @@ __global__ void __launch_bounds__(ROWS_PER_CTA * 32) attn_forward_kernel(attn_pa
     const float inv = 1.0f / l;
 #pragma unroll
     for (int cc = 0; cc < NC; cc++) {
-        const int64_t i = lane + 32 * cc;
+        const int i = lane + 32 * cc;
         if (i < d)
-            p.y[r.row * d + i] = acc[cc] * inv;
+            p.y[row_at + i] = acc[cc] * inv;
     }
     if (lane == 0 && p.lse)
         p.lse[r.row] = m + logf(l);
@@ -266,29 +308,31 @@ __global__ void __launch_bounds__(ROWS_PER_CTA * 32) attn_forward_kernel(attn_pa
  */
 
 template <int NC>
-__global__ void __launch_bounds__(ROWS_PER_CTA * 32) attn_backward_kernel(attn_params p)
+__global__ void __launch_bounds__(ROWS_PER_CTA * 32, NC <= 4 ? 2 : 1)
+attn_backward_kernel(attn_params p)
 {
     extern __shared__ float smem[];
     const int lane = (int)(threadIdx.x % 32), warp = (int)(threadIdx.x / 32);
     const int warps = (int)(blockDim.x / 32);
-    const int64_t d = p.d, ldt = d + 1;
+    const int d = (int)p.d, ldt = d + 1;   /* d <= MAX_D (heads_ok) */
     float *sq = smem, *sdo = sq + warps * d, *sk = sdo + warps * d, *sv = sk + KEY_TILE * ldt;
     float *sdk = sv + KEY_TILE * ldt, *sdv = sdk + KEY_TILE * ldt;
     const attn_rows r = attn_rows_of(p, warp, warps);
     if (r.skip)   /* padded block: no gradient either way (block-uniform) */
         return;
+    const int64_t row_at = r.row * d;   /* the row's offset in q, out, dout, dq (rows, nh, d) */
 
     float *qr = sq + warp * d, *dor = sdo + warp * d;   /* (d) each */
     float qreg[NC], doreg[NC], dq[NC];
     float D = 0.0f, lse = 0.0f;
 #pragma unroll
     for (int cc = 0; cc < NC; cc++) {
-        const int64_t i = lane + 32 * cc;
+        const int i = lane + 32 * cc;
         qreg[cc] = doreg[cc] = dq[cc] = 0.0f;
         if (r.has_row && i < d) {
-            qreg[cc] = qr[i] = p.q[r.row * d + i];
-            doreg[cc] = dor[i] = p.dout[r.row * d + i];
-            D = fmaf(doreg[cc], p.out[r.row * d + i], D);
+            qreg[cc] = qr[i] = p.q[row_at + i];
+            doreg[cc] = dor[i] = p.dout[row_at + i];
+            D = fmaf(doreg[cc], p.out[row_at + i], D);
         }
     }
     D = warp_sum(D);
@@ -296,18 +340,20 @@ __global__ void __launch_bounds__(ROWS_PER_CTA * 32) attn_backward_kernel(attn_p
         lse = p.lse_in[r.row];
 
     for (int pass = 0; pass < r.npass; pass++) {
-        const int64_t lo = r.lo[pass], hi = r.hi[pass];
-        for (int64_t t0 = r.k0[pass]; t0 < r.k1[pass]; t0 += KEY_TILE) {
-            const int64_t n = imin(KEY_TILE, r.k1[pass] - t0);
+        const key_pass kp = pass_of(r, pass);
+        for (int64_t t0 = kp.k0; t0 < kp.k1; t0 += KEY_TILE) {
+            const int n = (int)imin(KEY_TILE, kp.k1 - t0);
             __syncthreads();   /* the previous tile and its sums are used up */
             load_tile(sk, p.k, t0, n, p.nkv, r.hk, d, ldt);
             load_tile(sv, p.v, t0, n, p.nkv, r.hk, d, ldt);
-            for (int64_t idx = threadIdx.x; idx < n * ldt; idx += blockDim.x)
+            for (int idx = (int)threadIdx.x; idx < n * ldt; idx += (int)blockDim.x)
                 sdk[idx] = sdv[idx] = 0.0f;
             __syncthreads();
-            if (r.has_row && lo < hi && lo < t0 + n && hi > t0) {   /* warp-uniform */
-                const int64_t t = t0 + lane;
-                const bool vis = lane < n && t >= lo && t < hi;
+            if (r.has_row && kp.lo < kp.hi && kp.lo < t0 + n && kp.hi > t0) {   /* warp-uniform */
+                /* the keys the row sees, as tile columns [c0, c1), 0 <= c0 < c1 <= n: lane l's
+                 * key t0 + l is seen iff c0 <= l < c1 */
+                const int c0 = (int)(imax(kp.lo, t0) - t0), c1 = (int)(imin(kp.hi, t0 + n) - t0);
+                const bool vis = lane >= c0 && lane < c1;
                 float pl = 0.0f, ds = 0.0f;
                 if (vis) {
                     const float s = p.scale * dot_row(qr, sk + lane * ldt, d);
@@ -315,15 +361,14 @@ __global__ void __launch_bounds__(ROWS_PER_CTA * 32) attn_backward_kernel(attn_p
                     pl = expf(s - lse);
                     ds = pl * (dp - D) * p.scale;   /* carries s's scale for dq and dk */
                 }
-                const int64_t c0 = imax(lo, t0) - t0, c1 = imin(hi, t0 + n) - t0;
-                for (int64_t c = c0; c < c1; c++) {
-                    const float pc = __shfl_sync(0xffffffffu, pl, (int)c);
-                    const float dsc = __shfl_sync(0xffffffffu, ds, (int)c);
+                for (int c = c0; c < c1; c++) {
+                    const float pc = __shfl_sync(0xffffffffu, pl, c);
+                    const float dsc = __shfl_sync(0xffffffffu, ds, c);
                     const float *kr = sk + c * ldt;
                     float *dkr = sdk + c * ldt, *dvr = sdv + c * ldt;
 #pragma unroll
                     for (int cc = 0; cc < NC; cc++) {
-                        const int64_t i = lane + 32 * cc;
+                        const int i = lane + 32 * cc;
                         if (i < d) {
                             dq[cc] = fmaf(dsc, kr[i], dq[cc]);
                             atomicAdd(dvr + i, pc * doreg[cc]);
@@ -333,15 +378,17 @@ __global__ void __launch_bounds__(ROWS_PER_CTA * 32) attn_backward_kernel(attn_p
                 }
             }
             __syncthreads();
-            /* the tile's sums over this block's rows into dk, dv (see NON-DETERMINISM above) */
-            for (int64_t idx = threadIdx.x; idx < n * d; idx += blockDim.x) {
-                const int64_t c = idx / d, i = idx % d;
-                const int64_t at = ((t0 + c) * p.nkv + r.hk) * d + i;
-                const float gk = sdk[c * ldt + i], gv = sdv[c * ldt + i];
-                if (gk != 0.0f)
-                    atomicAdd(p.dk + at, gk);
-                if (gv != 0.0f)
-                    atomicAdd(p.dv + at, gv);
+            /* the tile's sums over this block's rows into dk, dv (see NON-DETERMINISM above):
+             * a key row per warp, as load_tile */
+            for (int c = warp; c < n; c += warps) {
+                const int64_t key_at = ((t0 + c) * p.nkv + r.hk) * d;   /* key t0 + c, head hk */
+                for (int i = lane; i < d; i += 32) {
+                    const float gk = sdk[c * ldt + i], gv = sdv[c * ldt + i];
+                    if (gk != 0.0f)
+                        atomicAdd(p.dk + key_at + i, gk);
+                    if (gv != 0.0f)
+                        atomicAdd(p.dv + key_at + i, gv);
+                }
             }
         }
     }
@@ -349,9 +396,9 @@ __global__ void __launch_bounds__(ROWS_PER_CTA * 32) attn_backward_kernel(attn_p
         return;
 #pragma unroll
     for (int cc = 0; cc < NC; cc++) {
-        const int64_t i = lane + 32 * cc;
+        const int i = lane + 32 * cc;
         if (i < d)
-            p.dq[r.row * d + i] += dq[cc];   /* this (row, head) is this warp's alone */
+            p.dq[row_at + i] += dq[cc];   /* this (row, head) is this warp's alone */
     }
 }
 
@@ -359,15 +406,22 @@ __global__ void __launch_bounds__(ROWS_PER_CTA * 32) attn_backward_kernel(attn_p
  * Host side: checks, shared-memory sizes, launches
  */
 
-static size_t forward_smem(int64_t warps, int64_t d)
+static constexpr size_t forward_smem(int64_t warps, int64_t d)
 {
     return (size_t)(warps * d + 2 * KEY_TILE * (d + 1)) * sizeof(float);
 }
 
-static size_t backward_smem(int64_t warps, int64_t d)
+static constexpr size_t backward_smem(int64_t warps, int64_t d)
 {
     return (size_t)(2 * warps * d + 4 * KEY_TILE * (d + 1)) * sizeof(float);
 }
+
+/* The largest launch (ROWS_PER_CTA warps, d = MAX_D) fits H100/H200, whose opt-in limit for a
+ * block is 227 KiB: DDK_CUDA_MAX_HEAD_DIM is a promise the GPUs we run on keep. At d = MAX_D the
+ * backward takes 164,352 bytes (shared memory alone would allow d up to 362, the forward 725). */
+enum { H100_SMEM_OPTIN = 232448 };
+static_assert(forward_smem(ROWS_PER_CTA, MAX_D) <= H100_SMEM_OPTIN, "forward fits at MAX_D");
+static_assert(backward_smem(ROWS_PER_CTA, MAX_D) <= H100_SMEM_OPTIN, "backward fits at MAX_D");
 
 /* the most dynamic shared memory a block of be's GPU may have */
 static size_t smem_limit(void)

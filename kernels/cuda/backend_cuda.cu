@@ -13,11 +13,14 @@
  *     to host memory included) only after ddk_cuda_synchronize(d); a host buffer given to copy as
  *     its source is not rewritten or freed before then either.
  *   - One host thread drives a GPU at a time (the trainer's one worker per rank). Several threads
- *     may still call in: the lazy creation of the stream, the cuBLAS handle and the scratch is
- *     guarded, and so are the ops with shared scratch (rmsnorm_backward's dg partials, sumsq's
- *     block partials).
+ *     may still call in: the set-up of the stream, the cuBLAS handle and the scratch (at the
+ *     first ddk_backend_cuda of the GPU, never inside an op) is guarded, and so are the ops with
+ *     shared scratch (rmsnorm_backward's dg partials, sumsq's block partials, the loss's chunk
+ *     sums).
  *   - A device error (a failed launch, a sticky CUDA error) aborts with the file, line and CUDA's
- *     message: the process cannot trust the GPU any more (DESIGN.md, "Failure policy").
+ *     message: the process cannot trust the GPU any more (DESIGN.md, "Failure policy"). Only the
+ *     set-up reports out of memory (ddk_backend_cuda returns NULL, errno ENOMEM); no op allocates
+ *     except the loss's workspace, whose refusal the loss returns as -ENOMEM.
  *
  * The loss is in loss_cuda.cu. DFlash attention (forward and backward) and causal attention
  * are in attention_cuda.cu.
@@ -30,41 +33,36 @@
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include <errno.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 /* ------------------------------------------------------------------------------------------
- * Device errors abort (CONVENTIONS.md: a programming or device error)
- */
-
-
-
-
-/* ------------------------------------------------------------------------------------------
  * One backend per GPU: the table first (a const ddk_backend * is a pointer to it), then the
- * device's stream, cuBLAS handle and scratch, each made on first use
+ * device's stream, cuBLAS handle and scratch, all three made together by the first
+ * ddk_backend_cuda(device) (device_setup), before any run sets a budget on the GPU's allocator
  */
 
 enum { DDK_CUDA_MAX_GPUS = 64 };   /* device_cuda.cu's limit */
 
 /* rmsnorm_backward's per-slice dg partials: 4 MiB bounds the slices at 2^20 / d (ops_cuda.cu);
- * sumsq's block partials take 8 KiB of it (vector_cuda.cu) */
-static const size_t scratch_floats = (size_t)1 << 20;
+ * sumsq's block partials take 8 KiB of it (vector_cuda.cu), the loss's chunk sums 40 bytes a
+ * chunk (loss_cuda.cu) */
+static const size_t scratch_floats = DDK_CUDA_SCRATCH_FLOATS;
 
 typedef struct cuda_backend {
     ddk_backend table;          /* must stay first */
     int device;
     int multiprocessors;        /* read once, for grid sizes */
-    pthread_mutex_t lock;       /* guards the lazy creation below */
-    int stream_ready;           /* read with acquire, written with release under lock */
+    pthread_mutex_t lock;       /* guards the set-up below */
+    int ready;                  /* stream, cublas, scratch made; read with acquire, written
+                                   with release under lock */
     cudaStream_t stream;
-    int cublas_ready;
     cublasHandle_t cublas;
     pthread_mutex_t scratch_lock;   /* held from the first to the last launch that uses it */
-    int scratch_tried;
-    float *scratch;             /* scratch_floats, or NULL when the allocator said no */
+    float *scratch;             /* scratch_floats, cudaMalloc'd outside the accounting allocator */
 } cuda_backend;
 
 static cuda_backend backends[DDK_CUDA_MAX_GPUS];
@@ -77,75 +75,81 @@ static cuda_backend *cuda_of(const ddk_backend *be)
 }
 
 /* Makes this host thread's current device be's GPU (current devices are per thread) and returns
- * the stream, created on the first call. */
+ * its stream. be came from ddk_backend_cuda, which made the stream. */
 cudaStream_t ddk_cuda_stream(const ddk_backend *be)
 {
     cuda_backend *cb = cuda_of(be);
     CUDA_CHECK(cudaSetDevice(cb->device));
-    if (!__atomic_load_n(&cb->stream_ready, __ATOMIC_ACQUIRE)) {
-        pthread_mutex_lock(&cb->lock);
-        if (!cb->stream_ready) {
-            /* non-blocking: the legacy default stream (cudaMalloc's neighbours, other
-             * libraries) does not serialise with it; our ops order themselves on it */
-            CUDA_CHECK(cudaStreamCreateWithFlags(&cb->stream, cudaStreamNonBlocking));
-            cudaDeviceProp prop;
-            CUDA_CHECK(cudaGetDeviceProperties(&prop, cb->device));
-            cb->multiprocessors = prop.multiProcessorCount;
-            __atomic_store_n(&cb->stream_ready, 1, __ATOMIC_RELEASE);
-        }
-        pthread_mutex_unlock(&cb->lock);
-    }
     return cb->stream;
 }
 
 int ddk_cuda_multiprocessors(const ddk_backend *be)
 {
-    ddk_cuda_stream(be);
     return cuda_of(be)->multiprocessors;
 }
 
-/* The cuBLAS handle of be's GPU, bound to its stream, created on the first call. cuBLAS allows
- * one handle to be used by several threads as long as its settings do not change, and they are
- * set here once. */
+/* The cuBLAS handle of be's GPU, bound to its stream. cuBLAS allows one handle to be used by
+ * several threads as long as its settings do not change, and they are set once, in
+ * device_setup. */
 static cublasHandle_t cuda_cublas(const ddk_backend *be)
 {
-    cuda_backend *cb = cuda_of(be);
-    cudaStream_t stream = ddk_cuda_stream(be);
-    if (!__atomic_load_n(&cb->cublas_ready, __ATOMIC_ACQUIRE)) {
-        pthread_mutex_lock(&cb->lock);
-        if (!cb->cublas_ready) {
-            CUBLAS_CHECK(cublasCreate(&cb->cublas));
-            CUBLAS_CHECK(cublasSetStream(cb->cublas, stream));
-            /* plain fp32 FMA with fp32 accumulation, never TF32 (cuBLAS's default, made
-             * explicit): the CPU backend's numbers. TF32 would be a later, measured choice. */
-            CUBLAS_CHECK(cublasSetMathMode(cb->cublas, CUBLAS_DEFAULT_MATH));
-            __atomic_store_n(&cb->cublas_ready, 1, __ATOMIC_RELEASE);
-        }
-        pthread_mutex_unlock(&cb->lock);
-    }
-    return cb->cublas;
+    ddk_cuda_stream(be);   /* be's GPU current for the call */
+    return cuda_of(be)->cublas;
 }
 
-/* Locks be's scratch and returns it (*capacity_floats of it), allocated from the GPU's
- * accounting allocator on the first call; NULL with capacity 0 when the allocator refused it
- * (then the caller takes a path without scratch). Always pair with ddk_cuda_scratch_unlock(),
- * called after the last launch that uses it is queued: launches are stream-ordered, so the next
- * holder's launches run after them. */
-float *ddk_cuda_scratch_lock(const ddk_backend *be, size_t *capacity_floats)
+/* Locks be's scratch (DDK_CUDA_SCRATCH_FLOATS floats, made with the stream: never NULL) and
+ * returns it. Always pair with ddk_cuda_scratch_unlock(), called after the last launch that uses
+ * it is queued: launches are stream-ordered, so the next holder's launches run after them. */
+float *ddk_cuda_scratch_lock(const ddk_backend *be)
 {
     cuda_backend *cb = cuda_of(be);
     pthread_mutex_lock(&cb->scratch_lock);
-    if (!cb->scratch_tried) {
-        cb->scratch_tried = 1;
-        cb->scratch = (float *)ddk_malloc(cb->table.alloc, scratch_floats * sizeof(float));
-    }
-    *capacity_floats = cb->scratch ? scratch_floats : 0;
     return cb->scratch;
 }
 
 void ddk_cuda_scratch_unlock(const ddk_backend *be)
 {
     pthread_mutex_unlock(&cuda_of(be)->scratch_lock);
+}
+
+/* The stream, the cuBLAS handle and the scratch of cb's GPU, all or nothing. They are made here
+ * once, so that no op allocates on its first call inside a run: cuBLAS's handle and workspace and
+ * the 4 MiB scratch are the backend's, outside the accounting allocator and any budget a run sets.
+ * 0; -ENOMEM when the GPU has no memory for them (what was made is undone, and a later call tries
+ * again); any other failure is a device error and ends the process (CUDA_CHECK). */
+static int device_setup(cuda_backend *cb)
+{
+    CUDA_CHECK(cudaSetDevice(cb->device));
+    cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, cb->device));
+    cb->multiprocessors = prop.multiProcessorCount;
+    /* non-blocking: the legacy default stream (cudaMalloc's neighbours, other libraries) does not
+     * serialise with it; our ops order themselves on it */
+    cudaError_t err = cudaStreamCreateWithFlags(&cb->stream, cudaStreamNonBlocking);
+    if (err == cudaErrorMemoryAllocation) {
+        cudaGetLastError();
+        return -ENOMEM;
+    }
+    CUDA_CHECK(err);
+    err = cudaMalloc((void **)&cb->scratch, scratch_floats * sizeof(float));
+    if (err == cudaErrorMemoryAllocation) {
+        cudaGetLastError();
+        CUDA_CHECK(cudaStreamDestroy(cb->stream));
+        return -ENOMEM;
+    }
+    CUDA_CHECK(err);
+    const cublasStatus_t st = cublasCreate(&cb->cublas);
+    if (st == CUBLAS_STATUS_ALLOC_FAILED) {
+        CUDA_CHECK(cudaFree(cb->scratch));
+        CUDA_CHECK(cudaStreamDestroy(cb->stream));
+        return -ENOMEM;
+    }
+    CUBLAS_CHECK(st);
+    CUBLAS_CHECK(cublasSetStream(cb->cublas, cb->stream));
+    /* plain fp32 FMA with fp32 accumulation, never TF32 (cuBLAS's default, made explicit): the
+     * CPU backend's numbers. TF32 would be a later, measured choice. */
+    CUBLAS_CHECK(cublasSetMathMode(cb->cublas, CUBLAS_DEFAULT_MATH));
+    return 0;
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -259,9 +263,23 @@ static void backends_init(void)
 extern "C" const ddk_backend *ddk_backend_cuda(int device)
 {
     pthread_once(&backends_once, backends_init);
-    if (device < 0 || device >= backend_count)
+    if (device < 0 || device >= backend_count) {
+        errno = EINVAL;
         return NULL;
-    return &backends[device].table;
+    }
+    cuda_backend *cb = &backends[device];
+    if (!__atomic_load_n(&cb->ready, __ATOMIC_ACQUIRE)) {
+        pthread_mutex_lock(&cb->lock);
+        const int rc = cb->ready ? 0 : device_setup(cb);
+        if (rc == 0)
+            __atomic_store_n(&cb->ready, 1, __ATOMIC_RELEASE);
+        pthread_mutex_unlock(&cb->lock);
+        if (rc) {
+            errno = -rc;
+            return NULL;
+        }
+    }
+    return &cb->table;
 }
 
 extern "C" void ddk_cuda_synchronize(int device)
@@ -270,7 +288,7 @@ extern "C" void ddk_cuda_synchronize(int device)
     if (device < 0 || device >= backend_count)
         return;
     cuda_backend *cb = &backends[device];
-    if (!__atomic_load_n(&cb->stream_ready, __ATOMIC_ACQUIRE))
+    if (!__atomic_load_n(&cb->ready, __ATOMIC_ACQUIRE))
         return;   /* nothing was ever queued */
     CUDA_CHECK(cudaSetDevice(device));
     /* also reports an earlier kernel's fault (an illegal address) here, with its message */

@@ -112,6 +112,11 @@ static int new_id(ncclUniqueId *id, char *err, size_t err_len)
                           ncclGetErrorString(r), last && *last ? ": " : "", last && *last ? last : "");
 }
 
+extern "C" int ddk_has_nccl(void)
+{
+    return 1;
+}
+
 extern "C" int ddk_comm_unique_id(char *hex, char *err, size_t err_len)
 {
     ncclUniqueId id;
@@ -190,10 +195,14 @@ extern "C" int ddk_comm_init(const char *id_hex, int world, int first_rank, int 
         return ddk_comm_error(-ENOMEM, err, err_len, "no host memory for a communicator");
     c->first_rank = first_rank;
     c->local = local;
-    for (int i = 0; i < local; i++) {
+    for (int i = 0; i < local; i++) {   /* the streams are made now, not inside the NCCL group */
         c->ranks[i].device = devices[i];
-        c->ranks[i].be = ddk_backend_cuda(devices[i]);
-        ddk_cuda_stream(c->ranks[i].be);   /* made now, not inside the NCCL group */
+        if (!(c->ranks[i].be = ddk_backend_cuda(devices[i]))) {
+            free(c);
+            return ddk_comm_error(-ENOMEM, err, err_len,
+                                  "cuda:%d has no memory left for its stream, cuBLAS handle and "
+                                  "scratch", devices[i]);
+        }
     }
 
     /* non-blocking communicators: the inits (and later the collectives) may answer

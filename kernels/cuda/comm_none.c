@@ -1,6 +1,8 @@
-/* comm_none.c: the NCCL collectives of a libddk built without CUDA (DDTREE_CUDA=OFF or no
- * nvcc): every call says -ENOSYS and why, so a caller (the daemon's POST /nccl/unique-id: 501)
- * can tell the user. The CUDA build compiles comm_nccl.cu instead.
+/* comm_none.c: the NCCL collectives of a libddk built without NCCL: without CUDA
+ * (DDTREE_CUDA=OFF or no nvcc), or with CUDA where NCCL was not found (DDK_CUDA_WITHOUT_NCCL:
+ * one GPU per run). Every call says -ENOSYS and why, so a caller (the daemon's POST
+ * /nccl/unique-id: 501; the run config's check of a multi-GPU run) can tell the user. A CUDA build
+ * with NCCL compiles comm_nccl.cu instead.
  * Tested by tests/test_comm.c (its -ENOSYS branch).
  */
 #include "ddk.h"
@@ -8,9 +10,21 @@
 
 #include <errno.h>
 
+#ifdef DDK_CUDA_WITHOUT_NCCL
+static const char no_nccl[] =
+    "this ddtreed was built with CUDA but without NCCL, so a run trains on one GPU: rebuild it "
+    "with NCCL found (apt-get install libnccl-dev, or -DDDTREE_NCCL_LIBRARY=/path/libnccl.so.2 "
+    "-DDDTREE_NCCL_INCLUDE=/path/include) to train on several GPUs or nodes";
+#else
 static const char no_nccl[] =
     "this ddtreed was built without CUDA/NCCL: rebuild it with the CUDA toolkit and NCCL "
     "(DDTREE_CUDA=ON) to train on GPUs across ranks";
+#endif
+
+int ddk_has_nccl(void)
+{
+    return 0;
+}
 
 int ddk_comm_unique_id(char *hex, char *err, size_t err_len)
 {

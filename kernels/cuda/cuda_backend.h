@@ -10,10 +10,12 @@
 
 #include <cuda_runtime.h>
 
-/* backend_cuda.cu: be's stream (and its GPU made current), its multiprocessors, its scratch */
+/* backend_cuda.cu: be's stream (and its GPU made current), its multiprocessors, its scratch of
+ * DDK_CUDA_SCRATCH_FLOATS floats (made with the stream, held under a lock) */
+enum { DDK_CUDA_SCRATCH_FLOATS = 1 << 20 };
 cudaStream_t ddk_cuda_stream(const ddk_backend *be);
 int ddk_cuda_multiprocessors(const ddk_backend *be);
-float *ddk_cuda_scratch_lock(const ddk_backend *be, size_t *capacity_floats);
+float *ddk_cuda_scratch_lock(const ddk_backend *be);
 void ddk_cuda_scratch_unlock(const ddk_backend *be);
 
 /* ops_cuda.cu */

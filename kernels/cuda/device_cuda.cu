@@ -20,13 +20,24 @@ static ddk_allocator gpu_allocators[DDK_MAX_GPUS];
 static pthread_once_t gpu_once = PTHREAD_ONCE_INIT;
 static int gpu_count;
 
+/* NULL (the allocator says ENOMEM, and out-of-memory recovery may halve the chunk) only when the
+ * GPU is out of memory. Any other failure (a sticky fault of an earlier kernel, a lost device)
+ * is a device error: retrying with a smaller chunk would run on a GPU that cannot be trusted, so
+ * it ends the process through the fatal path (the store is flushed, systemd restarts, runs
+ * resume from their checkpoints). */
 static void *gpu_raw_alloc(int index, size_t bytes)
 {
     void *ptr = NULL;
-    if (cudaSetDevice(index) != cudaSuccess || cudaMalloc(&ptr, bytes) != cudaSuccess) {
+    cudaError_t err = cudaSetDevice(index);
+    if (err == cudaSuccess)
+        err = cudaMalloc(&ptr, bytes);
+    if (err == cudaErrorMemoryAllocation) {
         cudaGetLastError();   /* out of memory is not sticky: clear it, report ENOMEM */
         return NULL;
     }
+    if (err != cudaSuccess)
+        ddk_fatal(__FILE__, __LINE__, "cudaMalloc of %zu bytes on cuda:%d failed: %s", bytes, index,
+                  cudaGetErrorString(err));
     return ptr;
 }
 
@@ -89,4 +100,71 @@ extern "C" ddk_allocator *ddk_allocator_cuda(int device)
 extern "C" int ddk_has_cuda(void)
 {
     return 1;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Host staging memory (ddk.h: ddk_host_alloc_pinned). A header before the caller's bytes says
+ * how the block was made, so that free and ddk_host_pinned need no table; HOST_HEADER keeps the
+ * caller's pointer 64-byte aligned (cudaHostAlloc returns page-aligned blocks).
+ */
+
+#include <stdint.h>
+
+enum { HOST_HEADER = 64 };
+
+typedef struct host_header {
+    int pinned;   /* 1: cudaHostAlloc; 0: posix_memalign */
+} host_header;
+
+extern "C" void *ddk_host_alloc_pinned(size_t bytes)
+{
+    if (bytes == 0) {
+        errno = EINVAL;
+        return NULL;
+    }
+    if (bytes > SIZE_MAX - 2 * HOST_HEADER) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    void *block = NULL;
+    int pinned = 0;
+    if (ddk_cuda_device_count() > 0) {
+        cudaError_t err = cudaHostAlloc(&block, bytes + HOST_HEADER, cudaHostAllocPortable);
+        if (err == cudaSuccess) {
+            pinned = 1;
+        } else if (err == cudaErrorMemoryAllocation) {
+            cudaGetLastError();   /* no page-locked memory left: not sticky; pageable memory works */
+            block = NULL;
+        } else {                  /* a device error, as in gpu_raw_alloc */
+            ddk_fatal(__FILE__, __LINE__, "cudaHostAlloc of %zu bytes failed: %s", bytes, cudaGetErrorString(err));
+        }
+    }
+    if (!block) {
+        size_t total = (bytes + HOST_HEADER + 63) / 64 * 64;
+        if (posix_memalign(&block, 64, total)) {
+            errno = ENOMEM;
+            return NULL;
+        }
+    }
+    ((host_header *)block)->pinned = pinned;
+    return (char *)block + HOST_HEADER;
+}
+
+extern "C" void ddk_host_free_pinned(void *p)
+{
+    if (!p)
+        return;
+    void *block = (char *)p - HOST_HEADER;
+    if (!((host_header *)block)->pinned) {
+        free(block);
+        return;
+    }
+    cudaError_t err = cudaFreeHost(block);
+    if (err != cudaSuccess)
+        ddk_fatal(__FILE__, __LINE__, "cudaFreeHost failed: %s", cudaGetErrorString(err));
+}
+
+extern "C" int ddk_host_pinned(const void *p)
+{
+    return p ? ((const host_header *)((const char *)p - HOST_HEADER))->pinned : 0;
 }

@@ -28,9 +28,39 @@ ddk_allocator *ddk_allocator_cuda(int device)
 
 const ddk_backend *ddk_backend_cuda(int device)
 {
+    errno = EINVAL;
     return NULL;
 }
 
 void ddk_cuda_synchronize(int device)
 {
+}
+
+/* Host staging memory: without CUDA nothing is page-locked, ordinary 64-byte aligned memory. */
+#include <stdint.h>
+#include <stdlib.h>
+
+void *ddk_host_alloc_pinned(size_t bytes)
+{
+    void *p = NULL;
+    if (bytes == 0) {
+        errno = EINVAL;
+        return NULL;
+    }
+    if (bytes > SIZE_MAX - 64 || !(p = aligned_alloc(64, (bytes + 63) / 64 * 64))) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    return p;
+}
+
+void ddk_host_free_pinned(void *p)
+{
+    free(p);
+}
+
+int ddk_host_pinned(const void *p)
+{
+    (void)p;
+    return 0;
 }

@@ -13,17 +13,28 @@
  *      shifted sums in float per thread and per warp (shuffles), the warps' partial sums added
  *      in double in warp order, then thread 0 merges the tile into the row in double with the
  *      CPU's online rescaling; after the last tile it also forms CE, KL, CAP, the entropy, c_i,
- *      the gradient's row factor w_i / sum w and per_position;
+ *      per_position and, once per row, everything of the gradient that depends on the row
+ *      alone: loss_cpu.c's row_grad_coeffs (the float coefficients a, b, bt, kc, cap_shift, with
+ *      the row factor w_i / sum w in them) and its grad_at_label (the label's element, in double
+ *      from the statistics: 1 - p_y is s_rest / s_sum, no cancellation as p_y -> 1);
  *   3. per tile (recomputed when tiled): grad_kernel forms g = d l_i / d zs in place over the
- *      student logits, the label's element from the statistics in double (1 - p_y is s_rest /
- *      s_sum: no cancellation as p_y -> 1), then d hs (+)= g W by cuBLAS (fp32 accumulation over
+ *      student logits from those coefficients, in float per logit exactly as loss_cpu.c's
+ *      grad_tile (which is float per logit too, with the same float coefficients: so the two
+ *      differ by expf's rounding only, ~1e-7 relative, far inside tol_loss_grad), the label's
+ *      element being the value stored; then d hs (+)= g W by cuBLAS (fp32 accumulation over
  *      tiles: beta = 1 after the first);
  *   4. reduce_kernel: one block adds the chunk's weighted terms in double in a fixed tree order
- *      into the (then free) student logit buffer, and those 40 bytes are copied to a host array,
- *      one entry per chunk; after the last chunk the host adds the chunks in order. So the
+ *      and writes them at index c of an array of chunk sums in the backend's scratch; after the
+ *      last chunk ONE copy brings the array to the host, which adds the chunks in order. So the
  *      result is deterministic (the same bits for the same inputs and GPU).
- * After the statistics are final two fields of ddk_loss_row are free and carry the per-row terms
- * to reduce_kernel: c_dot holds CE_i, t_dot holds KL_i (CAP_i is c_i * entropy).
+ *
+ * Fields of ddk_loss_row (loss_internal.h, shared with the CPU) that this file reuses once
+ * nothing reads them any more; float values held in double fields are exact:
+ *   - during the statistics, scale (set only at the finish) holds zt_y, the teacher's logit at
+ *     the label, from the tile that holds the label to the finish (grad_at_label's input);
+ *   - after the finish, c_dot holds CE_i and t_dot KL_i for reduce_kernel (CAP_i is c_i *
+ *     entropy), and s_sum, sT_sum, t_sum, c_sum, s_rest, scale hold the gradient's a, b, bt, kc,
+ *     cap_shift and the label's element (keep_grad_coeffs, grad_row_of).
  *
  * Validation (the choice the brief asked to document): ddk_loss_check_call reads labels and
  * weights from host memory, so they are copied to host buffers (malloc, n x 8 bytes at most,
@@ -34,11 +45,16 @@
  *
  * Workspace: exactly ddk_loss_workspace_bytes (same layout as the CPU's: rows, student logits,
  * teacher logits when used), from be->alloc; -ENOMEM when refused, before anything is written.
- * The host also holds ceil(n / chunk) x 40 bytes of chunk partials (malloc).
+ * The workspace has no room that outlives a chunk (its rounding leaves < 64 bytes, often 0), so
+ * the chunk sums, ceil(n / chunk) x 40 bytes, go to the backend's scratch (cuda_backend.h: 4 MiB
+ * made with the stream, outside the accounting allocator, so no allocation and no failure;
+ * held under its lock from before the first chunk until the last copy is queued). It holds
+ * 104,857 chunks; a call with more copies each full batch of them on (the result is the same,
+ * it is only more copies). The host holds the same ceil(n / chunk) x 40 bytes (malloc).
  *
  * Synchronisation: the call returns with its work done (out is a host struct): it waits on the
- * stream once for labels / weights and once at the end; the per-chunk 40-byte copies go to
- * pageable memory and may wait too.
+ * stream once for labels / weights and once at the end, after the one copy of the chunk sums
+ * (to pageable memory, which waits as well: nothing is left to overlap with at that point).
  *
  * Deliberately not here: bf16 tensors in memory, fusion of the softmax into the products,
  * templated kernels per term combination (the flags are block-uniform branches). Each is to buy a
@@ -63,13 +79,6 @@ extern "C" {
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-
-/* ------------------------------------------------------------------------------------------
- * Device errors abort (CONVENTIONS.md: a programming or device error)
- */
-
-
 
 /* ------------------------------------------------------------------------------------------
  * One call's constants (loss_cpu.c's loss_run)
@@ -162,6 +171,96 @@ __global__ static void rows_init_kernel(ddk_loss_row *rows, int64_t m, const int
         row.ignored = label < 0 && given_labels ? 1 : !(weight > 0.0f);
         rows[r] = row;
     }
+}
+
+/* ------------------------------------------------------------------------------------------
+ * What the gradient needs of a row, formed once per row by stats_kernel's finish
+ */
+
+/* loss_cpu.c's grad_coeffs, less what the row or the call already hold (s_max, t_max, invT,
+ * invTc), plus the label's element */
+typedef struct grad_coeffs {
+    float a;           /* of exp(zs - s_max): (1-alpha) softmax, plus the KL's ps when T = 1 */
+    float b;           /* of exp((zs - s_max)/T): the KL's ps when T != 1 */
+    float bt;          /* of exp((zt - t_max)/T): the KL's pt */
+    float kc;          /* of pc (log pc + H): CAP */
+    float cap_shift;   /* H - log c_sum, so log pc + H = (zs - s_max)/Tc + cap_shift */
+    float g_label;     /* g at v = y */
+} grad_coeffs;
+
+/* loss_cpu.c's row_grad_coeffs and grad_at_label, the same expressions in the same order, from
+ * the row's final statistics (confident and entropy formed). scale = w_i / sum w; zt_label the
+ * teacher's logit at y (read only for the KL). */
+__device__ static grad_coeffs row_grad_coeffs(const loss_consts &k, const ddk_loss_row &R,
+                                              double scale, float zt_label)
+{
+    grad_coeffs g;
+    const double kl_coef = scale * k.alpha * k.T;
+    g.a = (float)(scale * (1.0 - k.alpha) / R.s_sum);
+    g.b = g.bt = g.kc = g.cap_shift = 0.0f;
+    if (k.kl) {
+        if (k.kl_scaled)
+            g.b = (float)(kl_coef / R.sT_sum);
+        else
+            g.a += (float)(kl_coef / R.s_sum);
+        g.bt = (float)(kl_coef / R.t_sum);
+    }
+    const int cap = k.cap && R.confident;   /* c_i = 0: no CAP gradient */
+    if (cap) {
+        g.kc = (float)(-scale * k.lambda * k.invTc / R.c_sum);
+        g.cap_shift = (float)(R.entropy - log(R.c_sum));
+    }
+    /* the label's element in double: p_y - 1 = -rest / s_sum */
+    const double d = (double)R.z_label - R.s_max;
+    double gy = -(1.0 - k.alpha) * R.s_rest / R.s_sum;
+    if (k.kl) {
+        const double ps = k.kl_scaled ? exp(d * k.invT) / R.sT_sum : exp(d) / R.s_sum;
+        const double pt = exp(((double)zt_label - R.t_max) * k.invT) / R.t_sum;
+        gy += k.alpha * k.T * (ps - pt);
+    }
+    if (cap) {
+        const double dc = d * k.invTc, log_pc = dc - log(R.c_sum);
+        gy -= k.lambda * k.invTc * exp(log_pc) * (log_pc + R.entropy);
+    }
+    g.g_label = (float)(scale * gy);
+    return g;
+}
+
+/* g into the row's sums, which nothing reads after the finish (the header's table) */
+__device__ static void keep_grad_coeffs(ddk_loss_row &R, const grad_coeffs &g)
+{
+    R.s_sum = g.a;
+    R.sT_sum = g.b;
+    R.t_sum = g.bt;
+    R.c_sum = g.kc;
+    R.s_rest = g.cap_shift;
+    R.scale = g.g_label;
+}
+
+/* A finished row as grad_kernel reads it: floats and ints only */
+typedef struct grad_row {
+    grad_coeffs g;
+    float s_max, t_max;
+    int32_t label;   /* y */
+    int ignored;
+    int cap;         /* lambda > 0 and c_i = 1: CAP has a gradient here */
+} grad_row;
+
+__device__ static grad_row grad_row_of(const ddk_loss_row &R, const loss_consts &k)
+{
+    grad_row G;
+    G.g.a = (float)R.s_sum;   /* exact: keep_grad_coeffs stored floats */
+    G.g.b = (float)R.sT_sum;
+    G.g.bt = (float)R.t_sum;
+    G.g.kc = (float)R.c_sum;
+    G.g.cap_shift = (float)R.s_rest;
+    G.g.g_label = (float)R.scale;
+    G.s_max = R.s_max;
+    G.t_max = R.t_max;
+    G.label = R.label;
+    G.ignored = R.ignored;
+    G.cap = k.cap && R.confident;
+    return G;
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -262,8 +361,11 @@ __global__ static void stats_kernel(ddk_loss_row *rows, int64_t m, const float *
         } else {
             R.s_rest += ts[1];
         }
-        if (label_col >= 0)
+        if (label_col >= 0) {
             R.z_label = s[label_col];
+            if (t)
+                R.scale = t[label_col];   /* zt_y until the finish (see the header) */
+        }
         R.s_sum += ts[0];
         R.sT_sum += ts[2];
         R.c_sum += ts[3];
@@ -272,6 +374,7 @@ __global__ static void stats_kernel(ddk_loss_row *rows, int64_t m, const float *
         R.t_dot += ts[6];
 
         if (finish) {   /* row_terms, then c_dot := CE_i and t_dot := KL_i (see the header) */
+            const float zt_label = (float)R.scale;   /* 0 when there is no teacher */
             const double d_y = (double)R.z_label - R.s_max;
             const double ce = d_y > -600.0 ? log1p(R.s_rest * exp(-d_y)) : log(R.s_sum) - d_y;
             double kl = 0.0;
@@ -286,9 +389,10 @@ __global__ static void stats_kernel(ddk_loss_row *rows, int64_t m, const float *
             const double cap = R.confident ? R.entropy : 0.0;
             const double l = (1.0 - k.alpha) * ce + k.alpha * kl + k.lambda * cap;
             const double wi = weights ? (double)weights[r] : 1.0;
-            R.scale = wi / weight_sum;
+            const grad_coeffs g = row_grad_coeffs(k, R, wi / weight_sum, zt_label);
             R.c_dot = ce;
             R.t_dot = kl;
+            keep_grad_coeffs(R, g);
             if (per_position)
                 per_position[r] = (float)l;
         }
@@ -297,61 +401,38 @@ __global__ static void stats_kernel(ddk_loss_row *rows, int64_t m, const float *
 }
 
 /* ------------------------------------------------------------------------------------------
- * 3. The gradient of one tile, in place over the student logits (loss_cpu.c's row_grad_coeffs,
- * grad_tile and grad_at_label). grid (column blocks, rows), both grid-stride.
- * zs (m, w) becomes g; zt (m, w) read only for the KL (NULL otherwise).
+ * 3. The gradient of one tile, in place over the student logits (loss_cpu.c's grad_tile, with
+ * the coefficients and the label's element stats_kernel formed). grid (column blocks, rows),
+ * both grid-stride. zs (m, w) becomes g; zt (m, w) read only for the KL (NULL otherwise).
+ * Per logit everything is float, as on the CPU; the row's double fields are converted once per
+ * thread block and row (thread 0), never per logit.
  */
-
-__device__ static float grad_at_label(const loss_consts &k, const ddk_loss_row &R, float zt_label)
-{
-    const double scale = R.scale, d = (double)R.z_label - R.s_max;
-    double g = -(1.0 - k.alpha) * R.s_rest / R.s_sum;   /* p_y - 1 = -rest / s_sum */
-    if (k.kl) {
-        const double ps = k.kl_scaled ? exp(d * k.invT) / R.sT_sum : exp(d) / R.s_sum;
-        const double pt = exp(((double)zt_label - R.t_max) * k.invT) / R.t_sum;
-        g += k.alpha * k.T * (ps - pt);
-    }
-    if (k.cap && R.confident) {
-        const double dc = d * k.invTc, log_pc = dc - log(R.c_sum);
-        g -= k.lambda * k.invTc * exp(log_pc) * (log_pc + R.entropy);
-    }
-    return (float)(scale * g);
-}
 
 __global__ static void grad_kernel(const ddk_loss_row *rows, int64_t m, float *zs,
                                    const float *zt, int64_t off, int64_t w, loss_consts k)
 {
+    __shared__ grad_row row_shared;   /* the current row's, by thread 0 */
     const int64_t v0 = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
-    for (int64_t r = blockIdx.y; r < m; r += gridDim.y) {
-        const ddk_loss_row &R = rows[r];
+    for (int64_t r = blockIdx.y; r < m; r += gridDim.y) {   /* block-uniform: the barriers hold */
+        __syncthreads();   /* every thread has read the previous row's */
+        if (threadIdx.x == 0)
+            row_shared = grad_row_of(rows[r], k);
+        __syncthreads();
+        const grad_row G = row_shared;
         float *g = zs + r * w;
-        if (R.ignored) {
+        if (G.ignored) {
             for (int64_t v = v0; v < w; v += stride)
                 g[v] = 0.0f;
             continue;
         }
         const float *t = zt ? zt + r * w : NULL;
-        const double scale = R.scale, kl_coef = scale * k.alpha * k.T;
-        float a = (float)(scale * (1.0 - k.alpha) / R.s_sum), b = 0.0f, bt = 0.0f, kc = 0.0f,
-              cap_shift = 0.0f;
-        if (k.kl) {
-            if (k.kl_scaled)
-                b = (float)(kl_coef / R.sT_sum);
-            else
-                a += (float)(kl_coef / R.s_sum);
-            bt = (float)(kl_coef / R.t_sum);
-        }
-        const int cap = k.cap && R.confident;   /* c_i = 0: no CAP gradient */
-        if (cap) {
-            kc = (float)(-scale * k.lambda * k.invTc / R.c_sum);
-            cap_shift = (float)(R.entropy - log(R.c_sum));
-        }
-        const float s_max = R.s_max, t_max = R.t_max;
-        const int64_t label_col = R.label >= off && R.label < off + w ? R.label - off : -1;
+        const float a = G.g.a, b = G.g.b, bt = G.g.bt, kc = G.g.kc, cap_shift = G.g.cap_shift;
+        const float s_max = G.s_max, t_max = G.t_max;
+        const int64_t label_col = G.label >= off && G.label < off + w ? G.label - off : -1;
         for (int64_t v = v0; v < w; v += stride) {
             if (v == label_col) {
-                g[v] = grad_at_label(k, R, t && k.kl ? t[v] : 0.0f);
+                g[v] = G.g.g_label;
                 continue;
             }
             const float d = g[v] - s_max;
@@ -360,7 +441,7 @@ __global__ static void grad_kernel(const ddk_loss_row *rows, int64_t m, float *z
                 gv += b * expf(d * k.invT);
             if (k.kl)
                 gv -= bt * expf((t[v] - t_max) * k.invT);
-            if (cap) {
+            if (G.cap) {
                 const float dc = d * k.invTc;
                 gv += kc * expf(dc) * (dc + cap_shift);
             }
@@ -504,6 +585,10 @@ int ddk_cuda_loss(const ddk_backend *be, const ddk_loss_params *p, const float *
     k.given_labels = labels != NULL;
     const int64_t width = shape.width;
     const int tiled = width < V;
+    /* the chunks' sums: (scratch_chunks, NTERMS) in the backend's scratch (see the header) */
+    const int64_t scratch_chunks =
+        (int64_t)(DDK_CUDA_SCRATCH_FLOATS * sizeof(float) / (NTERMS * sizeof(double)));
+    double *chunk_sums = (double *)ddk_cuda_scratch_lock(be);
     /* every product of the call: the logits and the gradient */
     const decltype(be->matmul) product = p->bf16_products ? be->matmul_bf16 : be->matmul;
 
@@ -547,13 +632,17 @@ int ddk_cuda_loss(const ddk_backend *be, const ddk_loss_params *p, const float *
             }
         }
 
-        /* the student logits are free now: the chunk's sums go there, then to the host */
-        double *chunk_sums = (double *)zs;
-        reduce_kernel<<<1, THREADS, 0, stream>>>(rows, m, wc, k, chunk_sums);
+        /* the chunk's sums at index c (of the scratch's batch), to the host after the last
+         * chunk: one copy (or one per full batch, past 104,857 chunks) */
+        const int64_t slot = c % scratch_chunks;
+        reduce_kernel<<<1, THREADS, 0, stream>>>(rows, m, wc, k, chunk_sums + slot * NTERMS);
         LAUNCH_CHECK();
-        CUDA_CHECK(cudaMemcpyAsync(partials + c * NTERMS, chunk_sums, NTERMS * sizeof(double),
-                                   cudaMemcpyDeviceToHost, stream));
+        if (c == chunks - 1 || slot == scratch_chunks - 1)
+            CUDA_CHECK(cudaMemcpyAsync(partials + (c - slot) * NTERMS, chunk_sums,
+                                       (size_t)(slot + 1) * NTERMS * sizeof(double),
+                                       cudaMemcpyDeviceToHost, stream));
     }
+    ddk_cuda_scratch_unlock(be);   /* all queued: the next holder's launches run after them */
     CUDA_CHECK(cudaStreamSynchronize(stream));
     ddk_free(be->alloc, workspace, shape.workspace_bytes);
 

@@ -134,7 +134,7 @@ void ddk_cuda_rmsnorm(const ddk_backend *be, const float *x, const float *g, int
  * partial (or, with one slice, straight into dg); pass 2 adds the partials to dg in slice order.
  * Atomics would need no scratch and no second pass, but their order follows timing, so two
  * identical steps could differ in the last bits and exact-resume checks could not be exact.
- * The partials live in the backend's scratch (4 MiB from the GPU's allocator, held under a lock
+ * The partials live in the backend's scratch (4 MiB, made with the stream, held under a lock
  * from pass 1 to pass 2); the number of slices depends on rows, d and the GPU's multiprocessor
  * count, so the bits are the same for the same shape on the same kind of GPU.
  */
@@ -230,10 +230,9 @@ void ddk_cuda_rmsnorm_backward(const ddk_backend *be, const float *x, const floa
     slices = min64(slices, 65535);
     float *partials = NULL;
     if (slices > 1) {
-        size_t capacity = 0;
-        partials = ddk_cuda_scratch_lock(be, &capacity);
-        slices = min64(slices, (int64_t)(capacity / (size_t)d));
-        if (slices <= 1) {   /* no scratch, or d too wide for it: one slice, straight into dg */
+        partials = ddk_cuda_scratch_lock(be);
+        slices = min64(slices, (int64_t)DDK_CUDA_SCRATCH_FLOATS / d);
+        if (slices <= 1) {   /* d too wide for the scratch: one slice, straight into dg */
             ddk_cuda_scratch_unlock(be);
             partials = NULL;
             slices = 1;

@@ -109,17 +109,10 @@ double ddk_cuda_sumsq(const ddk_backend *be, const float *x, int64_t count)
     if (count <= 0)
         return 0.0;
     cudaStream_t stream = ddk_cuda_stream(be);
-    const size_t bytes = (SUMSQ_BLOCKS + 1) * sizeof(double);   /* the partials, then the sum */
-    size_t capacity = 0;
-    double *partials = (double *)ddk_cuda_scratch_lock(be, &capacity);
-    double *own = NULL;   /* when the scratch could not be had: a block of our own */
-    if (!partials || capacity * sizeof(float) < bytes) {
-        own = (double *)ddk_malloc(be->alloc, bytes);
-        if (!own)   /* no error channel in the contract, and no step can go on without it */
-            ddk_fatal(__FILE__, __LINE__, "sumsq: no %zu bytes on %s for its partials", bytes,
-                      ddk_allocator_device(be->alloc));
-        partials = own;
-    }
+    /* the partials, then the sum, in the backend's scratch (no allocation: none can fail) */
+    static_assert((SUMSQ_BLOCKS + 1) * sizeof(double) <= DDK_CUDA_SCRATCH_FLOATS * sizeof(float),
+                  "sumsq's partials fit the scratch");
+    double *partials = (double *)ddk_cuda_scratch_lock(be);
     sumsq_blocks_kernel<<<SUMSQ_BLOCKS, THREADS, 0, stream>>>(x, count, partials);
     LAUNCH_CHECK();
     sumsq_final_kernel<<<1, THREADS, 0, stream>>>(partials, partials + SUMSQ_BLOCKS);
@@ -129,7 +122,6 @@ double ddk_cuda_sumsq(const ddk_backend *be, const float *x, int64_t count)
                                stream));
     ddk_cuda_scratch_unlock(be);   /* all queued: the next holder's launches run after them */
     CUDA_CHECK(cudaStreamSynchronize(stream));
-    ddk_free(be->alloc, own, bytes);
     return sum;
 }
 

@@ -87,6 +87,12 @@ typedef struct ddk_device_info {
     int compute_capability;      /* 90 for sm_90 */
 } ddk_device_info;
 
+/* The largest head_dim the CUDA DFlash and causal attention support (each lane of a warp holds
+ * ceil(head_dim / 32) <= 8 accumulator registers); the daemon refuses a GPU run whose drafter
+ * has a larger one when the run config is validated (the target's forward runs on the CPU
+ * backend). The CPU backend has no such limit. */
+enum { DDK_CUDA_MAX_HEAD_DIM = 256 };
+
 /* 1 when this libddk has the CUDA backend compiled in. */
 DDK_API int ddk_has_cuda(void);
 /* GPUs visible to this process: 0 without CUDA, a driver or a device. */
@@ -96,17 +102,35 @@ DDK_API int ddk_cuda_device_info(int device, ddk_device_info *info);
 /* The accounting allocator of GPU `device` (cudaMalloc); NULL when there is no such GPU. */
 DDK_API ddk_allocator *ddk_allocator_cuda(int device);
 /* The CUDA backend of GPU `device` (struct ddk_backend below; name "cuda", alloc
- * ddk_allocator_cuda(device)); NULL when there is no such GPU or no CUDA. Its ops, zero and copy
- * included, are queued in order on one stream per GPU and return before they are done: the host
- * reads what they wrote, and rewrites or frees a host buffer given to copy, only after
- * ddk_cuda_synchronize(device) (or the backend's synchronize). Every op of the CPU backend is
- * there, in fp32 storage, with bf16 tensor-core products where asked (matmul_bf16, the loss's
- * bf16_products); the loss and sumsq return with their work done (their results are on the
- * host). */
+ * ddk_allocator_cuda(device)); NULL when there is no such GPU or no CUDA (errno EINVAL), or when
+ * the GPU has no memory left for what the first call makes: its stream, cuBLAS handle and
+ * scratch, outside the accounting allocator and any budget (errno ENOMEM; a later call tries
+ * again). No op allocates lazily. Its ops, zero and copy included, are queued in order on one
+ * stream per GPU and return before they are done: the host reads what they wrote, and rewrites
+ * or frees a host buffer given to copy, only after ddk_cuda_synchronize(device) (or the
+ * backend's synchronize). Every op of the CPU backend is there, in fp32 storage, with bf16
+ * tensor-core products where asked (matmul_bf16, the loss's bf16_products); the loss and sumsq
+ * return with their work done (their results are on the host). */
 DDK_API const struct ddk_backend *ddk_backend_cuda(int device);
 /* Waits until every op queued on GPU `device`'s backend is done; a fault of one of them aborts
  * the process here with CUDA's message. Nothing to do without such a GPU. */
 DDK_API void ddk_cuda_synchronize(int device);
+
+/* Host memory to stage copies between the host and GPUs: page-locked (cudaHostAlloc, portable
+ * to every GPU) when this libddk has CUDA and the node a GPU, so that a backend's copy from it
+ * is a DMA queued on the stream that returns at once (from pageable memory cudaMemcpyAsync
+ * bounces through a driver buffer, synchronously); ordinary memory otherwise, or when the
+ * system has no page-locked memory left (a copy from it is only slower). 64-byte aligned. As
+ * for any host buffer given to a GPU backend's copy, the caller rewrites or frees it only
+ * after the copy is done (ddk_cuda_synchronize). Not counted by an accounting allocator: it is
+ * host memory beside a GPU's, like the process's other host buffers, and a budget refusal of it
+ * would make the out-of-memory recovery shrink a chunk for nothing. NULL with errno EINVAL
+ * (bytes = 0) or ENOMEM. */
+DDK_API void *ddk_host_alloc_pinned(size_t bytes);
+/* p from ddk_host_alloc_pinned; NULL is a no-op. */
+DDK_API void ddk_host_free_pinned(void *p);
+/* 1 when p (from ddk_host_alloc_pinned) is page-locked, else 0. */
+DDK_API int ddk_host_pinned(const void *p);
 
 /* ------------------------------------------------------------------------------------------
  * Collectives between the data-parallel ranks on GPUs (NCCL), one node or several
@@ -125,6 +149,9 @@ enum { DDK_COMM_ID_HEX = 256 };   /* an NCCL unique id (128 bytes) as 256 lowerc
 /* A new unique id into hex (DDK_COMM_ID_HEX + 1 bytes). 0; -ENOSYS when this libddk has no
  * NCCL (built without CUDA); -EIO with err when NCCL said no. Needs no GPU. */
 DDK_API int ddk_comm_unique_id(char *hex, char *err, size_t err_len);
+/* 1 when this libddk has NCCL (a CUDA build where NCCL was found), else 0: without it every
+ * ddk_comm_* call but ddk_comm_id_valid says -ENOSYS, and a run trains on one GPU at most. */
+DDK_API int ddk_has_nccl(void);
 /* 1 when hex is DDK_COMM_ID_HEX hex digits (either case) and nothing else, else 0. */
 DDK_API int ddk_comm_id_valid(const char *hex);
 /* The communicator of this process's ranks, as above. id_hex may be NULL only when world ==
