@@ -34,6 +34,48 @@ import sys
 import time
 
 
+def chunked_loss(hs, ht, W, w, lm_chunk, kl_chunk, kl_weight, grad):
+    """The seed's chunked CE + KL of hs (n, H) against the teacher ht (n, H) under the frozen head
+    W (V, H): lm_chunk rows of student and teacher logits at a time, the softmaxes per sub-chunk of
+    kl_chunk rows in fp32, one backward per lm chunk. w: (n,) weights, or None for all 1 (the
+    loss is then sum_i l_i / n). d loss / d hs goes into grad (n, H); returns the loss as a
+    float64 tensor. step_torch_gpu.py calls it too."""
+    import torch
+    import torch.nn.functional as F
+    n = hs.shape[0]
+    wsum = w.sum() if w is not None else n
+    total = torch.zeros((), device=hs.device, dtype=torch.float64)
+    for r0 in range(0, n, lm_chunk):
+        r1 = min(n, r0 + lm_chunk)
+        hs_c = hs[r0:r1].detach().requires_grad_(True)                    # (c, H)
+        with torch.no_grad():
+            zt = F.linear(ht[r0:r1], W)                                   # (c, V) teacher logits
+        zs = F.linear(hs_c, W)                                            # (c, V) student logits
+        zs_leaf = zs.detach().requires_grad_(True)
+        for k0 in range(0, r1 - r0, kl_chunk):
+            k1 = min(r1 - r0, k0 + kl_chunk)
+            log_ps = F.log_softmax(zs_leaf[k0:k1].float(), dim=1)          # (k, V) fp32
+            with torch.no_grad():
+                log_pt = F.log_softmax(zt[k0:k1].float(), dim=1)
+                labels = log_pt.argmax(dim=1)
+            if w is None:
+                ce = F.nll_loss(log_ps, labels, reduction="sum")
+                kl = F.kl_div(log_ps, log_pt, log_target=True, reduction="sum")
+                part = ((1.0 - kl_weight) * ce + kl_weight * kl) / n
+            else:
+                ce = F.nll_loss(log_ps, labels, reduction="none")         # (k,)
+                kl = F.kl_div(log_ps, log_pt, log_target=True, reduction="none").sum(dim=1)
+                part = (w[r0 + k0:r0 + k1] * ((1 - kl_weight) * ce + kl_weight * kl)).sum() / wsum
+            part.backward()                                               # into zs_leaf.grad
+            total += part.detach().double()
+            del log_ps, log_pt, labels, ce, kl, part
+        del zt
+        zs.backward(zs_leaf.grad)                                         # d hs_c = g W
+        grad[r0:r1] = hs_c.grad
+        del zs, zs_leaf, hs_c
+    return total
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=24576)
@@ -72,31 +114,7 @@ def main():
     grad = torch.zeros(n, H, device=dev, dtype=dtype)                              # (n, H)
 
     def one_rep():
-        total = torch.zeros((), device=dev, dtype=torch.float64)
-        for r0 in range(0, n, a.lm_chunk):
-            r1 = min(n, r0 + a.lm_chunk)
-            hs_c = hs[r0:r1].detach().requires_grad_(True)
-            with torch.no_grad():
-                zt = F.linear(ht[r0:r1], W)                      # (C, V) teacher logits
-            zs = F.linear(hs_c, W)                               # (C, V) student logits
-            zs_leaf = zs.detach().requires_grad_(True)
-            for k0 in range(0, r1 - r0, a.kl_chunk):
-                k1 = min(r1 - r0, k0 + a.kl_chunk)
-                log_ps = F.log_softmax(zs_leaf[k0:k1].float(), dim=1)
-                with torch.no_grad():
-                    log_pt = F.log_softmax(zt[k0:k1].float(), dim=1)
-                    labels = log_pt.argmax(dim=1)
-                ce = F.nll_loss(log_ps, labels, reduction="sum")
-                kl = F.kl_div(log_ps, log_pt, log_target=True, reduction="sum")
-                loss = ((1.0 - alpha) * ce + alpha * kl) / n
-                loss.backward()                                  # into zs_leaf.grad (sub-chunk rows)
-                total += loss.detach().double()
-                del log_ps, log_pt, labels, ce, kl, loss
-            del zt
-            zs.backward(zs_leaf.grad)                            # d hs_c = g W
-            grad[r0:r1] = hs_c.grad
-            del zs, zs_leaf, hs_c
-        return total
+        return chunked_loss(hs, ht, W, None, a.lm_chunk, a.kl_chunk, alpha, grad)
 
     one_rep()                                                    # warm-up
     torch.cuda.synchronize(dev)
