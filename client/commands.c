@@ -1,531 +1,47 @@
-/* commands.c: ddtreectl's commands. Each turns its arguments into one request of API.md's
- * "Endpoints" and the daemon's JSON into lines for people, or prints that JSON as it came
- * (--json). Every field is type-checked before use: a missing, null or mistyped one prints as
- * "-", so a daemon that adds fields, or sends null before a run's first step, never breaks the
- * client. `watch` polls GET /runs/ID (and /runs/ID/steps for the loss sparkline and the ETA).
- * It does not retry, cache or guess: a failed request ends the command with API.md's exit status
- * (1 the daemon said no, 3 unreachable).
- * Tested by hand against a scratch server and against ddtreed itself (client/README.md).
+/* commands.c: ddtreectl's commands and the one table of them (name, operand, options with their
+ * kinds, help, handler) from which command_line.c derives the usage text and every command's
+ * argument parsing. A handler gets its arguments checked, makes its request of API.md's
+ * "Endpoints" (api_client.c) and prints the answer as tables and `key: value` lines
+ * (format.c), or nothing more when --json printed it as it came. `watch` is watch.c's.
+ * Tested by tests/api_e2e.py, which drives every command against ddtreed and checks outputs and
+ * exit statuses, and by client/test_client.c (the table and the parsing derived from it).
  */
 #include "ddtreectl.h"
 
-#include <cjson/cJSON.h>
-#include <errno.h>
-#include <math.h>
-#include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <sys/ioctl.h>
-#include <time.h>
-#include <unistd.h>
 
 /* ---------------------------------------------------------------------------------------------
- * Text: every formatter returns a small struct by value, so that it can sit inside a printf's
- * arguments; a value that is missing, null or of the wrong type comes out as "-". */
-
-typedef struct ddc_text {
-    char s[160];
-} ddc_text;
-
-static ddc_text ddc_textf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static ddc_text ddc_textf(const char *fmt, ...)
-{
-    ddc_text t;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(t.s, sizeof t.s, fmt, ap);
-    va_end(ap);
-    return t;
-}
-
-static const cJSON *ddc_get(const cJSON *object, const char *key)
-{
-    return cJSON_IsObject(object) ? cJSON_GetObjectItemCaseSensitive(object, key) : NULL;
-}
-
-/* the item when it is of that type, else NULL: what cJSON_ArrayForEach may walk */
-static const cJSON *ddc_array(const cJSON *item)
-{
-    return cJSON_IsArray(item) ? item : NULL;
-}
-
-static const cJSON *ddc_object(const cJSON *item)
-{
-    return cJSON_IsObject(item) ? item : NULL;
-}
-
-/* a finite number: 1 and *value set, else 0 */
-static int ddc_number(const cJSON *item, double *value)
-{
-    if (!cJSON_IsNumber(item) || !isfinite(item->valuedouble))
-        return 0;
-    *value = item->valuedouble;
-    return 1;
-}
-
-static const char *ddc_string(const cJSON *item)
-{
-    return cJSON_IsString(item) && item->valuestring ? item->valuestring : NULL;
-}
-
-/* width grown to fit text, for a table's column */
-static void ddc_widen(int *width, const char *text)
-{
-    int w = (int)strlen(text);
-    if (w > *width)
-        *width = w;
-}
-
-static int ddc_is_integral(double v)
-{
-    return v > -9e15 && v < 9e15 && (double)(long long)v == v;
-}
-
-/* whatever the value is, as one short piece of text (strings without their quotes) */
-static ddc_text ddc_fmt_value(const cJSON *item)
-{
-    double v;
-    if (ddc_string(item))
-        return ddc_textf("%s", item->valuestring);
-    if (ddc_number(item, &v))
-        return ddc_is_integral(v) ? ddc_textf("%.0f", v) : ddc_textf("%.6g", v);
-    if (cJSON_IsBool(item))
-        return ddc_textf("%s", cJSON_IsTrue(item) ? "true" : "false");
-    if (cJSON_IsObject(item) || cJSON_IsArray(item)) {
-        char *compact = cJSON_PrintUnformatted(item);
-        ddc_text t = ddc_textf("%s", compact ? compact : "-");
-        free(compact);
-        return t;
-    }
-    return ddc_textf("-");
-}
-
-static ddc_text ddc_fmt_real(const cJSON *item, int digits)
-{
-    double v;
-    return ddc_number(item, &v) ? ddc_textf("%.*g", digits, v) : ddc_textf("-");
-}
-
-/* as ddc_fmt_real, keeping trailing zeros (5.10, not 5.1): for a line that is redrawn */
-static ddc_text ddc_fmt_fixed_width_real(const cJSON *item, int digits)
-{
-    double v;
-    return ddc_number(item, &v) ? ddc_textf("%#.*g", digits, v) : ddc_textf("-");
-}
-
-static ddc_text ddc_fmt_count(const cJSON *item)
-{
-    double v;
-    return ddc_number(item, &v) ? ddc_textf("%.0f", v) : ddc_textf("-");
-}
-
-/* 12345.6 -> "12,346" */
-static ddc_text ddc_thousands_text(double v)
-{
-    if (!isfinite(v))
-        return ddc_textf("-");
-    if (v >= 1e15 || v <= -1e15)
-        return ddc_textf("%.3g", v);
-    char digits[32];
-    snprintf(digits, sizeof digits, "%.0f", v < 0 ? -v : v);
-    ddc_text t;
-    size_t n = strlen(digits), o = 0;
-    if (v <= -0.5)
-        t.s[o++] = '-';
-    for (size_t k = 0; k < n; k++) {
-        if (k && (n - k) % 3 == 0)
-            t.s[o++] = ',';
-        t.s[o++] = digits[k];
-    }
-    t.s[o] = '\0';
-    return t;
-}
-
-static ddc_text ddc_fmt_thousands(const cJSON *item)
-{
-    double v;
-    return ddc_number(item, &v) ? ddc_thousands_text(v) : ddc_textf("-");
-}
-
-/* decimal units, as the planner prints them (1 MB = 1e6 bytes) */
-static ddc_text ddc_bytes_text(double bytes)
-{
-    if (bytes < 1e3)
-        return ddc_textf("%.0f B", bytes);
-    if (bytes < 1e6)
-        return ddc_textf("%.1f kB", bytes / 1e3);
-    if (bytes < 1e9)
-        return ddc_textf("%.1f MB", bytes / 1e6);
-    return ddc_textf("%.2f GB", bytes / 1e9);
-}
-
-static ddc_text ddc_fmt_bytes(const cJSON *item)
-{
-    double v;
-    return ddc_number(item, &v) ? ddc_bytes_text(v) : ddc_textf("-");
-}
-
-/* 70 -> "1m10s", 7384 -> "2h03m" */
-static ddc_text ddc_duration_text(double seconds)
-{
-    if (!isfinite(seconds) || seconds < 0)
-        return ddc_textf("-");
-    long long s = (long long)(seconds + 0.5);
-    if (s < 60)
-        return ddc_textf("%llds", s);
-    if (s < 3600)
-        return ddc_textf("%lldm%02llds", s / 60, s % 60);
-    if (s < 86400)
-        return ddc_textf("%lldh%02lldm", s / 3600, s / 60 % 60);
-    return ddc_textf("%lldd%02lldh", s / 86400, s / 3600 % 24);
-}
-
-/* milliseconds since the epoch, in local time */
-static ddc_text ddc_fmt_time(const cJSON *item)
-{
-    double ms;
-    if (!ddc_number(item, &ms) || ms <= 0)
-        return ddc_textf("-");
-    time_t t = (time_t)(ms / 1000);
-    struct tm tm;
-    ddc_text text;
-    if (!localtime_r(&t, &tm) || !strftime(text.s, sizeof text.s, "%Y-%m-%d %H:%M:%S", &tm))
-        return ddc_textf("%.0f", ms);
-    return text;
-}
-
-/* ---------------------------------------------------------------------------------------------
- * Requests */
-
-/* watch leaves its progress line open on a terminal: close it before anything else is said */
-static void ddc_end_line(ddc_ctx *ctx)
-{
-    if (ctx->line_open) {
-        fputs("\n", stdout);
-        fflush(stdout);
-        ctx->line_open = 0;
-    }
-}
-
-/* "ddtreectl: <message> (<code>[, field <field>])" from API.md's error body, or the status and
- * the first line of whatever came instead (a proxy's page, say). */
-static void ddc_print_daemon_error(const ddc_reply *reply)
-{
-    cJSON *root = cJSON_ParseWithLength(reply->body, reply->len);
-    const cJSON *error = ddc_get(root, "error");
-    const char *message = ddc_string(ddc_get(error, "message"));
-    const char *code = ddc_string(ddc_get(error, "code"));
-    const char *field = ddc_string(ddc_get(error, "field"));
-    if (message || code) {
-        fprintf(stderr, "ddtreectl: %s (", message ? message : "the daemon refused");
-        if (code)
-            fputs(code, stderr);
-        else
-            fprintf(stderr, "HTTP %ld", reply->status);
-        if (field)
-            fprintf(stderr, ", field %s", field);
-        fputs(")\n", stderr);
-    } else {
-        int n = (int)strcspn(reply->body, "\r\n");
-        if (n > 200)
-            n = 200;
-        fprintf(stderr, "ddtreectl: HTTP %ld from ddtreed%s%.*s\n", reply->status, n ? ": " : "", n,
-                reply->body);
-    }
-    cJSON_Delete(root);
-}
-
-/* One request. 0 with *reply filled when the daemon answered 2xx; otherwise the exit status,
- * having said why: 1 (the daemon said no, or a local failure) or 3 (unreachable). */
-static int ddc_call(ddc_ctx *ctx, const char *method, const char *path, const char *body,
-                    size_t body_len, ddc_reply *reply)
-{
-    char err[512];
-    int rc = ddc_http_request(ctx->http, method, path, body, body_len, reply, err, sizeof err);
-    if (rc == DDC_HTTP_UNREACHABLE) {
-        ddc_end_line(ctx);
-        fprintf(stderr, "ddtreectl: cannot reach ddtreed at %s: %s; is it running?\n", ctx->where, err);
-        return 3;
-    }
-    if (rc != DDC_HTTP_ANSWERED) {
-        ddc_end_line(ctx);
-        fprintf(stderr, "ddtreectl: %s\n", err);
-        return 1;
-    }
-    if (reply->status >= 200 && reply->status < 300)
-        return 0;
-    ddc_end_line(ctx);
-    ddc_print_daemon_error(reply);
-    ddc_reply_free(reply);
-    return 1;
-}
-
-/* The answer as a JSON object (an empty body, as a bare 202 may have, is an empty object);
- * NULL, having said so, when it is anything else. */
-static cJSON *ddc_parse_object(ddc_ctx *ctx, const ddc_reply *reply, const char *method, const char *path)
-{
-    if (reply->body[strspn(reply->body, " \t\r\n")] == '\0')
-        return cJSON_CreateObject();
-    cJSON *root = cJSON_ParseWithLengthOpts(reply->body, reply->len + 1, NULL, 1);
-    if (!cJSON_IsObject(root)) {
-        cJSON_Delete(root);
-        ddc_end_line(ctx);
-        fprintf(stderr, "ddtreectl: the answer to %s %s is not a JSON object (HTTP %ld)\n", method, path,
-                reply->status);
-        return NULL;
-    }
-    return root;
-}
-
-static void ddc_print_raw(const ddc_reply *reply)
-{
-    fwrite(reply->body, 1, reply->len, stdout);
-    if (reply->len == 0 || reply->body[reply->len - 1] != '\n')
-        fputs("\n", stdout);
-}
-
-/* A request whose answer is a JSON object. With raw that answer is printed as it came and
- * *root is left NULL. Otherwise *root is the object (the caller frees it). status, when not
- * NULL, gets the HTTP status. Returns the exit status so far. */
-static int ddc_exchange(ddc_ctx *ctx, const char *method, const char *path, const char *body,
-                        size_t body_len, int raw, cJSON **root, long *status)
-{
-    *root = NULL;
-    ddc_reply reply;
-    int rc = ddc_call(ctx, method, path, body, body_len, &reply);
-    if (rc)
-        return rc;
-    if (status)
-        *status = reply.status;
-    if (raw)
-        ddc_print_raw(&reply);
-    else
-        *root = ddc_parse_object(ctx, &reply, method, path);
-    ddc_reply_free(&reply);
-    return raw || *root ? 0 : 1;
-}
-
-/* ddc_exchange as a command wants it: raw with --json, when *root comes back NULL and the
- * command is done */
-static int ddc_request(ddc_ctx *ctx, const char *method, const char *path, const char *body,
-                       size_t body_len, cJSON **root, long *status)
-{
-    return ddc_exchange(ctx, method, path, body, body_len, ctx->json, root, status);
-}
-
-/* GET path as a JSON object whatever --json says (watch reads what it prints) */
-static int ddc_get_object(ddc_ctx *ctx, const char *path, cJSON **root)
-{
-    return ddc_exchange(ctx, "GET", path, NULL, 0, 0, root, NULL);
-}
-
-/* Percent-encodes text as one path segment or query value; -1 when out is too small. */
-static int ddc_escape(const char *text, char *out, size_t out_len)
-{
-    static const char hex[] = "0123456789ABCDEF";
-    size_t o = 0;
-    for (const unsigned char *p = (const unsigned char *)text; *p; p++) {
-        int plain = (*p >= 'A' && *p <= 'Z') || (*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') ||
-                    *p == '-' || *p == '.' || *p == '_' || *p == '~';
-        if (o + (plain ? 1 : 3) >= out_len)
-            return -1;
-        if (plain) {
-            out[o++] = (char)*p;
-        } else {
-            out[o++] = '%';
-            out[o++] = hex[*p >> 4];
-            out[o++] = hex[*p & 15];
-        }
-    }
-    out[o] = '\0';
-    return 0;
-}
-
-enum { DDC_PATH_MAX = 1024 };
-
-/* "/runs/<id><suffix>"; a usage error (2) when the id is absurdly long */
-static int ddc_run_path(const char *id, const char *suffix, char *path)
-{
-    char escaped[DDC_PATH_MAX / 2];
-    if (ddc_escape(id, escaped, sizeof escaped))
-        return ddc_usage_error("run id '%.40s...' is too long", id);
-    snprintf(path, DDC_PATH_MAX, "/runs/%s%s", escaped, suffix);
-    return 0;
-}
-
-/* ddc_request on "/runs/<id><suffix>" */
-static int ddc_run_request(ddc_ctx *ctx, const char *method, const char *id, const char *suffix,
-                           const char *body, size_t body_len, cJSON **root, long *status)
-{
-    char path[DDC_PATH_MAX];
-    int rc = ddc_run_path(id, suffix, path);
-    if (rc) {
-        *root = NULL;
-        return rc;
-    }
-    return ddc_request(ctx, method, path, body, body_len, root, status);
-}
-
-/* Reads a run config whole: "-" is stdin. Larger than the daemon's body limit, or unreadable,
- * is a usage error (2) naming the file. */
-static int ddc_read_file(const char *path, char **text, size_t *len)
-{
-    *text = NULL;
-    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
-    if (!f) {
-        fprintf(stderr, "ddtreectl: cannot read %s: %s\n", path, strerror(errno));
-        return 2;
-    }
-    char *buf = malloc(DDC_MAX_FILE_BYTES + 1);
-    size_t n = 0;
-    int failed = !buf;
-    while (!failed && n <= DDC_MAX_FILE_BYTES) {
-        size_t got = fread(buf + n, 1, DDC_MAX_FILE_BYTES + 1 - n, f);
-        if (got == 0)
-            break;
-        n += got;
-    }
-    int read_error = !failed && ferror(f);
-    int saved_errno = errno;
-    if (f != stdin)
-        fclose(f);
-    if (failed || read_error) {
-        fprintf(stderr, "ddtreectl: cannot read %s: %s\n", path, failed ? "out of memory" : strerror(saved_errno));
-        free(buf);
-        return 2;
-    }
-    if (n > DDC_MAX_FILE_BYTES) {
-        fprintf(stderr, "ddtreectl: %s is larger than 1 MiB, the most the daemon accepts\n", path);
-        free(buf);
-        return 2;
-    }
-    buf[n] = '\0';
-    *text = buf;
-    *len = n;
-    return 0;
-}
-
-/* ddc_request with the run config file (ddc_read_file) as the body */
-static int ddc_file_request(ddc_ctx *ctx, const char *method, const char *path, const char *file,
-                            cJSON **root, long *status)
-{
-    char *config;
-    size_t config_len;
-    int rc = ddc_read_file(file, &config, &config_len);
-    if (rc) {
-        *root = NULL;
-        return rc;
-    }
-    rc = ddc_request(ctx, method, path, config, config_len, root, status);
-    free(config);
-    return rc;
-}
-
-/* ---------------------------------------------------------------------------------------------
- * Arguments after the command: at most one operand (ID or FILE) and the command's own options,
- * in any order; --json and --quiet are understood here too. */
-
-enum { DDC_MAX_VALUE_OPTIONS = 3, DDC_MAX_FLAG_OPTIONS = 1 };
-
-typedef struct ddc_arg_spec {
-    const char *operand; /* "ID", "FILE", or NULL: none */
-    const char *values[DDC_MAX_VALUE_OPTIONS + 1]; /* options that take a value, NULL-ended */
-    const char *flags[DDC_MAX_FLAG_OPTIONS + 1];   /* options that don't */
-} ddc_arg_spec;
-
-typedef struct ddc_args {
-    const char *operand;
-    const char *value[DDC_MAX_VALUE_OPTIONS]; /* NULL when not given */
-    int flag[DDC_MAX_FLAG_OPTIONS];
-    int help; /* --help was printed: the command is done, exit 0 */
-} ddc_args;
-
-/* The command's exit status so far: 0, go on unless args->help; 2, a usage error (said). */
-static int ddc_parse_args(ddc_ctx *ctx, const ddc_arg_spec *spec, int argc, char **argv, ddc_args *args)
-{
-    memset(args, 0, sizeof *args);
-    for (int i = 1; i < argc; i++) {
-        const char *arg = argv[i];
-        if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
-            ddc_usage(stdout);
-            args->help = 1;
-            return 0;
-        }
-        if (!strcmp(arg, "--json")) {
-            ctx->json = 1;
-            continue;
-        }
-        if (!strcmp(arg, "--quiet") || !strcmp(arg, "-q")) {
-            ctx->quiet = 1;
-            continue;
-        }
-        if (arg[0] == '-' && arg[1]) { /* "-" alone is an operand: stdin */
-            int matched = 0;
-            for (int k = 0; !matched && spec->values[k]; k++) {
-                matched = ddc_option_value(argc, argv, &i, spec->values[k], &args->value[k]);
-                if (matched < 0)
-                    return ddc_usage_error("%s: %s wants a value", argv[0], spec->values[k]);
-            }
-            for (int k = 0; !matched && spec->flags[k]; k++)
-                if (!strcmp(arg, spec->flags[k]))
-                    matched = args->flag[k] = 1;
-            if (!matched)
-                return ddc_usage_error("%s: unknown option %s", argv[0], arg);
-            continue;
-        }
-        if (!spec->operand || args->operand)
-            return ddc_usage_error("%s: unexpected argument '%s'", argv[0], arg);
-        args->operand = arg;
-    }
-    if (spec->operand && (!args->operand || !*args->operand))
-        return ddc_usage_error("%s: missing %s", argv[0], spec->operand);
-    return 0;
-}
-
-/* a non-negative integer option; a usage error (2) otherwise */
-static int ddc_parse_count(const char *command, const char *option, const char *text, long long *out)
-{
-    char *end;
-    errno = 0;
-    long long v = strtoll(text, &end, 10);
-    if (errno || end == text || *end || v < 0)
-        return ddc_usage_error("%s: %s wants a non-negative integer, not '%s'", command, option, text);
-    *out = v;
-    return 0;
-}
-
-/* ---------------------------------------------------------------------------------------------
- * Commands of one request: status, start, plan, show, pause, resume, cancel, export, events */
+ * Commands of one request: status, start, plan, show, pause, resume, cancel, export, events,
+ * nccl-id */
 
 /* What such a command prints of the daemon's answer (the object root, its HTTP status): the
- * exit status. operand is the command's ID or FILE, path the request's (after /runs/ID). */
-typedef int (*ddc_printer)(const ddc_ctx *ctx, const char *operand, const char *path, const cJSON *root,
+ * exit status. path is the request's (after /runs/ID for a run). */
+typedef int (*ddc_printer)(const ddc_ctx *ctx, const ddc_args *args, const char *path, const cJSON *root,
                            long status);
 
-/* A command of no options and at most one operand (spec_operand "ID", "FILE" or NULL) and one
- * request: method on path without an operand, on /runs/ID<path> with an ID, or with the FILE
- * as the body; then print on the answer, unless --json printed it as it came. */
-static int ddc_one_request(ddc_ctx *ctx, int argc, char **argv, const char *spec_operand, const char *method,
-                           const char *path, ddc_printer print)
+/* method on path without an operand, on /runs/ID<path> with an ID, or with the FILE as the
+ * body; then print on the answer, unless --json printed it as it came. */
+static int ddc_one_request(ddc_ctx *ctx, const ddc_args *args, const char *method, const char *path,
+                           ddc_printer print)
 {
-    const ddc_arg_spec spec = {.operand = spec_operand};
-    ddc_args args;
-    int rc = ddc_parse_args(ctx, &spec, argc, argv, &args);
-    if (rc || args.help)
-        return rc;
     cJSON *root;
     long status = 0;
-    if (!spec_operand)
+    int rc;
+    switch (args->command->operand) {
+    case DDC_OPERAND_FILE:
+        rc = ddc_file_request(ctx, method, path, args->operand, &root, &status);
+        break;
+    case DDC_OPERAND_RUN_ID:
+        rc = ddc_run_request(ctx, method, args->operand, path, NULL, 0, &root, &status);
+        break;
+    default:
         rc = ddc_request(ctx, method, path, NULL, 0, &root, &status);
-    else if (!strcmp(spec_operand, "FILE"))
-        rc = ddc_file_request(ctx, method, path, args.operand, &root, &status);
-    else
-        rc = ddc_run_request(ctx, method, args.operand, path, NULL, 0, &root, &status);
+        break;
+    }
     if (rc || !root)
         return rc;
-    rc = print(ctx, args.operand, path, root, status);
+    rc = print(ctx, args, path, root, status);
     cJSON_Delete(root);
     return rc;
 }
@@ -533,7 +49,20 @@ static int ddc_one_request(ddc_ctx *ctx, int argc, char **argv, const char *spec
 /* ---------------------------------------------------------------------------------------------
  * status */
 
-static int ddc_print_status(const ddc_ctx *ctx, const char *operand, const char *path, const cJSON *root,
+enum { DDC_DEVICE_COLUMNS = 5 };
+
+/* a row of the devices table */
+static const ddc_text *ddc_device_cells(const cJSON *device, ddc_text cells[DDC_DEVICE_COLUMNS])
+{
+    cells[0] = ddc_fmt_value(ddc_get(device, "id"));
+    cells[1] = ddc_fmt_value(ddc_get(device, "name"));
+    cells[2] = ddc_fmt_bytes(ddc_get(device, "memory_used_bytes"));
+    cells[3] = ddc_fmt_bytes(ddc_get(device, "memory_total_bytes"));
+    cells[4] = ddc_fmt_value(ddc_get(device, "run"));
+    return cells;
+}
+
+static int ddc_print_status(const ddc_ctx *ctx, const ddc_args *args, const char *path, const cJSON *root,
                             long status)
 {
     double uptime = -1;
@@ -554,55 +83,59 @@ static int ddc_print_status(const ddc_ctx *ctx, const char *operand, const char 
     puts(any ? "" : " none");
 
     const cJSON *devices = ddc_get(root, "devices"), *device;
-    int id_width = 6, name_width = 4;
-    cJSON_ArrayForEach(device, ddc_array(devices)) {
-        ddc_widen(&id_width, ddc_fmt_value(ddc_get(device, "id")).s);
-        ddc_widen(&name_width, ddc_fmt_value(ddc_get(device, "name")).s);
-    }
-    if (cJSON_GetArraySize(devices) > 0) {
-        printf("%-*s  %-*s  %10s  %10s  %s\n", id_width, "DEVICE", name_width, "NAME", "USED", "TOTAL", "RUN");
-        cJSON_ArrayForEach(device, devices) {
-            printf("%-*s  %-*s  %10s  %10s  %s\n", id_width, ddc_fmt_value(ddc_get(device, "id")).s,
-                   name_width, ddc_fmt_value(ddc_get(device, "name")).s,
-                   ddc_fmt_bytes(ddc_get(device, "memory_used_bytes")).s,
-                   ddc_fmt_bytes(ddc_get(device, "memory_total_bytes")).s,
-                   ddc_fmt_value(ddc_get(device, "run")).s);
-        }
-    } else {
+    if (cJSON_GetArraySize(devices) == 0) {
         puts("devices: none");
+        return 0;
     }
+    ddc_column columns[DDC_DEVICE_COLUMNS] = {
+        {.header = "DEVICE", .left = 1, .fit = 1}, {.header = "NAME", .left = 1, .fit = 1},
+        {.header = "USED", .width = 10},           {.header = "TOTAL", .width = 10},
+        {.header = "RUN"},
+    };
+    ddc_text cells[DDC_DEVICE_COLUMNS];
+    cJSON_ArrayForEach(device, ddc_array(devices))
+        ddc_table_fit(columns, DDC_DEVICE_COLUMNS, ddc_device_cells(device, cells));
+    ddc_table_header(columns, DDC_DEVICE_COLUMNS);
+    cJSON_ArrayForEach(device, devices)
+        ddc_table_row(columns, DDC_DEVICE_COLUMNS, ddc_device_cells(device, cells));
     return 0;
 }
 
-int ddc_cmd_status(ddc_ctx *ctx, int argc, char **argv)
+static int ddc_cmd_status(ddc_ctx *ctx, const ddc_args *args)
 {
-    return ddc_one_request(ctx, argc, argv, NULL, "GET", "/status", ddc_print_status);
+    return ddc_one_request(ctx, args, "GET", "/status", ddc_print_status);
 }
 
 /* ---------------------------------------------------------------------------------------------
  * runs */
 
-static ddc_text ddc_step_of_max(const cJSON *run)
+enum { DDC_RUNS_STATE };   /* its options */
+enum { DDC_RUN_COLUMNS = 6 };
+
+/* a row of the runs table */
+static const ddc_text *ddc_run_cells(const cJSON *run, ddc_text cells[DDC_RUN_COLUMNS])
 {
-    return ddc_textf("%s/%s", ddc_fmt_count(ddc_get(run, "step")).s, ddc_fmt_count(ddc_get(run, "max_steps")).s);
+    cells[0] = ddc_fmt_value(ddc_get(run, "id"));
+    cells[1] = ddc_fmt_value(ddc_get(run, "state"));
+    cells[2] = ddc_step_of_max(run);
+    cells[3] = ddc_fmt_real(ddc_get(run, "loss"), 4);
+    cells[4] = ddc_fmt_thousands(ddc_get(run, "tokens_per_s"));
+    cells[5] = ddc_fmt_value(ddc_get(run, "name"));
+    return cells;
 }
 
-int ddc_cmd_runs(ddc_ctx *ctx, int argc, char **argv)
+static int ddc_cmd_runs(ddc_ctx *ctx, const ddc_args *args)
 {
-    static const ddc_arg_spec spec = {.values = {"--state"}};
-    ddc_args args;
-    int rc = ddc_parse_args(ctx, &spec, argc, argv, &args);
-    if (rc || args.help)
-        return rc;
+    const ddc_value *state = &args->option[DDC_RUNS_STATE];
     char path[DDC_PATH_MAX] = "/runs";
-    if (args.value[0]) {
-        char state[64];
-        if (!*args.value[0] || ddc_escape(args.value[0], state, sizeof state))
-            return ddc_usage_error("runs: --state wants a run state (queued, running, paused, ...)");
-        snprintf(path, sizeof path, "/runs?state=%s", state);
+    if (state->given) {
+        char escaped[DDC_QUERY_VALUE_MAX];
+        ddc_escape(state->text, escaped, sizeof escaped); /* it fits: the parser checked */
+        snprintf(path, sizeof path, "/runs?state=%s", escaped);
     }
     cJSON *root;
-    if ((rc = ddc_request(ctx, "GET", path, NULL, 0, &root, NULL)) || !root)
+    int rc = ddc_request(ctx, "GET", path, NULL, 0, &root, NULL);
+    if (rc || !root)
         return rc;
     const cJSON *runs = ddc_get(root, "runs"), *run;
     if (!cJSON_IsArray(runs)) {
@@ -611,24 +144,21 @@ int ddc_cmd_runs(ddc_ctx *ctx, int argc, char **argv)
         return 1;
     }
     if (cJSON_GetArraySize(runs) == 0) {
-        puts(args.value[0] ? "no runs in that state" : "no runs");
+        puts(state->given ? "no runs in that state" : "no runs");
         cJSON_Delete(root);
         return 0;
     }
-    int id_width = 2, state_width = 5, step_width = 8;
-    cJSON_ArrayForEach(run, runs) {
-        ddc_widen(&id_width, ddc_fmt_value(ddc_get(run, "id")).s);
-        ddc_widen(&state_width, ddc_fmt_value(ddc_get(run, "state")).s);
-        ddc_widen(&step_width, ddc_step_of_max(run).s);
-    }
-    printf("%-*s  %-*s  %*s  %9s  %10s  %s\n", id_width, "ID", state_width, "STATE", step_width, "STEP/MAX",
-           "LOSS", "TOK/S", "NAME");
-    cJSON_ArrayForEach(run, runs) {
-        printf("%-*s  %-*s  %*s  %9s  %10s  %s\n", id_width, ddc_fmt_value(ddc_get(run, "id")).s, state_width,
-               ddc_fmt_value(ddc_get(run, "state")).s, step_width, ddc_step_of_max(run).s,
-               ddc_fmt_real(ddc_get(run, "loss"), 4).s, ddc_fmt_thousands(ddc_get(run, "tokens_per_s")).s,
-               ddc_fmt_value(ddc_get(run, "name")).s);
-    }
+    ddc_column columns[DDC_RUN_COLUMNS] = {
+        {.header = "ID", .left = 1, .fit = 1}, {.header = "STATE", .left = 1, .fit = 1},
+        {.header = "STEP/MAX", .fit = 1},      {.header = "LOSS", .width = 9},
+        {.header = "TOK/S", .width = 10},      {.header = "NAME"},
+    };
+    ddc_text cells[DDC_RUN_COLUMNS];
+    cJSON_ArrayForEach(run, runs)
+        ddc_table_fit(columns, DDC_RUN_COLUMNS, ddc_run_cells(run, cells));
+    ddc_table_header(columns, DDC_RUN_COLUMNS);
+    cJSON_ArrayForEach(run, runs)
+        ddc_table_row(columns, DDC_RUN_COLUMNS, ddc_run_cells(run, cells));
     cJSON_Delete(root);
     return 0;
 }
@@ -636,7 +166,9 @@ int ddc_cmd_runs(ddc_ctx *ctx, int argc, char **argv)
 /* ---------------------------------------------------------------------------------------------
  * start, plan: a run config file as the body */
 
-static int ddc_print_started(const ddc_ctx *ctx, const char *operand, const char *path, const cJSON *root,
+enum { DDC_START_QUIET };  /* its options */
+
+static int ddc_print_started(const ddc_ctx *ctx, const ddc_args *args, const char *path, const cJSON *root,
                              long status)
 {
     const cJSON *id = ddc_get(root, "id");
@@ -644,16 +176,17 @@ static int ddc_print_started(const ddc_ctx *ctx, const char *operand, const char
         fputs("ddtreectl: the daemon accepted the run but its answer has no id\n", stderr);
         return 1;
     }
-    if (ctx->quiet)
+    /* --quiet before the command, or -q anywhere, is the context's; --quiet after it, start's */
+    if (ctx->quiet || args->option[DDC_START_QUIET].given)
         printf("%s\n", ddc_fmt_value(id).s);
     else
         printf("started run %s (%s)\n", ddc_fmt_value(id).s, ddc_fmt_value(ddc_get(root, "state")).s);
     return 0;
 }
 
-int ddc_cmd_start(ddc_ctx *ctx, int argc, char **argv)
+static int ddc_cmd_start(ddc_ctx *ctx, const ddc_args *args)
 {
-    return ddc_one_request(ctx, argc, argv, "FILE", "POST", "/runs", ddc_print_started);
+    return ddc_one_request(ctx, args, "POST", "/runs", ddc_print_started);
 }
 
 /* one line of the plan's byte table: bytes in unit, or missing when there is no value */
@@ -666,7 +199,7 @@ static void ddc_plan_line(const char *label, int has_bytes, double bytes, double
         printf("  %-22s %12s\n", label, missing);
 }
 
-static int ddc_print_plan(const ddc_ctx *ctx, const char *operand, const char *path, const cJSON *plan,
+static int ddc_print_plan(const ddc_ctx *ctx, const ddc_args *args, const char *path, const cJSON *plan,
                           long status)
 {
     /* one unit for the whole table, so that the column reads down */
@@ -701,9 +234,9 @@ static int ddc_print_plan(const ddc_ctx *ctx, const char *operand, const char *p
     return 0;
 }
 
-int ddc_cmd_plan(ddc_ctx *ctx, int argc, char **argv)
+static int ddc_cmd_plan(ddc_ctx *ctx, const ddc_args *args)
 {
-    return ddc_one_request(ctx, argc, argv, "FILE", "POST", "/plan", ddc_print_plan);
+    return ddc_one_request(ctx, args, "POST", "/plan", ddc_print_plan);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -714,7 +247,7 @@ static void ddc_show_line(const char *key, const char *value)
     printf("%-17s %s\n", key, value);
 }
 
-static int ddc_print_run(const ddc_ctx *ctx, const char *operand, const char *path, const cJSON *run,
+static int ddc_print_run(const ddc_ctx *ctx, const ddc_args *args, const char *path, const cJSON *run,
                          long status)
 {
     ddc_show_line("id:", ddc_fmt_value(ddc_get(run, "id")).s);
@@ -776,18 +309,19 @@ static int ddc_print_run(const ddc_ctx *ctx, const char *operand, const char *pa
     return 0;
 }
 
-int ddc_cmd_show(ddc_ctx *ctx, int argc, char **argv)
+static int ddc_cmd_show(ddc_ctx *ctx, const ddc_args *args)
 {
-    return ddc_one_request(ctx, argc, argv, "ID", "GET", "", ddc_print_run);
+    return ddc_one_request(ctx, args, "GET", "", ddc_print_run);
 }
 
 /* ---------------------------------------------------------------------------------------------
  * pause, resume, cancel, rechunk, export: POSTs to one run */
 
 /* path is "/<action>" */
-static int ddc_print_requested(const ddc_ctx *ctx, const char *id, const char *path, const cJSON *root,
+static int ddc_print_requested(const ddc_ctx *ctx, const ddc_args *args, const char *path, const cJSON *root,
                                long status)
 {
+    const char *id = args->operand;
     /* the state is the one at the answer: "running" after a cancel is not a refusal, the
      * cancel lands at the next step boundary */
     const char *state = ddc_string(ddc_get(root, "state"));
@@ -796,35 +330,31 @@ static int ddc_print_requested(const ddc_ctx *ctx, const char *id, const char *p
     return 0;
 }
 
-int ddc_cmd_pause(ddc_ctx *ctx, int argc, char **argv)
+static int ddc_cmd_pause(ddc_ctx *ctx, const ddc_args *args)
 {
-    return ddc_one_request(ctx, argc, argv, "ID", "POST", "/pause", ddc_print_requested);
+    return ddc_one_request(ctx, args, "POST", "/pause", ddc_print_requested);
 }
 
-int ddc_cmd_resume(ddc_ctx *ctx, int argc, char **argv)
+static int ddc_cmd_resume(ddc_ctx *ctx, const ddc_args *args)
 {
-    return ddc_one_request(ctx, argc, argv, "ID", "POST", "/resume", ddc_print_requested);
+    return ddc_one_request(ctx, args, "POST", "/resume", ddc_print_requested);
 }
 
-int ddc_cmd_cancel(ddc_ctx *ctx, int argc, char **argv)
+static int ddc_cmd_cancel(ddc_ctx *ctx, const ddc_args *args)
 {
-    return ddc_one_request(ctx, argc, argv, "ID", "POST", "/cancel", ddc_print_requested);
+    return ddc_one_request(ctx, args, "POST", "/cancel", ddc_print_requested);
 }
 
-int ddc_cmd_rechunk(ddc_ctx *ctx, int argc, char **argv)
+enum { DDC_RECHUNK_CHUNK, DDC_RECHUNK_VOCAB_TILE }; /* its options */
+
+static int ddc_cmd_rechunk(ddc_ctx *ctx, const ddc_args *args)
 {
-    static const ddc_arg_spec spec = {.operand = "ID", .values = {"--chunk", "--vocab-tile"}};
-    ddc_args args;
-    int rc = ddc_parse_args(ctx, &spec, argc, argv, &args);
-    if (rc || args.help)
-        return rc;
-    if (!args.value[0] && !args.value[1])
+    const ddc_value *chunk_option = &args->option[DDC_RECHUNK_CHUNK];
+    const ddc_value *vocab_tile_option = &args->option[DDC_RECHUNK_VOCAB_TILE];
+    if (!chunk_option->given && !vocab_tile_option->given)
         return ddc_usage_error("rechunk: give --chunk N, --vocab-tile M or both");
-    long long chunk = -1, vocab_tile = -1;
-    if (args.value[0] && (rc = ddc_parse_count("rechunk", "--chunk", args.value[0], &chunk)))
-        return rc;
-    if (args.value[1] && (rc = ddc_parse_count("rechunk", "--vocab-tile", args.value[1], &vocab_tile)))
-        return rc;
+    long long chunk = chunk_option->given ? chunk_option->count : -1;
+    long long vocab_tile = vocab_tile_option->given ? vocab_tile_option->count : -1;
     char body[128];
     if (chunk >= 0 && vocab_tile >= 0)
         snprintf(body, sizeof body, "{\"chunk\":%lld,\"vocab_tile\":%lld}", chunk, vocab_tile);
@@ -833,18 +363,19 @@ int ddc_cmd_rechunk(ddc_ctx *ctx, int argc, char **argv)
     else
         snprintf(body, sizeof body, "{\"vocab_tile\":%lld}", vocab_tile);
     cJSON *root;
-    if ((rc = ddc_run_request(ctx, "POST", args.operand, "/rechunk", body, strlen(body), &root, NULL)) ||
-        !root)
+    int rc = ddc_run_request(ctx, "POST", args->operand, "/rechunk", body, strlen(body), &root, NULL);
+    if (rc || !root)
         return rc;
-    printf("run %s: rechunk applies from step %s\n", args.operand,
+    printf("run %s: rechunk applies from step %s\n", args->operand,
            ddc_fmt_count(ddc_get(root, "applies_from_step")).s);
     cJSON_Delete(root);
     return 0;
 }
 
-static int ddc_print_export(const ddc_ctx *ctx, const char *id, const char *path, const cJSON *root,
+static int ddc_print_export(const ddc_ctx *ctx, const ddc_args *args, const char *path, const cJSON *root,
                             long status)
 {
+    const char *id = args->operand;
     const char *export_dir = ddc_string(ddc_get(root, "path"));
     if (status == 202)
         printf("run %s: export started%s%s\n", id, export_dir ? ", into " : "", export_dir ? export_dir : "");
@@ -853,40 +384,55 @@ static int ddc_print_export(const ddc_ctx *ctx, const char *id, const char *path
     return 0;
 }
 
-int ddc_cmd_export(ddc_ctx *ctx, int argc, char **argv)
+static int ddc_cmd_export(ddc_ctx *ctx, const ddc_args *args)
 {
-    return ddc_one_request(ctx, argc, argv, "ID", "POST", "/export", ddc_print_export);
+    return ddc_one_request(ctx, args, "POST", "/export", ddc_print_export);
 }
 
 /* ---------------------------------------------------------------------------------------------
  * steps, events */
 
-int ddc_cmd_steps(ddc_ctx *ctx, int argc, char **argv)
+enum { DDC_STEPS_CSV, DDC_STEPS_AFTER, DDC_STEPS_LIMIT }; /* its options */
+enum { DDC_STEP_COLUMNS = 12 };
+
+/* a row of the steps table */
+static const ddc_text *ddc_step_cells(const cJSON *step, ddc_text cells[DDC_STEP_COLUMNS])
 {
-    static const ddc_arg_spec spec = {.operand = "ID", .values = {"--after", "--limit"}, .flags = {"--csv"}};
-    ddc_args args;
-    int rc = ddc_parse_args(ctx, &spec, argc, argv, &args);
-    if (rc || args.help)
-        return rc;
-    long long after = -1, limit = -1;
-    if (args.value[0] && (rc = ddc_parse_count("steps", "--after", args.value[0], &after)))
-        return rc;
-    if (args.value[1] && (rc = ddc_parse_count("steps", "--limit", args.value[1], &limit)))
-        return rc;
+    cells[0] = ddc_fmt_count(ddc_get(step, "step"));
+    cells[1] = ddc_fmt_real(ddc_get(step, "loss"), 5);
+    cells[2] = ddc_fmt_real(ddc_get(step, "ce"), 5);
+    cells[3] = ddc_fmt_real(ddc_get(step, "kl"), 5);
+    cells[4] = ddc_fmt_real(ddc_get(step, "cap"), 5);
+    cells[5] = ddc_fmt_real(ddc_get(step, "acc"), 4);
+    cells[6] = ddc_fmt_real(ddc_get(step, "lr"), 3);
+    cells[7] = ddc_fmt_real(ddc_get(step, "grad_norm"), 4);
+    cells[8] = ddc_fmt_thousands(ddc_get(step, "tokens_per_s"));
+    cells[9] = ddc_fmt_bytes(ddc_get(step, "peak_bytes"));
+    cells[10] = ddc_fmt_count(ddc_get(step, "step_ms"));
+    cells[11] = ddc_textf("%s/%s", ddc_fmt_count(ddc_get(step, "chunk")).s,
+                          ddc_fmt_count(ddc_get(step, "vocab_tile")).s);
+    return cells;
+}
+
+static int ddc_cmd_steps(ddc_ctx *ctx, const ddc_args *args)
+{
+    const ddc_value *after = &args->option[DDC_STEPS_AFTER], *limit = &args->option[DDC_STEPS_LIMIT];
+    int csv = args->option[DDC_STEPS_CSV].given;
     char query[128] = "";
     size_t used = 0;
-    if (after >= 0)
-        used += (size_t)snprintf(query + used, sizeof query - used, "%cafter=%lld", used ? '&' : '?', after);
-    if (limit >= 0)
-        used += (size_t)snprintf(query + used, sizeof query - used, "%climit=%lld", used ? '&' : '?', limit);
-    if (args.flag[0])
+    if (after->given)
+        used = (size_t)snprintf(query, sizeof query, "?after=%lld", after->count);
+    if (limit->given)
+        used += (size_t)snprintf(query + used, sizeof query - used, "%climit=%lld", used ? '&' : '?', limit->count);
+    if (csv)
         snprintf(query + used, sizeof query - used, "%cformat=csv", used ? '&' : '?');
     char suffix[160], path[DDC_PATH_MAX];
     snprintf(suffix, sizeof suffix, "/steps%s", query);
-    if ((rc = ddc_run_path(args.operand, suffix, path)))
+    int rc = ddc_run_path(args->operand, suffix, path);
+    if (rc)
         return rc;
 
-    if (args.flag[0]) { /* CSV: the daemon's text as it came */
+    if (csv) { /* CSV: the daemon's text as it came */
         ddc_reply reply;
         if ((rc = ddc_call(ctx, "GET", path, NULL, 0, &reply)))
             return rc;
@@ -904,23 +450,21 @@ int ddc_cmd_steps(ddc_ctx *ctx, int argc, char **argv)
         cJSON_Delete(root);
         return 0;
     }
-    printf("%7s  %9s  %9s  %9s  %9s  %7s  %9s  %9s  %10s  %9s  %8s  %s\n", "STEP", "LOSS", "CE", "KL", "CAP",
-           "ACC", "LR", "GRAD", "TOK/S", "PEAK", "STEP_MS", "CHUNK/TILE");
-    cJSON_ArrayForEach(step, ddc_array(steps)) {
-        printf("%7s  %9s  %9s  %9s  %9s  %7s  %9s  %9s  %10s  %9s  %8s  %s/%s\n",
-               ddc_fmt_count(ddc_get(step, "step")).s, ddc_fmt_real(ddc_get(step, "loss"), 5).s,
-               ddc_fmt_real(ddc_get(step, "ce"), 5).s, ddc_fmt_real(ddc_get(step, "kl"), 5).s,
-               ddc_fmt_real(ddc_get(step, "cap"), 5).s, ddc_fmt_real(ddc_get(step, "acc"), 4).s,
-               ddc_fmt_real(ddc_get(step, "lr"), 3).s, ddc_fmt_real(ddc_get(step, "grad_norm"), 4).s,
-               ddc_fmt_thousands(ddc_get(step, "tokens_per_s")).s, ddc_fmt_bytes(ddc_get(step, "peak_bytes")).s,
-               ddc_fmt_count(ddc_get(step, "step_ms")).s, ddc_fmt_count(ddc_get(step, "chunk")).s,
-               ddc_fmt_count(ddc_get(step, "vocab_tile")).s);
-    }
+    static const ddc_column columns[DDC_STEP_COLUMNS] = {
+        {.header = "STEP", .width = 7},   {.header = "LOSS", .width = 9},    {.header = "CE", .width = 9},
+        {.header = "KL", .width = 9},     {.header = "CAP", .width = 9},     {.header = "ACC", .width = 7},
+        {.header = "LR", .width = 9},     {.header = "GRAD", .width = 9},    {.header = "TOK/S", .width = 10},
+        {.header = "PEAK", .width = 9},   {.header = "STEP_MS", .width = 8}, {.header = "CHUNK/TILE"},
+    };
+    ddc_text cells[DDC_STEP_COLUMNS];
+    ddc_table_header(columns, DDC_STEP_COLUMNS);
+    cJSON_ArrayForEach(step, ddc_array(steps))
+        ddc_table_row(columns, DDC_STEP_COLUMNS, ddc_step_cells(step, cells));
     cJSON_Delete(root);
     return 0;
 }
 
-static int ddc_print_events(const ddc_ctx *ctx, const char *id, const char *path, const cJSON *root,
+static int ddc_print_events(const ddc_ctx *ctx, const ddc_args *args, const char *path, const cJSON *root,
                             long status)
 {
     const cJSON *events = ddc_get(root, "events"), *event;
@@ -948,256 +492,15 @@ static int ddc_print_events(const ddc_ctx *ctx, const char *id, const char *path
     return 0;
 }
 
-int ddc_cmd_events(ddc_ctx *ctx, int argc, char **argv)
+static int ddc_cmd_events(ddc_ctx *ctx, const ddc_args *args)
 {
-    return ddc_one_request(ctx, argc, argv, "ID", "GET", "/events", ddc_print_events);
-}
-
-/* ---------------------------------------------------------------------------------------------
- * watch: one progress line (redrawn on a terminal, a line per new step otherwise) and a
- * sparkline of the last losses, until the run ends. */
-
-enum { DDC_SPARK_LEN = 40 };
-
-/* the newest step records, oldest first: their losses draw the sparkline, their times the ETA */
-typedef struct ddc_history {
-    int count;
-    long long last_step; /* the newest step taken in; -1 before any */
-    long long step[DDC_SPARK_LEN];
-    double loss[DDC_SPARK_LEN];  /* NAN when the record had none */
-    double ts_ms[DDC_SPARK_LEN]; /* NAN when the record had none */
-} ddc_history;
-
-static volatile sig_atomic_t ddc_interrupted;
-
-static void ddc_on_signal(int signo)
-{
-    ddc_interrupted = signo;
-}
-
-static void ddc_history_push(ddc_history *h, long long step, double loss, double ts_ms)
-{
-    if (h->count == DDC_SPARK_LEN) {
-        memmove(h->step, h->step + 1, (DDC_SPARK_LEN - 1) * sizeof h->step[0]);
-        memmove(h->loss, h->loss + 1, (DDC_SPARK_LEN - 1) * sizeof h->loss[0]);
-        memmove(h->ts_ms, h->ts_ms + 1, (DDC_SPARK_LEN - 1) * sizeof h->ts_ms[0]);
-        h->count--;
-    }
-    h->step[h->count] = step;
-    h->loss[h->count] = loss;
-    h->ts_ms[h->count] = ts_ms;
-    h->count++;
-    h->last_step = step;
-}
-
-/* Takes in the step records after the newest one held, at most the last DDC_SPARK_LEN up to
- * run_step (a watcher that starts late, or falls behind, needs no more). */
-static int ddc_history_update(ddc_ctx *ctx, const char *id, long long run_step, ddc_history *h)
-{
-    long long after = run_step - DDC_SPARK_LEN;
-    if (h->last_step > after)
-        after = h->last_step;
-    char suffix[96], path[DDC_PATH_MAX];
-    if (after >= 0)
-        snprintf(suffix, sizeof suffix, "/steps?after=%lld&limit=%d", after, DDC_SPARK_LEN);
-    else
-        snprintf(suffix, sizeof suffix, "/steps?limit=%d", DDC_SPARK_LEN);
-    cJSON *root;
-    int rc = ddc_run_path(id, suffix, path);
-    if (rc || (rc = ddc_get_object(ctx, path, &root)))
-        return rc;
-    const cJSON *record;
-    cJSON_ArrayForEach(record, ddc_array(ddc_get(root, "steps"))) {
-        double step, loss = NAN, ts_ms = NAN;
-        if (!ddc_number(ddc_get(record, "step"), &step) || (long long)step <= h->last_step)
-            continue; /* a daemon whose "after" is inclusive repeats the last one */
-        ddc_number(ddc_get(record, "loss"), &loss);
-        ddc_number(ddc_get(record, "ts_ms"), &ts_ms);
-        ddc_history_push(h, (long long)step, loss, ts_ms);
-    }
-    cJSON_Delete(root);
-    return 0;
-}
-
-/* the last `width` losses as ▁▂▃▄▅▆▇█ between their own minimum and maximum */
-static void ddc_sparkline(const ddc_history *h, int width, char *out, size_t out_len)
-{
-    static const char *const bars[8] = {"▁", "▂", "▃", "▄", "▅", "▆", "▇", "█"};
-    int first = h->count > width ? h->count - width : 0;
-    double lo = INFINITY, hi = -INFINITY;
-    for (int k = first; k < h->count; k++) {
-        if (isfinite(h->loss[k])) {
-            lo = h->loss[k] < lo ? h->loss[k] : lo;
-            hi = h->loss[k] > hi ? h->loss[k] : hi;
-        }
-    }
-    size_t used = 0;
-    out[0] = '\0';
-    for (int k = first; k < h->count && used + 4 < out_len; k++) {
-        const char *bar = " ";
-        if (isfinite(h->loss[k]))
-            bar = hi > lo ? bars[(int)((h->loss[k] - lo) / (hi - lo) * 7 + 0.5)] : bars[3];
-        used += (size_t)snprintf(out + used, out_len - used, "%s", bar);
-    }
-}
-
-/* seconds to the last step from the pace of the recent records, else of the run so far */
-static double ddc_eta_s(const ddc_history *h, const cJSON *run, double step, double max_steps)
-{
-    if (step >= max_steps)
-        return 0;
-    double ms_per_step = -1;
-    int oldest = -1, newest = -1;
-    for (int k = 0; k < h->count; k++) {
-        if (isfinite(h->ts_ms[k])) {
-            oldest = oldest < 0 ? k : oldest;
-            newest = k;
-        }
-    }
-    if (oldest >= 0 && h->step[newest] > h->step[oldest] && h->ts_ms[newest] > h->ts_ms[oldest]) {
-        ms_per_step = (h->ts_ms[newest] - h->ts_ms[oldest]) / (double)(h->step[newest] - h->step[oldest]);
-    } else {
-        double started, updated;
-        if (step > 0 && ddc_number(ddc_get(run, "started_ms"), &started) &&
-            ddc_number(ddc_get(run, "updated_ms"), &updated) && updated > started)
-            ms_per_step = (updated - started) / step;
-    }
-    return ms_per_step > 0 ? (max_steps - step) * ms_per_step / 1000 : -1;
-}
-
-/* "step 120/1500  loss 5.12  12,345 tok/s  peak 10.1 MB  ETA 1m10s" (+ the state when it is not
- * running) */
-static void ddc_progress_text(const cJSON *run, const ddc_history *h, char *out, size_t out_len)
-{
-    const char *state = ddc_string(ddc_get(run, "state"));
-    double step = -1, max_steps = -1, eta = -1;
-    if (state && !strcmp(state, "running") && ddc_number(ddc_get(run, "step"), &step) &&
-        ddc_number(ddc_get(run, "max_steps"), &max_steps))
-        eta = ddc_eta_s(h, run, step, max_steps);
-    const cJSON *peak = ddc_get(run, "peak_memory_bytes");
-    int n = snprintf(out, out_len, "step %s  loss %s  %s tok/s  peak %s  ETA %s", ddc_step_of_max(run).s,
-                     ddc_fmt_fixed_width_real(ddc_get(run, "loss"), 3).s, ddc_fmt_thousands(ddc_get(run, "tokens_per_s")).s,
-                     ddc_fmt_bytes(cJSON_IsNumber(peak) ? peak : ddc_get(peak, "max")).s, ddc_duration_text(eta).s);
-    if ((!state || strcmp(state, "running")) && n > 0 && (size_t)n < out_len)
-        snprintf(out + n, out_len - (size_t)n, "  [%s]", state ? state : "-");
-}
-
-static int ddc_terminal_width(void)
-{
-    struct winsize ws;
-    if (ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0)
-        return ws.ws_col;
-    return 80;
-}
-
-/* sleeps, waking early when a signal came */
-static void ddc_sleep(double seconds)
-{
-    struct timespec left = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
-    while (!ddc_interrupted && nanosleep(&left, &left) == -1 && errno == EINTR)
-        ;
-}
-
-int ddc_cmd_watch(ddc_ctx *ctx, int argc, char **argv)
-{
-    static const ddc_arg_spec spec = {.operand = "ID", .values = {"--interval"}};
-    ddc_args args;
-    int rc = ddc_parse_args(ctx, &spec, argc, argv, &args);
-    if (rc || args.help)
-        return rc;
-    double interval = 1.0;
-    if (args.value[0]) {
-        char *end;
-        interval = strtod(args.value[0], &end);
-        if (end == args.value[0] || *end || !(interval >= 0.05 && interval <= 3600))
-            return ddc_usage_error("watch: --interval wants seconds between 0.05 and 3600, not '%s'", args.value[0]);
-    }
-    const char *id = args.operand;
-    char run_path[DDC_PATH_MAX];
-    if ((rc = ddc_run_path(id, "", run_path)))
-        return rc;
-
-    /* a signal only sets a flag: the loop ends the progress line and returns */
-    struct sigaction action = {.sa_handler = ddc_on_signal};
-    sigemptyset(&action.sa_mask);
-    sigaction(SIGINT, &action, NULL);
-    sigaction(SIGTERM, &action, NULL);
-
-    int tty = !ctx->json && isatty(STDOUT_FILENO);
-    ddc_history history = {.last_step = -1};
-    double shown_step = -2;
-    char shown_state[64] = "";
-    for (;;) {
-        cJSON *run;
-        if ((rc = ddc_get_object(ctx, run_path, &run)))
-            return rc;
-        const char *state = ddc_string(ddc_get(run, "state"));
-        double step = -1;
-        ddc_number(ddc_get(run, "step"), &step);
-        if (!ctx->json && step >= 0 && (long long)step > history.last_step &&
-            (rc = ddc_history_update(ctx, id, (long long)step, &history))) {
-            cJSON_Delete(run);
-            return rc;
-        }
-        int changed = step != shown_step || strcmp(state ? state : "-", shown_state);
-        shown_step = step;
-        snprintf(shown_state, sizeof shown_state, "%s", state ? state : "-");
-
-        if (ctx->json) {
-            if (changed) { /* one compact line per change, for scripts that follow a run */
-                char *line = cJSON_PrintUnformatted(run);
-                if (line)
-                    puts(line);
-                free(line);
-            }
-        } else {
-            char line[512], spark[DDC_SPARK_LEN * 4 + 1];
-            ddc_progress_text(run, &history, line, sizeof line);
-            if (tty) {
-                /* one line that never wraps: the text first, the sparkline in what is left */
-                int width = ddc_terminal_width() - 1, text_len = (int)strlen(line);
-                if (text_len > width)
-                    line[text_len = width] = '\0';
-                int room = width - text_len - 2;
-                ddc_sparkline(&history, room < DDC_SPARK_LEN ? room : DDC_SPARK_LEN, spark, sizeof spark);
-                printf("\r\033[K%s%s%s", line, spark[0] ? "  " : "", spark);
-                ctx->line_open = 1;
-            } else if (changed) {
-                puts(line);
-            }
-        }
-        fflush(stdout);
-
-        if (state && !strcmp(state, "completed")) {
-            ddc_end_line(ctx);
-            if (!ctx->json)
-                printf("run %s completed: step %s, loss %s\n", id, ddc_step_of_max(run).s,
-                       ddc_fmt_real(ddc_get(run, "loss"), 4).s);
-            cJSON_Delete(run);
-            return 0;
-        }
-        if (state && (!strcmp(state, "failed") || !strcmp(state, "cancelled"))) {
-            ddc_end_line(ctx);
-            fflush(stdout);
-            const char *error = ddc_string(ddc_get(run, "error"));
-            fprintf(stderr, "ddtreectl: run %s %s%s%s\n", id, state, error && *error ? ": " : "",
-                    error && *error ? error : "");
-            cJSON_Delete(run);
-            return 1;
-        }
-        cJSON_Delete(run);
-        ddc_sleep(interval);
-        if (ddc_interrupted) {
-            ddc_end_line(ctx);
-            return 128 + (int)ddc_interrupted;
-        }
-    }
+    return ddc_one_request(ctx, args, "GET", "/events", ddc_print_events);
 }
 
 /* ---------------------------------------------------------------------------------------------
  * nccl-id: rank 0's NCCL unique id, for the other daemons' "cluster" sections */
 
-static int ddc_print_nccl_id(const ddc_ctx *ctx, const char *operand, const char *path, const cJSON *root,
+static int ddc_print_nccl_id(const ddc_ctx *ctx, const ddc_args *args, const char *path, const cJSON *root,
                              long status)
 {
     const char *id = ddc_string(ddc_get(root, "nccl_unique_id"));
@@ -1209,7 +512,52 @@ static int ddc_print_nccl_id(const ddc_ctx *ctx, const char *operand, const char
     return 0;
 }
 
-int ddc_cmd_nccl_id(ddc_ctx *ctx, int argc, char **argv)
+static int ddc_cmd_nccl_id(ddc_ctx *ctx, const ddc_args *args)
 {
-    return ddc_one_request(ctx, argc, argv, NULL, "POST", "/nccl/unique-id", ddc_print_nccl_id);
+    return ddc_one_request(ctx, args, "POST", "/nccl/unique-id", ddc_print_nccl_id);
 }
+
+/* ---------------------------------------------------------------------------------------------
+ * The command table: the usage text lists the commands in this order */
+
+const ddc_command ddc_commands[] = {
+    {.name = "status", .run = ddc_cmd_status,
+     .help = "the daemon: version, uptime, backend, devices, runs by state"},
+    {.name = "runs", .run = ddc_cmd_runs,
+     .options = {[DDC_RUNS_STATE] = {.name = "--state", .kind = DDC_OPT_STATE, .value_name = "S"}},
+     .help = "list runs (S: queued, running, paused, completed, ...)"},
+    {.name = "start", .operand = DDC_OPERAND_FILE, .run = ddc_cmd_start,
+     .options = {[DDC_START_QUIET] = {.name = "--quiet", .kind = DDC_OPT_FLAG}},
+     .help = "enqueue a run from a run config (FILE '-' reads stdin);\n"
+             "prints the new run's id (only the id with --quiet)"},
+    {.name = "show", .operand = DDC_OPERAND_RUN_ID, .run = ddc_cmd_show,
+     .help = "one run: progress, losses, acceptance, memory, times"},
+    {.name = "watch", .operand = DDC_OPERAND_RUN_ID, .run = ddc_cmd_watch,
+     .options = {[DDC_WATCH_INTERVAL] = {.name = "--interval", .kind = DDC_OPT_SECONDS, .value_name = "SEC",
+                                         .min = 0.05, .max = 3600, .default_value = 1}},
+     .help = "follow a run until it ends (default every 1 s); exit 0 when\n"
+             "it completes, 1 when it fails or is cancelled"},
+    {.name = "pause", .operand = DDC_OPERAND_RUN_ID, .run = ddc_cmd_pause},
+    {.name = "resume", .operand = DDC_OPERAND_RUN_ID, .run = ddc_cmd_resume},
+    {.name = "cancel", .operand = DDC_OPERAND_RUN_ID, .run = ddc_cmd_cancel},
+    {.name = "rechunk", .operand = DDC_OPERAND_RUN_ID, .run = ddc_cmd_rechunk,
+     .options = {[DDC_RECHUNK_CHUNK] = {.name = "--chunk", .kind = DDC_OPT_COUNT, .value_name = "N"},
+                 [DDC_RECHUNK_VOCAB_TILE] = {.name = "--vocab-tile", .kind = DDC_OPT_COUNT, .value_name = "M"}},
+     .help = "change the loss chunking from the next step"},
+    {.name = "plan", .operand = DDC_OPERAND_FILE, .run = ddc_cmd_plan,
+     .help = "the memory plan of a run config, without starting it"},
+    {.name = "steps", .operand = DDC_OPERAND_RUN_ID, .run = ddc_cmd_steps,
+     .options = {[DDC_STEPS_CSV] = {.name = "--csv", .kind = DDC_OPT_FLAG},
+                 [DDC_STEPS_AFTER] = {.name = "--after", .kind = DDC_OPT_COUNT, .value_name = "S"},
+                 [DDC_STEPS_LIMIT] = {.name = "--limit", .kind = DDC_OPT_COUNT, .value_name = "N"}},
+     .help = "per-step records (--csv: the daemon's CSV as is)"},
+    {.name = "events", .operand = DDC_OPERAND_RUN_ID, .run = ddc_cmd_events,
+     .help = "state changes, re-chunks, OOM recoveries, checkpoints"},
+    {.name = "export", .operand = DDC_OPERAND_RUN_ID, .run = ddc_cmd_export,
+     .help = "write the serving export of the latest checkpoint"},
+    {.name = "nccl-id", .run = ddc_cmd_nccl_id,
+     .help = "a new NCCL unique id from this daemon (rank 0 of a run over\n"
+             "several daemons: their configs' cluster.unique_id)"},
+};
+
+const size_t ddc_command_count = sizeof ddc_commands / sizeof ddc_commands[0];

@@ -2,7 +2,7 @@
  * request (watch polls over one kept-alive connection), to the control socket
  * (CURLOPT_UNIX_SOCKET_PATH with the URL http://localhost/...) or to a TCP base URL with
  * `Authorization: Bearer $DDTREE_TOKEN`. Timeouts: 5 s to connect, 30 s in all. An answer is read
- * whole into a growing buffer (capped); what it means is commands.c's business, not this file's.
+ * whole into a growing buffer (capped); what it means is api_client.c's business, not this file's.
  * It sorts failures into "unreachable" (exit status 3) and local ones, and says why in words.
  * Tested by hand against a scratch server and against ddtreed itself (client/README.md).
  */

@@ -72,11 +72,11 @@ static void get_status(ddt_api *a, ddt_http_response *res)
     else
         cJSON_AddNullToObject(cpu, "run");
     cJSON_AddItemToArray(devices, cpu);
-    int64_t counts[DDT_RUN_STATES];
+    int64_t counts[DDT_RUN_STATE_COUNT];
     ddt_runs_counts(a->runs, counts);
     cJSON *runs = cJSON_AddObjectToObject(o, "runs");
-    for (int s = 0; s < DDT_RUN_STATES; s++)
-        cJSON_AddNumberToObject(runs, ddt_run_state_names[s], (double)counts[s]);
+    for (int s = 0; s < DDT_RUN_STATE_COUNT; s++)
+        cJSON_AddNumberToObject(runs, ddt_run_state_name(s), (double)counts[s]);
     cJSON_AddItemToObject(o, "config", ddt_daemon_config_json(a->config));
     reply(res, 200, o);
 }
@@ -108,7 +108,7 @@ static void post_runs(ddt_api *a, const ddt_http_request *req, ddt_http_response
     }
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "id", id);
-    cJSON_AddStringToObject(o, "state", "queued");
+    cJSON_AddStringToObject(o, "state", ddt_run_state_name(DDT_RUN_QUEUED));
     snprintf(res->location, sizeof res->location, "/runs/%s", id);
     reply(res, 201, o);
 }

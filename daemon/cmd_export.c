@@ -1,11 +1,11 @@
 /* cmd_export.c: `ddtreed export RUN_DIR --out DIR [--step N]`: the serving export
- * (SPEC.md section 5) of a run's newest checkpoint, or of step N. The drafter's shape comes
- * from the checkpoint's state.json (the run config and what it resolved from the target), so
- * the target need not be at hand.
+ * (SPEC.md section 5) of a run's newest checkpoint, or of step N, from the checkpoint alone
+ * (ddt_checkpoint_export): its state.json holds the drafter in the export's config.json form,
+ * so neither the target nor the data need be at hand.
  * Tested by tests/train_cli_test.sh.
  */
 #include "commands.h"
-#include "trainer.h"
+#include "checkpoint.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -35,7 +35,7 @@ int ddt_cmd_export(int argc, char **argv)
         return 2;
     }
     char ckpt[2400], err[3072] = "";
-    int rc = ddt_trainer_export_checkpoint(run_dir, step, out, ckpt, sizeof ckpt, err, sizeof err);
+    int rc = ddt_checkpoint_export(run_dir, step, out, ckpt, sizeof ckpt, err, sizeof err);
     if (rc) {
         fprintf(stderr, "ddtreed export: %s\n", err);
         return 1;

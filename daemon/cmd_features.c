@@ -4,13 +4,13 @@
  *
  *   ddtreed features --model DIR --tokens FILE --layers L1,L2,... [--dtype f32|bf16] --out FILE
  *
- * FILE (tokens): safetensors with input_ids I32 [Ttot] and offsets I64 [nseq+1].
+ * FILE (tokens): a token file; both files are read, checked and written by engine/shard.h.
+ * Every sequence is kept (an empty one included), so shard sequence s is token sequence s.
  * Tested by tests/features_torch_check.py (PyTorch float64 reference; stories260K).
  */
 #include "commands.h"
-#include "safetensors.h"
+#include "shard.h"
 #include "target.h"
-#include "tensor_load.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -36,57 +36,6 @@ static int parse_layers(const char *text, int32_t *ids, int max)
     return n;
 }
 
-typedef struct token_file {
-    int32_t *input_ids;   /* (Ttot) */
-    int64_t *offsets;     /* (nseq + 1) */
-    size_t ids_bytes, offsets_bytes;
-    int64_t total, nseq;
-} token_file;
-
-static int load_tokens(const char *path, int64_t vocab, token_file *tf, char *err, size_t err_len)
-{
-    ddt_st_file f;
-    int rc = ddt_st_open(path, &f, err, err_len);
-    if (rc)
-        return rc;
-    int64_t ids_dims[1] = { -1 }, off_dims[1] = { -1 };
-    ddt_tensor_want want_ids = { "input_ids", DDT_I32, 1, ids_dims };
-    ddt_tensor_want want_off = { "offsets", DDT_I64, 1, off_dims };
-    tf->input_ids = ddt_tensor_load(&f, &want_ids, &tf->ids_bytes, err, err_len);
-    if (tf->input_ids)
-        tf->offsets = ddt_tensor_load(&f, &want_off, &tf->offsets_bytes, err, err_len);
-    ddt_st_close(&f);
-    if (!tf->input_ids || !tf->offsets)
-        return -EINVAL;
-    tf->total = ids_dims[0];
-    tf->nseq = off_dims[0] - 1;
-    if (tf->nseq < 1 || tf->offsets[0] != 0 || tf->offsets[tf->nseq] != tf->total) {
-        snprintf(err, err_len, "%s: offsets must start at 0 and end at the number of tokens (%lld), "
-                 "with at least one sequence", path, (long long)tf->total);
-        return -EINVAL;
-    }
-    for (int64_t s = 0; s < tf->nseq; s++)
-        if (tf->offsets[s + 1] <= tf->offsets[s]) {
-            snprintf(err, err_len, "%s: offsets[%lld..%lld] = %lld, %lld: every sequence needs >= 1 token "
-                     "and offsets must increase", path, (long long)s, (long long)s + 1,
-                     (long long)tf->offsets[s], (long long)tf->offsets[s + 1]);
-            return -EINVAL;
-        }
-    for (int64_t i = 0; i < tf->total; i++)
-        if (tf->input_ids[i] < 0 || tf->input_ids[i] >= vocab) {
-            snprintf(err, err_len, "%s: input_ids[%lld] = %d is outside the target's vocabulary [0, %lld)",
-                     path, (long long)i, tf->input_ids[i], (long long)vocab);
-            return -EINVAL;
-        }
-    return 0;
-}
-
-static void free_tokens(token_file *tf)
-{
-    ddk_free(ddk_allocator_cpu(), tf->input_ids, tf->ids_bytes);
-    ddk_free(ddk_allocator_cpu(), tf->offsets, tf->offsets_bytes);
-}
-
 /* float32 in place to bf16 in the same buffer's first half */
 static void to_bf16(float *x, int64_t count)
 {
@@ -96,40 +45,25 @@ static void to_bf16(float *x, int64_t count)
 }
 
 static int write_shard(const char *out, const char *model_dir, const ddt_target *t,
-                       const token_file *tf, const int32_t *ids, int n_taps, float *features,
+                       const ddt_shard_tokens *tf, const int32_t *ids, int n_taps, float *features,
                        float *teacher, int bf16, char *err, size_t err_len)
 {
     const int64_t H = t->cfg.hidden, Ttot = tf->total;
-    uint8_t *mask = malloc((size_t)Ttot);
+    uint8_t *mask = malloc((size_t)Ttot + 1);
     if (!mask) {
         snprintf(err, err_len, "no memory for the loss mask");
         return -ENOMEM;
     }
     memset(mask, 1, (size_t)Ttot);
-    ddt_dtype dt = bf16 ? DDT_BF16 : DDT_F32;
     if (bf16) {
         to_bf16(features, Ttot * n_taps * H);
         to_bf16(teacher, Ttot * H);
     }
-    const ddt_st_entry entries[] = {
-        { "input_ids", DDT_I32, 1, { Ttot }, tf->input_ids },
-        { "loss_mask", DDT_U8, 1, { Ttot }, mask },
-        { "offsets", DDT_I64, 1, { tf->nseq + 1 }, tf->offsets },
-        { "features", dt, 2, { Ttot, n_taps * H }, features },
-        { "teacher_hidden", dt, 2, { Ttot, H }, teacher },
-    };
-    char hidden[32], vocab[32], layers[1024], target[600];
-    snprintf(hidden, sizeof hidden, "%lld", (long long)H);
-    snprintf(vocab, sizeof vocab, "%lld", (long long)t->cfg.vocab);
-    size_t used = (size_t)snprintf(layers, sizeof layers, "[");
-    for (int i = 0; i < n_taps && used < sizeof layers; i++)
-        used += (size_t)snprintf(layers + used, sizeof layers - used, "%s%d", i ? ", " : "", ids[i]);
-    if (used < sizeof layers)
-        snprintf(layers + used, sizeof layers - used, "]");
+    char target[600];
     snprintf(target, sizeof target, "%s (%s)", model_dir, t->cfg.qwen3 ? "qwen3" : "llama");
-    const char *const keys[] = { "format", "version", "hidden_size", "target_layer_ids", "vocab_size", "target" };
-    const char *const values[] = { "ddtree-features", "1", hidden, layers, vocab, target };
-    int rc = ddt_st_write(out, entries, 5, keys, values, 6, err, err_len);
+    const ddt_shard_data d = { { H, t->cfg.vocab, n_taps, ids }, Ttot, tf->nseq, tf->input_ids, mask, tf->offsets,
+                               bf16 ? DDT_BF16 : DDT_F32, features, teacher, target };
+    int rc = ddt_shard_write(out, &d, err, err_len);
     free(mask);
     return rc;
 }
@@ -162,7 +96,7 @@ int ddt_cmd_features(int argc, char **argv)
     }
 
     static ddt_target t;   /* large: not on the stack */
-    token_file tf = { 0 };
+    ddt_shard_tokens tf = { 0 };
     char err[1024] = "";
     int rc = ddt_target_load(model, &t, err, sizeof err);
     for (int i = 0; rc == 0 && i < n_taps; i++)
@@ -172,10 +106,10 @@ int ddt_cmd_features(int argc, char **argv)
             rc = -EINVAL;
         }
     if (rc == 0)
-        rc = load_tokens(tokens, t.cfg.vocab, &tf, err, sizeof err);
+        rc = ddt_shard_tokens_open(tokens, t.cfg.vocab, &tf, err, sizeof err);
     const int64_t H = t.cfg.hidden;
-    size_t feat_bytes = (size_t)(tf.total * n_taps * H) * sizeof(float);
-    size_t teach_bytes = (size_t)(tf.total * H) * sizeof(float);
+    size_t feat_bytes = (size_t)((tf.total + 1) * n_taps * H) * sizeof(float);   /* + 1: Ttot may be 0 */
+    size_t teach_bytes = (size_t)((tf.total + 1) * H) * sizeof(float);
     float *features = rc ? NULL : ddk_malloc(ddk_allocator_cpu(), feat_bytes);   /* (Ttot, L_t*H) */
     float *teacher = rc ? NULL : ddk_malloc(ddk_allocator_cpu(), teach_bytes);   /* (Ttot, H) */
     if (rc == 0 && (!features || !teacher)) {
@@ -184,6 +118,8 @@ int ddt_cmd_features(int argc, char **argv)
     }
     for (int64_t s = 0; rc == 0 && s < tf.nseq; s++) {
         int64_t t0 = tf.offsets[s], T = tf.offsets[s + 1] - t0;
+        if (T == 0)
+            continue;   /* an empty sequence: nothing to compute, kept as it is */
         rc = ddt_target_forward(ddk_backend_cpu(), &t, tf.input_ids + t0, T, ids, n_taps,
                                 features + t0 * n_taps * H, teacher + t0 * H);
         if (rc)
@@ -193,15 +129,15 @@ int ddt_cmd_features(int argc, char **argv)
     if (rc == 0)
         rc = write_shard(out, model, &t, &tf, ids, n_taps, features, teacher, !strcmp(dtype, "bf16"),
                          err, sizeof err);
+    const int64_t nseq = tf.nseq, total = tf.total;
     ddk_free(ddk_allocator_cpu(), features, feat_bytes);
     ddk_free(ddk_allocator_cpu(), teacher, teach_bytes);
-    free_tokens(&tf);
+    ddt_shard_tokens_close(&tf);
     ddt_target_free(&t);
     if (rc) {
         fprintf(stderr, "ddtreed features: %s\n", err);
         return 1;
     }
-    printf("%lld sequences, %lld tokens, layers %s -> %s\n", (long long)tf.nseq, (long long)tf.total,
-           layers, out);
+    printf("%lld sequences, %lld tokens, layers %s -> %s\n", (long long)nseq, (long long)total, layers, out);
     return 0;
 }

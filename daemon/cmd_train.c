@@ -6,12 +6,17 @@
  *
  * A live progress line (step, loss, tok/s, peak memory, ETA), acceptance every
  * eval.every_steps, checkpoints every checkpoint.every_steps and at the end, the serving
- * export of the final weights in runs/<id>/export, then a summary.
+ * export of the final weights in runs/<id>/export, then a summary. The run's state moves
+ * along run_state.h's table as the daemon's would (ddt_store_run_transition): queued or the
+ * state it was resumed from -> running -> completed, failed, or paused (--stop-after); a run
+ * left running or pausing is first marked interrupted (crash recovery), a finished one does not
+ * resume.
  * Tested by tests/train_cli_test.sh (through scripts/test) and scripts/demo.
  */
 #include "ddt_time.h"
 #include "commands.h"
 #include "model_config.h"
+#include "store_read.h"
 #include "trainer.h"
 
 #include <dirent.h>
@@ -41,6 +46,41 @@ static int newest_run(const char *state_dir, char *id, size_t len)
             snprintf(id, len, "%s", e->d_name);
     closedir(d);
     return *id ? 0 : -ENOENT;
+}
+
+/* For --resume: the state of run id's row in db (*state), 0; or -ENOENT (no row), -EPERM (a
+ * finished run), a read error, with err. A row left running or pausing (this tool or the daemon
+ * stopped under it) is marked interrupted first, as the daemon does at its start. */
+static int resume_state(ddt_store *store, const char *db, const char *id, ddt_run_state *state, char *err,
+                        size_t err_len)
+{
+    ddt_run_row *rows = NULL;
+    int count = 0;
+    int rc = ddt_store_read_runs(db, &rows, &count, err, err_len);
+    const ddt_run_row *row = NULL;
+    for (int i = 0; rc == 0 && i < count && !row; i++)
+        if (!strcmp(rows[i].id, id))
+            row = &rows[i];
+    if (!rc && !row) {
+        snprintf(err, err_len, "%.1000s has no run %s", db, id);
+        rc = -ENOENT;
+    } else if (!rc && ddt_run_state_parse(row->state, state)) {
+        snprintf(err, err_len, "run %s is in state \"%s\", which this ddtreed does not know", id, row->state);
+        rc = -EINVAL;
+    } else if (!rc && ddt_run_state_final(*state)) {
+        snprintf(err, err_len, "run %s is %s: a finished run does not resume (ddtreed export RUN_DIR --out DIR "
+                 "exports it again)", id, ddt_run_state_name(*state));
+        rc = -EPERM;
+    } else if (!rc && (*state == DDT_RUN_RUNNING || *state == DDT_RUN_PAUSING)) {
+        fprintf(stderr, "run %s was left %s (stopped under it): interrupted, resumed from its newest checkpoint\n",
+                id, ddt_run_state_name(*state));
+        rc = ddt_store_run_transition(store, id, *state, DDT_RUN_INTERRUPTED, row->step, -1, ddt_wall_ms(), NULL);
+        if (rc)
+            snprintf(err, err_len, "cannot record run %s as interrupted: %s", id, strerror(-rc));
+        *state = DDT_RUN_INTERRUPTED;
+    }
+    ddt_store_free_runs(rows, count);
+    return rc;
 }
 
 static void print_eval(const ddt_acceptance *a, int64_t step, FILE *out)
@@ -115,14 +155,21 @@ int ddt_cmd_train(int argc, char **argv)
     snprintf(db, sizeof db, "%s/ddtree.db", state_dir);
     ddt_store *store = NULL;
     int rc = ddt_store_open(db, &store, err, sizeof err);
+    const char *id = resume ? (run ? run : run_id) : NULL;   /* a new run's: the store names it */
+    ddt_run_state from = DDT_RUN_QUEUED;                     /* a new run's row, made by the trainer */
+    if (!rc && resume)
+        rc = resume_state(store, db, id, &from, err, sizeof err);
     ddt_trainer *t = NULL;
     if (!rc)
-        rc = ddt_trainer_open(json ? json : "", json ? strlen(json) : 0, state_dir,
-                              resume ? (run ? run : run_id) : NULL, resume != NULL, store, &t, err,
-                              sizeof err, field, sizeof field);
+        rc = ddt_trainer_open(json ? json : "", json ? strlen(json) : 0, state_dir, id, resume != NULL, store,
+                              &t, err, sizeof err, field, sizeof field);
+    if (!rc && (rc = ddt_store_run_transition(store, ddt_trainer_run_id(t), from, DDT_RUN_RUNNING,
+                                              ddt_trainer_step_count(t), -1, ddt_wall_ms(), NULL)))
+        snprintf(err, sizeof err, "cannot record run %s as running: %s", ddt_trainer_run_id(t), strerror(-rc));
     free(json);
     if (rc) {
         fprintf(stderr, "ddtreed train: %s%s%s\n", config && *field ? config : "", config && *field ? ": " : "", err);
+        ddt_trainer_close(t);
         if (store)
             ddt_store_close(store);
         return 1;
@@ -130,9 +177,6 @@ int ddt_cmd_train(int argc, char **argv)
 
     const ddt_run_config *c = ddt_trainer_config(t);
     const ddt_memory_plan *plan = ddt_trainer_plan(t);
-    ddt_store_run_update(store, ddt_trainer_run_id(t), "running", ddt_trainer_step_count(t), -1, ddt_wall_ms(),
-                         ddt_wall_ms(), -1, NULL);
-    ddt_store_event(store, ddt_trainer_run_id(t), ddt_wall_ms(), "state", "{\"state\": \"running\"}");
     fprintf(stderr, "run %s (%s): %lld steps, %lld sequences x %lld tokens per step, %lld rank(s); "
             "predicted peak %.1f MB per rank\n", ddt_trainer_run_id(t), c->name, (long long)c->steps,
             (long long)c->sequences_per_step, (long long)c->seq_len, (long long)c->ranks, plan->peak / 1e6);
@@ -185,16 +229,17 @@ int ddt_cmd_train(int argc, char **argv)
     int finished = rc == 0 && ddt_trainer_step_count(t) >= c->steps;
     if (finished)
         rc = ddt_trainer_export(t, export_dir, err, sizeof err);
-    const char *state = rc ? "failed" : finished ? "completed" : "paused";
-    ddt_store_run_update(store, ddt_trainer_run_id(t), state, ddt_trainer_step_count(t), -1, ddt_wall_ms(), -1,
-                         finished || rc ? ddt_wall_ms() : -1, rc ? err : NULL);
-    ddt_store_event(store, ddt_trainer_run_id(t), ddt_wall_ms(), "state", finished ? "{\"state\": \"completed\"}"
-                    : rc ? "{\"state\": \"failed\"}" : "{\"state\": \"paused\"}");
+    ddt_run_state end = rc ? DDT_RUN_FAILED : finished ? DDT_RUN_COMPLETED : DDT_RUN_PAUSED;
+    int recorded = ddt_store_run_transition(store, ddt_trainer_run_id(t), DDT_RUN_RUNNING, end,
+                                            ddt_trainer_step_count(t), -1, ddt_wall_ms(), rc ? err : NULL);
     ddt_store_close(store);
+    if (recorded)
+        fprintf(stderr, "ddtreed train: the run's end (%s) was not recorded in %s: %s\n", ddt_run_state_name(end),
+                db, strerror(-recorded));
 
     if (rc)
         fprintf(stderr, "ddtreed train: %s\n", err);
-    printf("\nrun %s %s at step %lld of %lld\n", ddt_trainer_run_id(t), state,
+    printf("\nrun %s %s at step %lld of %lld\n", ddt_trainer_run_id(t), ddt_run_state_name(end),
            (long long)ddt_trainer_step_count(t), (long long)c->steps);
     if (done_here) {
         printf("  loss          %.4f -> %.4f over %lld steps here\n", first_loss, last_loss, (long long)done_here);

@@ -2,11 +2,14 @@
  *
  * One mutex guards every run's snapshot and requests; a worker thread per active run owns its
  * trainer and looks at its requests only between steps, so a step is never torn. Each state
- * change is written to the store (runs row and a "state" event) as it happens.
+ * change goes through set_state: along run_state.h's table (its diagram shows which request
+ * makes which change), written as it happens by ddt_store_run_transition (the runs row and its
+ * "state" event together).
  * Tested by tests/api_e2e.py.
  */
 #include "ddt_time.h"
 #include "runs.h"
+#include "checkpoint.h"
 #include "log.h"
 #include "planner.h"
 #include "run_config.h"
@@ -72,37 +75,36 @@ static run *find(ddt_runs *r, const char *id)
 
 static int active(ddt_run_state s)
 {
-    return s == DDT_RUN_QUEUED || s == DDT_RUN_RUNNING || s == DDT_RUN_PAUSING || s == DDT_RUN_PAUSED ||
-           s == DDT_RUN_INTERRUPTED;
+    return !ddt_run_state_final(s);
 }
 
-/* A state change: the snapshot, the store, an event, the main loop. Called with the lock. */
+/* A state change, with the lock: the snapshot, the runs row and its "state" event (one
+ * ddt_store_run_transition), the log, the main loop. A change that run_state.h's table lacks
+ * is a bug of the manager: logged, and nothing changes. */
 static void set_state(ddt_runs *r, run *u, ddt_run_state s, const char *error)
 {
+    ddt_run_state from = u->state;
+    if (!ddt_run_transition_legal(from, s)) {
+        ddt_log(DDT_LOG_ERR, "run=%s illegal state change from=%s to=%s left undone (a bug of the run "
+                "manager)", u->id, ddt_run_state_name(from), ddt_run_state_name(s));
+        return;
+    }
     u->state = s;
     u->updated_ms = ddt_wall_ms();
-    if (s == DDT_RUN_RUNNING && u->started_ms < 0)
+    if (s == DDT_RUN_RUNNING && u->started_ms < 0)   /* as the store does to the row */
         u->started_ms = u->updated_ms;
-    if (s == DDT_RUN_COMPLETED || s == DDT_RUN_FAILED || s == DDT_RUN_CANCELLED)
+    if (ddt_run_state_final(s))
         u->finished_ms = u->updated_ms;
     if (error)
         snprintf(u->error, sizeof u->error, "%s", error);
-    if (r->store) {
-        ddt_store_run_update(r->store, u->id, ddt_run_state_names[s], u->step, u->last_checkpoint_step,
-                             u->updated_ms, s == DDT_RUN_RUNNING ? u->started_ms : -1,
-                             u->finished_ms >= 0 ? u->finished_ms : -1, error);
-        cJSON *d = cJSON_CreateObject();
-        cJSON_AddStringToObject(d, "state", ddt_run_state_names[s]);
-        cJSON_AddNumberToObject(d, "step", (double)u->step);
-        if (error)
-            cJSON_AddStringToObject(d, "error", error);
-        char *text = cJSON_PrintUnformatted(d);
-        ddt_store_event(r->store, u->id, u->updated_ms, "state", text);
-        free(text);
-        cJSON_Delete(d);
-    }
+    int rc = r->store ? ddt_store_run_transition(r->store, u->id, from, s, u->step, u->last_checkpoint_step,
+                                                 u->updated_ms, error)
+                      : 0;
+    if (rc)
+        ddt_log(DDT_LOG_ERR, "run=%s state change from=%s to=%s not recorded: %s", u->id,
+                ddt_run_state_name(from), ddt_run_state_name(s), strerror(-rc));
     ddt_log(s == DDT_RUN_FAILED ? DDT_LOG_ERR : DDT_LOG_INFO, "run=%s state=%s step=%lld%s%s", u->id,
-            ddt_run_state_names[s], (long long)u->step, error ? " error=" : "", error ? error : "");
+            ddt_run_state_name(s), (long long)u->step, error ? " error=" : "", error ? error : "");
     if (r->notify)
         r->notify(r->notify_ctx);
 }
@@ -352,12 +354,12 @@ static run *add_run(ddt_runs *r, const char *id, const char *name, const char *c
     return u;
 }
 
+/* a row's state; failed for a name that is none (a database edited by hand) */
 static ddt_run_state state_of(const char *name)
 {
-    for (int s = 0; s < DDT_RUN_STATES; s++)
-        if (!strcmp(ddt_run_state_names[s], name))
-            return (ddt_run_state)s;
-    return DDT_RUN_FAILED;
+    ddt_run_state s = DDT_RUN_FAILED;
+    ddt_run_state_parse(name, &s);
+    return s;
 }
 
 int ddt_runs_open(const char *state_dir, const char *db_path, ddt_store *store, int max_parallel,
@@ -479,10 +481,10 @@ int ddt_runs_submit(ddt_runs *r, const char *json, size_t len, char *id, size_t 
         return rc;
     char *text = strndup(json, len);
     char new_id[40];
-    ddt_trainer_new_run_id(new_id, sizeof new_id);
+    ddt_store_new_run_id(new_id, sizeof new_id);
     pthread_mutex_lock(&r->lock);
     while (find(r, new_id))   /* two in the same second */
-        ddt_trainer_new_run_id(new_id, sizeof new_id);
+        ddt_store_new_run_id(new_id, sizeof new_id);
     run *u = text ? add_run(r, new_id, name, text) : NULL;
     free(text);
     if (!u) {
@@ -514,14 +516,14 @@ int ddt_runs_submit(ddt_runs *r, const char *json, size_t len, char *id, size_t 
 
 static int illegal(run *u, const char *what, char *err, size_t err_len)
 {
-    snprintf(err, err_len, "cannot %s run %s: it is %s", what, u->id, ddt_run_state_names[u->state]);
+    snprintf(err, err_len, "cannot %s run %s: it is %s", what, u->id, ddt_run_state_name(u->state));
     return -EBUSY;
 }
 
 static cJSON *state_reply(ddt_run_state s)
 {
     cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "state", ddt_run_state_names[s]);
+    cJSON_AddStringToObject(o, "state", ddt_run_state_name(s));
     return o;
 }
 
@@ -580,7 +582,8 @@ int ddt_runs_control(ddt_runs *r, const char *id, ddt_run_action action, const c
     case DDT_RUN_RESUME:
         if (u->state == DDT_RUN_PAUSING || (u->state == DDT_RUN_RUNNING && u->want_pause)) {
             u->want_pause = 0;   /* not paused yet: the request is withdrawn */
-            set_state(r, u, DDT_RUN_RUNNING, NULL);
+            if (u->state == DDT_RUN_PAUSING)
+                set_state(r, u, DDT_RUN_RUNNING, NULL);
             *reply = state_reply(DDT_RUN_RUNNING);
         } else if (u->state == DDT_RUN_PAUSED && live) {
             u->want_resume = 1;
@@ -642,7 +645,7 @@ int ddt_runs_control(ddt_runs *r, const char *id, ddt_run_action action, const c
             char run_dir[2100], ckpt[2400];
             snprintf(run_dir, sizeof run_dir, "%s/runs/%s", r->state_dir, u->id);
             pthread_mutex_unlock(&r->lock);
-            rc = ddt_trainer_export_checkpoint(run_dir, -1, dir, ckpt, sizeof ckpt, err, err_len);
+            rc = ddt_checkpoint_export(run_dir, -1, dir, ckpt, sizeof ckpt, err, err_len);
             if (rc) {
                 cJSON_Delete(*reply);
                 *reply = NULL;
@@ -680,7 +683,7 @@ static cJSON *run_json(const run *u)
     int has = u->has_record;
     cJSON_AddStringToObject(o, "id", u->id);
     cJSON_AddStringToObject(o, "name", u->name);
-    cJSON_AddStringToObject(o, "state", ddt_run_state_names[u->state]);
+    cJSON_AddStringToObject(o, "state", ddt_run_state_name(u->state));
     cJSON_AddNumberToObject(o, "step", (double)u->step);
     cJSON_AddNumberToObject(o, "max_steps", (double)u->max_steps);
     add_number_or_null(o, "loss", has, s->loss);
@@ -740,30 +743,28 @@ cJSON *ddt_runs_get(ddt_runs *r, const char *id)
 
 cJSON *ddt_runs_list(ddt_runs *r, const char *state, char *err, size_t err_len)
 {
-    int want = -1;
-    if (state) {
-        for (int s = 0; s < DDT_RUN_STATES && want < 0; s++)
-            if (!strcmp(state, ddt_run_state_names[s]))
-                want = s;
-        if (want < 0) {
-            snprintf(err, err_len, "state must be one of queued, running, pausing, paused, completed, "
-                     "failed, cancelled, interrupted (got \"%s\")", state);
-            return NULL;
-        }
+    ddt_run_state want = DDT_RUN_QUEUED;
+    if (state && ddt_run_state_parse(state, &want)) {
+        char names[160] = "";
+        for (int s = 0; s < DDT_RUN_STATE_COUNT; s++)
+            snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", s ? ", " : "",
+                     ddt_run_state_name((ddt_run_state)s));
+        snprintf(err, err_len, "state must be one of %s (got \"%s\")", names, state);
+        return NULL;
     }
     cJSON *o = cJSON_CreateObject();
     cJSON *list = cJSON_AddArrayToObject(o, "runs");
     pthread_mutex_lock(&r->lock);
     for (int i = 0; i < r->count; i++)
-        if (want < 0 || (int)r->runs[i]->state == want)
+        if (!state || r->runs[i]->state == want)
             cJSON_AddItemToArray(list, run_json(r->runs[i]));
     pthread_mutex_unlock(&r->lock);
     return o;
 }
 
-void ddt_runs_counts(ddt_runs *r, int64_t counts[DDT_RUN_STATES])
+void ddt_runs_counts(ddt_runs *r, int64_t counts[DDT_RUN_STATE_COUNT])
 {
-    memset(counts, 0, sizeof(int64_t) * DDT_RUN_STATES);
+    memset(counts, 0, sizeof(int64_t) * DDT_RUN_STATE_COUNT);
     pthread_mutex_lock(&r->lock);
     for (int i = 0; i < r->count; i++)
         counts[r->runs[i]->state]++;
@@ -837,7 +838,7 @@ int ddt_runs_progressing(ddt_runs *r, double stall_s)
 
 void ddt_runs_summary(ddt_runs *r, char *out, size_t len)
 {
-    int64_t counts[DDT_RUN_STATES];
+    int64_t counts[DDT_RUN_STATE_COUNT];
     ddt_runs_counts(r, counts);
     snprintf(out, len, "%lld running, %lld queued, %lld paused, %lld done", (long long)counts[DDT_RUN_RUNNING],
              (long long)counts[DDT_RUN_QUEUED], (long long)counts[DDT_RUN_PAUSED],

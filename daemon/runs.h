@@ -1,8 +1,9 @@
 /* runs.h: the run manager of ddtreed: the queue, one worker thread per training run (the
- * trainer's loop), the state machine of API.md, controls applied at step boundaries (pause,
- * resume, cancel, rechunk, checkpoint, export) and recorded as events, the snapshots the HTTP
- * handlers read, and crash recovery: at start, runs the daemon stopped under (or was killed
- * under) are marked interrupted and resumed from their newest checkpoint.
+ * trainer's loop), the state machine of API.md (run_state.h: its table and diagram), controls
+ * applied at step boundaries (pause, resume, cancel, rechunk, checkpoint, export) and recorded
+ * as events, the snapshots the HTTP handlers read, and crash recovery: at start, runs the
+ * daemon stopped under (or was killed under) are marked interrupted and resumed from their
+ * newest checkpoint.
  * Handlers never wait for a step: they read a mutex-guarded snapshot or post a request.
  * Tested by tests/api_e2e.py (the real daemon and client).
  */
@@ -10,16 +11,12 @@
 #define DDT_RUNS_H
 
 #include "metrics.h"
+#include "run_state.h"
 #include "store.h"
 
 #include <cjson/cJSON.h>
 #include <stddef.h>
 #include <stdint.h>
-
-typedef enum ddt_run_state {   /* the order of ddt_run_state_names (metrics.h) */
-    DDT_RUN_QUEUED, DDT_RUN_RUNNING, DDT_RUN_PAUSING, DDT_RUN_PAUSED, DDT_RUN_COMPLETED,
-    DDT_RUN_FAILED, DDT_RUN_CANCELLED, DDT_RUN_INTERRUPTED
-} ddt_run_state;
 
 typedef enum ddt_run_action {
     DDT_RUN_PAUSE, DDT_RUN_RESUME, DDT_RUN_CANCEL, DDT_RUN_RECHUNK, DDT_RUN_CHECKPOINT, DDT_RUN_EXPORT
@@ -52,7 +49,7 @@ cJSON *ddt_runs_get(ddt_runs *r, const char *id);
 /* {"runs": [...]} of every run, or of those in state (NULL: all); NULL with err for an
  * unknown state name. */
 cJSON *ddt_runs_list(ddt_runs *r, const char *state, char *err, size_t err_len);
-void ddt_runs_counts(ddt_runs *r, int64_t counts[DDT_RUN_STATES]);
+void ddt_runs_counts(ddt_runs *r, int64_t counts[DDT_RUN_STATE_COUNT]);
 /* The run trained on CPU rank `rank` now, or NULL (copied into id). */
 int ddt_runs_on_device(ddt_runs *r, int rank, char *id, size_t id_len);
 /* Fills the runs, devices and step-duration parts of a metrics snapshot (m->runs malloc'd). */

@@ -1,9 +1,8 @@
-/* fatal.c: ddk_fatal and ddk_set_fatal_hook (fatal.h, ddk.h). The hook runs at most once: a
+/* fatal.c: ddk_fatal and ddk_set_fatal_hook (ddk.h). The hook runs at most once: a
  * fatal error inside the hook goes straight to abort(); one on another thread meanwhile (a
  * device fault seen by several rank threads) waits for the first thread's hook to end the
  * process. Tested by tests/test_alloc.c. */
 #include "ddk.h"
-#include "fatal.h"
 
 #include <pthread.h>
 #include <stdarg.h>

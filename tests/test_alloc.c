@@ -14,7 +14,6 @@
  */
 #include "ddk.h"
 #include "check.h"
-#include "fatal.h"
 
 #include <errno.h>
 #include <pthread.h>

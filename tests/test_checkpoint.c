@@ -1,11 +1,15 @@
 /* test_checkpoint.c: checkpoints and the serving export (SPEC.md section 5, checkpoint.h).
  * A small drafter (2 layers, one sliding) with random parameters, moments and step: the write
- * and read round trip is bit-exact; keep leaves the newest; latest skips stale temporaries and
- * incomplete or corrupt step directories; a read refuses a missing, mis-shaped, mistyped or
- * foreign tensor naming it and leaves its outputs untouched; a step written twice is replaced;
- * the export's config.json has exactly the keys of section 5 and reads back to an equal
- * configuration, its model.safetensors holds exactly the table's names in BF16 = bf16(params)
- * with format pt; an export replaces the previous one; errors for missing directories.
+ * and read round trip is bit-exact (tensors and state.json's meta); keep leaves the newest;
+ * latest skips stale temporaries and incomplete or corrupt step directories; a read refuses a
+ * missing, mis-shaped, mistyped or foreign tensor naming it and leaves its outputs untouched; a
+ * step written twice is replaced; the export's config.json has exactly the keys of section 5
+ * and reads back to an equal configuration, its model.safetensors holds exactly the table's
+ * names in BF16 = bf16(params) with format pt; an export replaces the previous one; errors for
+ * missing directories. state.json: a missing, mistyped or unknown key (drafter keys among them)
+ * is refused naming the file and the key; the export's config.json is its drafter's form. A
+ * tiny trainer run: its checkpoint exported without a trainer equals its live export byte for
+ * byte, also from state.json rewritten in its first form, from which it resumes exactly.
  * Fixtures are written by the test under a mkdtemp directory, removed at the end.
  * ctest: one line per case, a final "N passed, M failed".
  */
@@ -14,6 +18,7 @@
 #include "ddk_rng.h"
 #include "model_config.h"
 #include "safetensors.h"
+#include "trainer.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
@@ -144,12 +149,22 @@ static void write_file(const char *path, const char *text)
     }
 }
 
-static int write_step(const char *run, int64_t step, const fixture *f, const char *state, int keep,
+/* f's drafter at step with config as the run config (opaque text to checkpoint.c) */
+static ddt_checkpoint_meta fixture_meta(const fixture *f, int64_t step, const char *config)
+{
+    ddt_checkpoint_meta m = { .run_id = "r20250101-000000-abcdef", .step = step, .cursor = 3 * step + 1,
+                              .chunk = 64, .vocab_tile = 32, .config_json = (char *)config, .drafter = f->c };
+    return m;
+}
+
+static int metas_equal(const ddt_checkpoint_meta *a, const ddt_checkpoint_meta *b);
+
+static int write_step(const char *run, int64_t step, const fixture *f, const char *config, int keep,
                       char *path, size_t path_len, int64_t *bytes)
 {
     char err[1024] = "";
-    int rc = ddt_checkpoint_write(run, step, &f->c, f->params, &f->adam, state, keep, path, path_len,
-                                  bytes, err, sizeof err);
+    ddt_checkpoint_meta meta = fixture_meta(f, step, config);
+    int rc = ddt_checkpoint_write(run, &meta, f->params, &f->adam, keep, path, path_len, bytes, err, sizeof err);
     check(rc == 0, "write of step %lld: %d %s", (long long)step, rc, err);
     return rc;
 }
@@ -199,18 +214,20 @@ static void test_round_trip(void)
     /* read back into sentinel-filled buffers: every bit, nothing past the end */
     float *params = sentinel_floats(f->total), *m = sentinel_floats(f->total), *v = sentinel_floats(f->total);
     ddt_adamw_state adam = { .step = -1, .m = m, .v = v };
-    char *json = NULL;
-    rc = ddt_checkpoint_read(want, &f->c, params, &adam, &json, err, sizeof err);
+    ddt_checkpoint_meta meta = { .step = -1 };
+    rc = ddt_checkpoint_read(want, &f->c, params, &adam, &meta, err, sizeof err);
     check(rc == 0, "read: %d %s", rc, err);
     size_t bytes_p = (size_t)f->total * sizeof(float);
     check(!memcmp(params, f->params, bytes_p), "params differ after the round trip");
     check(!memcmp(m, f->m, bytes_p), "adam m differs after the round trip");
     check(!memcmp(v, f->v, bytes_p), "adam v differs after the round trip");
     check(adam.step == f->adam.step, "step %lld, expected %lld", (long long)adam.step, (long long)f->adam.step);
-    check(json && !strcmp(json, state), "state.json differs: %s", json ? json : "(null)");
+    ddt_checkpoint_meta want_meta = fixture_meta(f, 123, state);
+    check(metas_equal(&meta, &want_meta), "state.json reads back to another meta (step %lld, config %s)",
+          (long long)meta.step, meta.config_json ? meta.config_json : "(null)");
     check(guard_intact(params, f->total) && guard_intact(m, f->total) && guard_intact(v, f->total),
           "read wrote past the end of a buffer");
-    free(json);
+    ddt_checkpoint_meta_free(&meta);
     free(params);
     free(m);
     free(v);
@@ -349,15 +366,16 @@ static void check_refused(const char *dir, const ddt_drafter_config *c, const ch
     ddt_drafter_param_table(c, table, &total);
     float *params = sentinel_floats(total), *m = sentinel_floats(total), *v = sentinel_floats(total);
     ddt_adamw_state adam = { .step = -7, .m = m, .v = v };
-    char *json = (char *)"untouched?", err[1024] = "";
-    int rc = ddt_checkpoint_read(dir, c, params, &adam, &json, err, sizeof err);
+    ddt_checkpoint_meta meta = { .step = -7 };
+    char err[1024] = "";
+    int rc = ddt_checkpoint_read(dir, c, params, &adam, &meta, err, sizeof err);
     check(rc == -EINVAL, "read refusing %s: rc %d, expected -EINVAL", named, rc);
     check(strstr(err, named) && strstr(err, "state.safetensors"), "error does not name %s and the file: %s",
           named, err);
     check(all_sentinel(params, total + guard_words) && all_sentinel(m, total + guard_words) &&
               all_sentinel(v, total + guard_words) && adam.step == -7,
           "a refused read wrote into its outputs");
-    check(json == NULL, "state_json not NULL after a refused read");
+    check(meta.step == -7 && meta.config_json == NULL, "a refused read wrote into its meta");
     free(params);
     free(m);
     free(v);
@@ -408,15 +426,16 @@ static void test_same_step(void)
     check(count_entries(dir, "step-") == 1 && count_entries(dir, ".") == 0, "not exactly one step-00000007 left");
     float *params = sentinel_floats(b->total), *m = sentinel_floats(b->total), *v = sentinel_floats(b->total);
     ddt_adamw_state adam = { .m = m, .v = v };
-    char *json = NULL;
-    int rc = ddt_checkpoint_read(path, &b->c, params, &adam, &json, err, sizeof err);
+    ddt_checkpoint_meta meta;
+    int rc = ddt_checkpoint_read(path, &b->c, params, &adam, &meta, err, sizeof err);
     check(rc == 0, "read: %s", err);
     size_t bytes = (size_t)b->total * sizeof(float);
     check(!memcmp(params, b->params, bytes) && !memcmp(m, b->m, bytes) && !memcmp(v, b->v, bytes) &&
               adam.step == b->adam.step,
           "the second write of step 7 did not replace the first");
-    check(json && !strcmp(json, "{\"from\": \"b\"}"), "state.json is the first write's");
-    free(json);
+    check(rc == 0 && !strcmp(meta.config_json, "{\"from\": \"b\"}"), "state.json is the first write's");
+    if (rc == 0)
+        ddt_checkpoint_meta_free(&meta);
     free(params);
     free(m);
     free(v);
@@ -430,8 +449,8 @@ static void test_errors(void)
     char missing[512], path[1024] = "x", err[1024] = "";
     snprintf(missing, sizeof missing, "%s/no_such_run", root);
     int64_t bytes = 5;
-    int rc = ddt_checkpoint_write(missing, 1, &f->c, f->params, &f->adam, "{}", 2, path, sizeof path, &bytes, err,
-                                  sizeof err);
+    ddt_checkpoint_meta meta = fixture_meta(f, 1, "{}");
+    int rc = ddt_checkpoint_write(missing, &meta, f->params, &f->adam, 2, path, sizeof path, &bytes, err, sizeof err);
     check(rc == -ENOENT, "write into a missing run_dir: rc %d, expected -ENOENT", rc);
     check(strstr(err, missing) != NULL, "error does not name the run directory: %s", err);
     check(!is_dir(missing), "the missing run_dir was created");
@@ -439,14 +458,23 @@ static void test_errors(void)
 
     char run[512];
     new_dir("errors", run, sizeof run);
-    rc = ddt_checkpoint_write(run, 1, &f->c, f->params, &f->adam, "{}", 0, NULL, 0, NULL, err, sizeof err);
+    rc = ddt_checkpoint_write(run, &meta, f->params, &f->adam, 0, NULL, 0, NULL, err, sizeof err);
     check(rc == -EINVAL, "keep = 0 not refused (rc %d)", rc);
-    rc = ddt_checkpoint_write(run, 1, &f->c, f->params, &f->adam, "{}", 1, path, 10, NULL, err, sizeof err);
+    rc = ddt_checkpoint_write(run, &meta, f->params, &f->adam, 1, path, 10, NULL, err, sizeof err);
     check(rc == -ENAMETOOLONG, "a path_out too short not refused before writing (rc %d)", rc);
-    ddt_drafter_config bad = f->c;
-    bad.head_dim = 7;
-    rc = ddt_checkpoint_write(run, 1, &bad, f->params, &f->adam, "{}", 1, NULL, 0, NULL, err, sizeof err);
+    ddt_checkpoint_meta bad = meta;
+    bad.drafter.head_dim = 7;
+    rc = ddt_checkpoint_write(run, &bad, f->params, &f->adam, 1, NULL, 0, NULL, err, sizeof err);
     check(rc == -EINVAL && strstr(err, "head_dim"), "a bad configuration not refused: %s", err);
+    /* what the reader would refuse is refused before anything is written */
+    bad = meta;
+    bad.chunk = 0;
+    rc = ddt_checkpoint_write(run, &bad, f->params, &f->adam, 1, NULL, 0, NULL, err, sizeof err);
+    check(rc == -EINVAL && strstr(err, "chunk"), "chunk 0 not refused: %s", err);
+    bad = meta;
+    bad.config_json = NULL;
+    rc = ddt_checkpoint_write(run, &bad, f->params, &f->adam, 1, NULL, 0, NULL, err, sizeof err);
+    check(rc == -EINVAL && strstr(err, "run config"), "a meta without a run config not refused: %s", err);
     snprintf(path, sizeof path, "%s/checkpoints", run);
     check(count_entries(path, "") <= 0, "a refused write left something in %s", path);
 
@@ -605,6 +633,315 @@ static void test_export_replaces(void)
     fixture_free(b);
 }
 
+/* ------------------------------------------------------------------------------------------
+ * state.json: checked at read, the first form read too, the export from a checkpoint
+ */
+
+static int metas_equal(const ddt_checkpoint_meta *a, const ddt_checkpoint_meta *b)
+{
+    return !strcmp(a->run_id, b->run_id) && a->step == b->step && a->cursor == b->cursor && a->chunk == b->chunk &&
+           a->vocab_tile == b->vocab_tile && a->config_json && b->config_json &&
+           !strcmp(a->config_json, b->config_json) && configs_equal(&a->drafter, &b->drafter);
+}
+
+/* the object holding the dotted key in doc (NULL when there is none), and the key's last name */
+static cJSON *path_parent(cJSON *doc, const char *dotted, char *last, size_t last_len)
+{
+    cJSON *at = doc;
+    const char *from = dotted, *dot;
+    while (at && (dot = strchr(from, '.')) != NULL) {
+        snprintf(last, last_len, "%.*s", (int)(dot - from), from);
+        at = cJSON_GetObjectItemCaseSensitive(at, last);
+        from = dot + 1;
+    }
+    snprintf(last, last_len, "%s", from);
+    return at;
+}
+
+/* dir/state.json with the value at the dotted key replaced by (or, when absent, given) the JSON
+ * text `value`, or removed when value is NULL */
+static void edit_state(const char *dir, const char *dotted, const char *value)
+{
+    char path[1024], err[1024] = "", last[128];
+    snprintf(path, sizeof path, "%s/state.json", dir);
+    char *text = ddt_read_text_file(path, 1 << 22, err, sizeof err);
+    cJSON *doc = text ? cJSON_Parse(text) : NULL, *parent = doc ? path_parent(doc, dotted, last, sizeof last) : NULL;
+    check(parent != NULL, "%s: no %s to edit: %s", path, dotted, err);
+    if (parent && !value) {
+        cJSON_DeleteItemFromObjectCaseSensitive(parent, last);
+    } else if (parent) {
+        cJSON *v = cJSON_Parse(value);
+        if (cJSON_GetObjectItemCaseSensitive(parent, last))
+            cJSON_ReplaceItemInObjectCaseSensitive(parent, last, v);
+        else
+            cJSON_AddItemToObject(parent, last, v);
+    }
+    char *edited = doc ? cJSON_Print(doc) : NULL;
+    if (edited)
+        write_file(path, edited);
+    free(edited);
+    cJSON_Delete(doc);
+    free(text);
+}
+
+/* state.json in the first form (before "version"), as the trainer wrote it: the run config and,
+ * in "resolved", what the config left to the target */
+static void write_first_form(const char *dir, const ddt_checkpoint_meta *m)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "run_id", m->run_id);
+    cJSON_AddNumberToObject(o, "step", (double)m->step);
+    cJSON_AddNumberToObject(o, "cursor", (double)m->cursor);
+    cJSON_AddNumberToObject(o, "chunk", (double)m->chunk);
+    cJSON_AddNumberToObject(o, "vocab_tile", (double)m->vocab_tile);
+    cJSON_AddStringToObject(o, "config", m->config_json);
+    const ddt_drafter_config *d = &m->drafter;
+    cJSON *r = cJSON_AddObjectToObject(o, "resolved");
+    cJSON_AddNumberToObject(r, "hidden_size", (double)d->hidden);
+    cJSON_AddNumberToObject(r, "vocab_size", (double)d->vocab);
+    cJSON_AddNumberToObject(r, "num_target_layers", (double)d->num_target_layers);
+    cJSON_AddNumberToObject(r, "mask_token_id", d->mask_token_id);
+    cJSON_AddItemToObject(r, "target_layer_ids", cJSON_CreateIntArray(d->target_layer_ids, (int)d->taps));
+    char path[1024], *text = cJSON_Print(o);
+    snprintf(path, sizeof path, "%s/state.json", dir);
+    write_file(path, text);
+    free(text);
+    cJSON_Delete(o);
+}
+
+/* a read of dir's state.json must fail naming the file and `named`, leaving meta as it was */
+static void check_meta_refused(const char *dir, const char *named)
+{
+    ddt_checkpoint_meta meta = { .step = -7 };
+    char err[1024] = "";
+    int rc = ddt_checkpoint_read_meta(dir, &meta, err, sizeof err);
+    check(rc == -EINVAL, "state.json refusing %s: rc %d, expected -EINVAL", named, rc);
+    check(strstr(err, named) && strstr(err, "state.json"), "error does not name %s and the file: %s", named, err);
+    check(meta.step == -7 && meta.config_json == NULL, "a refused read of state.json wrote into meta");
+}
+
+static void test_meta_refuses(void)
+{
+    char run[512], dir[700], path[800], err[1024] = "";
+    new_dir("meta_refuses", run, sizeof run);
+    fixture *f = fixture_new(91);
+    snprintf(dir, sizeof dir, "%s/checkpoints/step-00000005", run);
+    snprintf(path, sizeof path, "%s/state.json", dir);
+    write_step(run, 5, f, "{\"name\": \"r\"}", 5, NULL, 0, NULL);
+    char *good = ddt_read_text_file(path, 1 << 22, err, sizeof err);
+    /* the key, a replacement (NULL: removed), what the error must name */
+    static const struct {
+        const char *key, *value, *named;
+    } cases[] = {
+        { "cursor", NULL, "cursor is missing" },
+        { "chunk", "\"64\"", "chunk must be" },
+        { "step", "-1", "step must be" },
+        { "vocab_tile", "1.5", "vocab_tile must be an integer" },
+        { "config", "{}", "config must be a string" },
+        { "run_id", "7", "run_id must be a string" },
+        { "version", "3", "version must be 2" },
+        { "rng", "\"0x9e37\"", "rng is not a known field" },
+        { "drafter", NULL, "drafter is missing" },
+        { "drafter", "[]", "drafter must be an object" },
+        { "drafter.hidden_size", NULL, "drafter: hidden_size is missing" },
+        { "drafter.num_attention_heads", "\"4\"", "drafter: num_attention_heads must be" },
+        { "drafter.rms_norm_eps", "0", "drafter: rms_norm_eps must be" },
+        { "drafter.model_type", "\"llama\"", "drafter: model_type must be \"qwen3\"" },
+        { "drafter.architectures", "[\"Qwen3ForCausalLM\"]", "drafter: architectures must be" },
+        { "drafter.rope_scaling", "{}", "drafter: rope_scaling must be null" },
+        { "drafter.tie_word_embeddings", "true", "drafter: tie_word_embeddings must be false" },
+        { "drafter.tie_word_embedding", "false", "drafter: tie_word_embedding is not a key" },
+        { "drafter.layer_types", "[\"full_attention\"]", "drafter: layer_types must be" },
+        { "drafter.layer_types", "[\"full_attention\", \"local\"]", "drafter: layer_types entries" },
+        { "drafter.dflash_config.mask_token_id", NULL, "drafter.dflash_config: mask_token_id is missing" },
+        { "drafter.dflash_config.target_layer_ids", "\"1,3,5\"", "drafter.dflash_config: target_layer_ids must be" },
+        { "drafter.dflash_config.block_size", "4", "drafter.dflash_config: block_size is not a known field" },
+        { "drafter.dflash_config.mask_token_id", "100", "drafter: dflash_config.mask_token_id must be in [0, vocab_size)" },
+        { "drafter.head_dim", "7", "drafter: head_dim must be even" },
+    };
+    for (size_t i = 0; good && i < sizeof cases / sizeof cases[0]; i++) {
+        write_file(path, good);
+        edit_state(dir, cases[i].key, cases[i].value);
+        check_meta_refused(dir, cases[i].named);
+    }
+    write_file(path, "{\"step\": 5,");
+    check_meta_refused(dir, "invalid JSON");
+    write_file(path, "{\"step\": 5, \"step\": 6}");
+    check_meta_refused(dir, "\"step\" appears twice");
+
+    /* a full read refused for its state.json leaves the tensors' outputs untouched too */
+    write_file(path, good);
+    edit_state(dir, "drafter.vocab_size", "true");
+    float *params = sentinel_floats(f->total);
+    ddt_checkpoint_meta meta = { .step = -7 };
+    int rc = ddt_checkpoint_read(dir, &f->c, params, NULL, &meta, err, sizeof err);
+    check(rc == -EINVAL && strstr(err, "vocab_size"), "a read with a mistyped drafter key: rc %d, %s", rc, err);
+    check(all_sentinel(params, f->total + guard_words) && meta.step == -7, "a refused read wrote into its outputs");
+    /* the tensors alone need no state.json */
+    rc = ddt_checkpoint_read(dir, &f->c, params, NULL, NULL, err, sizeof err);
+    check(rc == 0 && !memcmp(params, f->params, (size_t)f->total * sizeof(float)), "params alone: %s", err);
+
+    /* the good one reads; so does the export's config.json as its drafter (one form) */
+    write_file(path, good);
+    rc = ddt_checkpoint_read_meta(dir, &meta, err, sizeof err);
+    ddt_checkpoint_meta want = fixture_meta(f, 5, "{\"name\": \"r\"}");
+    check(rc == 0 && metas_equal(&meta, &want), "the written state.json does not read back: %s", err);
+    if (rc == 0)
+        ddt_checkpoint_meta_free(&meta);
+    char out[800], config_path[900];
+    snprintf(out, sizeof out, "%s/export", run);
+    snprintf(config_path, sizeof config_path, "%s/config.json", out);
+    check(ddt_export_write(out, &f->c, f->params, err, sizeof err) == 0, "export: %s", err);
+    char *config = ddt_read_text_file(config_path, 1 << 20, err, sizeof err);
+    write_file(path, good);
+    edit_state(dir, "drafter", config);
+    rc = ddt_checkpoint_read_meta(dir, &meta, err, sizeof err);
+    check(rc == 0 && configs_equal(&meta.drafter, &f->c), "the export's config.json as the drafter: %s", err);
+    if (rc == 0)
+        ddt_checkpoint_meta_free(&meta);
+    free(config);
+    free(params);
+    free(good);
+    fixture_free(f);
+}
+
+/* the whole file at path (malloc'd, *len its size), or NULL */
+static unsigned char *read_bytes(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    unsigned char *data = NULL;
+    *len = 0;
+    if (f && fseek(f, 0, SEEK_END) == 0) {
+        long size = ftell(f);
+        data = size >= 0 ? xcalloc((size_t)size + 1, 1) : NULL;
+        rewind(f);
+        if (data && fread(data, 1, (size_t)size, f) != (size_t)size) {
+            free(data);
+            data = NULL;
+        }
+        *len = data ? (size_t)size : 0;
+    }
+    if (f)
+        fclose(f);
+    return data;
+}
+
+/* both exports hold the same config.json and model.safetensors, byte for byte */
+static void check_same_export(const char *got, const char *want)
+{
+    static const char *const files[] = { "config.json", "model.safetensors" };
+    for (int i = 0; i < 2; i++) {
+        char a[1024], b[1024];
+        snprintf(a, sizeof a, "%s/%s", got, files[i]);
+        snprintf(b, sizeof b, "%s/%s", want, files[i]);
+        size_t la, lb;
+        unsigned char *x = read_bytes(a, &la), *y = read_bytes(b, &lb);
+        check(x && y && la == lb && !memcmp(x, y, la), "%s differs from %s (%zu vs %zu bytes)", a, b, la, lb);
+        free(x);
+        free(y);
+    }
+}
+
+#define TINY_RUN                                                                                    \
+    "{\"name\": \"c\", \"target\": {\"kind\": \"synthetic\", \"hidden_size\": 32, "                \
+    "\"num_hidden_layers\": 4, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, "           \
+    "\"head_dim\": 8, \"intermediate_size\": 48, \"vocab_size\": 96},"                              \
+    " \"drafter\": {\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 2," \
+    " \"head_dim\": 8, \"intermediate_size\": 48, \"block_size\": 4, \"rms_norm_eps\": 1.234567e-6,"  \
+    " \"layer_types\": [\"sliding_attention\", \"full_attention\"], \"sliding_window\": 6},"        \
+    " \"train\": {\"steps\": 6, \"sequences_per_step\": 4, \"seq_len\": 24, \"max_anchors\": 4,"    \
+    " \"heldout\": 4, \"noise_std\": 0.05, \"lr\": 0.003, \"seed\": 5},"                            \
+    " \"loss\": {\"chunk\": 64, \"vocab_tile\": 32}, \"devices\": \"cpu\","                        \
+    " \"checkpoint\": {\"every_steps\": 100, \"keep\": 2}, \"eval\": {\"every_steps\": 100, \"sequences\": 2}}"
+
+static ddt_trainer *open_trainer(const char *state, const char *json, const char *resume_id)
+{
+    ddt_trainer *t = NULL;
+    char err[1024] = "", field[128] = "";
+    int rc = ddt_trainer_open(json, strlen(json), state, resume_id, resume_id != NULL, NULL, &t, err, sizeof err,
+                              field, sizeof field);
+    check(rc == 0, "trainer open (%d): %s [%s]", rc, err, field);
+    return rc == 0 ? t : NULL;
+}
+
+static double trainer_steps(ddt_trainer *t, int n)
+{
+    ddt_step_record rec = { .loss = NAN };
+    char err[1024] = "";
+    for (int i = 0; i < n; i++)
+        if (ddt_trainer_step(t, &rec, err, sizeof err)) {
+            check(0, "step: %s", err);
+            return NAN;
+        }
+    return rec.loss;
+}
+
+/* A trainer's checkpoint exported without it equals its live export at that step, byte for
+ * byte, from state.json as written and in its first form; the first form resumes exactly. */
+static void test_export_from_checkpoint(void)
+{
+    char state[512], live[600], out[600], err[1024] = "", ckpt[1200], run_dir[2200], run_id[64];
+    new_dir("from_checkpoint", state, sizeof state);
+    snprintf(live, sizeof live, "%s/live", state);
+    snprintf(out, sizeof out, "%s/exported", state);
+    ddt_trainer *t = open_trainer(state, TINY_RUN, NULL);
+    if (!t)
+        return;
+    trainer_steps(t, 3);
+    check(ddt_trainer_checkpoint(t, err, sizeof err) == 0, "checkpoint: %s", err);
+    check(ddt_trainer_export(t, live, err, sizeof err) == 0, "live export: %s", err);
+    const double straight = trainer_steps(t, 1);   /* step 4, uninterrupted */
+    ddt_checkpoint_meta want = { .step = 3, .chunk = 64, .vocab_tile = 32, .config_json = (char *)TINY_RUN,
+                                 .drafter = ddt_trainer_config(t)->drafter };
+    snprintf(want.run_id, sizeof want.run_id, "%s", ddt_trainer_run_id(t));
+    snprintf(run_id, sizeof run_id, "%s", ddt_trainer_run_id(t));
+    snprintf(run_dir, sizeof run_dir, "%s", ddt_trainer_run_dir(t));
+    ddt_trainer_close(t);
+
+    int rc = ddt_checkpoint_export(run_dir, -1, out, ckpt, sizeof ckpt, err, sizeof err);
+    check(rc == 0 && strstr(ckpt, "/checkpoints/step-00000003"), "export of the newest: rc %d %s (%s)", rc, err, ckpt);
+    check_same_export(out, live);
+    rc = ddt_checkpoint_export(run_dir, 3, out, ckpt, sizeof ckpt, err, sizeof err);
+    check(rc == 0, "export of step 3: %s", err);
+    check_same_export(out, live);
+    char other[1200];
+    rc = ddt_checkpoint_export(run_dir, 2, out, other, sizeof other, err, sizeof err);
+    check(rc == -ENOENT && strstr(err, "step-00000002"), "export of a step not kept: rc %d, %s", rc, err);
+
+    ddt_checkpoint_meta meta;
+    rc = ddt_checkpoint_read_meta(ckpt, &meta, err, sizeof err);
+    check(rc == 0, "state.json: %s", err);
+    if (rc)
+        return;
+    want.cursor = meta.cursor;   /* the source's; the resume below checks it is the right one */
+    check(metas_equal(&meta, &want), "the trainer's state.json reads back to another meta");
+
+    /* the first form: the same meta, the same export, and a resume that repeats step 4 */
+    write_first_form(ckpt, &meta);
+    ddt_checkpoint_meta first;
+    rc = ddt_checkpoint_read_meta(ckpt, &first, err, sizeof err);
+    check(rc == 0 && metas_equal(&first, &meta), "the first form reads to another meta: %s", err);
+    if (rc == 0)
+        ddt_checkpoint_meta_free(&first);
+    rc = ddt_checkpoint_export(run_dir, -1, out, ckpt, sizeof ckpt, err, sizeof err);
+    check(rc == 0, "export of the first form: %s", err);
+    check_same_export(out, live);
+    t = open_trainer(state, "", run_id);
+    if (t) {
+        check(ddt_trainer_step_count(t) == 3, "resumed from the first form at step %lld",
+              (long long)ddt_trainer_step_count(t));
+        double resumed = trainer_steps(t, 1);
+        check(resumed == straight, "step 4 resumed from the first form: %.9g, uninterrupted %.9g", resumed, straight);
+        ddt_trainer_close(t);
+    }
+    edit_state(ckpt, "resolved.vocab_size", NULL);
+    check_meta_refused(ckpt, "resolved: vocab_size is missing");
+    write_first_form(ckpt, &meta);
+    edit_state(ckpt, "config", "\"{\\\"train\\\": {\\\"steps\\\": -1}}\"");
+    check_meta_refused(ckpt, "state.json: config: ");
+    ddt_checkpoint_meta_free(&meta);
+}
+
 /* ------------------------------------------------------------------------------------------ */
 
 static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
@@ -627,6 +964,8 @@ int main(void)
         { "checkpoint_errors", test_errors },
         { "export", test_export },
         { "export_replaces", test_export_replaces },
+        { "state_json_refuses", test_meta_refuses },
+        { "export_from_checkpoint", test_export_from_checkpoint },
     };
     run_cases(cases, sizeof cases / sizeof cases[0]);
     nftw(root, remove_entry, 16, FTW_DEPTH | FTW_PHYS);

@@ -21,7 +21,7 @@ static ddt_metrics_snapshot make_snapshot(void)
     memset(&m, 0, sizeof m);
     memset(test_runs, 0, sizeof test_runs);
     m.version = "0.1.0";
-    for (int j = 0; j < DDT_RUN_STATES; j++)
+    for (int j = 0; j < DDT_RUN_STATE_COUNT; j++)
         m.runs_by_state[j] = j == 1 ? 2 : j == 4 ? 5 : 0;
 
     ddt_metrics_run *r = &test_runs[0];
@@ -164,17 +164,17 @@ static void test_samples(void)
 
 static void test_every_state(void)
 {
-    for (int j = 0; j < DDT_RUN_STATES; j++) {
+    for (int j = 0; j < DDT_RUN_STATE_COUNT; j++) {
         char line[96];
-        snprintf(line, sizeof line, "ddtree_runs{state=\"%s\"} %d", ddt_run_state_names[j],
+        snprintf(line, sizeof line, "ddtree_runs{state=\"%s\"} %d", ddt_run_state_name(j),
                  j == 1 ? 2 : j == 4 ? 5 : 0);
         expect_line(line);
     }
-    const char *want[DDT_RUN_STATES] = {"queued", "running", "pausing", "paused",
+    const char *want[DDT_RUN_STATE_COUNT] = {"queued", "running", "pausing", "paused",
                                         "completed", "failed", "cancelled", "interrupted"};
-    for (int j = 0; j < DDT_RUN_STATES; j++)
-        check(!strcmp(ddt_run_state_names[j], want[j]), "state %d is %s, not %s", j,
-              ddt_run_state_names[j], want[j]);
+    for (int j = 0; j < DDT_RUN_STATE_COUNT; j++)
+        check(!strcmp(ddt_run_state_name(j), want[j]), "state %d is %s, not %s", j,
+              ddt_run_state_name(j), want[j]);
 }
 
 static void test_escaping_and_numbers(void)

@@ -4,7 +4,9 @@
  * == greedy. Sources: synthetic (order, seek, held-out), hf with a token file over a llama
  * directory written here (shuffle per epoch, cut, skip, held-out reservation, features ==
  * the target's forward), shards written here (read back exactly, BF16, tied heads, every
- * validation rule refused with the file named).
+ * validation rule refused with the file named), empty and one-token sequences skipped.
+ * Good files are written through shard.h's writers; the broken ones by hand (shard.h's own
+ * rules are tested by tests/test_shard.c).
  * ctest: one line per case, a final "N passed, M failed".
  *
  * Legend: S tokens, H hidden, F = L_t*H feature width, V vocabulary.
@@ -13,6 +15,7 @@
 #include "ddk_rng.h"
 #include "generate.h"
 #include "safetensors.h"
+#include "shard.h"
 #include "source.h"
 #include "target.h"
 
@@ -509,31 +512,20 @@ static void write_llama_dir(const char *dir, const ddt_target *t)
 enum { TOK_SEQS = 7, TOK_TOTAL = 48, TOK_LEN = 8 };
 static const int64_t tok_lengths[TOK_SEQS] = { 5, 1, 9, 3, 20, 6, 4 };   /* 1: skipped; 9, 20: cut to 8 */
 
-static void test_hf_tokens(void)
+/* dir: a llama directory of a synthetic target made with seed */
+static void write_synthetic_llama_dir(const char *dir, uint64_t seed)
 {
-    char err[512] = "", dir[256], tokens_path[256];
-    snprintf(dir, sizeof dir, "%s/llama", tmpdir);
-    snprintf(tokens_path, sizeof tokens_path, "%s/tokens.safetensors", tmpdir);
-    ddt_target t, loaded;
+    char err[512] = "";
+    ddt_target t;
     ddt_target_config tc = tiny_config(0);
-    check(ddt_target_synthetic(&tc, 17, &t, err, sizeof err) == 0, "synthetic: %s", err);
+    check(ddt_target_synthetic(&tc, seed, &t, err, sizeof err) == 0, "synthetic: %s", err);
     write_llama_dir(dir, &t);
     ddt_target_free(&t);
-    check(ddt_target_load(dir, &loaded, err, sizeof err) == 0, "the written directory does not load: %s", err);
-    if (case_failed)
-        return;
+}
 
-    int32_t ids[TOK_TOTAL];
-    int64_t offsets[TOK_SEQS + 1] = { 0 };
-    for (int i = 0; i < TOK_TOTAL; i++)
-        ids[i] = (i * 13 + 5) % V;
-    for (int s = 0; s < TOK_SEQS; s++)
-        offsets[s + 1] = offsets[s] + tok_lengths[s];
-    const ddt_st_entry e[] = { { "input_ids", DDT_I32, 1, { TOK_TOTAL }, ids },
-                               { "offsets", DDT_I64, 1, { TOK_SEQS + 1 }, offsets } };
-    check(offsets[TOK_SEQS] == TOK_TOTAL, "fixture lengths");
-    check(ddt_st_write(tokens_path, e, 2, NULL, NULL, 0, err, sizeof err) == 0, "writing tokens: %s", err);
-
+/* hf over dir with the token file tokens_path: seq_len TOK_LEN, taps 1 and 2, 2 held out */
+static ddt_source_config tokens_config(const char *dir, const char *tokens_path)
+{
     ddt_source_config c;
     memset(&c, 0, sizeof c);
     c.kind = DDT_SOURCE_HF;
@@ -548,6 +540,30 @@ static void test_hf_tokens(void)
     c.seed = 5;
     c.heldout = 2;
     c.prefetch = 2;
+    return c;
+}
+
+static void test_hf_tokens(void)
+{
+    char err[512] = "", dir[256], tokens_path[256];
+    snprintf(dir, sizeof dir, "%s/llama", tmpdir);
+    snprintf(tokens_path, sizeof tokens_path, "%s/tokens.safetensors", tmpdir);
+    ddt_target loaded;
+    write_synthetic_llama_dir(dir, 17);
+    check(ddt_target_load(dir, &loaded, err, sizeof err) == 0, "the written directory does not load: %s", err);
+    if (case_failed)
+        return;
+
+    int32_t ids[TOK_TOTAL];
+    int64_t offsets[TOK_SEQS + 1] = { 0 };
+    for (int i = 0; i < TOK_TOTAL; i++)
+        ids[i] = (i * 13 + 5) % V;
+    for (int s = 0; s < TOK_SEQS; s++)
+        offsets[s + 1] = offsets[s] + tok_lengths[s];
+    check(offsets[TOK_SEQS] == TOK_TOTAL, "fixture lengths");
+    check(ddt_shard_tokens_write(tokens_path, ids, TOK_TOTAL, offsets, TOK_SEQS, V, err, sizeof err) == 0,
+          "writing tokens: %s", err);
+    ddt_source_config c = tokens_config(dir, tokens_path);
 
     static const int train_items[4] = { 0, 2, 3, 4 };
     enum { EPOCHS = 3 };
@@ -638,39 +654,49 @@ typedef struct shard_fault {
     int no_teacher, offsets_end, decreasing, feature_cols;
 } shard_fault;
 
-/* shard path holding rows [0, SH_TOTAL) (offsets shard_offsets) or just one sequence of
- * rows [0, 4) when single; dtype of the floats; fault: what to break (zeroed: nothing) */
-static void write_shard(const char *path, int single, ddt_dtype dtype, const shard_fault *fault)
+static const int64_t single_offsets[2] = { 0, 4 };   /* one sequence of rows [0, 4) */
+
+/* shard path through shard.h's writer, holding rows [0, T) of the fixture as the nseq
+ * sequences of offsets; dtype of the floats */
+static void write_shard(const char *path, int64_t T, int64_t nseq, const int64_t *offsets, ddt_dtype dtype)
 {
-    const int64_t T = single ? 4 : SH_TOTAL, nseq = single ? 1 : SH_SEQS;
+    uint16_t *half = xcalloc((size_t)(T * (F + H)), sizeof(uint16_t));
+    for (int64_t i = 0; i < T * F; i++)
+        half[i] = ddt_f32_to_bf16(shard_features[i]);
+    for (int64_t i = 0; i < T * H; i++)
+        half[T * F + i] = ddt_f32_to_bf16(shard_teacher[i]);
+    const int bf16 = dtype == DDT_BF16;
+    const int32_t taps[N_TAPS] = { 1, 2 };
+    const ddt_shard_data d = { { H, V, N_TAPS, taps }, T, nseq, shard_ids, shard_mask, offsets, dtype,
+                               bf16 ? (const void *)half : (const void *)shard_features,
+                               bf16 ? (const void *)(half + T * F) : (const void *)shard_teacher, "test" };
+    char err[512] = "";
+    check(ddt_shard_write(path, &d, err, sizeof err) == 0, "writing %s: %s", path, err);
+    free(half);
+}
+
+/* shard path written by hand (SPEC.md section 4's names spelled out), F32, rows [0, SH_TOTAL)
+ * (offsets shard_offsets), with fault broken (zeroed: nothing) */
+static void write_shard_by_hand(const char *path, const shard_fault *fault)
+{
+    const int64_t T = SH_TOTAL, nseq = SH_SEQS;
     int64_t offsets[SH_SEQS + 1];
-    for (int i = 0; i <= nseq; i++)
-        offsets[i] = single ? 4 * i : shard_offsets[i];
+    memcpy(offsets, shard_offsets, sizeof offsets);
     if (fault->offsets_end)
         offsets[nseq] += fault->offsets_end;
     if (fault->decreasing)
         offsets[1] = offsets[2] + 1;
     const int64_t cols = fault->feature_cols ? fault->feature_cols : F;
-    uint16_t *half = xcalloc((size_t)(T * (cols + H)), sizeof(uint16_t));
     float *wide = xcalloc((size_t)(T * cols), sizeof(float));
     for (int64_t r = 0; r < T; r++)
         for (int64_t j = 0; j < cols; j++)
             wide[r * cols + j] = j < F ? shard_features[r * F + j] : 0.0f;
-    const void *features = wide, *teacher = shard_teacher;
-    if (dtype == DDT_BF16) {
-        for (int64_t i = 0; i < T * cols; i++)
-            half[i] = ddt_f32_to_bf16(wide[i]);
-        for (int64_t i = 0; i < T * H; i++)
-            half[T * cols + i] = ddt_f32_to_bf16(shard_teacher[i]);
-        features = half;
-        teacher = half + T * cols;
-    }
     const ddt_st_entry e[] = {
         { "input_ids", DDT_I32, 1, { T }, shard_ids },
         { "loss_mask", DDT_U8, 1, { T }, shard_mask },
         { "offsets", DDT_I64, 1, { nseq + 1 }, offsets },
-        { "features", dtype, 2, { T, cols }, features },
-        { "teacher_hidden", dtype, 2, { T, H }, teacher },
+        { "features", DDT_F32, 2, { T, cols }, wide },
+        { "teacher_hidden", DDT_F32, 2, { T, H }, shard_teacher },
     };
     const char *const keys[] = { "format", "version", "hidden_size", "target_layer_ids", "vocab_size", "target" };
     const char *const values[] = { fault->format ? fault->format : "ddtree-features",
@@ -680,7 +706,6 @@ static void write_shard(const char *path, int single, ddt_dtype dtype, const sha
     char err[512] = "";
     check(ddt_st_write(path, e, fault->no_teacher ? 4 : 5, keys, values, 6, err, sizeof err) == 0,
           "writing %s: %s", path, err);
-    free(half);
     free(wide);
 }
 
@@ -766,9 +791,8 @@ static void shards_read_back(ddt_dtype dtype)
     write_heads_dir(heads, "model.embed_tokens.weight", DDT_F32, 1, "{\"model_type\": \"qwen3_5\"}");
     snprintf(paths[0], sizeof paths[0], "%s/a.safetensors", tmpdir);
     snprintf(paths[1], sizeof paths[1], "%s/b.safetensors", tmpdir);
-    const shard_fault none = { 0 };
-    write_shard(paths[0], 0, dtype, &none);
-    write_shard(paths[1], 1, dtype, &none);   /* rows [0, 4): the last sequence overall, held out */
+    write_shard(paths[0], SH_TOTAL, SH_SEQS, shard_offsets, dtype);
+    write_shard(paths[1], 4, 1, single_offsets, dtype);   /* the last sequence overall, held out */
     ddt_source_config c = shard_config(heads, paths, 2);
     ddt_source *s;
     check(ddt_source_open(&c, H, &s, err, sizeof err) == 0, "open: %s", err);
@@ -820,8 +844,7 @@ static void test_shards_tied_heads(void)
     char (*paths)[1024] = xcalloc(1, sizeof *paths);
     snprintf(heads, sizeof heads, "%s/tied", tmpdir);
     snprintf(paths[0], sizeof paths[0], "%s/a.safetensors", tmpdir);
-    const shard_fault none = { 0 };
-    write_shard(paths[0], 0, DDT_F32, &none);
+    write_shard(paths[0], SH_TOTAL, SH_SEQS, shard_offsets, DDT_F32);
     ddt_source_config c = shard_config(heads, paths, 1);
     ddt_source *s = NULL;
 
@@ -868,12 +891,17 @@ static void test_shard_errors(void)
     write_heads_dir(heads, "model.embed_tokens.weight", DDT_F32, 1, "{}");
     snprintf(paths[0], sizeof paths[0], "%s/good.safetensors", tmpdir);
     snprintf(paths[1], sizeof paths[1], "%s/bad.safetensors", tmpdir);
-    const shard_fault none = { 0 };
-    write_shard(paths[0], 0, DDT_F32, &none);
+    write_shard(paths[0], SH_TOTAL, SH_SEQS, shard_offsets, DDT_F32);
     ddt_source_config c = shard_config(heads, paths, 2);
+    /* the same file by hand without a fault: what each fault below is the only change to */
+    const shard_fault none = { 0 };
+    write_shard_by_hand(paths[1], &none);
+    ddt_source *s = NULL;
+    check(ddt_source_open(&c, H, &s, err, sizeof err) == 0, "the hand-made shard without a fault refused: %s", err);
+    ddt_source_close(s);
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        write_shard(paths[1], 0, DDT_F32, &cases[i].fault);
-        ddt_source *s = NULL;
+        write_shard_by_hand(paths[1], &cases[i].fault);
+        s = NULL;
         err[0] = 0;
         int rc = ddt_source_open(&c, H, &s, err, sizeof err);
         check(rc < 0 && !s && strstr(err, paths[1]) && strstr(err, cases[i].named),
@@ -882,6 +910,65 @@ static void test_shard_errors(void)
         if (s)
             ddt_source_close(s);
     }
+    free(paths);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Empty and one-token sequences (the offsets rule: never decreasing; training needs 2 tokens)
+ */
+
+enum { SHORT_SEQS = 6, SHORT_TOTAL = 11 };
+static const int64_t short_offsets[SHORT_SEQS + 1] = { 0, 0, 3, 4, 4, 9, 11 };   /* 0, 3, 1, 0, 5, 2 tokens */
+
+/* s (heldout 1) trains on sequences 1 and 4 only, held-out 0 being sequence 5 (2 tokens) */
+static void expect_short_skipped(ddt_source *s, const char *what)
+{
+    ddt_sequence q;
+    char err[512] = "";
+    int seen[2] = { 0, 0 };
+    for (int k = 0; k < 4 && !case_failed; k++) {   /* two epochs */
+        check(ddt_source_next(s, &q, err, sizeof err) == 0, "%s: next %d: %s", what, k, err);
+        for (int j = 0; j < 2 && !case_failed; j++) {
+            const int64_t a = short_offsets[j ? 4 : 1], S = short_offsets[(j ? 4 : 1) + 1] - a;
+            seen[j] += q.S == S && !memcmp(q.input_ids, shard_ids + a, (size_t)S * sizeof(int32_t));
+        }
+    }
+    check(seen[0] == 2 && seen[1] == 2, "%s: two epochs gave sequences 1 and 4 %d and %d times, want 2 and 2 "
+          "(and nothing else)", what, seen[0], seen[1]);
+    check(ddt_source_heldout(s, 0, &q, err, sizeof err) == 0 && q.S == 2 &&
+          !memcmp(q.input_ids, shard_ids + short_offsets[5], 2 * sizeof(int32_t)),
+          "%s: held-out 0 is not sequence 5 (2 tokens): %s", what, err);
+}
+
+static void test_short_sequences_skipped(void)
+{
+    char err[512] = "", dir[256], tokens_path[256], heads[256];
+    snprintf(dir, sizeof dir, "%s/llama_short", tmpdir);
+    snprintf(tokens_path, sizeof tokens_path, "%s/short_tokens.safetensors", tmpdir);
+    write_synthetic_llama_dir(dir, 23);
+    check(ddt_shard_tokens_write(tokens_path, shard_ids, SHORT_TOTAL, short_offsets, SHORT_SEQS, V, err,
+                                 sizeof err) == 0, "writing tokens: %s", err);
+    ddt_source_config c = tokens_config(dir, tokens_path);
+    c.heldout = 1;
+    ddt_source *s = NULL;
+    check(ddt_source_open(&c, H, &s, err, sizeof err) == 0, "a token file with empty and one-token sequences "
+          "refused: %s", err);
+    if (s)
+        expect_short_skipped(s, "token file");
+    ddt_source_close(s);
+
+    char (*paths)[1024] = xcalloc(1, sizeof *paths);
+    snprintf(heads, sizeof heads, "%s/heads_short", tmpdir);
+    write_heads_dir(heads, "model.embed_tokens.weight", DDT_F32, 1, "{}");
+    snprintf(paths[0], sizeof paths[0], "%s/short.safetensors", tmpdir);
+    write_shard(paths[0], SHORT_TOTAL, SHORT_SEQS, short_offsets, DDT_F32);
+    c = shard_config(heads, paths, 1);
+    s = NULL;
+    check(ddt_source_open(&c, H, &s, err, sizeof err) == 0, "a shard with empty and one-token sequences refused: %s",
+          err);
+    if (s)
+        expect_short_skipped(s, "shard");
+    ddt_source_close(s);
     free(paths);
 }
 
@@ -908,6 +995,8 @@ int main(void)
         { "shards: BF16 read back", test_shards_bf16 },
         { "shards: tied embed_tokens from model.language_model", test_shards_tied_heads },
         { "shards: each validation rule refused naming the file", test_shard_errors },
+        { "token file and shards: empty and one-token sequences accepted, not trained on",
+          test_short_sequences_skipped },
     };
     run_cases(cases, sizeof cases / sizeof cases[0]);
     char cmd[300];

@@ -5,7 +5,8 @@
  * a missing parent directory is an error that says so. Writes: 10,000 step records from 4
  * threads (more than the queue holds, so producers block) are all there after a flush, with
  * their step_devices rows; events, evals and checkpoints read back as written; run create
- * (duplicate: -EEXIST) and update (optional fields left alone); a step written twice (a resumed
+ * (duplicate: -EEXIST), update (optional fields left alone) and a checkpoint's update (the
+ * state left alone; the transitions are tests/test_run_state.c's); a step written twice (a resumed
  * run) replaces the first; a record the database refuses is logged as one "<3>" line, makes
  * the next flush -EIO (and only that one), and costs no other record of its batch; a separate
  * read-only connection sees commits while it holds an older snapshot (WAL); close writes what
@@ -595,6 +596,29 @@ static void test_run_update(void)
     ddt_store_close(s);
 }
 
+/* a checkpoint moves step and last_checkpoint_step, and never the state (its owner's) */
+static void test_run_checkpointed(void)
+{
+    char path[256];
+    ddt_store *s = open_fresh(path, sizeof path, "checkpointed.db", "k");
+    if (!s)
+        return;
+    check(ddt_store_run_update(s, "k", "paused", 40, 40, 2000, 1500, -1, NULL) == 0, "paused");
+    check(ddt_store_run_checkpointed(s, "k", 40, 3000) == 0, "checkpointed");
+    sqlite3 *db = open_reader(path);
+    if (db) {
+        char text[128];
+        query_text(db, "SELECT state || '|' || step || '|' || last_checkpoint_step || '|' || updated_ms || '|' || "
+                       "started_ms FROM runs WHERE id = 'k'", text, sizeof text);
+        check(strcmp(text, "paused|40|40|3000|1500") == 0, "after a checkpoint while paused: %s", text);
+        check(query_int(db, "SELECT count(*) FROM events") == 0, "a checkpoint of the row wrote an event");
+        sqlite3_close(db);
+    }
+    int rc = ddt_store_run_checkpointed(s, "nobody", 1, 1);
+    check(rc == -ENOENT, "a checkpoint of an unknown run gave %d, not -ENOENT", rc);
+    ddt_store_close(s);
+}
+
 static void test_replace_on_resume(void)
 {
     char path[256];
@@ -734,6 +758,7 @@ int main(void)
         { "events, evals and checkpoints round trip", test_events_evals_checkpoints },
         { "run create: duplicate id is -EEXIST", test_run_create_duplicate },
         { "run update: fields set, optional ones left", test_run_update },
+        { "run checkpointed: step and last checkpoint, the state left", test_run_checkpointed },
         { "a re-run step replaces the first (resume)", test_replace_on_resume },
         { "a NaN metric is stored as NULL", test_nan_is_null },
         { "a refused record: logged, flush -EIO once, batch kept", test_failure_reported },

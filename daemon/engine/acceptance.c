@@ -30,8 +30,9 @@
  *    to it. The accepted depth is the number of moves; tau_tree(K) = 1 + its mean.
  *  - A block whose slot-1 label is invalid (or with B = 1) is skipped entirely, acc_k
  *    included. A label >= V, B outside [1, DDT_MAX_SLOTS], V < 1, a budget < 1 or more than
- *    DDT_MAX_BUDGETS budgets are programming errors: they abort with the file and line, as
- *    does running out of memory for the block's working set.
+ *    DDT_MAX_BUDGETS budgets are programming errors: they end the process through ddk_fatal
+ *    (the file and line, the daemon's hook flushing its records, then abort), as does running
+ *    out of memory for the block's working set.
  *
  * Cost per block: two passes over each of the B-1 rows (a bounded min-heap of Kmax for the
  * ranks, skipping 64-token chunks that cannot enter it, then the exp sum), and O(N log N) heap
@@ -41,6 +42,7 @@
  * (which tests/test_acceptance.c relies on to compare with its brute-force tree).
  */
 #include "acceptance.h"
+#include "ddk.h"
 
 #include <float.h>
 #include <math.h>
@@ -48,23 +50,16 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define ACCEPTANCE_ABORT(...)                                         \
-    do {                                                              \
-        fprintf(stderr, "<2>%s:%d: ", __FILE__, __LINE__);            \
-        fprintf(stderr, __VA_ARGS__);                                 \
-        fputc('\n', stderr);                                          \
-        abort();                                                      \
-    } while (0)
 
 void ddt_acceptance_init(ddt_acceptance *a, const int64_t *budgets, int n_budgets)
 {
     if (n_budgets < 0 || n_budgets > DDT_MAX_BUDGETS)
-        ACCEPTANCE_ABORT("%d node budgets, at most %d", n_budgets, (int)DDT_MAX_BUDGETS);
+        ddk_fatal(__FILE__, __LINE__, "%d node budgets, at most %d", n_budgets, (int)DDT_MAX_BUDGETS);
     memset(a, 0, sizeof *a);
     a->n_budgets = n_budgets;
     for (int i = 0; i < n_budgets; i++) {
         if (budgets[i] < 1)
-            ACCEPTANCE_ABORT("node budget %lld: a tree holds at least the slot-1 argmax",
+            ddk_fatal(__FILE__, __LINE__, "node budget %lld: a tree holds at least the slot-1 argmax",
                              (long long)budgets[i]);
         a->budgets[i] = budgets[i];
     }
@@ -289,11 +284,11 @@ void ddt_acceptance_add_block(ddt_acceptance *a, const float *logits, int64_t B,
                               const int32_t *labels)
 {
     if (B < 1 || B > DDT_MAX_SLOTS || V < 1 || V > INT32_MAX)
-        ACCEPTANCE_ABORT("block of %lld slots over %lld tokens: slots in [1, %d], tokens in "
+        ddk_fatal(__FILE__, __LINE__, "block of %lld slots over %lld tokens: slots in [1, %d], tokens in "
                          "[1, 2^31)", (long long)B, (long long)V, (int)DDT_MAX_SLOTS);
     for (int64_t k = 1; k < B; k++)
         if (labels[k] >= V)
-            ACCEPTANCE_ABORT("label %d at slot %lld is outside the vocabulary of %lld",
+            ddk_fatal(__FILE__, __LINE__, "label %d at slot %lld is outside the vocabulary of %lld",
                              (int)labels[k], (long long)k, (long long)V);
     if (B < 2 || labels[1] < 0)
         return;
@@ -305,7 +300,7 @@ void ddt_acceptance_add_block(ddt_acceptance *a, const float *logits, int64_t B,
     const int64_t Kmax = max_budget < V ? max_budget : V;
     const int64_t N = a->n_budgets > 0 ? possible_nodes(B, Kmax, max_budget) : 0;
     if (N > INT32_MAX)
-        ACCEPTANCE_ABORT("a tree of %lld nodes: node budgets are below 2^31", (long long)N);
+        ddk_fatal(__FILE__, __LINE__, "a tree of %lld nodes: node budgets are below 2^31", (long long)N);
 
     /* one allocation, widest members first */
     const size_t logp_bytes = (size_t)(S * Kmax) * sizeof(double),
@@ -315,7 +310,7 @@ void ddt_acceptance_add_block(ddt_acceptance *a, const float *logits, int64_t B,
                  token_bytes = (size_t)(S * Kmax) * sizeof(int32_t);
     char *base = malloc(logp_bytes + node_bytes + heap_bytes + rank_bytes + token_bytes);
     if (!base)
-        ACCEPTANCE_ABORT("out of memory for a block of %lld slots and %lld ranks", (long long)B,
+        ddk_fatal(__FILE__, __LINE__, "out of memory for a block of %lld slots and %lld ranks", (long long)B,
                          (long long)Kmax);
     double *logp = (double *)base;                                    /* (S, Kmax) */
     tree_build tree = { .nodes = (tree_node *)(base + logp_bytes) };  /* (N) */
@@ -376,7 +371,7 @@ void ddt_acceptance_add_block(ddt_acceptance *a, const float *logits, int64_t B,
 double ddt_acceptance_acc(const ddt_acceptance *a, int64_t k)
 {
     if (k < 0 || k >= DDT_MAX_SLOTS)
-        ACCEPTANCE_ABORT("slot %lld outside [0, %d)", (long long)k, (int)DDT_MAX_SLOTS);
+        ddk_fatal(__FILE__, __LINE__, "slot %lld outside [0, %d)", (long long)k, (int)DDT_MAX_SLOTS);
     return a->slot_count[k] > 0 ? (double)a->slot_correct[k] / (double)a->slot_count[k] : 0.0;
 }
 
@@ -388,6 +383,6 @@ double ddt_acceptance_tau_chain(const ddt_acceptance *a)
 double ddt_acceptance_tau_tree(const ddt_acceptance *a, int i)
 {
     if (i < 0 || i >= a->n_budgets)
-        ACCEPTANCE_ABORT("budget %d of %d", i, a->n_budgets);
+        ddk_fatal(__FILE__, __LINE__, "budget %d of %d", i, a->n_budgets);
     return a->blocks > 0 ? 1.0 + a->tree_sum[i] / (double)a->blocks : 1.0;
 }

@@ -8,6 +8,7 @@
  * Legend: S tokens in the sequence, A anchors per sequence, n candidates.
  */
 #include "batch.h"
+#include "ddk.h"
 #include "ddk_rng.h"
 
 #include <stdio.h>
@@ -45,9 +46,7 @@ int64_t ddt_sample_anchors(const uint8_t *loss_mask, int64_t S, int64_t A, uint6
     if (S >= 2) {
         candidates = malloc((size_t)(S - 1) * sizeof(*candidates));
         if (!candidates) {
-            fprintf(stderr, "<2>%s:%d: out of memory for %lld anchor candidates\n", __FILE__, __LINE__,
-                    (long long)(S - 1));
-            abort();
+            ddk_fatal(__FILE__, __LINE__, "out of memory for %lld anchor candidates", (long long)(S - 1));
         }
         for (int64_t p = 0; p + 1 < S; p++)
             if (loss_mask[p] && loss_mask[p + 1])

@@ -7,18 +7,23 @@
  * checkpoint step, or an earlier export) is renamed aside, the new one renamed in, the parent
  * fsynced, and only then the old one removed. Checkpoint temporaries are named ".tmp-*" inside
  * RUN_DIR/checkpoints/: ddt_checkpoint_latest skips them and the next write removes them.
+ * state.json is written and read here only (ddt_checkpoint_meta); its drafter is the export's
+ * config.json object, one table of keys (drafter_keys) for the export, the write and the read.
  *
- * Not here: several writers on one run directory (one trainer owns it), what state.json holds
- * (the trainer's, opaque text), sharded or compressed exports (a drafter is a few GB at most),
- * removing an export's temporaries left by a crash (they sit next to a directory the user
- * named, so nothing there is deleted by pattern).
+ * Not here: several writers on one run directory (one trainer owns it), what the run config
+ * in state.json says (run_config.c's; parsed here only to read the first form of state.json),
+ * sharded or compressed exports (a drafter is a few GB at most), removing an export's
+ * temporaries left by a crash (they sit next to a directory the user named, so nothing there
+ * is deleted by pattern).
  * Tested by tests/test_checkpoint.c.
  *
  * Legend: P floats in all parameters (the table's total), n entries of the parameter table.
  */
 #include "errors.h"
 #include "checkpoint.h"
+#include "json_fields.h"
 #include "model_config.h"
+#include "run_config.h"
 #include "safetensors.h"
 
 #include <cjson/cJSON.h>
@@ -26,8 +31,11 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <float.h>
 #include <ftw.h>
+#include <math.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,9 +43,11 @@
 #include <unistd.h>
 
 enum { CKPT_PATH_MAX = 4096, CKPT_NAME_MAX = 96 };
-/* state.json is the trainer's state (config, cursor, RNG): kilobytes; the cap only stops a
+/* state.json is kilobytes (the run config, the drafter's keys); the cap only stops a
  * corrupted file from being read whole. */
 #define CKPT_STATE_JSON_MAX (64u << 20)
+/* state.json's "version"; the first form had none (and "resolved" for "drafter") */
+enum { STATE_VERSION = 2 };
 
 static const char *const state_prefix[3] = { "param.", "adam_m.", "adam_v." };
 static const char step_tensor[] = "adam_step";
@@ -275,6 +285,412 @@ static void remove_stale_temporaries(const char *ckdir)
 }
 
 /* ------------------------------------------------------------------------------------------
+ * The drafter in the export's config.json form (SPEC.md section 5): the export's config.json
+ * and state.json's "drafter" are this one object, written by drafter_json and read back (from
+ * state.json) by drafter_from_json, both walking drafter_keys.
+ */
+
+typedef enum { KEY_INT, KEY_FLOAT, KEY_TEXT, KEY_TEXTS, KEY_LAYER_TYPES, KEY_DFLASH, KEY_NULL, KEY_FALSE } key_kind;
+
+typedef struct drafter_key {
+    const char *key;
+    key_kind kind;
+    size_t offset;       /* KEY_INT: of an int64_t, KEY_FLOAT: of a float, in ddt_drafter_config */
+    const char *text;    /* KEY_TEXT: the value; KEY_TEXTS: the list's one entry */
+} drafter_key;
+
+#define INT_KEY(name, field) { name, KEY_INT, offsetof(ddt_drafter_config, field), NULL }
+#define FLOAT_KEY(name, field) { name, KEY_FLOAT, offsetof(ddt_drafter_config, field), NULL }
+
+/* In the order written (num_hidden_layers before layer_types, which it sizes); integers in
+ * [0, 2^53], their ranges ddt_drafter_config_check's. A key added here changes state.json's
+ * form: bump STATE_VERSION and keep reading the one before. */
+static const drafter_key drafter_keys[] = {
+    { "architectures", KEY_TEXTS, 0, "DFlashDraftModel" },
+    { "model_type", KEY_TEXT, 0, "qwen3" },
+    INT_KEY("hidden_size", hidden),
+    INT_KEY("num_hidden_layers", layers),
+    INT_KEY("num_attention_heads", heads),
+    INT_KEY("num_key_value_heads", kv_heads),
+    INT_KEY("head_dim", head_dim),
+    INT_KEY("intermediate_size", intermediate),
+    FLOAT_KEY("rms_norm_eps", rms_norm_eps),
+    FLOAT_KEY("rope_theta", rope_theta),
+    { "layer_types", KEY_LAYER_TYPES, 0, NULL },
+    INT_KEY("sliding_window", sliding_window),
+    INT_KEY("block_size", block_size),
+    INT_KEY("num_target_layers", num_target_layers),
+    { "dflash_config", KEY_DFLASH, 0, NULL },
+    { "rope_scaling", KEY_NULL, 0, NULL },
+    { "tie_word_embeddings", KEY_FALSE, 0, NULL },
+    { "attention_bias", KEY_FALSE, 0, NULL },
+    { "hidden_act", KEY_TEXT, 0, "silu" },
+    INT_KEY("vocab_size", vocab),
+};
+enum { DRAFTER_KEYS = sizeof drafter_keys / sizeof drafter_keys[0] };
+static const char *const dflash_keys[] = { "mask_token_id", "target_layer_ids", NULL };   /* in order */
+/* integers a JSON number (a double) holds exactly */
+static const int64_t json_int_max = (int64_t)1 << 53;
+
+/* The shortest decimal that reads back as x, as the double a JSON reader gets from it (cJSON
+ * prints that double with those digits): rms_norm_eps 1e-6f is written 1e-06, not
+ * 9.9999999747524271e-07, and (float) of what is read back is x again. */
+static double float_for_json(float x)
+{
+    char text[32];
+    for (int digits = 1; digits <= 9; digits++) {
+        snprintf(text, sizeof text, "%.*g", digits, (double)x);
+        double back = strtod(text, NULL);
+        if ((float)back == x)
+            return back;
+    }
+    return (double)x;   /* not reached: 9 significant digits always identify a float */
+}
+
+/* the value of key k for c: NULL when out of memory */
+static cJSON *drafter_value(const ddt_drafter_config *c, const drafter_key *k)
+{
+    const char *field = (const char *)c + k->offset;
+    cJSON *v = NULL;
+    int ok = 1;
+    switch (k->kind) {
+    case KEY_INT:
+        return cJSON_CreateNumber((double)*(const int64_t *)field);
+    case KEY_FLOAT:
+        return cJSON_CreateNumber(float_for_json(*(const float *)field));
+    case KEY_TEXT:
+        return cJSON_CreateString(k->text);
+    case KEY_TEXTS:
+        return cJSON_CreateStringArray(&k->text, 1);
+    case KEY_NULL:
+        return cJSON_CreateNull();
+    case KEY_FALSE:
+        return cJSON_CreateFalse();
+    case KEY_LAYER_TYPES:
+        ok = (v = cJSON_CreateArray()) != NULL;
+        for (int64_t i = 0; ok && i < c->layers; i++)
+            ok = cJSON_AddItemToArray(v, cJSON_CreateString(c->sliding[i] ? "sliding_attention" : "full_attention"));
+        break;
+    case KEY_DFLASH:
+        ok = (v = cJSON_CreateObject()) != NULL && cJSON_AddNumberToObject(v, dflash_keys[0], (double)c->mask_token_id);
+        ok = ok && cJSON_AddItemToObject(v, dflash_keys[1], cJSON_CreateIntArray(c->target_layer_ids, (int)c->taps));
+        break;
+    }
+    if (!ok) {
+        cJSON_Delete(v);
+        v = NULL;
+    }
+    return v;
+}
+
+/* c as the export's config.json object: NULL when out of memory */
+static cJSON *drafter_json(const ddt_drafter_config *c)
+{
+    cJSON *o = cJSON_CreateObject();
+    for (int i = 0; o && i < DRAFTER_KEYS; i++) {
+        cJSON *v = drafter_value(c, &drafter_keys[i]);
+        if (!v || !cJSON_AddItemToObject(o, drafter_keys[i].key, v)) {
+            cJSON_Delete(v);
+            cJSON_Delete(o);
+            o = NULL;
+        }
+    }
+    return o;
+}
+
+/* o printed, with the final newline a text file ends with: malloc'd, NULL when out of memory.
+ * o is deleted. */
+static char *json_text(cJSON *o)
+{
+    char *printed = o ? cJSON_Print(o) : NULL;
+    cJSON_Delete(o);
+    if (!printed)
+        return NULL;
+    size_t len = strlen(printed);
+    char *text = malloc(len + 2);
+    if (text) {
+        memcpy(text, printed, len);
+        memcpy(text + len, "\n", 2);
+    }
+    cJSON_free(printed);
+    return text;
+}
+
+/* obj's key as an object (*out): 0, or -EINVAL naming it */
+static int object_key(const ddt_json_ctx *j, const cJSON *obj, const char *key, const cJSON **out)
+{
+    *out = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (!*out)
+        return ddt_json_fail(j, key, "is missing");
+    return cJSON_IsObject(*out) ? 0 : ddt_json_fail(j, key, "must be an object");
+}
+
+/* obj's key as a string (*out, inside obj): 0, or -EINVAL naming it */
+static int text_key(const ddt_json_ctx *j, const cJSON *obj, const char *key, const char **out)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    *out = cJSON_GetStringValue(v);
+    if (!v)
+        return ddt_json_fail(j, key, "is missing");
+    return *out ? 0 : ddt_json_fail(j, key, "must be a string");
+}
+
+/* obj's mask_token_id and target_layer_ids (dflash_config, or the first form's "resolved") */
+static int read_dflash(const ddt_json_ctx *j, const cJSON *obj, ddt_drafter_config *d)
+{
+    int64_t mask = 0;
+    int rc = ddt_json_int(j, obj, dflash_keys[0], 0, INT32_MAX, 0, 0, &mask);
+    d->mask_token_id = (int32_t)mask;
+    const cJSON *ids = cJSON_GetObjectItemCaseSensitive(obj, dflash_keys[1]);
+    int n = cJSON_IsArray(ids) ? cJSON_GetArraySize(ids) : 0;
+    if (!rc && !ids)
+        rc = ddt_json_fail(j, dflash_keys[1], "is missing");
+    else if (!rc && (n < 1 || n > DDT_MAX_TAPS))
+        rc = ddt_json_fail(j, dflash_keys[1], "must be a list of 1 to 64 layer ids");
+    d->taps = n;
+    for (int i = 0; !rc && i < n; i++) {
+        const cJSON *v = cJSON_GetArrayItem(ids, i);
+        double x = cJSON_IsNumber(v) ? v->valuedouble : -1.0;
+        if (x != floor(x) || x < 0 || x > INT32_MAX)
+            rc = ddt_json_fail(j, dflash_keys[1], "entries must be integers in [0, 2^31)");
+        else
+            d->target_layer_ids[i] = (int32_t)x;
+    }
+    return rc;
+}
+
+/* o's key k into d: present, of its type, a fixed one with its value */
+static int read_drafter_key(const ddt_json_ctx *j, const cJSON *o, const drafter_key *k, ddt_drafter_config *d)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k->key);
+    char *field = (char *)d + k->offset, what[96];
+    double x;
+    if (!v)
+        return ddt_json_fail(j, k->key, "is missing");
+    switch (k->kind) {
+    case KEY_INT:
+        return ddt_json_int(j, o, k->key, 0, json_int_max, 0, 0, (int64_t *)field);
+    case KEY_FLOAT: {
+        int rc = ddt_json_number(j, o, k->key, 0.0, 1, FLT_MAX, 0, 0, &x);
+        *(float *)field = (float)x;
+        return rc;
+    }
+    case KEY_TEXT:
+        snprintf(what, sizeof what, "must be \"%s\"", k->text);
+        return cJSON_IsString(v) && !strcmp(v->valuestring, k->text) ? 0 : ddt_json_fail(j, k->key, what);
+    case KEY_TEXTS:
+        snprintf(what, sizeof what, "must be [\"%s\"]", k->text);
+        return cJSON_IsArray(v) && cJSON_GetArraySize(v) == 1 && cJSON_IsString(cJSON_GetArrayItem(v, 0)) &&
+                       !strcmp(cJSON_GetArrayItem(v, 0)->valuestring, k->text)
+                   ? 0
+                   : ddt_json_fail(j, k->key, what);
+    case KEY_NULL:
+        return cJSON_IsNull(v) ? 0 : ddt_json_fail(j, k->key, "must be null");
+    case KEY_FALSE:
+        return cJSON_IsFalse(v) ? 0 : ddt_json_fail(j, k->key, "must be false");
+    case KEY_LAYER_TYPES:
+        if (!cJSON_IsArray(v) || cJSON_GetArraySize(v) != d->layers)
+            return ddt_json_fail(j, k->key, "must be a list of num_hidden_layers strings");
+        for (int i = 0; i < d->layers; i++) {
+            const char *t = cJSON_GetStringValue(cJSON_GetArrayItem(v, i));
+            d->sliding[i] = t && !strcmp(t, "sliding_attention");
+            if (!d->sliding[i] && (!t || strcmp(t, "full_attention")))
+                return ddt_json_fail(j, k->key, "entries must be \"full_attention\" or \"sliding_attention\"");
+        }
+        return 0;
+    case KEY_DFLASH: {
+        char where[CKPT_PATH_MAX];
+        snprintf(where, sizeof where, "%s.%s", j->path, k->key);
+        ddt_json_ctx inner = { where, j->err, j->err_len };
+        if (!cJSON_IsObject(v))
+            return ddt_json_fail(j, k->key, "must be an object");
+        int rc = ddt_json_only(&inner, v, dflash_keys);
+        return rc ? rc : read_dflash(&inner, v, d);
+    }
+    }
+    return ddt_json_fail(j, k->key, "has a kind this reader does not know");   /* not reached */
+}
+
+static const drafter_key *find_drafter_key(const char *key)
+{
+    for (int i = 0; i < DRAFTER_KEYS; i++)
+        if (!strcmp(drafter_keys[i].key, key))
+            return &drafter_keys[i];
+    return NULL;
+}
+
+/* d checked as a whole (ddt_drafter_config_check): 0, or -EINVAL with err = "WHERE: why" */
+static int check_drafter(const ddt_json_ctx *j, const ddt_drafter_config *d)
+{
+    char why[512];
+    if (ddt_drafter_config_check(d, why, sizeof why))
+        return fail(j->err, j->err_len, -EINVAL, "%s: %s", j->path, why);
+    return 0;
+}
+
+/* The export's config.json object o into *c: every key of drafter_keys present with its type
+ * (the fixed ones with their value), no other, and the whole passing ddt_drafter_config_check.
+ * j->path says where o is. 0, or -EINVAL with err = "WHERE: key what"; *c untouched then. */
+static int drafter_from_json(const ddt_json_ctx *j, const cJSON *o, ddt_drafter_config *c)
+{
+    ddt_drafter_config d;
+    memset(&d, 0, sizeof d);
+    int rc = 0;
+    for (const cJSON *item = o->child; !rc && item; item = item->next)
+        if (!find_drafter_key(item->string))
+            rc = ddt_json_fail(j, item->string, "is not a key of the export's config.json");
+    for (int i = 0; !rc && i < DRAFTER_KEYS; i++)
+        rc = read_drafter_key(j, o, &drafter_keys[i], &d);
+    if (!rc && !(rc = check_drafter(j, &d)))
+        *c = d;
+    return rc;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * state.json: a ddt_checkpoint_meta (docs/formats.md). Every key checked at read; the first
+ * form (no "version") is read too: its drafter is the run config's, completed by "resolved".
+ */
+
+static const struct meta_int {
+    const char *key;
+    size_t offset;   /* of an int64_t in ddt_checkpoint_meta */
+    int64_t lo;      /* and json_int_max */
+} meta_ints[] = {
+    { "step", offsetof(ddt_checkpoint_meta, step), 0 },
+    { "cursor", offsetof(ddt_checkpoint_meta, cursor), 0 },
+    { "chunk", offsetof(ddt_checkpoint_meta, chunk), 1 },
+    { "vocab_tile", offsetof(ddt_checkpoint_meta, vocab_tile), 0 },
+};
+enum { META_INTS = sizeof meta_ints / sizeof meta_ints[0] };
+static const char *const state_keys[] = { "version", "run_id", "step", "cursor", "chunk", "vocab_tile",
+                                          "config", "drafter", NULL };
+static const char *const first_state_keys[] = { "run_id", "step", "cursor", "chunk", "vocab_tile", "config",
+                                                "resolved", NULL };
+/* what the first form's run config left to the target */
+static const char *const resolved_keys[] = { "hidden_size", "vocab_size", "num_target_layers", "mask_token_id",
+                                             "target_layer_ids", NULL };
+
+static int64_t *meta_int(const ddt_checkpoint_meta *m, int i)
+{
+    return (int64_t *)((const char *)m + meta_ints[i].offset);
+}
+
+void ddt_checkpoint_meta_free(ddt_checkpoint_meta *meta)
+{
+    if (!meta)
+        return;
+    free(meta->config_json);
+    meta->config_json = NULL;
+}
+
+/* A meta the reader would refuse is refused before anything is written. */
+static int check_meta(const ddt_checkpoint_meta *m, char *err, size_t err_len)
+{
+    if (!m->config_json || !memchr(m->run_id, '\0', sizeof m->run_id))
+        return fail(err, err_len, -EINVAL, "checkpoint: meta needs a run config and a run id of < 40 characters");
+    for (int i = 0; i < META_INTS; i++) {
+        int64_t v = *meta_int(m, i);
+        if (v < meta_ints[i].lo || v > json_int_max)
+            return fail(err, err_len, -EINVAL, "checkpoint: %s must be in [%lld, 2^53] (got %lld)", meta_ints[i].key,
+                        (long long)meta_ints[i].lo, (long long)v);
+    }
+    /* the drafter as the reader will see it: what it would refuse is refused now */
+    ddt_drafter_config back;
+    cJSON *o = drafter_json(&m->drafter);
+    int rc = o ? drafter_from_json(&(ddt_json_ctx){ "checkpoint: drafter", err, err_len }, o, &back)
+               : fail(err, err_len, -ENOMEM, "checkpoint: out of memory");
+    cJSON_Delete(o);
+    return rc;
+}
+
+/* state.json's text for m: malloc'd, NULL when out of memory */
+static char *meta_text(const ddt_checkpoint_meta *m)
+{
+    cJSON *o = cJSON_CreateObject();
+    int ok = o && cJSON_AddNumberToObject(o, "version", STATE_VERSION) && cJSON_AddStringToObject(o, "run_id", m->run_id);
+    for (int i = 0; ok && i < META_INTS; i++)
+        ok = cJSON_AddNumberToObject(o, meta_ints[i].key, (double)*meta_int(m, i)) != NULL;
+    ok = ok && cJSON_AddStringToObject(o, "config", m->config_json);
+    cJSON *drafter = ok ? drafter_json(&m->drafter) : NULL;
+    if (!drafter || !cJSON_AddItemToObject(o, "drafter", drafter)) {
+        cJSON_Delete(drafter);
+        cJSON_Delete(o);
+        return NULL;
+    }
+    return json_text(o);
+}
+
+/* The first form's drafter: the run config's drafter (parsed from `config`), completed by
+ * root's "resolved" object. */
+static int first_form_drafter(const ddt_json_ctx *j, const cJSON *root, const char *config, ddt_drafter_config *d)
+{
+    const cJSON *resolved;
+    int rc = object_key(j, root, "resolved", &resolved);
+    if (rc)
+        return rc;
+    char where[CKPT_PATH_MAX], why[1024], field[160];
+    snprintf(where, sizeof where, "%s: resolved", j->path);
+    ddt_json_ctx r = { where, j->err, j->err_len };
+    if ((rc = ddt_json_only(&r, resolved, resolved_keys)))
+        return rc;
+    ddt_run_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    if (ddt_run_config_parse(config, strlen(config), &cfg, why, sizeof why, field, sizeof field))
+        rc = fail(j->err, j->err_len, -EINVAL, "%s: config: %s", j->path, why);
+    *d = cfg.drafter;
+    ddt_run_config_free(&cfg);
+    for (int i = 0; !rc && i < 3; i++)   /* hidden_size, vocab_size, num_target_layers */
+        rc = read_drafter_key(&r, resolved, find_drafter_key(resolved_keys[i]), d);
+    if (!rc)
+        rc = read_dflash(&r, resolved, d);
+    return rc ? rc : check_drafter(&r, d);
+}
+
+int ddt_checkpoint_read_meta(const char *ckpt_dir, ddt_checkpoint_meta *meta, char *err, size_t err_len)
+{
+    if (!ckpt_dir || !meta)
+        return fail(err, err_len, -EINVAL, "checkpoint: a required argument is NULL");
+    char path[CKPT_PATH_MAX], where[CKPT_PATH_MAX + 16];
+    if (path_join(path, sizeof path, "%s/state.json", ckpt_dir))
+        return fail(err, err_len, -ENAMETOOLONG, "%s: path too long", ckpt_dir);
+    cJSON *root = ddt_json_parse_file(path, CKPT_STATE_JSON_MAX, err, err_len);
+    if (!root)
+        return -EINVAL;
+    ddt_json_ctx j = { path, err, err_len };
+    ddt_checkpoint_meta m;
+    memset(&m, 0, sizeof m);
+    int64_t version = 1;   /* the first form had no "version" */
+    int rc = 0;
+    if (cJSON_GetObjectItemCaseSensitive(root, "version") &&
+        ddt_json_int(&j, root, "version", STATE_VERSION, STATE_VERSION, 0, 0, &version))
+        rc = ddt_json_fail(&j, "version", "must be 2 (this build reads that and the first form, without one)");
+    if (!rc)
+        rc = ddt_json_only(&j, root, version == 1 ? first_state_keys : state_keys);
+    const char *run_id = NULL, *config = NULL;
+    if (!rc && !(rc = text_key(&j, root, "run_id", &run_id)) && strlen(run_id) >= sizeof m.run_id)
+        rc = ddt_json_fail(&j, "run_id", "must be shorter than 40 characters");
+    for (int i = 0; !rc && i < META_INTS; i++)
+        rc = ddt_json_int(&j, root, meta_ints[i].key, meta_ints[i].lo, json_int_max, 0, 0, meta_int(&m, i));
+    if (!rc)
+        rc = text_key(&j, root, "config", &config);
+    const cJSON *drafter = NULL;
+    if (!rc && version == 1)
+        rc = first_form_drafter(&j, root, config, &m.drafter);
+    else if (!rc && !(rc = object_key(&j, root, "drafter", &drafter))) {
+        snprintf(where, sizeof where, "%s: drafter", path);
+        rc = drafter_from_json(&(ddt_json_ctx){ where, err, err_len }, drafter, &m.drafter);
+    }
+    if (!rc && !(m.config_json = strdup(config)))
+        rc = fail(err, err_len, -ENOMEM, "%s: out of memory", path);
+    if (!rc) {
+        snprintf(m.run_id, sizeof m.run_id, "%s", run_id);
+        *meta = m;
+    }
+    cJSON_Delete(root);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------------------------
  * state.safetensors
  */
 
@@ -286,7 +702,7 @@ static int param_table(const ddt_drafter_config *c, ddt_param **table, int64_t *
 }
 
 static int write_state(const char *tmp, const ddt_drafter_config *c, const float *params,
-                       const ddt_adamw_state *adam, const char *state_json, char *err, size_t err_len)
+                       const ddt_adamw_state *adam, const char *state_text, char *err, size_t err_len)
 {
     ddt_param *table;
     int64_t total;
@@ -318,7 +734,7 @@ static int write_state(const char *tmp, const ddt_drafter_config *c, const float
     if (rc == 0)
         rc = ddt_st_write(path, entries, 3 * n + 1, keys, values, 2, err, err_len);
     if (rc == 0 && !(rc = path_join(path, sizeof path, "%s/state.json", tmp)))
-        rc = write_text_file(path, state_json, err, err_len);
+        rc = write_text_file(path, state_text, err, err_len);
     if (rc == -ENAMETOOLONG)
         fail(err, err_len, rc, "%s: path too long", tmp);
 done:
@@ -332,23 +748,23 @@ done:
  * Checkpoints
  */
 
-int ddt_checkpoint_write(const char *run_dir, int64_t step, const ddt_drafter_config *c,
-                         const float *params, const ddt_adamw_state *adam, const char *state_json,
-                         int keep, char *path_out, size_t path_len, int64_t *bytes_out,
-                         char *err, size_t err_len)
+int ddt_checkpoint_write(const char *run_dir, const ddt_checkpoint_meta *meta, const float *params,
+                         const ddt_adamw_state *adam, int keep, char *path_out, size_t path_len,
+                         int64_t *bytes_out, char *err, size_t err_len)
 {
     if (path_out && path_len > 0)
         path_out[0] = '\0';
     if (bytes_out)
         *bytes_out = 0;
-    if (!run_dir || !c || !params || !adam || !adam->m || !adam->v || !state_json)
+    if (!run_dir || !meta || !params || !adam || !adam->m || !adam->v)
         return fail(err, err_len, -EINVAL, "checkpoint: a required argument is NULL");
-    if (step < 0 || keep < 1)
-        return fail(err, err_len, -EINVAL, "checkpoint: step must be >= 0 and keep >= 1 (got %lld, %d)",
-                    (long long)step, keep);
-    char why[512];
-    if (ddt_drafter_config_check(c, why, sizeof why))
-        return fail(err, err_len, -EINVAL, "checkpoint: %s", why);
+    if (keep < 1)
+        return fail(err, err_len, -EINVAL, "checkpoint: keep must be >= 1 (got %d)", keep);
+    int rc = check_meta(meta, err, err_len);
+    if (rc != 0)
+        return rc;
+    const ddt_drafter_config *c = &meta->drafter;
+    const int64_t step = meta->step;
     struct stat st;
     if (stat(run_dir, &st) != 0)
         return fail(err, err_len, -errno, "%s: run directory: %s", run_dir, strerror(errno));
@@ -368,7 +784,7 @@ int ddt_checkpoint_write(const char *run_dir, int64_t step, const ddt_drafter_co
         return fail(err, err_len, -ENAMETOOLONG, "%s: longer than path_out (%zu bytes)", final, path_len);
 
     if (mkdir(ckdir, 0755) == 0) {
-        int rc = ddt_fsync_dir(run_dir);
+        rc = ddt_fsync_dir(run_dir);
         if (rc != 0)
             return fail(err, err_len, rc, "%s: fsync after creating checkpoints/: %s", run_dir, strerror(-rc));
     } else if (errno != EEXIST) {
@@ -378,9 +794,16 @@ int ddt_checkpoint_write(const char *run_dir, int64_t step, const ddt_drafter_co
     }
     remove_stale_temporaries(ckdir);
 
-    if (mkdir(tmp, 0755) != 0)
-        return fail(err, err_len, -errno, "%s: cannot create: %s", tmp, strerror(errno));
-    int rc = write_state(tmp, c, params, adam, state_json, err, err_len);
+    char *state_text = meta_text(meta);
+    if (!state_text)
+        return fail(err, err_len, -ENOMEM, "%s: out of memory for state.json", final);
+    rc = mkdir(tmp, 0755) != 0 ? fail(err, err_len, -errno, "%s: cannot create: %s", tmp, strerror(errno)) : 0;
+    if (rc != 0) {
+        free(state_text);
+        return rc;
+    }
+    rc = write_state(tmp, c, params, adam, state_text, err, err_len);
+    free(state_text);
     if (rc == 0 && (rc = ddt_fsync_dir(tmp)) != 0)
         fail(err, err_len, rc, "%s: fsync: %s", tmp, strerror(-rc));
     if (rc == 0)
@@ -503,11 +926,9 @@ static int check_state(const ddt_st_file *f, const ddt_param *table, int n, char
 }
 
 int ddt_checkpoint_read(const char *ckpt_dir, const ddt_drafter_config *c, float *params,
-                        ddt_adamw_state *adam, char **state_json, char *err, size_t err_len)
+                        ddt_adamw_state *adam, ddt_checkpoint_meta *meta, char *err, size_t err_len)
 {
-    if (state_json)
-        *state_json = NULL;
-    if (!ckpt_dir || !c || !params || !adam || !adam->m || !adam->v)
+    if (!ckpt_dir || !c || !params || (adam && (!adam->m || !adam->v)))
         return fail(err, err_len, -EINVAL, "checkpoint: a required argument is NULL");
     char why[512], path[CKPT_PATH_MAX];
     if (ddt_drafter_config_check(c, why, sizeof why))
@@ -521,29 +942,26 @@ int ddt_checkpoint_read(const char *ckpt_dir, const ddt_drafter_config *c, float
     ddt_param *table;
     int64_t total;
     int n = param_table(c, &table, &total);
-    char *text = NULL;
+    ddt_checkpoint_meta read_meta;
     if (n < 0)
         rc = fail(err, err_len, -ENOMEM, "%s: out of memory", path);
     if (rc == 0)
         rc = check_state(&f, table, n, err, err_len);
-    if (rc == 0 && state_json) {   /* before any output is written: a failure leaves them as they were */
-        if (path_join(path, sizeof path, "%s/state.json", ckpt_dir))
-            rc = fail(err, err_len, -ENAMETOOLONG, "%s: path too long", ckpt_dir);
-        else if (!(text = ddt_read_text_file(path, CKPT_STATE_JSON_MAX, err, err_len)))
-            rc = -EINVAL;
-    }
+    if (rc == 0 && meta)   /* before any output is written: a failure leaves them as they were */
+        rc = ddt_checkpoint_read_meta(ckpt_dir, &read_meta, err, err_len);
     if (rc == 0) {
-        float *family[3] = { params, adam->m, adam->v };   /* (P) each */
-        for (int k = 0; k < 3; k++)
+        float *family[3] = { params, adam ? adam->m : NULL, adam ? adam->v : NULL };   /* (P) each */
+        for (int k = 0; k < 3 && family[k]; k++)
             for (int i = 0; i < n; i++) {
                 char name[CKPT_NAME_MAX];
                 snprintf(name, sizeof name, "%s%s", state_prefix[k], table[i].name);
                 const ddt_st_tensor *t = ddt_st_find(&f, name);
                 memcpy(family[k] + table[i].offset, t->data, (size_t)table[i].numel * sizeof(float));
             }
-        memcpy(&adam->step, ddt_st_find(&f, step_tensor)->data, sizeof adam->step);
-        if (state_json)
-            *state_json = text;
+        if (adam)
+            memcpy(&adam->step, ddt_st_find(&f, step_tensor)->data, sizeof adam->step);
+        if (meta)
+            *meta = read_meta;
     }
     free(table);
     ddt_st_close(&f);
@@ -554,79 +972,12 @@ int ddt_checkpoint_read(const char *ckpt_dir, const ddt_drafter_config *c, float
  * The serving export
  */
 
-/* The shortest decimal that reads back as x, as the double a JSON reader gets from it (cJSON
- * prints that double with those digits): rms_norm_eps 1e-6f is written 1e-06, not
- * 9.9999999747524271e-07, and (float) of what is read back is x again. */
-static double float_for_json(float x)
-{
-    char text[32];
-    for (int digits = 1; digits <= 9; digits++) {
-        snprintf(text, sizeof text, "%.*g", digits, (double)x);
-        double back = strtod(text, NULL);
-        if ((float)back == x)
-            return back;
-    }
-    return (double)x;   /* not reached: 9 significant digits always identify a float */
-}
-
-/* config.json of the export (SPEC.md section 5): malloc'd text, NULL when out of memory */
-static char *export_config_text(const ddt_drafter_config *c)
-{
-    cJSON *root = cJSON_CreateObject();
-    int ok = root != NULL;
-    cJSON *arch = ok ? cJSON_AddArrayToObject(root, "architectures") : NULL;
-    ok = ok && arch && cJSON_AddItemToArray(arch, cJSON_CreateString("DFlashDraftModel"));
-    ok = ok && cJSON_AddStringToObject(root, "model_type", "qwen3");
-    const struct {
-        const char *key;
-        int64_t value;
-    } sizes[] = {
-        { "hidden_size", c->hidden },         { "num_hidden_layers", c->layers },
-        { "num_attention_heads", c->heads },  { "num_key_value_heads", c->kv_heads },
-        { "head_dim", c->head_dim },          { "intermediate_size", c->intermediate },
-    };
-    for (size_t i = 0; ok && i < sizeof sizes / sizeof sizes[0]; i++)
-        ok = cJSON_AddNumberToObject(root, sizes[i].key, (double)sizes[i].value) != NULL;
-    ok = ok && cJSON_AddNumberToObject(root, "rms_norm_eps", float_for_json(c->rms_norm_eps));
-    ok = ok && cJSON_AddNumberToObject(root, "rope_theta", float_for_json(c->rope_theta));
-    cJSON *types = ok ? cJSON_AddArrayToObject(root, "layer_types") : NULL;
-    ok = ok && types;
-    for (int64_t i = 0; ok && i < c->layers; i++)
-        ok = cJSON_AddItemToArray(types, cJSON_CreateString(c->sliding[i] ? "sliding_attention" : "full_attention"));
-    ok = ok && cJSON_AddNumberToObject(root, "sliding_window", (double)c->sliding_window);
-    ok = ok && cJSON_AddNumberToObject(root, "block_size", (double)c->block_size);
-    ok = ok && cJSON_AddNumberToObject(root, "num_target_layers", (double)c->num_target_layers);
-    cJSON *dflash = ok ? cJSON_AddObjectToObject(root, "dflash_config") : NULL;
-    ok = ok && dflash && cJSON_AddNumberToObject(dflash, "mask_token_id", (double)c->mask_token_id);
-    cJSON *ids = ok ? cJSON_AddArrayToObject(dflash, "target_layer_ids") : NULL;
-    ok = ok && ids;
-    for (int64_t i = 0; ok && i < c->taps; i++)
-        ok = cJSON_AddItemToArray(ids, cJSON_CreateNumber((double)c->target_layer_ids[i]));
-    ok = ok && cJSON_AddNullToObject(root, "rope_scaling");
-    ok = ok && cJSON_AddFalseToObject(root, "tie_word_embeddings");
-    ok = ok && cJSON_AddFalseToObject(root, "attention_bias");
-    ok = ok && cJSON_AddStringToObject(root, "hidden_act", "silu");
-    ok = ok && cJSON_AddNumberToObject(root, "vocab_size", (double)c->vocab);
-    char *printed = ok ? cJSON_Print(root) : NULL;
-    cJSON_Delete(root);
-    if (!printed)
-        return NULL;
-    size_t len = strlen(printed);
-    char *text = malloc(len + 2);   /* with the final newline a text file ends with */
-    if (text) {
-        memcpy(text, printed, len);
-        memcpy(text + len, "\n", 2);
-    }
-    cJSON_free(printed);
-    return text;
-}
-
 /* config.json and model.safetensors (BF16, the table's names, format pt) into dir */
 static int write_export_files(const char *dir, const ddt_drafter_config *c, const float *params,
                               char *err, size_t err_len)
 {
     char path[CKPT_PATH_MAX];
-    char *config = export_config_text(c);
+    char *config = json_text(drafter_json(c));
     ddt_param *table;
     int64_t total;
     int n = param_table(c, &table, &total);
@@ -697,5 +1048,44 @@ int ddt_export_write(const char *out_dir, const ddt_drafter_config *c, const flo
         rc = install_dir(tmp, out, aside, parent, err, err_len);
     if (rc != 0)
         remove_tree(tmp);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * The export of a kept checkpoint: its state.json says the drafter, its tensors the weights
+ */
+
+int ddt_checkpoint_export(const char *run_dir, int64_t step, const char *out_dir, char *ckpt,
+                          size_t ckpt_len, char *err, size_t err_len)
+{
+    if (!run_dir || !out_dir || !ckpt || ckpt_len == 0)
+        return fail(err, err_len, -EINVAL, "export: a required argument is NULL");
+    int rc = 0;
+    if (step < 0) {
+        rc = ddt_checkpoint_latest(run_dir, &step, ckpt, ckpt_len);
+        if (rc == -ENOENT)
+            return fail(err, err_len, rc, "%s has no complete checkpoint", run_dir);
+    } else if (path_join(ckpt, ckpt_len, "%s/checkpoints/step-%08lld", run_dir, (long long)step)) {
+        rc = -ENAMETOOLONG;
+    } else if (!checkpoint_complete(ckpt)) {
+        return fail(err, err_len, -ENOENT, "%s: no complete checkpoint of step %lld", ckpt, (long long)step);
+    }
+    if (rc != 0)
+        return fail(err, err_len, rc, "%s: the checkpoint's path: %s", run_dir, strerror(-rc));
+    ddt_checkpoint_meta meta;
+    rc = ddt_checkpoint_read_meta(ckpt, &meta, err, err_len);
+    if (rc != 0)
+        return rc;
+    ddt_param *table;
+    int64_t total;
+    float *params = param_table(&meta.drafter, &table, &total) >= 0 ? malloc((size_t)total * sizeof *params)
+                                                                    : NULL;   /* (P) */
+    rc = params ? ddt_checkpoint_read(ckpt, &meta.drafter, params, NULL, NULL, err, err_len)
+                : fail(err, err_len, -ENOMEM, "%s: out of memory for the weights", ckpt);
+    if (rc == 0)
+        rc = ddt_export_write(out_dir, &meta.drafter, params, err, err_len);
+    free(params);
+    free(table);
+    ddt_checkpoint_meta_free(&meta);
     return rc;
 }

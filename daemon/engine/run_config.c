@@ -4,6 +4,7 @@
  */
 #include "run_config.h"
 #include "safetensors.h"
+#include "shard.h"
 #include "target.h"
 #include "ddk.h"
 
@@ -631,7 +632,8 @@ int ddt_run_config_target_shape(const ddt_run_config *c, int64_t *hidden, int64_
         ddt_st_file f;
         char ignored[512];
         if (ddt_st_open(c->shards[0], &f, ignored, sizeof ignored) == 0) {
-            const char *h = ddt_st_metadata(&f, "hidden_size"), *v = ddt_st_metadata(&f, "vocab_size");
+            const char *h = ddt_st_metadata(&f, ddt_shard_keys[DDT_SHARD_KEY_HIDDEN_SIZE]),
+                       *v = ddt_st_metadata(&f, ddt_shard_keys[DDT_SHARD_KEY_VOCAB_SIZE]);
             if (h && v) {
                 *hidden = atoll(h);
                 *vocab = atoll(v);

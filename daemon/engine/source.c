@@ -4,10 +4,11 @@
  *   - generated (synthetic, hf without a token file): sequence i of the "train" stream is
  *     sampled with seed ddt_generate_seed(seed, i, "train"), held-out i with (seed, i,
  *     "heldout"); features and teacher from ddt_target_forward over the tokens;
- *   - listed (hf with a token file, shards): the usable sequences (>= 2 tokens, cut to
- *     seq_len) in file order, the last `heldout` of them kept apart; training cursor c is
- *     item perm_e[c mod n] of epoch e = c / n, perm_e a Fisher-Yates shuffle seeded by
- *     ddt_generate_seed(seed, e, "epoch").
+ *   - listed (hf with a token file, shards; both read and checked by shard.h): the usable
+ *     sequences (>= DDT_SHARD_MIN_TRAINED tokens, cut to seq_len) in file order, the last
+ *     `heldout` of them kept apart; training cursor c is item perm_e[c mod n]
+ *     of epoch e = c / n, perm_e a Fisher-Yates shuffle seeded by ddt_generate_seed(seed, e,
+ *     "epoch").
  * The queue: prefetch + 1 slots, each free, being written (by the loader), ready (holding
  * sequence `cursor` of its tag) or held (the sequence last handed out, untouched until the
  * next call that returns one, seeks included). The loader fills cursors [cursor, cursor +
@@ -24,8 +25,7 @@
 #include "ddk_rng.h"
 #include "generate.h"
 #include "json_fields.h"
-#include "safetensors.h"
-#include "tensor_load.h"
+#include "shard.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -43,11 +43,6 @@ typedef struct item {        /* one usable sequence of a token file or a shard *
     int32_t shard;           /* shards: which file; token file: 0 */
     int64_t start, S;        /* first row in its file, rows kept (<= seq_len) */
 } item;
-
-typedef struct shard {
-    ddt_st_file file;
-    const ddt_st_tensor *input_ids, *loss_mask, *offsets, *features, *teacher;
-} shard;
 
 typedef enum slot_state { SLOT_FREE, SLOT_WRITING, SLOT_READY, SLOT_HELD } slot_state;
 
@@ -80,9 +75,8 @@ struct ddt_source {
     /* listed sources: items (n_train + n_heldout), training first */
     int64_t n_train, n_heldout;
     item *items;
-    int32_t *file_ids;           /* token file: input_ids (Ttot) */
-    size_t file_ids_bytes;
-    shard *shards;               /* (shard_count) */
+    ddt_shard_tokens tokens;     /* hf: the token file */
+    ddt_shard *shards;           /* (shard_count) */
 
     /* the loader and its queue */
     pthread_t thread;
@@ -185,38 +179,18 @@ static int generate_tokens(const ddt_source *s, worker *w, uint64_t seed, int32_
     return rc ? fail(err, err_len, rc, "generation failed: %s", strerror(-rc)) : 0;
 }
 
-/* count floats of a mapped F32 / BF16 / F16 tensor from element first (maybe unaligned) */
-static void elements_to_f32(const ddt_st_tensor *t, int64_t first, int64_t count, float *out)
-{
-    const unsigned char *src = (const unsigned char *)t->data + (size_t)first * ddt_dtype_size(t->dtype);
-    if (t->dtype == DDT_F32) {
-        memcpy(out, src, (size_t)count * sizeof(float));
-        return;
-    }
-    for (int64_t i = 0; i < count; i++) {
-        uint16_t b;
-        memcpy(&b, src + 2 * i, 2);
-        out[i] = t->dtype == DDT_BF16 ? ddt_bf16_to_f32(b) : ddt_f16_to_f32(b);
-    }
-}
-
 /* a listed item into sl */
 static int fill_item(const ddt_source *s, const item *it, slot *sl, char *err, size_t err_len)
 {
     ddt_sequence *q = &sl->seq;
     q->S = it->S;
     if (s->cfg.kind == DDT_SOURCE_HF) {
-        memcpy(q->input_ids, s->file_ids + it->start, (size_t)it->S * sizeof(int32_t));
+        memcpy(q->input_ids, s->tokens.input_ids + it->start, (size_t)it->S * sizeof(int32_t));
         memset(q->loss_mask, 1, (size_t)it->S);
         return target_features(s, sl, err, err_len);
     }
-    const shard *sh = &s->shards[it->shard];
-    const int64_t H = s->H, F = s->cfg.n_taps * H;
-    memcpy(q->input_ids, (const unsigned char *)sh->input_ids->data + it->start * 4, (size_t)it->S * sizeof(int32_t));
-    memcpy(q->loss_mask, (const uint8_t *)sh->loss_mask->data + it->start, (size_t)it->S);
-    elements_to_f32(sh->features, it->start * F, it->S * F, q->features);
-    if (s->cfg.want_teacher)
-        elements_to_f32(sh->teacher, it->start * H, it->S * H, q->teacher_hidden);
+    ddt_shard_rows(&s->shards[it->shard], it->start, it->S, q->input_ids, q->loss_mask, q->features,
+                   s->cfg.want_teacher ? q->teacher_hidden : NULL);
     return 0;
 }
 
@@ -429,30 +403,15 @@ static int check_taps(const ddt_source *s, char *err, size_t err_len)
  * Opening: listed sequences (token file, shards)
  */
 
-static int64_t read_i64(const ddt_st_tensor *t, int64_t i)
+/* the usable sequences of a checked file (offsets (nseq + 1), shard id sh) appended to
+ * s->items, all counted as training for now */
+static int add_items(ddt_source *s, const char *path, const int64_t *offsets, int64_t nseq, int32_t sh,
+                     int64_t *capacity, char *err, size_t err_len)
 {
-    int64_t v;
-    memcpy(&v, (const unsigned char *)t->data + 8 * i, 8);
-    return v;
-}
-
-/* offsets (nseq + 1) of path: 0 first, Ttot last, never decreasing; each usable sequence
- * appended to s->items (shard id sh). *usable += their count. */
-static int add_items(ddt_source *s, const char *path, const ddt_st_tensor *offsets, int64_t total,
-                     int32_t sh, int64_t *capacity, char *err, size_t err_len)
-{
-    const int64_t nseq = offsets->shape[0] - 1;
-    if (read_i64(offsets, 0) != 0 || read_i64(offsets, nseq) != total)
-        return fail(err, err_len, -EINVAL, "%s: offsets must start at 0 and end at the number of tokens (%lld); "
-                    "they are %lld .. %lld", path, (long long)total, (long long)read_i64(offsets, 0),
-                    (long long)read_i64(offsets, nseq));
     for (int64_t q = 0; q < nseq; q++) {
-        const int64_t a = read_i64(offsets, q), b = read_i64(offsets, q + 1);
-        if (b < a)
-            return fail(err, err_len, -EINVAL, "%s: offsets must not decrease (offsets[%lld] = %lld > offsets[%lld] = %lld)",
-                        path, (long long)q, (long long)a, (long long)q + 1, (long long)b);
-        if (b - a < 2)
-            continue;   /* no anchor fits in fewer than 2 tokens */
+        const int64_t a = offsets[q], b = offsets[q + 1];
+        if (b - a < DDT_SHARD_MIN_TRAINED)
+            continue;
         if (s->n_train == *capacity) {
             int64_t cap = *capacity ? 2 * *capacity : 1024;
             item *grown = realloc(s->items, (size_t)cap * sizeof *grown);
@@ -470,149 +429,30 @@ static int add_items(ddt_source *s, const char *path, const ddt_st_tensor *offse
 static int reserve_heldout(ddt_source *s, const char *what, char *err, size_t err_len)
 {
     if (s->n_train < s->cfg.heldout + 1)
-        return fail(err, err_len, -EINVAL, "%s: %lld usable sequences (>= 2 tokens) are too few for %lld held-out "
-                    "and at least one training sequence", what, (long long)s->n_train, (long long)s->cfg.heldout);
+        return fail(err, err_len, -EINVAL, "%s: %lld usable sequences (>= %d tokens) are too few for %lld held-out "
+                    "and at least one training sequence", what, (long long)s->n_train, DDT_SHARD_MIN_TRAINED,
+                    (long long)s->cfg.heldout);
     s->n_heldout = s->cfg.heldout;
     s->n_train -= s->n_heldout;
-    return 0;
-}
-
-static int ids_in_vocab(const char *path, const ddt_st_tensor *ids, int64_t V, char *err, size_t err_len)
-{
-    const unsigned char *p = ids->data;
-    for (int64_t i = 0; i < ids->shape[0]; i++) {
-        int32_t v;
-        memcpy(&v, p + 4 * i, 4);
-        if (v < 0 || v >= V)
-            return fail(err, err_len, -EINVAL, "%s: input_ids[%lld] = %d is outside the vocabulary [0, %lld)", path,
-                        (long long)i, v, (long long)V);
-    }
     return 0;
 }
 
 static int open_token_file(ddt_source *s, char *err, size_t err_len)
 {
     const char *path = s->cfg.tokens_file;
-    ddt_st_file f;
-    int rc = ddt_st_open(path, &f, err, err_len);
-    if (rc)
-        return rc;
-    const ddt_st_tensor *ids = ddt_st_find(&f, "input_ids"), *offsets = ddt_st_find(&f, "offsets");
-    if (!ids || ids->dtype != DDT_I32 || ids->ndim != 1)
-        rc = fail(err, err_len, -EINVAL, "%s: input_ids must be an I32 tensor [Ttot]", path);
-    else if (!offsets || offsets->dtype != DDT_I64 || offsets->ndim != 1 || offsets->shape[0] < 2)
-        rc = fail(err, err_len, -EINVAL, "%s: offsets must be an I64 tensor [nseq+1] with nseq >= 1", path);
-    if (!rc)
-        rc = ids_in_vocab(path, ids, s->V, err, err_len);
     int64_t capacity = 0;
+    int rc = ddt_shard_tokens_open(path, s->V, &s->tokens, err, err_len);
     if (!rc)
-        rc = add_items(s, path, offsets, ids->shape[0], 0, &capacity, err, err_len);
-    if (!rc)
-        rc = reserve_heldout(s, path, err, err_len);
-    if (!rc) {
-        int64_t dims[1] = { -1 };
-        ddt_tensor_want want = { "input_ids", DDT_I32, 1, dims };
-        s->file_ids = ddt_tensor_load(&f, &want, &s->file_ids_bytes, err, err_len);
-        rc = s->file_ids ? 0 : -ENOMEM;
-    }
-    ddt_st_close(&f);
-    return rc;
-}
-
-/* a tensor of a shard: present (or optional and absent: *out NULL), one of the float dtypes
- * when is_float else exactly dtype, shape dims (ndim) with -1 any */
-static int shard_tensor(const ddt_st_file *f, const char *name, int optional, int is_float, ddt_dtype dtype,
-                        int ndim, const int64_t *dims, const ddt_st_tensor **out, char *err, size_t err_len)
-{
-    const ddt_st_tensor *t = ddt_st_find(f, name);
-    *out = t;
-    if (!t)
-        return optional ? 0 : fail(err, err_len, -EINVAL, "%s: tensor '%s' is missing%s", f->path, name,
-                                   strcmp(name, "teacher_hidden") ? "" : " (the run's loss needs the teacher)");
-    if (is_float ? t->dtype != DDT_F32 && t->dtype != DDT_BF16 && t->dtype != DDT_F16 : t->dtype != dtype)
-        return fail(err, err_len, -EINVAL, "%s: tensor '%s' is %s, must be %s", f->path, name, ddt_dtype_name(t->dtype),
-                    is_float ? "BF16, F16 or F32" : ddt_dtype_name(dtype));
-    int ok = t->ndim == ndim;
-    for (int i = 0; ok && i < ndim; i++)
-        ok = dims[i] < 0 || t->shape[i] == dims[i];
-    if (!ok) {
-        char want[96];
-        size_t used = 0;
-        for (int i = 0; i < ndim && used < sizeof want; i++)
-            used += (size_t)snprintf(want + used, sizeof want - used, "%s%lld", i ? ", " : "", (long long)dims[i]);
-        return fail(err, err_len, -EINVAL, "%s: tensor '%s' must have shape [%s] to be consistent with "
-                    "input_ids, hidden_size and the target layer ids", f->path, name, want);
-    }
-    return 0;
-}
-
-static int shard_metadata(const ddt_source *s, const ddt_st_file *f, char *err, size_t err_len)
-{
-    const char *format = ddt_st_metadata(f, "format"), *version = ddt_st_metadata(f, "version"),
-               *hidden = ddt_st_metadata(f, "hidden_size"), *taps = ddt_st_metadata(f, "target_layer_ids"),
-               *vocab = ddt_st_metadata(f, "vocab_size");
-    if (!format || strcmp(format, "ddtree-features"))
-        return fail(err, err_len, -EINVAL, "%s: __metadata__ format must be \"ddtree-features\" (got %s%s%s)", f->path,
-                    format ? "\"" : "", format ? format : "none", format ? "\"" : "");
-    if (!version || strcmp(version, "1"))
-        return fail(err, err_len, -EINVAL, "%s: __metadata__ version must be \"1\" (got %s)", f->path,
-                    version ? version : "none");
-    char *end;
-    if (!hidden || strtoll(hidden, &end, 10) != s->H || *end || !*hidden)
-        return fail(err, err_len, -EINVAL, "%s: __metadata__ hidden_size must be the drafter's hidden size %lld (got %s)",
-                    f->path, (long long)s->H, hidden ? hidden : "none");
-    if (!vocab || strtoll(vocab, &end, 10) != s->V || *end || !*vocab)
-        return fail(err, err_len, -EINVAL, "%s: __metadata__ vocab_size must be the target's vocabulary %lld (got %s)",
-                    f->path, (long long)s->V, vocab ? vocab : "none");
-    cJSON *list = taps ? cJSON_Parse(taps) : NULL;
-    int same = cJSON_IsArray(list) && cJSON_GetArraySize(list) == s->cfg.n_taps;
-    for (int i = 0; same && i < s->cfg.n_taps; i++) {
-        const cJSON *v = cJSON_GetArrayItem(list, i);
-        same = cJSON_IsNumber(v) && v->valuedouble == (double)s->cfg.taps[i];
-    }
-    cJSON_Delete(list);
-    if (!same) {
-        char want[600];
-        size_t used = (size_t)snprintf(want, sizeof want, "[");
-        for (int i = 0; i < s->cfg.n_taps && used < sizeof want; i++)
-            used += (size_t)snprintf(want + used, sizeof want - used, "%s%d", i ? ", " : "", s->cfg.taps[i]);
-        if (used < sizeof want)
-            snprintf(want + used, sizeof want - used, "]");
-        return fail(err, err_len, -EINVAL, "%s: __metadata__ target_layer_ids must be the configured taps %s (got %s)",
-                    f->path, want, taps ? taps : "none");
-    }
-    return 0;
+        rc = add_items(s, path, s->tokens.offsets, s->tokens.nseq, 0, &capacity, err, err_len);
+    return rc ? rc : reserve_heldout(s, path, err, err_len);
 }
 
 static int open_shard(ddt_source *s, int32_t index, int64_t *capacity, char *err, size_t err_len)
 {
-    shard *sh = &s->shards[index];
-    int rc = ddt_st_open(s->shard_paths[index], &sh->file, err, err_len);
-    if (rc)
-        return rc;
-    const ddt_st_file *f = &sh->file;
-    if ((rc = shard_metadata(s, f, err, err_len)))
-        return rc;
-    int64_t any[1] = { -1 };
-    if ((rc = shard_tensor(f, "input_ids", 0, 0, DDT_I32, 1, any, &sh->input_ids, err, err_len)))
-        return rc;
-    const int64_t T = sh->input_ids->shape[0], mask_dims[1] = { T }, feature_dims[2] = { T, s->cfg.n_taps * s->H },
-                  teacher_dims[2] = { T, s->H };
-    if ((rc = shard_tensor(f, "loss_mask", 0, 0, DDT_U8, 1, mask_dims, &sh->loss_mask, err, err_len)) ||
-        (rc = shard_tensor(f, "offsets", 0, 0, DDT_I64, 1, any, &sh->offsets, err, err_len)) ||
-        (rc = shard_tensor(f, "features", 0, 1, 0, 2, feature_dims, &sh->features, err, err_len)) ||
-        (rc = shard_tensor(f, "teacher_hidden", !s->cfg.want_teacher, 1, 0, 2, teacher_dims, &sh->teacher, err,
-                           err_len)))
-        return rc;
-    if (sh->offsets->shape[0] < 2)
-        return fail(err, err_len, -EINVAL, "%s: offsets must hold nseq+1 >= 2 entries", f->path);
-    if ((rc = ids_in_vocab(f->path, sh->input_ids, s->V, err, err_len)))
-        return rc;
-    const uint8_t *mask = sh->loss_mask->data;
-    for (int64_t i = 0; i < T; i++)
-        if (mask[i] > 1)
-            return fail(err, err_len, -EINVAL, "%s: loss_mask[%lld] = %d must be 0 or 1", f->path, (long long)i, mask[i]);
-    return add_items(s, f->path, sh->offsets, T, index, capacity, err, err_len);
+    const ddt_shard_shape want = { s->H, s->V, s->cfg.n_taps, s->cfg.taps };
+    ddt_shard *sh = &s->shards[index];
+    int rc = ddt_shard_open(s->shard_paths[index], &want, s->cfg.want_teacher, sh, err, err_len);
+    return rc ? rc : add_items(s, s->shard_paths[index], sh->offsets, sh->nseq, index, capacity, err, err_len);
 }
 
 /* tie_word_embeddings of DIR/config.json (top level or text_config); 0 when absent */
@@ -800,11 +640,10 @@ void ddt_source_close(ddt_source *s)
     free(s->heldout_tokens);
     free(s->heldout_known);
     for (int i = 0; s->shards && i < s->cfg.shard_count; i++)
-        ddt_st_close(&s->shards[i].file);   /* a zeroed one (never opened) is a no-op */
+        ddt_shard_close(&s->shards[i]);   /* a zeroed one (never opened) is a no-op */
     free(s->shards);
     free(s->shard_paths);
-    if (s->file_ids)
-        ddk_free(ddk_allocator_cpu(), s->file_ids, s->file_ids_bytes);
+    ddt_shard_tokens_close(&s->tokens);
     free(s->items);
     if (s->heads)
         ddk_free(ddk_allocator_cpu(), s->heads, s->heads_bytes);

@@ -21,15 +21,22 @@
  * Values: a NaN double is stored as NULL (SQLite's rule); run_update's NULL or negative optional
  * fields leave the column as it is, and an error of "" clears the column (a resumed run).
  *
+ * A run's state: ddt_store_run_transition checks (from, to) against run_state.h's table before
+ * anything is queued, then one item of the ring carries the row's update and its "state"
+ * event, so the batch (or, replayed, its own transaction) writes both or neither; the update
+ * matches the row only in state `from`, and without a match no event is written.
+ *
  * Not here: reading (the HTTP handlers and tools open their own connections), retrying a
  * failed write (a locked or full disk is logged and reported by flush; the trainer decides),
  * deleting runs or old checkpoints.
  *
  * Tested by tests/test_store.c.
  */
+#include "ddk_rng.h"
 #include "errors.h"
 #include "store.h"
 
+#include <cjson/cJSON.h>
 #include <sqlite3.h>
 
 #include <errno.h>
@@ -40,6 +47,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 
 /* The migrations, in order (schema_sql.c, generated from schema/NNNN_*.sql at build time). */
 extern const char *const ddt_schema_sql[];
@@ -64,6 +73,7 @@ typedef enum {
     ITEM_CHECKPOINT,
     ITEM_RUN_CREATE,
     ITEM_RUN_UPDATE,
+    ITEM_RUN_TRANSITION,
     ITEM_FLUSH,
 } item_kind;
 
@@ -71,7 +81,7 @@ static const char *const item_names[] = {
     [ITEM_STEP] = "step",           [ITEM_EVENT] = "event",
     [ITEM_EVAL] = "eval",           [ITEM_CHECKPOINT] = "checkpoint",
     [ITEM_RUN_CREATE] = "run_create", [ITEM_RUN_UPDATE] = "run_update",
-    [ITEM_FLUSH] = "flush",
+    [ITEM_RUN_TRANSITION] = "run_transition", [ITEM_FLUSH] = "flush",
 };
 
 /* What a synchronous caller waits for; on its stack, answered under the store's lock. */
@@ -80,10 +90,12 @@ typedef struct sync_answer {
     int rc;
 } sync_answer;
 
-/* run_create / run_update: the caller's strings, valid while it waits */
+/* run_create / run_update / run_transition: the caller's strings, valid while it waits */
 typedef struct run_request {
     sync_answer answer;
     const char *run_id, *name, *config_json, *state, *error;
+    const char *from_state, *detail_json;   /* run_transition: the state it leaves, its event */
+    int starts, finishes;                   /* run_transition: to running, to a final state */
     int64_t max_steps, created_ms, step, last_checkpoint_step, now_ms, started_ms, finished_ms;
 } run_request;
 
@@ -104,7 +116,7 @@ typedef struct store_item {
             char *run_id, *path;   /* owned copies */
             int64_t step, bytes, ts_ms;
         } checkpoint;
-        run_request *run;       /* ITEM_RUN_CREATE, ITEM_RUN_UPDATE */
+        run_request *run;       /* ITEM_RUN_CREATE, ITEM_RUN_UPDATE, ITEM_RUN_TRANSITION */
         sync_answer *flush;     /* ITEM_FLUSH */
     };
 } store_item;
@@ -134,7 +146,8 @@ static void item_free(store_item *item)
 /* an item the writer answers to a waiting caller, rather than counting its failure for flush */
 static int item_is_sync(item_kind kind)
 {
-    return kind == ITEM_RUN_CREATE || kind == ITEM_RUN_UPDATE || kind == ITEM_FLUSH;
+    return kind == ITEM_RUN_CREATE || kind == ITEM_RUN_UPDATE || kind == ITEM_RUN_TRANSITION ||
+           kind == ITEM_FLUSH;
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -152,6 +165,8 @@ enum {
     STMT_CHECKPOINT,
     STMT_RUN_CREATE,
     STMT_RUN_UPDATE,
+    STMT_RUN_TRANSITION,
+    STMT_RUN_EXISTS,
     STMT_COUNT
 };
 
@@ -177,13 +192,22 @@ static const char *const stmt_sql[STMT_COUNT] = {
      * learns -EEXIST from sqlite3_changes() == 0 */
     [STMT_RUN_CREATE] =
         "INSERT INTO runs (id, name, state, config_json, created_ms, updated_ms, step, max_steps)"
-        " VALUES (?1, ?2, 'queued', ?3, ?4, ?4, 0, ?5) ON CONFLICT (id) DO NOTHING",
+        " VALUES (?1, ?2, ?6, ?3, ?4, ?4, 0, ?5) ON CONFLICT (id) DO NOTHING",
     [STMT_RUN_UPDATE] =
         "UPDATE runs SET state = coalesce(?2, state), step = ?3, updated_ms = ?4,"
         " last_checkpoint_step = coalesce(?5, last_checkpoint_step),"
         " started_ms = coalesce(?6, started_ms), finished_ms = coalesce(?7, finished_ms),"
         " error = CASE WHEN ?8 IS NULL THEN error ELSE nullif(?8, '') END"
         " WHERE id = ?1",
+    /* only from ?6, the state the caller saw: no match (sqlite3_changes() == 0), no event */
+    [STMT_RUN_TRANSITION] =
+        "UPDATE runs SET state = ?2, step = ?3, updated_ms = ?4,"
+        " last_checkpoint_step = coalesce(?5, last_checkpoint_step),"
+        " started_ms = CASE WHEN ?7 THEN coalesce(started_ms, ?4) ELSE started_ms END,"
+        " finished_ms = CASE WHEN ?8 THEN ?4 ELSE finished_ms END,"
+        " error = CASE WHEN ?9 IS NULL THEN error ELSE nullif(?9, '') END"
+        " WHERE id = ?1 AND state = ?6",
+    [STMT_RUN_EXISTS] = "SELECT 1 FROM runs WHERE id = ?1",
 };
 
 /* ------------------------------------------------------------------------------------------
@@ -210,6 +234,7 @@ struct ddt_store {
     int batch_logged;                    /* failures logged in this batch */
     char why[512];                       /* the last failure, for the log */
     int why_code;                        /* its SQLite extended code (0: not SQLite's) */
+    int had_row;                         /* the last run_stmt's statement gave a row */
 };
 
 /* ------------------------------------------------------------------------------------------
@@ -297,10 +322,12 @@ static int errno_of(int code)
  * The writer: statements of one item
  */
 
-/* runs a bound statement to completion and resets it: SQLITE_OK, or its code with s->why set */
+/* runs a bound statement to completion (s->had_row: whether its first step gave a row) and
+ * resets it: SQLITE_OK, or its code with s->why set */
 static int run_stmt(ddt_store *s, sqlite3_stmt *st)
 {
     int rc = sqlite3_step(st);
+    s->had_row = rc == SQLITE_ROW;
     if (rc == SQLITE_DONE || rc == SQLITE_ROW) {
         sqlite3_reset(st);
         return SQLITE_OK;
@@ -391,8 +418,28 @@ static int write_step(ddt_store *s, const ddt_step_record *r)
     return rc;
 }
 
-/* One item's statements: SQLITE_OK (with *result its answer: 0, or -EEXIST / -ENOENT for a run
- * call), or the failing code with s->why set. */
+/* The row from q->from_state to q->state, then its event; neither when the row is elsewhere
+ * (*result -ESTALE) or missing (-ENOENT). SQLITE_OK, or the failing code with s->why set. */
+static int write_transition(ddt_store *s, const run_request *q, int *result)
+{
+    int rc = RUN_BOUND(s, STMT_RUN_TRANSITION, text_value(q->run_id), text_value(q->state),
+                       int_value(q->step), int_value(q->now_ms), optional_value(q->last_checkpoint_step),
+                       text_value(q->from_state), int_value(q->starts), int_value(q->finishes),
+                       text_value(q->error));
+    if (rc != SQLITE_OK)
+        return rc;
+    if (sqlite3_changes(s->db) == 0) {   /* no such run, or not in `from` */
+        rc = RUN_BOUND(s, STMT_RUN_EXISTS, text_value(q->run_id));
+        if (rc == SQLITE_OK)
+            *result = s->had_row ? -ESTALE : -ENOENT;
+        return rc;
+    }
+    return RUN_BOUND(s, STMT_EVENT, text_value(q->run_id), int_value(q->now_ms), text_value("state"),
+                     text_value(q->detail_json));
+}
+
+/* One item's statements: SQLITE_OK (with *result its answer: 0, or -EEXIST / -ENOENT / -ESTALE
+ * for a run call), or the failing code with s->why set. */
 static int write_item(ddt_store *s, const store_item *item, int *result)
 {
     int rc = SQLITE_OK;
@@ -419,7 +466,8 @@ static int write_item(ddt_store *s, const store_item *item, int *result)
     case ITEM_RUN_CREATE: {
         const run_request *q = item->run;
         rc = RUN_BOUND(s, STMT_RUN_CREATE, text_value(q->run_id), text_value(q->name ? q->name : ""),
-                       text_value(q->config_json), int_value(q->created_ms), int_value(q->max_steps));
+                       text_value(q->config_json), int_value(q->created_ms), int_value(q->max_steps),
+                       text_value(ddt_run_state_name(DDT_RUN_QUEUED)));
         if (rc == SQLITE_OK && sqlite3_changes(s->db) == 0)
             *result = -EEXIST;
         break;
@@ -433,6 +481,9 @@ static int write_item(ddt_store *s, const store_item *item, int *result)
             *result = -ENOENT;
         break;
     }
+    case ITEM_RUN_TRANSITION:
+        rc = write_transition(s, item->run, result);
+        break;
     case ITEM_FLUSH:
         break;
     }
@@ -469,6 +520,7 @@ static void log_item_failure(ddt_store *s, const store_item *item)
         break;
     case ITEM_RUN_CREATE:
     case ITEM_RUN_UPDATE:
+    case ITEM_RUN_TRANSITION:
         id = item->run->run_id;
         break;
     case ITEM_FLUSH:
@@ -708,6 +760,55 @@ int ddt_store_run_update(ddt_store *s, const char *run_id, const char *state, in
                       .started_ms = started_ms, .finished_ms = finished_ms, .error = error };
     store_item item = { .kind = ITEM_RUN_UPDATE, .run = &q };
     return enqueue_and_wait(s, &item, &q.answer);
+}
+
+int ddt_store_run_transition(ddt_store *s, const char *run_id, ddt_run_state from, ddt_run_state to,
+                             int64_t step, int64_t last_checkpoint_step, int64_t ts_ms,
+                             const char *error)
+{
+    if (!run_id || !*run_id || !*ddt_run_state_name(from) || !*ddt_run_state_name(to))
+        return -EINVAL;
+    if (!ddt_run_transition_legal(from, to))
+        return -EPERM;
+    cJSON *d = cJSON_CreateObject();
+    cJSON_AddStringToObject(d, "state", ddt_run_state_name(to));
+    cJSON_AddNumberToObject(d, "step", (double)step);
+    if (error && *error)
+        cJSON_AddStringToObject(d, "error", error);
+    char *detail = cJSON_PrintUnformatted(d);
+    cJSON_Delete(d);
+    if (!detail)
+        return -ENOMEM;
+    run_request q = { .run_id = run_id, .from_state = ddt_run_state_name(from),
+                      .state = ddt_run_state_name(to), .step = step,
+                      .last_checkpoint_step = last_checkpoint_step, .now_ms = ts_ms, .error = error,
+                      .detail_json = detail, .starts = to == DDT_RUN_RUNNING,
+                      .finishes = ddt_run_state_final(to) };
+    store_item item = { .kind = ITEM_RUN_TRANSITION, .run = &q };
+    int rc = enqueue_and_wait(s, &item, &q.answer);
+    free(detail);
+    return rc;
+}
+
+int ddt_store_run_checkpointed(ddt_store *s, const char *run_id, int64_t step, int64_t ts_ms)
+{
+    return ddt_store_run_update(s, run_id, NULL, step, step, ts_ms, -1, -1, NULL);
+}
+
+void ddt_store_new_run_id(char *out, size_t len)
+{
+    static unsigned counter;
+    time_t now = time(NULL);
+    struct tm tm;
+    gmtime_r(&now, &tm);
+    struct timespec ns;
+    clock_gettime(CLOCK_REALTIME, &ns);
+    /* pid, nanoseconds and a counter, mixed: two processes in one second differ */
+    uint64_t x = ((uint64_t)getpid() << 32) ^ (uint64_t)ns.tv_nsec ^
+                 ((uint64_t)__atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED) << 48);
+    x = ddk_rng_next(&x);
+    snprintf(out, len, "r%04d%02d%02d-%02d%02d%02d-%06x", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
+             tm.tm_hour, tm.tm_min, tm.tm_sec, (unsigned)(x >> 40));
 }
 
 int ddt_store_flush(ddt_store *s)

@@ -2,11 +2,15 @@
  * checkpoints. One writer thread owns the one writer connection and commits what the
  * trainers enqueue in batched BEGIN IMMEDIATE transactions (WAL, busy_timeout set before the
  * WAL pragma, persistent prepared statements); schema/ migrations by PRAGMA user_version.
- * Readers open their own connections. The daemon reuses this store as is.
- * Tested by tests/test_store.c.
+ * A run's state changes only through ddt_store_run_transition, checked against run_state.h's
+ * table; the store also names new runs (ddt_store_new_run_id). Readers open their own
+ * connections. The daemon reuses this store as is.
+ * Tested by tests/test_store.c and tests/test_run_state.c (every transition).
  */
 #ifndef DDT_STORE_H
 #define DDT_STORE_H
+
+#include "run_state.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -45,11 +49,32 @@ void ddt_store_eval(ddt_store *s, const char *run_id, int64_t step, double tau_c
 void ddt_store_checkpoint(ddt_store *s, const char *run_id, int64_t step, const char *path,
                           int64_t bytes, int64_t ts_ms);
 
-/* Run rows: written synchronously through the writer (they are rare and must be durable). */
+/* A new run id, "rYYYYMMDD-HHMMSS-xxxxxx": its UTC time (ids sort by creation), then 24 bits
+ * mixed from the pid, the nanoseconds and a counter (two made in one second, by one process
+ * or two, differ). Needs no store: a trainer without one names its run too. */
+void ddt_store_new_run_id(char *out, size_t len);
+
+/* Run rows, written synchronously through the writer (they are rare and must be durable):
+ * 0, or a negative errno. ddt_store_run_create: the row of a new run, in state queued (where
+ * run_state.h's lifecycle starts); -EEXIST when run_id has one. */
 int ddt_store_run_create(ddt_store *s, const char *run_id, const char *name,
                          const char *config_json, int64_t max_steps, int64_t created_ms);
-/* Sets state, step, updated_ms (and started_ms / finished_ms / error when given: NULL or < 0
- * leaves them). */
+/* THE writer of a run's state after its creation: run_id from state `from` to `to`, the runs
+ * row (state, step, updated_ms = ts_ms, last_checkpoint_step unless < 0, started_ms = ts_ms
+ * the first time it is running, finished_ms = ts_ms in a final state, error unless NULL) and
+ * its "state" event ({"state": to, "step": step, "error": error when not NULL or ""}) in one
+ * transaction: both are written or neither. Refused with nothing written: -EPERM when the
+ * table of run_state.h lacks (from, to) (before anything is queued), -ESTALE when the row is
+ * not in `from`, -ENOENT when run_id has no row, -EINVAL for a bad argument. */
+int ddt_store_run_transition(ddt_store *s, const char *run_id, ddt_run_state from, ddt_run_state to,
+                             int64_t step, int64_t last_checkpoint_step, int64_t ts_ms,
+                             const char *error);
+/* A checkpoint of run_id at step: the row's step and last_checkpoint_step, updated_ms = ts_ms;
+ * its state is left as it is. -ENOENT when run_id has no row. */
+int ddt_store_run_checkpointed(ddt_store *s, const char *run_id, int64_t step, int64_t ts_ms);
+/* The row as given, state included, with no check and no event: for fixtures (tests). Sets
+ * state (NULL leaves it), step, updated_ms, and started_ms / finished_ms / error when given
+ * (NULL or < 0 leaves them; an error of "" clears it). */
 int ddt_store_run_update(ddt_store *s, const char *run_id, const char *state, int64_t step,
                          int64_t last_checkpoint_step, int64_t now_ms, int64_t started_ms,
                          int64_t finished_ms, const char *error);

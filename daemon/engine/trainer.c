@@ -30,7 +30,6 @@
 #include "model_config.h"
 #include "checkpoint.h"
 #include "ddk.h"
-#include "ddk_rng.h"
 #include "optimizer.h"
 #include "source.h"
 
@@ -269,83 +268,30 @@ static void pull_weights(ddt_trainer *t)
     rs->be->synchronize(rs->be);
 }
 
-void ddt_trainer_new_run_id(char *out, size_t len)
+/* what state.json holds: where the run stands (config_json stays the trainer's) */
+static ddt_checkpoint_meta checkpoint_meta(const ddt_trainer *t)
 {
-    static unsigned counter;
-    time_t now = time(NULL);
-    struct tm tm;
-    gmtime_r(&now, &tm);
-    struct timespec ns;
-    clock_gettime(CLOCK_REALTIME, &ns);
-    /* pid, nanoseconds and a counter, mixed: two processes in one second differ */
-    uint64_t x = ((uint64_t)getpid() << 32) ^ (uint64_t)ns.tv_nsec ^
-                 ((uint64_t)__atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED) << 48);
-    x = ddk_rng_next(&x);
-    snprintf(out, len, "r%04d%02d%02d-%02d%02d%02d-%06x", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
-             tm.tm_hour, tm.tm_min, tm.tm_sec, (unsigned)(x >> 40));
-}
-
-/* the trainer's own state, stored beside each checkpoint */
-static char *state_json(const ddt_trainer *t)
-{
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "run_id", t->run_id);
-    cJSON_AddNumberToObject(o, "step", (double)t->step);
-    cJSON_AddNumberToObject(o, "cursor", (double)ddt_source_cursor(t->source));
-    cJSON_AddNumberToObject(o, "chunk", (double)t->chunk);
-    cJSON_AddNumberToObject(o, "vocab_tile", (double)t->vocab_tile);
-    cJSON_AddStringToObject(o, "config", t->config_json);
-    /* what the config left to the target: `ddtreed export` needs it without the target */
-    const ddt_drafter_config *d = &t->cfg.drafter;
-    cJSON *r = cJSON_AddObjectToObject(o, "resolved");
-    cJSON_AddNumberToObject(r, "hidden_size", (double)d->hidden);
-    cJSON_AddNumberToObject(r, "vocab_size", (double)d->vocab);
-    cJSON_AddNumberToObject(r, "num_target_layers", (double)d->num_target_layers);
-    cJSON_AddNumberToObject(r, "mask_token_id", d->mask_token_id);
-    cJSON_AddItemToObject(r, "target_layer_ids", cJSON_CreateIntArray(d->target_layer_ids, (int)d->taps));
-    char *text = cJSON_Print(o);
-    cJSON_Delete(o);
-    return text;
+    ddt_checkpoint_meta m = { .step = t->step, .cursor = ddt_source_cursor(t->source), .chunk = t->chunk,
+                              .vocab_tile = t->vocab_tile, .config_json = t->config_json,
+                              .drafter = t->cfg.drafter };
+    snprintf(m.run_id, sizeof m.run_id, "%s", t->run_id);
+    return m;
 }
 
 static int resume_from(ddt_trainer *t, const char *ckpt, char *err, size_t err_len)
 {
-    char *text = NULL;
-    int rc = ddt_checkpoint_read(ckpt, &t->cfg.drafter, t->params, &t->adam, &text, err, err_len);
+    ddt_checkpoint_meta m;
+    int rc = ddt_checkpoint_read(ckpt, &t->cfg.drafter, t->params, &t->adam, &m, err, err_len);
     if (rc)
         return rc;
-    cJSON *o = cJSON_Parse(text);
-    const cJSON *step = cJSON_GetObjectItemCaseSensitive(o, "step"),
-                *cursor = cJSON_GetObjectItemCaseSensitive(o, "cursor"),
-                *chunk = cJSON_GetObjectItemCaseSensitive(o, "chunk"),
-                *tile = cJSON_GetObjectItemCaseSensitive(o, "vocab_tile");
-    if (!cJSON_IsNumber(step) || !cJSON_IsNumber(cursor) || !cJSON_IsNumber(chunk) || !cJSON_IsNumber(tile)) {
-        snprintf(err, err_len, "%s/state.json: step, cursor, chunk and vocab_tile must be numbers", ckpt);
-        rc = -EINVAL;
-    } else {
-        t->step = (int64_t)step->valuedouble;
-        t->chunk = (int64_t)chunk->valuedouble;
-        t->vocab_tile = (int64_t)tile->valuedouble;
-        rc = ddt_source_seek(t->source, (int64_t)cursor->valuedouble);
-        if (rc)
-            snprintf(err, err_len, "the data source cannot seek to cursor %lld", (long long)cursor->valuedouble);
-    }
-    cJSON_Delete(o);
-    free(text);
+    t->step = m.step;
+    t->chunk = m.chunk;
+    t->vocab_tile = m.vocab_tile;
+    rc = ddt_source_seek(t->source, m.cursor);
+    if (rc)
+        snprintf(err, err_len, "the data source cannot seek to cursor %lld", (long long)m.cursor);
+    ddt_checkpoint_meta_free(&m);
     return rc;
-}
-
-/* A checkpoint's state.json, parsed (the trainer's own state beside the tensors); NULL with
- * err. path receives its file name. */
-static cJSON *checkpoint_state(const char *ckpt, char *path, size_t path_len, char *err, size_t err_len)
-{
-    snprintf(path, path_len, "%.2400s/state.json", ckpt);
-    char *text = ddt_read_text_file(path, 1 << 22, err, err_len);
-    cJSON *o = text ? cJSON_Parse(text) : NULL;
-    if (text && !o)
-        snprintf(err, err_len, "%s: not valid JSON", path);
-    free(text);
-    return o;
 }
 
 /* The config of a run to resume: the newest checkpoint's state.json. */
@@ -356,14 +302,8 @@ static char *resume_config(const char *run_dir, char *ckpt, size_t ckpt_len, cha
         snprintf(err, err_len, "%s has no complete checkpoint to resume from", run_dir);
         return NULL;
     }
-    char path[2500];
-    cJSON *o = checkpoint_state(ckpt, path, sizeof path, err, err_len);
-    const char *config = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "config"));
-    char *out = config ? strdup(config) : NULL;
-    if (o && !out)
-        snprintf(err, err_len, "%s: no run config in state.json", path);
-    cJSON_Delete(o);
-    return out;
+    ddt_checkpoint_meta m;
+    return ddt_checkpoint_read_meta(ckpt, &m, err, err_len) ? NULL : m.config_json;   /* the caller's now */
 }
 
 int ddt_trainer_open(const char *config_json, size_t len, const char *state_dir,
@@ -392,7 +332,7 @@ int ddt_trainer_open(const char *config_json, size_t len, const char *state_dir,
         if (run_id)
             snprintf(t->run_id, sizeof t->run_id, "%s", run_id);
         else
-            ddt_trainer_new_run_id(t->run_id, sizeof t->run_id);
+            ddt_store_new_run_id(t->run_id, sizeof t->run_id);
         snprintf(t->run_dir, sizeof t->run_dir, "%s/runs/%s", state_dir, t->run_id);
         t->config_json = strndup(config_json, len);
         rc = t->config_json ? make_dir(t->run_dir, err, err_len) : -ENOMEM;
@@ -897,16 +837,15 @@ int ddt_trainer_rechunk(ddt_trainer *t, int64_t chunk, int64_t vocab_tile, char 
 int ddt_trainer_checkpoint(ddt_trainer *t, char *err, size_t err_len)
 {
     pull_weights(t);
-    char *state = state_json(t), path[2400];
+    const ddt_checkpoint_meta meta = checkpoint_meta(t);
+    char path[2400];
     int64_t bytes = 0;
-    int rc = state ? ddt_checkpoint_write(t->run_dir, t->step, &t->cfg.drafter, t->params, &t->adam, state,
-                                          (int)t->cfg.checkpoint_keep, path, sizeof path, &bytes, err, err_len)
-                   : -ENOMEM;
-    free(state);
+    int rc = ddt_checkpoint_write(t->run_dir, &meta, t->params, &t->adam, (int)t->cfg.checkpoint_keep, path,
+                                  sizeof path, &bytes, err, err_len);
     if (rc == 0 && t->store) {
         ddt_store_checkpoint(t->store, t->run_id, t->step, path, bytes, ddt_wall_ms());
         event(t, "checkpoint", "{\"step\": %lld, \"bytes\": %lld}", (long long)t->step, (long long)bytes);
-        ddt_store_run_update(t->store, t->run_id, "running", t->step, t->step, ddt_wall_ms(), -1, -1, NULL);
+        ddt_store_run_checkpointed(t->store, t->run_id, t->step, ddt_wall_ms());   /* its state is the run's owner's */
     }
     return rc;
 }
@@ -1021,76 +960,3 @@ int ddt_trainer_eval(ddt_trainer *t, ddt_acceptance *acc, char *err, size_t err_
     return rc;
 }
 
-/* ------------------------------------------------------------------------------------------
- * The serving export of a kept checkpoint, without the target: the drafter's shape comes from
- * the checkpoint's state.json (the run config and what it resolved from the target).
- */
-
-static int checkpoint_drafter(const char *ckpt, ddt_run_config *rc_out, char *err, size_t err_len)
-{
-    char path[2500], field[160];
-    cJSON *o = checkpoint_state(ckpt, path, sizeof path, err, err_len);
-    if (!o)
-        return -EINVAL;
-    const char *config = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "config"));
-    const cJSON *r = cJSON_GetObjectItemCaseSensitive(o, "resolved");
-    int rc = config && cJSON_IsObject(r) ? 0 : -EINVAL;
-    if (rc)
-        snprintf(err, err_len, "%s: no run config and resolved drafter shape in it", path);
-    if (!rc)
-        rc = ddt_run_config_parse(config, strlen(config), rc_out, err, err_len, field, sizeof field);
-    if (!rc) {
-        ddt_drafter_config *d = &rc_out->drafter;
-        const cJSON *ids = cJSON_GetObjectItemCaseSensitive(r, "target_layer_ids");
-        d->hidden = (int64_t)cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(r, "hidden_size"));
-        d->vocab = (int64_t)cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(r, "vocab_size"));
-        d->num_target_layers = (int64_t)cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(r, "num_target_layers"));
-        d->mask_token_id = (int32_t)cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(r, "mask_token_id"));
-        d->taps = cJSON_GetArraySize(ids);
-        for (int i = 0; i < d->taps && i < DDT_MAX_TAPS; i++)
-            d->target_layer_ids[i] = (int32_t)cJSON_GetNumberValue(cJSON_GetArrayItem(ids, i));
-        char why[512];
-        if (ddt_drafter_config_check(d, why, sizeof why)) {
-            snprintf(err, err_len, "%s: %s", path, why);
-            rc = -EINVAL;
-        }
-    }
-    cJSON_Delete(o);
-    return rc;
-}
-
-int ddt_trainer_export_checkpoint(const char *run_dir, int64_t step, const char *out_dir,
-                                  char *ckpt, size_t ckpt_len, char *err, size_t err_len)
-{
-    int64_t latest;
-    int rc = 0;
-    if (step >= 0)
-        snprintf(ckpt, ckpt_len, "%s/checkpoints/step-%08lld", run_dir, (long long)step);
-    else if (ddt_checkpoint_latest(run_dir, &latest, ckpt, ckpt_len)) {
-        snprintf(err, err_len, "%s has no complete checkpoint", run_dir);
-        return -ENOENT;
-    }
-    ddt_run_config c;
-    memset(&c, 0, sizeof c);
-    rc = checkpoint_drafter(ckpt, &c, err, err_len);
-    float *params = NULL, *m = NULL, *v = NULL;
-    char *state = NULL;
-    if (!rc) {
-        static _Thread_local ddt_param table[DDT_MAX_PARAMS];
-        int64_t total;
-        ddt_drafter_param_table(&c.drafter, table, &total);
-        params = malloc((size_t)total * sizeof(float));
-        m = malloc((size_t)total * sizeof(float));
-        v = malloc((size_t)total * sizeof(float));
-        ddt_adamw_state adam = { 0, m, v };
-        rc = params && m && v ? ddt_checkpoint_read(ckpt, &c.drafter, params, &adam, &state, err, err_len) : -ENOMEM;
-    }
-    if (!rc)
-        rc = ddt_export_write(out_dir, &c.drafter, params, err, err_len);
-    free(params);
-    free(m);
-    free(v);
-    free(state);
-    ddt_run_config_free(&c);
-    return rc;
-}

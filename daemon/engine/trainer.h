@@ -21,7 +21,8 @@
 typedef struct ddt_trainer ddt_trainer;
 
 /* A new run from config_json (len bytes) under state_dir (runs/<id>/ is created; id is
- * run_id, or a new one when NULL; its row is created in the store unless it exists), or, when
+ * run_id, or a new one from ddt_store_new_run_id when NULL; its row is created in the store,
+ * queued, unless it exists: the trainer never writes the row's state), or, when
  * resume, run_id continued from its newest checkpoint (its config is the checkpoint's).
  * store may be NULL (no records). 0, or a negative errno with err (and, for config errors,
  * field = the JSON path at fault). */
@@ -29,8 +30,6 @@ int ddt_trainer_open(const char *config_json, size_t len, const char *state_dir,
                      const char *run_id, int resume, ddt_store *store, ddt_trainer **out,
                      char *err, size_t err_len, char *field, size_t field_len);
 
-/* A new run id: "rYYYYMMDD-HHMMSS-xxxx" (UTC; sorts by creation). */
-void ddt_trainer_new_run_id(char *out, size_t len);
 void ddt_trainer_close(ddt_trainer *t);
 
 const char *ddt_trainer_run_id(const ddt_trainer *t);
@@ -53,10 +52,5 @@ int ddt_trainer_checkpoint(ddt_trainer *t, char *err, size_t err_len);
 int ddt_trainer_eval(ddt_trainer *t, ddt_acceptance *out, char *err, size_t err_len);
 /* the serving export of the current weights into out_dir */
 int ddt_trainer_export(ddt_trainer *t, const char *out_dir, char *err, size_t err_len);
-
-/* The serving export of RUN_DIR's checkpoint of `step` (-1: the newest) into out_dir, without
- * the target at hand; ckpt receives the checkpoint's path. 0, or a negative errno with err. */
-int ddt_trainer_export_checkpoint(const char *run_dir, int64_t step, const char *out_dir,
-                                  char *ckpt, size_t ckpt_len, char *err, size_t err_len);
 
 #endif

@@ -26,10 +26,6 @@ const double ddt_metrics_bucket_bounds[DDT_METRICS_BUCKETS] = {
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 15.0, 60.0,
 };
 
-const char *const ddt_run_state_names[DDT_RUN_STATES] = {
-    "queued", "running", "pausing", "paused", "completed", "failed", "cancelled", "interrupted",
-};
-
 /* ------------------------------------------------------------------------------------------
  * A growing text
  */
@@ -168,8 +164,8 @@ char *ddt_metrics_render(const ddt_metrics_snapshot *m, size_t *len)
     end_int(&t, 1);
 
     family(&t, "ddtree_runs", "gauge", "Runs known to the daemon, by state.");
-    for (int j = 0; j < DDT_RUN_STATES; j++) {
-        sample(&t, "ddtree_runs", "state", ddt_run_state_names[j]);
+    for (int j = 0; j < DDT_RUN_STATE_COUNT; j++) {
+        sample(&t, "ddtree_runs", "state", ddt_run_state_name(j));
         end_int(&t, m->runs_by_state[j]);
     }
 

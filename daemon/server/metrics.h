@@ -6,11 +6,13 @@
 #ifndef DDT_METRICS_H
 #define DDT_METRICS_H
 
+#include "run_state.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
 enum { DDT_METRICS_BUCKETS = 12, DDT_METRICS_MAX_DEVICES = 16, DDT_METRICS_MAX_BUDGETS = 8,
-       DDT_METRICS_MAX_CODES = 32, DDT_RUN_STATES = 8 };
+       DDT_METRICS_MAX_CODES = 32 };
 
 /* upper bounds of ddtree_step_duration_seconds, seconds (+Inf is implicit) */
 extern const double ddt_metrics_bucket_bounds[DDT_METRICS_BUCKETS];
@@ -29,7 +31,7 @@ typedef struct ddt_metrics_run {
 
 typedef struct ddt_metrics_snapshot {
     const char *version;
-    int64_t runs_by_state[DDT_RUN_STATES];          /* in the order of ddt_run_state_names */
+    int64_t runs_by_state[DDT_RUN_STATE_COUNT];     /* indexed by ddt_run_state (run_state.h) */
     int run_count;
     ddt_metrics_run *runs;                          /* (run_count) runs not finished */
     int device_count;
@@ -42,9 +44,6 @@ typedef struct ddt_metrics_snapshot {
     int codes[DDT_METRICS_MAX_CODES];
     uint64_t code_counts[DDT_METRICS_MAX_CODES];
 } ddt_metrics_snapshot;
-
-/* The names of the run states, as API.md spells them, in a fixed order. */
-extern const char *const ddt_run_state_names[DDT_RUN_STATES];
 
 /* The exposition text (malloc'd), *len its length. */
 char *ddt_metrics_render(const ddt_metrics_snapshot *m, size_t *len);

@@ -17,7 +17,6 @@
 #include "ddk_bf16.h"
 #include "ddk_rng.h"
 #include "cpu_backend.h"
-#include "fatal.h"
 
 #include <cblas.h>
 #include <math.h>

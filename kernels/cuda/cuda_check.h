@@ -1,10 +1,10 @@
 /* cuda_check.h: CUDA_CHECK(call), CUBLAS_CHECK(call) and LAUNCH_CHECK() for the .cu files of
- * the CUDA backend: any failure is a device error, ended by ddk_fatal (fatal.h) with the call
+ * the CUDA backend: any failure is a device error, ended by ddk_fatal (ddk.h) with the call
  * and CUDA's message. Not installed. */
 #ifndef DDK_CUDA_CHECK_H
 #define DDK_CUDA_CHECK_H
 
-#include "fatal.h"
+#include "ddk.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>

@@ -6,7 +6,6 @@
  * Tested by tests/test_cuda_device.c, which reports skipped on a machine without a GPU.
  */
 #include "ddk.h"
-#include "fatal.h"
 #include "alloc_device.h"
 
 #include <cuda_runtime.h>

@@ -75,6 +75,11 @@ DDK_API void ddk_allocator_trim(ddk_allocator *a);
  * flushes its records so that systemd's restart resumes the runs from their last checkpoint. The
  * hook may run on any thread and must not call libddk. NULL removes it. */
 DDK_API void ddk_set_fatal_hook(void (*hook)(const char *message));
+/* The one way libddk and the engine above it end the process on a device or programming error
+ * (a failed launch, a sticky CUDA error, a cuBLAS failure, a host allocation that cannot fail
+ * softly): "<2>FILE:LINE message" to stderr (a journal priority), then the hook, then abort(). */
+DDK_API __attribute__((noreturn, format(printf, 3, 4)))
+void ddk_fatal(const char *file, int line, const char *fmt, ...);
 
 /* ------------------------------------------------------------------------------------------
  * GPUs (present when libddk was built with CUDA; ddk_has_cuda() says so at run time)

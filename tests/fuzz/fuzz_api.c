@@ -299,10 +299,10 @@ static char *copy_text(const uint8_t *p, size_t n)
     return s;
 }
 
-static int64_t total(const int64_t counts[DDT_RUN_STATES])
+static int64_t total(const int64_t counts[DDT_RUN_STATE_COUNT])
 {
     int64_t n = 0;
-    for (int s = 0; s < DDT_RUN_STATES; s++)
+    for (int s = 0; s < DDT_RUN_STATE_COUNT; s++)
         n += counts[s];
     return n;
 }
@@ -370,7 +370,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         pair = next;
     }
 
-    int64_t before[DDT_RUN_STATES], after[DDT_RUN_STATES];
+    int64_t before[DDT_RUN_STATE_COUNT], after[DDT_RUN_STATE_COUNT];
     ddt_runs_counts(env.runs, before);
     ddt_http_response res;
     memset(&res, 0, sizeof res);
