@@ -4,12 +4,14 @@
  *   ddtreed train CONFIG.json --state-dir DIR [--stop-after N]
  *   ddtreed train --resume DIR [--run ID] [--stop-after N]
  *
- * A live progress line (step, loss, tok/s, peak memory, ETA), acceptance every
- * eval.every_steps, checkpoints every checkpoint.every_steps and at the end, the serving
- * export of the final weights in runs/<id>/export, then a summary. The run's state moves
- * along run_state.h's table as the daemon's would (ddt_store_run_transition): queued or the
- * state it was resumed from -> running -> completed, failed, or paused (--stop-after); a run
- * left running or pausing is first marked interrupted (crash recovery), a finished one does not
+ * The loop is the trainer's (ddt_trainer_advance / _finish: the same calls as the daemon's
+ * worker, hence the same steps, evals, checkpoints and events); this tool keeps the arguments
+ * and the printing: a live progress line (step, loss, tok/s, peak memory, ETA), each
+ * evaluation (the baseline at step 0, every eval.every_steps, the end), then a summary. The
+ * run's state moves along run_state.h's table as the daemon's does (ddt_store_run_transition):
+ * queued or the state it was resumed from -> running -> completed or failed; --stop-after N is
+ * the daemon's pause after N steps (running -> pausing -> its checkpoint -> paused). A run left
+ * running or pausing is first marked interrupted (crash recovery), a finished one does not
  * resume.
  * Tested by tests/train_cli_test.sh (through scripts/test) and scripts/demo.
  */
@@ -183,55 +185,65 @@ int ddt_cmd_train(int argc, char **argv)
     if (*ddt_trainer_devices_note(t))
         fprintf(stderr, "%s\n", ddt_trainer_devices_note(t));
     int tty = isatty(2);
-    double tau_start = -1;
-    ddt_acceptance acc;
-    if (ddt_trainer_step_count(t) == 0) {   /* where acceptance starts, for the summary */
-        if ((rc = ddt_trainer_eval(t, &acc, err, sizeof err)) == 0) {
-            print_eval(&acc, 0, stderr);
-            tau_start = ddt_acceptance_tau_chain(&acc);
-        }
-    }
-    double first_loss = -1, last_loss = 0, tok_s = 0, elapsed = 0;
+    double tau_start = -1, first_loss = -1, last_loss = 0, tok_s = 0, elapsed = 0;
     int64_t peak = 0, done_here = 0;
-    int have_eval = 0;
-    ddt_step_record rec;
-    while (rc == 0 && ddt_trainer_step_count(t) < c->steps && (!stop_after || done_here < stop_after)) {
-        if ((rc = ddt_trainer_step(t, &rec, err, sizeof err)))
+    int have_eval = 0, finished = 0;
+    ddt_acceptance acc;   /* the newest evaluation */
+    ddt_trainer_outcome o;
+    ddt_run_state at = DDT_RUN_RUNNING, end = DDT_RUN_FAILED;
+    for (;;) {
+        if (stop_after && done_here == stop_after && ddt_trainer_step_count(t) < c->steps) {
+            /* --stop-after N: the daemon's pause, after N steps: pausing, its checkpoint, paused */
+            int recorded = ddt_store_run_transition(store, ddt_trainer_run_id(t), at, DDT_RUN_PAUSING,
+                                                    ddt_trainer_step_count(t), -1, ddt_wall_ms(), NULL);
+            if (recorded)
+                fprintf(stderr, "ddtreed train: the pause was not recorded in %s: %s\n", db, strerror(-recorded));
+            at = recorded ? at : DDT_RUN_PAUSING;
+            rc = ddt_trainer_hold(t, err, sizeof err);
+            end = DDT_RUN_PAUSED;
             break;
-        done_here++;
-        first_loss = first_loss < 0 ? rec.loss : first_loss;
-        last_loss = rec.loss;
-        elapsed += rec.step_ms / 1e3;
-        tok_s = rec.tokens * done_here / elapsed;
-        peak = rec.peak_bytes > peak ? rec.peak_bytes : peak;
-        char eta[32];
-        format_eta((double)(c->steps - rec.step) * elapsed / (double)done_here, eta, sizeof eta);
-        int64_t every = c->steps / 20 > 0 ? c->steps / 20 : 1;
-        if (tty || rec.step % every == 0 || rec.step == c->steps)
-            fprintf(stderr, "%sstep %lld/%lld  loss %.4f  acc %.3f  %.0f tok/s  peak %.1f MB  chunk %lld%s  eta %s%s",
-                    tty ? "\r" : "", (long long)rec.step, (long long)c->steps, rec.loss, rec.acc,
-                    rec.tokens_per_s, rec.peak_bytes / 1e6, (long long)rec.chunk,
-                    rec.vocab_tile ? " (tiled)" : "", eta, tty ? "   " : "\n");
-        int last = rec.step == c->steps || (stop_after && done_here == stop_after);
-        if (rec.step % c->eval_every == 0 || last) {
-            if (tty)
-                fputc('\n', stderr);
-            if ((rc = ddt_trainer_eval(t, &acc, err, sizeof err)))
-                break;
-            have_eval = 1;
-            print_eval(&acc, rec.step, stderr);
         }
-        if (rec.step % c->checkpoint_every == 0 || last)
-            rc = ddt_trainer_checkpoint(t, err, sizeof err);
+        if ((rc = ddt_trainer_advance(t, &o, err, sizeof err)))
+            break;   /* failed */
+        if (o.done) {   /* complete, even when the export fails (rc: an error event, exit 1) */
+            rc = ddt_trainer_finish(t, err, sizeof err);
+            finished = 1;
+            end = DDT_RUN_COMPLETED;
+            break;
+        }
+        const ddt_step_record *rec = &o.rec;
+        if (o.stepped) {
+            done_here++;
+            first_loss = first_loss < 0 ? rec->loss : first_loss;
+            last_loss = rec->loss;
+            elapsed += rec->step_ms / 1e3;
+            tok_s = rec->tokens * done_here / elapsed;
+            peak = rec->peak_bytes > peak ? rec->peak_bytes : peak;
+            char eta[32];
+            format_eta((double)(c->steps - rec->step) * elapsed / (double)done_here, eta, sizeof eta);
+            int64_t every = c->steps / 20 > 0 ? c->steps / 20 : 1;
+            if (tty || rec->step % every == 0 || rec->step == c->steps)
+                fprintf(stderr, "%sstep %lld/%lld  loss %.4f  acc %.3f  %.0f tok/s  peak %.1f MB  chunk %lld%s  eta %s%s",
+                        tty ? "\r" : "", (long long)rec->step, (long long)c->steps, rec->loss, rec->acc,
+                        rec->tokens_per_s, rec->peak_bytes / 1e6, (long long)rec->chunk,
+                        rec->vocab_tile ? " (tiled)" : "", eta, tty ? "   " : "\n");
+        }
+        if (o.evaluated) {
+            if (tty && o.stepped)
+                fputc('\n', stderr);
+            acc = o.acceptance;
+            have_eval = 1;
+            if (!o.stepped)   /* the baseline: where acceptance starts, for the summary */
+                tau_start = ddt_acceptance_tau_chain(&acc);
+            print_eval(&acc, ddt_trainer_step_count(t), stderr);
+        }
+        if (*o.warning)
+            fprintf(stderr, "%sddtreed train: %s\n", tty ? "\n" : "", o.warning);
     }
     char export_dir[2200];
     snprintf(export_dir, sizeof export_dir, "%s/export", ddt_trainer_run_dir(t));
-    int finished = rc == 0 && ddt_trainer_step_count(t) >= c->steps;
-    if (finished)
-        rc = ddt_trainer_export(t, export_dir, err, sizeof err);
-    ddt_run_state end = rc ? DDT_RUN_FAILED : finished ? DDT_RUN_COMPLETED : DDT_RUN_PAUSED;
-    int recorded = ddt_store_run_transition(store, ddt_trainer_run_id(t), DDT_RUN_RUNNING, end,
-                                            ddt_trainer_step_count(t), -1, ddt_wall_ms(), rc ? err : NULL);
+    int recorded = ddt_store_run_transition(store, ddt_trainer_run_id(t), at, end, ddt_trainer_step_count(t), -1,
+                                            ddt_wall_ms(), end == DDT_RUN_FAILED ? err : NULL);
     ddt_store_close(store);
     if (recorded)
         fprintf(stderr, "ddtreed train: the run's end (%s) was not recorded in %s: %s\n", ddt_run_state_name(end),
@@ -255,9 +267,9 @@ int ddt_cmd_train(int argc, char **argv)
         printf("\n");
     }
     printf("  database      %s\n  checkpoints   %s/checkpoints\n", db, ddt_trainer_run_dir(t));
-    if (finished)
+    if (finished && !rc)
         printf("  export        %s\n", export_dir);
-    else if (!rc)
+    else if (end == DDT_RUN_PAUSED)
         printf("  resume with   ddtreed train --resume %s --run %s\n", state_dir, ddt_trainer_run_id(t));
     ddt_trainer_close(t);
     return rc ? 1 : 0;

@@ -3,8 +3,15 @@
  * One mutex guards every run's snapshot and requests; a worker thread per active run owns its
  * trainer and looks at its requests only between steps, so a step is never torn. Each state
  * change goes through set_state: along run_state.h's table (its diagram shows which request
- * makes which change), written as it happens by ddt_store_run_transition (the runs row and its
- * "state" event together).
+ * makes which change), enqueued under the lock (ddt_store_run_transition_enqueue: the runs row
+ * and its "state" event together, in the order of the changes) and waited for by unlock() once
+ * the lock is released: no thread waits on the disk while holding the lock every HTTP handler
+ * takes. A run's row is created (a write waited for) before the run joins the list, unlocked.
+ * A run's config is parsed, validated and resolved once (prepare: at submit, or when the run is
+ * loaded at start-up) and kept: the scheduler reads its devices, the worker hands it to the
+ * trainer. The loop's cadence (evaluations, checkpoints, the export) is the trainer's
+ * (ddt_trainer_advance / _finish, as in `ddtreed train`); the worker keeps the requests and the
+ * states.
  * Tested by tests/api_e2e.py.
  */
 #include "ddt_time.h"
@@ -26,7 +33,11 @@
 
 typedef struct run {
     char id[40], name[DDT_RUN_NAME];
-    char *config_json;
+    char *config_json;                  /* as submitted: the row's, the checkpoints' */
+    ddt_run_config config;              /* parsed once (prepare), resolved; active runs only */
+    ddt_devices devices;                /* its ranks on this node */
+    int config_rc;                      /* 0, or why it cannot start here (config_error) */
+    char config_error[512];
     ddt_run_state state;
     int64_t step, max_steps, last_checkpoint_step;
     int64_t created_ms, started_ms, updated_ms, finished_ms;
@@ -78,9 +89,54 @@ static int active(ddt_run_state s)
     return !ddt_run_state_final(s);
 }
 
+/* The state writes this thread enqueued while holding the lock (set_state), oldest last;
+ * unlock() waits for them once the lock is released. */
+typedef struct pending_write {
+    ddt_store *store;
+    ddt_store_pending *pending;
+    char id[40];
+    ddt_run_state from, to;
+    struct pending_write *next;
+} pending_write;
+static _Thread_local pending_write *pending_writes;
+
+/* Releases the lock, then waits for the state writes this thread enqueued under it: a state
+ * change is committed when the call that made it returns, as when it was written under the
+ * lock, but no one waits on the disk while holding it. */
+static void unlock(ddt_runs *r)
+{
+    pending_write *w = pending_writes, *oldest = NULL;
+    pending_writes = NULL;
+    pthread_mutex_unlock(&r->lock);
+    while (w) {   /* oldest first */
+        pending_write *next = w->next;
+        w->next = oldest;
+        oldest = w;
+        w = next;
+    }
+    for (w = oldest; w;) {
+        int rc = ddt_store_wait(w->store, w->pending);
+        if (rc)
+            ddt_log(DDT_LOG_ERR, "run=%s state change from=%s to=%s not recorded: %s", w->id,
+                    ddt_run_state_name(w->from), ddt_run_state_name(w->to), strerror(-rc));
+        pending_write *next = w->next;
+        free(w);
+        w = next;
+    }
+}
+
+/* unlock() and lock again: before a wait on the condition, the writes are waited for */
+static void settle(ddt_runs *r)
+{
+    if (pending_writes) {
+        unlock(r);
+        pthread_mutex_lock(&r->lock);
+    }
+}
+
 /* A state change, with the lock: the snapshot, the runs row and its "state" event (one
- * ddt_store_run_transition), the log, the main loop. A change that run_state.h's table lacks
- * is a bug of the manager: logged, and nothing changes. */
+ * transition enqueued; the caller's unlock() waits for it), the log, the main loop. A change
+ * that run_state.h's table lacks is a bug of the manager: logged, and nothing changes. */
 static void set_state(ddt_runs *r, run *u, ddt_run_state s, const char *error)
 {
     ddt_run_state from = u->state;
@@ -97,9 +153,20 @@ static void set_state(ddt_runs *r, run *u, ddt_run_state s, const char *error)
         u->finished_ms = u->updated_ms;
     if (error)
         snprintf(u->error, sizeof u->error, "%s", error);
-    int rc = r->store ? ddt_store_run_transition(r->store, u->id, from, s, u->step, u->last_checkpoint_step,
-                                                 u->updated_ms, error)
-                      : 0;
+    int rc = 0;
+    if (r->store) {
+        pending_write *w = calloc(1, sizeof *w);
+        rc = w ? ddt_store_run_transition_enqueue(r->store, u->id, from, s, u->step, u->last_checkpoint_step,
+                                                  u->updated_ms, error, &w->pending)
+               : -ENOMEM;
+        if (rc == 0) {
+            *w = (pending_write){ r->store, w->pending, "", from, s, pending_writes };
+            snprintf(w->id, sizeof w->id, "%s", u->id);
+            pending_writes = w;
+        } else {
+            free(w);
+        }
+    }
     if (rc)
         ddt_log(DDT_LOG_ERR, "run=%s state change from=%s to=%s not recorded: %s", u->id,
                 ddt_run_state_name(from), ddt_run_state_name(s), strerror(-rc));
@@ -115,21 +182,15 @@ static void set_state(ddt_runs *r, run *u, ddt_run_state s, const char *error)
 
 static void *worker_main(void *arg);
 
-/* The GPUs a run's ranks take on this node (its config's "devices"). CPU ranks are not held:
- * runs on the CPU share its cores (and the per-rank accounting). A config that names what the
- * node lacks takes nothing here: its worker fails at once with the trainer's message. */
+/* The GPUs a run's ranks take on this node (its kept devices). CPU ranks are not held: runs on
+ * the CPU share its cores (and the per-rank accounting). A config that names what the node
+ * lacks takes nothing here: its worker fails at once naming it. */
 static uint64_t run_gpus(const run *u)
 {
     uint64_t gpus = 0;
-    ddt_run_config c;
-    char err[512], field[128];
-    if (ddt_run_config_parse(u->config_json, strlen(u->config_json), &c, err, sizeof err, field, sizeof field))
-        return 0;
-    ddt_devices d;
-    if (ddt_run_config_devices(&c, ddt_node_here(), &d, err, sizeof err, NULL, 0) == 0 && d.gpu)
-        for (int i = 0; i < d.ranks; i++)   /* "all": only the GPUs it trains on */
-            gpus |= (uint64_t)1 << d.gpu_ids[i];
-    ddt_run_config_free(&c);
+    if (u->config_rc == 0 && u->devices.gpu)
+        for (int i = 0; i < u->devices.ranks; i++)   /* "all": only the GPUs it trains on */
+            gpus |= (uint64_t)1 << u->devices.gpu_ids[i];
     return gpus;
 }
 
@@ -197,37 +258,42 @@ static void record_eval(run *u, const ddt_acceptance *a)
     }
 }
 
-/* checkpoint, outside the lock; records the step */
-static void checkpoint(ddt_runs *r, run *u, ddt_trainer *t)
+/* A checkpoint asked for (always), or the one of a stop (ddt_trainer_hold), outside the lock */
+static void checkpoint(run *u, ddt_trainer *t, int always)
 {
     char err[1024];
-    if (ddt_trainer_checkpoint(t, err, sizeof err)) {
+    if ((always ? ddt_trainer_checkpoint : ddt_trainer_hold)(t, err, sizeof err))
         ddt_log(DDT_LOG_ERR, "run=%s checkpoint failed: %s", u->id, err);
-        return;
-    }
-    pthread_mutex_lock(&r->lock);
-    u->last_checkpoint_step = ddt_trainer_step_count(t);
-    pthread_mutex_unlock(&r->lock);
 }
 
-static void export_now(ddt_runs *r, run *u, ddt_trainer *t)
+static void export_now(run *u, ddt_trainer *t)
 {
     char dir[2200], err[1024];
     snprintf(dir, sizeof dir, "%s/export", ddt_trainer_run_dir(t));
     if (ddt_trainer_export(t, dir, err, sizeof err))
         ddt_log(DDT_LOG_ERR, "run=%s export failed: %s", u->id, err);
-    else if (r->store)
-        ddt_store_event(r->store, u->id, ddt_wall_ms(), "export", "{\"written\": true}");
+}
+
+/* what the trainer did, into the snapshot (with the lock) */
+static void note_checkpoint(run *u, const ddt_trainer *t)
+{
+    if (ddt_trainer_checkpoint_step(t) >= 0)
+        u->last_checkpoint_step = ddt_trainer_checkpoint_step(t);
+    u->last_progress_s = ddt_mono_s();
 }
 
 static void *worker_main(void *arg)
 {
     run *u = arg;
     ddt_runs *r = u->owner;
-    char err[2048] = "", field[160];
+    char err[2048] = "";
     ddt_trainer *t = NULL;
-    int rc = ddt_trainer_open(u->config_json, strlen(u->config_json), r->state_dir, u->id, u->resume,
-                              r->store, &t, err, sizeof err, field, sizeof field);
+    int rc = u->config_rc;
+    if (rc)
+        snprintf(err, sizeof err, "%s", u->config_error);
+    else
+        rc = ddt_trainer_open_parsed(&u->config, u->config_json, &u->devices, r->state_dir, u->id, u->resume,
+                                     r->store, &t, err, sizeof err);
     pthread_mutex_lock(&r->lock);
     if (rc) {
         set_state(r, u, DDT_RUN_FAILED, err);
@@ -238,21 +304,16 @@ static void *worker_main(void *arg)
     if (*ddt_trainer_devices_note(t))
         ddt_log(DDT_LOG_INFO, "run=%s %s", u->id, ddt_trainer_devices_note(t));
     set_state(r, u, DDT_RUN_RUNNING, NULL);
-    const ddt_run_config *c = ddt_trainer_config(t);
+    ddt_trainer_outcome o;
     for (;;) {
         /* ---- the step boundary: requests ---- */
-        if (r->closing) {
-            pthread_mutex_unlock(&r->lock);
-            checkpoint(r, u, t);
+        if (r->closing || u->want_cancel) {
+            ddt_run_state end = r->closing ? DDT_RUN_INTERRUPTED : DDT_RUN_CANCELLED;
+            unlock(r);
+            checkpoint(u, t, 0);   /* a final checkpoint is kept */
             pthread_mutex_lock(&r->lock);
-            set_state(r, u, DDT_RUN_INTERRUPTED, NULL);
-            break;
-        }
-        if (u->want_cancel) {
-            pthread_mutex_unlock(&r->lock);
-            checkpoint(r, u, t);   /* a final checkpoint is kept */
-            pthread_mutex_lock(&r->lock);
-            set_state(r, u, DDT_RUN_CANCELLED, NULL);
+            note_checkpoint(u, t);
+            set_state(r, u, end, NULL);
             break;
         }
         if (u->want_chunk >= 0 || u->want_tile >= 0) {
@@ -263,17 +324,18 @@ static void *worker_main(void *arg)
         }
         int want_ckpt = u->want_checkpoint, want_export = u->want_export, pause = u->want_pause;
         u->want_checkpoint = u->want_export = 0;
-        pthread_mutex_unlock(&r->lock);
+        unlock(r);
         if (want_ckpt || pause)
-            checkpoint(r, u, t);
+            checkpoint(u, t, want_ckpt);
         if (want_export)
-            export_now(r, u, t);
+            export_now(u, t);
         pthread_mutex_lock(&r->lock);
-        u->last_progress_s = ddt_mono_s();
+        note_checkpoint(u, t);
         if (pause) {
             u->want_pause = 0;
             if (u->state != DDT_RUN_PAUSED)
                 set_state(r, u, DDT_RUN_PAUSED, NULL);
+            settle(r);
             while (!u->want_resume && !u->want_cancel && !r->closing && !u->want_checkpoint && !u->want_export)
                 pthread_cond_wait(&r->wake, &r->lock);
             if (u->want_resume) {
@@ -286,42 +348,38 @@ static void *worker_main(void *arg)
             }
             continue;
         }
-        if (ddt_trainer_step_count(t) >= c->steps) {
-            pthread_mutex_unlock(&r->lock);
-            checkpoint(r, u, t);
-            export_now(r, u, t);
-            pthread_mutex_lock(&r->lock);
-            set_state(r, u, DDT_RUN_COMPLETED, NULL);
-            break;
-        }
-        pthread_mutex_unlock(&r->lock);
+        unlock(r);
 
-        /* ---- one step, outside the lock ---- */
-        ddt_step_record rec;
-        rc = ddt_trainer_step(t, &rec, err, sizeof err);
-        ddt_acceptance acc;
-        int evaluated = 0;
-        if (rc == 0 && (rec.step % c->eval_every == 0 || rec.step == c->steps))
-            evaluated = ddt_trainer_eval(t, &acc, err, sizeof err) == 0;
-        if (rc == 0 && rec.step % c->checkpoint_every == 0 && rec.step != c->steps)
-            checkpoint(r, u, t);
+        /* ---- the trainer's next thing (a step and what falls due after it), outside the lock ---- */
+        rc = ddt_trainer_advance(t, &o, err, sizeof err);
+        char finish_err[1024];
+        if (rc == 0 && o.done && ddt_trainer_finish(t, finish_err, sizeof finish_err))
+            ddt_log(DDT_LOG_ERR, "run=%s at its end: %s", u->id, finish_err);
+        if (*o.warning)
+            ddt_log(DDT_LOG_ERR, "run=%s %s", u->id, o.warning);
         pthread_mutex_lock(&r->lock);
+        note_checkpoint(u, t);
         if (rc) {
             set_state(r, u, DDT_RUN_FAILED, err);
             break;
         }
+        if (o.done) {   /* the training is complete, even when its export failed (an error event) */
+            set_state(r, u, DDT_RUN_COMPLETED, NULL);
+            break;
+        }
         u->oom_recoveries = ddt_trainer_oom_recoveries(t);
-        record_step(r, u, &rec);
-        if (evaluated)
-            record_eval(u, &acc);
+        if (o.stepped)
+            record_step(r, u, &o.rec);
+        if (o.evaluated)
+            record_eval(u, &o.acceptance);
     }
 done:
-    pthread_mutex_unlock(&r->lock);
+    unlock(r);
     ddt_trainer_close(t);   /* before the next run starts: it gives the ranks' memory back */
     pthread_mutex_lock(&r->lock);
     u->thread_done = 1;
     schedule(r);            /* a slot is free */
-    pthread_mutex_unlock(&r->lock);
+    unlock(r);
     return NULL;
 }
 
@@ -329,29 +387,73 @@ done:
  * Open, close, submit
  */
 
-static run *add_run(ddt_runs *r, const char *id, const char *name, const char *config_json)
+/* A run record of config_json (len bytes), not yet in the list; NULL without memory. */
+static run *new_run(ddt_runs *r, const char *id, const char *config_json, size_t len)
+{
+    run *u = calloc(1, sizeof *u);
+    if (!u || !(u->config_json = strndup(config_json, len))) {
+        free(u);
+        return NULL;
+    }
+    snprintf(u->id, sizeof u->id, "%s", id);
+    u->owner = r;
+    u->tau_chain = -1;
+    u->started_ms = u->finished_ms = u->last_checkpoint_step = -1;
+    u->want_chunk = u->want_tile = -1;
+    return u;
+}
+
+static void free_run(run *u)
+{
+    ddt_run_config_free(&u->config);
+    free(u->config_json);
+    free(u);
+}
+
+/* u into the list (with the lock); -ENOMEM */
+static int add_run(ddt_runs *r, run *u)
 {
     if (r->count == r->capacity) {
         int cap = r->capacity ? 2 * r->capacity : 16;
         run **grown = realloc(r->runs, (size_t)cap * sizeof *grown);
         if (!grown)
-            return NULL;
+            return -ENOMEM;
         r->runs = grown;
         r->capacity = cap;
     }
-    run *u = calloc(1, sizeof *u);
-    if (!u || !(u->config_json = strdup(config_json))) {
-        free(u);
-        return NULL;
-    }
-    snprintf(u->id, sizeof u->id, "%s", id);
-    snprintf(u->name, sizeof u->name, "%s", name);
-    u->owner = r;
-    u->tau_chain = -1;
-    u->started_ms = u->finished_ms = u->last_checkpoint_step = -1;
-    u->want_chunk = u->want_tile = -1;
     r->runs[r->count++] = u;
-    return u;
+    return 0;
+}
+
+/* The run's config (json, len bytes: what it was submitted with), parsed, validated and
+ * resolved once, kept in u: what can be checked before the run starts is, the devices against
+ * what the config asks of them (more ranks than sequences per step, a head_dim beyond the GPUs'
+ * attention), the target's shape and the drafter. 0, or the config's error (err, field). A
+ * GPU this node lacks (-ENODEV) is not an error of the config: it is kept in u->config_rc and
+ * u->config_error, and the run fails at its start naming it. */
+static int prepare(run *u, const char *json, size_t len, char *err, size_t err_len, char *field, size_t field_len)
+{
+    ddt_run_config *c = &u->config;
+    int rc = ddt_run_config_parse(json, len, c, err, err_len, field, field_len);
+    if (rc)
+        return rc;
+    rc = ddt_run_config_devices(c, ddt_node_here(), &u->devices, err, err_len, field, field_len);
+    if (rc == -ENODEV) {
+        u->config_rc = rc;
+        snprintf(u->config_error, sizeof u->config_error, "%s", err);
+        rc = 0;
+        *field = '\0';
+    }
+    if (rc)
+        return rc;
+    int64_t hidden, vocab, layers;
+    int tied;
+    rc = ddt_run_config_target_shape(c, &hidden, &vocab, &layers, &tied, err, err_len);
+    if (!rc && (rc = ddt_run_config_resolve(c, hidden, vocab, layers, err, err_len)))
+        snprintf(field, field_len, "drafter");
+    if (rc && !*field)
+        snprintf(field, field_len, "target");
+    return rc;
 }
 
 /* a row's state; failed for a name that is none (a database edited by hand) */
@@ -383,12 +485,16 @@ int ddt_runs_open(const char *state_dir, const char *db_path, ddt_store *store, 
     int rc = ddt_store_read_runs(db_path, &rows, &count, err, err_len);
     pthread_mutex_lock(&r->lock);
     for (int i = 0; rc == 0 && i < count; i++) {
-        run *u = add_run(r, rows[i].id, rows[i].name, rows[i].config_json ? rows[i].config_json : "{}");
-        if (!u) {
+        const char *json = rows[i].config_json ? rows[i].config_json : "{}";
+        run *u = new_run(r, rows[i].id, json, strlen(json));
+        if (!u || add_run(r, u)) {
+            if (u)
+                free_run(u);
             snprintf(err, err_len, "no memory for the run list");
             rc = -ENOMEM;
             break;
         }
+        snprintf(u->name, sizeof u->name, "%s", rows[i].name);
         u->state = state_of(rows[i].state);
         u->step = rows[i].step > 0 ? rows[i].step : 0;
         u->max_steps = rows[i].max_steps;
@@ -400,6 +506,15 @@ int ddt_runs_open(const char *state_dir, const char *db_path, ddt_store *store, 
         if (rows[i].error)
             snprintf(u->error, sizeof u->error, "%s", rows[i].error);
         u->resume = u->last_checkpoint_step >= 0 || u->step > 0;
+        /* a run that may start again is parsed now, once; one that no longer parses (a database
+         * of another version, edited by hand) fails when it starts, saying why */
+        char why[512], field[160];
+        int bad = active(u->state) ? prepare(u, json, strlen(json), why, sizeof why, field, sizeof field) : 0;
+        if (bad) {
+            u->config_rc = bad;
+            snprintf(u->config_error, sizeof u->config_error, "%s", why);
+            ddt_log(DDT_LOG_WARNING, "run=%s its config does not parse: %s", u->id, why);
+        }
         /* the daemon stopped (or died) under these: they resume from their checkpoints */
         if (u->state == DDT_RUN_RUNNING || u->state == DDT_RUN_PAUSING)
             set_state(r, u, DDT_RUN_INTERRUPTED, NULL);
@@ -407,7 +522,7 @@ int ddt_runs_open(const char *state_dir, const char *db_path, ddt_store *store, 
     ddt_store_free_runs(rows, count);
     if (rc == 0)
         schedule(r);
-    pthread_mutex_unlock(&r->lock);
+    unlock(r);
     if (rc) {
         ddt_runs_close(r);
         return rc;
@@ -427,10 +542,8 @@ void ddt_runs_close(ddt_runs *r)
     for (int i = 0; i < r->count; i++)
         if (r->runs[i]->has_thread)
             pthread_join(r->runs[i]->thread, NULL);
-    for (int i = 0; i < r->count; i++) {
-        free(r->runs[i]->config_json);
-        free(r->runs[i]);
-    }
+    for (int i = 0; i < r->count; i++)
+        free_run(r->runs[i]);
     free(r->runs);
     pthread_mutex_destroy(&r->lock);
     pthread_cond_destroy(&r->wake);
@@ -442,71 +555,54 @@ void ddt_runs_set_parallel(ddt_runs *r, int max_parallel)
     pthread_mutex_lock(&r->lock);
     r->max_parallel = max_parallel;
     schedule(r);
-    pthread_mutex_unlock(&r->lock);
+    unlock(r);
 }
 
 int ddt_runs_submit(ddt_runs *r, const char *json, size_t len, char *id, size_t id_len,
                     char *err, size_t err_len, char *field, size_t field_len)
 {
-    ddt_run_config c;
-    int rc = ddt_run_config_parse(json, len, &c, err, err_len, field, field_len);
-    if (rc)
-        return rc;
-    /* what can be checked before the run starts: the devices against what the config asks of
-     * them (more ranks than sequences per step, a head_dim beyond the GPUs' attention; a GPU
-     * this node lacks is left to the worker, which fails at once naming it), the target's
-     * shape and the drafter */
-    ddt_devices d;
-    rc = ddt_run_config_devices(&c, ddt_node_here(), &d, err, err_len, field, field_len);
-    if (rc == -ENODEV) {
-        rc = 0;
-        *field = '\0';
-    }
-    if (rc) {
-        ddt_run_config_free(&c);
-        return rc;
-    }
-    int64_t hidden, vocab, layers;
-    int tied;
-    rc = ddt_run_config_target_shape(&c, &hidden, &vocab, &layers, &tied, err, err_len);
-    if (!rc && (rc = ddt_run_config_resolve(&c, hidden, vocab, layers, err, err_len)))
-        snprintf(field, field_len, "drafter");
-    if (rc && !*field)
-        snprintf(field, field_len, "target");
-    char name[DDT_RUN_NAME];
-    snprintf(name, sizeof name, "%s", c.name);
-    int64_t steps = c.steps;
-    ddt_run_config_free(&c);
-    if (rc)
-        return rc;
-    char *text = strndup(json, len);
     char new_id[40];
     ddt_store_new_run_id(new_id, sizeof new_id);
-    pthread_mutex_lock(&r->lock);
-    while (find(r, new_id))   /* two in the same second */
-        ddt_store_new_run_id(new_id, sizeof new_id);
-    run *u = text ? add_run(r, new_id, name, text) : NULL;
-    free(text);
+    run *u = new_run(r, new_id, json, len);
     if (!u) {
-        pthread_mutex_unlock(&r->lock);
         snprintf(err, err_len, "no memory for another run");
         return -ENOMEM;
     }
-    u->state = DDT_RUN_QUEUED;
-    u->max_steps = steps;
-    u->created_ms = u->updated_ms = ddt_wall_ms();
-    if (r->store && (rc = ddt_store_run_create(r->store, u->id, u->name, u->config_json, steps, u->created_ms))) {
-        r->count--;
-        free(u->config_json);
-        free(u);
-        pthread_mutex_unlock(&r->lock);
-        snprintf(err, err_len, "the database refused the run (%s)", strerror(-rc));
+    int rc = prepare(u, json, len, err, err_len, field, field_len);
+    if (rc) {
+        free_run(u);
         return rc;
     }
+    snprintf(u->name, sizeof u->name, "%s", u->config.name);
+    u->state = DDT_RUN_QUEUED;
+    u->max_steps = u->config.steps;
+    u->created_ms = u->updated_ms = ddt_wall_ms();
+    /* the row before the run is in the list, outside the lock (its write is waited for); the
+     * store refuses an id it has (two in the same second): another one then */
+    for (int tries = 0; r->store && tries < 8; tries++) {
+        rc = ddt_store_run_create(r->store, u->id, u->name, u->config_json, u->max_steps, u->created_ms);
+        if (rc != -EEXIST)
+            break;
+        ddt_store_new_run_id(u->id, sizeof u->id);
+    }
+    if (rc) {
+        snprintf(err, err_len, "the database refused the run (%s)", strerror(-rc));
+        free_run(u);
+        return rc;
+    }
+    pthread_mutex_lock(&r->lock);
+    while (!r->store && find(r, u->id))   /* no store to refuse a repeated id */
+        ddt_store_new_run_id(u->id, sizeof u->id);
+    if (add_run(r, u)) {
+        pthread_mutex_unlock(&r->lock);
+        snprintf(err, err_len, "no memory for another run");
+        free_run(u);   /* its row stays queued: the next start of the daemon runs it */
+        return -ENOMEM;
+    }
     snprintf(id, id_len, "%s", u->id);
-    ddt_log(DDT_LOG_INFO, "run=%s name=\"%s\" queued steps=%lld", u->id, u->name, (long long)steps);
+    ddt_log(DDT_LOG_INFO, "run=%s name=\"%s\" queued steps=%lld", u->id, u->name, (long long)u->max_steps);
     schedule(r);
-    pthread_mutex_unlock(&r->lock);
+    unlock(r);
     return 0;
 }
 
@@ -644,7 +740,7 @@ int ddt_runs_control(ddt_runs *r, const char *id, ddt_run_action action, const c
         } else {   /* no worker: from its newest checkpoint, now (outside the lock) */
             char run_dir[2100], ckpt[2400];
             snprintf(run_dir, sizeof run_dir, "%s/runs/%s", r->state_dir, u->id);
-            pthread_mutex_unlock(&r->lock);
+            unlock(r);
             rc = ddt_checkpoint_export(run_dir, -1, dir, ckpt, sizeof ckpt, err, err_len);
             if (rc) {
                 cJSON_Delete(*reply);
@@ -660,7 +756,7 @@ int ddt_runs_control(ddt_runs *r, const char *id, ddt_run_action action, const c
 out:
     if (rc == 0)
         u->last_progress_s = ddt_mono_s();
-    pthread_mutex_unlock(&r->lock);
+    unlock(r);
     return rc;
 }
 

@@ -17,6 +17,8 @@ Cases:
   6 sigterm         SIGTERM: exit 0, checkpoint at the exit step, no socket left; resumes
   7 ddtreectl       every command's exit status (0, 1 with the daemon's message, 2, 3)
   8 concurrency     16 threads x 100 scrapes while a run trains: no error; slowdown printed
+  9 daemon_vs_foreground  one config through POST /runs and through `ddtreed train`: the same
+                    steps (bit for bit), evals, checkpoints, events and runs row
 
 Output: "ok   NAME" or "FAIL NAME" with indented details, then "N passed, M failed".
 Exit 0 all passed, 1 a failure, 77 skipped (ddtreed, ddtreectl or prometheus_client missing;
@@ -1128,6 +1130,91 @@ def case_concurrency(t, env):
     d.stop()
 
 
+# ------------------------------------------------------------------------------------------
+# 9. the daemon and `ddtreed train` write the same records for one config
+
+EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples")
+
+
+def run_records(db, rid):
+    """what a run wrote, without its id, times, paths or speed: the steps (figures bit for bit),
+    evals, checkpoints (step, bytes), the events in order (kind, detail), and its row"""
+    def q(sql):
+        return db_query(db, sql, (rid,))
+    steps = q("SELECT step, loss, ce, kl, cap, acc, lr, grad_norm, tokens, positions, chunk, vocab_tile "
+              "FROM steps WHERE run_id = ? ORDER BY step")
+    evals = q("SELECT step, tau_chain, tau_tree_json, acc_json FROM evals WHERE run_id = ? ORDER BY step")
+    ckpts = q("SELECT step, bytes FROM checkpoints WHERE run_id = ? ORDER BY step")
+    events = [(k, json.loads(d)) for k, d in q("SELECT kind, detail_json FROM events WHERE run_id = ? ORDER BY id")]
+    row = q("SELECT name, state, step, max_steps, last_checkpoint_step, error FROM runs WHERE id = ?")
+    return {"steps": steps, "evals": evals, "checkpoints": ckpts, "events": events, "row": row}
+
+
+def case_daemon_vs_foreground(t, env):
+    with open(os.path.join(EXAMPLES, "tiny.json")) as f:
+        cfg = json.load(f)
+    # examples/tiny.json cut to 7 steps: evaluations at 0 (the baseline), 3, 6 and 7 (the end),
+    # checkpoints at 3, 6 and 7 (the end), the export at the end
+    cfg["name"] = "same"
+    cfg["train"].update(steps=7, sequences_per_step=2, heldout=4)
+    cfg["checkpoint"] = {"every_steps": 3, "keep": 2}
+    cfg["eval"].update(every_steps=3, sequences=4)
+    d = Daemon(env, t).start()
+    rid = d.submit(cfg)
+    d.wait_state(rid, "completed", timeout=60)
+    d.stop()
+    daemon = run_records(d.db, rid)
+
+    base = env.tmpdir(t.name)
+    path = os.path.join(base, "same.json")
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    state = os.path.join(base, "foreground")
+    p = subprocess.run([env.ddtreed, "train", path, "--state-dir", state], stdin=subprocess.DEVNULL,
+                       capture_output=True, timeout=60 * SLOW)
+    t.require(p.returncode == 0, "ddtreed train exited %s: %s" % (p.returncode, short(p.stderr.decode("utf-8", "replace"), 600)))
+    db = os.path.join(state, "ddtree.db")
+    fid = db_query(db, "SELECT id FROM runs")[0][0]
+    fg = run_records(db, fid)
+
+    t.check([s[0] for s in daemon["steps"]] == list(range(1, 8)), "daemon steps %s" % [s[0] for s in daemon["steps"]])
+    t.check([e[0] for e in daemon["evals"]] == [0, 3, 6, 7], "daemon eval steps %s, want 0 3 6 7"
+            % [e[0] for e in daemon["evals"]])
+    t.check([c[0] for c in daemon["checkpoints"]] == [3, 6, 7], "daemon checkpoint steps %s, want 3 6 7"
+            % [c[0] for c in daemon["checkpoints"]])
+    kinds = [k for k, _ in daemon["events"]]
+    t.check("export" in kinds, "the daemon wrote no export event: %s" % kinds)
+    for what in ("steps", "evals", "checkpoints", "events", "row"):
+        a, b = daemon[what], fg[what]
+        if a != b:
+            diff = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            t.check(False, "%s differ (daemon %d, foreground %d rows), first at #%d: daemon %r, foreground %r"
+                    % (what, len(a), len(b), diff, a[diff] if diff < len(a) else None,
+                       b[diff] if diff < len(b) else None))
+    t.check(os.path.exists(os.path.join(state, "runs", fid, "export", "model.safetensors")),
+            "the foreground run has no export")
+    t.note("%d steps, %d evals, %d checkpoints, %d events: the same from the daemon and ddtreed train"
+           % (len(fg["steps"]), len(fg["evals"]), len(fg["checkpoints"]), len(fg["events"])))
+
+    # --stop-after is the daemon's pause (running -> pausing -> its checkpoint -> paused), and the
+    # run resumed to its end has the uninterrupted run's steps and evaluations
+    state = os.path.join(base, "stopped")
+    for args in (["train", path, "--state-dir", state, "--stop-after", "4"], ["train", "--resume", state]):
+        p = subprocess.run([env.ddtreed] + args, stdin=subprocess.DEVNULL, capture_output=True, timeout=60 * SLOW)
+        t.require(p.returncode == 0, "ddtreed %s exited %s: %s" % (" ".join(args[:1] + args[2:]), p.returncode,
+                                                                    short(p.stderr.decode("utf-8", "replace"), 600)))
+    db = os.path.join(state, "ddtree.db")
+    sid = db_query(db, "SELECT id FROM runs")[0][0]
+    stopped = run_records(db, sid)
+    t.check(stopped["steps"] == fg["steps"] and stopped["evals"] == fg["evals"],
+            "stopped at 4 and resumed: steps or evals differ from the uninterrupted run")
+    seq = [(k, e.get("state"), e.get("step")) for k, e in stopped["events"] if k in ("state", "checkpoint")]
+    want = [("state", "running", 0), ("checkpoint", None, 3), ("state", "pausing", 4), ("checkpoint", None, 4),
+            ("state", "paused", 4), ("state", "running", 4), ("checkpoint", None, 6), ("checkpoint", None, 7),
+            ("state", "completed", 7)]
+    t.check(seq == want, "--stop-after 4 then --resume: events %s, want %s" % (seq, want))
+
+
 CASES = [
     ("unix_routes", case_unix_routes, False),
     ("tcp_token", case_tcp_token, False),
@@ -1137,6 +1224,7 @@ CASES = [
     ("sigterm", case_sigterm, False),
     ("ddtreectl", case_ddtreectl, True),
     ("concurrency", case_concurrency, False),
+    ("daemon_vs_foreground", case_daemon_vs_foreground, False),
 ]
 
 

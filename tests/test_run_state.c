@@ -10,7 +10,8 @@
  * illegal pair is answered -EPERM and leaves the row and the events as they were. Also: a
  * walk through the lifecycle writes its events in order; a row that is not in `from` (-ESTALE)
  * and an unknown run (-ENOENT) write nothing; a transition whose event the database refuses
- * leaves the row as it was (one transaction); the names are API.md's (which /metrics labels
+ * leaves the row as it was (one transaction); the two halves (ddt_store_run_transition_enqueue,
+ * ddt_store_wait) write many legs enqueued at once in order; the names are API.md's (which /metrics labels
  * with too) and parse back; the final states are completed, failed and
  * cancelled; the store's run ids read "rYYYYMMDD-HHMMSS-xxxxxx" (UTC now) and differ.
  *
@@ -226,30 +227,44 @@ static void test_every_pair(void)
     ddt_store_close(s);
 }
 
+/* a store (file name) holding one queued run, id */
+static ddt_store *open_walk(const char *name, const char *id, char *db, size_t len)
+{
+    ddt_store *s = open_store(name, db, len);
+    if (s)
+        check(ddt_store_run_create(s, id, name, "{}", 10, 1000) == 0, "create");
+    return s;
+}
+
+/* run id's "state" events are the states of path[1 .. legs], in order */
+static void check_walk_events(const char *db, const char *id, const int *path, int legs)
+{
+    cJSON *events = read_events(db, id);
+    check(cJSON_GetArraySize(events) == legs, "%d events for %d legs", cJSON_GetArraySize(events), legs);
+    for (int i = 0; i < legs && i < cJSON_GetArraySize(events); i++) {
+        const char *state = string_of(cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(events, i), "detail"), "state");
+        check(state && !strcmp(state, ddt_run_state_name((ddt_run_state)path[i + 1])), "event %d is %s, not %s", i,
+              state ? state : "?", ddt_run_state_name((ddt_run_state)path[i + 1]));
+    }
+    cJSON_Delete(events);
+}
+
 /* one run along the lifecycle: the events in order, started_ms the first start's */
 static void test_walk(void)
 {
     static const int path[] = { Q, R, PG, PD, Q, R, I, R, PG, R, C };
     enum { LEGS = sizeof path / sizeof path[0] - 1 };
     char db[300];
-    ddt_store *s = open_store("walk.db", db, sizeof db);
+    ddt_store *s = open_walk("walk.db", "w", db, sizeof db);
     if (!s)
         return;
-    check(ddt_store_run_create(s, "w", "walk", "{}", 10, 1000) == 0, "create");
     for (int i = 0; i < LEGS; i++) {
         int rc = ddt_store_run_transition(s, "w", (ddt_run_state)path[i], (ddt_run_state)path[i + 1], i, -1,
                                           2000 + i, NULL);
         check(rc == 0, "leg %d, %s -> %s: %d", i, ddt_run_state_name((ddt_run_state)path[i]),
               ddt_run_state_name((ddt_run_state)path[i + 1]), rc);
     }
-    cJSON *events = read_events(db, "w");
-    check(cJSON_GetArraySize(events) == LEGS, "%d events for %d legs", cJSON_GetArraySize(events), (int)LEGS);
-    for (int i = 0; i < LEGS && i < cJSON_GetArraySize(events); i++) {
-        const char *state = string_of(cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(events, i), "detail"), "state");
-        check(state && !strcmp(state, ddt_run_state_name((ddt_run_state)path[i + 1])), "event %d is %s, not %s", i,
-              state ? state : "?", ddt_run_state_name((ddt_run_state)path[i + 1]));
-    }
-    cJSON_Delete(events);
+    check_walk_events(db, "w", path, LEGS);
     ddt_run_row row;
     if (read_row(db, "w", &row)) {
         check(row.started_ms == 2000 && row.finished_ms == 2000 + LEGS - 1 && !strcmp(row.state, "completed"),
@@ -257,6 +272,40 @@ static void test_walk(void)
               (long long)row.started_ms, (long long)row.finished_ms);
         free(row.error);
     }
+    ddt_store_close(s);
+}
+
+/* the two halves (enqueue under a lock, wait after it): every leg of a walk enqueued before
+ * any is waited for, from strings the caller overwrites at once, is written in order; a stale
+ * leg is answered -ESTALE by its wait, an illegal one -EPERM by the enqueue, with nothing queued */
+static void test_enqueued(void)
+{
+    static const int path[] = { Q, R, PG, PD, R, C };
+    enum { LEGS = sizeof path / sizeof path[0] - 1 };
+    char db[300];
+    ddt_store *s = open_walk("enqueued.db", "e", db, sizeof db);
+    if (!s)
+        return;
+    ddt_store_pending *pending[LEGS + 1];
+    char id[8];
+    for (int i = 0; i < LEGS; i++) {
+        snprintf(id, sizeof id, "e");
+        int rc = ddt_store_run_transition_enqueue(s, id, (ddt_run_state)path[i], (ddt_run_state)path[i + 1], i, -1,
+                                                  2000 + i, NULL, &pending[i]);
+        check(rc == 0 && pending[i], "enqueue of leg %d: %d", i, rc);
+        memset(id, 'x', sizeof id - 1);   /* the store keeps its own copies */
+    }
+    /* a leg from a state the run will not be in when it is written */
+    int rc = ddt_store_run_transition_enqueue(s, "e", DDT_RUN_QUEUED, DDT_RUN_RUNNING, 9, -1, 3000, NULL,
+                                              &pending[LEGS]);
+    check(rc == 0, "enqueue of the stale leg: %d", rc);
+    ddt_store_pending *none = (ddt_store_pending *)&rc;
+    check(ddt_store_run_transition_enqueue(s, "e", DDT_RUN_COMPLETED, DDT_RUN_RUNNING, 1, -1, 1, NULL, &none) ==
+              -EPERM && none == NULL, "an illegal pair was not refused by the enqueue");
+    for (int i = 0; i < LEGS; i++)
+        check(ddt_store_wait(s, pending[i]) == 0, "leg %d answered non-zero", i);
+    check(rc != 0 || ddt_store_wait(s, pending[LEGS]) == -ESTALE, "the stale leg was not answered -ESTALE");
+    check_walk_events(db, "e", path, LEGS);
     ddt_store_close(s);
 }
 
@@ -369,6 +418,7 @@ int main(void)
         { "every (from, to): legal ones written with their event, the others refused", test_every_pair },
         { "a walk through the lifecycle: its events in order", test_walk },
         { "a stale or unknown run, bad arguments: refused, nothing written", test_refused },
+        { "enqueued, then waited for: in order, from copies; stale and illegal refused", test_enqueued },
         { "the row and its event in one transaction", test_one_transaction },
         { "run ids from the store: rYYYYMMDD-HHMMSS-xxxxxx, distinct", test_run_ids },
     };

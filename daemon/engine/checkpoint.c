@@ -57,18 +57,6 @@ static const char checkpoint_format[] = "ddtree-checkpoint", checkpoint_version[
  * Errors, paths and files
  */
 
-__attribute__((format(printf, 4, 5)))
-static int fail(char *err, size_t err_len, int rc, const char *fmt, ...)
-{
-    if (err && err_len > 0) {
-        va_list args;
-        va_start(args, fmt);
-        vsnprintf(err, err_len, fmt, args);
-        va_end(args);
-    }
-    return rc;
-}
-
 /* out = the formatted path: 0, or -ENAMETOOLONG */
 __attribute__((format(printf, 3, 4)))
 static int path_join(char *out, size_t len, const char *fmt, ...)
@@ -85,7 +73,7 @@ static int write_text_file(const char *path, const char *text, char *err, size_t
 {
     int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd < 0)
-        return fail(err, err_len, -errno, "%s: cannot create: %s", path, strerror(errno));
+        return ddt_fail(err, err_len, -errno, "%s: cannot create: %s", path, strerror(errno));
     size_t len = strlen(text), done = 0;
     int rc = 0;
     while (rc == 0 && done < len) {
@@ -106,7 +94,7 @@ static int write_text_file(const char *path, const char *text, char *err, size_t
     }
     if (failed) {
         unlink(path);
-        return fail(err, err_len, rc, "%s: cannot %s: %s", path, failed, strerror(-rc));
+        return ddt_fail(err, err_len, rc, "%s: cannot %s: %s", path, failed, strerror(-rc));
     }
     return 0;
 }
@@ -135,29 +123,29 @@ static int install_dir(const char *tmp, const char *final, const char *aside, co
     struct stat st;
     int replacing = lstat(final, &st) == 0;
     if (!replacing && errno != ENOENT)
-        return fail(err, err_len, -errno, "%s: cannot stat: %s", final, strerror(errno));
+        return ddt_fail(err, err_len, -errno, "%s: cannot stat: %s", final, strerror(errno));
     if (replacing && !S_ISDIR(st.st_mode))
-        return fail(err, err_len, -ENOTDIR, "%s: exists and is not a directory (not replaced)", final);
+        return ddt_fail(err, err_len, -ENOTDIR, "%s: exists and is not a directory (not replaced)", final);
     if (replacing) {
         int rc = remove_tree(aside);   /* a leftover of a crash with our name */
         if (rc == 0 && rename(final, aside) != 0)
             rc = -errno;
         if (rc != 0)
-            return fail(err, err_len, rc, "%s: cannot move the old one aside to %s: %s", final, aside,
+            return ddt_fail(err, err_len, rc, "%s: cannot move the old one aside to %s: %s", final, aside,
                         strerror(-rc));
     }
     if (rename(tmp, final) != 0) {
         int rc = -errno;
         if (replacing)
             rename(aside, final);
-        return fail(err, err_len, rc, "%s: cannot rename %s into place: %s", final, tmp, strerror(-rc));
+        return ddt_fail(err, err_len, rc, "%s: cannot rename %s into place: %s", final, tmp, strerror(-rc));
     }
     int rc = ddt_fsync_dir(parent);
     if (rc != 0) {   /* the rename may not survive a crash: undo it rather than report a maybe */
         rename(final, tmp);
         if (replacing)
             rename(aside, final);
-        return fail(err, err_len, rc, "%s: fsync of %s failed: %s", final, parent, strerror(-rc));
+        return ddt_fail(err, err_len, rc, "%s: fsync of %s failed: %s", final, parent, strerror(-rc));
     }
     if (replacing)
         remove_tree(aside);   /* best effort: a checkpoint's aside is a .tmp-* the next write removes */
@@ -524,7 +512,7 @@ static int check_drafter(const ddt_json_ctx *j, const ddt_drafter_config *d)
 {
     char why[512];
     if (ddt_drafter_config_check(d, why, sizeof why))
-        return fail(j->err, j->err_len, -EINVAL, "%s: %s", j->path, why);
+        return ddt_fail(j->err, j->err_len, -EINVAL, "%s: %s", j->path, why);
     return 0;
 }
 
@@ -587,18 +575,18 @@ void ddt_checkpoint_meta_free(ddt_checkpoint_meta *meta)
 static int check_meta(const ddt_checkpoint_meta *m, char *err, size_t err_len)
 {
     if (!m->config_json || !memchr(m->run_id, '\0', sizeof m->run_id))
-        return fail(err, err_len, -EINVAL, "checkpoint: meta needs a run config and a run id of < 40 characters");
+        return ddt_fail(err, err_len, -EINVAL, "checkpoint: meta needs a run config and a run id of < 40 characters");
     for (int i = 0; i < META_INTS; i++) {
         int64_t v = *meta_int(m, i);
         if (v < meta_ints[i].lo || v > json_int_max)
-            return fail(err, err_len, -EINVAL, "checkpoint: %s must be in [%lld, 2^53] (got %lld)", meta_ints[i].key,
+            return ddt_fail(err, err_len, -EINVAL, "checkpoint: %s must be in [%lld, 2^53] (got %lld)", meta_ints[i].key,
                         (long long)meta_ints[i].lo, (long long)v);
     }
     /* the drafter as the reader will see it: what it would refuse is refused now */
     ddt_drafter_config back;
     cJSON *o = drafter_json(&m->drafter);
     int rc = o ? drafter_from_json(&(ddt_json_ctx){ "checkpoint: drafter", err, err_len }, o, &back)
-               : fail(err, err_len, -ENOMEM, "checkpoint: out of memory");
+               : ddt_fail(err, err_len, -ENOMEM, "checkpoint: out of memory");
     cJSON_Delete(o);
     return rc;
 }
@@ -636,7 +624,7 @@ static int first_form_drafter(const ddt_json_ctx *j, const cJSON *root, const ch
     ddt_run_config cfg;
     memset(&cfg, 0, sizeof cfg);
     if (ddt_run_config_parse(config, strlen(config), &cfg, why, sizeof why, field, sizeof field))
-        rc = fail(j->err, j->err_len, -EINVAL, "%s: config: %s", j->path, why);
+        rc = ddt_fail(j->err, j->err_len, -EINVAL, "%s: config: %s", j->path, why);
     *d = cfg.drafter;
     ddt_run_config_free(&cfg);
     for (int i = 0; !rc && i < 3; i++)   /* hidden_size, vocab_size, num_target_layers */
@@ -649,10 +637,10 @@ static int first_form_drafter(const ddt_json_ctx *j, const cJSON *root, const ch
 int ddt_checkpoint_read_meta(const char *ckpt_dir, ddt_checkpoint_meta *meta, char *err, size_t err_len)
 {
     if (!ckpt_dir || !meta)
-        return fail(err, err_len, -EINVAL, "checkpoint: a required argument is NULL");
+        return ddt_fail(err, err_len, -EINVAL, "checkpoint: a required argument is NULL");
     char path[CKPT_PATH_MAX], where[CKPT_PATH_MAX + 16];
     if (path_join(path, sizeof path, "%s/state.json", ckpt_dir))
-        return fail(err, err_len, -ENAMETOOLONG, "%s: path too long", ckpt_dir);
+        return ddt_fail(err, err_len, -ENAMETOOLONG, "%s: path too long", ckpt_dir);
     cJSON *root = ddt_json_parse_file(path, CKPT_STATE_JSON_MAX, err, err_len);
     if (!root)
         return -EINVAL;
@@ -681,7 +669,7 @@ int ddt_checkpoint_read_meta(const char *ckpt_dir, ddt_checkpoint_meta *meta, ch
         rc = drafter_from_json(&(ddt_json_ctx){ where, err, err_len }, drafter, &m.drafter);
     }
     if (!rc && !(m.config_json = strdup(config)))
-        rc = fail(err, err_len, -ENOMEM, "%s: out of memory", path);
+        rc = ddt_fail(err, err_len, -ENOMEM, "%s: out of memory", path);
     if (!rc) {
         snprintf(m.run_id, sizeof m.run_id, "%s", run_id);
         *meta = m;
@@ -711,7 +699,7 @@ static int write_state(const char *tmp, const ddt_drafter_config *c, const float
     char (*names)[CKPT_NAME_MAX] = n >= 0 ? calloc(3 * (size_t)n, sizeof *names) : NULL;
     int rc = 0;
     if (!entries || !names) {
-        rc = fail(err, err_len, -ENOMEM, "%s: out of memory for the tensor list", tmp);
+        rc = ddt_fail(err, err_len, -ENOMEM, "%s: out of memory for the tensor list", tmp);
         goto done;
     }
     const float *family[3] = { params, adam->m, adam->v };   /* (P) each */
@@ -736,7 +724,7 @@ static int write_state(const char *tmp, const ddt_drafter_config *c, const float
     if (rc == 0 && !(rc = path_join(path, sizeof path, "%s/state.json", tmp)))
         rc = write_text_file(path, state_text, err, err_len);
     if (rc == -ENAMETOOLONG)
-        fail(err, err_len, rc, "%s: path too long", tmp);
+        ddt_fail(err, err_len, rc, "%s: path too long", tmp);
 done:
     free(names);
     free(entries);
@@ -757,9 +745,9 @@ int ddt_checkpoint_write(const char *run_dir, const ddt_checkpoint_meta *meta, c
     if (bytes_out)
         *bytes_out = 0;
     if (!run_dir || !meta || !params || !adam || !adam->m || !adam->v)
-        return fail(err, err_len, -EINVAL, "checkpoint: a required argument is NULL");
+        return ddt_fail(err, err_len, -EINVAL, "checkpoint: a required argument is NULL");
     if (keep < 1)
-        return fail(err, err_len, -EINVAL, "checkpoint: keep must be >= 1 (got %d)", keep);
+        return ddt_fail(err, err_len, -EINVAL, "checkpoint: keep must be >= 1 (got %d)", keep);
     int rc = check_meta(meta, err, err_len);
     if (rc != 0)
         return rc;
@@ -767,9 +755,9 @@ int ddt_checkpoint_write(const char *run_dir, const ddt_checkpoint_meta *meta, c
     const int64_t step = meta->step;
     struct stat st;
     if (stat(run_dir, &st) != 0)
-        return fail(err, err_len, -errno, "%s: run directory: %s", run_dir, strerror(errno));
+        return ddt_fail(err, err_len, -errno, "%s: run directory: %s", run_dir, strerror(errno));
     if (!S_ISDIR(st.st_mode))
-        return fail(err, err_len, -ENOTDIR, "%s: run directory is not a directory", run_dir);
+        return ddt_fail(err, err_len, -ENOTDIR, "%s: run directory is not a directory", run_dir);
 
     char ckdir[CKPT_PATH_MAX], final[CKPT_PATH_MAX], tmp[CKPT_PATH_MAX], aside[CKPT_PATH_MAX],
         longest[CKPT_PATH_MAX];
@@ -779,25 +767,25 @@ int ddt_checkpoint_write(const char *run_dir, const ddt_checkpoint_meta *meta, c
         path_join(tmp, sizeof tmp, "%s/.tmp-step-%08lld-%ld", ckdir, (long long)step, pid) ||
         path_join(aside, sizeof aside, "%s/.tmp-replaced-step-%08lld-%ld", ckdir, (long long)step, pid) ||
         path_join(longest, sizeof longest, "%s/state.safetensors.tmp", tmp))
-        return fail(err, err_len, -ENAMETOOLONG, "%s: path too long for a checkpoint", run_dir);
+        return ddt_fail(err, err_len, -ENAMETOOLONG, "%s: path too long for a checkpoint", run_dir);
     if (path_out && strlen(final) >= path_len)
-        return fail(err, err_len, -ENAMETOOLONG, "%s: longer than path_out (%zu bytes)", final, path_len);
+        return ddt_fail(err, err_len, -ENAMETOOLONG, "%s: longer than path_out (%zu bytes)", final, path_len);
 
     if (mkdir(ckdir, 0755) == 0) {
         rc = ddt_fsync_dir(run_dir);
         if (rc != 0)
-            return fail(err, err_len, rc, "%s: fsync after creating checkpoints/: %s", run_dir, strerror(-rc));
+            return ddt_fail(err, err_len, rc, "%s: fsync after creating checkpoints/: %s", run_dir, strerror(-rc));
     } else if (errno != EEXIST) {
-        return fail(err, err_len, -errno, "%s: cannot create: %s", ckdir, strerror(errno));
+        return ddt_fail(err, err_len, -errno, "%s: cannot create: %s", ckdir, strerror(errno));
     } else if (stat(ckdir, &st) != 0 || !S_ISDIR(st.st_mode)) {
-        return fail(err, err_len, -ENOTDIR, "%s: exists and is not a directory", ckdir);
+        return ddt_fail(err, err_len, -ENOTDIR, "%s: exists and is not a directory", ckdir);
     }
     remove_stale_temporaries(ckdir);
 
     char *state_text = meta_text(meta);
     if (!state_text)
-        return fail(err, err_len, -ENOMEM, "%s: out of memory for state.json", final);
-    rc = mkdir(tmp, 0755) != 0 ? fail(err, err_len, -errno, "%s: cannot create: %s", tmp, strerror(errno)) : 0;
+        return ddt_fail(err, err_len, -ENOMEM, "%s: out of memory for state.json", final);
+    rc = mkdir(tmp, 0755) != 0 ? ddt_fail(err, err_len, -errno, "%s: cannot create: %s", tmp, strerror(errno)) : 0;
     if (rc != 0) {
         free(state_text);
         return rc;
@@ -805,7 +793,7 @@ int ddt_checkpoint_write(const char *run_dir, const ddt_checkpoint_meta *meta, c
     rc = write_state(tmp, c, params, adam, state_text, err, err_len);
     free(state_text);
     if (rc == 0 && (rc = ddt_fsync_dir(tmp)) != 0)
-        fail(err, err_len, rc, "%s: fsync: %s", tmp, strerror(-rc));
+        ddt_fail(err, err_len, rc, "%s: fsync: %s", tmp, strerror(-rc));
     if (rc == 0)
         rc = install_dir(tmp, final, aside, ckdir, err, err_len);
     if (rc != 0) {
@@ -887,7 +875,7 @@ static int check_state(const ddt_st_file *f, const ddt_param *table, int n, char
 {
     const char *format = ddt_st_metadata(f, "format"), *version = ddt_st_metadata(f, "version");
     if (!format || strcmp(format, checkpoint_format) || !version || strcmp(version, checkpoint_version))
-        return fail(err, err_len, -EINVAL, "%s: __metadata__ format/version is '%s'/'%s', expected '%s'/'%s'",
+        return ddt_fail(err, err_len, -EINVAL, "%s: __metadata__ format/version is '%s'/'%s', expected '%s'/'%s'",
                     f->path, format ? format : "(none)", version ? version : "(none)", checkpoint_format,
                     checkpoint_version);
     for (int k = 0; k < 3; k++)
@@ -896,30 +884,30 @@ static int check_state(const ddt_st_file *f, const ddt_param *table, int n, char
             snprintf(name, sizeof name, "%s%s", state_prefix[k], table[i].name);
             const ddt_st_tensor *t = ddt_st_find(f, name);
             if (!t)
-                return fail(err, err_len, -EINVAL, "%s: tensor '%s' is missing", f->path, name);
+                return ddt_fail(err, err_len, -EINVAL, "%s: tensor '%s' is missing", f->path, name);
             if (t->dtype != DDT_F32)
-                return fail(err, err_len, -EINVAL, "%s: tensor '%s' is %s, expected F32", f->path, name,
+                return ddt_fail(err, err_len, -EINVAL, "%s: tensor '%s' is %s, expected F32", f->path, name,
                             ddt_dtype_name(t->dtype));
             if (t->ndim != table[i].ndim || t->shape[0] != table[i].shape[0] ||
                 (t->ndim == 2 && t->shape[1] != table[i].shape[1])) {
                 shape_text(got, sizeof got, t->ndim, t->shape);
                 shape_text(want, sizeof want, table[i].ndim, table[i].shape);
-                return fail(err, err_len, -EINVAL,
+                return ddt_fail(err, err_len, -EINVAL,
                             "%s: tensor '%s' has shape %s, expected %s (a checkpoint of another drafter configuration?)",
                             f->path, name, got, want);
             }
         }
     const ddt_st_tensor *s = ddt_st_find(f, step_tensor);
     if (!s)
-        return fail(err, err_len, -EINVAL, "%s: tensor '%s' is missing", f->path, step_tensor);
+        return ddt_fail(err, err_len, -EINVAL, "%s: tensor '%s' is missing", f->path, step_tensor);
     int64_t step = -1;
     if (s->dtype == DDT_I64 && s->ndim == 0)
         memcpy(&step, s->data, sizeof step);
     if (step < 0)
-        return fail(err, err_len, -EINVAL, "%s: tensor '%s' must be an I64 scalar >= 0", f->path, step_tensor);
+        return ddt_fail(err, err_len, -EINVAL, "%s: tensor '%s' must be an I64 scalar >= 0", f->path, step_tensor);
     for (int j = 0; f->count != 3 * n + 1 && j < f->count; j++)
         if (!expected_name(f->tensors[j].name, table, n))
-            return fail(err, err_len, -EINVAL,
+            return ddt_fail(err, err_len, -EINVAL,
                         "%s: tensor '%s' is not a parameter of this drafter configuration", f->path,
                         f->tensors[j].name);
     return 0;
@@ -929,12 +917,12 @@ int ddt_checkpoint_read(const char *ckpt_dir, const ddt_drafter_config *c, float
                         ddt_adamw_state *adam, ddt_checkpoint_meta *meta, char *err, size_t err_len)
 {
     if (!ckpt_dir || !c || !params || (adam && (!adam->m || !adam->v)))
-        return fail(err, err_len, -EINVAL, "checkpoint: a required argument is NULL");
+        return ddt_fail(err, err_len, -EINVAL, "checkpoint: a required argument is NULL");
     char why[512], path[CKPT_PATH_MAX];
     if (ddt_drafter_config_check(c, why, sizeof why))
-        return fail(err, err_len, -EINVAL, "%s: the drafter configuration: %s", ckpt_dir, why);
+        return ddt_fail(err, err_len, -EINVAL, "%s: the drafter configuration: %s", ckpt_dir, why);
     if (path_join(path, sizeof path, "%s/state.safetensors", ckpt_dir))
-        return fail(err, err_len, -ENAMETOOLONG, "%s: path too long", ckpt_dir);
+        return ddt_fail(err, err_len, -ENAMETOOLONG, "%s: path too long", ckpt_dir);
     ddt_st_file f;
     int rc = ddt_st_open(path, &f, err, err_len);
     if (rc != 0)
@@ -944,7 +932,7 @@ int ddt_checkpoint_read(const char *ckpt_dir, const ddt_drafter_config *c, float
     int n = param_table(c, &table, &total);
     ddt_checkpoint_meta read_meta;
     if (n < 0)
-        rc = fail(err, err_len, -ENOMEM, "%s: out of memory", path);
+        rc = ddt_fail(err, err_len, -ENOMEM, "%s: out of memory", path);
     if (rc == 0)
         rc = check_state(&f, table, n, err, err_len);
     if (rc == 0 && meta)   /* before any output is written: a failure leaves them as they were */
@@ -985,7 +973,7 @@ static int write_export_files(const char *dir, const ddt_drafter_config *c, cons
     ddt_st_entry *entries = n >= 0 ? calloc((size_t)n, sizeof *entries) : NULL;
     int rc = 0;
     if (!config || !weights || !entries)
-        rc = fail(err, err_len, -ENOMEM, "%s: out of memory for the export", dir);
+        rc = ddt_fail(err, err_len, -ENOMEM, "%s: out of memory for the export", dir);
     if (rc == 0 && !(rc = path_join(path, sizeof path, "%s/config.json", dir)))
         rc = write_text_file(path, config, err, err_len);
     if (rc == 0) {
@@ -1000,7 +988,7 @@ static int write_export_files(const char *dir, const ddt_drafter_config *c, cons
             rc = ddt_st_write(path, entries, n, key, value, 1, err, err_len);
     }
     if (rc == -ENAMETOOLONG)
-        fail(err, err_len, rc, "%s: path too long", dir);
+        ddt_fail(err, err_len, rc, "%s: path too long", dir);
     free(entries);
     free(weights);
     free(table);
@@ -1012,10 +1000,10 @@ int ddt_export_write(const char *out_dir, const ddt_drafter_config *c, const flo
                      char *err, size_t err_len)
 {
     if (!out_dir || !out_dir[0] || !c || !params)
-        return fail(err, err_len, -EINVAL, "export: a required argument is NULL or empty");
+        return ddt_fail(err, err_len, -EINVAL, "export: a required argument is NULL or empty");
     char why[512];
     if (ddt_drafter_config_check(c, why, sizeof why))
-        return fail(err, err_len, -EINVAL, "%s: the drafter configuration: %s", out_dir, why);
+        return ddt_fail(err, err_len, -EINVAL, "%s: the drafter configuration: %s", out_dir, why);
     char out[CKPT_PATH_MAX], parent[CKPT_PATH_MAX], tmp[CKPT_PATH_MAX], aside[CKPT_PATH_MAX],
         longest[CKPT_PATH_MAX];
     long pid = (long)getpid();
@@ -1026,7 +1014,7 @@ int ddt_export_write(const char *out_dir, const ddt_drafter_config *c, const flo
     if (too_long || path_join(tmp, sizeof tmp, "%s.tmp-%ld", out, pid) ||
         path_join(aside, sizeof aside, "%s.old-%ld", out, pid) ||
         path_join(longest, sizeof longest, "%s/model.safetensors.tmp", tmp))
-        return fail(err, err_len, -ENAMETOOLONG, "%s: path too long for an export", out_dir);
+        return ddt_fail(err, err_len, -ENAMETOOLONG, "%s: path too long for an export", out_dir);
     const char *slash = strrchr(out, '/');
     if (!slash)
         snprintf(parent, sizeof parent, ".");
@@ -1034,16 +1022,16 @@ int ddt_export_write(const char *out_dir, const ddt_drafter_config *c, const flo
         snprintf(parent, sizeof parent, "%.*s", slash == out ? 1 : (int)(slash - out), out);
     struct stat st;
     if (stat(parent, &st) != 0 || !S_ISDIR(st.st_mode))
-        return fail(err, err_len, -ENOENT, "%s: the directory it goes in (%s) does not exist", out_dir, parent);
+        return ddt_fail(err, err_len, -ENOENT, "%s: the directory it goes in (%s) does not exist", out_dir, parent);
 
     int rc = remove_tree(tmp);   /* a leftover of a crash with our name */
     if (rc == 0 && mkdir(tmp, 0755) != 0)
         rc = -errno;
     if (rc != 0)
-        return fail(err, err_len, rc, "%s: cannot create: %s", tmp, strerror(-rc));
+        return ddt_fail(err, err_len, rc, "%s: cannot create: %s", tmp, strerror(-rc));
     rc = write_export_files(tmp, c, params, err, err_len);
     if (rc == 0 && (rc = ddt_fsync_dir(tmp)) != 0)
-        fail(err, err_len, rc, "%s: fsync: %s", tmp, strerror(-rc));
+        ddt_fail(err, err_len, rc, "%s: fsync: %s", tmp, strerror(-rc));
     if (rc == 0)
         rc = install_dir(tmp, out, aside, parent, err, err_len);
     if (rc != 0)
@@ -1059,19 +1047,19 @@ int ddt_checkpoint_export(const char *run_dir, int64_t step, const char *out_dir
                           size_t ckpt_len, char *err, size_t err_len)
 {
     if (!run_dir || !out_dir || !ckpt || ckpt_len == 0)
-        return fail(err, err_len, -EINVAL, "export: a required argument is NULL");
+        return ddt_fail(err, err_len, -EINVAL, "export: a required argument is NULL");
     int rc = 0;
     if (step < 0) {
         rc = ddt_checkpoint_latest(run_dir, &step, ckpt, ckpt_len);
         if (rc == -ENOENT)
-            return fail(err, err_len, rc, "%s has no complete checkpoint", run_dir);
+            return ddt_fail(err, err_len, rc, "%s has no complete checkpoint", run_dir);
     } else if (path_join(ckpt, ckpt_len, "%s/checkpoints/step-%08lld", run_dir, (long long)step)) {
         rc = -ENAMETOOLONG;
     } else if (!checkpoint_complete(ckpt)) {
-        return fail(err, err_len, -ENOENT, "%s: no complete checkpoint of step %lld", ckpt, (long long)step);
+        return ddt_fail(err, err_len, -ENOENT, "%s: no complete checkpoint of step %lld", ckpt, (long long)step);
     }
     if (rc != 0)
-        return fail(err, err_len, rc, "%s: the checkpoint's path: %s", run_dir, strerror(-rc));
+        return ddt_fail(err, err_len, rc, "%s: the checkpoint's path: %s", run_dir, strerror(-rc));
     ddt_checkpoint_meta meta;
     rc = ddt_checkpoint_read_meta(ckpt, &meta, err, err_len);
     if (rc != 0)
@@ -1081,7 +1069,7 @@ int ddt_checkpoint_export(const char *run_dir, int64_t step, const char *out_dir
     float *params = param_table(&meta.drafter, &table, &total) >= 0 ? malloc((size_t)total * sizeof *params)
                                                                     : NULL;   /* (P) */
     rc = params ? ddt_checkpoint_read(ckpt, &meta.drafter, params, NULL, NULL, err, err_len)
-                : fail(err, err_len, -ENOMEM, "%s: out of memory for the weights", ckpt);
+                : ddt_fail(err, err_len, -ENOMEM, "%s: out of memory for the weights", ckpt);
     if (rc == 0)
         rc = ddt_export_write(out_dir, &meta.drafter, params, err, err_len);
     free(params);

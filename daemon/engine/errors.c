@@ -1,4 +1,4 @@
-/* errors.c: "PATH: what is wrong" errors and the directory fsync of atomic writes (errors.h). */
+/* errors.c: "what is wrong" and "PATH: what is wrong" errors and the directory fsync of atomic writes (errors.h). */
 #include "errors.h"
 
 #include <errno.h>
@@ -6,6 +6,17 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <unistd.h>
+
+int ddt_fail(char *err, size_t err_len, int rc, const char *fmt, ...)
+{
+    if (err && err_len > 0) {
+        va_list args;
+        va_start(args, fmt);
+        vsnprintf(err, err_len, fmt, args);
+        va_end(args);
+    }
+    return rc;
+}
 
 int ddt_fail_path(char *err, size_t err_len, int rc, const char *path, const char *fmt, ...)
 {

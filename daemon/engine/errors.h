@@ -1,11 +1,14 @@
-/* errors.h: the engine's one way to report a failure about a file: err = "PATH: what is
- * wrong" (printf-style), and the negative errno returned for the caller to pass on.
+/* errors.h: the engine's one way to report a failure: err = "what is wrong" (ddt_fail) or
+ * "PATH: what is wrong" (ddt_fail_path), printf-style, and the negative errno returned for the
+ * caller to pass on. err may be NULL or err_len 0 (nothing written).
  * Tested through its users (tests/test_safetensors.c, test_store.c, test_store_read.c). */
 #ifndef DDT_ERRORS_H
 #define DDT_ERRORS_H
 
 #include <stddef.h>
 
+__attribute__((format(printf, 4, 5)))
+int ddt_fail(char *err, size_t err_len, int rc, const char *fmt, ...);
 __attribute__((format(printf, 5, 6)))
 int ddt_fail_path(char *err, size_t err_len, int rc, const char *path, const char *fmt, ...);
 

@@ -1,27 +1,39 @@
 /* run_config.c: the run configuration's one table, its parser and its checks (run_config.h).
- * The table is the single statement of every field: JSON path, type, default, bounds, help.
- * Tested by tests/test_run_config.c.
+ * The table is the single statement of every field: JSON path, type, default, bounds, help;
+ * each kind of field (the scalars, and each list-shaped field) has one parse function.
+ * A pure parser: it reads no file and asks nothing of the node. The target's shape is read by
+ * the source (ddt_source_target_shape), "devices" is resolved against the node by devices.c.
+ * Tested by tests/test_trainer.c and tests/fuzz/fuzz_run_config.c.
  */
 #include "run_config.h"
-#include "safetensors.h"
-#include "shard.h"
 #include "target.h"
 #include "ddk.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-typedef enum field_type { F_INT, F_F32, F_F64, F_BOOL, F_STR, F_ENUM, F_LIST } field_type;
+/* The kinds of field. A scalar is one JSON value stored at its offset, with its default and
+ * bounds in the table; a list kind is the one field of that shape, parsed (and defaulted) by
+ * its own function into the members it names below. kinds[] (after the parsers) gives each
+ * its parse and default functions and its name in the reference. */
+typedef enum field_type {
+    F_INT, F_F32, F_F64, F_BOOL, F_STR, F_ENUM,
+    F_PATHS,        /* target.shards: file paths (shards, shard_count) */
+    F_LAYER_TYPES,  /* drafter.layer_types (drafter.sliding, layer_types_count) */
+    F_LAYER_IDS,    /* drafter.target_layer_ids: "auto" or ids (target_layer_ids, taps, taps_auto) */
+    F_BUDGETS,      /* eval.tree_budgets (tree_budgets, n_budgets) */
+    F_DEVICES,      /* devices: "all", "cpu", a count or GPU names (devices_kind, ranks, gpu_ids) */
+    F_BYTES,        /* memory.budget_bytes: null (0) or a positive integer, at offset */
+} field_type;
 
 typedef struct config_field {
     const char *path;       /* JSON path, e.g. "train.lr" */
     field_type type;
-    size_t offset;          /* of the value in ddt_run_config */
+    size_t offset;          /* of the value in ddt_run_config (scalars, F_BYTES) */
     double dflt, lo, hi;    /* numbers (F_INT, F_F32, F_F64, F_BOOL) */
     const char *text;       /* F_STR: default; F_ENUM: "a|b|c" (dflt is the default's index) */
     size_t size;            /* F_STR: buffer size */
@@ -31,7 +43,6 @@ typedef struct config_field {
 #define OFF(member) offsetof(ddt_run_config, member)
 #define BIG 9.0e15   /* integers up to 2^53: exact in JSON's doubles */
 
-/* F_LIST fields are parsed by parse_list() by path. */
 static const config_field fields[] = {
     { "name", F_STR, OFF(name), 0, 0, 0, "run", DDT_RUN_NAME, "a name for people; runs are identified by id" },
     { "target.kind", F_ENUM, OFF(target_kind), 0, 0, 0, "synthetic|hf|shards", 0,
@@ -40,7 +51,7 @@ static const config_field fields[] = {
       "hf: the model directory; shards: the directory embed_tokens and lm_head are read from" },
     { "target.tokens", F_STR, OFF(target_tokens), 0, 0, 0, "", DDT_RUN_PATH,
       "hf: a token file (safetensors input_ids + offsets); empty: the target generates the data" },
-    { "target.shards", F_LIST, 0, 0, 0, 0, NULL, 0, "shards: the feature shard files (SPEC.md section 4)" },
+    { "target.shards", F_PATHS, 0, 0, 0, 0, NULL, 0, "shards: the feature shard files (SPEC.md section 4)" },
     { "target.hidden_size", F_INT, OFF(synthetic.hidden), 64, 2, 65536, NULL, 0, "synthetic: H (other kinds: the shape `ddtreed plan` assumes when the target is not at hand)" },
     { "target.num_hidden_layers", F_INT, OFF(synthetic.layers), 4, 1, DDT_MAX_TARGET_LAYERS, NULL, 0, "synthetic: layers (other kinds: the shape `ddtreed plan` assumes when the target is not at hand)" },
     { "target.num_attention_heads", F_INT, OFF(synthetic.heads), 4, 1, 1024, NULL, 0, "synthetic: query heads" },
@@ -56,11 +67,11 @@ static const config_field fields[] = {
     { "drafter.num_key_value_heads", F_INT, OFF(drafter.kv_heads), 2, 1, 1024, NULL, 0, "key/value heads" },
     { "drafter.head_dim", F_INT, OFF(drafter.head_dim), 16, 2, 1024, NULL, 0, "head dim (even; at most 256 on GPUs, the CUDA attention's limit)" },
     { "drafter.intermediate_size", F_INT, OFF(drafter.intermediate), 172, 1, 1 << 20, NULL, 0, "MLP width" },
-    { "drafter.layer_types", F_LIST, 0, 0, 0, 0, NULL, 0,
+    { "drafter.layer_types", F_LAYER_TYPES, 0, 0, 0, 0, NULL, 0,
       "per layer \"full_attention\" or \"sliding_attention\" (default: all full)" },
     { "drafter.sliding_window", F_INT, OFF(drafter.sliding_window), 2048, 1, 1 << 30, NULL, 0, "Wn of sliding layers" },
     { "drafter.block_size", F_INT, OFF(drafter.block_size), 16, 2, 256, NULL, 0, "B: slots per block" },
-    { "drafter.target_layer_ids", F_LIST, 0, 0, 0, 0, NULL, 0, "\"auto\" (SPEC.md section 3) or a list of target layer ids" },
+    { "drafter.target_layer_ids", F_LAYER_IDS, 0, 0, 0, 0, NULL, 0, "\"auto\" (SPEC.md section 3) or a list of target layer ids" },
     { "drafter.mask_token_id", F_INT, OFF(mask_token_id), -1, 0, 1 << 30, NULL, 0, "the mask token (default: vocab - 1)" },
     { "drafter.rope_theta", F_F32, OFF(drafter.rope_theta), 10000.0, 1, 1e12, NULL, 0, "RoPE base" },
     { "drafter.rms_norm_eps", F_F32, OFF(drafter.rms_norm_eps), 1e-6, 1e-12, 1, NULL, 0, "RMSNorm epsilon" },
@@ -92,19 +103,19 @@ static const config_field fields[] = {
     { "loss.vocab_tile", F_INT, OFF(vocab_tile), 0, 0, BIG, NULL, 0, "0: whole vocabulary per chunk; > 0: streamed tiles" },
     { "loss.auto_rechunk", F_BOOL, OFF(auto_rechunk), 1, 0, 1, NULL, 0, "halve chunk (then tile) when a step runs out of memory" },
 
-    { "devices", F_LIST, 0, 0, 0, 0, NULL, 0,
+    { "devices", F_DEVICES, 0, 0, 0, 0, NULL, 0,
       "\"all\" (every GPU, but no more than train.sequences_per_step; one CPU rank without GPUs), N (GPUs 0..N-1; N CPU ranks without GPUs), \"cpu\", or [\"cuda:0\", ...]; every rank needs a sequence of each step: more ranks named than train.sequences_per_step are refused" },
     { "cluster.unique_id", F_STR, OFF(cluster_id), 0, 0, 0, "", 257, "several daemons, one run: rank 0's NCCL id (POST /nccl/unique-id)" },
     { "cluster.world_size", F_INT, OFF(cluster_world), 0, 0, 1 << 16, NULL, 0, "ranks of all the daemons together (0: this daemon alone)" },
     { "cluster.first_rank", F_INT, OFF(cluster_first), 0, 0, 1 << 16, NULL, 0, "the global rank of this daemon's first device" },
-    { "memory.budget_bytes", F_LIST, 0, 0, 0, 0, NULL, 0, "null, or a per-device budget in bytes" },
+    { "memory.budget_bytes", F_BYTES, OFF(budget_bytes), 0, 0, 0, NULL, 0, "null, or a per-device budget in bytes" },
     { "checkpoint.every_steps", F_INT, OFF(checkpoint_every), 500, 1, BIG, NULL, 0, "steps between checkpoints" },
     { "checkpoint.keep", F_INT, OFF(checkpoint_keep), 3, 1, 1000, NULL, 0, "checkpoints kept" },
     { "eval.every_steps", F_INT, OFF(eval_every), 200, 1, BIG, NULL, 0, "steps between acceptance evaluations" },
     { "eval.sequences", F_INT, OFF(eval_sequences), 32, 0, 1 << 20, NULL, 0, "held-out sequences per evaluation" },
     { "eval.blocks_per_sequence", F_INT, OFF(eval_blocks), 64, 1, 1 << 20, NULL, 0,
       "blocks (anchors) drawn per held-out sequence, at most train.max_anchors" },
-    { "eval.tree_budgets", F_LIST, 0, 0, 0, 0, NULL, 0, "DDTree node budgets K (default [16, 64])" },
+    { "eval.tree_budgets", F_BUDGETS, 0, 0, 0, 0, NULL, 0, "DDTree node budgets K (default [16, 64])" },
 };
 enum { FIELD_COUNT = sizeof fields / sizeof fields[0] };
 
@@ -140,37 +151,55 @@ static int is_prefix(const char *path)   /* an object level of the table: "train
     return 0;
 }
 
-static void apply_defaults(ddt_run_config *c)
+/* ------------------------------------------------------------------------------------------
+ * One parse function per kind of field (and a default where the table's numbers do not say it)
+ */
+
+static int parse_number(const parse_ctx *p, const config_field *f, const cJSON *v)
 {
-    memset(c, 0, sizeof *c);
-    for (int i = 0; i < FIELD_COUNT; i++) {
-        const config_field *f = &fields[i];
-        void *at = (char *)c + f->offset;
-        switch (f->type) {
-        case F_INT: *(int64_t *)at = (int64_t)f->dflt; break;
-        case F_F32: *(float *)at = (float)f->dflt; break;
-        case F_F64: *(double *)at = f->dflt; break;
-        case F_BOOL: *(int *)at = f->dflt != 0; break;
-        case F_STR: snprintf(at, f->size, "%s", f->text); break;
-        case F_ENUM: *(int *)at = (int)f->dflt; break;
-        case F_LIST: break;
-        }
-    }
-    c->taps_auto = 1;
-    c->ranks = 1;
-    c->n_budgets = 2;
-    c->tree_budgets[0] = 16;
-    c->tree_budgets[1] = 64;
+    void *at = (char *)p->c + f->offset;
+    char bounds[120];
+    double x = cJSON_IsNumber(v) ? v->valuedouble : NAN;
+    snprintf(bounds, sizeof bounds, "%s in [%g, %g]", f->type == F_INT ? "an integer" : "a number", f->lo, f->hi);
+    if (!isfinite(x) || x < f->lo || x > f->hi || (f->type == F_INT && x != floor(x)))
+        return fail(p, f->path, "must be %s", bounds);
+    if (f->type == F_INT)
+        *(int64_t *)at = (int64_t)x;
+    else if (f->type == F_F32)
+        *(float *)at = (float)x;
+    else
+        *(double *)at = x;
+    return 0;
 }
 
-static int parse_enum(const parse_ctx *p, const config_field *f, const cJSON *v, int *out)
+static int parse_bool(const parse_ctx *p, const config_field *f, const cJSON *v)
+{
+    if (!cJSON_IsBool(v))
+        return fail(p, f->path, "must be %s", "true or false");
+    *(int *)((char *)p->c + f->offset) = cJSON_IsTrue(v);
+    return 0;
+}
+
+static int parse_string(const parse_ctx *p, const config_field *f, const cJSON *v)
+{
+    const char *s = cJSON_GetStringValue(v);
+    if (!s || strlen(s) >= f->size) {
+        char most[24];
+        snprintf(most, sizeof most, "%zu", f->size - 1);
+        return fail(p, f->path, "must be a string of at most %s characters", most);
+    }
+    snprintf((char *)p->c + f->offset, f->size, "%s", s);
+    return 0;
+}
+
+static int parse_enum(const parse_ctx *p, const config_field *f, const cJSON *v)
 {
     const char *s = cJSON_GetStringValue(v);
     int index = 0;
     for (const char *choice = f->text; s && *choice; index++) {
         size_t n = strcspn(choice, "|");
         if (strlen(s) == n && !strncmp(s, choice, n)) {
-            *out = index;
+            *(int *)((char *)p->c + f->offset) = index;
             return 0;
         }
         choice += n + (choice[n] == '|');
@@ -178,155 +207,208 @@ static int parse_enum(const parse_ctx *p, const config_field *f, const cJSON *v,
     return fail(p, f->path, "must be one of %s", f->text);
 }
 
-static int parse_value(const parse_ctx *p, const config_field *f, const cJSON *v)
+static void default_scalar(ddt_run_config *c, const config_field *f)
 {
-    void *at = (char *)p->c + f->offset;
-    char bounds[120];
+    void *at = (char *)c + f->offset;
     switch (f->type) {
-    case F_INT:
-    case F_F32:
-    case F_F64: {
-        double x = cJSON_IsNumber(v) ? v->valuedouble : NAN;
-        snprintf(bounds, sizeof bounds, "%s in [%g, %g]", f->type == F_INT ? "an integer" : "a number", f->lo, f->hi);
-        if (!isfinite(x) || x < f->lo || x > f->hi || (f->type == F_INT && x != floor(x)))
-            return fail(p, f->path, "must be %s", bounds);
-        if (f->type == F_INT)
-            *(int64_t *)at = (int64_t)x;
-        else if (f->type == F_F32)
-            *(float *)at = (float)x;
-        else
-            *(double *)at = x;
-        return 0;
-    }
+    case F_INT: *(int64_t *)at = (int64_t)f->dflt; break;
+    case F_F32: *(float *)at = (float)f->dflt; break;
+    case F_F64: *(double *)at = f->dflt; break;
     case F_BOOL:
-        if (!cJSON_IsBool(v))
-            return fail(p, f->path, "must be %s", "true or false");
-        *(int *)at = cJSON_IsTrue(v);
-        return 0;
-    case F_STR: {
-        const char *s = cJSON_GetStringValue(v);
-        if (!s || strlen(s) >= f->size)
-        {
-            char most[24];
-            snprintf(most, sizeof most, "%zu", f->size - 1);
-            return fail(p, f->path, "must be a string of at most %s characters", most);
-        }
-        snprintf(at, f->size, "%s", s);
-        return 0;
+    case F_ENUM: *(int *)at = f->type == F_BOOL ? f->dflt != 0 : (int)f->dflt; break;
+    case F_STR: snprintf(at, f->size, "%s", f->text); break;
+    default: break;
     }
-    case F_ENUM:
-        return parse_enum(p, f, v, at);
-    case F_LIST:
-        break;
+}
+
+/* entries of a JSON array, or -1 when v is not one */
+static int array_size(const cJSON *v)
+{
+    return cJSON_IsArray(v) ? cJSON_GetArraySize(v) : -1;
+}
+
+/* the integer entries of a list in [lo, hi] into out[] (int32 or int64 by `wide`) */
+static int parse_integers(const parse_ctx *p, const config_field *f, const cJSON *v, int n, double lo, double hi,
+                          const char *what, void *out, int wide)
+{
+    for (int i = 0; i < n; i++) {
+        const cJSON *x = cJSON_GetArrayItem(v, i);
+        if (!cJSON_IsNumber(x) || x->valuedouble != floor(x->valuedouble) || x->valuedouble < lo ||
+            x->valuedouble > hi)
+            return fail(p, f->path, "entries must be %s", what);
+        if (wide)
+            ((int64_t *)out)[i] = (int64_t)x->valuedouble;
+        else
+            ((int32_t *)out)[i] = (int32_t)x->valuedouble;
     }
     return 0;
 }
 
-/* The fields whose JSON is not one scalar. */
-static int parse_list(const parse_ctx *p, const config_field *f, const cJSON *v)
+static int parse_paths(const parse_ctx *p, const config_field *f, const cJSON *v)
 {
     ddt_run_config *c = p->c;
-    const char *path = f->path;
-    int n = cJSON_IsArray(v) ? cJSON_GetArraySize(v) : -1;
-    if (!strcmp(path, "target.shards")) {
-        if (n < 1 || n > DDT_MAX_SHARDS)
-            return fail(p, path, "must be a list of 1 to %s shard files", "1024");
-        free(c->shards);
-        c->shards = calloc((size_t)n, sizeof *c->shards);
-        c->shard_count = n;
+    const int n = array_size(v);
+    if (n < 1 || n > DDT_MAX_SHARDS)
+        return fail(p, f->path, "must be a list of 1 to %s shard files", "1024");
+    free(c->shards);
+    c->shards = calloc((size_t)n, sizeof *c->shards);
+    c->shard_count = c->shards ? n : 0;
+    if (!c->shards)
+        return fail(p, f->path, "cannot be held: no memory for %s", "the list");
+    for (int i = 0; i < n; i++) {
+        const char *s = cJSON_GetStringValue(cJSON_GetArrayItem(v, i));
+        if (!s || !*s || strlen(s) >= DDT_RUN_PATH)
+            return fail(p, f->path, "entries must be %s", "file paths (non-empty strings)");
+        snprintf(c->shards[i], DDT_RUN_PATH, "%s", s);
+    }
+    return 0;
+}
+
+static int parse_layer_types(const parse_ctx *p, const config_field *f, const cJSON *v)
+{
+    ddt_run_config *c = p->c;
+    const int n = array_size(v);
+    if (n < 1 || n > DDT_MAX_LAYERS)
+        return fail(p, f->path, "must be a list of %s", "\"full_attention\" / \"sliding_attention\"");
+    for (int i = 0; i < n; i++) {
+        const char *s = cJSON_GetStringValue(cJSON_GetArrayItem(v, i));
+        if (!s || (strcmp(s, "full_attention") && strcmp(s, "sliding_attention")))
+            return fail(p, f->path, "entries must be %s", "\"full_attention\" or \"sliding_attention\"");
+        c->drafter.sliding[i] = !strcmp(s, "sliding_attention");
+    }
+    c->layer_types_count = n;   /* checked against num_hidden_layers after parsing */
+    return 0;
+}
+
+static int parse_layer_ids(const parse_ctx *p, const config_field *f, const cJSON *v)
+{
+    ddt_run_config *c = p->c;
+    const char *s = cJSON_GetStringValue(v);
+    if (s && !strcmp(s, "auto")) {
+        c->taps_auto = 1;
+        return 0;
+    }
+    const int n = array_size(v);
+    if (n < 1 || n > DDT_MAX_TAPS)
+        return fail(p, f->path, "must be \"auto\" or a list of 1 to %s layer ids", "64");
+    int rc = parse_integers(p, f, v, n, 0, 4096, "integer layer ids >= 0", c->drafter.target_layer_ids, 0);
+    if (rc)
+        return rc;
+    c->drafter.taps = n;
+    c->taps_auto = 0;
+    return 0;
+}
+
+static void default_layer_ids(ddt_run_config *c, const config_field *f)
+{
+    (void)f;
+    c->taps_auto = 1;
+}
+
+static int parse_budgets(const parse_ctx *p, const config_field *f, const cJSON *v)
+{
+    ddt_run_config *c = p->c;
+    const int n = array_size(v);
+    if (n < 0 || n > DDT_MAX_EVAL_BUDGETS)
+        return fail(p, f->path, "must be a list of at most %s node budgets", "8");
+    int rc = parse_integers(p, f, v, n, 1, 65536, "integers in [1, 65536]", c->tree_budgets, 1);
+    if (rc)
+        return rc;
+    c->n_budgets = n;
+    return 0;
+}
+
+static void default_budgets(ddt_run_config *c, const config_field *f)
+{
+    (void)f;
+    c->n_budgets = 2;
+    c->tree_budgets[0] = 16;
+    c->tree_budgets[1] = 64;
+}
+
+static int parse_devices(const parse_ctx *p, const config_field *f, const cJSON *v)
+{
+    ddt_run_config *c = p->c;
+    const char *s = cJSON_GetStringValue(v);
+    const int n = array_size(v);
+    c->ranks = 1;
+    if (s && (!strcmp(s, "all") || !strcmp(s, "cpu"))) {
+        c->devices_kind = !strcmp(s, "all") ? DDT_DEVICES_ALL : DDT_DEVICES_CPU;
+        return 0;
+    }
+    if (n >= 1 && n <= DDT_MAX_RANKS) {
         for (int i = 0; i < n; i++) {
-            const char *s = cJSON_GetStringValue(cJSON_GetArrayItem(v, i));
-            if (!s || !*s || strlen(s) >= DDT_RUN_PATH)
-                return fail(p, path, "entries must be %s", "file paths (non-empty strings)");
-            snprintf(c->shards[i], DDT_RUN_PATH, "%s", s);
+            const char *name = cJSON_GetStringValue(cJSON_GetArrayItem(v, i));
+            char *end = NULL;
+            long id = name && !strncmp(name, "cuda:", 5) && name[5] >= '0' && name[5] <= '9'
+                          ? strtol(name + 5, &end, 10) : -1;
+            if (id < 0 || id >= DDT_MAX_RANKS || *end)
+                return fail(p, f->path, "entries must be %s", "GPU names \"cuda:N\" (N in [0, 63])");
+            for (int j = 0; j < i; j++)
+                if (c->gpu_ids[j] == id)
+                    return fail(p, f->path, "names %s twice", name);
+            c->gpu_ids[i] = (int32_t)id;
         }
+        c->devices_kind = DDT_DEVICES_LIST;
+        c->ranks = n;
         return 0;
     }
-    if (!strcmp(path, "drafter.layer_types")) {
-        if (n < 1 || n > DDT_MAX_LAYERS)
-            return fail(p, path, "must be a list of %s", "\"full_attention\" / \"sliding_attention\"");
-        for (int i = 0; i < n; i++) {
-            const char *s = cJSON_GetStringValue(cJSON_GetArrayItem(v, i));
-            if (!s || (strcmp(s, "full_attention") && strcmp(s, "sliding_attention")))
-                return fail(p, path, "entries must be %s", "\"full_attention\" or \"sliding_attention\"");
-            c->drafter.sliding[i] = !strcmp(s, "sliding_attention");
-        }
-        c->layer_types_count = n;   /* checked against num_hidden_layers after parsing */
-        return 0;
-    }
-    if (!strcmp(path, "drafter.target_layer_ids")) {
-        const char *s = cJSON_GetStringValue(v);
-        if (s && !strcmp(s, "auto")) {
-            c->taps_auto = 1;
-            return 0;
-        }
-        if (n < 1 || n > DDT_MAX_TAPS)
-            return fail(p, path, "must be \"auto\" or a list of 1 to %s layer ids", "64");
-        for (int i = 0; i < n; i++) {
-            const cJSON *x = cJSON_GetArrayItem(v, i);
-            if (!cJSON_IsNumber(x) || x->valuedouble != floor(x->valuedouble) || x->valuedouble < 0 ||
-                x->valuedouble > 4096)
-                return fail(p, path, "entries must be %s", "integer layer ids >= 0");
-            c->drafter.target_layer_ids[i] = (int32_t)x->valuedouble;
-        }
-        c->drafter.taps = n;
-        c->taps_auto = 0;
-        return 0;
-    }
-    if (!strcmp(path, "eval.tree_budgets")) {
-        if (n < 0 || n > DDT_MAX_EVAL_BUDGETS)
-            return fail(p, path, "must be a list of at most %s node budgets", "8");
-        for (int i = 0; i < n; i++) {
-            const cJSON *x = cJSON_GetArrayItem(v, i);
-            if (!cJSON_IsNumber(x) || x->valuedouble != floor(x->valuedouble) || x->valuedouble < 1 ||
-                x->valuedouble > 65536)
-                return fail(p, path, "entries must be %s", "integers in [1, 65536]");
-            c->tree_budgets[i] = (int64_t)x->valuedouble;
-        }
-        c->n_budgets = n;
-        return 0;
-    }
-    if (!strcmp(path, "devices")) {
-        const char *s = cJSON_GetStringValue(v);
-        c->ranks = 1;
-        if (s && (!strcmp(s, "all") || !strcmp(s, "cpu"))) {
-            c->devices_kind = !strcmp(s, "all") ? DDT_DEVICES_ALL : DDT_DEVICES_CPU;
-            return 0;
-        }
-        if (n >= 1 && n <= DDT_MAX_RANKS) {
-            for (int i = 0; i < n; i++) {
-                const char *name = cJSON_GetStringValue(cJSON_GetArrayItem(v, i));
-                char *end = NULL;
-                long id = name && !strncmp(name, "cuda:", 5) && name[5] >= '0' && name[5] <= '9'
-                              ? strtol(name + 5, &end, 10) : -1;
-                if (id < 0 || id >= DDT_MAX_RANKS || *end)
-                    return fail(p, path, "entries must be %s", "GPU names \"cuda:N\" (N in [0, 63])");
-                for (int j = 0; j < i; j++)
-                    if (c->gpu_ids[j] == id)
-                        return fail(p, path, "names %s twice", name);
-                c->gpu_ids[i] = (int32_t)id;
-            }
-            c->devices_kind = DDT_DEVICES_LIST;
-            c->ranks = n;
-            return 0;
-        }
-        if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < 1 ||
-            v->valuedouble > DDT_MAX_RANKS)
-            return fail(p, path, "must be %s",
-                        "\"all\", \"cpu\", a number of ranks in [1, 64] or a list of GPUs [\"cuda:0\", ...]");
-        c->devices_kind = DDT_DEVICES_COUNT;
-        c->ranks = (int64_t)v->valuedouble;
-        return 0;
-    }
-    /* memory.budget_bytes */
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < 1 ||
+        v->valuedouble > DDT_MAX_RANKS)
+        return fail(p, f->path, "must be %s",
+                    "\"all\", \"cpu\", a number of ranks in [1, 64] or a list of GPUs [\"cuda:0\", ...]");
+    c->devices_kind = DDT_DEVICES_COUNT;
+    c->ranks = (int64_t)v->valuedouble;
+    return 0;
+}
+
+static void default_devices(ddt_run_config *c, const config_field *f)
+{
+    (void)f;
+    c->devices_kind = DDT_DEVICES_ALL;
+    c->ranks = 1;
+}
+
+static int parse_bytes(const parse_ctx *p, const config_field *f, const cJSON *v)
+{
+    int64_t *at = (int64_t *)((char *)p->c + f->offset);
     if (cJSON_IsNull(v)) {
-        c->budget_bytes = 0;
+        *at = 0;
         return 0;
     }
     if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < 1 || v->valuedouble > BIG)
-        return fail(p, path, "must be %s", "null or a positive number of bytes");
-    c->budget_bytes = (int64_t)v->valuedouble;
+        return fail(p, f->path, "must be %s", "null or a positive number of bytes");
+    *at = (int64_t)v->valuedouble;
     return 0;
+}
+
+typedef struct field_kind {
+    const char *name;   /* the reference's type column */
+    int (*parse)(const parse_ctx *p, const config_field *f, const cJSON *v);
+    void (*set_default)(ddt_run_config *c, const config_field *f);   /* NULL: zero */
+} field_kind;
+
+static const field_kind kinds[] = {
+    [F_INT] = { "integer", parse_number, default_scalar },
+    [F_F32] = { "number", parse_number, default_scalar },
+    [F_F64] = { "number", parse_number, default_scalar },
+    [F_BOOL] = { "boolean", parse_bool, default_scalar },
+    [F_STR] = { "string", parse_string, default_scalar },
+    [F_ENUM] = { "enum", parse_enum, default_scalar },
+    [F_PATHS] = { "list", parse_paths, NULL },
+    [F_LAYER_TYPES] = { "list", parse_layer_types, NULL },
+    [F_LAYER_IDS] = { "list", parse_layer_ids, default_layer_ids },
+    [F_BUDGETS] = { "list", parse_budgets, default_budgets },
+    [F_DEVICES] = { "list", parse_devices, default_devices },
+    [F_BYTES] = { "list", parse_bytes, NULL },
+};
+
+static void apply_defaults(ddt_run_config *c)
+{
+    memset(c, 0, sizeof *c);
+    for (int i = 0; i < FIELD_COUNT; i++)
+        if (kinds[fields[i].type].set_default)
+            kinds[fields[i].type].set_default(c, &fields[i]);
 }
 
 static int parse_object(const parse_ctx *p, const cJSON *obj, const char *prefix)
@@ -346,41 +428,12 @@ static int parse_object(const parse_ctx *p, const cJSON *obj, const char *prefix
         } else if (!f) {
             rc = fail(p, path, "is not a known field (%s)", "unknown keys are errors, not ignored");
         } else {
-            rc = f->type == F_LIST ? parse_list(p, f, item) : parse_value(p, f, item);
+            rc = kinds[f->type].parse(p, f, item);
         }
         if (rc)
             return rc;
     }
     return 0;
-}
-
-/* What a run on GPUs needs beyond what the CPU needs: the drafter's attention runs on the CUDA
- * attention, which holds head_dim <= DDK_CUDA_MAX_HEAD_DIM (ddk.h); refused here rather than
- * by the attention at the first step. The target needs no such check: its forward (the online
- * sources' generation and taps, source.c) runs on the CPU backend even in a GPU run. field may
- * be NULL. 0 or -EINVAL with err ("drafter.head_dim: ..."). */
-/* What a GPU run of `ranks` ranks (over all daemons) needs of this build: a head_dim the CUDA
- * attention takes, and NCCL for more than one rank. */
-static int check_gpu_limits(const ddt_run_config *c, ddt_node node, int64_t ranks, char *err, size_t err_len,
-                            char *field, size_t field_len)
-{
-    if (ranks > 1 && node.single_gpu) {
-        if (field)
-            snprintf(field, field_len, c->cluster_world ? "cluster.world_size" : "devices");
-        snprintf(err, err_len, "%s: %lld GPU ranks need NCCL, and this ddtreed was built without it: train "
-                 "on one GPU (\"devices\": [\"cuda:0\"]), or rebuild with NCCL found (tests/gpu/README.md, "
-                 "README.md: Building by hand)", c->cluster_world ? "cluster.world_size" : "devices",
-                 (long long)ranks);
-        return -EINVAL;
-    }
-    if (c->drafter.head_dim <= DDK_CUDA_MAX_HEAD_DIM)
-        return 0;
-    if (field)
-        snprintf(field, field_len, "drafter.head_dim");
-    snprintf(err, err_len, "drafter.head_dim: %lld is more than the %d the CUDA attention supports, and this "
-             "run's devices are GPUs: use \"devices\": \"cpu\", or a drafter.head_dim <= %d",
-             (long long)c->drafter.head_dim, DDK_CUDA_MAX_HEAD_DIM, DDK_CUDA_MAX_HEAD_DIM);
-    return -EINVAL;
 }
 
 /* Relations between fields, after parsing. */
@@ -417,109 +470,6 @@ static int check_relations(const parse_ctx *p)
     if (c->cluster_world && c->devices_kind != DDT_DEVICES_LIST && c->devices_kind != DDT_DEVICES_COUNT)
         return fail(p, "devices", "must name the GPUs (a count or [\"cuda:N\", ...]) with %s",
                     "a cluster section: the ranks must be known before the run starts");
-    return 0;
-}
-
-/* err := "path: sentence", field := path; returns rc */
-static int devices_fail(int rc, char *err, size_t err_len, char *field, size_t field_len, const char *path,
-                        const char *fmt, ...) __attribute__((format(printf, 7, 8)));
-static int devices_fail(int rc, char *err, size_t err_len, char *field, size_t field_len, const char *path,
-                        const char *fmt, ...)
-{
-    if (field)
-        snprintf(field, field_len, "%s", path);
-    int n = snprintf(err, err_len, "%s: ", path);
-    va_list ap;
-    va_start(ap, fmt);
-    if (n >= 0 && (size_t)n < err_len)
-        vsnprintf(err + n, err_len - (size_t)n, fmt, ap);
-    va_end(ap);
-    return rc;
-}
-
-ddt_node ddt_node_here(void)
-{
-    return (ddt_node){ .gpus = ddk_cuda_device_count(), .single_gpu = ddk_has_cuda() && !ddk_has_nccl() };
-}
-
-int ddt_run_config_devices(const ddt_run_config *c, ddt_node node, ddt_devices *out, char *err,
-                           size_t err_len, char *field, size_t field_len)
-{
-    const int gpus = node.gpus;
-    memset(out, 0, sizeof *out);
-    if (field)
-        *field = '\0';
-    out->ranks = (int)c->ranks;
-    /* Every rank trains on one sequence of each step at least: an idle one would hold a whole
-     * replica (weights, moments, the target's head: ~38 GB at the seed's shape) and all-reduce
-     * zeros. Ranks named (a count, a list, a cluster's world) are the operator's word: too many
-     * are refused; "all" takes only as many GPUs as there are sequences (below). */
-    const int64_t world = c->cluster_world ? c->cluster_world : c->ranks;
-    if ((c->devices_kind == DDT_DEVICES_COUNT || c->devices_kind == DDT_DEVICES_LIST) &&
-        world > c->sequences_per_step)
-        return devices_fail(-EINVAL, err, err_len, field, field_len, c->cluster_world ? "cluster.world_size" : "devices",
-                            "%lld ranks but train.sequences_per_step is %lld: every rank needs at least one "
-                            "sequence of each step (an idle one holds a whole replica and all-reduces zeros); "
-                            "give at most %lld %s, or raise train.sequences_per_step", (long long)world,
-                            (long long)c->sequences_per_step, (long long)c->sequences_per_step,
-                            c->cluster_world ? "ranks over all the daemons" : "devices");
-    /* GPUs named (a list; a cluster runs on GPUs): a GPU run wherever it is asked for */
-    int rc;
-    if ((c->devices_kind == DDT_DEVICES_LIST || c->cluster_world) &&
-        (rc = check_gpu_limits(c, node, world, err, err_len, field, field_len)))
-        return rc;
-    switch (c->devices_kind) {
-    case DDT_DEVICES_CPU:
-        return 0;
-    case DDT_DEVICES_ALL:
-    case DDT_DEVICES_COUNT:
-        if (gpus < 1) {   /* a node without GPUs: CPU ranks ("all": one) */
-            if (c->cluster_world)
-                return devices_fail(-ENODEV, err, err_len, field, field_len, "cluster",
-                                    "this node has no GPU; a cluster run needs NCCL over GPUs");
-            return 0;
-        }
-        out->gpu = 1;
-        if (c->devices_kind == DDT_DEVICES_ALL) {
-            /* every GPU, but no more than there are sequences in a step */
-            int64_t most = c->sequences_per_step < DDT_MAX_RANKS ? c->sequences_per_step : DDT_MAX_RANKS;
-            if (node.single_gpu)
-                most = 1;   /* no all-reduce in this build: one GPU */
-            out->ranks = gpus < most ? gpus : (int)most;
-            if (out->ranks < gpus && most == 1 && c->sequences_per_step > 1) {
-                snprintf(out->note, sizeof out->note, "devices \"all\": %d GPUs but this ddtreed was built "
-                         "without NCCL: training on cuda:0, the other %d stay idle", gpus, gpus - 1);
-            } else if (out->ranks < gpus) {
-                char used[40];
-                snprintf(used, sizeof used, out->ranks > 1 ? "cuda:0..cuda:%d" : "cuda:0", out->ranks - 1);
-                if (c->sequences_per_step < gpus)
-                    snprintf(out->note, sizeof out->note, "devices \"all\": %d GPUs but %lld sequence%s per "
-                             "step (train.sequences_per_step): training on %s, the other %d stay idle", gpus,
-                             (long long)c->sequences_per_step, c->sequences_per_step > 1 ? "s" : "", used,
-                             gpus - out->ranks);
-                else
-                    snprintf(out->note, sizeof out->note, "devices \"all\": %d GPUs but at most %d ranks: "
-                             "training on %s, the other %d stay idle", gpus, DDT_MAX_RANKS, used,
-                             gpus - out->ranks);
-            }
-        } else if (out->ranks > gpus) {
-            return devices_fail(-ENODEV, err, err_len, field, field_len, "devices",
-                                "%d GPUs asked for, this node has %d", out->ranks, gpus);
-        }
-        for (int i = 0; i < out->ranks; i++)
-            out->gpu_ids[i] = i;
-        return check_gpu_limits(c, node, c->cluster_world ? c->cluster_world : out->ranks, err, err_len,
-                                field, field_len);
-    case DDT_DEVICES_LIST:
-        for (int i = 0; i < c->ranks; i++)
-            if (c->gpu_ids[i] >= gpus)
-                return devices_fail(-ENODEV, err, err_len, field, field_len, "devices",
-                                    "cuda:%d is not a GPU of this node (it has %d%s)", c->gpu_ids[i], gpus,
-                                    gpus ? "" : ": none, or this ddtreed was built without CUDA");
-        out->gpu = 1;
-        memcpy(out->gpu_ids, c->gpu_ids, (size_t)c->ranks * sizeof *out->gpu_ids);
-        return 0;
-    }
     return 0;
 }
 
@@ -613,35 +563,9 @@ int ddt_run_config_resolve(ddt_run_config *c, int64_t target_hidden, int64_t tar
 int ddt_run_config_target_shape(const ddt_run_config *c, int64_t *hidden, int64_t *vocab,
                                 int64_t *layers, int *tied, char *err, size_t err_len)
 {
-    *hidden = c->synthetic.hidden;
-    *vocab = c->synthetic.vocab;
-    *layers = c->synthetic.layers;
-    *tied = 0;
-    if (c->target_kind == DDT_SOURCE_HF) {
-        ddt_target_config t;
-        int rc = ddt_target_config_load(c->target_path, &t, err, err_len);
-        if (rc == 0) {   /* on failure the declared shape stays, for callers that plan anyway */
-            *hidden = t.hidden;
-            *vocab = t.vocab;
-            *layers = t.layers;
-            *tied = t.tie_word_embeddings;
-        }
-        return rc;
-    }
-    if (c->target_kind == DDT_SOURCE_SHARDS) {   /* the first shard's metadata, when at hand */
-        ddt_st_file f;
-        char ignored[512];
-        if (ddt_st_open(c->shards[0], &f, ignored, sizeof ignored) == 0) {
-            const char *h = ddt_st_metadata(&f, ddt_shard_keys[DDT_SHARD_KEY_HIDDEN_SIZE]),
-                       *v = ddt_st_metadata(&f, ddt_shard_keys[DDT_SHARD_KEY_VOCAB_SIZE]);
-            if (h && v) {
-                *hidden = atoll(h);
-                *vocab = atoll(v);
-            }
-            ddt_st_close(&f);
-        }
-    }
-    return 0;
+    ddt_source_config s;
+    ddt_run_config_source(c, &s);
+    return ddt_source_target_shape(&s, hidden, vocab, layers, tied, err, err_len);
 }
 
 void ddt_run_config_source(const ddt_run_config *c, ddt_source_config *s)
@@ -667,7 +591,6 @@ void ddt_run_config_source(const ddt_run_config *c, ddt_source_config *s)
 void ddt_run_config_print_reference(FILE *out)
 {
     fprintf(out, "| field | type | default | bounds | meaning |\n|---|---|---|---|---|\n");
-    static const char *const names[] = { "integer", "number", "number", "boolean", "string", "enum", "list" };
     for (int i = 0; i < FIELD_COUNT; i++) {
         const config_field *f = &fields[i];
         char dflt[64] = "", bounds[64] = "";
@@ -684,10 +607,25 @@ void ddt_run_config_print_reference(FILE *out)
         } else if (f->type == F_INT) {
             snprintf(dflt, sizeof dflt, f->dflt < 0 ? "auto" : "%.0f", f->dflt);
             snprintf(bounds, sizeof bounds, f->hi >= BIG ? "[%.0f, 2^53]" : "[%.0f, %.0f]", f->lo, f->hi);
-        } else if (f->type != F_LIST) {
+        } else if (f->type == F_F32 || f->type == F_F64) {
             snprintf(dflt, sizeof dflt, "%g", f->dflt);
             snprintf(bounds, sizeof bounds, "[%g, %g]", f->lo, f->hi);
         }
-        fprintf(out, "| `%s` | %s | %s | %s | %s |\n", f->path, names[f->type], dflt, bounds, f->help);
+        fprintf(out, "| `%s` | %s | %s | %s | %s |\n", f->path, kinds[f->type].name, dflt, bounds, f->help);
     }
+}
+
+int ddt_run_config_copy(ddt_run_config *dst, const ddt_run_config *src)
+{
+    *dst = *src;
+    dst->shards = NULL;
+    if (src->shard_count > 0) {
+        size_t bytes = (size_t)src->shard_count * sizeof *src->shards;
+        if (!(dst->shards = malloc(bytes))) {
+            dst->shard_count = 0;
+            return -ENOMEM;
+        }
+        memcpy(dst->shards, src->shards, bytes);
+    }
+    return 0;
 }

@@ -3,11 +3,12 @@
  * with its JSON path, type, default, bounds and help; parsing, validation, defaults and the
  * documentation all read it. Unknown keys, wrong types and out-of-range values are errors
  * naming the field's JSON path.
- * Tested by tests/test_run_config.c.
+ * Tested by tests/test_trainer.c and tests/fuzz/fuzz_run_config.c.
  */
 #ifndef DDT_RUN_CONFIG_H
 #define DDT_RUN_CONFIG_H
 
+#include "devices.h"   /* ddt_run_config_devices: the config against a node */
 #include "drafter.h"
 #include "source.h"
 
@@ -15,7 +16,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-enum { DDT_MAX_EVAL_BUDGETS = 8, DDT_RUN_NAME = 128, DDT_RUN_PATH = 1024, DDT_MAX_RANKS = 64 };
+enum { DDT_MAX_EVAL_BUDGETS = 8, DDT_RUN_NAME = 128, DDT_RUN_PATH = 1024 };
 
 /* What "devices" asked for; the trainer resolves it against the node (ddt_run_config_devices). */
 typedef enum ddt_devices_kind {
@@ -82,46 +83,20 @@ int ddt_run_config_resolve(ddt_run_config *c, int64_t target_hidden, int64_t tar
 
 /* The target's hidden size, vocabulary, layers and tied head: hf from its config.json;
  * shards from the first shard's metadata when it can be read; otherwise (synthetic, or shards
- * not at hand) the config's target.* shape fields. 0 or -EINVAL with err. */
+ * not at hand) the config's target.* shape fields. 0 or -EINVAL with err. The files are read
+ * by the source (ddt_source_target_shape over ddt_run_config_source's configuration). */
 int ddt_run_config_target_shape(const ddt_run_config *c, int64_t *hidden, int64_t *vocab,
                                 int64_t *layers, int *tied, char *err, size_t err_len);
-
-/* What "devices" comes to on a node (ddt_run_config_devices). */
-typedef struct ddt_devices {
-    int gpu;                        /* 1: the ranks are GPUs; 0: CPU ranks */
-    int ranks;                      /* this daemon's */
-    int32_t gpu_ids[DDT_MAX_RANKS]; /* gpu: the GPU ordinal of each rank */
-    char note[256];                 /* "" or a sentence for the run's events and the plan: "all"
-                                       left GPUs idle (fewer sequences per step than GPUs) */
-} ddt_devices;
-
-/* What a node offers a run: its GPUs, and whether this build can join several of them. */
-typedef struct ddt_node {
-    int gpus;         /* GPUs this process sees */
-    int single_gpu;   /* 1: a CUDA build without NCCL, so a run has one GPU rank at most */
-} ddt_node;
-
-/* This process's node: ddk_cuda_device_count(), and ddk_has_cuda() && !ddk_has_nccl(). */
-ddt_node ddt_node_here(void);
-
-/* The ranks of this daemon for a run on `node` (ddt_node_here(); a test passes any node). Every rank trains on one sequence of each step at least, so "all"
- * takes min(gpus, train.sequences_per_step) GPUs (saying so in out->note), while ranks named
- * (a count, a list, the cluster's world) beyond train.sequences_per_step are refused. A GPU
- * run's drafter must fit the CUDA attention (head_dim <= DDK_CUDA_MAX_HEAD_DIM); a list of
- * GPUs is a GPU run even on a node without them, so that is checked first. A single_gpu build
- * refuses more than one GPU rank named (a count, a list, a cluster) and trains "all" on cuda:0,
- * saying so in out->note.
- * 0; -EINVAL when the config cannot run as asked on any node; -ENODEV when this node lacks
- * what it names (cuda:N, N GPUs, a GPU for a cluster run). err is "path: sentence" and field
- * (may be NULL) the JSON path at fault: devices, cluster, cluster.world_size or
- * drafter.head_dim. */
-int ddt_run_config_devices(const ddt_run_config *c, ddt_node node, ddt_devices *out, char *err,
-                           size_t err_len, char *field, size_t field_len);
 
 /* The source configuration of a run (shards point into c). */
 void ddt_run_config_source(const ddt_run_config *c, ddt_source_config *s);
 
 /* Markdown table of every field (path, type, default, bounds, help): the reference docs. */
 void ddt_run_config_print_reference(FILE *out);
+
+/* dst := src, with its own copy of the lists (ddt_run_config_free frees it): the run manager
+ * keeps a run's parsed config and the trainer takes a copy. 0, or -ENOMEM (dst then holds no
+ * shards and can be freed). */
+int ddt_run_config_copy(ddt_run_config *dst, const ddt_run_config *src);
 
 #endif

@@ -7,6 +7,7 @@
  *   shards:    feature shard files (SPEC.md section 4; shard.h), validated at open, plus a
  *              target directory from which only embed_tokens and lm_head are read.
  * Held-out sequences (for acceptance) come from a stream disjoint from training's.
+ * Generated and listed data are two implementations of source_impl.h behind this API.
  * Tested by tests/test_source.c.
  *
  * Legend: S tokens of a sequence, H hidden, L_t taps, V vocabulary.
@@ -65,6 +66,13 @@ int64_t ddt_source_cursor(const ddt_source *s);
 int ddt_source_seek(ddt_source *s, int64_t cursor);
 /* Held-out sequence i in [0, heldout): always the same for the same config. */
 int ddt_source_heldout(ddt_source *s, int64_t i, ddt_sequence *out, char *err, size_t err_len);
+
+/* The target's hidden size, vocabulary, layers and tied head without opening the source: hf
+ * from its config.json (on failure, -EINVAL with err and the declared shape left in the
+ * outputs, for callers that plan anyway); shards from the first shard's metadata when it can
+ * be read (layers and tie: the declared ones); synthetic: the declared shape (c->synthetic). */
+int ddt_source_target_shape(const ddt_source_config *c, int64_t *hidden, int64_t *vocab, int64_t *layers,
+                            int *tied, char *err, size_t err_len);
 
 /* The target's frozen embed_tokens and lm_head (V, H), and V. */
 const float *ddt_source_embed(const ddt_source *s);

@@ -24,7 +24,9 @@
  * A run's state: ddt_store_run_transition checks (from, to) against run_state.h's table before
  * anything is queued, then one item of the ring carries the row's update and its "state"
  * event, so the batch (or, replayed, its own transaction) writes both or neither; the update
- * matches the row only in state `from`, and without a match no event is written.
+ * matches the row only in state `from`, and without a match no event is written. The run manager
+ * enqueues under its lock (ddt_store_run_transition_enqueue: the order of its changes is the
+ * queue's) and waits for the answer (ddt_store_wait) after releasing it.
  *
  * Not here: reading (the HTTP handlers and tools open their own connections), retrying a
  * failed write (a locked or full disk is logged and reported by flush; the trainer decides),
@@ -35,6 +37,7 @@
 #include "ddk_rng.h"
 #include "errors.h"
 #include "store.h"
+#include "log.h"
 
 #include <cjson/cJSON.h>
 #include <sqlite3.h>
@@ -236,28 +239,6 @@ struct ddt_store {
     int why_code;                        /* its SQLite extended code (0: not SQLite's) */
     int had_row;                         /* the last run_stmt's statement gave a row */
 };
-
-/* ------------------------------------------------------------------------------------------
- * Logging: one line to stderr, "<priority>store: message key=value ...". log.c, when it comes,
- * takes this over.
- */
-
-__attribute__((format(printf, 2, 3)))
-static void store_log(int priority, const char *fmt, ...)
-{
-    char line[1024];
-    int n = snprintf(line, sizeof line, "<%d>store: ", priority);
-    va_list args;
-    va_start(args, fmt);
-    vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, args);
-    va_end(args);
-    size_t len = strlen(line);
-    for (size_t j = 0; j < len; j++)   /* one line, whatever a message holds */
-        if (line[j] == '\n' || line[j] == '\r')
-            line[j] = ' ';
-    line[len] = '\n';
-    fwrite(line, 1, len + 1, stderr);
-}
 
 /* a value safe inside key="...": no quotes, no line breaks */
 static void copy_quotable(char *out, size_t out_len, const char *text)
@@ -530,7 +511,7 @@ static void log_item_failure(ddt_store *s, const store_item *item)
     copy_quotable(run_id, sizeof run_id, id);   /* NULL: "" */
     if (step_of)
         snprintf(step, sizeof step, " step=%lld", (long long)*step_of);
-    store_log(3, "write failed, record lost kind=%s run_id=\"%s\"%s error=\"%s\" hint=\"%s\"",
+    ddt_log(DDT_LOG_ERR, "store: write failed, record lost kind=%s run_id=\"%s\"%s error=\"%s\" hint=\"%s\"",
               item_names[item->kind], run_id, step, s->why, failure_hint(s->why_code));
 }
 
@@ -538,13 +519,13 @@ static void rollback_if_open(ddt_store *s)
 {
     /* some errors (SQLITE_FULL, IOERR, BUSY, NOMEM) have rolled the transaction back already */
     if (!sqlite3_get_autocommit(s->db) && run_stmt(s, s->stmt[STMT_ROLLBACK]) != SQLITE_OK)
-        store_log(3, "rollback failed error=\"%s\" hint=\"%s\"", s->why, failure_hint(s->why_code));
+        ddt_log(DDT_LOG_ERR, "store: rollback failed error=\"%s\" hint=\"%s\"", s->why, failure_hint(s->why_code));
 }
 
 /* every item of the batch answered with rc, after BEGIN or COMMIT failed (one log line) */
 static void fail_batch(ddt_store *s, int n, const char *what)
 {
-    store_log(3, "%s failed, records lost items=%d error=\"%s\" hint=\"%s\"", what, n, s->why,
+    ddt_log(DDT_LOG_ERR, "store: %s failed, records lost items=%d error=\"%s\" hint=\"%s\"", what, n, s->why,
               failure_hint(s->why_code));
     int rc = errno_of(s->why_code ? s->why_code : SQLITE_ERROR);
     for (int i = 0; i < n; i++)
@@ -598,7 +579,7 @@ static void write_batch(ddt_store *s, int n)
     for (int i = 0; i < n; i++)
         write_alone(s, i);
     if (s->batch_logged > LOG_FAILURES_PER_BATCH)
-        store_log(3, "more records lost in this batch, not logged one by one failed=%d items=%d",
+        ddt_log(DDT_LOG_ERR, "store: more records lost in this batch, not logged one by one failed=%d items=%d",
                   s->batch_logged - LOG_FAILURES_PER_BATCH, n);
 }
 
@@ -693,7 +674,7 @@ static void enqueue_copied(ddt_store *s, store_item *item, const char *run_id, i
     item_free(item);
     char quoted[64];
     copy_quotable(quoted, sizeof quoted, run_id);
-    store_log(3, "no memory to queue a record, record lost kind=%s run_id=\"%s\" "
+    ddt_log(DDT_LOG_ERR, "store: no memory to queue a record, record lost kind=%s run_id=\"%s\" "
               "hint=\"give ddtreed more memory\"", item_names[item->kind], quoted);
     pthread_mutex_lock(&s->lock);
     s->failures++;
@@ -762,14 +743,23 @@ int ddt_store_run_update(ddt_store *s, const char *run_id, const char *state, in
     return enqueue_and_wait(s, &item, &q.answer);
 }
 
-int ddt_store_run_transition(ddt_store *s, const char *run_id, ddt_run_state from, ddt_run_state to,
-                             int64_t step, int64_t last_checkpoint_step, int64_t ts_ms,
-                             const char *error)
+/* A transition in flight (ddt_store_run_transition_enqueue): the request the writer answers and
+ * the copies of the strings it reads, freed by ddt_store_wait. */
+struct ddt_store_pending {
+    run_request q;
+    char *run_id, *error, *detail;
+};
+
+int ddt_store_run_transition_enqueue(ddt_store *s, const char *run_id, ddt_run_state from, ddt_run_state to,
+                                     int64_t step, int64_t last_checkpoint_step, int64_t ts_ms,
+                                     const char *error, ddt_store_pending **pending)
 {
+    *pending = NULL;
     if (!run_id || !*run_id || !*ddt_run_state_name(from) || !*ddt_run_state_name(to))
         return -EINVAL;
     if (!ddt_run_transition_legal(from, to))
         return -EPERM;
+    ddt_store_pending *p = calloc(1, sizeof *p);
     cJSON *d = cJSON_CreateObject();
     cJSON_AddStringToObject(d, "state", ddt_run_state_name(to));
     cJSON_AddNumberToObject(d, "step", (double)step);
@@ -777,17 +767,48 @@ int ddt_store_run_transition(ddt_store *s, const char *run_id, ddt_run_state fro
         cJSON_AddStringToObject(d, "error", error);
     char *detail = cJSON_PrintUnformatted(d);
     cJSON_Delete(d);
-    if (!detail)
+    if (!p || !detail || copy_text(&p->run_id, run_id) || copy_text(&p->error, error)) {
+        if (p) {
+            free(p->run_id);
+            free(p->error);
+        }
+        free(p);
+        free(detail);
         return -ENOMEM;
-    run_request q = { .run_id = run_id, .from_state = ddt_run_state_name(from),
-                      .state = ddt_run_state_name(to), .step = step,
-                      .last_checkpoint_step = last_checkpoint_step, .now_ms = ts_ms, .error = error,
-                      .detail_json = detail, .starts = to == DDT_RUN_RUNNING,
-                      .finishes = ddt_run_state_final(to) };
-    store_item item = { .kind = ITEM_RUN_TRANSITION, .run = &q };
-    int rc = enqueue_and_wait(s, &item, &q.answer);
-    free(detail);
+    }
+    p->detail = detail;
+    p->q = (run_request){ .run_id = p->run_id, .from_state = ddt_run_state_name(from),
+                          .state = ddt_run_state_name(to), .step = step,
+                          .last_checkpoint_step = last_checkpoint_step, .now_ms = ts_ms, .error = p->error,
+                          .detail_json = detail, .starts = to == DDT_RUN_RUNNING,
+                          .finishes = ddt_run_state_final(to) };
+    store_item item = { .kind = ITEM_RUN_TRANSITION, .run = &p->q };
+    enqueue(s, &item);
+    *pending = p;
+    return 0;
+}
+
+int ddt_store_wait(ddt_store *s, ddt_store_pending *p)
+{
+    pthread_mutex_lock(&s->lock);
+    while (!p->q.answer.done)
+        pthread_cond_wait(&s->answered, &s->lock);
+    pthread_mutex_unlock(&s->lock);
+    int rc = p->q.answer.rc;
+    free(p->run_id);
+    free(p->error);
+    free(p->detail);
+    free(p);
     return rc;
+}
+
+int ddt_store_run_transition(ddt_store *s, const char *run_id, ddt_run_state from, ddt_run_state to,
+                             int64_t step, int64_t last_checkpoint_step, int64_t ts_ms,
+                             const char *error)
+{
+    ddt_store_pending *p;
+    int rc = ddt_store_run_transition_enqueue(s, run_id, from, to, step, last_checkpoint_step, ts_ms, error, &p);
+    return rc ? rc : ddt_store_wait(s, p);
 }
 
 int ddt_store_run_checkpointed(ddt_store *s, const char *run_id, int64_t step, int64_t ts_ms)
@@ -985,7 +1006,7 @@ static void store_free(ddt_store *s)
     for (int j = 0; j < STMT_COUNT; j++)
         sqlite3_finalize(s->stmt[j]);   /* NULL is a no-op */
     if (s->db && sqlite3_close(s->db) != SQLITE_OK)
-        store_log(3, "close failed path=\"%s\" error=\"%s\"", s->path ? s->path : "",
+        ddt_log(DDT_LOG_ERR, "store: close failed path=\"%s\" error=\"%s\"", s->path ? s->path : "",
                   sqlite3_errmsg(s->db));
     pthread_mutex_destroy(&s->lock);
     pthread_cond_destroy(&s->not_empty);
@@ -1080,7 +1101,7 @@ void ddt_store_close(ddt_store *s)
         pthread_join(s->writer, NULL);   /* it writes everything queued before it exits */
     }
     if (s->failures)
-        store_log(4, "closed with records lost since the last flush path=\"%s\" lost=%lld "
+        ddt_log(DDT_LOG_WARNING, "store: closed with records lost since the last flush path=\"%s\" lost=%lld "
                   "hint=\"see the errors above\"", s->path, (long long)s->failures);
     store_free(s);
 }

@@ -69,6 +69,17 @@ int ddt_store_run_create(ddt_store *s, const char *run_id, const char *name,
 int ddt_store_run_transition(ddt_store *s, const char *run_id, ddt_run_state from, ddt_run_state to,
                              int64_t step, int64_t last_checkpoint_step, int64_t ts_ms,
                              const char *error);
+/* ddt_store_run_transition in two halves, for a caller that holds a lock while it changes a
+ * state and must not wait on the disk under it (the run manager): _enqueue checks and queues the
+ * write (with copies of the strings) in the order of the calls, and gives *pending; ddt_store_wait
+ * waits for its commit and answers what ddt_store_run_transition would have (it frees *pending:
+ * call it exactly once). -EPERM, -EINVAL or -ENOMEM come from _enqueue, with nothing queued
+ * and *pending NULL. */
+typedef struct ddt_store_pending ddt_store_pending;
+int ddt_store_run_transition_enqueue(ddt_store *s, const char *run_id, ddt_run_state from, ddt_run_state to,
+                                     int64_t step, int64_t last_checkpoint_step, int64_t ts_ms,
+                                     const char *error, ddt_store_pending **pending);
+int ddt_store_wait(ddt_store *s, ddt_store_pending *pending);
 /* A checkpoint of run_id at step: the row's step and last_checkpoint_step, updated_ms = ts_ms;
  * its state is left as it is. -ENOENT when run_id has no row. */
 int ddt_store_run_checkpointed(ddt_store *s, const char *run_id, int64_t step, int64_t ts_ms);

@@ -1,6 +1,7 @@
 /* target.c: the frozen dense target (SPEC.md section 3): loading Hugging Face llama / qwen3
  * weights (any float dtype, converted to float32), a seeded synthetic target, and the causal
- * forward that yields tapped layer outputs and the final-normed hidden state.
+ * forward that yields tapped layer outputs and the final-normed hidden state; the frozen head
+ * (embed_tokens, lm_head) of any target directory, the only part feature shards need.
  *
  * One table of tensors (Hugging Face names, shapes, where each pointer goes) drives both the
  * loading and the synthetic initialisation. Not here: KV caches and generation (the trainer's
@@ -11,9 +12,12 @@
  */
 #include "target.h"
 #include "ddk_rng.h"
+#include "errors.h"
+#include "json_fields.h"
 #include "safetensors.h"
 #include "tensor_load.h"
 
+#include <cjson/cJSON.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -23,6 +27,16 @@
 /* ------------------------------------------------------------------------------------------
  * The tensor table
  */
+
+/* The Hugging Face names the tie rule is about: without lm_head.weight, config.json must set
+ * tie_word_embeddings (the head is embed_tokens). */
+static const char EMBED_NAME[] = "model.embed_tokens.weight", HEAD_NAME[] = "lm_head.weight";
+
+static int missing_head(const char *dir, char *err, size_t err_len)
+{
+    return ddt_fail(err, err_len, -EINVAL, "%s: %s is missing and config.json does not set "
+                    "tie_word_embeddings: true", dir, HEAD_NAME);
+}
 
 typedef enum tensor_kind { KIND_NORM, KIND_MATRIX, KIND_EMBEDDING, KIND_HEAD } tensor_kind;
 
@@ -49,7 +63,7 @@ static int target_table(ddt_target *t, target_tensor *table)
         e->kind = kind_;                                                            \
         e->slot = slot_ptr;                                                         \
     } while (0)
-    ADD(&t->embed_tokens, KIND_EMBEDDING, c->vocab, H, "model.embed_tokens.weight");
+    ADD(&t->embed_tokens, KIND_EMBEDDING, c->vocab, H, "%s", EMBED_NAME);
     for (int64_t i = 0; i < c->layers; i++) {
         ddt_target_layer *L = &t->layer[i];
         ADD(&L->input_layernorm, KIND_NORM, H, 0, "model.layers.%lld.input_layernorm.weight", (long long)i);
@@ -69,7 +83,7 @@ static int target_table(ddt_target *t, target_tensor *table)
     }
     ADD(&t->norm, KIND_NORM, H, 0, "model.norm.weight");
     if (!c->tie_word_embeddings)
-        ADD(&t->lm_head, KIND_HEAD, c->vocab, H, "lm_head.weight");
+        ADD(&t->lm_head, KIND_HEAD, c->vocab, H, "%s", HEAD_NAME);
 #undef ADD
     return n;
 }
@@ -130,11 +144,8 @@ int ddt_target_load(const char *dir, ddt_target *t, char *err, size_t err_len)
         return rc;
     }
     int count = target_table(t, table);
-    if (!t->cfg.tie_word_embeddings && !ddt_st_model_find(&model, "lm_head.weight")) {
-        snprintf(err, err_len, "%s: lm_head.weight is missing and config.json does not set "
-                 "tie_word_embeddings: true", dir);
-        rc = -EINVAL;
-    }
+    if (!t->cfg.tie_word_embeddings && !ddt_st_model_find(&model, HEAD_NAME))
+        rc = missing_head(dir, err, err_len);
     if (!rc)
         rc = carve_weights(t, table, count, err, err_len);
     for (int i = 0; i < count && !rc; i++) {
@@ -190,6 +201,77 @@ void ddt_target_free(ddt_target *t)
     if (t->weights)
         ddk_free(ddk_allocator_cpu(), t->weights, t->weight_bytes);
     t->weights = NULL;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * The frozen head alone
+ */
+
+/* tie_word_embeddings of DIR/config.json (top level or text_config); 0 when absent, and when
+ * the file cannot be read (the head's tensors then decide) */
+static int config_ties(const char *dir)
+{
+    char path[1100], err[256];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    cJSON *root = ddt_json_parse_file(path, 1 << 22, err, sizeof err);
+    if (!root)
+        return 0;
+    const cJSON *tie = cJSON_GetObjectItemCaseSensitive(root, "tie_word_embeddings");
+    if (!tie)
+        tie = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(root, "text_config"),
+                                               "tie_word_embeddings");
+    int tied = cJSON_IsTrue(tie);
+    cJSON_Delete(root);
+    return tied;
+}
+
+int ddt_target_load_head(const char *dir, int64_t hidden, ddt_target_head *h, char *err, size_t err_len)
+{
+    memset(h, 0, sizeof *h);
+    ddt_st_model m;
+    int rc = ddt_st_model_open(dir, &m, err, err_len);
+    if (rc)
+        return rc;
+    const ddt_st_tensor *embed = ddt_st_model_find(&m, EMBED_NAME);
+    if (!embed)
+        embed = ddt_st_model_find(&m, "model.language_model.embed_tokens.weight");
+    const ddt_st_tensor *head = ddt_st_model_find(&m, HEAD_NAME);
+    const ddt_st_tensor *both[2] = { embed, head };
+    if (!embed)
+        rc = ddt_fail(err, err_len, -EINVAL, "%s: neither %s nor model.language_model.embed_tokens.weight is "
+                      "there", dir, EMBED_NAME);
+    else if (!head && !config_ties(dir))
+        rc = missing_head(dir, err, err_len);
+    for (int i = 0; i < 2 && !rc && both[i]; i++) {
+        const ddt_st_tensor *t = both[i];
+        if ((t->dtype != DDT_F32 && t->dtype != DDT_BF16 && t->dtype != DDT_F16) || t->ndim != 2 ||
+            t->shape[1] != hidden || t->shape[0] < 2 || t->shape[0] > INT32_MAX || t->shape[0] != embed->shape[0])
+            rc = ddt_fail(err, err_len, -EINVAL, "%s: %s must be F32, BF16 or F16 of shape [V, %lld] (the drafter's "
+                          "hidden size), the same V for embed_tokens and lm_head", dir, t->name, (long long)hidden);
+    }
+    if (!rc) {
+        h->vocab = embed->shape[0];
+        h->weight_bytes = (size_t)((head ? 2 : 1) * h->vocab * hidden) * sizeof(float);
+        h->weights = ddk_malloc(ddk_allocator_cpu(), h->weight_bytes);
+        if (!h->weights)
+            rc = ddt_fail(err, err_len, -ENOMEM, "%s: no memory for embed_tokens and lm_head", dir);
+    }
+    if (!rc) {
+        h->embed_tokens = h->weights;
+        h->lm_head = head ? h->weights + h->vocab * hidden : h->weights;
+        ddt_st_to_f32(embed, h->embed_tokens);
+        if (head)
+            ddt_st_to_f32(head, h->lm_head);
+    }
+    ddt_st_model_close(&m);
+    return rc;
+}
+
+void ddt_target_head_free(ddt_target_head *h)
+{
+    if (h->weights)
+        ddk_free(ddk_allocator_cpu(), h->weights, h->weight_bytes);
+    memset(h, 0, sizeof *h);
 }
 
 void ddt_target_default_taps(int64_t target_layers, int64_t drafter_layers, int32_t *ids)

@@ -1,7 +1,8 @@
 /* target.h: the frozen dense target (SPEC.md section 3): Hugging Face llama and qwen3
  * directories (F32, BF16 or F16 weights, tied or separate lm_head, sharded or not) and a
  * seeded random target of any shape ("synthetic"); forward only, one sequence at a time,
- * yielding the tapped layer outputs and the final-normed last hidden state.
+ * yielding the tapped layer outputs and the final-normed last hidden state; and the frozen
+ * head alone (embed_tokens, lm_head) of a target of any architecture, for feature shards.
  * Tested by tests/features_torch_check.py (PyTorch float64 reference, and the real
  * stories260K model when ../shared is present) and tests/test_engine.c.
  *
@@ -45,6 +46,23 @@ int ddt_target_load(const char *dir, ddt_target *t, char *err, size_t err_len);
 int ddt_target_synthetic(const ddt_target_config *cfg, uint64_t seed, ddt_target *t,
                          char *err, size_t err_len);
 void ddt_target_free(ddt_target *t);
+
+/* What a target fed through feature shards contributes at train time: its frozen head. */
+typedef struct ddt_target_head {
+    int64_t vocab;           /* V */
+    float *embed_tokens;     /* (V, H) */
+    float *lm_head;          /* (V, H): embed_tokens when the directory has no lm_head.weight */
+    float *weights;          /* both, one allocation of the CPU allocator */
+    size_t weight_bytes;
+} ddt_target_head;
+
+/* embed_tokens (model.embed_tokens.weight, or model.language_model.embed_tokens.weight of
+ * multimodal checkpoints) and lm_head.weight of DIR's safetensors, F32, BF16 or F16, of shape
+ * [V, hidden] each, converted to float32. Any model_type (only tie_word_embeddings is read of
+ * config.json, top level or text_config): a missing lm_head.weight needs it true (the tie
+ * rule of ddt_target_load). 0, or a negative errno with err naming the directory and tensor. */
+int ddt_target_load_head(const char *dir, int64_t hidden, ddt_target_head *h, char *err, size_t err_len);
+void ddt_target_head_free(ddt_target_head *h);
 
 /* Layer ids the drafter taps by default (SPEC.md section 3): round(1 + i (N-4)/(n-1)). */
 void ddt_target_default_taps(int64_t target_layers, int64_t drafter_layers, int32_t *ids);

@@ -110,6 +110,8 @@ struct ddt_trainer {
     ddk_comm *comm;               /* GPU ranks, world > 1 */
     rank_state rank[MAX_RANKS];
     ddt_memory_plan plan;
+    int baseline_done;            /* the step-0 evaluation of a new run (ddt_trainer_advance) */
+    int64_t checkpoint_step;      /* the step of this trainer's newest checkpoint; -1: none yet */
 };
 
 static void event(ddt_trainer *t, const char *kind, const char *fmt, ...)
@@ -311,38 +313,73 @@ int ddt_trainer_open(const char *config_json, size_t len, const char *state_dir,
                      char *err, size_t err_len, char *field, size_t field_len)
 {
     *field = '\0';
+    char run_dir[2100], ckpt[2400];
+    char *text = NULL;
+    if (resume) {
+        snprintf(run_dir, sizeof run_dir, "%s/runs/%s", state_dir, run_id);
+        if (!(text = resume_config(run_dir, ckpt, sizeof ckpt, err, err_len)))
+            return -ENOENT;
+    } else if (!(text = strndup(config_json, len))) {
+        snprintf(err, err_len, "no memory for a trainer");
+        return -ENOMEM;
+    }
+    ddt_run_config c;
+    ddt_devices dev;
+    int rc = ddt_run_config_parse(text, strlen(text), &c, err, err_len, field, field_len);
+    if (!rc) {
+        /* the ranks before anything is made: a config this node cannot run fails at once */
+        rc = ddt_run_config_devices(&c, ddt_node_here(), &dev, err, err_len, field, field_len);
+        if (!rc)
+            rc = ddt_trainer_open_parsed(&c, text, &dev, state_dir, run_id, resume, store, out, err, err_len);
+        ddt_run_config_free(&c);
+    }
+    free(text);
+    return rc;
+}
+
+int ddt_trainer_open_parsed(const ddt_run_config *config, const char *config_json,
+                            const ddt_devices *ranks, const char *state_dir, const char *run_id,
+                            int resume, ddt_store *store, ddt_trainer **out, char *err,
+                            size_t err_len)
+{
     ddt_trainer *t = calloc(1, sizeof *t);
     if (!t) {
         snprintf(err, err_len, "no memory for a trainer");
         return -ENOMEM;
     }
     t->store = store;
+    t->checkpoint_step = -1;
+    /* CPU ranks are the CPU parallelism, beside the loader thread: the BLAS runs each product on
+     * its caller's thread (OpenBLAS threads even tiny products, and its spinning workers cost
+     * more than they give at drafter sizes). Set before the source starts its loader, whose
+     * products would otherwise run on as many threads as the setting has when they start, and
+     * a product's bits may depend on that: the same run would not repeat itself bit for bit. */
+    ddk_cpu_set_threads(1);
     char path[2100], ckpt[2400] = "";
     int32_t gpu_ids[MAX_RANKS];
+    const ddt_devices dev = *ranks;
     snprintf(path, sizeof path, "%s/runs", state_dir);
     int rc = make_dir(state_dir, err, err_len);
     if (!rc)
         rc = make_dir(path, err, err_len);
-    if (!rc && resume) {
-        snprintf(t->run_id, sizeof t->run_id, "%s", run_id);
-        snprintf(t->run_dir, sizeof t->run_dir, "%s/runs/%s", state_dir, run_id);
-        t->config_json = resume_config(t->run_dir, ckpt, sizeof ckpt, err, err_len);
-        rc = t->config_json ? 0 : -ENOENT;
-    } else if (!rc) {
+    if (!rc) {
         if (run_id)
             snprintf(t->run_id, sizeof t->run_id, "%s", run_id);
         else
             ddt_store_new_run_id(t->run_id, sizeof t->run_id);
         snprintf(t->run_dir, sizeof t->run_dir, "%s/runs/%s", state_dir, t->run_id);
-        t->config_json = strndup(config_json, len);
-        rc = t->config_json ? make_dir(t->run_dir, err, err_len) : -ENOMEM;
+        t->config_json = strdup(config_json);
+        rc = t->config_json ? ddt_run_config_copy(&t->cfg, config) : -ENOMEM;
+        if (rc)
+            snprintf(err, err_len, "no memory for a trainer");
     }
-    if (!rc)
-        rc = ddt_run_config_parse(t->config_json, strlen(t->config_json), &t->cfg, err, err_len, field, field_len);
-    /* the ranks before anything is made: a config this node cannot run fails at once */
-    ddt_devices dev;
-    if (!rc)
-        rc = ddt_run_config_devices(&t->cfg, ddt_node_here(), &dev, err, err_len, field, field_len);
+    int64_t newest;
+    if (!rc && resume && ddt_checkpoint_latest(t->run_dir, &newest, ckpt, sizeof ckpt)) {
+        snprintf(err, err_len, "%s has no complete checkpoint to resume from", t->run_dir);
+        rc = -ENOENT;
+    } else if (!rc && !resume) {
+        rc = make_dir(t->run_dir, err, err_len);
+    }
 
     /* the target's shape completes the drafter; then the data */
     if (!rc) {
@@ -376,10 +413,6 @@ int ddt_trainer_open(const char *config_json, size_t len, const char *state_dir,
         t->cfg.ranks = t->ranks;   /* resolved ("all": the GPUs used): the plan's figures per rank */
         t->world = c->cluster_world ? (int)c->cluster_world : t->ranks;
         t->first_rank = (int)c->cluster_first;
-        /* CPU ranks are the CPU parallelism, beside the loader thread: the BLAS runs each rank's
-         * products on the rank's own thread (OpenBLAS threads even tiny products, and its
-         * spinning workers cost more than they give at drafter sizes) */
-        ddk_cpu_set_threads(1);
         /* the weights of CPU ranks count on rank 0's device; a GPU run's host mirror on the host's */
         ddk_allocator *a0 = t->gpu ? ddk_allocator_cpu() : ddk_allocator_cpu_rank(0);
         size_t bytes = (size_t)t->total * sizeof(float);
@@ -491,6 +524,7 @@ int64_t ddt_trainer_step_count(const ddt_trainer *t) { return t->step; }
 const ddt_memory_plan *ddt_trainer_plan(const ddt_trainer *t) { return &t->plan; }
 const char *ddt_trainer_devices_note(const ddt_trainer *t) { return t->devices_note; }
 uint64_t ddt_trainer_oom_recoveries(const ddt_trainer *t) { return t->oom_recoveries; }
+int64_t ddt_trainer_checkpoint_step(const ddt_trainer *t) { return t->checkpoint_step; }
 
 /* ------------------------------------------------------------------------------------------
  * A step
@@ -842,6 +876,8 @@ int ddt_trainer_checkpoint(ddt_trainer *t, char *err, size_t err_len)
     int64_t bytes = 0;
     int rc = ddt_checkpoint_write(t->run_dir, &meta, t->params, &t->adam, (int)t->cfg.checkpoint_keep, path,
                                   sizeof path, &bytes, err, err_len);
+    if (rc == 0)
+        t->checkpoint_step = t->step;
     if (rc == 0 && t->store) {
         ddt_store_checkpoint(t->store, t->run_id, t->step, path, bytes, ddt_wall_ms());
         event(t, "checkpoint", "{\"step\": %lld, \"bytes\": %lld}", (long long)t->step, (long long)bytes);
@@ -853,7 +889,89 @@ int ddt_trainer_checkpoint(ddt_trainer *t, char *err, size_t err_len)
 int ddt_trainer_export(ddt_trainer *t, const char *out_dir, char *err, size_t err_len)
 {
     pull_weights(t);
-    return ddt_export_write(out_dir, &t->cfg.drafter, t->params, err, err_len);
+    int rc = ddt_export_write(out_dir, &t->cfg.drafter, t->params, err, err_len);
+    if (rc == 0)
+        event(t, "export", "{\"step\": %lld, \"written\": true}", (long long)t->step);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * The cadence (trainer.h): what falls due at a step boundary
+ */
+
+/* A due evaluation, checkpoint or export that failed: an "error" event (the message may be
+ * long: cJSON escapes it, no fixed buffer cuts it) and, when o, the outcome's warning. */
+static void error_event(ddt_trainer *t, ddt_trainer_outcome *o, const char *what, const char *why)
+{
+    if (o)
+        snprintf(o->warning, sizeof o->warning, "%s at step %lld failed: %.900s", what, (long long)t->step, why);
+    if (!t->store)
+        return;
+    cJSON *d = cJSON_CreateObject();
+    char message[1100];
+    snprintf(message, sizeof message, "%s failed: %.1000s", what, why);
+    cJSON_AddNumberToObject(d, "step", (double)t->step);
+    cJSON_AddStringToObject(d, "message", message);
+    char *detail = cJSON_PrintUnformatted(d);
+    if (detail)
+        ddt_store_event(t->store, t->run_id, ddt_wall_ms(), "error", detail);
+    free(detail);
+    cJSON_Delete(d);
+}
+
+int ddt_trainer_advance(ddt_trainer *t, ddt_trainer_outcome *o, char *err, size_t err_len)
+{
+    const ddt_run_config *c = &t->cfg;
+    char why[1024];
+    o->done = o->stepped = o->evaluated = o->checkpointed = 0;
+    o->warning[0] = '\0';
+    if (t->step >= c->steps) {
+        o->done = 1;
+        return 0;
+    }
+    int baseline = t->step == 0 && !t->baseline_done;
+    if (!baseline) {
+        int rc = ddt_trainer_step(t, &o->rec, err, err_len);
+        if (rc)
+            return rc;
+        o->stepped = 1;
+    }
+    t->baseline_done = 1;
+    if (baseline || t->step % c->eval_every == 0 || t->step == c->steps) {
+        if (ddt_trainer_eval(t, &o->acceptance, why, sizeof why) == 0)
+            o->evaluated = 1;
+        else
+            error_event(t, o, "the evaluation", why);
+    }
+    if (!baseline && t->step % c->checkpoint_every == 0 && t->step < c->steps) {
+        if (ddt_trainer_checkpoint(t, why, sizeof why) == 0)
+            o->checkpointed = 1;
+        else
+            error_event(t, o, "the checkpoint", why);
+    }
+    return 0;
+}
+
+int ddt_trainer_hold(ddt_trainer *t, char *err, size_t err_len)
+{
+    int rc = t->checkpoint_step == t->step ? 0 : ddt_trainer_checkpoint(t, err, err_len);
+    if (rc)
+        error_event(t, NULL, "the checkpoint", err);
+    return rc;
+}
+
+int ddt_trainer_finish(ddt_trainer *t, char *err, size_t err_len)
+{
+    char dir[2200], why[1024];
+    int rc = ddt_trainer_hold(t, err, err_len);
+    snprintf(dir, sizeof dir, "%s/export", t->run_dir);
+    int exported = ddt_trainer_export(t, dir, why, sizeof why);
+    if (exported) {
+        error_event(t, NULL, "the export", why);
+        if (!rc)
+            snprintf(err, err_len, "%s", why);
+    }
+    return rc ? rc : exported;
 }
 
 /* ------------------------------------------------------------------------------------------

@@ -3,8 +3,9 @@
  * out-of-memory recovery (halve chunk, then stream the vocabulary, down to a floor), records,
  * checkpoints, exact resume (bit for bit on CPU ranks; on GPUs the same data, anchors and
  * noise, the arithmetic to float rounding: the attention's backward uses atomics) and
- * acceptance evaluation. `ddtreed train` drives it in the foreground; the daemon's run
- * manager will drive it from worker threads.
+ * acceptance evaluation, and the cadence of a run (which evaluations, checkpoints and the
+ * export fall due after a step: ddt_trainer_advance / _finish). `ddtreed train` drives it in
+ * the foreground, the daemon's run manager from worker threads, with the same calls.
  * Tested by tests/test_trainer.c (exact resume, OOM recovery, 1 vs 2 ranks, plan vs peak).
  */
 #ifndef DDT_TRAINER_H
@@ -30,6 +31,16 @@ int ddt_trainer_open(const char *config_json, size_t len, const char *state_dir,
                      const char *run_id, int resume, ddt_store *store, ddt_trainer **out,
                      char *err, size_t err_len, char *field, size_t field_len);
 
+/* ddt_trainer_open for a config parsed and validated by the caller (ddt_run_config_parse;
+ * copied: the caller keeps its own), its text config_json (kept in the run's checkpoints) and
+ * its ranks on this node (ddt_run_config_devices): the run manager parses a run once, at submit
+ * or when it loads it at start-up. When resume, config is run_id's (the row's, which its
+ * checkpoints hold too). */
+int ddt_trainer_open_parsed(const ddt_run_config *config, const char *config_json,
+                            const ddt_devices *ranks, const char *state_dir, const char *run_id,
+                            int resume, ddt_store *store, ddt_trainer **out, char *err,
+                            size_t err_len);
+
 void ddt_trainer_close(ddt_trainer *t);
 
 const char *ddt_trainer_run_id(const ddt_trainer *t);
@@ -38,6 +49,7 @@ const ddt_run_config *ddt_trainer_config(const ddt_trainer *t);
 int64_t ddt_trainer_step_count(const ddt_trainer *t);   /* optimizer steps done */
 const ddt_memory_plan *ddt_trainer_plan(const ddt_trainer *t);
 uint64_t ddt_trainer_oom_recoveries(const ddt_trainer *t);   /* since this trainer opened */
+int64_t ddt_trainer_checkpoint_step(const ddt_trainer *t);   /* its newest checkpoint's; -1: none yet */
 /* "" or a sentence on what "devices" left idle ("all" on more GPUs than sequences per step),
  * also recorded as the run's "devices" event */
 const char *ddt_trainer_devices_note(const ddt_trainer *t);
@@ -50,7 +62,40 @@ int ddt_trainer_rechunk(ddt_trainer *t, int64_t chunk, int64_t vocab_tile, char 
 int ddt_trainer_checkpoint(ddt_trainer *t, char *err, size_t err_len);
 /* acceptance on the held-out sequences (recorded as an eval when a store is attached) */
 int ddt_trainer_eval(ddt_trainer *t, ddt_acceptance *out, char *err, size_t err_len);
-/* the serving export of the current weights into out_dir */
+/* the serving export of the current weights into out_dir (recorded as an export event) */
 int ddt_trainer_export(ddt_trainer *t, const char *out_dir, char *err, size_t err_len);
+
+/* ---- The cadence: the one loop of a run, driven by the daemon's worker and `ddtreed train`
+ * alike, so that both write the same steps, evals, checkpoints and events for one config:
+ *
+ *     open -> advance ... advance (until outcome.done) -> finish
+ *             a control between two advances: rechunk, checkpoint, export as asked; a pause,
+ *             a cancel or a stop: ddt_trainer_hold, then the caller's state change
+ *
+ * Each advance does the next thing due: a new run's baseline evaluation (at step 0, before
+ * any step), or one step and then, after step s, the evaluation when s % eval.every_steps == 0
+ * or s == train.steps, and the checkpoint when s % checkpoint.every_steps == 0 and
+ * s < train.steps (the last one is finish's). A due evaluation or checkpoint that fails is an
+ * "error" event and a warning in the outcome; the run goes on. The callers own the run's
+ * state (run_state.h) and the controls. */
+typedef struct ddt_trainer_outcome {
+    int done;                     /* every step is done: nothing happened; finish is next */
+    int stepped;                  /* rec is the step just done */
+    ddt_step_record rec;
+    int evaluated;                /* acceptance holds the evaluation at the trainer's step */
+    ddt_acceptance acceptance;
+    int checkpointed;             /* a checkpoint of this step was written */
+    char warning[1024];           /* "" or the evaluation or checkpoint that failed, and why */
+} ddt_trainer_outcome;
+
+/* 0 (see *o), or a step's failure with err: the run has failed. */
+int ddt_trainer_advance(ddt_trainer *t, ddt_trainer_outcome *o, char *err, size_t err_len);
+/* A stop at a step boundary (a pause, a cancel, the daemon stopping): a checkpoint, unless
+ * this trainer already wrote one at this step; a failure is also an "error" event. */
+int ddt_trainer_hold(ddt_trainer *t, char *err, size_t err_len);
+/* After the last step: the final checkpoint (ddt_trainer_hold) and the serving export into
+ * runs/<id>/export. Both are tried; 0, or the first failure with err (each failure is also an
+ * "error" event): the training itself is complete either way. */
+int ddt_trainer_finish(ddt_trainer *t, char *err, size_t err_len);
 
 #endif

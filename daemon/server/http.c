@@ -26,6 +26,7 @@
  * Tested by tests/test_http.c (libcurl over the Unix socket and TCP) and tests/api_e2e.py.
  */
 #include "http.h"
+#include "log.h"
 
 #include <cjson/cJSON.h>
 #include <microhttpd.h>
@@ -93,7 +94,7 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap)
     size_t n = strlen(line);
     while (n && line[n - 1] == ' ')
         line[--n] = '\0';
-    fprintf(stderr, "<4>http: libmicrohttpd: %s\n", line);
+    ddt_log(DDT_LOG_WARNING, "http: libmicrohttpd: %s", line);
     pthread_mutex_lock(&s->log_lock);
     snprintf(s->last_log, sizeof s->last_log, "%s", line);
     pthread_mutex_unlock(&s->log_lock);
@@ -359,8 +360,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     }
     s->handler(s->ctx, &req, &res);
     if (res.status < STATUS_MIN || res.status > STATUS_MAX) {
-        fprintf(stderr, "<3>http: handler gave no valid status method=%s path=%s status=%d\n",
-                method, url, res.status);
+        ddt_log(DDT_LOG_ERR, "http: handler gave no valid status method=%s path=%s status=%d", method,
+                url, res.status);
         ddt_http_error(&res, 500, "internal", NULL, "the daemon gave no answer to %s %s", method,
                        url);
     }
@@ -471,7 +472,7 @@ static int open_unix_socket(ddt_http_server *s, const char *path, char *err, siz
             snprintf(err, err_len, "cannot remove the stale socket %s (%s)", path, strerror(e));
             return -e;
         }
-        fprintf(stderr, "<5>http: removed a stale socket path=%s\n", path);
+        ddt_log(DDT_LOG_NOTICE, "http: removed a stale socket path=%s", path);
     }
 
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
@@ -664,7 +665,7 @@ int ddt_http_start(const ddt_http_config *c, ddt_http_handler handler, void *ctx
             rc = -EIO;
             goto fail;
         }
-        fprintf(stderr, "<6>http: listening socket=%s mode=0660\n", c->socket_path);
+        ddt_log(DDT_LOG_INFO, "http: listening socket=%s mode=0660", c->socket_path);
     }
     if (want_tcp) {
         s->tcp_listener.daemon = start_daemon(s, &s->tcp_listener, c, -1,
@@ -687,7 +688,7 @@ int ddt_http_start(const ddt_http_config *c, ddt_http_handler handler, void *ctx
         }
         const union MHD_DaemonInfo *info = MHD_get_daemon_info(s->tcp_listener.daemon,
                                                                MHD_DAEMON_INFO_BIND_PORT);
-        fprintf(stderr, "<6>http: listening listen=%s port=%u token=%s\n", c->listen,
+        ddt_log(DDT_LOG_INFO, "http: listening listen=%s port=%u token=%s", c->listen,
                 info ? (unsigned)info->port : (unsigned)tcp_port, s->token ? "yes" : "no");
     }
     *out = s;

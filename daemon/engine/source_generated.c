@@ -1,0 +1,168 @@
+/* source_generated.c: the generated implementation of source_impl.h (target.kind synthetic, or
+ * hf without a token file): the target samples every sequence with its KV cache (generate.h),
+ * then its forward gives the features and the teacher. Training sequence i is sampled with
+ * seed ddt_generate_seed(seed, i, "train"), held-out i with (seed, i, "heldout"): the two
+ * streams are disjoint and each sequence a pure function of the config and its index.
+ * The held-out tokens are cached once sampled (the decode is the cost), their features are not.
+ * Tested through source.h by tests/test_source.c.
+ *
+ * Legend: S tokens of a sequence.
+ */
+#include "source_impl.h"
+#include "errors.h"
+#include "generate.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct generated {
+    ddt_target target;
+    int has_target;
+    int32_t *heldout_tokens;   /* (n_heldout, S) once known */
+    uint8_t *heldout_known;    /* (n_heldout) */
+} generated;
+
+static int accepts(const ddt_source_config *c)
+{
+    return c->kind == DDT_SOURCE_SYNTHETIC || (c->kind == DDT_SOURCE_HF && !c->tokens_file[0]);
+}
+
+static int check(const ddt_source_config *c, int64_t hidden, char *err, size_t err_len)
+{
+    if (!(c->temperature >= 0.0f && c->temperature < 1e6f))
+        return ddt_fail(err, err_len, -EINVAL, "source: temperature %g must be >= 0", (double)c->temperature);
+    if (!(c->top_p > 0.0f && c->top_p <= 1.0f))
+        return ddt_fail(err, err_len, -EINVAL, "source: top_p %g must be in (0, 1]", (double)c->top_p);
+    if (c->kind != DDT_SOURCE_SYNTHETIC)
+        return 0;
+    const ddt_target_config *t = &c->synthetic;
+    if (t->hidden != hidden)
+        return ddt_fail(err, err_len, -EINVAL, "source: the synthetic target's hidden size %lld differs from the "
+                        "drafter's %lld", (long long)t->hidden, (long long)hidden);
+    if (t->layers < 1 || t->layers > DDT_MAX_TARGET_LAYERS || t->heads < 1 || t->kv_heads < 1 ||
+        t->heads % t->kv_heads || t->head_dim < 2 || t->head_dim > 1024 || t->head_dim % 2 ||
+        t->intermediate < 1 || t->vocab < 2 || t->vocab > INT32_MAX || !(t->rms_norm_eps > 0.0f) ||
+        !(t->rope_theta > 0.0f))
+        return ddt_fail(err, err_len, -EINVAL, "source: the synthetic target's shape is invalid (layers 1..%d, "
+                        "heads a multiple of kv_heads, head_dim even <= 1024, vocab >= 2, eps and theta > 0)",
+                        DDT_MAX_TARGET_LAYERS);
+    return 0;
+}
+
+/* synthetic: the declared shape (already in the outputs) */
+static int shape(const ddt_source_config *c, int64_t *hidden, int64_t *vocab, int64_t *layers, int *tied,
+                 char *err, size_t err_len)
+{
+    return c->kind == DDT_SOURCE_HF ? ddt_source_config_shape(c->model_dir, hidden, vocab, layers, tied, err, err_len)
+                                    : 0;
+}
+
+static int open_generated(ddt_source_base *b, const ddt_source_config *c, char *err, size_t err_len)
+{
+    generated *g = calloc(1, sizeof *g);
+    if (!g)
+        return ddt_fail(err, err_len, -ENOMEM, "source: out of memory");
+    b->data = g;
+    const int synthetic = c->kind == DDT_SOURCE_SYNTHETIC;
+    int rc = synthetic ? ddt_target_synthetic(&c->synthetic, ddt_generate_seed(c->seed, 0, "target"), &g->target,
+                                              err, err_len)
+                       : ddt_target_load(c->model_dir, &g->target, err, err_len);
+    if (rc)
+        return rc;
+    g->has_target = 1;
+    if ((rc = ddt_source_use_target(b, &g->target, synthetic ? "synthetic target" : c->model_dir, err, err_len)))
+        return rc;
+    b->n_heldout = c->heldout;
+    g->heldout_tokens = malloc((size_t)(b->n_heldout * c->seq_len + 1) * sizeof(int32_t));
+    g->heldout_known = calloc((size_t)b->n_heldout + 1, 1);
+    if (!g->heldout_tokens || !g->heldout_known)
+        return ddt_fail(err, err_len, -ENOMEM, "source: no memory for %lld held-out sequences",
+                        (long long)b->n_heldout);
+    return 0;
+}
+
+static void close_generated(ddt_source_base *b)
+{
+    generated *g = b->data;
+    if (!g)
+        return;
+    free(g->heldout_tokens);
+    free(g->heldout_known);
+    if (g->has_target)
+        ddt_target_free(&g->target);
+    free(g);
+    b->data = NULL;
+}
+
+/* both threads need a generator (the KV cache of one sequence) */
+static int worker_open(const ddt_source_base *b, int trains, void **w, char *err, size_t err_len)
+{
+    (void)trains;
+    const generated *g = b->data;
+    ddt_generator *gen = calloc(1, sizeof *gen);
+    if (!gen)
+        return ddt_fail(err, err_len, -ENOMEM, "source: out of memory");
+    int rc = ddt_generator_init(gen, b->be, &g->target, b->cfg.seq_len, err, err_len);
+    if (rc) {
+        free(gen);
+        return rc;
+    }
+    *w = gen;
+    return 0;
+}
+
+static void worker_close(void *w)
+{
+    ddt_generator *gen = w;
+    if (gen->block)
+        ddt_generator_free(gen);
+    free(gen);
+}
+
+static int generate_tokens(const ddt_source_base *b, ddt_generator *gen, uint64_t seed, int32_t *tokens,
+                           char *err, size_t err_len)
+{
+    const ddt_generate_params p = { b->cfg.temperature, b->cfg.top_p };
+    int rc = ddt_generate(gen, &p, seed, NULL, 0, b->cfg.seq_len, tokens, NULL);
+    return rc ? ddt_fail(err, err_len, rc, "generation failed: %s", strerror(-rc)) : 0;
+}
+
+static int train(const ddt_source_base *b, void *w, int64_t cursor, ddt_sequence *q, char *err, size_t err_len)
+{
+    const generated *g = b->data;
+    q->S = b->cfg.seq_len;
+    memset(q->loss_mask, 1, (size_t)q->S);
+    int rc = generate_tokens(b, w, ddt_generate_seed(b->cfg.seed, cursor, "train"), q->input_ids, err, err_len);
+    return rc ? rc : ddt_source_target_features(b, &g->target, q, err, err_len);
+}
+
+static int heldout(ddt_source_base *b, void *w, int64_t i, ddt_sequence *q, char *err, size_t err_len)
+{
+    generated *g = b->data;
+    const int64_t S = b->cfg.seq_len;
+    int32_t *tokens = g->heldout_tokens + i * S;
+    if (!g->heldout_known[i]) {
+        int rc = generate_tokens(b, w, ddt_generate_seed(b->cfg.seed, i, "heldout"), tokens, err, err_len);
+        if (rc)
+            return rc;
+        g->heldout_known[i] = 1;
+    }
+    q->S = S;
+    memcpy(q->input_ids, tokens, (size_t)S * sizeof *tokens);
+    memset(q->loss_mask, 1, (size_t)S);
+    return ddt_source_target_features(b, &g->target, q, err, err_len);
+}
+
+const ddt_source_ops ddt_source_generated = {
+    .name = "generated",
+    .accepts = accepts,
+    .check = check,
+    .shape = shape,
+    .open = open_generated,
+    .close = close_generated,
+    .worker_open = worker_open,
+    .worker_close = worker_close,
+    .train = train,
+    .heldout = heldout,
+};
