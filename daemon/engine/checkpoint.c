@@ -74,24 +74,12 @@ static int write_text_file(const char *path, const char *text, char *err, size_t
     int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd < 0)
         return ddt_fail(err, err_len, -errno, "%s: cannot create: %s", path, strerror(errno));
-    size_t len = strlen(text), done = 0;
-    int rc = 0;
-    while (rc == 0 && done < len) {
-        ssize_t n = write(fd, text + done, len - done);
-        if (n < 0 && errno != EINTR)
-            rc = -errno;
-        else if (n > 0)
-            done += (size_t)n;
-    }
+    int rc = ddt_write_all(fd, text, strlen(text));
     const char *failed = rc ? "write" : NULL;
-    if (!failed && fsync(fd) != 0) {
-        rc = -errno;
-        failed = "fsync";
-    }
-    if (close(fd) != 0 && !failed) {
-        rc = -errno;
-        failed = "close";
-    }
+    if (failed)
+        close(fd);
+    else
+        failed = ddt_sync_close(fd, &rc);
     if (failed) {
         unlink(path);
         return ddt_fail(err, err_len, rc, "%s: cannot %s: %s", path, failed, strerror(-rc));

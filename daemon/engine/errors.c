@@ -1,4 +1,5 @@
-/* errors.c: "what is wrong" and "PATH: what is wrong" errors and the directory fsync of atomic writes (errors.h). */
+/* errors.c: "what is wrong" and "PATH: what is wrong" errors, and the writes, fsyncs and
+ * directory fsync of files written to last (errors.h). */
 #include "errors.h"
 
 #include <errno.h>
@@ -30,6 +31,37 @@ int ddt_fail_path(char *err, size_t err_len, int rc, const char *path, const cha
         }
     }
     return rc;
+}
+
+int ddt_write_all(int fd, const void *data, size_t n)
+{
+    const unsigned char *p = data;
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0)
+            return -errno;
+        if (w == 0)
+            return -EIO;
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+const char *ddt_sync_close(int fd, int *rc)
+{
+    const char *failed = NULL;
+    if (fsync(fd) != 0) {
+        *rc = -errno;
+        failed = "fsync";
+    }
+    if (close(fd) != 0 && !failed) {
+        *rc = -errno;
+        failed = "close";
+    }
+    return failed;
 }
 
 int ddt_fsync_dir(const char *dir)

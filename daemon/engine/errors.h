@@ -12,6 +12,12 @@ int ddt_fail(char *err, size_t err_len, int rc, const char *fmt, ...);
 __attribute__((format(printf, 5, 6)))
 int ddt_fail_path(char *err, size_t err_len, int rc, const char *path, const char *fmt, ...);
 
+/* n bytes of data to fd, through short writes and EINTR: 0 or -errno (-EIO for a write of 0). */
+int ddt_write_all(int fd, const void *data, size_t n);
+/* fsync, then close fd (closed whatever happens): NULL, or the step that failed ("fsync",
+ * "close") with *rc = -errno. The tail of every file written to last. */
+const char *ddt_sync_close(int fd, int *rc);
+
 /* fsync of a directory, so that the names created or renamed in it survive a crash:
  * 0 or -errno (a filesystem that cannot sync directories counts as success). */
 int ddt_fsync_dir(const char *dir);

@@ -803,23 +803,6 @@ int ddt_st_model_open(const char *dir, ddt_st_model *m, char *err, size_t err_le
  * Writer
  */
 
-static int write_all(int fd, const void *data, size_t n)
-{
-    const unsigned char *p = data;
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w < 0)
-            return -errno;
-        if (w == 0)
-            return -EIO;
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
 /* A decimal integer as it must appear in the header ("%lld": cJSON would print large doubles
  * with an exponent). */
 static cJSON *json_integer(int64_t v)
@@ -992,18 +975,14 @@ int ddt_st_write(const char *path, const ddt_st_entry *tensors, int count,
         ddt_fail_path(err, err_len, rc, path, "cannot create %s: %s", tmp_path, strerror(-rc));
         goto done;   /* nothing of ours to remove */
     }
-    rc = write_all(fd, header, header_bytes);
+    rc = ddt_write_all(fd, header, header_bytes);
     for (int i = 0; rc == 0 && i < count; i++)
-        rc = write_all(fd, tensors[i].data, bytes[i]);
+        rc = ddt_write_all(fd, tensors[i].data, bytes[i]);
     const char *failed = rc != 0 ? "write" : NULL;
-    if (!failed && fsync(fd) != 0) {
-        rc = -errno;
-        failed = "fsync";
-    }
-    if (close(fd) != 0 && !failed) {
-        rc = -errno;
-        failed = "close";
-    }
+    if (failed)
+        close(fd);
+    else
+        failed = ddt_sync_close(fd, &rc);
     if (!failed && rename(tmp_path, path) != 0) {
         rc = -errno;
         failed = "rename";
