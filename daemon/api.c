@@ -81,29 +81,23 @@ static void get_status(ddt_api *a, ddt_http_response *res)
     reply(res, 200, o);
 }
 
-/* 0 when body is JSON at all, else the 400 invalid_json answer */
-static int json_syntax(const ddt_http_request *req, ddt_http_response *res)
+/* a run config's parse error as the API answers it: 400 invalid_json when the body is not JSON
+ * at all, 400 invalid_config for any other refusal, else 500 */
+static void config_error(ddt_http_response *res, int rc, const char *field, const char *err)
 {
-    const char *end = NULL;
-    cJSON *body = cJSON_ParseWithLengthOpts(req->body, req->body_len + 1, &end, 1);
-    if (body) {
-        cJSON_Delete(body);
-        return 0;
-    }
-    ddt_http_error(res, 400, "invalid_json", NULL, "the body is not valid JSON (near byte %ld)",
-                   (long)(end ? end - req->body : 0));
-    return -1;
+    if (rc == -EBADMSG)
+        ddt_http_error(res, 400, "invalid_json", NULL, "%s", err);
+    else
+        ddt_http_error(res, rc == -EINVAL ? 400 : 500, rc == -EINVAL ? "invalid_config" : "internal",
+                       *field ? field : NULL, "%s", err);
 }
 
 static void post_runs(ddt_api *a, const ddt_http_request *req, ddt_http_response *res)
 {
-    if (json_syntax(req, res))
-        return;
     char id[40], err[1024] = "", field[160] = "";
     int rc = ddt_runs_submit(a->runs, req->body, req->body_len, id, sizeof id, err, sizeof err, field, sizeof field);
     if (rc) {
-        ddt_http_error(res, rc == -EINVAL ? 400 : 500, rc == -EINVAL ? "invalid_config" : "internal",
-                       *field ? field : NULL, "%s", err);
+        config_error(res, rc, field, err);
         return;
     }
     cJSON *o = cJSON_CreateObject();
@@ -220,12 +214,11 @@ static void get_records(ddt_api *a, const char *id, int events, const ddt_http_r
 
 static void post_plan(ddt_api *a, const ddt_http_request *req, ddt_http_response *res)
 {
-    if (json_syntax(req, res))
-        return;
     ddt_run_config c;
     char err[1024] = "", field[160] = "";
-    if (ddt_run_config_parse(req->body, req->body_len, &c, err, sizeof err, field, sizeof field)) {
-        ddt_http_error(res, 400, "invalid_config", *field ? field : NULL, "%s", err);
+    int prc = ddt_run_config_parse(req->body, req->body_len, &c, err, sizeof err, field, sizeof field);
+    if (prc) {
+        config_error(res, prc == -EBADMSG ? prc : -EINVAL, field, err);
         return;
     }
     /* the ranks the run would take on this node ("all": the GPUs it trains on); a GPU it

@@ -486,19 +486,22 @@ int ddt_run_config_parse(const char *json, size_t len, ddt_run_config *c, char *
         return fail(&p, "", "no memory for a %s config", "run");
     memcpy(text, json, len);
     text[len] = '\0';
-    /* cJSON cuts keys and strings at a NUL: "steps\u0000x" would pass as "steps" */
-    if (memchr(json, '\0', len) || strstr(text, "\\u0000")) {
-        free(text);
-        return fail(&p, "", "the run config holds a NUL character (%s)", "raw or as \\u0000");
-    }
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(text, len + 1, &end, 1);
+    /* not JSON at all (a raw NUL included, where cJSON's text ends): -EBADMSG, the API's
+     * invalid_json */
+    const char *nul = memchr(json, '\0', len), *end = NULL;
+    cJSON *root = nul ? NULL : cJSON_ParseWithLengthOpts(text, len + 1, &end, 1);
     int rc;
     if (!root) {
         char where[64];
-        snprintf(where, sizeof where, "%ld", (long)(end ? end - text : 0));
-        rc = fail(&p, "", "the body is not valid JSON (near byte %s)", where);
-    } else if (!cJSON_IsObject(root)) {
+        snprintf(where, sizeof where, "%ld", (long)(nul ? nul - json : end ? end - text : 0));
+        fail(&p, "", "the body is not valid JSON (near byte %s)", where);
+        free(text);
+        return -EBADMSG;
+    }
+    /* cJSON cuts keys and strings at a NUL: "steps\u0000x" would pass as "steps" */
+    if (strstr(text, "\\u0000"))
+        rc = fail(&p, "", "the run config holds a NUL character (%s)", "as \\u0000");
+    else if (!cJSON_IsObject(root)) {
         rc = fail(&p, "", "the run config must be a JSON %s", "object");
     } else {
         rc = parse_object(&p, root, "");

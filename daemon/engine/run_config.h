@@ -70,8 +70,9 @@ typedef struct ddt_run_config {
     int64_t tree_budgets[DDT_MAX_EVAL_BUDGETS];
 } ddt_run_config;
 
-/* Parses and validates a run config (JSON text of len bytes). 0, or -EINVAL with err (a
- * sentence) and field (the JSON path at fault, e.g. "train.lr"; "" when none). */
+/* Parses and validates a run config (JSON text of len bytes). 0; -EBADMSG when the text is not
+ * JSON at all (a raw NUL included); -EINVAL when it is not a valid run config. err gets a
+ * sentence and field the JSON path at fault (e.g. "train.lr"; "" when none). */
 int ddt_run_config_parse(const char *json, size_t len, ddt_run_config *c, char *err,
                          size_t err_len, char *field, size_t field_len);
 void ddt_run_config_free(ddt_run_config *c);
