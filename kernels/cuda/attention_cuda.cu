@@ -456,13 +456,20 @@ static int launch(const ddk_backend *be, const attn_params &p, dim3 grid, int64_
                   int backward)
 {
     cudaStream_t stream = ddk_cuda_stream(be);   /* also makes be's GPU current */
-    const size_t smem = backward ? backward_smem(warps, p.d) : forward_smem(warps, p.d);
-    if (smem > smem_limit())
+    const size_t smem = backward ? backward_smem(warps, p.d) : forward_smem(warps, p.d),
+                 limit = smem_limit();
+    if (smem > limit)
         return -EINVAL;
     attn_kernel kernel = kernel_for(p.d, backward);
-    if (smem > 48 * 1024)
+    if (smem > 48 * 1024) {
+        /* the instance's largest need (all warps, its widest d), so that two threads launching
+         * the same instance with different shapes never lower it under each other */
+        const int64_t d_inst = p.d <= 32 ? 32 : p.d <= 64 ? 64 : p.d <= 128 ? 128 : MAX_D;
+        size_t most = backward ? backward_smem(ROWS_PER_CTA, d_inst) : forward_smem(ROWS_PER_CTA, d_inst);
+        most = most < limit ? most : limit;
         CUDA_CHECK(cudaFuncSetAttribute((const void *)kernel,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)most));
+    }
     kernel<<<grid, (unsigned)(warps * 32), smem, stream>>>(p);
     CUDA_CHECK(cudaGetLastError());
     return 0;

@@ -51,6 +51,9 @@ enum { DDK_CUDA_MAX_GPUS = 64 };   /* device_cuda.cu's limit */
  * sumsq's block partials take 8 KiB of it (vector_cuda.cu), the loss's chunk sums 40 bytes a
  * chunk (loss_cuda.cu) */
 static const size_t scratch_floats = DDK_CUDA_SCRATCH_FLOATS;
+/* cuBLAS's workspace, given to it (cublasSetWorkspace) instead of its own lazy allocation:
+ * 32 MiB, what NVIDIA recommends for Hopper and Blackwell */
+static const size_t cublas_workspace_bytes = (size_t)32 << 20;
 
 typedef struct cuda_backend {
     ddk_backend table;          /* must stay first */
@@ -62,7 +65,8 @@ typedef struct cuda_backend {
     cudaStream_t stream;
     cublasHandle_t cublas;
     pthread_mutex_t scratch_lock;   /* held from the first to the last launch that uses it */
-    float *scratch;             /* scratch_floats, cudaMalloc'd outside the accounting allocator */
+    float *scratch;             /* scratch_floats, then cuBLAS's workspace: one cudaMalloc outside
+                                   the accounting allocator */
 } cuda_backend;
 
 static cuda_backend backends[DDK_CUDA_MAX_GPUS];
@@ -113,8 +117,9 @@ void ddk_cuda_scratch_unlock(const ddk_backend *be)
 }
 
 /* The stream, the cuBLAS handle and the scratch of cb's GPU, all or nothing. They are made here
- * once, so that no op allocates on its first call inside a run: cuBLAS's handle and workspace and
- * the 4 MiB scratch are the backend's, outside the accounting allocator and any budget a run sets.
+ * once, so that no op allocates on its first call inside a run: cuBLAS's handle and its 32 MiB
+ * workspace and the 4 MiB scratch are the backend's, outside the accounting allocator and any
+ * budget a run sets. (The driver still loads a kernel's module at its first launch.)
  * 0; -ENOMEM when the GPU has no memory for them (what was made is undone, and a later call tries
  * again); any other failure is a device error and ends the process (CUDA_CHECK). */
 static int device_setup(cuda_backend *cb)
@@ -131,7 +136,9 @@ static int device_setup(cuda_backend *cb)
         return -ENOMEM;
     }
     CUDA_CHECK(err);
-    err = cudaMalloc((void **)&cb->scratch, scratch_floats * sizeof(float));
+    /* one block: the scratch, then cuBLAS's workspace (so that its first product allocates
+     * nothing either) */
+    err = cudaMalloc((void **)&cb->scratch, scratch_floats * sizeof(float) + cublas_workspace_bytes);
     if (err == cudaErrorMemoryAllocation) {
         cudaGetLastError();
         CUDA_CHECK(cudaStreamDestroy(cb->stream));
@@ -140,12 +147,14 @@ static int device_setup(cuda_backend *cb)
     CUDA_CHECK(err);
     const cublasStatus_t st = cublasCreate(&cb->cublas);
     if (st == CUBLAS_STATUS_ALLOC_FAILED) {
+        cudaGetLastError();   /* cuBLAS's own failed cudaMalloc: not sticky, not ours to report */
         CUDA_CHECK(cudaFree(cb->scratch));
         CUDA_CHECK(cudaStreamDestroy(cb->stream));
         return -ENOMEM;
     }
     CUBLAS_CHECK(st);
-    CUBLAS_CHECK(cublasSetStream(cb->cublas, cb->stream));
+    CUBLAS_CHECK(cublasSetStream(cb->cublas, cb->stream));   /* resets the workspace: set it after */
+    CUBLAS_CHECK(cublasSetWorkspace(cb->cublas, cb->scratch + scratch_floats, cublas_workspace_bytes));
     /* plain fp32 FMA with fp32 accumulation, never TF32 (cuBLAS's default, made explicit): the
      * CPU backend's numbers. TF32 would be a later, measured choice. */
     CUBLAS_CHECK(cublasSetMathMode(cb->cublas, CUBLAS_DEFAULT_MATH));

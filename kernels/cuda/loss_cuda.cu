@@ -285,8 +285,10 @@ __global__ static void stats_kernel(ddk_loss_row *rows, int64_t m, const float *
         const float *s = zs + r * w;
         const float *t = zt ? zt + r * w : NULL;
 
+        /* (-inf, 0) to start: a row of -inf or NaN only (a NaN never wins argmax_merge) ends at
+         * index 0, as the CPU's ddk_first_index does, never at a column outside the row */
         float tile_s_max = -INFINITY;
-        int tile_s_arg = INT_MAX;
+        int tile_s_arg = 0;
         for (int64_t v = threadIdx.x; v < w; v += blockDim.x)
             argmax_merge(tile_s_max, tile_s_arg, s[v], (int)v);
         block_argmax(tile_s_max, tile_s_arg);
@@ -298,7 +300,7 @@ __global__ static void stats_kernel(ddk_loss_row *rows, int64_t m, const float *
         float t_max = R.t_max;
         if (t) {
             float tile_t_max = -INFINITY;
-            int tile_t_arg = INT_MAX;
+            int tile_t_arg = 0;   /* as tile_s_arg */
             for (int64_t v = threadIdx.x; v < w; v += blockDim.x)
                 argmax_merge(tile_t_max, tile_t_arg, t[v], (int)v);
             block_argmax(tile_t_max, tile_t_arg);
