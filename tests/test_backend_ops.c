@@ -16,7 +16,9 @@
  * products, workspace = ddk_loss_workspace_bytes, refusals with nothing written) and the
  * whole-buffer ops sumsq (run twice: the same bits), axpby (beta = 0 over NaN, in place), adamw
  * and uniform_noise (bit for bit the CPU's), with sumsq and axpby past 2^31 elements (2^24 in
- * self-check mode). The backward of each op is checked against finite differences by tests/test_ops.c on the CPU; here the GPU
+ * self-check mode), and the Qwen3.5 target's forward-only ops (conv1d_silu, gated_rmsnorm,
+ * rope_partial, gated_delta), each reported "SKIPPED: OP not implemented on CUDA yet" while the
+ * CUDA table leaves it NULL. The backward of each op is checked against finite differences by tests/test_ops.c on the CPU; here the GPU
  * has to match the CPU.
  *
  * Skipped (exit 77, "SKIPPED: no GPU") when libddk has no CUDA or the machine no GPU: never
@@ -1303,6 +1305,143 @@ static void run_loss_cases(uint64_t *seq)
     }
 }
 
+/* ------------------------------------------------------------------------------------------
+ * The Qwen3.5 target's forward-only ops (SPEC.md 3.1): conv1d_silu, gated_rmsnorm,
+ * rope_partial, gated_delta. Not on CUDA yet: a NULL op prints "SKIPPED: OP not implemented on
+ * CUDA yet" and runs no case (neither passed nor failed); self-check runs them on the CPU.
+ */
+
+/* conv1d_silu and gated_rmsnorm: expf on both sides (CUDA's 2 ulp) after the same few float
+ * products and sums, in an order and FMA contraction that may differ */
+static const double tol_q35_elementwise = 2e-6;
+/* gated_delta: the state carries each side's rounding (tests/test_ops.c: <= 4.3e-7 against
+ * float64 on the CPU); a GPU's chunk products in another order add as much again */
+static const double tol_q35_delta = 4e-6;
+
+static int q35_op_present(const void *op, const char *name)
+{
+    if (!op)
+        printf("SKIPPED: %s not implemented on CUDA yet\n", name);
+    return op != NULL;
+}
+
+static void case_conv1d_silu(int64_t T, int64_t C, int64_t K, int with_history)
+{
+    snprintf(case_name, sizeof case_name, "conv1d_silu T=%lld C=%lld K=%lld%s", (long long)T,
+             (long long)C, (long long)K, with_history ? " history" : "");
+    float *x = host_floats(T * C), *w = host_floats(C * K), *hist = host_floats((K - 1) * C + 1);
+    fill_uniform(x, T * C, -2.0, 2.0);
+    fill_uniform(w, C * K, -1.0, 1.0);
+    fill_uniform(hist, (K - 1) * C + 1, -2.0, 2.0);
+    float *y = host_floats(T * C);
+    cpu->conv1d_silu(cpu, x, w, with_history ? hist : NULL, T, C, K, y);
+    float *x_dev = dev_floats(x, T * C, "x"), *w_dev = dev_floats(w, C * K, "w");
+    float *h_dev = with_history ? dev_floats(hist, (K - 1) * C + 1, "history") : NULL;
+    float *y_dev = dev_floats(NULL, T * C, "y");
+    dev->conv1d_silu(dev, x_dev, w_dev, h_dev, T, C, K, y_dev);
+    expect_close("y", download(y_dev, T * C), y, T * C, tol_q35_elementwise);
+    end_case(case_name);
+}
+
+static void case_gated_rmsnorm(int64_t rows, int64_t d)
+{
+    snprintf(case_name, sizeof case_name, "gated_rmsnorm rows=%lld d=%lld", (long long)rows, (long long)d);
+    float *x = host_floats(rows * d), *z = host_floats(rows * d), *w = host_floats(d);
+    fill_uniform(x, rows * d, -2.0, 2.0);
+    fill_uniform(z, rows * d, -8.0, 8.0);
+    fill_uniform(w, d, -1.5, 1.5);
+    float *y = host_floats(rows * d);
+    cpu->gated_rmsnorm(cpu, x, z, w, rows, d, 1e-6f, y);
+    float *x_dev = dev_floats(x, rows * d, "x"), *z_dev = dev_floats(z, rows * d, "z");
+    float *w_dev = dev_floats(w, d, "w"), *y_dev = dev_floats(NULL, rows * d, "y");
+    dev->gated_rmsnorm(dev, x_dev, z_dev, w_dev, rows, d, 1e-6f, y_dev);
+    expect_close("y", download(y_dev, rows * d), y, rows * d, tol_q35_elementwise);
+    end_case(case_name);
+}
+
+static void case_rope_partial(int64_t rows, int64_t heads, int64_t d, int64_t rd)
+{
+    snprintf(case_name, sizeof case_name, "rope_partial rows=%lld heads=%lld d=%lld rd=%lld",
+             (long long)rows, (long long)heads, (long long)d, (long long)rd);
+    const int64_t n = rows * heads * d;
+    int32_t *pos = host((size_t)rows * sizeof(int32_t));
+    for (int64_t r = 0; r < rows; r++)
+        pos[r] = (int32_t)(r == rows - 1 ? 100000 : r * 37);
+    float *x = host_floats(n);
+    fill_uniform(x, n, -1.0, 1.0);
+    float *y = host_copy(x, n);
+    cpu->rope_partial(cpu, y, pos, rows, heads, d, rd, 1e7f);
+    float *x_dev = dev_floats(x, n, "x");
+    int32_t *pos_dev = dev_buffer(pos, (size_t)rows * sizeof(int32_t), "pos");
+    dev->rope_partial(dev, x_dev, pos_dev, rows, heads, d, rd, 1e7f);
+    expect_close("x", download(x_dev, n), y, n, tol_rope);
+    end_case(case_name);
+}
+
+static void case_gated_delta(int64_t T, int64_t nk, int64_t nv, int64_t dk, int64_t dv, int64_t chunk)
+{
+    snprintf(case_name, sizeof case_name, "gated_delta T=%lld nk=%lld nv=%lld dk=%lld dv=%lld chunk=%lld",
+             (long long)T, (long long)nk, (long long)nv, (long long)dk, (long long)dv, (long long)chunk);
+    const ddk_delta_shape s = { .T = T, .nk = nk, .nv = nv, .dk = dk, .dv = dv, .chunk = chunk };
+    const int64_t nq = T * nk * dk, no = T * nv * dv, ns = nv * dk * dv;
+    float *q = host_floats(nq), *k = host_floats(nq), *v = host_floats(no);
+    float *beta = host_floats(T * nv), *g = host_floats(T * nv), *S0 = host_floats(ns);
+    fill_uniform(q, nq, -1.0, 1.0);
+    fill_uniform(k, nq, -1.0, 1.0);
+    for (int64_t r = 0; r < T * nk; r++) {   /* l2-normed rows, q scaled by 1/sqrt(dk) */
+        double qq = 0.0, kk = 0.0;
+        for (int64_t i = 0; i < dk; i++)
+            qq += (double)q[r * dk + i] * q[r * dk + i], kk += (double)k[r * dk + i] * k[r * dk + i];
+        for (int64_t i = 0; i < dk; i++)
+            q[r * dk + i] = (float)(q[r * dk + i] / sqrt(qq * dk)), k[r * dk + i] = (float)(k[r * dk + i] / sqrt(kk));
+    }
+    fill_uniform(v, no, -1.0, 1.0);
+    fill_uniform(beta, T * nv, 0.04, 0.96);
+    fill_uniform(g, T * nv, -2.8, -0.0003);
+    fill_uniform(S0, ns, -0.5, 0.5);
+    float *S = host_copy(S0, ns), *out = host_floats(no);
+    check(cpu->gated_delta(cpu, &s, q, k, v, beta, g, S, out) == 0, "the CPU's gated_delta failed");
+    float *q_dev = dev_floats(q, nq, "q"), *k_dev = dev_floats(k, nq, "k"), *v_dev = dev_floats(v, no, "v");
+    float *b_dev = dev_floats(beta, T * nv, "beta"), *g_dev = dev_floats(g, T * nv, "g");
+    float *S_dev = dev_floats(S0, ns, "state"), *out_dev = dev_floats(NULL, no, "out");
+    check(dev->gated_delta(dev, &s, q_dev, k_dev, v_dev, b_dev, g_dev, S_dev, out_dev) == 0, "gated_delta failed");
+    expect_close("out", download(out_dev, no), out, no, tol_q35_delta);
+    expect_close("state", download(S_dev, ns), S, ns, tol_q35_delta);
+    end_case(case_name);
+}
+
+static void run_qwen35_cases(uint64_t *seq)
+{
+#define NEXT_Q35() (rng_state = 0x5eed0000u + *seq, misalign = ((*seq)++ % 2) * 4)
+    static const int64_t conv[][3] = { { 1, 3, 4 }, { 17, 130, 4 }, { 513, 1030, 4 } };
+    if (q35_op_present((const void *)dev->conv1d_silu, "conv1d_silu"))
+        for (size_t i = 0; i < sizeof conv / sizeof conv[0]; i++)
+            for (int h = 0; h <= 1; h++) {
+                NEXT_Q35();
+                case_conv1d_silu(conv[i][0], conv[i][1], conv[i][2], h);
+            }
+    static const int64_t gnorm[][2] = { { 1, 1 }, { 17, 130 }, { 1000, 128 } };
+    if (q35_op_present((const void *)dev->gated_rmsnorm, "gated_rmsnorm"))
+        for (size_t i = 0; i < sizeof gnorm / sizeof gnorm[0]; i++) {
+            NEXT_Q35();
+            case_gated_rmsnorm(gnorm[i][0], gnorm[i][1]);
+        }
+    static const int64_t partial[][4] = { { 1, 1, 2, 2 }, { 17, 3, 32, 8 }, { 300, 24, 256, 64 } };
+    if (q35_op_present((const void *)dev->rope_partial, "rope_partial"))
+        for (size_t i = 0; i < sizeof partial / sizeof partial[0]; i++) {
+            NEXT_Q35();
+            case_rope_partial(partial[i][0], partial[i][1], partial[i][2], partial[i][3]);
+        }
+    static const int64_t delta[][6] = { { 1, 1, 1, 1, 1, 0 }, { 7, 2, 4, 5, 3, 3 }, { 200, 2, 6, 16, 16, 64 },
+                                        { 130, 4, 12, 128, 128, 64 }, { 3, 4, 12, 128, 128, 0 } };
+    if (q35_op_present((const void *)dev->gated_delta, "gated_delta"))
+        for (size_t i = 0; i < sizeof delta / sizeof delta[0]; i++) {
+            NEXT_Q35();
+            case_gated_delta(delta[i][0], delta[i][1], delta[i][2], delta[i][3], delta[i][4], delta[i][5]);
+        }
+#undef NEXT_Q35
+}
+
 int main(void)
 {
     const char *v = getenv("DDTREE_OPS_VERBOSE");
@@ -1394,6 +1533,7 @@ int main(void)
         }
     run_vector_cases(&seq, self_check);
     run_attention_wide_cases(&seq);
+    run_qwen35_cases(&seq);
 #undef NEXT_CASE
     return cases_summary();
 }

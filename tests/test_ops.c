@@ -13,7 +13,11 @@
  * in place), adamw (float64 formula of ddk.h); matmul_bf16 (against a float64 product of the
  * operands rounded with ddk_round_bf16: 4 transposes, k at the 256-column panel edges, k = 0,
  * and a case where the rounding shows); and the loss's bf16_products (same loss as fp32 on
- * bf16-representable operands, bounded change on others, bf16_products = 2 refused). Not here:
+ * bf16-representable operands, bounded change on others, bf16_products = 2 refused); the
+ * Qwen3.5 target's forward-only ops conv1d_silu (zero history or a given one), gated_rmsnorm,
+ * rope_partial (dims past rd untouched, rd = d is rope bit for bit) and gated_delta (recurrence
+ * and chunks of 1, 3, 64, > T against a float64 recurrence and each other, the state out
+ * included, prefill then decode = one call). Not here:
  * the rest of the loss (tests/test_loss.c) and attention. Only the CPU backend for now:
  * another backend is to be compared with the same references, case by case.
  *
@@ -1172,6 +1176,235 @@ static const struct { size_t offset, bytes; } spans[] = {
     { 0, 0 }, { 0, 1 }, { 3, 7 }, { 1, 64 }, { 64, 4096 }, { 5, 4099 }, { 0, BYTES },
 };
 
+/* ------------------------------------------------------------------------------------------
+ * The Qwen3.5 target's ops (SPEC.md 3.1), forward only: conv1d_silu, gated_rmsnorm,
+ * rope_partial, gated_delta
+ */
+
+/* conv1d_silu: K float products summed in float, then expf (1 ulp) and a division: a few
+ * roundings of terms no larger than max |y| + K max |w x| (K <= 5, O(1) values) */
+static const double tol_conv = 1e-6;
+/* gated_rmsnorm: rmsnorm's 3 roundings, then silu(z) (expf, a division) and one product more */
+static const double tol_gated_norm = 2e-6;
+/* gated_delta against the float64 recurrence: every token's update is a contraction of the state
+ * (decay <= 1, I - beta k k^T with |k| = 1, beta < 1), so float's rounding does not grow with T:
+ * each step adds ~dk float roundings of the state's size, sqrt(dk) 2^-24 typically (dk <= 32:
+ * 3.4e-7); the chunked form adds the solve's and the chunk products' (<= 64 terms) as many
+ * again. Measured <= 4.3e-7 (out and state, every chunk size, T up to 200) */
+static const double tol_delta = 2e-6;
+/* chunked against the op's own recurrence (both float): the two errors above add */
+static const double tol_delta_chunked = 4e-6;
+
+static double ref_silu(double x)
+{
+    return x / (1.0 + exp(-x));
+}
+
+/* T = rows, C = d, K = k; extremes: with a history of K-1 rows */
+static void case_conv1d_silu(const ddk_backend *be, const op_case *c)
+{
+    const int64_t T = c->rows, C = c->d, K = c->k;
+    float *x = floats(T * C, "x"), *w = floats(C * K, "w"), *y = floats(T * C, "y");
+    float *history = c->extremes && K > 1 ? floats((K - 1) * C, "history") : NULL;
+    fill_uniform(x, T * C, -2.0, 2.0);
+    fill_uniform(w, C * K, -1.0, 1.0);
+    if (history)
+        fill_uniform(history, (K - 1) * C, -2.0, 2.0);
+    fill_nan(y, T * C);
+    be->conv1d_silu(be, x, w, history, T, C, K, y);
+    double *want = doubles(T * C, "y want");
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t ch = 0; ch < C; ch++) {
+            double acc = 0.0;
+            for (int64_t m = 0; m < K; m++) {
+                int64_t s = t - (K - 1) + m;   /* before 0: the history's row K-1+s, or 0 */
+                double xs = s >= 0 ? x[s * C + ch] : history ? history[(K - 1 + s) * C + ch] : 0.0;
+                acc += (double)w[ch * K + m] * xs;
+            }
+            want[t * C + ch] = ref_silu(acc);
+        }
+    expect_close_f("y", y, want, T * C, tol_conv);
+    /* a causal conv: the first row of T = 1 with that history equals row t of the whole */
+    if (T > K) {
+        float *one = floats(C, "y of one row");
+        fill_nan(one, C);
+        be->conv1d_silu(be, x + (T - 1) * C, w, x + (T - K) * C, 1, C, K, one);
+        check(memcmp(one, y + (T - 1) * C, (size_t)C * sizeof(float)) == 0,
+              "the last row from a history of the K-1 before it differs from the whole's");
+    }
+}
+
+static void case_gated_rmsnorm(const ddk_backend *be, const op_case *c)
+{
+    const int64_t rows = c->rows, d = c->d, n = rows * d;
+    float *x = floats(n, "x"), *z = floats(n, "z"), *w = floats(d, "w"), *y = floats(n, "y");
+    fill_uniform(x, n, -2.0, 2.0);
+    fill_uniform(z, n, -8.0, 8.0);
+    fill_uniform(w, d, -1.5, 1.5);
+    fill_nan(y, n);
+    be->gated_rmsnorm(be, x, z, w, rows, d, c->eps, y);
+    double *want = doubles(n, "y want");
+    for (int64_t r = 0; r < rows; r++) {
+        double ss = 0.0;
+        for (int64_t i = 0; i < d; i++)
+            ss += (double)x[r * d + i] * x[r * d + i];
+        double s = 1.0 / sqrt(ss / (double)d + (double)c->eps);
+        for (int64_t i = 0; i < d; i++)
+            want[r * d + i] = x[r * d + i] * s * w[i] * ref_silu(z[r * d + i]);
+    }
+    expect_close_f("y", y, want, n, tol_gated_norm);
+    float *xy = floats(n, "x, then y (in place)");
+    memcpy(xy, x, (size_t)n * sizeof(float));
+    be->gated_rmsnorm(be, xy, z, w, rows, d, c->eps, xy);
+    check(memcmp(xy, y, (size_t)n * sizeof(float)) == 0, "in place (y = x) differs");
+}
+
+/* rows, heads, d; m = rd */
+static void case_rope_partial(const ddk_backend *be, const op_case *c)
+{
+    const int64_t rows = c->rows, heads = c->heads, d = c->d, rd = c->m, n = rows * heads * d;
+    int32_t *pos = int32s(rows, "pos");
+    rope_positions(pos, rows, heads);
+    float *x = floats(n, "x"), *y = floats(n, "y");
+    fill_uniform(x, n, -1.0, 1.0);
+    memcpy(y, x, (size_t)n * sizeof(float));
+    be->rope_partial(be, y, pos, rows, heads, d, rd, c->theta);
+    double *want = to_doubles(x, n, "y want");
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t j = 0; j < rd / 2; j++) {
+            double angle = (double)pos[r] * pow((double)c->theta, -2.0 * (double)j / (double)rd);
+            for (int64_t h = 0; h < heads; h++) {
+                int64_t o = (r * heads + h) * d;
+                double a = x[o + j], b = x[o + j + rd / 2];
+                want[o + j] = a * cos(angle) - b * sin(angle);
+                want[o + j + rd / 2] = b * cos(angle) + a * sin(angle);
+            }
+        }
+    expect_close_f("y", y, want, n, tol_rope);
+    int64_t moved = 0;   /* dims rd..d-1 pass through, bit for bit */
+    for (int64_t i = 0; i < rows * heads; i++)
+        for (int64_t e = rd; e < d; e++)
+            moved += memcmp(&y[i * d + e], &x[i * d + e], sizeof(float)) != 0;
+    check(moved == 0, "%lld of the dims past rd changed", (long long)moved);
+    if (rd == d) {   /* the whole head: rope itself, bit for bit */
+        float *full = floats(n, "rope's y");
+        memcpy(full, x, (size_t)n * sizeof(float));
+        be->rope(be, full, pos, rows, heads, d, c->theta, 0);
+        check(memcmp(full, y, (size_t)n * sizeof(float)) == 0, "rd = d differs from rope");
+    }
+}
+
+/* the float64 recurrence of ddk.h's gated_delta; S (nv, dk, dv) in/out */
+static void ref_delta(const ddk_delta_shape *s, const float *q, const float *k, const float *v,
+                      const float *beta, const float *g, double *S, double *out)
+{
+    const int64_t nk = s->nk, nv = s->nv, dk = s->dk, dv = s->dv, r = nv / nk;
+    double *u = doubles(dv, "ref u");
+    for (int64_t t = 0; t < s->T; t++)
+        for (int64_t j = 0; j < nv; j++) {
+            const float *qt = q + (t * nk + j / r) * dk, *kt = k + (t * nk + j / r) * dk;
+            const float *vt = v + (t * nv + j) * dv;
+            double *Sj = S + j * dk * dv, decay = exp((double)g[t * nv + j]), b = beta[t * nv + j];
+            for (int64_t e = 0; e < dk * dv; e++)
+                Sj[e] *= decay;
+            for (int64_t e = 0; e < dv; e++) {
+                double kv = 0.0;
+                for (int64_t a = 0; a < dk; a++)
+                    kv += Sj[a * dv + e] * kt[a];
+                u[e] = b * (vt[e] - kv);
+            }
+            for (int64_t a = 0; a < dk; a++)
+                for (int64_t e = 0; e < dv; e++)
+                    Sj[a * dv + e] += kt[a] * u[e];
+            for (int64_t e = 0; e < dv; e++) {
+                double o = 0.0;
+                for (int64_t a = 0; a < dk; a++)
+                    o += Sj[a * dv + e] * qt[a];
+                out[(t * nv + j) * dv + e] = o;
+            }
+        }
+}
+
+/* x (rows, d) scaled to unit length, then by scale */
+static void unit_rows(float *x, int64_t rows, int64_t d, double scale)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        double ss = 0.0;
+        for (int64_t i = 0; i < d; i++)
+            ss += (double)x[r * d + i] * x[r * d + i];
+        for (int64_t i = 0; i < d; i++)
+            x[r * d + i] = (float)(x[r * d + i] / sqrt(ss) * scale);
+    }
+}
+
+/* rows = T, heads = nk, m = nv, d = dk, n = dv; extremes: decays down to 0.06 (c reaches -180
+ * in a chunk of 64), else in [0.5, 0.9997]. The recurrence (chunk 0) and chunks of 1, 3, 64 and
+ * T + 5, each against the float64 recurrence, the chunked ones against the op's recurrence too,
+ * the state out as well as the output. */
+static void case_gated_delta(const ddk_backend *be, const op_case *c)
+{
+    const ddk_delta_shape base = { .T = c->rows, .nk = c->heads, .nv = c->m, .dk = c->d, .dv = c->n };
+    const int64_t T = base.T, nk = base.nk, nv = base.nv, dk = base.dk, dv = base.dv;
+    const int64_t nq = T * nk * dk, nvv = T * nv * dv, ns = nv * dk * dv;
+    float *q = floats(nq, "q"), *k = floats(nq, "k"), *v = floats(nvv, "v");
+    float *beta = floats(T * nv, "beta"), *g = floats(T * nv, "g"), *S0 = floats(ns, "entering state");
+    fill_uniform(q, nq, -1.0, 1.0);
+    fill_uniform(k, nq, -1.0, 1.0);
+    unit_rows(q, T * nk, dk, 1.0 / sqrt((double)dk));   /* as the layer hands them: l2-normed, q scaled */
+    unit_rows(k, T * nk, dk, 1.0);
+    fill_uniform(v, nvv, -1.0, 1.0);
+    fill_uniform(beta, T * nv, 0.04, 0.96);
+    for (int64_t i = 0; i < T * nv; i++)
+        g[i] = (float)log(rng_uniform(c->extremes ? 0.06 : 0.5, 0.9997));
+    fill_uniform(S0, ns, -0.5, 0.5);
+
+    double *S_want = to_doubles(S0, ns, "state want"), *out_want = doubles(nvv, "out want");
+    ref_delta(&base, q, k, v, beta, g, S_want, out_want);
+
+    static const int64_t chunks[] = { 0, 1, 3, 64, -1 };   /* -1: T + 5, one short chunk */
+    float *out_rec = NULL, *S_rec = NULL;
+    for (size_t ci = 0; ci < sizeof chunks / sizeof chunks[0]; ci++) {
+        ddk_delta_shape s = base;
+        s.chunk = chunks[ci] < 0 ? T + 5 : chunks[ci];
+        float *out = floats(nvv, "out"), *S = floats(ns, "state");
+        fill_nan(out, nvv);
+        memcpy(S, S0, (size_t)ns * sizeof(float));
+        int rc = be->gated_delta(be, &s, q, k, v, beta, g, S, out);
+        check(rc == 0, "chunk %lld: rc %d", (long long)s.chunk, rc);
+        char what[96];
+        snprintf(what, sizeof what, "chunk %lld: out vs float64 recurrence", (long long)s.chunk);
+        expect_close_f(what, out, out_want, nvv, tol_delta);
+        snprintf(what, sizeof what, "chunk %lld: state vs float64 recurrence", (long long)s.chunk);
+        expect_close_f(what, S, S_want, ns, tol_delta);
+        if (s.chunk == 0) {
+            out_rec = out, S_rec = S;
+            continue;
+        }
+        double *rec = to_doubles(out_rec, nvv, "recurrence's out"), *srec = to_doubles(S_rec, ns, "recurrence's state");
+        snprintf(what, sizeof what, "chunk %lld: out vs the op's recurrence", (long long)s.chunk);
+        expect_close_f(what, out, rec, nvv, tol_delta_chunked);
+        snprintf(what, sizeof what, "chunk %lld: state vs the op's recurrence", (long long)s.chunk);
+        expect_close_f(what, S, srec, ns, tol_delta_chunked);
+    }
+    /* a sequence in two calls (prefill, then the rest token by token) = one call */
+    if (T > 2) {
+        ddk_delta_shape head = base, tail = base;
+        head.T = T / 2, head.chunk = 64, tail.T = 1, tail.chunk = 0;
+        float *out = floats(nvv, "out in pieces"), *S = floats(ns, "state in pieces");
+        memcpy(S, S0, (size_t)ns * sizeof(float));
+        int rc = be->gated_delta(be, &head, q, k, v, beta, g, S, out);
+        for (int64_t t = head.T; t < T && !rc; t++)
+            rc = be->gated_delta(be, &tail, q + t * nk * dk, k + t * nk * dk, v + t * nv * dv,
+                                 beta + t * nv, g + t * nv, S, out + t * nv * dv);
+        check(rc == 0, "in pieces: rc %d", rc);
+        expect_close_f("prefill then decode: out vs float64 recurrence", out, out_want, nvv, tol_delta);
+        expect_close_f("prefill then decode: state vs float64 recurrence", S, S_want, ns, tol_delta);
+    }
+    ddk_delta_shape bad = base;
+    bad.nk = nv + 1;   /* nv % nk != 0 */
+    check(be->gated_delta(be, &bad, q, k, v, beta, g, S0, v) == -EINVAL, "nv %% nk != 0 not refused");
+}
+
 static void case_zero(const ddk_backend *be, const op_case *c)
 {
     (void)c;   /* one case, no parameters */
@@ -1358,6 +1591,42 @@ static void build_cases(void)
     c = add_case(case_loss_bf16_refused);
     snprintf(c->name, sizeof(c->name), "loss bf16_products=2 and -1 refused, nothing written");
 
+    /* the Qwen3.5 target's ops */
+    static const int64_t conv[][3] = { { 1, 1, 1 }, { 1, 3, 4 }, { 7, 5, 4 }, { 17, 130, 4 }, { 9, 6, 2 }, { 33, 3, 5 } };
+    for (size_t j = 0; j < sizeof(conv) / sizeof(conv[0]); j++)
+        for (int history = 0; history <= 1; history++) {
+            c = add_case(case_conv1d_silu);
+            c->rows = conv[j][0], c->d = conv[j][1], c->k = conv[j][2], c->extremes = history;
+            snprintf(c->name, sizeof(c->name), "conv1d_silu T=%lld C=%lld K=%lld%s", (long long)c->rows,
+                     (long long)c->d, (long long)c->k, history ? " history" : "");
+        }
+    static const int64_t gnorm[][2] = { { 1, 1 }, { 3, 16 }, { 17, 130 }, { 64, 6 } };
+    for (size_t j = 0; j < sizeof(gnorm) / sizeof(gnorm[0]); j++) {
+        c = add_case(case_gated_rmsnorm);
+        c->rows = gnorm[j][0], c->d = gnorm[j][1], c->eps = gnorm[j][1] == 1 ? 0.5f : 1e-6f;
+        snprintf(c->name, sizeof(c->name), "gated_rmsnorm rows=%lld d=%lld", (long long)c->rows, (long long)c->d);
+    }
+    static const int64_t partial[][4] = { { 1, 1, 2, 2 }, { 3, 3, 32, 8 }, { 17, 2, 64, 64 }, { 17, 1, 130, 34 }, { 5, 3, 6, 4 } };
+    for (size_t j = 0; j < sizeof(partial) / sizeof(partial[0]); j++) {
+        c = add_case(case_rope_partial);
+        c->rows = partial[j][0], c->heads = partial[j][1], c->d = partial[j][2], c->m = partial[j][3];
+        c->theta = j % 2 ? 1e7f : 1e4f;
+        snprintf(c->name, sizeof(c->name), "rope_partial rows=%lld heads=%lld d=%lld rd=%lld theta=%g",
+                 (long long)c->rows, (long long)c->heads, (long long)c->d, (long long)c->m, c->theta);
+    }
+    static const int64_t delta[][6] = {   /* T, nk, nv, dk, dv, strong decays */
+        { 1, 1, 1, 1, 1, 0 }, { 7, 2, 4, 5, 3, 0 }, { 70, 2, 6, 16, 16, 0 }, { 130, 1, 2, 8, 7, 1 },
+        { 200, 2, 4, 32, 16, 1 }, { 65, 3, 3, 4, 9, 0 },
+    };
+    for (size_t j = 0; j < sizeof(delta) / sizeof(delta[0]); j++) {
+        c = add_case(case_gated_delta);
+        c->rows = delta[j][0], c->heads = delta[j][1], c->m = delta[j][2], c->d = delta[j][3];
+        c->n = delta[j][4], c->extremes = (int)delta[j][5];
+        snprintf(c->name, sizeof(c->name), "gated_delta T=%lld nk=%lld nv=%lld dk=%lld dv=%lld decays %s",
+                 (long long)c->rows, (long long)c->heads, (long long)c->m, (long long)c->d, (long long)c->n,
+                 c->extremes ? "to 0.06" : "0.5..0.9997");
+    }
+
     c = add_case(case_zero);
     snprintf(c->name, sizeof(c->name), "zero 0..5000 bytes at odd offsets");
     c = add_case(case_copy);
@@ -1374,7 +1643,7 @@ int main(void)
     check(be != NULL && be->rmsnorm && be->rmsnorm_backward && be->rope && be->swiglu &&
               be->swiglu_backward && be->embedding && be->matmul && be->zero && be->copy &&
               be->synchronize && be->sumsq && be->axpby && be->adamw && be->matmul_bf16 &&
-              be->loss,
+              be->loss && be->conv1d_silu && be->gated_rmsnorm && be->rope_partial && be->gated_delta,
           "an op of the CPU backend is NULL");
     case_done("cpu backend has every op tested here");
     if (cases_failed)

@@ -41,9 +41,12 @@ static int get_positive(const ddt_json_ctx *j, const cJSON *obj, const char *fie
     return rc;
 }
 
-/* DIR/config.json parsed, its path in path (for errors); NULL with err. */
-static cJSON *parse_config(const char *dir, char *path, size_t path_len, char *err, size_t err_len)
+/* DIR/config.json parsed, its path in path (for errors), the config (config_bytes) zeroed first
+ * so that it is defined even when the file cannot be read; NULL with err. */
+static cJSON *parse_config(const char *dir, void *config, size_t config_bytes, char *path,
+                           size_t path_len, char *err, size_t err_len)
 {
+    memset(config, 0, config_bytes);
     snprintf(path, path_len, "%s/config.json", dir);
     return ddt_json_parse_file(path, 1 << 20, err, err_len);
 }
@@ -52,13 +55,11 @@ static cJSON *parse_config(const char *dir, char *path, size_t path_len, char *e
 
 int ddt_drafter_config_load(const char *dir, ddt_drafter_config *c, char *err, size_t err_len)
 {
-    memset(c, 0, sizeof *c);
     char path[4096];
-    cJSON *root = parse_config(dir, path, sizeof path, err, err_len);
+    cJSON *root = parse_config(dir, c, sizeof *c, path, sizeof path, err, err_len);
     if (!root)
         return -EINVAL;
     ddt_json_ctx j = { path, err, err_len };
-    memset(c, 0, sizeof *c);
     int64_t mask = 0, taps_total = 0;
     int rc = ddt_json_int(&j, root, "hidden_size", 1, 1 << 20, 0, 0, &c->hidden);
     if (!rc) rc = ddt_json_int(&j, root, "num_hidden_layers", 1, DDT_MAX_LAYERS, 0, 0, &c->layers);
@@ -119,13 +120,11 @@ int ddt_drafter_config_load(const char *dir, ddt_drafter_config *c, char *err, s
 
 int ddt_target_config_load(const char *dir, ddt_target_config *c, char *err, size_t err_len)
 {
-    memset(c, 0, sizeof *c);   /* defined even when the file cannot be read */
     char path[4096];
-    cJSON *root = parse_config(dir, path, sizeof path, err, err_len);
+    cJSON *root = parse_config(dir, c, sizeof *c, path, sizeof path, err, err_len);
     if (!root)
         return -EINVAL;
     ddt_json_ctx j = { path, err, err_len };
-    memset(c, 0, sizeof *c);
     int rc = 0;
     const char *type = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(root, "model_type"));
     if (!type || (strcmp(type, "llama") && strcmp(type, "qwen3")))
@@ -149,6 +148,128 @@ int ddt_target_config_load(const char *dir, ddt_target_config *c, char *err, siz
     }
     if (!rc && (c->heads % c->kv_heads || c->head_dim % 2))
         rc = ddt_json_fail(&j, "num_attention_heads", "must be a multiple of num_key_value_heads, with an even head_dim");
+    cJSON_Delete(root);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Qwen3.5 / Qwen3.6 (SPEC.md section 3.1)
+ */
+
+/* rope_parameters.KEY, else text_config.KEY (the top of the text fields), else dflt */
+static int rope_field(const ddt_json_ctx *j, const cJSON *text, const char *key, double lo, double hi,
+                      double dflt, float *out)
+{
+    const cJSON *rope = cJSON_GetObjectItemCaseSensitive(text, "rope_parameters");
+    double x;
+    int rc;
+    if (rope && !cJSON_IsNull(rope) && !cJSON_IsObject(rope))
+        return ddt_json_fail(j, "rope_parameters", "must be an object");
+    if (rope && cJSON_GetObjectItemCaseSensitive(rope, key)) {
+        char field[64];
+        snprintf(field, sizeof field, "rope_parameters.%s", key);
+        char what[96];
+        snprintf(what, sizeof what, "must be a number in (%g, %g]", lo, hi);
+        rc = ddt_json_number(j, rope, key, lo, 1, hi, 0, 0.0, &x);
+        if (rc)   /* named with its path, not the bare key */
+            rc = ddt_json_fail(j, field, what);
+    } else {
+        rc = ddt_json_number(j, text, key, lo, 1, hi, 1, dflt, &x);
+    }
+    *out = (float)x;
+    return rc;
+}
+
+/* layer_types, or every full_attention_interval-th layer full attention */
+static int qwen35_layer_types(const ddt_json_ctx *j, const cJSON *text, ddt_qwen35_config *c)
+{
+    const cJSON *types = cJSON_GetObjectItemCaseSensitive(text, "layer_types");
+    if (types && !cJSON_IsNull(types)) {
+        if (!cJSON_IsArray(types) || cJSON_GetArraySize(types) != c->layers)
+            return ddt_json_fail(j, "layer_types", "must be a list of num_hidden_layers strings");
+        for (int64_t i = 0; i < c->layers; i++) {
+            const char *t = cJSON_GetStringValue(cJSON_GetArrayItem(types, (int)i));
+            if (!t || (strcmp(t, "full_attention") && strcmp(t, "linear_attention")))
+                return ddt_json_fail(j, "layer_types", "entries must be \"full_attention\" or \"linear_attention\"");
+            c->full_attention[i] = !strcmp(t, "full_attention");
+        }
+        return 0;
+    }
+    int64_t interval;
+    int rc = ddt_json_int(j, text, "full_attention_interval", 1, DDT_MAX_TARGET_LAYERS, 1, 4, &interval);
+    for (int64_t i = 0; !rc && i < c->layers; i++)
+        c->full_attention[i] = (i + 1) % interval == 0;
+    return rc;
+}
+
+static int qwen35_fields(const ddt_json_ctx *j, const cJSON *text, ddt_qwen35_config *c)
+{
+    int rc = ddt_json_int(j, text, "hidden_size", 1, 1 << 20, 0, 0, &c->hidden);
+    if (!rc) rc = ddt_json_int(j, text, "num_hidden_layers", 1, DDT_MAX_TARGET_LAYERS, 0, 0, &c->layers);
+    if (!rc) rc = ddt_json_int(j, text, "intermediate_size", 1, 1 << 24, 0, 0, &c->intermediate);
+    if (!rc) rc = ddt_json_int(j, text, "vocab_size", 2, INT32_MAX, 0, 0, &c->vocab);
+    double eps = 0.0;
+    if (!rc) rc = ddt_json_number(j, text, "rms_norm_eps", 0.0, 1, 1.0, 0, 0.0, &eps);
+    c->rms_norm_eps = (float)eps;
+    if (!rc) rc = ddt_json_int(j, text, "num_attention_heads", 1, 4096, 0, 0, &c->heads);
+    if (!rc) rc = ddt_json_int(j, text, "num_key_value_heads", 1, 4096, 0, 0, &c->kv_heads);
+    if (!rc) rc = ddt_json_int(j, text, "head_dim", 2, 1024, 0, 0, &c->head_dim);
+    if (!rc) rc = ddt_json_int(j, text, "linear_num_key_heads", 1, 4096, 0, 0, &c->key_heads);
+    if (!rc) rc = ddt_json_int(j, text, "linear_num_value_heads", 1, 4096, 0, 0, &c->value_heads);
+    if (!rc) rc = ddt_json_int(j, text, "linear_key_head_dim", 1, 4096, 0, 0, &c->key_head_dim);
+    if (!rc) rc = ddt_json_int(j, text, "linear_value_head_dim", 1, 4096, 0, 0, &c->value_head_dim);
+    if (!rc) rc = ddt_json_int(j, text, "linear_conv_kernel_dim", 1, 64, 0, 0, &c->conv_kernel);
+    if (!rc) rc = rope_field(j, text, "rope_theta", 0.0, 1e30, 10000.0, &c->rope_theta);
+    if (!rc) rc = rope_field(j, text, "partial_rotary_factor", 0.0, 1.0, 0.25, &c->partial_rotary_factor);
+    if (!rc) rc = qwen35_layer_types(j, text, c);
+    if (!rc) {
+        const cJSON *tie = cJSON_GetObjectItemCaseSensitive(text, "tie_word_embeddings");
+        if (tie && !cJSON_IsNull(tie) && !cJSON_IsBool(tie))
+            rc = ddt_json_fail(j, "tie_word_embeddings", "must be true or false");
+        c->tie_word_embeddings = cJSON_IsTrue(tie);
+    }
+    if (rc)
+        return rc;
+    /* int(hd * factor) as Python truncates it, on the float64 product */
+    c->rotary_dim = (int64_t)((double)c->head_dim * (double)c->partial_rotary_factor);
+    if (c->heads % c->kv_heads)
+        return ddt_json_fail(j, "num_attention_heads", "must be a multiple of num_key_value_heads");
+    if (c->value_heads % c->key_heads)
+        return ddt_json_fail(j, "linear_num_value_heads", "must be a multiple of linear_num_key_heads");
+    if (c->rotary_dim < 2 || c->rotary_dim % 2)
+        return ddt_json_fail(j, "partial_rotary_factor", "must make int(head_dim * factor) even and >= 2");
+    return 0;
+}
+
+int ddt_qwen35_config_load(const char *dir, ddt_qwen35_config *c, char *err, size_t err_len)
+{
+    char path[4096];
+    cJSON *root = parse_config(dir, c, sizeof *c, path, sizeof path, err, err_len);
+    if (!root)
+        return -EINVAL;
+    ddt_json_ctx j = { path, err, err_len };
+    const char *type = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(root, "model_type"));
+    const cJSON *text = root;
+    int rc = 0;
+    if (type && !strcmp(type, "qwen3_5")) {
+        text = cJSON_GetObjectItemCaseSensitive(root, "text_config");
+        const char *inner = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(text, "model_type"));
+        if (!cJSON_IsObject(text))
+            rc = ddt_json_fail(&j, "text_config", "is missing (model_type qwen3_5 keeps the text model's fields there)");
+        else if (!inner || strcmp(inner, "qwen3_5_text"))
+            rc = ddt_json_fail(&j, "text_config.model_type", "must be \"qwen3_5_text\"");
+        c->nested = 1;
+    } else if (!type || strcmp(type, "qwen3_5_text")) {
+        rc = ddt_json_fail(&j, "model_type", "must be \"qwen3_5\" or \"qwen3_5_text\"");
+    }
+    if (!rc && (rc = qwen35_fields(&j, text, c)) && c->nested) {
+        /* "PATH: field ..." becomes "PATH: text_config.field ..." */
+        char rest[1024];
+        size_t skip = strlen(path) + 2;
+        snprintf(rest, sizeof rest, "%s", strlen(err) > skip ? err + skip : "");
+        if (strncmp(rest, "text_config", 11))
+            snprintf(err, err_len, "%s: text_config.%s", path, rest);
+    }
     cJSON_Delete(root);
     return rc;
 }

@@ -1,5 +1,6 @@
 /* model_config.h: Hugging Face config.json files read into the engine's configurations: the
- * drafter's export format (SPEC.md section 5) and the dense targets (llama, qwen3; section 3).
+ * drafter's export format (SPEC.md section 5), the dense targets (llama, qwen3; section 3) and
+ * the Qwen3.5 / Qwen3.6 hybrid targets (qwen3_5; section 3.1).
  * Every missing, mistyped or out-of-range field is an error naming the file and the field.
  * Tested by tests/test_engine.c and, through the tools, by the oracle tests.
  */
@@ -9,6 +10,9 @@
 #include "drafter.h"
 
 #include <stddef.h>
+#include <stdint.h>
+
+enum { DDT_MAX_TARGET_LAYERS = 256 };
 
 typedef struct ddt_target_config {
     int qwen3;                /* model_type "qwen3" (per-head q_norm / k_norm); else "llama" */
@@ -17,11 +21,30 @@ typedef struct ddt_target_config {
     int tie_word_embeddings;
 } ddt_target_config;
 
+/* A Qwen3.5 / Qwen3.6 text model (SPEC.md section 3.1): the fields of text_config (or of the top
+ * level of a text-only Qwen3_5ForCausalLM directory), every one required but those SPEC gives a
+ * fallback (rope_parameters' two keys, layer_types / full_attention_interval,
+ * tie_word_embeddings: false). */
+typedef struct ddt_qwen35_config {
+    int64_t hidden, layers, intermediate, vocab;       /* H, L, I, V */
+    int64_t heads, kv_heads, head_dim;                 /* full attention: nh, nkv, hd */
+    int64_t key_heads, value_heads;                    /* Gated DeltaNet: nk, nv (nv % nk == 0) */
+    int64_t key_head_dim, value_head_dim, conv_kernel; /* dk, dv, K */
+    int64_t rotary_dim;                                /* rd = int(hd * partial_rotary_factor), even */
+    float rms_norm_eps, rope_theta, partial_rotary_factor;
+    int tie_word_embeddings;
+    int nested;                                        /* the fields were in text_config */
+    uint8_t full_attention[DDT_MAX_TARGET_LAYERS];     /* (L): 1 full attention, 0 DeltaNet */
+} ddt_qwen35_config;
+
 /* The whole file, NUL-terminated, at most max_bytes: NULL with err on failure (free() it). */
 char *ddt_read_text_file(const char *path, size_t max_bytes, char *err, size_t err_len);
 
 /* DIR/config.json. 0, or -EINVAL / -errno with err = "PATH: field: what is wrong". */
 int ddt_drafter_config_load(const char *dir, ddt_drafter_config *c, char *err, size_t err_len);
 int ddt_target_config_load(const char *dir, ddt_target_config *c, char *err, size_t err_len);
+/* DIR/config.json of model_type qwen3_5 (fields in text_config of model_type qwen3_5_text) or
+ * qwen3_5_text (fields at the top). Same errors: "PATH: field is missing" for a field it lacks. */
+int ddt_qwen35_config_load(const char *dir, ddt_qwen35_config *c, char *err, size_t err_len);
 
 #endif

@@ -17,8 +17,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum { DDT_MAX_TARGET_LAYERS = 256 };
-
 typedef struct ddt_target_layer {
     float *input_layernorm, *post_attention_layernorm;   /* (H) */
     float *q_proj, *k_proj, *v_proj;                     /* (nh*d, H), (nkv*d, H) x 2 */

@@ -52,6 +52,10 @@ static ddk_backend cpu_backend = {
     .dflash_attention = ddk_cpu_dflash_attention,
     .dflash_attention_backward = ddk_cpu_dflash_attention_backward,
     .causal_attention = ddk_cpu_causal_attention,
+    .conv1d_silu = ddk_cpu_conv1d_silu,
+    .gated_rmsnorm = ddk_cpu_gated_rmsnorm,
+    .rope_partial = ddk_cpu_rope_partial,
+    .gated_delta = ddk_cpu_gated_delta,
 };
 
 static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;

@@ -37,6 +37,17 @@ int ddk_cpu_dflash_attention_backward(const ddk_backend *be, const ddk_attention
 int ddk_cpu_causal_attention(const ddk_backend *be, const ddk_attention_shape *shape,
                              const float *q, const float *k, const float *v, float *out);
 
+/* The Qwen3.5 target's ops (norm_cpu.c, rope_cpu.c, deltanet_cpu.c); contracts in ddk.h. */
+void ddk_cpu_gated_rmsnorm(const ddk_backend *be, const float *x, const float *z, const float *w,
+                           int64_t rows, int64_t d, float eps, float *y);
+void ddk_cpu_rope_partial(const ddk_backend *be, float *x, const int32_t *pos, int64_t rows,
+                          int64_t heads, int64_t d, int64_t rd, float theta);
+void ddk_cpu_conv1d_silu(const ddk_backend *be, const float *x, const float *w, const float *history,
+                         int64_t T, int64_t C, int64_t K, float *y);
+int ddk_cpu_gated_delta(const ddk_backend *be, const ddk_delta_shape *shape, const float *q,
+                        const float *k, const float *v, const float *beta, const float *g,
+                        float *state, float *out);
+
 /* Whole buffers and the bf16 product (vector_cpu.c); contracts in ddk.h. */
 void ddk_cpu_synchronize(const ddk_backend *be);
 double ddk_cpu_sumsq(const ddk_backend *be, const float *x, int64_t count);

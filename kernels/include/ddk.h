@@ -245,6 +245,14 @@ typedef struct ddk_attention_shape {
     int64_t window;   /* 0: full_attention; > 0: sliding_attention with this window */
 } ddk_attention_shape;
 
+/* The Gated DeltaNet core's sizes (backend->gated_delta) */
+typedef struct ddk_delta_shape {
+    int64_t T;          /* tokens */
+    int64_t nk, nv;     /* key heads, value heads; nv % nk == 0 */
+    int64_t dk, dv;     /* key and value head dims */
+    int64_t chunk;      /* 0: the recurrence; >= 1: the chunked form, this many tokens a chunk */
+} ddk_delta_shape;
+
 struct ddk_backend {
     const char *name;        /* "cpu", "cuda" */
     ddk_allocator *alloc;    /* where this backend's tensors live */
@@ -348,6 +356,43 @@ struct ddk_backend {
      * query t sees keys 0..t; out (T, nh, d). shape->S = T; A, B, window unused. */
     int (*causal_attention)(const ddk_backend *be, const ddk_attention_shape *shape,
                             const float *q, const float *k, const float *v, float *out);
+
+    /* ---- the Qwen3.5 / Qwen3.6 target's ops (SPEC.md section 3.1), forward only: the target
+     * is frozen. NULL on a backend that does not have them yet (CUDA, for now).
+     * Legend: T tokens, C channels, K taps, rows independent vectors of d values; nk / nv key /
+     * value heads of dk / dv dims. ---- */
+
+    /* Causal depthwise conv1d over K taps, then silu, per channel c:
+     *   y[t, c] = silu(sum_{m < K} w[c, m] x[t - (K-1) + m, c]),  x (T, C), w (C, K), y (T, C)
+     * rows before t = 0 are history (K-1, C) (the K-1 rows fed before, oldest first: the decoding
+     * cache) or 0 when history is NULL. y must not overlap x or history. */
+    void (*conv1d_silu)(const ddk_backend *be, const float *x, const float *w, const float *history,
+                        int64_t T, int64_t C, int64_t K, float *y);
+
+    /* Gated RMSNorm (the DeltaNet output norm, norm before the gate), per row:
+     *   y (rows, d) = x / sqrt(mean(x^2) + eps) * w * silu(z),  x, z (rows, d), w (d) as stored
+     * y may be x or z (in place). */
+    void (*gated_rmsnorm)(const ddk_backend *be, const float *x, const float *z, const float *w,
+                          int64_t rows, int64_t d, float eps, float *y);
+
+    /* Partial rotary RoPE in place: rope's rotate-half on the first rd of each head's d dims
+     * (pair j, j + rd/2 turned by pos * theta^(-2j/rd), j < rd/2), dims rd..d-1 untouched;
+     * x (rows, heads, d), rd even, 2 <= rd <= d <= 1024. rd = d is rope (inverse 0) bit for bit. */
+    void (*rope_partial)(const ddk_backend *be, float *x, const int32_t *pos, int64_t rows,
+                         int64_t heads, int64_t d, int64_t rd, float theta);
+
+    /* The Gated DeltaNet core of one sequence (SPEC.md 3.1), fp32 state and chunk algebra. Per
+     * token t and value head j, reading key head i = j / (nv / nk), with S_j = state[j] (dk, dv):
+     *   S = exp(g[t,j]) S;  u = beta[t,j] (v[t,j] - S^T k[t,i]);  S += k[t,i] u^T;  out[t,j] = S^T q[t,i]
+     * q (T, nk, dk) already l2-normalised and scaled by 1/sqrt(dk), k (T, nk, dk) l2-normalised,
+     * v (T, nv, dv), beta (T, nv) in (0, 1), g (T, nv) the log decay (<= 0); state (nv, dk, dv)
+     * enters and leaves (zero it for a new sequence); out (T, nv, dv). shape->chunk = 0 runs the
+     * recurrence above token by token (decoding); chunk >= 1 the exact chunked form of SPEC.md
+     * with chunks of that many tokens (the last one shorter): the same result to rounding.
+     * 0, -EINVAL (nv % nk, a non-positive size) or -ENOMEM (the chunk's workspace). */
+    int (*gated_delta)(const ddk_backend *be, const ddk_delta_shape *shape, const float *q,
+                       const float *k, const float *v, const float *beta, const float *g,
+                       float *state, float *out);
 };
 
 /* Bytes the CPU backend's DFlash attention takes while it runs (forward, or backward = 1):

@@ -28,6 +28,8 @@ import subprocess
 import sys
 import tempfile
 
+from cases import Cases  # noqa: E402,F401  (the scripts use harness.Cases)
+
 try:
     importlib.import_module("numpy")   # the scripts import it after require_torch()
     import torch
@@ -44,37 +46,6 @@ def require_torch():
     if torch is None:
         print(f"skipped: torch not available ({_IMPORT_ERROR})")
         sys.exit(SKIPPED)
-
-
-class Cases:
-    """Counts the cases and prints one line for each."""
-
-    def __init__(self):
-        self.passed = self.failed = 0
-
-    def report(self, name, errors, info=""):
-        """`ok   NAME: INFO` (`ok   NAME` without info) or `FAIL NAME: ERRORS [INFO]`."""
-        if errors:
-            self.failed += 1
-            print(f"FAIL {name}: " + "; ".join(errors) + (f" [{info}]" if info else ""))
-        else:
-            self.passed += 1
-            print(f"ok   {name}" + (f": {info}" if info else ""))
-        sys.stdout.flush()
-
-    def run(self, name, fn, *args):
-        """fn(*args) -> (errors, info) as the case `name`; its exception is its failure, not
-        the whole run's."""
-        try:
-            errors, info = fn(*args)
-        except Exception as exc:
-            errors, info = [f"exception: {exc!r}"], ""
-        self.report(name, errors, info)
-
-    def summary(self):
-        """Prints the last line, `N passed, M failed`; returns the exit status."""
-        print(f"{self.passed} passed, {self.failed} failed")
-        return 1 if self.failed else 0
 
 
 def read_json(path):

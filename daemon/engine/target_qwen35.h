@@ -1,0 +1,58 @@
+/* target_qwen35.h: the frozen Qwen3.5 / Qwen3.6 hybrid target (SPEC.md section 3.1): gated
+ * full-attention layers and Gated DeltaNet layers, loaded from any of the real checkpoint
+ * variants (model.language_model.* or model.* names, one file or shards through
+ * model.safetensors.index.json, BF16 / F16 / F32 per tensor) into float32; mtp.* and
+ * model.visual.* are ignored. The zero-centred norms' `1 +` is folded into the stored weights
+ * at load, so every norm here is a plain `x / rms(x) * w` (the DeltaNet output norm is plain in
+ * the checkpoint already and is stored as it is).
+ * Tested by tests/test_qwen35.c (the three shared variants, malformed checkpoints).
+ *
+ * Legend: T tokens, H hidden, V vocabulary, L layers, I intermediate; full attention: nh / nkv
+ * heads of hd dims; DeltaNet: nk key heads of dk, nv value heads of dv, Ck = nk dk, Cv = nv dv,
+ * Cc = 2 Ck + Cv, K conv taps.
+ */
+#ifndef DDT_TARGET_QWEN35_H
+#define DDT_TARGET_QWEN35_H
+
+#include "ddk.h"
+#include "model_config.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct ddt_qwen35_layer {
+    float *input_layernorm, *post_attention_layernorm;   /* (H): 1 + w */
+    float *gate_proj, *up_proj;                          /* (I, H) */
+    float *down_proj;                                    /* (H, I) */
+    /* full-attention layers (else NULL) */
+    float *q_proj;                                       /* (2 nh hd, H): per head hd query rows, then hd gate rows */
+    float *k_proj, *v_proj;                              /* (nkv hd, H) */
+    float *o_proj;                                       /* (H, nh hd) */
+    float *q_norm, *k_norm;                              /* (hd): 1 + w */
+    /* Gated DeltaNet layers (else NULL) */
+    float *in_proj_qkv;                                  /* (Cc, H): all q, all k, all v rows */
+    float *in_proj_z;                                    /* (Cv, H) */
+    float *in_proj_b, *in_proj_a;                        /* (nv, H) */
+    float *conv1d;                                       /* (Cc, K): [Cc, 1, K] in the checkpoint */
+    float *A_log, *dt_bias;                              /* (nv) */
+    float *norm;                                         /* (dv): plain (RMSNormGated) */
+    float *out_proj;                                     /* (H, Cv) */
+} ddt_qwen35_layer;
+
+typedef struct ddt_qwen35 {
+    ddt_qwen35_config cfg;
+    float *embed_tokens;     /* (V, H) */
+    float *lm_head;          /* (V, H): embed_tokens when tied */
+    float *norm;             /* (H): 1 + w */
+    ddt_qwen35_layer layer[DDT_MAX_TARGET_LAYERS];
+    float *weights;          /* every tensor above, one allocation of the CPU allocator */
+    size_t weight_bytes;
+} ddt_qwen35;
+
+/* DIR (config.json + safetensors). 0, or a negative errno with err naming the file and every
+ * missing or mis-shaped tensor (a Qwen3-Next checkpoint, with in_proj_qkvz, is refused by
+ * that name). Nothing is left allocated on failure. */
+int ddt_qwen35_load(const char *dir, ddt_qwen35 *t, char *err, size_t err_len);
+void ddt_qwen35_free(ddt_qwen35 *t);
+
+#endif
