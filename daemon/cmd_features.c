@@ -1,12 +1,14 @@
 /* cmd_features.c: `ddtreed features`: token sequences in, a feature shard out (SPEC.md
- * section 4): the tapped layer outputs and the final-normed hidden state of a llama / qwen3
- * target, computed once so that many drafters can train on them.
+ * section 4): the tapped layer outputs and the final-normed hidden state of a target (llama,
+ * qwen3 or qwen3_5, through target.h's interface), computed once so that many drafters can
+ * train on them.
  *
  *   ddtreed features --model DIR --tokens FILE --layers L1,L2,... [--dtype f32|bf16] --out FILE
  *
  * FILE (tokens): a token file; both files are read, checked and written by engine/shard.h.
  * Every sequence is kept (an empty one included), so shard sequence s is token sequence s.
- * Tested by tests/features_torch_check.py (PyTorch float64 reference; stories260K).
+ * Tested by tests/features_torch_check.py (PyTorch float64 reference; stories260K) and
+ * tests/qwen35_features_check.py (the qwen35-tiny variants against tests/oracle/qwen35.py).
  */
 #include "commands.h"
 #include "shard.h"
@@ -44,11 +46,11 @@ static void to_bf16(float *x, int64_t count)
         y[i] = ddt_f32_to_bf16(x[i]);
 }
 
-static int write_shard(const char *out, const char *model_dir, const ddt_target *t,
+static int write_shard(const char *out, const char *model_dir, const ddt_target_model *t,
                        const ddt_shard_tokens *tf, const int32_t *ids, int n_taps, float *features,
                        float *teacher, int bf16, char *err, size_t err_len)
 {
-    const int64_t H = t->cfg.hidden, Ttot = tf->total;
+    const int64_t H = t->hidden, Ttot = tf->total;
     uint8_t *mask = malloc((size_t)Ttot + 1);
     if (!mask) {
         snprintf(err, err_len, "no memory for the loss mask");
@@ -60,8 +62,8 @@ static int write_shard(const char *out, const char *model_dir, const ddt_target 
         to_bf16(teacher, Ttot * H);
     }
     char target[600];
-    snprintf(target, sizeof target, "%s (%s)", model_dir, t->cfg.qwen3 ? "qwen3" : "llama");
-    const ddt_shard_data d = { { H, t->cfg.vocab, n_taps, ids }, Ttot, tf->nseq, tf->input_ids, mask, tf->offsets,
+    snprintf(target, sizeof target, "%s (%s)", model_dir, t->model_type);
+    const ddt_shard_data d = { { H, t->vocab, n_taps, ids }, Ttot, tf->nseq, tf->input_ids, mask, tf->offsets,
                                bf16 ? DDT_BF16 : DDT_F32, features, teacher, target };
     int rc = ddt_shard_write(out, &d, err, err_len);
     free(mask);
@@ -95,19 +97,19 @@ int ddt_cmd_features(int argc, char **argv)
         return 2;
     }
 
-    static ddt_target t;   /* large: not on the stack */
+    ddt_target_model t;
     ddt_shard_tokens tf = { 0 };
     char err[1024] = "";
-    int rc = ddt_target_load(model, &t, err, sizeof err);
+    int rc = ddt_target_open(model, &t, err, sizeof err);
     for (int i = 0; rc == 0 && i < n_taps; i++)
-        if (ids[i] >= t.cfg.layers) {
+        if (ids[i] >= t.layers) {
             snprintf(err, sizeof err, "--layers: %d is not a layer of %s (0 .. %lld)", ids[i], model,
-                     (long long)t.cfg.layers - 1);
+                     (long long)t.layers - 1);
             rc = -EINVAL;
         }
     if (rc == 0)
-        rc = ddt_shard_tokens_open(tokens, t.cfg.vocab, &tf, err, sizeof err);
-    const int64_t H = t.cfg.hidden;
+        rc = ddt_shard_tokens_open(tokens, t.vocab, &tf, err, sizeof err);
+    const int64_t H = t.hidden;
     size_t feat_bytes = (size_t)((tf.total + 1) * n_taps * H) * sizeof(float);   /* + 1: Ttot may be 0 */
     size_t teach_bytes = (size_t)((tf.total + 1) * H) * sizeof(float);
     float *features = rc ? NULL : ddk_malloc(ddk_allocator_cpu(), feat_bytes);   /* (Ttot, L_t*H) */
@@ -120,8 +122,8 @@ int ddt_cmd_features(int argc, char **argv)
         int64_t t0 = tf.offsets[s], T = tf.offsets[s + 1] - t0;
         if (T == 0)
             continue;   /* an empty sequence: nothing to compute, kept as it is */
-        rc = ddt_target_forward(ddk_backend_cpu(), &t, tf.input_ids + t0, T, ids, n_taps,
-                                features + t0 * n_taps * H, teacher + t0 * H);
+        rc = ddt_target_prefill(ddk_backend_cpu(), &t, tf.input_ids + t0, T, ids, n_taps,
+                                features + t0 * n_taps * H, teacher + t0 * H, NULL);
         if (rc)
             snprintf(err, sizeof err, "the target's forward failed on sequence %lld: %s", (long long)s,
                      strerror(-rc));
@@ -133,7 +135,7 @@ int ddt_cmd_features(int argc, char **argv)
     ddk_free(ddk_allocator_cpu(), features, feat_bytes);
     ddk_free(ddk_allocator_cpu(), teacher, teach_bytes);
     ddt_shard_tokens_close(&tf);
-    ddt_target_free(&t);
+    ddt_target_close(&t);
     if (rc) {
         fprintf(stderr, "ddtreed features: %s\n", err);
         return 1;

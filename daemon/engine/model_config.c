@@ -128,7 +128,7 @@ int ddt_target_config_load(const char *dir, ddt_target_config *c, char *err, siz
     int rc = 0;
     const char *type = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(root, "model_type"));
     if (!type || (strcmp(type, "llama") && strcmp(type, "qwen3")))
-        rc = ddt_json_fail(&j, "model_type", "must be \"llama\" or \"qwen3\" (other targets are fed through feature shards)");
+        rc = ddt_json_fail(&j, "model_type", "must be \"llama\" or \"qwen3\" (a dense target; \"qwen3_5\" is the hybrid one)");
     else
         c->qwen3 = !strcmp(type, "qwen3");
     if (!rc) rc = ddt_json_int(&j, root, "hidden_size", 1, 1 << 20, 0, 0, &c->hidden);

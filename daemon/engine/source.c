@@ -201,15 +201,16 @@ int ddt_source_heldout(ddt_source *s, int64_t i, ddt_sequence *out, char *err, s
  * What the implementations share
  */
 
-int ddt_source_use_target(ddt_source_base *b, const ddt_target *t, const char *what, char *err, size_t err_len)
+int ddt_source_use_target(ddt_source_base *b, const ddt_target_model *t, const char *what, char *err,
+                          size_t err_len)
 {
-    b->V = t->cfg.vocab;
-    b->target_layers = t->cfg.layers;
+    b->V = t->vocab;
+    b->target_layers = t->layers;
     b->embed = t->embed_tokens;
     b->lm_head = t->lm_head;
-    if (t->cfg.hidden != b->H)
+    if (t->hidden != b->H)
         return ddt_fail(err, err_len, -EINVAL, "%s: the target's hidden_size %lld differs from the drafter's %lld",
-                        what, (long long)t->cfg.hidden, (long long)b->H);
+                        what, (long long)t->hidden, (long long)b->H);
     for (int i = 0; i < b->cfg.n_taps; i++)
         if (b->cfg.taps[i] < 0 || b->cfg.taps[i] >= b->target_layers)
             return ddt_fail(err, err_len, -EINVAL, "source: target layer id %d is not a layer of the target "
@@ -217,26 +218,18 @@ int ddt_source_use_target(ddt_source_base *b, const ddt_target *t, const char *w
     return 0;
 }
 
-int ddt_source_target_features(const ddt_source_base *b, const ddt_target *t, ddt_sequence *q, char *err,
+int ddt_source_target_features(const ddt_source_base *b, const ddt_target_model *t, ddt_sequence *q, char *err,
                                size_t err_len)
 {
-    int rc = ddt_target_forward(b->be, t, q->input_ids, q->S, b->cfg.taps, b->cfg.n_taps, q->features,
-                                b->cfg.want_teacher ? q->teacher_hidden : NULL);
+    int rc = ddt_target_prefill(b->be, t, q->input_ids, q->S, b->cfg.taps, b->cfg.n_taps, q->features,
+                                b->cfg.want_teacher ? q->teacher_hidden : NULL, NULL);
     return rc ? ddt_fail(err, err_len, rc, "the target's forward failed: %s", strerror(-rc)) : 0;
 }
 
 int ddt_source_config_shape(const char *dir, int64_t *hidden, int64_t *vocab, int64_t *layers, int *tied,
                             char *err, size_t err_len)
 {
-    ddt_target_config t;
-    int rc = ddt_target_config_load(dir, &t, err, err_len);
-    if (rc == 0) {
-        *hidden = t.hidden;
-        *vocab = t.vocab;
-        *layers = t.layers;
-        *tied = t.tie_word_embeddings;
-    }
-    return rc;
+    return ddt_target_config_shape(dir, hidden, vocab, layers, tied, err, err_len);
 }
 
 /* ------------------------------------------------------------------------------------------

@@ -17,8 +17,7 @@
 #include <string.h>
 
 typedef struct generated {
-    ddt_target target;
-    int has_target;
+    ddt_target_model target;
     int32_t *heldout_tokens;   /* (n_heldout, S) once known */
     uint8_t *heldout_known;    /* (n_heldout) */
 } generated;
@@ -65,12 +64,15 @@ static int open_generated(ddt_source_base *b, const ddt_source_config *c, char *
         return ddt_fail(err, err_len, -ENOMEM, "source: out of memory");
     b->data = g;
     const int synthetic = c->kind == DDT_SOURCE_SYNTHETIC;
-    int rc = synthetic ? ddt_target_synthetic(&c->synthetic, ddt_generate_seed(c->seed, 0, "target"), &g->target,
-                                              err, err_len)
-                       : ddt_target_load(c->model_dir, &g->target, err, err_len);
+    int rc = synthetic ? ddt_target_open_synthetic(&c->synthetic, ddt_generate_seed(c->seed, 0, "target"),
+                                                   &g->target, err, err_len)
+                       : ddt_target_open(c->model_dir, &g->target, err, err_len);
     if (rc)
         return rc;
-    g->has_target = 1;
+    if (!ddt_target_dense(&g->target))   /* the generator decodes with the dense KV cache */
+        return ddt_fail(err, err_len, -EINVAL, "%s: a %s target cannot generate sequences yet (its decode with a "
+                        "cache comes next): give it target.tokens or feature shards", c->model_dir,
+                        g->target.model_type);
     if ((rc = ddt_source_use_target(b, &g->target, synthetic ? "synthetic target" : c->model_dir, err, err_len)))
         return rc;
     b->n_heldout = c->heldout;
@@ -89,8 +91,7 @@ static void close_generated(ddt_source_base *b)
         return;
     free(g->heldout_tokens);
     free(g->heldout_known);
-    if (g->has_target)
-        ddt_target_free(&g->target);
+    ddt_target_close(&g->target);
     free(g);
     b->data = NULL;
 }
@@ -103,7 +104,7 @@ static int worker_open(const ddt_source_base *b, int trains, void **w, char *err
     ddt_generator *gen = calloc(1, sizeof *gen);
     if (!gen)
         return ddt_fail(err, err_len, -ENOMEM, "source: out of memory");
-    int rc = ddt_generator_init(gen, b->be, &g->target, b->cfg.seq_len, err, err_len);
+    int rc = ddt_generator_init(gen, b->be, ddt_target_dense(&g->target), b->cfg.seq_len, err, err_len);
     if (rc) {
         free(gen);
         return rc;

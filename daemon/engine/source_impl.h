@@ -65,13 +65,13 @@ extern const ddt_source_ops ddt_source_generated, ddt_source_listed;
 /* A loaded target (synthetic or hf) as the source's: V, layers and head from it, after
  * checking its hidden size against the drafter's and the taps against its layers. what names
  * it in errors (its directory, or "synthetic target"). */
-int ddt_source_use_target(ddt_source_base *b, const ddt_target *t, const char *what, char *err,
+int ddt_source_use_target(ddt_source_base *b, const ddt_target_model *t, const char *what, char *err,
                           size_t err_len);
 /* q's features and teacher from the target's forward over q's tokens */
-int ddt_source_target_features(const ddt_source_base *b, const ddt_target *t, ddt_sequence *q, char *err,
+int ddt_source_target_features(const ddt_source_base *b, const ddt_target_model *t, ddt_sequence *q, char *err,
                                size_t err_len);
-/* hidden size, vocabulary, layers and tie of DIR/config.json (a dense target); the outputs
- * untouched on failure */
+/* hidden size, vocabulary, layers and tie of DIR/config.json (any target ddt_target_open
+ * takes); the outputs untouched on failure */
 int ddt_source_config_shape(const char *dir, int64_t *hidden, int64_t *vocab, int64_t *layers, int *tied,
                             char *err, size_t err_len);
 

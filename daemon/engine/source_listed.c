@@ -28,8 +28,7 @@ typedef struct item {        /* one usable sequence of a token file or a shard *
 
 typedef struct listed {
     int from_shards;             /* 1: shards; 0: a token file through the target */
-    ddt_target target;           /* token file */
-    int has_target;
+    ddt_target_model target;     /* token file */
     ddt_shard_tokens tokens;     /* token file */
     ddt_target_head head;        /* shards: embed_tokens and lm_head */
     int shard_count;
@@ -118,10 +117,9 @@ static int reserve_heldout(ddt_source_base *b, listed *l, const char *what, char
 
 static int open_token_file(ddt_source_base *b, listed *l, const ddt_source_config *c, char *err, size_t err_len)
 {
-    int rc = ddt_target_load(c->model_dir, &l->target, err, err_len);
+    int rc = ddt_target_open(c->model_dir, &l->target, err, err_len);
     if (rc)
         return rc;
-    l->has_target = 1;
     if ((rc = ddt_source_use_target(b, &l->target, c->model_dir, err, err_len)))
         return rc;
     const char *path = c->tokens_file;
@@ -181,8 +179,7 @@ static void close_listed(ddt_source_base *b)
     ddt_shard_tokens_close(&l->tokens);
     free(l->items);
     ddt_target_head_free(&l->head);
-    if (l->has_target)
-        ddt_target_free(&l->target);
+    ddt_target_close(&l->target);
     free(l);
     b->data = NULL;
 }

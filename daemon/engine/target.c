@@ -4,13 +4,15 @@
  * (embed_tokens, lm_head) of any target directory, the only part feature shards need.
  *
  * One table of tensors (Hugging Face names, shapes, where each pointer goes) drives both the
- * loading and the synthetic initialisation. Not here: KV caches and generation (the trainer's
- * target-regenerated data), gated DeltaNet targets (fed through feature shards).
+ * loading and the synthetic initialisation. Last, the one target interface (target.h) and its
+ * dense implementation. Not here: KV caches and generation (generate.c), the Qwen3.5 hybrid
+ * target (target_qwen35.c, the interface's other implementation).
  * Tested by tests/features_torch_check.py and tests/test_engine.c.
  *
  * Legend: T tokens, H hidden, V vocabulary, nh / nkv heads, d head dim, I intermediate.
  */
 #include "target.h"
+#include "target_qwen35.h"
 #include "ddk_rng.h"
 #include "errors.h"
 #include "json_fields.h"
@@ -288,6 +290,24 @@ void ddt_target_default_taps(int64_t target_layers, int64_t drafter_layers, int3
  * Forward
  */
 
+void ddt_target_mlp(const ddk_backend *be, const float *u, const float *gate_proj, const float *up_proj,
+                    const float *down_proj, int64_t T, int64_t H, int64_t I, float *gate, float *up, float *x)
+{
+    be->matmul(be, 0, 1, T, I, H, 1.0f, u, H, gate_proj, H, 0.0f, gate, I);
+    be->matmul(be, 0, 1, T, I, H, 1.0f, u, H, up_proj, H, 0.0f, up, I);
+    be->swiglu(be, gate, up, T * I, gate);
+    be->matmul(be, 0, 1, T, H, I, 1.0f, gate, I, down_proj, I, 1.0f, x, H);   /* residual */
+}
+
+void ddt_target_tap(const ddk_backend *be, const float *x, int64_t T, int64_t H, int64_t l,
+                    const int32_t *tap_ids, int n_taps, float *features)
+{
+    for (int i = 0; features && i < n_taps; i++)
+        if (tap_ids[i] == l)
+            for (int64_t r = 0; r < T; r++)
+                be->copy(be, features + (r * n_taps + i) * H, x + r * H, (size_t)H * sizeof(float));
+}
+
 int ddt_target_forward(const ddk_backend *be, const ddt_target *t, const int32_t *tokens,
                        int64_t T, const int32_t *tap_ids, int n_taps, float *features,
                        float *final_hidden)
@@ -331,17 +351,123 @@ int ddt_target_forward(const ddk_backend *be, const ddt_target *t, const int32_t
             break;
         be->matmul(be, 0, 1, T, H, qd, 1.0f, attn, qd, L->o_proj, qd, 1.0f, x, H);   /* residual */
         be->rmsnorm(be, x, L->post_attention_layernorm, T, H, c->rms_norm_eps, u, NULL);
-        be->matmul(be, 0, 1, T, I, H, 1.0f, u, H, L->gate_proj, H, 0.0f, gate, I);
-        be->matmul(be, 0, 1, T, I, H, 1.0f, u, H, L->up_proj, H, 0.0f, up, I);
-        be->swiglu(be, gate, up, T * I, gate);
-        be->matmul(be, 0, 1, T, H, I, 1.0f, gate, I, L->down_proj, I, 1.0f, x, H);   /* residual */
-        for (int i = 0; features && i < n_taps; i++)   /* the residual stream after layer l */
-            if (tap_ids[i] == l)
-                for (int64_t r = 0; r < T; r++)
-                    be->copy(be, features + (r * n_taps + i) * H, x + r * H, (size_t)H * sizeof(float));
+        ddt_target_mlp(be, u, L->gate_proj, L->up_proj, L->down_proj, T, H, I, gate, up, x);
+        ddt_target_tap(be, x, T, H, l, tap_ids, n_taps, features);
     }
     if (rc == 0 && final_hidden)
         be->rmsnorm(be, x, t->norm, T, H, c->rms_norm_eps, final_hidden, NULL);
     ddk_free(be->alloc, x, bytes);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * The one target interface, and its dense implementation
+ */
+
+static int dense_prefill(const ddk_backend *be, const ddt_target_model *m, const int32_t *tokens, int64_t T,
+                         const int32_t *tap_ids, int n_taps, float *features, float *final_hidden)
+{
+    return ddt_target_forward(be, m->impl, tokens, T, tap_ids, n_taps, features, final_hidden);
+}
+
+static void dense_free(ddt_target_model *m)
+{
+    ddt_target_free(m->impl);
+    free(m->impl);
+}
+
+static const ddt_target_ops dense_ops = { .name = "dense", .prefill = dense_prefill, .free = dense_free };
+
+/* m over t (heap, loaded), which m then owns */
+static void dense_model(ddt_target *t, ddt_target_model *m)
+{
+    *m = (ddt_target_model){ &dense_ops, t->cfg.qwen3 ? "qwen3" : "llama", t->cfg.hidden, t->cfg.vocab,
+                             t->cfg.layers, t->cfg.tie_word_embeddings, t->embed_tokens, t->lm_head, t };
+}
+
+/* 1 when DIR/config.json names a Qwen3.5 text model; 0 otherwise, and when it cannot be read
+ * (the dense loader then says why) */
+static int is_qwen35(const char *dir)
+{
+    char path[1100], err[256];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    cJSON *root = ddt_json_parse_file(path, 1 << 22, err, sizeof err);
+    const char *type = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(root, "model_type"));
+    int yes = type && (!strcmp(type, "qwen3_5") || !strcmp(type, "qwen3_5_text"));
+    cJSON_Delete(root);
+    return yes;
+}
+
+int ddt_target_open(const char *dir, ddt_target_model *m, char *err, size_t err_len)
+{
+    memset(m, 0, sizeof *m);
+    if (is_qwen35(dir))
+        return ddt_qwen35_open(dir, m, err, err_len);
+    ddt_target *t = malloc(sizeof *t);
+    if (!t)
+        return ddt_fail(err, err_len, -ENOMEM, "no memory for the target");
+    int rc = ddt_target_load(dir, t, err, err_len);
+    if (rc)
+        free(t);
+    else
+        dense_model(t, m);
+    return rc;
+}
+
+int ddt_target_open_synthetic(const ddt_target_config *cfg, uint64_t seed, ddt_target_model *m, char *err,
+                              size_t err_len)
+{
+    memset(m, 0, sizeof *m);
+    ddt_target *t = malloc(sizeof *t);
+    if (!t)
+        return ddt_fail(err, err_len, -ENOMEM, "no memory for the target");
+    int rc = ddt_target_synthetic(cfg, seed, t, err, err_len);
+    if (rc) {
+        ddt_target_free(t);
+        free(t);
+    } else {
+        dense_model(t, m);
+    }
+    return rc;
+}
+
+void ddt_target_close(ddt_target_model *m)
+{
+    if (m->ops)
+        m->ops->free(m);
+    memset(m, 0, sizeof *m);
+}
+
+int ddt_target_prefill(const ddk_backend *be, const ddt_target_model *m, const int32_t *tokens, int64_t T,
+                       const int32_t *tap_ids, int n_taps, float *features, float *final_hidden,
+                       float *logits)
+{
+    if (logits && !final_hidden)
+        return -EINVAL;
+    int rc = m->ops->prefill(be, m, tokens, T, tap_ids, n_taps, features, final_hidden);
+    if (rc == 0 && logits)
+        be->matmul(be, 0, 1, T, m->vocab, m->hidden, 1.0f, final_hidden, m->hidden, m->lm_head, m->hidden, 0.0f,
+                   logits, m->vocab);
+    return rc;
+}
+
+const ddt_target *ddt_target_dense(const ddt_target_model *m)
+{
+    return m->ops == &dense_ops ? m->impl : NULL;
+}
+
+int ddt_target_config_shape(const char *dir, int64_t *hidden, int64_t *vocab, int64_t *layers, int *tied,
+                            char *err, size_t err_len)
+{
+    int rc;
+    if (is_qwen35(dir)) {
+        ddt_qwen35_config q;
+        if ((rc = ddt_qwen35_config_load(dir, &q, err, err_len)) == 0)
+            *hidden = q.hidden, *vocab = q.vocab, *layers = q.layers, *tied = q.tie_word_embeddings;
+    } else {
+        ddt_target_config t;
+        if ((rc = ddt_target_config_load(dir, &t, err, err_len)) == 0)
+            *hidden = t.hidden, *vocab = t.vocab, *layers = t.layers, *tied = t.tie_word_embeddings;
+    }
     return rc;
 }

@@ -1,10 +1,14 @@
-/* target.h: the frozen dense target (SPEC.md section 3): Hugging Face llama and qwen3
+/* target.h: the frozen target (SPEC.md section 3). Its one interface first (ddt_target_ops,
+ * ggml's backend struct as the model): ddt_target_open dispatches on config.json's model_type
+ * (llama, qwen3: the dense target below; qwen3_5: target_qwen35.h), and the sources and
+ * `ddtreed features` call only it. Then the dense target: Hugging Face llama and qwen3
  * directories (F32, BF16 or F16 weights, tied or separate lm_head, sharded or not) and a
  * seeded random target of any shape ("synthetic"); forward only, one sequence at a time,
  * yielding the tapped layer outputs and the final-normed last hidden state; and the frozen
  * head alone (embed_tokens, lm_head) of a target of any architecture, for feature shards.
  * Tested by tests/features_torch_check.py (PyTorch float64 reference, and the real
- * stories260K model when ../shared is present) and tests/test_engine.c.
+ * stories260K model when ../shared is present), tests/qwen35_features_check.py (the qwen3_5
+ * target against tests/oracle/qwen35.py) and tests/test_engine.c.
  *
  * Legend: T tokens, H hidden, V vocabulary, nh / nkv heads, d head dim, I intermediate.
  */
@@ -61,6 +65,61 @@ typedef struct ddt_target_head {
  * rule of ddt_target_load). 0, or a negative errno with err naming the directory and tensor. */
 int ddt_target_load_head(const char *dir, int64_t hidden, ddt_target_head *h, char *err, size_t err_len);
 void ddt_target_head_free(ddt_target_head *h);
+
+/* ------------------------------------------------------------------------------------------
+ * The one target interface
+ */
+
+typedef struct ddt_target_model ddt_target_model;
+
+typedef struct ddt_target_ops {
+    const char *name;   /* "dense", "qwen3_5" */
+    /* One sequence from position 0, ddt_target_forward's contract: tokens (T) in [0, V);
+     * features (T, n_taps*H) the residual stream after layers tap_ids in that order, or NULL;
+     * final_hidden (T, H) after the final norm, or NULL. 0, -EINVAL (a tap id out of range),
+     * -ENOMEM, or -ENOTSUP (an op the backend lacks). */
+    int (*prefill)(const ddk_backend *be, const ddt_target_model *m, const int32_t *tokens, int64_t T,
+                   const int32_t *tap_ids, int n_taps, float *features, float *final_hidden);
+    void (*free)(ddt_target_model *m);
+    /* Next (issue 12): decode and verify with a cache (generation and speculative verification
+     * of any target); until then generation needs the dense target (ddt_target_dense). */
+} ddt_target_ops;
+
+struct ddt_target_model {
+    const ddt_target_ops *ops;
+    const char *model_type;               /* "llama", "qwen3" or "qwen3_5" */
+    int64_t hidden, vocab, layers;        /* H, V, L */
+    int tie_word_embeddings;
+    const float *embed_tokens, *lm_head;  /* (V, H) each, the implementation's */
+    void *impl;                           /* the implementation's (ddt_target, ddt_qwen35) */
+};
+
+/* DIR as its config.json's model_type says: llama / qwen3 (ddt_target_load), qwen3_5 or
+ * qwen3_5_text (ddt_qwen35_load). 0, or the loader's negative errno and err. */
+int ddt_target_open(const char *dir, ddt_target_model *m, char *err, size_t err_len);
+/* ddt_target_synthetic behind the interface */
+int ddt_target_open_synthetic(const ddt_target_config *cfg, uint64_t seed, ddt_target_model *m, char *err,
+                              size_t err_len);
+void ddt_target_close(ddt_target_model *m);
+/* m's prefill (ops->prefill); logits (T, V) = final_hidden lm_head^T as well when logits is not
+ * NULL (final_hidden then required). */
+int ddt_target_prefill(const ddk_backend *be, const ddt_target_model *m, const int32_t *tokens, int64_t T,
+                       const int32_t *tap_ids, int n_taps, float *features, float *final_hidden,
+                       float *logits);
+/* the dense target behind m, or NULL (the generator's KV-cache decode needs it, for now) */
+const ddt_target *ddt_target_dense(const ddt_target_model *m);
+/* hidden size, vocabulary, layers and tie of DIR/config.json, any model_type ddt_target_open
+ * takes; the outputs untouched on failure */
+int ddt_target_config_shape(const char *dir, int64_t *hidden, int64_t *vocab, int64_t *layers, int *tied,
+                            char *err, size_t err_len);
+
+/* What both implementations' forwards share: the SwiGLU MLP, x (T, H) += down(silu(u gate^T) *
+ * (u up^T)) with gate, up (T, I) scratch; and the taps, the residual stream x (T, H) after
+ * layer l copied into features (T, n_taps*H) wherever tap_ids names l (features NULL: none). */
+void ddt_target_mlp(const ddk_backend *be, const float *u, const float *gate_proj, const float *up_proj,
+                    const float *down_proj, int64_t T, int64_t H, int64_t I, float *gate, float *up, float *x);
+void ddt_target_tap(const ddk_backend *be, const float *x, int64_t T, int64_t H, int64_t l,
+                    const int32_t *tap_ids, int n_taps, float *features);
 
 /* Layer ids the drafter taps by default (SPEC.md section 3): round(1 + i (N-4)/(n-1)). */
 void ddt_target_default_taps(int64_t target_layers, int64_t drafter_layers, int32_t *ids);

@@ -1,20 +1,28 @@
 /* target_qwen35.c: the Qwen3.5 / Qwen3.6 hybrid target (SPEC.md section 3.1): its tensor table
- * and loader. Not here yet: its forward and cache (the next step of issue 12), the dense
- * llama / qwen3 targets (target.c, whose table has no per-layer kinds).
+ * and loader, its prefill (taps and final hidden state of one sequence), and its place behind
+ * target.h's interface. Not here yet: its cache (decode and verify, the next step of issue 12),
+ * the dense llama / qwen3 targets (target.c, whose table has no per-layer kinds).
  *
  * One table of tensors (names without the prefix, shapes, where each pointer goes, whether the
  * zero-centred `1 +` is folded in) drives the allocation and the loading. Every problem of the
  * checkpoint is collected before failing, so one error names every missing or mis-shaped tensor.
- * Tested by tests/test_qwen35.c.
+ * The forward mirrors target.c's dense one: every product is the backend's matmul, every norm
+ * its rmsnorm on the folded weights, attention its causal_attention, the DeltaNet core its
+ * gated_delta; the few element-wise steps SPEC.md 3.1 adds (the q / gate split, the sigmoid
+ * gate, l2norm, beta and g) are host loops, as the dense forward's positions are: the CPU
+ * backend's memory is the host's (a GPU path needs them as ops).
+ * Tested by tests/test_qwen35.c and tests/qwen35_features_check.py.
  *
  * Legend: as target_qwen35.h.
  */
 #include "target_qwen35.h"
 #include "errors.h"
+#include "target.h"
 #include "safetensors.h"
 #include "tensor_load.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -212,4 +220,178 @@ void ddt_qwen35_free(ddt_qwen35 *t)
     if (t->weights)
         ddk_free(ddk_allocator_cpu(), t->weights, t->weight_bytes);
     t->weights = NULL;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * The forward
+ */
+
+enum { Q35_CHUNK = 64 };                        /* the DeltaNet core's chunk (SPEC.md 3.1) */
+static const float Q35_L2NORM_EPS = 1e-6f;      /* SPEC.md 3.1: inside l2norm's sqrt, not rms_norm_eps */
+static const float Q35_SOFTPLUS_LINEAR = 20.0f; /* softplus(x) = x above it (torch's threshold) */
+
+static float sigmoidf(float x)
+{
+    return 1.0f / (1.0f + expf(-x));
+}
+
+/* dst (T, heads, d) = l2norm(src's rows) * scale, src (T, ld) holding `heads` heads of d from col 0 */
+static void l2norm_heads(const float *src, int64_t ld, int64_t T, int64_t heads, int64_t d, float scale,
+                         float *dst)
+{
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t h = 0; h < heads; h++) {
+            const float *x = src + t * ld + h * d;
+            float *y = dst + (t * heads + h) * d, ss = 0.0f;
+            for (int64_t i = 0; i < d; i++)
+                ss += x[i] * x[i];
+            const float f = scale / sqrtf(ss + Q35_L2NORM_EPS);
+            for (int64_t i = 0; i < d; i++)
+                y[i] = x[i] * f;
+        }
+}
+
+/* x (T, H) += the gated attention of u (T, H); scratch of q35_full_floats */
+static int full_attention(const ddk_backend *be, const ddt_qwen35 *t, const ddt_qwen35_layer *L,
+                          const float *u, const int32_t *pos, int64_t T, float *scratch, float *x)
+{
+    const ddt_qwen35_config *c = &t->cfg;
+    const int64_t H = c->hidden, nh = c->heads, nkv = c->kv_heads, hd = c->head_dim, qd = nh * hd,
+                  kvd = nkv * hd;
+    float *G = scratch, *q = G + T * 2 * qd, *gate = q + T * qd, *k = gate + T * qd, *v = k + T * kvd,
+          *attn = v + T * kvd;   /* (T, nh, 2hd); (T, nh, hd) x 2; (T, nkv, hd) x 2; (T, nh, hd) */
+    be->matmul(be, 0, 1, T, 2 * qd, H, 1.0f, u, H, L->q_proj, H, 0.0f, G, 2 * qd);
+    be->matmul(be, 0, 1, T, kvd, H, 1.0f, u, H, L->k_proj, H, 0.0f, k, kvd);
+    be->matmul(be, 0, 1, T, kvd, H, 1.0f, u, H, L->v_proj, H, 0.0f, v, kvd);
+    for (int64_t r = 0; r < T * nh; r++) {   /* per head: hd query dims, then hd gate dims */
+        memcpy(q + r * hd, G + r * 2 * hd, (size_t)hd * sizeof(float));
+        memcpy(gate + r * hd, G + r * 2 * hd + hd, (size_t)hd * sizeof(float));
+    }
+    be->rmsnorm(be, q, L->q_norm, T * nh, hd, c->rms_norm_eps, q, NULL);    /* before RoPE */
+    be->rmsnorm(be, k, L->k_norm, T * nkv, hd, c->rms_norm_eps, k, NULL);
+    be->rope_partial(be, q, pos, T, nh, hd, c->rotary_dim, c->rope_theta);
+    be->rope_partial(be, k, pos, T, nkv, hd, c->rotary_dim, c->rope_theta);
+    ddk_attention_shape shape = { .S = T, .nh = nh, .nkv = nkv, .d = hd };
+    int rc = be->causal_attention(be, &shape, q, k, v, attn);
+    if (rc)
+        return rc;
+    for (int64_t i = 0; i < T * qd; i++)
+        attn[i] *= sigmoidf(gate[i]);
+    be->matmul(be, 0, 1, T, H, qd, 1.0f, attn, qd, L->o_proj, qd, 1.0f, x, H);   /* residual */
+    return 0;
+}
+
+/* x (T, H) += the Gated DeltaNet of u (T, H); scratch of q35_delta_floats */
+static int deltanet(const ddk_backend *be, const ddt_qwen35 *t, const ddt_qwen35_layer *L, const float *u,
+                    int64_t T, float *scratch, float *x)
+{
+    const ddt_qwen35_config *c = &t->cfg;
+    const int64_t H = c->hidden, nk = c->key_heads, nv = c->value_heads, dk = c->key_head_dim,
+                  dv = c->value_head_dim, Ck = nk * dk, Cv = nv * dv, Cc = 2 * Ck + Cv, K = c->conv_kernel;
+    float *qkv = scratch, *act = qkv + T * Cc, *qh = act + T * Cc, *kh = qh + T * Ck, *v = kh + T * Ck,
+          *z = v + T * Cv, *o = z + T * Cv, *beta = o + T * Cv, *g = beta + T * nv, *state = g + T * nv;
+    /* (T, Cc) x 2; (T, nk, dk) x 2; (T, nv, dv) x 3; (T, nv) x 2; (nv, dk, dv) */
+    be->matmul(be, 0, 1, T, Cc, H, 1.0f, u, H, L->in_proj_qkv, H, 0.0f, qkv, Cc);
+    be->matmul(be, 0, 1, T, Cv, H, 1.0f, u, H, L->in_proj_z, H, 0.0f, z, Cv);
+    be->matmul(be, 0, 1, T, nv, H, 1.0f, u, H, L->in_proj_b, H, 0.0f, beta, nv);
+    be->matmul(be, 0, 1, T, nv, H, 1.0f, u, H, L->in_proj_a, H, 0.0f, g, nv);
+    be->conv1d_silu(be, qkv, L->conv1d, NULL, T, Cc, K, act);   /* zero before t = 0 */
+    l2norm_heads(act, Cc, T, nk, dk, 1.0f / sqrtf((float)dk), qh);
+    l2norm_heads(act + Ck, Cc, T, nk, dk, 1.0f, kh);
+    for (int64_t r = 0; r < T; r++)
+        memcpy(v + r * Cv, act + r * Cc + 2 * Ck, (size_t)Cv * sizeof(float));
+    for (int64_t r = 0; r < T; r++)
+        for (int64_t j = 0; j < nv; j++) {
+            float *b = &beta[r * nv + j], *a = &g[r * nv + j], s = *a + L->dt_bias[j];
+            *b = sigmoidf(*b);
+            *a = -expf(L->A_log[j]) * (s > Q35_SOFTPLUS_LINEAR ? s : log1pf(expf(s)));   /* log decay <= 0 */
+        }
+    be->zero(be, state, (size_t)(nv * dk * dv) * sizeof(float));
+    ddk_delta_shape shape = { .T = T, .nk = nk, .nv = nv, .dk = dk, .dv = dv, .chunk = Q35_CHUNK };
+    int rc = be->gated_delta(be, &shape, qh, kh, v, beta, g, state, o);
+    if (rc)
+        return rc;
+    be->gated_rmsnorm(be, o, z, L->norm, T * nv, dv, c->rms_norm_eps, o);
+    be->matmul(be, 0, 1, T, H, Cv, 1.0f, o, Cv, L->out_proj, Cv, 1.0f, x, H);   /* residual */
+    return 0;
+}
+
+int ddt_qwen35_forward(const ddk_backend *be, const ddt_qwen35 *t, const int32_t *tokens, int64_t T,
+                       const int32_t *tap_ids, int n_taps, float *features, float *final_hidden)
+{
+    const ddt_qwen35_config *c = &t->cfg;
+    const int64_t H = c->hidden, I = c->intermediate, qd = c->heads * c->head_dim,
+                  kvd = c->kv_heads * c->head_dim, nv = c->value_heads, Ck = c->key_heads * c->key_head_dim,
+                  Cv = nv * c->value_head_dim, Cc = 2 * Ck + Cv;
+    for (int i = 0; i < n_taps; i++)
+        if (tap_ids[i] < 0 || tap_ids[i] >= c->layers)
+            return -EINVAL;
+    if (!be->conv1d_silu || !be->gated_rmsnorm || !be->rope_partial || !be->gated_delta)
+        return -ENOTSUP;
+
+    /* x, u (T, H); then one area the mixer and the MLP take in turn: the largest of the full
+     * attention's, the DeltaNet's (its state included) and the MLP's (gate, up (T, I)); pos (T) */
+    const int64_t full = T * (5 * qd + 2 * kvd), delta = T * (2 * Cc + 2 * Ck + 3 * Cv + 2 * nv) +
+                         nv * c->key_head_dim * c->value_head_dim, mlp = 2 * T * I;
+    const int64_t area = full > delta ? (full > mlp ? full : mlp) : (delta > mlp ? delta : mlp);
+    const size_t bytes = (size_t)(2 * T * H + area) * sizeof(float) + (size_t)T * sizeof(int32_t);
+    float *x = ddk_malloc(be->alloc, bytes);
+    if (!x)
+        return -ENOMEM;
+    float *u = x + T * H, *scratch = u + T * H, *gate = scratch, *up = gate + T * I;
+    int32_t *pos = (int32_t *)(scratch + area);
+    for (int64_t i = 0; i < T; i++)
+        pos[i] = (int32_t)i;
+
+    be->embedding(be, t->embed_tokens, tokens, T, H, x);
+    int rc = 0;
+    for (int64_t l = 0; l < c->layers && rc == 0; l++) {
+        const ddt_qwen35_layer *L = &t->layer[l];
+        be->rmsnorm(be, x, L->input_layernorm, T, H, c->rms_norm_eps, u, NULL);
+        rc = c->full_attention[l] ? full_attention(be, t, L, u, pos, T, scratch, x)
+                                  : deltanet(be, t, L, u, T, scratch, x);
+        if (rc)
+            break;
+        be->rmsnorm(be, x, L->post_attention_layernorm, T, H, c->rms_norm_eps, u, NULL);
+        ddt_target_mlp(be, u, L->gate_proj, L->up_proj, L->down_proj, T, H, I, gate, up, x);
+        ddt_target_tap(be, x, T, H, l, tap_ids, n_taps, features);
+    }
+    if (rc == 0 && final_hidden)
+        be->rmsnorm(be, x, t->norm, T, H, c->rms_norm_eps, final_hidden, NULL);
+    ddk_free(be->alloc, x, bytes);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Behind target.h's interface
+ */
+
+static int q35_prefill(const ddk_backend *be, const ddt_target_model *m, const int32_t *tokens, int64_t T,
+                       const int32_t *tap_ids, int n_taps, float *features, float *final_hidden)
+{
+    return ddt_qwen35_forward(be, m->impl, tokens, T, tap_ids, n_taps, features, final_hidden);
+}
+
+static void q35_free(ddt_target_model *m)
+{
+    ddt_qwen35_free(m->impl);
+    free(m->impl);
+}
+
+static const ddt_target_ops q35_ops = { .name = "qwen3_5", .prefill = q35_prefill, .free = q35_free };
+
+int ddt_qwen35_open(const char *dir, ddt_target_model *m, char *err, size_t err_len)
+{
+    memset(m, 0, sizeof *m);
+    ddt_qwen35 *t = malloc(sizeof *t);
+    if (!t)
+        return ddt_fail(err, err_len, -ENOMEM, "no memory for the target");
+    int rc = ddt_qwen35_load(dir, t, err, err_len);
+    if (rc) {
+        free(t);
+        return rc;
+    }
+    *m = (ddt_target_model){ &q35_ops, "qwen3_5", t->cfg.hidden, t->cfg.vocab, t->cfg.layers,
+                             t->cfg.tie_word_embeddings, t->embed_tokens, t->lm_head, t };
+    return 0;
 }

@@ -5,7 +5,10 @@
  * model.visual.* are ignored. The zero-centred norms' `1 +` is folded into the stored weights
  * at load, so every norm here is a plain `x / rms(x) * w` (the DeltaNet output norm is plain in
  * the checkpoint already and is stored as it is).
- * Tested by tests/test_qwen35.c (the three shared variants, malformed checkpoints).
+ * Its prefill (one sequence from position 0: the taps, the final-normed hidden state) is the
+ * second implementation of target.h's interface, which ddt_qwen35_open returns.
+ * Tested by tests/test_qwen35.c (the three shared variants, malformed checkpoints) and
+ * tests/qwen35_features_check.py (`ddtreed features` against tests/oracle/qwen35.py, float64).
  *
  * Legend: T tokens, H hidden, V vocabulary, L layers, I intermediate; full attention: nh / nkv
  * heads of hd dims; DeltaNet: nk key heads of dk, nv value heads of dv, Ck = nk dk, Cv = nv dv,
@@ -54,5 +57,16 @@ typedef struct ddt_qwen35 {
  * that name). Nothing is left allocated on failure. */
 int ddt_qwen35_load(const char *dir, ddt_qwen35 *t, char *err, size_t err_len);
 void ddt_qwen35_free(ddt_qwen35 *t);
+
+/* One sequence from position 0 (SPEC.md 3.1's forward, the DeltaNet core chunked): tokens (T) in
+ * [0, V); features (T, n_taps*H) the residual stream after layers tap_ids in that order, or
+ * NULL; final_hidden (T, H) after the final norm, or NULL. fp32 throughout. 0, -EINVAL (a tap
+ * id out of range), -ENOMEM, or -ENOTSUP (a backend without the Qwen3.5 ops: CUDA for now). */
+int ddt_qwen35_forward(const ddk_backend *be, const ddt_qwen35 *t, const int32_t *tokens, int64_t T,
+                       const int32_t *tap_ids, int n_taps, float *features, float *final_hidden);
+
+/* DIR loaded (ddt_qwen35_load) behind target.h's interface, which then owns it */
+struct ddt_target_model;
+int ddt_qwen35_open(const char *dir, struct ddt_target_model *m, char *err, size_t err_len);
 
 #endif
