@@ -5,9 +5,16 @@
  * made here from the text-only one: each refused with a message naming the file, the tensor or
  * the field.
  *
+ * Then the decoding cache (target.h's ddt_target_cache over target_qwen35.c) on the text-only
+ * variant: a prefill of a prefix then token-by-token decode gives the taps, final hidden state
+ * and logits of one prefill of the whole sequence; a verify block rolled back to any accepted
+ * count (0 .. B) then decoding gives what a fresh prefill of the kept tokens gives.
+ *
  * What would be false if the code were wrong: the three variants load to the same float32
  * weights bit for bit (they are one model on the bf16 grid); the zero-centred norms hold 1 + w
- * and the DeltaNet output norm w as stored; config fields and their SPEC fallbacks.
+ * and the DeltaNet output norm w as stored; config fields and their SPEC fallbacks; a cache
+ * that lost a conv window row, a state or a key (or kept a rejected one) differs far beyond
+ * float32 rounding.
  *
  * The model directory is argv[1], else DDTREE_QWEN35_TINY (the build's ../shared path);
  * without it the test prints "skipped" and exits 77.
@@ -15,6 +22,7 @@
 #include "check.h"
 #include "model_config.h"
 #include "safetensors.h"
+#include "target.h"
 #include "target_qwen35.h"
 
 #include <cjson/cJSON.h>
@@ -381,6 +389,168 @@ static void case_qwen3_next(void)
                                                "a Qwen3-Next layout, not Qwen3.5's", NULL });
 }
 
+/* ------------------------------------------------------------------------------------------
+ * The cache: extend, decode, verify, rollback against fresh prefills (text-only variant)
+ */
+
+/* Prefill's and the cache's rows differ by float32 rounding only: the DeltaNet core's chunked
+ * form against its recurrence (another order of sums), a BLAS product of T rows against one, the
+ * cached attention's plain loop against causal_attention: ~1e-6 seen, 1e-5 allowed. */
+static const double CACHE_TOL = 1e-5;
+enum { CACHE_T = 80, CACHE_TAPS = 3, CACHE_BLOCK = 5 };   /* T crosses the 64-token chunk */
+static const int32_t cache_taps[CACHE_TAPS] = { 0, 3, 6 };
+
+/* a fixed token sequence in [0, V) */
+static void cache_tokens(int64_t V, int32_t *tokens, int64_t T)
+{
+    for (int64_t i = 0; i < T; i++)
+        tokens[i] = (int32_t)((i * 131 + 7 * (i % 5) + 3) % V);
+}
+
+/* max |got - want| / max |want| over n floats */
+static double rel_error(const float *got, const float *want, int64_t n)
+{
+    double d = 0.0, m = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        d = fmax(d, fabs((double)got[i] - want[i]));
+        m = fmax(m, fabs((double)want[i]));
+    }
+    return m > 0.0 ? d / m : d;
+}
+
+/* the outputs of T rows: taps (T, n_taps H), final (T, H), logits (T, V) */
+typedef struct rows_out {
+    float *features, *final, *logits;
+} rows_out;
+
+static rows_out rows_alloc(const ddt_target_model *m, int64_t T)
+{
+    return (rows_out){ xcalloc((size_t)(T * CACHE_TAPS * m->hidden), sizeof(float)),
+                       xcalloc((size_t)(T * m->hidden), sizeof(float)),
+                       xcalloc((size_t)(T * m->vocab), sizeof(float)) };
+}
+
+static void rows_free(rows_out *r)
+{
+    free(r->features), free(r->final), free(r->logits);
+}
+
+/* a fresh prefill of tokens (T) */
+static rows_out fresh_prefill(const ddt_target_model *m, const int32_t *tokens, int64_t T)
+{
+    rows_out r = rows_alloc(m, T);
+    int rc = ddt_target_prefill(ddk_backend_cpu(), m, tokens, T, cache_taps, CACHE_TAPS, r.features, r.final,
+                                r.logits);
+    check(rc == 0, "prefill of %lld tokens: %d", (long long)T, rc);
+    return r;
+}
+
+/* row i of got against row j of want; the worst error into *worst */
+static void check_row(const ddt_target_model *m, const rows_out *got, int64_t i, const rows_out *want, int64_t j,
+                      const char *what, double *worst)
+{
+    const int64_t H = m->hidden, V = m->vocab, F = CACHE_TAPS * H;
+    const double e[3] = { rel_error(got->features + i * F, want->features + j * F, F),
+                          rel_error(got->final + i * H, want->final + j * H, H),
+                          rel_error(got->logits + i * V, want->logits + j * V, V) };
+    for (int k = 0; k < 3; k++) {
+        check(e[k] <= CACHE_TOL, "%s, position %lld: %s differ by %.3g (max |d| / max |ref|)", what, (long long)j,
+              (const char *[]){ "taps", "final hidden", "logits" }[k], e[k]);
+        *worst = fmax(*worst, e[k]);
+    }
+}
+
+static ddt_target_model cache_model;
+static int cache_model_ok;
+
+static void open_cache_model(void)
+{
+    char err[4096];
+    int rc = ddt_target_open(variant_dir[2], &cache_model, err, sizeof err);
+    check(rc == 0, "open %s: %s", variant_dir[2], err);
+    cache_model_ok = rc == 0;
+}
+
+static void case_cache_decode(void)
+{
+    open_cache_model();
+    if (!cache_model_ok)
+        return;
+    const ddt_target_model *m = &cache_model;
+    int32_t tokens[CACHE_T];
+    cache_tokens(m->vocab, tokens, CACHE_T);
+    rows_out want = fresh_prefill(m, tokens, CACHE_T), got = rows_alloc(m, CACHE_T);
+    const int64_t H = m->hidden, V = m->vocab, F = CACHE_TAPS * H, P = 67;
+    ddt_target_cache c;
+    char err[512];
+    int rc = ddt_target_cache_open(ddk_backend_cpu(), m, CACHE_T, CACHE_BLOCK, &c, err, sizeof err);
+    check(rc == 0, "cache: %s", err);
+    rc = rc ? rc : ddt_target_extend(&c, tokens, P, cache_taps, CACHE_TAPS, got.features, got.final, got.logits);
+    for (int64_t t = P; rc == 0 && t < CACHE_T; t++)
+        rc = ddt_target_decode(&c, tokens[t], cache_taps, CACHE_TAPS, got.features + t * F, got.final + t * H,
+                               got.logits + t * V);
+    check(rc == 0 && c.len == CACHE_T, "extend / decode: %d, len %lld", rc, (long long)c.len);
+    double worst = 0.0;
+    for (int64_t t = 0; rc == 0 && t < CACHE_T; t++)
+        check_row(m, &got, t, &want, t, "prefill 67 + decode", &worst);
+    printf("  prefill of %d == prefill of %lld + decode: max error %.3g\n", CACHE_T, (long long)P, worst);
+    check(ddt_target_decode(&c, tokens[0], NULL, 0, NULL, got.final, NULL) == -EINVAL, "decode past max_len");
+    ddt_target_cache_close(&c);
+    rows_free(&want), rows_free(&got);
+}
+
+/* verify B after a prefix of P, rollback to a, decode the next == a fresh prefill of P + a + 1 */
+static void case_cache_verify(void)
+{
+    if (!cache_model_ok)
+        return;
+    const ddt_target_model *m = &cache_model;
+    const int64_t P = 10, B = CACHE_BLOCK, V = m->vocab;
+    int32_t tokens[CACHE_T], draft[CACHE_BLOCK];
+    cache_tokens(m->vocab, tokens, CACHE_T);
+    for (int64_t i = 0; i < B; i++)   /* a draft: the sequence's next tokens, the later ones wrong */
+        draft[i] = i < 2 ? tokens[P + i] : (int32_t)((tokens[P + i] + 1) % V);
+    char err[512];
+    double worst = 0.0;
+    for (int64_t a = 0; a <= B; a++) {
+        ddt_target_cache c;
+        rows_out block = rows_alloc(m, B), next = rows_alloc(m, P);   /* P: the prefix's final rows first */
+        int rc = ddt_target_cache_open(ddk_backend_cpu(), m, CACHE_T, B, &c, err, sizeof err);
+        check(rc == 0, "cache: %s", err);
+        rc = rc ? rc : ddt_target_extend(&c, tokens, P, NULL, 0, NULL, next.final, NULL);
+        rc = rc ? rc : ddt_target_verify(&c, draft, B, cache_taps, CACHE_TAPS, block.features, block.final,
+                                         block.logits);
+        check(rc == 0 && c.pending == B, "verify: %d", rc);
+        check(ddt_target_decode(&c, 0, NULL, 0, NULL, next.final, NULL) == -EINVAL, "decode before rollback");
+        rc = rc ? rc : ddt_target_rollback(&c, a);
+        check(rc == 0 && c.len == P + a && c.pending == 0, "rollback to %lld: %d", (long long)a, rc);
+        check(ddt_target_rollback(&c, 0) == -EINVAL, "a second rollback");
+        /* the fed sequence: the prefix, the a accepted, then the sequence's own next token */
+        int32_t fed[CACHE_T];
+        memcpy(fed, tokens, (size_t)P * sizeof *fed);
+        memcpy(fed + P, draft, (size_t)a * sizeof *fed);
+        fed[P + a] = (int32_t)((tokens[P + a] + 5) % V);
+        rc = rc ? rc : ddt_target_decode(&c, fed[P + a], cache_taps, CACHE_TAPS, next.features, next.final,
+                                         next.logits);
+        int32_t whole[CACHE_T];
+        memcpy(whole, tokens, (size_t)P * sizeof *whole);
+        memcpy(whole + P, draft, (size_t)B * sizeof *whole);
+        rows_out want_block = fresh_prefill(m, whole, P + B);
+        rows_out want = fresh_prefill(m, fed, P + a + 1);
+        char what[64];
+        snprintf(what, sizeof what, "verify %lld, rollback to %lld", (long long)B, (long long)a);
+        for (int64_t i = 0; rc == 0 && i < B; i++)
+            check_row(m, &block, i, &want_block, P + i, what, &worst);
+        if (rc == 0)
+            check_row(m, &next, 0, &want, P + a, what, &worst);
+        check(rc == 0, "%s: %d", what, rc);
+        rows_free(&want), rows_free(&want_block), rows_free(&block), rows_free(&next);
+        ddt_target_cache_close(&c);
+    }
+    printf("  verify %lld after %lld, rollback to 0..%lld, decode == fresh prefill: max error %.3g\n",
+           (long long)B, (long long)P, (long long)B, worst);
+}
+
 int main(int argc, char **argv)
 {
     tiny = argc > 1 ? argv[1] : DDTREE_QWEN35_TINY;
@@ -407,10 +577,13 @@ int main(int argc, char **argv)
         { "refused: two problems, both named", case_every_problem },
         { "refused: an index naming a missing shard", case_index_missing_shard },
         { "refused: Qwen3-Next's in_proj_qkvz", case_qwen3_next },
+        { "cache: prefill == prefill of a prefix + decode (taps, final, logits)", case_cache_decode },
+        { "cache: verify, rollback to 0 .. B, decode == fresh prefill", case_cache_verify },
     };
     run_cases(cases, sizeof cases / sizeof cases[0]);
     for (int v = 0; v < 3; v++)
         ddt_qwen35_free(&loaded[v]);
+    ddt_target_close(&cache_model);
     remove_tree(scratch);
     return cases_summary();
 }

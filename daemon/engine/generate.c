@@ -6,6 +6,8 @@
  * (one query row against the cached keys) and the softmax exp are plain C in 8-wide vectors:
  * on stories260K (64 x 256 tokens, temperature 1, one core) that took generation from 3.4k
  * tokens/s (BLAS sgemm with m = 1, libm expf) to 23k tokens/s.
+ * Any other target (qwen3_5) generates through target.h's cache (ddt_target_extend, prefill
+ * and decode steps alike) with the same sampling.
  * Not here: batching sequences, the full-sequence features (ddt_target_forward computes them
  * once the tokens exist). Tested by tests/test_source.c.
  *
@@ -72,6 +74,7 @@ int ddt_generator_init(ddt_generator *g, const ddk_backend *be, const ddt_target
     }
     g->be = be;
     g->t = t;
+    g->hidden_size = H, g->vocab = V, g->lm_head = t->lm_head;
     g->max_len = max_len;
     g->cache = g->block;
     g->x = g->cache + 2 * c->layers * max_len * kvd;
@@ -89,10 +92,40 @@ int ddt_generator_init(ddt_generator *g, const ddk_backend *be, const ddt_target
     return 0;
 }
 
+int ddt_generator_open(ddt_generator *g, const ddk_backend *be, const ddt_target_model *m, int64_t max_len,
+                       char *err, size_t err_len)
+{
+    if (ddt_target_dense(m))
+        return ddt_generator_init(g, be, ddt_target_dense(m), max_len, err, err_len);
+    memset(g, 0, sizeof *g);
+    const int64_t H = m->hidden, V = m->vocab, C = PREFILL_ROWS;
+    int rc = ddt_target_cache_open(be, m, max_len, 1, &g->tc, err, err_len);
+    if (rc)
+        return rc;
+    /* floats: hidden (C, H), logits, probs; then candidates */
+    g->block_bytes = (size_t)(C * H + 2 * V) * sizeof(float) + (size_t)V * sizeof(candidate);
+    g->block = ddk_malloc(be->alloc, g->block_bytes);
+    if (!g->block) {
+        ddt_target_cache_close(&g->tc);
+        snprintf(err, err_len, "generator: no memory for its workspace (%.1f MB)", g->block_bytes / 1e6);
+        return -ENOMEM;
+    }
+    g->be = be;
+    g->hidden_size = H, g->vocab = V, g->lm_head = m->lm_head;
+    g->max_len = max_len;
+    g->hidden = g->block;
+    g->logits = g->hidden + C * H;
+    g->probs = g->logits + V;
+    g->candidates = g->probs + V;
+    return 0;
+}
+
 void ddt_generator_free(ddt_generator *g)
 {
     if (g->block)
         ddk_free(g->be->alloc, g->block, g->block_bytes);
+    if (g->tc.impl)
+        ddt_target_cache_close(&g->tc);
     memset(g, 0, sizeof *g);
 }
 
@@ -264,6 +297,15 @@ static void forward_rows(ddt_generator *g, const int32_t *tokens, int64_t p0, in
     be->rmsnorm(be, x, t->norm, n, H, c->rms_norm_eps, hidden, NULL);
 }
 
+/* forward_rows for the dense target, the cache's extend for any other */
+static int feed_rows(ddt_generator *g, const int32_t *tokens, int64_t p0, int64_t n, float *hidden)
+{
+    if (!g->t)
+        return ddt_target_extend(&g->tc, tokens, n, NULL, 0, NULL, hidden, NULL);
+    forward_rows(g, tokens, p0, n, hidden);
+    return 0;
+}
+
 /* ------------------------------------------------------------------------------------------
  * Sampling
  */
@@ -289,7 +331,7 @@ static int32_t argmax(const float *logits, int64_t V)
 /* the next token from g->logits (V) */
 static int32_t sample(ddt_generator *g, const ddt_generate_params *p, uint64_t *rng)
 {
-    const int64_t V = g->t->cfg.vocab;
+    const int64_t V = g->vocab;
     const float *z = g->logits;
     const int32_t best = argmax(z, V);
     if (p->temperature <= 0.0f)
@@ -350,7 +392,7 @@ int ddt_generate(ddt_generator *g, const ddt_generate_params *p, uint64_t seed,
                  const int32_t *prompt, int64_t P, int64_t S, int32_t *tokens, float *hidden)
 {
     const ddk_backend *be = g->be;
-    const int64_t H = g->t->cfg.hidden, V = g->t->cfg.vocab;
+    const int64_t H = g->hidden_size, V = g->vocab;
     if (!prompt)
         P = 0;
     if (S < 1 || S > g->max_len || P < 0 || P > S || !(p->temperature >= 0.0f) ||
@@ -368,20 +410,25 @@ int ddt_generate(ddt_generator *g, const ddt_generate_params *p, uint64_t seed,
 
     /* prefill: C rows at a time */
     const float *last = NULL;   /* (H) the hidden state of the newest position */
+    ddt_target_cache_reset(&g->tc);
     for (int64_t p0 = 0; p0 < known; p0 += PREFILL_ROWS) {
         const int64_t n = known - p0 < PREFILL_ROWS ? known - p0 : PREFILL_ROWS;
         float *out = hidden ? hidden + p0 * H : g->hidden;
-        forward_rows(g, tokens + p0, p0, n, out);
+        int rc = feed_rows(g, tokens + p0, p0, n, out);
+        if (rc)
+            return rc;
         last = out + (n - 1) * H;
     }
     /* decode: sample position t from the hidden state of t-1, then feed it (the last one only
      * when its hidden state is wanted) */
     for (int64_t t = known; t < S; t++) {
-        linear(be, 1, V, H, last, g->t->lm_head, 0, g->logits);
+        linear(be, 1, V, H, last, g->lm_head, 0, g->logits);
         tokens[t] = sample(g, p, &rng);
         if (t + 1 < S || hidden) {
             float *out = hidden ? hidden + t * H : g->hidden;
-            forward_rows(g, tokens + t, t, 1, out);
+            int rc = feed_rows(g, tokens + t, t, 1, out);
+            if (rc)
+                return rc;
             last = out;
         }
     }

@@ -38,9 +38,11 @@ typedef struct ddt_generate_params {
  * logits). One generator per thread; the target is only read, so generators may share it. */
 typedef struct ddt_generator {
     const ddk_backend *be;
-    const ddt_target *t;
-    int64_t max_len;
-    float *cache;          /* per layer: keys (max_len, nkv*d) then values (max_len, nkv*d) */
+    const ddt_target *t;   /* the dense target (its own KV cache below), or NULL: */
+    ddt_target_cache tc;   /* any other target's cache, through target.h's interface */
+    int64_t hidden_size, vocab, max_len;
+    const float *lm_head;  /* (V, H) */
+    float *cache;          /* per layer: keys (max_len, nkv*d) then values (max_len, nkv*d); dense only */
     float *x, *u;          /* (C, H) residual stream, normed input */
     float *q, *attn;       /* (C, nh*d) */
     float *gate, *up;      /* (C, I) */
@@ -56,6 +58,10 @@ typedef struct ddt_generator {
 /* 0, -EINVAL (max_len < 1, or a head_dim the RoPE op refuses) or -ENOMEM, with err. */
 int ddt_generator_init(ddt_generator *g, const ddk_backend *be, const ddt_target *t,
                        int64_t max_len, char *err, size_t err_len);
+/* A generator for any target: ddt_generator_init for the dense one, else the target's cache
+ * (ddt_target_cache_open; -ENOTSUP, with err, for a target that has none). Same sampling. */
+int ddt_generator_open(ddt_generator *g, const ddk_backend *be, const ddt_target_model *m, int64_t max_len,
+                       char *err, size_t err_len);
 void ddt_generator_free(ddt_generator *g);
 
 /* tokens (S): prompt (P tokens, P <= S; prompt NULL or P = 0: the first token drawn uniformly

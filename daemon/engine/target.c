@@ -451,6 +451,91 @@ int ddt_target_prefill(const ddk_backend *be, const ddt_target_model *m, const i
     return rc;
 }
 
+/* ------------------------------------------------------------------------------------------
+ * The cache, through the interface
+ */
+
+int ddt_target_cache_open(const ddk_backend *be, const ddt_target_model *m, int64_t max_len, int64_t max_block,
+                          ddt_target_cache *c, char *err, size_t err_len)
+{
+    memset(c, 0, sizeof *c);
+    if (!m->ops->cache_open)
+        return ddt_fail(err, err_len, -ENOTSUP, "a %s target has no decoding cache behind the target interface",
+                        m->model_type);
+    if (max_len < 1 || max_block < 1)
+        return ddt_fail(err, err_len, -EINVAL, "target cache: max_len %lld and max_block %lld must be >= 1",
+                        (long long)max_len, (long long)max_block);
+    int rc = m->ops->cache_open(be, m, max_len, max_block, &c->impl);
+    if (rc)
+        return ddt_fail(err, err_len, rc, "target cache of %lld positions: %s", (long long)max_len, strerror(-rc));
+    c->be = be, c->m = m, c->max_len = max_len, c->max_block = max_block;
+    return 0;
+}
+
+void ddt_target_cache_close(ddt_target_cache *c)
+{
+    if (c->impl)
+        c->m->ops->cache_close(c->be, c->m, c->impl);
+    memset(c, 0, sizeof *c);
+}
+
+void ddt_target_cache_reset(ddt_target_cache *c)
+{
+    c->len = c->pending = 0;
+}
+
+/* logits (n, V) of final_hidden (n, H) */
+static void cache_logits(const ddt_target_cache *c, const float *final_hidden, int64_t n, float *logits)
+{
+    const ddt_target_model *m = c->m;
+    c->be->matmul(c->be, 0, 1, n, m->vocab, m->hidden, 1.0f, final_hidden, m->hidden, m->lm_head, m->hidden, 0.0f,
+                  logits, m->vocab);
+}
+
+int ddt_target_extend(ddt_target_cache *c, const int32_t *tokens, int64_t n, const int32_t *tap_ids, int n_taps,
+                      float *features, float *final_hidden, float *logits)
+{
+    if (c->pending || n < 1 || c->len + n > c->max_len || (logits && !final_hidden))
+        return -EINVAL;
+    int rc = c->m->ops->extend(c->be, c->m, c->impl, c->len, tokens, n, tap_ids, n_taps, features, final_hidden);
+    if (rc)
+        return rc;
+    c->len += n;
+    if (logits)
+        cache_logits(c, final_hidden, n, logits);
+    return 0;
+}
+
+int ddt_target_decode(ddt_target_cache *c, int32_t token, const int32_t *tap_ids, int n_taps, float *features,
+                      float *final_hidden, float *logits)
+{
+    return ddt_target_extend(c, &token, 1, tap_ids, n_taps, features, final_hidden, logits);
+}
+
+int ddt_target_verify(ddt_target_cache *c, const int32_t *tokens, int64_t B, const int32_t *tap_ids, int n_taps,
+                      float *features, float *final_hidden, float *logits)
+{
+    if (c->pending || B < 1 || B > c->max_block || c->len + B > c->max_len || (logits && !final_hidden))
+        return -EINVAL;
+    int rc = c->m->ops->verify(c->be, c->m, c->impl, c->len, tokens, B, tap_ids, n_taps, features, final_hidden);
+    if (rc)
+        return rc;
+    c->pending = B;
+    if (logits)
+        cache_logits(c, final_hidden, B, logits);
+    return 0;
+}
+
+int ddt_target_rollback(ddt_target_cache *c, int64_t accepted)
+{
+    if (!c->pending || accepted < 0 || accepted > c->pending)
+        return -EINVAL;
+    c->m->ops->rollback(c->m, c->impl, c->len, accepted);
+    c->len += accepted;
+    c->pending = 0;
+    return 0;
+}
+
 const ddt_target *ddt_target_dense(const ddt_target_model *m)
 {
     return m->ops == &dense_ops ? m->impl : NULL;

@@ -81,8 +81,22 @@ typedef struct ddt_target_ops {
     int (*prefill)(const ddk_backend *be, const ddt_target_model *m, const int32_t *tokens, int64_t T,
                    const int32_t *tap_ids, int n_taps, float *features, float *final_hidden);
     void (*free)(ddt_target_model *m);
-    /* Next (issue 12): decode and verify with a cache (generation and speculative verification
-     * of any target); until then generation needs the dense target (ddt_target_dense). */
+    /* The cache (SPEC.md 3.1 'Decoding with a cache'), through ddt_target_cache below; NULL where
+     * an implementation has none. The dense target's are NULL: its KV-cache decode is
+     * generate.c's own (ddt_target_dense), which has no taps and no verify yet.
+     * cache_open: a cache for max_len positions and verify blocks of up to max_block tokens.
+     * extend: n tokens at positions p0 .. p0+n-1 committed to the cache (a prefill: p0 = 0, or a
+     * decode step: n = 1). verify: B tokens at p0 .. p0+B-1 fed but pending, until rollback
+     * keeps `accepted` of them (0 .. B) as if only those had been fed. The outputs, per fed row,
+     * are prefill's. */
+    int (*cache_open)(const ddk_backend *be, const ddt_target_model *m, int64_t max_len, int64_t max_block,
+                      void **cache);
+    void (*cache_close)(const ddk_backend *be, const ddt_target_model *m, void *cache);
+    int (*extend)(const ddk_backend *be, const ddt_target_model *m, void *cache, int64_t p0, const int32_t *tokens,
+                  int64_t n, const int32_t *tap_ids, int n_taps, float *features, float *final_hidden);
+    int (*verify)(const ddk_backend *be, const ddt_target_model *m, void *cache, int64_t p0, const int32_t *tokens,
+                  int64_t B, const int32_t *tap_ids, int n_taps, float *features, float *final_hidden);
+    void (*rollback)(const ddt_target_model *m, void *cache, int64_t p0, int64_t accepted);
 } ddt_target_ops;
 
 struct ddt_target_model {
@@ -106,6 +120,39 @@ void ddt_target_close(ddt_target_model *m);
 int ddt_target_prefill(const ddk_backend *be, const ddt_target_model *m, const int32_t *tokens, int64_t T,
                        const int32_t *tap_ids, int n_taps, float *features, float *final_hidden,
                        float *logits);
+/* One sequence's cache of m (its ops' cache_open, ...): len positions committed, and pending
+ * tokens of a verify block after them until ddt_target_rollback. The outputs of extend, decode
+ * and verify are per fed row, as ddt_target_prefill's (logits then needs final_hidden). */
+typedef struct ddt_target_cache {
+    const ddk_backend *be;
+    const ddt_target_model *m;
+    void *impl;
+    int64_t max_len, max_block;
+    int64_t len;       /* positions committed */
+    int64_t pending;   /* tokens of the last verify block, 0 after rollback */
+} ddt_target_cache;
+
+/* 0, -ENOTSUP (m has no cache: the dense target, for now), -EINVAL (max_len or max_block < 1)
+ * or -ENOMEM, with err. */
+int ddt_target_cache_open(const ddk_backend *be, const ddt_target_model *m, int64_t max_len, int64_t max_block,
+                          ddt_target_cache *c, char *err, size_t err_len);
+void ddt_target_cache_close(ddt_target_cache *c);
+/* empties the cache (a new sequence), keeping its memory */
+void ddt_target_cache_reset(ddt_target_cache *c);
+/* n tokens committed after the cache's len (a prefill when it is empty). 0, or -EINVAL (a pending
+ * verify block, len + n > max_len, n < 1), or the implementation's error. */
+int ddt_target_extend(ddt_target_cache *c, const int32_t *tokens, int64_t n, const int32_t *tap_ids, int n_taps,
+                      float *features, float *final_hidden, float *logits);
+/* one token at position len: ddt_target_extend of n = 1 */
+int ddt_target_decode(ddt_target_cache *c, int32_t token, const int32_t *tap_ids, int n_taps, float *features,
+                      float *final_hidden, float *logits);
+/* B tokens after len, pending (B <= max_block); -EINVAL as extend's, or B > max_block */
+int ddt_target_verify(ddt_target_cache *c, const int32_t *tokens, int64_t B, const int32_t *tap_ids, int n_taps,
+                      float *features, float *final_hidden, float *logits);
+/* keeps accepted (0 .. pending) of the verify block: the cache as if only they had been fed.
+ * -EINVAL without a pending block or accepted outside 0 .. pending. */
+int ddt_target_rollback(ddt_target_cache *c, int64_t accepted);
+
 /* the dense target behind m, or NULL (the generator's KV-cache decode needs it, for now) */
 const ddt_target *ddt_target_dense(const ddt_target_model *m);
 /* hidden size, vocabulary, layers and tie of DIR/config.json, any model_type ddt_target_open

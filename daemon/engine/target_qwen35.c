@@ -1,7 +1,8 @@
 /* target_qwen35.c: the Qwen3.5 / Qwen3.6 hybrid target (SPEC.md section 3.1): its tensor table
- * and loader, its prefill (taps and final hidden state of one sequence), and its place behind
- * target.h's interface. Not here yet: its cache (decode and verify, the next step of issue 12),
- * the dense llama / qwen3 targets (target.c, whose table has no per-layer kinds).
+ * and loader, its forward (taps and final hidden state of one sequence, or of rows after a
+ * cache), its decoding cache (SPEC.md 3.1 'Decoding with a cache': extend, verify, rollback)
+ * and its place behind target.h's interface. Not here: the dense llama / qwen3 targets
+ * (target.c, whose table has no per-layer kinds).
  *
  * One table of tensors (names without the prefix, shapes, where each pointer goes, whether the
  * zero-centred `1 +` is folded in) drives the allocation and the loading. Every problem of the
@@ -251,9 +252,60 @@ static void l2norm_heads(const float *src, int64_t ld, int64_t T, int64_t heads,
         }
 }
 
-/* x (T, H) += the gated attention of u (T, H); scratch of q35_full_floats */
+/* The cache of one sequence: one allocation, carved per layer. A verify block of B rows keeps,
+ * per DeltaNet layer, its B pre-convolution qkv rows and the state after each of its positions,
+ * so a rollback to any accepted count is two copies; the attention rows past the accepted ones
+ * are simply overwritten later (truncation). */
+typedef struct q35_cache {
+    int64_t max_len, max_block;
+    float *conv[DDT_MAX_TARGET_LAYERS];          /* DeltaNet: (K-1, Cc) the last pre-conv qkv rows, oldest first */
+    float *state[DDT_MAX_TARGET_LAYERS];         /* DeltaNet: (nv, dk, dv) after the committed positions */
+    float *block_qkv[DDT_MAX_TARGET_LAYERS];     /* DeltaNet: (max_block, Cc) the verify block's qkv rows */
+    float *block_state[DDT_MAX_TARGET_LAYERS];   /* DeltaNet: (max_block, nv, dk, dv) the state after each */
+    float *keys[DDT_MAX_TARGET_LAYERS];          /* attention: (max_len, nkv hd) after k_norm and RoPE */
+    float *values[DDT_MAX_TARGET_LAYERS];        /* attention: (max_len, nkv hd) */
+    float *block;
+    size_t block_bytes;
+} q35_cache;
+
+/* How rows are fed: without a cache (a prefill of its own), committed to one, or pending in one */
+typedef enum { Q35_NO_CACHE, Q35_COMMIT, Q35_PENDING } q35_mode;
+
+/* attn (n, nh, hd) for query rows q (n, nh, hd) at positions p0 + i over keys / values
+ * (p0 + n, nkv, hd): row i sees positions 0 .. p0 + i. w (p0 + n) scratch. */
+static void cached_attention(const ddt_qwen35_config *c, const float *q, const float *keys, const float *values,
+                             int64_t p0, int64_t n, float *w, float *attn)
+{
+    const int64_t nh = c->heads, nkv = c->kv_heads, hd = c->head_dim, kvd = nkv * hd, group = nh / nkv;
+    const float scale = 1.0f / sqrtf((float)hd);
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t h = 0; h < nh; h++) {
+            const float *qh = q + (i * nh + h) * hd, *kh = keys + (h / group) * hd, *vh = values + (h / group) * hd;
+            float *out = attn + (i * nh + h) * hd, max = -INFINITY, sum = 0.0f;
+            for (int64_t p = 0; p <= p0 + i; p++) {
+                float s = 0.0f;
+                for (int64_t e = 0; e < hd; e++)
+                    s += qh[e] * kh[p * kvd + e];
+                w[p] = s * scale;
+                max = w[p] > max ? w[p] : max;
+            }
+            for (int64_t p = 0; p <= p0 + i; p++)
+                sum += w[p] = expf(w[p] - max);
+            memset(out, 0, (size_t)hd * sizeof(float));
+            for (int64_t p = 0; p <= p0 + i; p++)
+                for (int64_t e = 0; e < hd; e++)
+                    out[e] += w[p] * vh[p * kvd + e];
+            for (int64_t e = 0; e < hd; e++)
+                out[e] /= sum;
+        }
+}
+
+/* x (T, H) += the gated attention of u (T, H) at positions pos (p0 ..); with a cache, its keys
+ * and values join the cached ones at p0 and the rows attend over all of them. scratch: the
+ * forward's area. */
 static int full_attention(const ddk_backend *be, const ddt_qwen35 *t, const ddt_qwen35_layer *L,
-                          const float *u, const int32_t *pos, int64_t T, float *scratch, float *x)
+                          const float *u, const int32_t *pos, int64_t T, q35_cache *cache, int64_t l, int64_t p0,
+                          float *scratch, float *x)
 {
     const ddt_qwen35_config *c = &t->cfg;
     const int64_t H = c->hidden, nh = c->heads, nkv = c->kv_heads, hd = c->head_dim, qd = nh * hd,
@@ -271,19 +323,41 @@ static int full_attention(const ddk_backend *be, const ddt_qwen35 *t, const ddt_
     be->rmsnorm(be, k, L->k_norm, T * nkv, hd, c->rms_norm_eps, k, NULL);
     be->rope_partial(be, q, pos, T, nh, hd, c->rotary_dim, c->rope_theta);
     be->rope_partial(be, k, pos, T, nkv, hd, c->rotary_dim, c->rope_theta);
-    ddk_attention_shape shape = { .S = T, .nh = nh, .nkv = nkv, .d = hd };
-    int rc = be->causal_attention(be, &shape, q, k, v, attn);
-    if (rc)
-        return rc;
+    if (cache) {
+        memcpy(cache->keys[l] + p0 * kvd, k, (size_t)(T * kvd) * sizeof(float));
+        memcpy(cache->values[l] + p0 * kvd, v, (size_t)(T * kvd) * sizeof(float));
+        cached_attention(c, q, cache->keys[l], cache->values[l], p0, T, attn + T * qd, attn);
+    } else {
+        ddk_attention_shape shape = { .S = T, .nh = nh, .nkv = nkv, .d = hd };
+        int rc = be->causal_attention(be, &shape, q, k, v, attn);
+        if (rc)
+            return rc;
+    }
     for (int64_t i = 0; i < T * qd; i++)
         attn[i] *= sigmoidf(gate[i]);
     be->matmul(be, 0, 1, T, H, qd, 1.0f, attn, qd, L->o_proj, qd, 1.0f, x, H);   /* residual */
     return 0;
 }
 
-/* x (T, H) += the Gated DeltaNet of u (T, H); scratch of q35_delta_floats */
+/* window (K-1, Cc) = the last K-1 rows of [window; rows (n, Cc)] */
+static void conv_window_advance(float *window, const float *rows, int64_t n, int64_t K, int64_t Cc)
+{
+    const int64_t w = K - 1;
+    if (n >= w) {
+        memcpy(window, rows + (n - w) * Cc, (size_t)(w * Cc) * sizeof(float));
+        return;
+    }
+    memmove(window, window + n * Cc, (size_t)((w - n) * Cc) * sizeof(float));
+    memcpy(window + (w - n) * Cc, rows, (size_t)(n * Cc) * sizeof(float));
+}
+
+/* x (T, H) += the Gated DeltaNet of u (T, H). Without a cache: from a zero state, the core
+ * chunked. Committed to one: from its conv window and state, which advance (chunked for a
+ * prefill, the recurrence for a decode step). Pending: the recurrence token by token from a
+ * copy of its state, each position's state and the qkv rows kept for rollback. scratch: the
+ * forward's area. */
 static int deltanet(const ddk_backend *be, const ddt_qwen35 *t, const ddt_qwen35_layer *L, const float *u,
-                    int64_t T, float *scratch, float *x)
+                    int64_t T, q35_cache *cache, q35_mode mode, int64_t l, float *scratch, float *x)
 {
     const ddt_qwen35_config *c = &t->cfg;
     const int64_t H = c->hidden, nk = c->key_heads, nv = c->value_heads, dk = c->key_head_dim,
@@ -295,7 +369,11 @@ static int deltanet(const ddk_backend *be, const ddt_qwen35 *t, const ddt_qwen35
     be->matmul(be, 0, 1, T, Cv, H, 1.0f, u, H, L->in_proj_z, H, 0.0f, z, Cv);
     be->matmul(be, 0, 1, T, nv, H, 1.0f, u, H, L->in_proj_b, H, 0.0f, beta, nv);
     be->matmul(be, 0, 1, T, nv, H, 1.0f, u, H, L->in_proj_a, H, 0.0f, g, nv);
-    be->conv1d_silu(be, qkv, L->conv1d, NULL, T, Cc, K, act);   /* zero before t = 0 */
+    be->conv1d_silu(be, qkv, L->conv1d, cache ? cache->conv[l] : NULL, T, Cc, K, act);   /* NULL: zero before t = 0 */
+    if (mode == Q35_COMMIT)
+        conv_window_advance(cache->conv[l], qkv, T, K, Cc);
+    else if (mode == Q35_PENDING)
+        memcpy(cache->block_qkv[l], qkv, (size_t)(T * Cc) * sizeof(float));
     l2norm_heads(act, Cc, T, nk, dk, 1.0f / sqrtf((float)dk), qh);
     l2norm_heads(act + Ck, Cc, T, nk, dk, 1.0f, kh);
     for (int64_t r = 0; r < T; r++)
@@ -306,9 +384,22 @@ static int deltanet(const ddk_backend *be, const ddt_qwen35 *t, const ddt_qwen35
             *b = sigmoidf(*b);
             *a = -expf(L->A_log[j]) * (s > Q35_SOFTPLUS_LINEAR ? s : log1pf(expf(s)));   /* log decay <= 0 */
         }
-    be->zero(be, state, (size_t)(nv * dk * dv) * sizeof(float));
-    ddk_delta_shape shape = { .T = T, .nk = nk, .nv = nv, .dk = dk, .dv = dv, .chunk = Q35_CHUNK };
-    int rc = be->gated_delta(be, &shape, qh, kh, v, beta, g, state, o);
+    const int64_t S = nv * dk * dv;
+    int rc = 0;
+    if (mode == Q35_PENDING) {
+        memcpy(state, cache->state[l], (size_t)S * sizeof(float));
+        ddk_delta_shape shape = { .T = 1, .nk = nk, .nv = nv, .dk = dk, .dv = dv, .chunk = 0 };
+        for (int64_t r = 0; r < T && rc == 0; r++) {
+            rc = be->gated_delta(be, &shape, qh + r * Ck, kh + r * Ck, v + r * Cv, beta + r * nv, g + r * nv, state,
+                                 o + r * Cv);
+            memcpy(cache->block_state[l] + r * S, state, (size_t)S * sizeof(float));
+        }
+    } else {
+        if (mode == Q35_NO_CACHE)
+            be->zero(be, state, (size_t)S * sizeof(float));
+        ddk_delta_shape shape = { .T = T, .nk = nk, .nv = nv, .dk = dk, .dv = dv, .chunk = T > 1 ? Q35_CHUNK : 0 };
+        rc = be->gated_delta(be, &shape, qh, kh, v, beta, g, mode == Q35_COMMIT ? cache->state[l] : state, o);
+    }
     if (rc)
         return rc;
     be->gated_rmsnorm(be, o, z, L->norm, T * nv, dv, c->rms_norm_eps, o);
@@ -316,8 +407,22 @@ static int deltanet(const ddk_backend *be, const ddt_qwen35 *t, const ddt_qwen35
     return 0;
 }
 
-int ddt_qwen35_forward(const ddk_backend *be, const ddt_qwen35 *t, const int32_t *tokens, int64_t T,
-                       const int32_t *tap_ids, int n_taps, float *features, float *final_hidden)
+/* a prefill (p0 = 0) starts from an empty conv window and a zero state */
+static void q35_cache_start(const ddt_qwen35 *t, q35_cache *q)
+{
+    const ddt_qwen35_config *c = &t->cfg;
+    const int64_t Cc = 2 * c->key_heads * c->key_head_dim + c->value_heads * c->value_head_dim,
+                  S = c->value_heads * c->key_head_dim * c->value_head_dim;
+    for (int64_t l = 0; l < c->layers; l++)
+        if (!c->full_attention[l])
+            memset(q->conv[l], 0, (size_t)((c->conv_kernel - 1) * Cc + S) * sizeof(float));   /* conv, state */
+}
+
+/* T rows at positions p0 .. p0+T-1, fed as mode says (p0 = 0 without a cache); the outputs as
+ * ddt_qwen35_forward's */
+static int q35_rows(const ddk_backend *be, const ddt_qwen35 *t, q35_cache *cache, q35_mode mode, int64_t p0,
+                    const int32_t *tokens, int64_t T, const int32_t *tap_ids, int n_taps, float *features,
+                    float *final_hidden)
 {
     const ddt_qwen35_config *c = &t->cfg;
     const int64_t H = c->hidden, I = c->intermediate, qd = c->heads * c->head_dim,
@@ -330,8 +435,8 @@ int ddt_qwen35_forward(const ddk_backend *be, const ddt_qwen35 *t, const int32_t
         return -ENOTSUP;
 
     /* x, u (T, H); then one area the mixer and the MLP take in turn: the largest of the full
-     * attention's, the DeltaNet's (its state included) and the MLP's (gate, up (T, I)); pos (T) */
-    const int64_t full = T * (5 * qd + 2 * kvd), delta = T * (2 * Cc + 2 * Ck + 3 * Cv + 2 * nv) +
+     * attention's (with the cached attention's weights (p0 + T)), the DeltaNet's (its state included) and the MLP's (gate, up (T, I)); pos (T) */
+    const int64_t full = T * (5 * qd + 2 * kvd) + p0 + T, delta = T * (2 * Cc + 2 * Ck + 3 * Cv + 2 * nv) +
                          nv * c->key_head_dim * c->value_head_dim, mlp = 2 * T * I;
     const int64_t area = full > delta ? (full > mlp ? full : mlp) : (delta > mlp ? delta : mlp);
     const size_t bytes = (size_t)(2 * T * H + area) * sizeof(float) + (size_t)T * sizeof(int32_t);
@@ -341,15 +446,17 @@ int ddt_qwen35_forward(const ddk_backend *be, const ddt_qwen35 *t, const int32_t
     float *u = x + T * H, *scratch = u + T * H, *gate = scratch, *up = gate + T * I;
     int32_t *pos = (int32_t *)(scratch + area);
     for (int64_t i = 0; i < T; i++)
-        pos[i] = (int32_t)i;
+        pos[i] = (int32_t)(p0 + i);
 
+    if (cache && p0 == 0)
+        q35_cache_start(t, cache);
     be->embedding(be, t->embed_tokens, tokens, T, H, x);
     int rc = 0;
     for (int64_t l = 0; l < c->layers && rc == 0; l++) {
         const ddt_qwen35_layer *L = &t->layer[l];
         be->rmsnorm(be, x, L->input_layernorm, T, H, c->rms_norm_eps, u, NULL);
-        rc = c->full_attention[l] ? full_attention(be, t, L, u, pos, T, scratch, x)
-                                  : deltanet(be, t, L, u, T, scratch, x);
+        rc = c->full_attention[l] ? full_attention(be, t, L, u, pos, T, cache, l, p0, scratch, x)
+                                  : deltanet(be, t, L, u, T, cache, mode, l, scratch, x);
         if (rc)
             break;
         be->rmsnorm(be, x, L->post_attention_layernorm, T, H, c->rms_norm_eps, u, NULL);
@@ -360,6 +467,88 @@ int ddt_qwen35_forward(const ddk_backend *be, const ddt_qwen35 *t, const int32_t
         be->rmsnorm(be, x, t->norm, T, H, c->rms_norm_eps, final_hidden, NULL);
     ddk_free(be->alloc, x, bytes);
     return rc;
+}
+
+int ddt_qwen35_forward(const ddk_backend *be, const ddt_qwen35 *t, const int32_t *tokens, int64_t T,
+                       const int32_t *tap_ids, int n_taps, float *features, float *final_hidden)
+{
+    return q35_rows(be, t, NULL, Q35_NO_CACHE, 0, tokens, T, tap_ids, n_taps, features, final_hidden);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * The cache
+ */
+
+static int q35_cache_open(const ddk_backend *be, const ddt_target_model *m, int64_t max_len, int64_t max_block,
+                          void **out)
+{
+    const ddt_qwen35 *t = m->impl;
+    const ddt_qwen35_config *c = &t->cfg;
+    const int64_t Ck = c->key_heads * c->key_head_dim, Cc = 2 * Ck + c->value_heads * c->value_head_dim,
+                  S = c->value_heads * c->key_head_dim * c->value_head_dim, kvd = c->kv_heads * c->head_dim,
+                  delta = (c->conv_kernel - 1) * Cc + S + max_block * (Cc + S), full = 2 * max_len * kvd;
+    q35_cache *q = calloc(1, sizeof *q);
+    if (!q)
+        return -ENOMEM;
+    int64_t floats = 0;
+    for (int64_t l = 0; l < c->layers; l++)
+        floats += c->full_attention[l] ? full : delta;
+    q->block_bytes = (size_t)floats * sizeof(float);
+    q->block = ddk_malloc(be->alloc, q->block_bytes);
+    if (!q->block) {
+        free(q);
+        return -ENOMEM;
+    }
+    float *p = q->block;
+    for (int64_t l = 0; l < c->layers; l++)
+        if (c->full_attention[l]) {
+            q->keys[l] = p, q->values[l] = p + max_len * kvd;
+            p += full;
+        } else {
+            q->conv[l] = p, q->state[l] = p + (c->conv_kernel - 1) * Cc;
+            q->block_qkv[l] = q->state[l] + S, q->block_state[l] = q->block_qkv[l] + max_block * Cc;
+            p += delta;
+        }
+    q->max_len = max_len, q->max_block = max_block;
+    *out = q;
+    return 0;
+}
+
+static void q35_cache_close(const ddk_backend *be, const ddt_target_model *m, void *cache)
+{
+    (void)m;
+    q35_cache *q = cache;
+    ddk_free(be->alloc, q->block, q->block_bytes);
+    free(q);
+}
+
+static int q35_extend(const ddk_backend *be, const ddt_target_model *m, void *cache, int64_t p0,
+                      const int32_t *tokens, int64_t n, const int32_t *tap_ids, int n_taps, float *features,
+                      float *final_hidden)
+{
+    return q35_rows(be, m->impl, cache, Q35_COMMIT, p0, tokens, n, tap_ids, n_taps, features, final_hidden);
+}
+
+static int q35_verify(const ddk_backend *be, const ddt_target_model *m, void *cache, int64_t p0,
+                      const int32_t *tokens, int64_t B, const int32_t *tap_ids, int n_taps, float *features,
+                      float *final_hidden)
+{
+    return q35_rows(be, m->impl, cache, Q35_PENDING, p0, tokens, B, tap_ids, n_taps, features, final_hidden);
+}
+
+/* the state after the last accepted position, the window advanced over the accepted qkv rows */
+static void q35_rollback(const ddt_target_model *m, void *cache, int64_t p0, int64_t accepted)
+{
+    (void)p0;
+    const ddt_qwen35_config *c = &((const ddt_qwen35 *)m->impl)->cfg;
+    q35_cache *q = cache;
+    const int64_t Cc = 2 * c->key_heads * c->key_head_dim + c->value_heads * c->value_head_dim,
+                  S = c->value_heads * c->key_head_dim * c->value_head_dim;
+    for (int64_t l = 0; accepted > 0 && l < c->layers; l++)
+        if (!c->full_attention[l]) {
+            memcpy(q->state[l], q->block_state[l] + (accepted - 1) * S, (size_t)S * sizeof(float));
+            conv_window_advance(q->conv[l], q->block_qkv[l], accepted, c->conv_kernel, Cc);
+        }
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -378,7 +567,16 @@ static void q35_free(ddt_target_model *m)
     free(m->impl);
 }
 
-static const ddt_target_ops q35_ops = { .name = "qwen3_5", .prefill = q35_prefill, .free = q35_free };
+static const ddt_target_ops q35_ops = {
+    .name = "qwen3_5",
+    .prefill = q35_prefill,
+    .free = q35_free,
+    .cache_open = q35_cache_open,
+    .cache_close = q35_cache_close,
+    .extend = q35_extend,
+    .verify = q35_verify,
+    .rollback = q35_rollback,
+};
 
 int ddt_qwen35_open(const char *dir, ddt_target_model *m, char *err, size_t err_len)
 {

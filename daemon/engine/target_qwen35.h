@@ -5,9 +5,11 @@
  * model.visual.* are ignored. The zero-centred norms' `1 +` is folded into the stored weights
  * at load, so every norm here is a plain `x / rms(x) * w` (the DeltaNet output norm is plain in
  * the checkpoint already and is stored as it is).
- * Its prefill (one sequence from position 0: the taps, the final-normed hidden state) is the
- * second implementation of target.h's interface, which ddt_qwen35_open returns.
- * Tested by tests/test_qwen35.c (the three shared variants, malformed checkpoints) and
+ * Its prefill (one sequence from position 0: the taps, the final-normed hidden state) and its
+ * decoding cache (extend, verify, rollback: target.h's ddt_target_cache) are the second
+ * implementation of target.h's interface, which ddt_qwen35_open returns.
+ * Tested by tests/test_qwen35.c (the three shared variants, malformed checkpoints, the cache
+ * against fresh prefills), tests/train_qwen35_test.sh (an online run generating through it) and
  * tests/qwen35_features_check.py (`ddtreed features` against tests/oracle/qwen35.py, float64).
  *
  * Legend: T tokens, H hidden, V vocabulary, L layers, I intermediate; full attention: nh / nkv
