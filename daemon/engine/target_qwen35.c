@@ -17,6 +17,7 @@
  * Legend: as target_qwen35.h.
  */
 #include "target_qwen35.h"
+#include "ddk_rng.h"
 #include "errors.h"
 #include "target.h"
 #include "safetensors.h"
@@ -214,6 +215,47 @@ int ddt_qwen35_load(const char *dir, ddt_qwen35 *t, char *err, size_t err_len)
     if (rc)
         ddt_qwen35_free(t);
     return rc;
+}
+
+/* Random weights of the table's shapes (benchmarks: no checkpoint): embeddings N(0, 1), matrices
+ * and the conv N(0, 1/fan_in), norms 1 (already folded), A_log 0 and dt_bias 0 (g = -softplus(a)) */
+int ddt_qwen35_synthetic(const ddt_qwen35_config *cfg, uint64_t seed, ddt_qwen35 *t)
+{
+    memset(t, 0, sizeof *t);
+    t->cfg = *cfg;
+    q35_tensor *table = calloc((size_t)(Q35_GLOBAL + Q35_PER_LAYER * cfg->layers), sizeof *table);
+    if (!table)
+        return -ENOMEM;
+    const int count = q35_table(t, table);
+    int64_t total = 0;
+    for (int i = 0; i < count; i++)
+        total += q35_numel(&table[i]);
+    t->weight_bytes = (size_t)total * sizeof(float);
+    t->weights = ddk_malloc(ddk_allocator_cpu(), t->weight_bytes);
+    if (!t->weights) {
+        free(table);
+        return -ENOMEM;
+    }
+    float *w = t->weights;
+    for (int i = 0; i < count; i++) {
+        const q35_tensor *e = &table[i];
+        const int64_t n = q35_numel(e), fan_in = e->ndim == 3 ? e->dims[2] : e->ndim == 2 ? e->dims[1] : 0;
+        const int vec = e->ndim == 1, embed = e->slot == &t->embed_tokens;
+        const double std = embed ? 1.0 : vec ? 0.0 : 1.0 / sqrt((double)fan_in);
+        uint64_t s = seed * 0x100000001B3ull + (uint64_t)i;
+        *e->slot = w;
+        for (int64_t k = 0; k < n; k++)
+            w[k] = vec ? (e->norm1p ? 1.0f : 0.0f) : (float)(std * ddk_rng_normal(&s));
+        w += n;
+    }
+    for (int64_t l = 0; l < cfg->layers; l++)   /* the DeltaNet output norms (plain w): 1 */
+        if (t->layer[l].norm)
+            for (int64_t k = 0; k < cfg->value_head_dim; k++)
+                t->layer[l].norm[k] = 1.0f;
+    if (cfg->tie_word_embeddings)
+        t->lm_head = t->embed_tokens;
+    free(table);
+    return 0;
 }
 
 void ddt_qwen35_free(ddt_qwen35 *t)
@@ -577,6 +619,22 @@ static const ddt_target_ops q35_ops = {
     .verify = q35_verify,
     .rollback = q35_rollback,
 };
+
+int ddt_qwen35_open_synthetic(const ddt_qwen35_config *cfg, uint64_t seed, ddt_target_model *m)
+{
+    memset(m, 0, sizeof *m);
+    ddt_qwen35 *t = malloc(sizeof *t);
+    if (!t)
+        return -ENOMEM;
+    int rc = ddt_qwen35_synthetic(cfg, seed, t);
+    if (rc) {
+        free(t);
+        return rc;
+    }
+    *m = (ddt_target_model){ &q35_ops, "qwen3_5", t->cfg.hidden, t->cfg.vocab, t->cfg.layers,
+                             t->cfg.tie_word_embeddings, t->embed_tokens, t->lm_head, t };
+    return 0;
+}
 
 int ddt_qwen35_open(const char *dir, ddt_target_model *m, char *err, size_t err_len)
 {

@@ -59,6 +59,9 @@ typedef struct ddt_qwen35 {
  * that name). Nothing is left allocated on failure. */
 int ddt_qwen35_load(const char *dir, ddt_qwen35 *t, char *err, size_t err_len);
 void ddt_qwen35_free(ddt_qwen35 *t);
+/* Seeded random weights of cfg's shape, no checkpoint (tests/bench/bench_qwen35.c): embeddings
+ * N(0, 1), matrices and the conv N(0, 1/fan_in), every norm 1, A_log and dt_bias 0. 0 or -ENOMEM. */
+int ddt_qwen35_synthetic(const ddt_qwen35_config *cfg, uint64_t seed, ddt_qwen35 *t);
 
 /* One sequence from position 0 (SPEC.md 3.1's forward, the DeltaNet core chunked): tokens (T) in
  * [0, V); features (T, n_taps*H) the residual stream after layers tap_ids in that order, or
@@ -70,5 +73,7 @@ int ddt_qwen35_forward(const ddk_backend *be, const ddt_qwen35 *t, const int32_t
 /* DIR loaded (ddt_qwen35_load) behind target.h's interface, which then owns it */
 struct ddt_target_model;
 int ddt_qwen35_open(const char *dir, struct ddt_target_model *m, char *err, size_t err_len);
+/* ddt_qwen35_synthetic behind the interface */
+int ddt_qwen35_open_synthetic(const ddt_qwen35_config *cfg, uint64_t seed, struct ddt_target_model *m);
 
 #endif

@@ -11,22 +11,14 @@ so that neither's peak memory hides the other's. Prints one table with the ratio
 sets as goals. A figure, never a test: it exits 0 whatever the ratios are.
 """
 import argparse
-import json
 import os
 import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from bench_run import run_json  # noqa: E402
 
-
-def run_json(cmd, env):
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if done.returncode == 77:
-        return None, done.stdout + done.stderr
-    if done.returncode != 0:
-        sys.exit(f"loss_vs_torch: {' '.join(cmd)} failed ({done.returncode}):\n{done.stderr}")
-    lines = [l for l in done.stdout.splitlines() if l.startswith("{")]
-    return json.loads(lines[-1]), done.stdout
 
 
 def main():
@@ -43,8 +35,8 @@ def main():
     shape = ["--n", str(a.n), "--hidden", str(a.hidden), "--vocab", str(a.vocab),
              "--chunk", str(a.chunk), "--threads", str(a.threads), "--reps", str(a.reps),
              "--kl-weight", str(a.kl_weight)]
-    ours, _ = run_json([a.bin, *shape, "--tile", str(a.tile), "--json"], env)
-    torch, why = run_json([sys.executable, os.path.join(HERE, "loss_torch_peer.py"), *shape], env)
+    ours, _ = run_json("loss_vs_torch", [a.bin, *shape, "--tile", str(a.tile), "--json"], env)
+    torch, why = run_json("loss_vs_torch", [sys.executable, os.path.join(HERE, "loss_torch_peer.py"), *shape], env)
 
     MB = 1e6
     full, tiled, floor = ours["full"], ours["tiled"], ours["floor_seconds"]

@@ -9,21 +9,13 @@ Shape options are bench_step's (default: H 256, 2 layers, 8 heads of 32, I 768, 
 goal (>= 1.5x PyTorch). A figure, never a test.
 """
 import argparse
-import json
 import os
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from bench_run import run_json  # noqa: E402
 
-
-def run(cmd, env):
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if done.returncode == 77:
-        return None
-    if done.returncode:
-        sys.exit(f"step_vs_torch: {' '.join(cmd)} failed:\n{done.stderr}")
-    return json.loads([l for l in done.stdout.splitlines() if l.startswith("{")][-1])
 
 
 def main():
@@ -39,8 +31,8 @@ def main():
     a = vars(ap.parse_args())
     args = [x for name in shape for x in ("--" + name, str(a[name.replace("-", "_")]))]
     env = dict(os.environ, OPENBLAS_NUM_THREADS=str(a["threads"]), OMP_NUM_THREADS=str(a["threads"]))
-    ours = run([a["bin"], *args, "--json"], env)
-    torch = run([sys.executable, os.path.join(HERE, "step_torch_peer.py"), *args], env)
+    ours, _ = run_json("step_vs_torch", [a["bin"], *args, "--json"], env)
+    torch, _ = run_json("step_vs_torch", [sys.executable, os.path.join(HERE, "step_torch_peer.py"), *args], env)
     print(f"drafter step: H {a['hidden']}, {a['layers']} layers, {a['heads']} heads of {a['head_dim']} "
           f"({a['kv_heads']} kv), I {a['intermediate']}, block {a['block']}, {a['anchors']} anchors, "
           f"S {a['seq']}, V {a['vocab']}, {a['nseq']} sequence(s), {a['threads']} thread(s), median of {a['reps']}")
