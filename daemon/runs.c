@@ -89,7 +89,7 @@ static int active(ddt_run_state s)
     return !ddt_run_state_final(s);
 }
 
-/* The state writes this thread enqueued while holding the lock (set_state), oldest last;
+/* The state writes this thread enqueued while holding the lock (set_state), newest first;
  * unlock() waits for them once the lock is released. */
 typedef struct pending_write {
     ddt_store *store;
@@ -105,16 +105,10 @@ static _Thread_local pending_write *pending_writes;
  * lock, but no one waits on the disk while holding it. */
 static void unlock(ddt_runs *r)
 {
-    pending_write *w = pending_writes, *oldest = NULL;
+    pending_write *w = pending_writes;
     pending_writes = NULL;
     pthread_mutex_unlock(&r->lock);
-    while (w) {   /* oldest first */
-        pending_write *next = w->next;
-        w->next = oldest;
-        oldest = w;
-        w = next;
-    }
-    for (w = oldest; w;) {
+    while (w) {   /* in any order: the store commits them in the order they were enqueued */
         int rc = ddt_store_wait(w->store, w->pending);
         if (rc)
             ddt_log(DDT_LOG_ERR, "run=%s state change from=%s to=%s not recorded: %s", w->id,

@@ -5,7 +5,8 @@
  * "FAIL NAME", counts it and clears case_failed; run_case() runs a void(void) case and reports
  * it, run_cases() a table of them; cases_summary() prints the final "N passed, M failed" and
  * gives the exit status (1 when a case failed). normalised_error() is max |got - want| /
- * max |want| of a float result against a double reference. xcalloc() never returns NULL.
+ * max |want| of a float result against a double reference (normalised_error_ff(): against a
+ * float one). xcalloc() never returns NULL.
  * scratch_dir() makes a test's fixture directory (mkdtemp), remove_tree() removes it whole.
  * Guarded float buffers: sentinel_floats() / zero_floats() allocate count floats followed by
  * guard_words words of sentinel_byte, which guard_intact() checks after the code under test
@@ -87,6 +88,19 @@ static inline double normalised_error(const float *got, const double *want, int6
             return INFINITY;
         err = fmax(err, fabs((double)got[j] - want[j]));
         scale = fmax(scale, fabs(want[j]));
+    }
+    return err == 0.0 ? 0.0 : err / scale;
+}
+
+/* the same of a float result against a float reference; INFINITY on NaN/Inf in either */
+static inline double normalised_error_ff(const float *got, const float *want, int64_t count)
+{
+    double err = 0.0, scale = 0.0;
+    for (int64_t j = 0; j < count; j++) {
+        if (!isfinite(got[j]) || !isfinite(want[j]))
+            return INFINITY;
+        err = fmax(err, fabs((double)got[j] - (double)want[j]));
+        scale = fmax(scale, fabs((double)want[j]));
     }
     return err == 0.0 ? 0.0 : err / scale;
 }

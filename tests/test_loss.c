@@ -65,18 +65,6 @@ static int close_to(double got, double want, double rel, double abs_tol)
     return isfinite(got) && fabs(got - want) <= rel * fabs(want) + abs_tol;
 }
 
-static double normalised_error_ff(const float *got, const float *want, int64_t count)
-{
-    double err = 0.0, scale = 0.0;
-    for (int64_t j = 0; j < count; j++) {
-        if (!isfinite(got[j]) || !isfinite(want[j]))
-            return INFINITY;
-        err = fmax(err, fabs((double)got[j] - (double)want[j]));
-        scale = fmax(scale, fabs((double)want[j]));
-    }
-    return err == 0.0 ? 0.0 : err / scale;
-}
-
 /* ------------------------------------------------------------------------------------------
  * Test data: one loss problem, generated from a case description and a seed
  */

@@ -407,17 +407,6 @@ static void cache_tokens(int64_t V, int32_t *tokens, int64_t T)
         tokens[i] = (int32_t)((i * 131 + 7 * (i % 5) + 3) % V);
 }
 
-/* max |got - want| / max |want| over n floats */
-static double rel_error(const float *got, const float *want, int64_t n)
-{
-    double d = 0.0, m = 0.0;
-    for (int64_t i = 0; i < n; i++) {
-        d = fmax(d, fabs((double)got[i] - want[i]));
-        m = fmax(m, fabs((double)want[i]));
-    }
-    return m > 0.0 ? d / m : d;
-}
-
 /* the outputs of T rows: taps (T, n_taps H), final (T, H), logits (T, V) */
 typedef struct rows_out {
     float *features, *final, *logits;
@@ -450,9 +439,9 @@ static void check_row(const ddt_target_model *m, const rows_out *got, int64_t i,
                       const char *what, double *worst)
 {
     const int64_t H = m->hidden, V = m->vocab, F = CACHE_TAPS * H;
-    const double e[3] = { rel_error(got->features + i * F, want->features + j * F, F),
-                          rel_error(got->final + i * H, want->final + j * H, H),
-                          rel_error(got->logits + i * V, want->logits + j * V, V) };
+    const double e[3] = { normalised_error_ff(got->features + i * F, want->features + j * F, F),
+                          normalised_error_ff(got->final + i * H, want->final + j * H, H),
+                          normalised_error_ff(got->logits + i * V, want->logits + j * V, V) };
     for (int k = 0; k < 3; k++) {
         check(e[k] <= CACHE_TOL, "%s, position %lld: %s differ by %.3g (max |d| / max |ref|)", what, (long long)j,
               (const char *[]){ "taps", "final hidden", "logits" }[k], e[k]);
