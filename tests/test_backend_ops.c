@@ -16,10 +16,12 @@
  * products, workspace = ddk_loss_workspace_bytes, refusals with nothing written) and the
  * whole-buffer ops sumsq (run twice: the same bits), axpby (beta = 0 over NaN, in place), adamw
  * and uniform_noise (bit for bit the CPU's), with sumsq and axpby past 2^31 elements (2^24 in
- * self-check mode), and the Qwen3.5 target's forward-only ops (conv1d_silu, gated_rmsnorm,
- * rope_partial, gated_delta), each reported "SKIPPED: OP not implemented on CUDA yet" while the
- * CUDA table leaves it NULL. The backward of each op is checked against finite differences by tests/test_ops.c on the CPU; here the GPU
- * has to match the CPU.
+ * self-check mode), and the Qwen3.5 target's forward-only ops (conv1d_silu with and without
+ * history, gated_rmsnorm also in place, rope_partial with rd = d bit for bit the backend's own
+ * rope, gated_delta's recurrence and chunked form, the chunked form also against the backend's
+ * own recurrence, and its refusals), each reported "SKIPPED: OP not implemented on CUDA yet"
+ * should a table leave it NULL. The backward of each op is checked against finite differences
+ * by tests/test_ops.c on the CPU; here the GPU has to match the CPU.
  *
  * Skipped (exit 77, "SKIPPED: no GPU") when libddk has no CUDA or the machine no GPU: never
  * reported as passed. DDTREE_BACKEND_OPS_SELF_CHECK=1 runs every case with the CPU backend in
@@ -1307,15 +1309,20 @@ static void run_loss_cases(uint64_t *seq)
 
 /* ------------------------------------------------------------------------------------------
  * The Qwen3.5 target's forward-only ops (SPEC.md 3.1): conv1d_silu, gated_rmsnorm,
- * rope_partial, gated_delta. Not on CUDA yet: a NULL op prints "SKIPPED: OP not implemented on
- * CUDA yet" and runs no case (neither passed nor failed); self-check runs them on the CPU.
+ * rope_partial, gated_delta. A NULL op (a backend without them) prints "SKIPPED: OP not
+ * implemented on CUDA yet" and runs no case (neither passed nor failed); self-check runs them on
+ * the CPU.
  */
 
 /* conv1d_silu and gated_rmsnorm: expf on both sides (CUDA's 2 ulp) after the same few float
  * products and sums, in an order and FMA contraction that may differ */
 static const double tol_q35_elementwise = 2e-6;
-/* gated_delta: the state carries each side's rounding (tests/test_ops.c: <= 4.3e-7 against
- * float64 on the CPU); a GPU's chunk products in another order add as much again */
+/* gated_delta, against the CPU and chunked against the recurrence: the state carries each side's
+ * rounding (tests/test_ops.c: <= 4.3e-7 against float64 on the CPU, dk <= 32; it grows like
+ * sqrt(dk)), and the GPU sums its products in another order (the chunked form also folds the
+ * CPU's U - W S into one solve and cuts chunks past 64): a float emulation of the GPU's order
+ * differs from the CPU by <= 1.0e-6 (dk = 256), 7.5e-7 (dk = 128), and from its own recurrence
+ * by <= 4e-7; FMA contraction and CUDA's exp add ulps, not orders of magnitude */
 static const double tol_q35_delta = 4e-6;
 
 static int q35_op_present(const void *op, const char *name)
@@ -1343,9 +1350,12 @@ static void case_conv1d_silu(int64_t T, int64_t C, int64_t K, int with_history)
     end_case(case_name);
 }
 
-static void case_gated_rmsnorm(int64_t rows, int64_t d)
+static const char *const gated_where[] = { "", " y=x", " y=z" };
+
+static void case_gated_rmsnorm(int64_t rows, int64_t d, int where)
 {
-    snprintf(case_name, sizeof case_name, "gated_rmsnorm rows=%lld d=%lld", (long long)rows, (long long)d);
+    snprintf(case_name, sizeof case_name, "gated_rmsnorm rows=%lld d=%lld%s", (long long)rows,
+             (long long)d, gated_where[where]);
     float *x = host_floats(rows * d), *z = host_floats(rows * d), *w = host_floats(d);
     fill_uniform(x, rows * d, -2.0, 2.0);
     fill_uniform(z, rows * d, -8.0, 8.0);
@@ -1353,7 +1363,8 @@ static void case_gated_rmsnorm(int64_t rows, int64_t d)
     float *y = host_floats(rows * d);
     cpu->gated_rmsnorm(cpu, x, z, w, rows, d, 1e-6f, y);
     float *x_dev = dev_floats(x, rows * d, "x"), *z_dev = dev_floats(z, rows * d, "z");
-    float *w_dev = dev_floats(w, d, "w"), *y_dev = dev_floats(NULL, rows * d, "y");
+    float *w_dev = dev_floats(w, d, "w");
+    float *y_dev = where == 1 ? x_dev : where == 2 ? z_dev : dev_floats(NULL, rows * d, "y");
     dev->gated_rmsnorm(dev, x_dev, z_dev, w_dev, rows, d, 1e-6f, y_dev);
     expect_close("y", download(y_dev, rows * d), y, rows * d, tol_q35_elementwise);
     end_case(case_name);
@@ -1374,7 +1385,13 @@ static void case_rope_partial(int64_t rows, int64_t heads, int64_t d, int64_t rd
     float *x_dev = dev_floats(x, n, "x");
     int32_t *pos_dev = dev_buffer(pos, (size_t)rows * sizeof(int32_t), "pos");
     dev->rope_partial(dev, x_dev, pos_dev, rows, heads, d, rd, 1e7f);
-    expect_close("x", download(x_dev, n), y, n, tol_rope);
+    float *got = download(x_dev, n);
+    expect_close("x", got, y, n, tol_rope);
+    if (rd == d) {   /* ddk.h: rd = d is the backend's own rope (inverse 0) bit for bit */
+        float *r_dev = dev_floats(x, n, "x for rope");
+        dev->rope(dev, r_dev, pos_dev, rows, heads, d, 1e7f, 0);
+        expect_same("x vs rope", got, download(r_dev, n), (size_t)n * sizeof(float));
+    }
     end_case(case_name);
 }
 
@@ -1405,40 +1422,92 @@ static void case_gated_delta(int64_t T, int64_t nk, int64_t nv, int64_t dk, int6
     float *b_dev = dev_floats(beta, T * nv, "beta"), *g_dev = dev_floats(g, T * nv, "g");
     float *S_dev = dev_floats(S0, ns, "state"), *out_dev = dev_floats(NULL, no, "out");
     check(dev->gated_delta(dev, &s, q_dev, k_dev, v_dev, b_dev, g_dev, S_dev, out_dev) == 0, "gated_delta failed");
-    expect_close("out", download(out_dev, no), out, no, tol_q35_delta);
-    expect_close("state", download(S_dev, ns), S, ns, tol_q35_delta);
+    float *out_got = download(out_dev, no), *S_got = download(S_dev, ns);
+    expect_close("out", out_got, out, no, tol_q35_delta);
+    expect_close("state", S_got, S, ns, tol_q35_delta);
+    if (chunk > 0) {   /* the chunked form against the backend's own recurrence */
+        ddk_delta_shape r = s;
+        r.chunk = 0;
+        float *S2_dev = dev_floats(S0, ns, "state (recurrence)");
+        float *out2_dev = dev_floats(NULL, no, "out (recurrence)");
+        check(dev->gated_delta(dev, &r, q_dev, k_dev, v_dev, b_dev, g_dev, S2_dev, out2_dev) == 0,
+              "gated_delta's recurrence failed");
+        expect_close("out vs recurrence", out_got, download(out2_dev, no), no, tol_q35_delta);
+        expect_close("state vs recurrence", S_got, download(S2_dev, ns), ns, tol_q35_delta);
+    }
     end_case(case_name);
 }
 
-static void run_qwen35_cases(uint64_t *seq)
+/* -EINVAL for nv % nk != 0 on every backend; on the GPU also past dk, dv = 256 (its limit,
+ * ddk.h). Refused before any pointer is touched: NULL buffers. */
+static void case_gated_delta_refused(int self_check)
+{
+    static const ddk_delta_shape bad[] = {
+        { .T = 4, .nk = 2, .nv = 3, .dk = 8, .dv = 8, .chunk = 0 },
+        { .T = 4, .nk = 2, .nv = 3, .dk = 8, .dv = 8, .chunk = 64 },
+        { .T = 4, .nk = 1, .nv = 1, .dk = 8, .dv = 8, .chunk = -1 },
+        { .T = 4, .nk = 1, .nv = 1, .dk = 257, .dv = 8, .chunk = 0 },   /* GPU only from here */
+        { .T = 4, .nk = 1, .nv = 1, .dk = 8, .dv = 257, .chunk = 64 },
+    };
+    const size_t n = self_check ? 3 : sizeof bad / sizeof bad[0];
+    for (size_t i = 0; i < n; i++) {
+        const int rc = dev->gated_delta(dev, &bad[i], NULL, NULL, NULL, NULL, NULL, NULL, NULL);
+        check(rc == -EINVAL, "gated_delta T=%lld nk=%lld nv=%lld dk=%lld dv=%lld chunk=%lld: rc %d, not -EINVAL",
+              (long long)bad[i].T, (long long)bad[i].nk, (long long)bad[i].nv, (long long)bad[i].dk,
+              (long long)bad[i].dv, (long long)bad[i].chunk, rc);
+    }
+    end_case("gated_delta refusals");
+}
+
+static void run_qwen35_cases(uint64_t *seq, int self_check)
 {
 #define NEXT_Q35() (rng_state = 0x5eed0000u + *seq, misalign = ((*seq)++ % 2) * 4)
-    static const int64_t conv[][3] = { { 1, 3, 4 }, { 17, 130, 4 }, { 513, 1030, 4 } };
+    /* (T, C, K): T < K - 1 (history rows only), C past and short of the 256-thread block */
+    static const int64_t conv[][3] = { { 1, 3, 4 }, { 17, 130, 4 }, { 513, 1030, 4 }, { 40, 257, 3 } };
     if (q35_op_present((const void *)dev->conv1d_silu, "conv1d_silu"))
         for (size_t i = 0; i < sizeof conv / sizeof conv[0]; i++)
             for (int h = 0; h <= 1; h++) {
                 NEXT_Q35();
                 case_conv1d_silu(conv[i][0], conv[i][1], conv[i][2], h);
             }
-    static const int64_t gnorm[][2] = { { 1, 1 }, { 17, 130 }, { 1000, 128 } };
-    if (q35_op_present((const void *)dev->gated_rmsnorm, "gated_rmsnorm"))
+    /* (rows, d): the DeltaNet's dv = 128, odd d, a part-filled warp and block */
+    static const int64_t gnorm[][2] = { { 1, 1 }, { 17, 130 }, { 1000, 128 }, { 33, 257 }, { 5, 5120 } };
+    if (q35_op_present((const void *)dev->gated_rmsnorm, "gated_rmsnorm")) {
         for (size_t i = 0; i < sizeof gnorm / sizeof gnorm[0]; i++) {
             NEXT_Q35();
-            case_gated_rmsnorm(gnorm[i][0], gnorm[i][1]);
+            case_gated_rmsnorm(gnorm[i][0], gnorm[i][1], 0);
         }
-    static const int64_t partial[][4] = { { 1, 1, 2, 2 }, { 17, 3, 32, 8 }, { 300, 24, 256, 64 } };
+        for (int where = 1; where <= 2; where++) {
+            NEXT_Q35();
+            case_gated_rmsnorm(17, 257, where);
+        }
+    }
+    /* (rows, heads, d, rd): Qwen3.6's 64 of 256, rd/2 not a multiple of 32, rd = d (bit for bit
+     * the backend's rope) */
+    static const int64_t partial[][4] = { { 1, 1, 2, 2 }, { 17, 3, 32, 8 }, { 300, 24, 256, 64 },
+                                          { 33, 5, 128, 42 }, { 17, 3, 64, 64 }, { 9, 4, 130, 130 },
+                                          { 5, 2, 256, 256 } };
     if (q35_op_present((const void *)dev->rope_partial, "rope_partial"))
         for (size_t i = 0; i < sizeof partial / sizeof partial[0]; i++) {
             NEXT_Q35();
             case_rope_partial(partial[i][0], partial[i][1], partial[i][2], partial[i][3]);
         }
+    /* (T, nk, nv, dk, dv, chunk): tiny and odd shapes, T not a multiple of the chunk, Qwen3.6's
+     * dk = dv = 128 with nv = 3 nk and 2 nk, dims that part-fill a warp and a column block,
+     * dk = dv = 256 (the GPU's limit, its largest shared memory), a chunk past the GPU's 64 */
     static const int64_t delta[][6] = { { 1, 1, 1, 1, 1, 0 }, { 7, 2, 4, 5, 3, 3 }, { 200, 2, 6, 16, 16, 64 },
-                                        { 130, 4, 12, 128, 128, 64 }, { 3, 4, 12, 128, 128, 0 } };
-    if (q35_op_present((const void *)dev->gated_delta, "gated_delta"))
+                                        { 130, 4, 12, 128, 128, 64 }, { 3, 4, 12, 128, 128, 0 },
+                                        { 130, 2, 4, 128, 128, 64 }, { 130, 2, 4, 128, 128, 0 },
+                                        { 77, 3, 6, 33, 37, 64 }, { 77, 3, 6, 33, 37, 0 },
+                                        { 5, 1, 1, 7, 40, 2 }, { 70, 1, 2, 256, 256, 64 },
+                                        { 70, 1, 2, 256, 256, 0 }, { 100, 1, 2, 64, 64, 105 } };
+    if (q35_op_present((const void *)dev->gated_delta, "gated_delta")) {
         for (size_t i = 0; i < sizeof delta / sizeof delta[0]; i++) {
             NEXT_Q35();
             case_gated_delta(delta[i][0], delta[i][1], delta[i][2], delta[i][3], delta[i][4], delta[i][5]);
         }
+        case_gated_delta_refused(self_check);
+    }
 #undef NEXT_Q35
 }
 
@@ -1533,7 +1602,7 @@ int main(void)
         }
     run_vector_cases(&seq, self_check);
     run_attention_wide_cases(&seq);
-    run_qwen35_cases(&seq);
+    run_qwen35_cases(&seq, self_check);
 #undef NEXT_CASE
     return cases_summary();
 }

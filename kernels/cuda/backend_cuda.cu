@@ -23,7 +23,8 @@
  *     except the loss's workspace, whose refusal the loss returns as -ENOMEM.
  *
  * The loss is in loss_cuda.cu. DFlash attention (forward and backward) and causal attention
- * are in attention_cuda.cu.
+ * are in attention_cuda.cu. The Qwen3.5 target's DeltaNet core (gated_delta) is in
+ * deltanet_cuda.cu, its conv1d + silu, gated RMSNorm and partial RoPE in ops_cuda.cu.
  *
  * Tested by tests/test_backend_ops.c against the CPU backend (skipped without a GPU).
  */
@@ -263,6 +264,10 @@ static void backends_init(void)
         cb->table.dflash_attention = ddk_cuda_dflash_attention;
         cb->table.dflash_attention_backward = ddk_cuda_dflash_attention_backward;
         cb->table.causal_attention = ddk_cuda_causal_attention;
+        cb->table.conv1d_silu = ddk_cuda_conv1d_silu;
+        cb->table.gated_rmsnorm = ddk_cuda_gated_rmsnorm;
+        cb->table.rope_partial = ddk_cuda_rope_partial;
+        cb->table.gated_delta = ddk_cuda_gated_delta;
         cb->device = d;
         pthread_mutex_init(&cb->lock, NULL);
         pthread_mutex_init(&cb->scratch_lock, NULL);

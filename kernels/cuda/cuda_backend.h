@@ -32,6 +32,12 @@ void ddk_cuda_swiglu_backward(const ddk_backend *be, const float *gate, const fl
                               const float *dh, int64_t count, float *dgate, float *dup);
 void ddk_cuda_embedding(const ddk_backend *be, const float *table, const int32_t *tokens,
                         int64_t rows, int64_t H, float *out);
+void ddk_cuda_rope_partial(const ddk_backend *be, float *x, const int32_t *pos, int64_t rows,
+                           int64_t heads, int64_t d, int64_t rd, float theta);
+void ddk_cuda_conv1d_silu(const ddk_backend *be, const float *x, const float *w,
+                          const float *history, int64_t T, int64_t C, int64_t K, float *y);
+void ddk_cuda_gated_rmsnorm(const ddk_backend *be, const float *x, const float *z, const float *w,
+                            int64_t rows, int64_t d, float eps, float *y);
 /* vector_cuda.cu */
 double ddk_cuda_sumsq(const ddk_backend *be, const float *x, int64_t count);
 void ddk_cuda_axpby(const ddk_backend *be, int64_t count, float alpha, const float *x, float beta,
@@ -56,5 +62,9 @@ int ddk_cuda_dflash_attention_backward(const ddk_backend *be, const ddk_attentio
                                        float *dq, float *dk, float *dv);
 int ddk_cuda_causal_attention(const ddk_backend *be, const ddk_attention_shape *shape,
                               const float *q, const float *k, const float *v, float *out);
+/* deltanet_cuda.cu: the Gated DeltaNet core (recurrence and chunked form) */
+int ddk_cuda_gated_delta(const ddk_backend *be, const ddk_delta_shape *shape, const float *q,
+                         const float *k, const float *v, const float *beta, const float *g,
+                         float *state, float *out);
 
 #endif

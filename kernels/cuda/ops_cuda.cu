@@ -1,7 +1,9 @@
 /* ops_cuda.cu: the drafter's and the target's small ops on the GPU (contracts in ddk.h, struct
- * ddk_backend): RMSNorm forward and backward, rotate-half RoPE, SwiGLU forward and backward,
- * the embedding gather. Plain fp32 kernels, one per op and pass, each queued on the backend's
- * stream (backend_cuda.cu); forward ops overwrite, backward ops ADD into their gradients.
+ * ddk_backend): RMSNorm forward and backward, rotate-half RoPE (whole and partial), SwiGLU
+ * forward and backward, the embedding gather, and the Qwen3.5 target's conv1d + silu and gated
+ * RMSNorm (its DeltaNet core is in deltanet_cuda.cu). Plain fp32 kernels, one per op and pass,
+ * each queued on the backend's stream (backend_cuda.cu); forward ops overwrite, backward ops ADD
+ * into their gradients.
  *
  * Deliberately not here: fusion with the matrix products, vector (16-byte) loads, bf16. These
  * ops are memory-bound and small next to the matrix products and attention; each such step is
@@ -15,7 +17,8 @@
  * without a GPU).
  *
  * Legend: rows independent vectors (tokens, or tokens * heads), d values per vector, heads per
- * token (rope), count elements (swiglu), H hidden size, V vocabulary.
+ * token (rope), rd rotated dims (rope_partial), count elements (swiglu), H hidden size, V
+ * vocabulary, T tokens, C channels and K taps (conv1d_silu).
  */
 #include "ddk.h"
 #include "cuda_backend.h"
@@ -255,9 +258,11 @@ void ddk_cuda_rmsnorm_backward(const ddk_backend *be, const float *x, const floa
 }
 
 /* ------------------------------------------------------------------------------------------
- * RoPE, rotate-half, in place: pair (x_i, x_{i+d/2}) of every head of row r turns by
- * pos[r] * theta^(-2i/d) (the negative angle when inverse).
- * Launch: blocks of whole warps covering d/2 (<= 512) threads, grid-stride over rows. Thread i
+ * RoPE, rotate-half, in place: pair (x_i, x_{i+rd/2}) of every head of row r turns by
+ * pos[r] * theta^(-2i/rd) (the negative angle when inverse); rope is rd = d, rope_partial (the
+ * Qwen3.5 target's partial rotary) rd < d, dims rd..d-1 untouched. One kernel for both, so
+ * rope_partial with rd = d is rope bit for bit (the same expressions on the same values).
+ * Launch: blocks of whole warps covering rd/2 (<= 512) threads, grid-stride over rows. Thread i
  * owns frequency i: it forms theta^(-2i/d) once, then per row the angle, its cos and sin, and
  * turns pair i of every head of the row, so a warp touches 32 consecutive floats of each half.
  * Angles, cos and sin are double as on the CPU (pos up to 10^5 times a frequency near 1 would
@@ -266,13 +271,13 @@ void ddk_cuda_rmsnorm_backward(const ddk_backend *be, const float *x, const floa
 
 __global__ static void rope_kernel(float *x,            /* (rows, heads, d) in place */
                                    const int32_t *pos,  /* (rows) */
-                                   int64_t rows, int64_t heads, int64_t d, float theta,
-                                   double sign)
+                                   int64_t rows, int64_t heads, int64_t d, int64_t rd,
+                                   float theta, double sign)
 {
-    const int64_t half = d / 2, i = threadIdx.x;
+    const int64_t half = rd / 2, i = threadIdx.x;
     if (i >= half)
         return;   /* no barrier below: idle threads may leave */
-    const double inv_freq = pow((double)theta, -2.0 * (double)i / (double)d);
+    const double inv_freq = pow((double)theta, -2.0 * (double)i / (double)rd);
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
         double sin_d, cos_d;
         sincos(sign * (double)pos[r] * inv_freq, &sin_d, &cos_d);
@@ -293,8 +298,21 @@ void ddk_cuda_rope(const ddk_backend *be, float *x, const int32_t *pos, int64_t 
         return;
     cudaStream_t stream = ddk_cuda_stream(be);
     const unsigned threads = (unsigned)(ceil_div(d / 2, 32) * 32);   /* d <= 1024: <= 512 */
-    rope_kernel<<<grid_for(be, rows), threads, 0, stream>>>(x, pos, rows, heads, d, theta,
+    rope_kernel<<<grid_for(be, rows), threads, 0, stream>>>(x, pos, rows, heads, d, d, theta,
                                                             inverse ? -1.0 : 1.0);
+    LAUNCH_CHECK();
+}
+
+/* the first rd of each head's d dims (ddk.h: rd even, 2 <= rd <= d <= 1024) */
+void ddk_cuda_rope_partial(const ddk_backend *be, float *x, const int32_t *pos, int64_t rows,
+                           int64_t heads, int64_t d, int64_t rd, float theta)
+{
+    if (rows <= 0 || heads <= 0 || rd < 2 || rd > d)
+        return;
+    cudaStream_t stream = ddk_cuda_stream(be);
+    const unsigned threads = (unsigned)(ceil_div(rd / 2, 32) * 32);   /* rd <= 1024: <= 512 */
+    rope_kernel<<<grid_for(be, rows), threads, 0, stream>>>(x, pos, rows, heads, d, rd, theta,
+                                                            1.0);
     LAUNCH_CHECK();
 }
 
@@ -380,5 +398,88 @@ void ddk_cuda_embedding(const ddk_backend *be, const float *table, const int32_t
     cudaStream_t stream = ddk_cuda_stream(be);
     embedding_kernel<<<grid_for(be, rows), row_threads(H), 0, stream>>>(table, tokens, rows, H,
                                                                         out);
+    LAUNCH_CHECK();
+}
+
+/* ------------------------------------------------------------------------------------------
+ * The Qwen3.5 target's causal depthwise conv1d + silu (SPEC.md 3.1):
+ * y[t, c] = silu(sum_{m < K} w[c, m] x[t - (K-1) + m, c]), rows before t = 0 from history
+ * (K-1, C) or 0.
+ * Launch: grid-stride, 256 threads per block, one (t, c) per thread per step: consecutive
+ * threads take consecutive channels of a row, so each tap reads a coalesced row of x. The K
+ * taps are summed in float in tap order, as on the CPU. y overlaps neither x nor history (ddk.h).
+ */
+
+__global__ static void conv1d_silu_kernel(const float *x,        /* (T, C) */
+                                          const float *w,        /* (C, K) */
+                                          const float *history,  /* (K-1, C) or NULL */
+                                          int64_t T, int64_t C, int64_t K,
+                                          float *y)              /* (T, C) */
+{
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < T * C;
+         e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t t = e / C, c = e % C;
+        const float *wc = w + c * K;   /* (K): tap m reads row t - (K-1) + m */
+        float acc = 0.0f;
+        for (int64_t m = 0; m < K; m++) {
+            const int64_t s = t - (K - 1) + m;
+            const float xs = s >= 0   ? x[s * C + c]
+                             : history ? history[(K - 1 + s) * C + c]   /* (K-1, C) */
+                                       : 0.0f;
+            acc += wc[m] * xs;
+        }
+        y[e] = acc / (1.0f + expf(-acc));
+    }
+}
+
+void ddk_cuda_conv1d_silu(const ddk_backend *be, const float *x, const float *w,
+                          const float *history, int64_t T, int64_t C, int64_t K, float *y)
+{
+    if (T <= 0 || C <= 0 || K <= 0)
+        return;
+    cudaStream_t stream = ddk_cuda_stream(be);
+    conv1d_silu_kernel<<<grid_for(be, ceil_div(T * C, 256)), 256, 0, stream>>>(x, w, history, T,
+                                                                               C, K, y);
+    LAUNCH_CHECK();
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Gated RMSNorm (the DeltaNet output norm, SPEC.md 3.1): y = x s w silu(z),
+ * s = (mean(x^2) + eps)^(-1/2), the norm of x before the gate.
+ * Launch: as rmsnorm's forward (one block per row, grid-stride, row_threads(d) threads, the sum
+ * of squares in float through block_sum). y may be x or z: every read of x for the sum happens
+ * before block_sum's barriers, and each element's x and z are read by the thread that then
+ * writes its y.
+ */
+
+__global__ static void gated_rmsnorm_kernel(const float *x,   /* (rows, d) */
+                                            const float *z,   /* (rows, d) */
+                                            const float *w,   /* (d) */
+                                            int64_t rows, int64_t d, float eps,
+                                            float *y)         /* (rows, d) */
+{
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float *xr = x + r * d, *zr = z + r * d;
+        float *yr = y + r * d;
+        float ss = 0.0f;
+        for (int64_t i = threadIdx.x; i < d; i += blockDim.x)
+            ss += xr[i] * xr[i];
+        ss = block_sum(ss);
+        const float s = (float)(1.0 / sqrt((double)ss / (double)d + (double)eps));   /* once per row */
+        for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
+            const float zi = zr[i];
+            yr[i] = xr[i] * s * w[i] * (zi / (1.0f + expf(-zi)));
+        }
+    }
+}
+
+void ddk_cuda_gated_rmsnorm(const ddk_backend *be, const float *x, const float *z, const float *w,
+                            int64_t rows, int64_t d, float eps, float *y)
+{
+    if (rows <= 0 || d <= 0)
+        return;
+    cudaStream_t stream = ddk_cuda_stream(be);
+    gated_rmsnorm_kernel<<<grid_for(be, rows), row_threads(d), 0, stream>>>(x, z, w, rows, d, eps,
+                                                                            y);
     LAUNCH_CHECK();
 }
