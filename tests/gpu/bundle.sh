@@ -13,7 +13,8 @@
 #   lib/          libddk and every shared library those ELFs load that the device machine lacks,
 #                 found with ldd (no hand-kept list); never glibc, libgcc, libstdc++, nor the
 #                 driver, CUDA runtime, cuBLAS or NCCL, which the machine has in its own versions
-#   py/           the PyTorch peers and the summary's renderer
+#   py/           the PyTorch peers, qwen35_transformers.py with the oracle modules it imports
+#                 (st.py, cases.py, qwen35.py), the summary's renderer
 #   examples/     the run configs the check trains
 #   models/       the tiny models of ../shared/models (when present)
 #   MANIFEST      what was bundled from which commit, every file with its size
@@ -27,7 +28,10 @@ DIR=$1
 BUILD=${2:-$ROOT/build-bundle}
 LIMIT_BYTES=$((60 * 1024 * 1024))
 BINARIES=(test_backend_ops test_cuda_device test_step_cuda test_comm bench_loss_cuda bench_step_cuda ddtreed)
-PYTHON=(tests/gpu/loss_torch_gpu.py tests/gpu/step_torch_gpu.py tests/gpu/summary.py)
+# the PyTorch peers, the Qwen3.5 comparison with transformers and what it imports (the oracle's
+# safetensors reader, case counter and float64 Qwen3.5 forward), the summary's renderer
+PYTHON=(tests/gpu/loss_torch_gpu.py tests/gpu/step_torch_gpu.py tests/gpu/qwen35_transformers.py
+        tests/oracle/st.py tests/oracle/cases.py tests/oracle/qwen35.py tests/gpu/summary.py)
 EXAMPLES=(examples/tiny.json)
 MODELS=(qwen35-tiny stories260k)
 # what the device machine brings itself (sonames; prefixes end in a dot or a dash)

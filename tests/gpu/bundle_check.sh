@@ -6,10 +6,16 @@
 #      is glibc / libgcc / libstdc++, or one of libcuda, libcudart, libcublas(Lt), libnccl (the
 #      device machine's own), and none of those five is in the bundle; under 60 MiB;
 #   3. DIR/check.sh runs from the bundle on this GPU-less machine: exit 77, every GPU test ran
-#      and said skipped (test_comm's CPU part passed), summary.md and results.jsonl written;
-#   4. summary.py renders sample lines of every kind (ddtree and torch loss and step lines, a
-#      line without figures, a failed one, an unreadable one) into the rows and verdicts due;
-#   5. step_torch_gpu.py trains a tiny step on the CPU (where /usr/bin/python3 has torch).
+#      and said skipped (test_comm's CPU part passed), the Qwen3.5 comparison ran (skipped
+#      without transformers), summary.md and results.jsonl written;
+#   4. summary.py renders sample lines of every kind (ddtree and torch loss and step lines, the
+#      Qwen3.5 comparison's, a line without figures, a failed one, an unreadable one) into the
+#      rows and verdicts due;
+#   5. step_torch_gpu.py trains a tiny step on the CPU (where /usr/bin/python3 has torch);
+#   6. qwen35_transformers.py from the bundle (where /usr/bin/python3 has numpy and the bundle
+#      has models/qwen35-tiny): --only-ddtree compares the bundle's ddtreed with the float64
+#      oracle through the whole plumbing (exit 0, a JSON line with every figure); without
+#      --only-ddtree it exits 77 where transformers is not importable.
 # Usage: bundle_check.sh BUILD. Exit 77 when BUILD is not a CUDA build.
 set -uo pipefail
 
@@ -65,7 +71,8 @@ carried=$(ls "$DIR/lib" | grep -E '^lib(cuda|cudart|cublas|cublasLt|nccl)\.so' |
 size=$(du -sb "$DIR" | cut -f1)
 [ "$size" -le $((60 * 1024 * 1024)) ] && ok "the bundle is $((size / 1048576)) MiB (<= 60 MiB)" ||
     fail "the bundle is at most 60 MiB" "$size bytes"
-for f in check.sh MANIFEST py/summary.py py/loss_torch_gpu.py py/step_torch_gpu.py examples/tiny.json; do
+for f in check.sh MANIFEST py/summary.py py/loss_torch_gpu.py py/step_torch_gpu.py py/qwen35_transformers.py \
+         py/st.py py/cases.py py/qwen35.py examples/tiny.json; do
     [ -s "$DIR/$f" ] || fail "the bundle holds $f" "missing"
 done
 grep -q '^commit [0-9a-f]\{40\}' "$DIR/MANIFEST" && grep -q ' ./bin/ddtreed$' "$DIR/MANIFEST" &&
@@ -78,6 +85,8 @@ S=$TMP/out/summary.md
 if [ "$rc" = 77 ] && [ -s "$S" ] && grep -q '^| test_backend_ops | skipped (77) |' "$S" &&
    grep -q '^| test_step_cuda | skipped (77) |' "$S" && grep -q '^| test_cuda_device | skipped (77) |' "$S" &&
    grep -q '^| test_comm | ok |' "$S" && grep -q '^| libcublas.so.13 | /' "$S" &&
+   grep -qE '^\| qwen35_transformers\.py [^|]*\| (ok|skipped \(77\)) \|' "$S" &&
+   grep -q '"tag":"qwen35-transformers"' "$TMP/out/results.jsonl" &&
    grep -q '^| LD_LIBRARY_PATH | '"$DIR"'/lib' "$S" && grep -q '"skipped"' "$TMP/out/results.jsonl"; then
     ok "check.sh runs from the bundle without a GPU: exit 77, the GPU tests skipped, summary.md written"
 else
@@ -95,6 +104,8 @@ cat >"$TMP/sample.jsonl" <<'EOF'
 {"tag":"step-fp32","missing":"no JSON line (timed out after 90s)"}
 {"tag":"loss-torch-fp32","impl":"torch-gpu","failed":"out of memory: CUDA out of memory"}
 this line is not JSON
+{"tag":"qwen35-transformers","impl":"qwen35-vs-transformers","tol":0.0001,"figures":{"bf16 transformers-cpu":{"layer7F":2e-06,"teacher_hidden":3e-06,"logits":4e-06},"text-only transformers-cuda":{"layer3F":0.002,"logits":"nan"}},"worst":{"what":"text-only logits vs transformers-cuda","figure":"nan"},"cases_passed":3,"cases_failed":2,"transformers":"5.0","torch":"2.11","gated_delta_rule":"torch (forced)","errors":["bf16-q35 transformers: no such class"]}
+{"tag":"qwen35-later","missing":"no JSON line (timed out after 90s)"}
 EOF
 python3 "$DIR/py/summary.py" "$TMP/sample.jsonl" >"$TMP/sample.md" 2>&1
 want=(
@@ -108,6 +119,11 @@ want=(
     "| step-fp32 | - | no JSON line (timed out after 90s) |"
     "| loss-torch-fp32 | - | - | - | failed: out of memory: CUDA out of memory |"
     "| line 7 | - | - | - | unreadable JSON"
+    "| qwen35-transformers | bf16 | transformers-cpu | logits | 4.00e-06 | 0.0001 | met |"
+    "| qwen35-transformers | text-only | transformers-cuda | logits | not finite | 0.0001 | not met |"
+    "| qwen35-transformers | - | - | - | - | - | error: bf16-q35 transformers: no such class |"
+    "| qwen35-later | - | - | - | - | - | no JSON line (timed out after 90s) |"
+    "- qwen35-transformers: worst text-only logits vs transformers-cuda = not finite (3 comparisons passed, 2 failed; transformers 5.0, torch 2.11"
 )
 missing=()
 for w in "${want[@]}"; do grep -qF -- "$w" "$TMP/sample.md" || missing+=("no line with: $w"); done
@@ -126,6 +142,36 @@ if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
     fi
 else
     echo "skip step_torch_gpu.py on the CPU: /usr/bin/python3 has no torch"
+fi
+
+# --- 6. the Qwen3.5 comparison's plumbing, the bundle's ddtreed against the float64 oracle -----
+if [ ! -d "$DIR/models/qwen35-tiny" ]; then
+    echo "skip qwen35_transformers.py: the bundle has no models/qwen35-tiny (../shared/models is absent)"
+elif ! /usr/bin/python3 -c 'import numpy' 2>/dev/null; then
+    echo "skip qwen35_transformers.py: /usr/bin/python3 has no numpy"
+else
+    q35=(/usr/bin/python3 "$DIR/py/qwen35_transformers.py" --ddtreed "$DIR/bin/ddtreed" --model-dir "$DIR/models/qwen35-tiny")
+    LD_LIBRARY_PATH="$DIR/lib" "${q35[@]}" --only-ddtree >"$TMP/q35.out" 2>&1
+    rc=$?
+    if [ "$rc" = 0 ] && tail -n 1 "$TMP/q35.out" | /usr/bin/python3 -c '
+import json, sys
+r = json.loads(sys.stdin.read())
+figs = [v for f in r["figures"].values() for v in f.values()]
+sys.exit(not (r["impl"] == "qwen35-vs-transformers" and len(r["figures"]) == 3 and len(figs) == 18
+              and all(isinstance(v, float) and v <= r["tol"] for v in figs) and r["cases_failed"] == 0))'; then
+        ok "qwen35_transformers.py --only-ddtree: the bundle's ddtreed against the float64 oracle ($(grep -o 'worst: .*' "$TMP/q35.out"))"
+    else
+        fail "qwen35_transformers.py --only-ddtree (rc $rc, want 0)" "$(tail -n 8 "$TMP/q35.out")"
+    fi
+    want=77
+    /usr/bin/python3 -c 'import transformers' 2>/dev/null && want=0
+    LD_LIBRARY_PATH="$DIR/lib" "${q35[@]}" --devices cpu >"$TMP/q35t.out" 2>&1
+    rc=$?
+    if [ "$rc" = "$want" ] && tail -n 1 "$TMP/q35t.out" | grep -q '^{"impl": "qwen35-vs-transformers"'; then
+        ok "qwen35_transformers.py against transformers: exit $rc ($([ "$want" = 77 ] && echo 'no transformers here: skipped' || echo 'agrees'))"
+    else
+        fail "qwen35_transformers.py against transformers (rc $rc, want $want)" "$(tail -n 8 "$TMP/q35t.out")"
+    fi
 fi
 
 echo "$passed passed, $failed failed"

@@ -14,7 +14,10 @@
 #      (a library that does not resolve ends the check there: nothing else could run);
 #   2. the GPU tests: cuda_device, backend_ops (every op, CUDA against CPU), step_cuda (whole
 #      steps and trainer runs, GPU against CPU), comm (NCCL); a GPU test that says skipped on
-#      the device machine is a failure;
+#      the device machine is a failure; then qwen35_transformers.py: `ddtreed features` on
+#      models/qwen35-tiny against transformers' Qwen3.5 in float32 on the CPU, and on the GPU
+#      where torch sees one (it needs none, so it runs without one too; a disagreement fails the
+#      check, no transformers is a skip);
 #   3. ddtreed train examples/tiny.json on the GPU ("devices": "all"), 200 steps: the daemon's
 #      own foreground run, with its records;
 #   4. bench_loss_cuda at the seed's settings (24,576 x 5,120 x 248,320, chunk 1024, bf16
@@ -27,14 +30,17 @@
 # Room for the next checks: a step goes in its place in this order with `step` or `bench_step`.
 #
 # Files (at most 8 come back from the device tool), under ${OUT:-/tmp/ddtree-gpu}:
-#   summary.md    the machine, every step's status, the loss, ceiling, workspace and step tables
+#   summary.md    the machine, every step's status, the loss, ceiling, workspace and step tables,
+#                 the Qwen3.5 target against transformers
 #   check.log     every step's output, with its command, exit status and time
 #   sanitizer.log compute-sanitizer's output
-#   results.jsonl one JSON line per benchmark step, tagged, or {"tag":..,"missing":..}
+#   results.jsonl one JSON line per benchmark step and the Qwen3.5 comparison, tagged, or
+#                 {"tag":..,"missing":..}
 #   train.log     the tiny training run's output
-# Exit status: 0 when every GPU test and the training run passed; 77 when no GPU was seen (the
-# summary says so; this is how tests/gpu/bundle_check.sh runs the script on a machine without
-# one); 1 otherwise. Benchmarks never fail it.
+# Exit status: 0 when every GPU test, the Qwen3.5 comparison (or its skip) and the training run
+# passed; 77 when no GPU was seen and nothing failed (the summary says so; this is how
+# tests/gpu/bundle_check.sh runs the script on a machine without one); 1 otherwise. Benchmarks
+# never fail it.
 set -uo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -210,6 +216,11 @@ if [ "$FAILED" = 0 ]; then
     gpu_test backend_ops "test_backend_ops" 150 "$B/bin/test_backend_ops"
     gpu_test step_cuda "test_step_cuda" 150 "$B/bin/test_step_cuda"
     gpu_test comm "test_comm" 60 "$B/bin/test_comm"
+    # --- 2b. the Qwen3.5 target against transformers (needs no GPU; on it too where torch sees one) ---
+    export PYTHONUNBUFFERED=1
+    bench_step qwen35-transformers "qwen35_transformers.py (ddtreed features against transformers, fp32)" 90 \
+        "$PY" "$B/py/qwen35_transformers.py" --ddtreed "$B/bin/ddtreed" --model-dir "$B/models/qwen35-tiny"
+    case $? in 0|77|124|137) ;; *) FAILED=1 ;; esac   # 77: no transformers; a time-out says so, like a benchmark
     if [ "$HAVE_GPU" = 1 ]; then
         # --- 3. the daemon's own run on the GPU ------------------------------------------------
         step "ddtreed train tiny on the GPU, 200 steps" 90 "$B/bin/ddtreed" train "$B/examples/tiny.json" \
@@ -217,7 +228,6 @@ if [ "$FAILED" = 0 ]; then
         tail -n 8 "$LOGS/train.log" | tee -a "$LOG"
 
         # --- 4. the seed's loss and step, ddtree beside PyTorch, bf16 -------------------------
-        export PYTHONUNBUFFERED=1
         bench_step loss-seed-bf16 "bench_loss_cuda seed settings (chunk 1024, bf16 products)" 90 \
             "$B/bin/bench_loss_cuda" --chunk 1024 --bf16 1 --reps 2
         bench_step step-bf16 "bench_step_cuda Qwen3.6-27B drafter, bf16 products" 150 \

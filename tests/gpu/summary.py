@@ -5,20 +5,20 @@
 
 results.jsonl has one JSON object per benchmark step of check.sh, tagged with the step
 ("tag"): bench_loss_cuda's (impl ddtree-cuda), loss_torch_gpu.py's (torch-gpu),
-bench_step_cuda's (ddtree-cuda-step), step_torch_gpu.py's (torch-gpu-step), or
-{"tag":..,"missing":..} when a step left no line; a "skipped" or "failed" field stands for a
+bench_step_cuda's (ddtree-cuda-step), step_torch_gpu.py's (torch-gpu-step),
+qwen35_transformers.py's (qwen35-vs-transformers, tag qwen35-*), or {"tag":..,"missing":..}
+when a step left no line; a "skipped" or "failed" field stands for a
 run without figures. Every line becomes a row: an odd or partial one says so instead of hiding
 the others. Prints markdown: the loss table, the matmul ceilings and the loss goal, the
 workspace against the seed's per-chunk peak, the training step table (ddtree beside PyTorch)
-and its goals.
+and its goals, and the Qwen3.5 target against transformers (the worst figure per variant and
+reference).
 
 Tested by tests/gpu/bundle_check.sh, which renders the lines of a run without a GPU and a
 set of sample lines of every kind.
 """
 import json
 import sys
-
-import json, sys
 
 rows = []
 for n, line in enumerate(open(sys.argv[1]), 1):
@@ -49,7 +49,11 @@ def why(r):
 def is_step(r):
     return r.get("impl") in ("ddtree-cuda-step", "torch-gpu-step") or "step" in str(r.get("tag", ""))
 
-loss_rows = [r for r in rows if not is_step(r) and (r.get("impl") in ("ddtree-cuda", "torch-gpu") or absent(r))]
+def is_target(r):   # qwen35_transformers.py's lines, and what stands in their place
+    return r.get("impl") == "qwen35-vs-transformers" or str(r.get("tag", "")).startswith("qwen35")
+
+loss_rows = [r for r in rows if not is_step(r) and not is_target(r)
+             and (r.get("impl") in ("ddtree-cuda", "torch-gpu") or absent(r))]
 step_rows = [r for r in rows if is_step(r)]
 cuda = [r for r in rows if r.get("impl") == "ddtree-cuda" and not absent(r)]
 natives = [r.get("ceiling_bf16_native_tflops") for r in cuda if r.get("ceiling_bf16_native_status") == "ok"]
@@ -194,3 +198,45 @@ if ours and theirs and all(isinstance(x.get("positions_per_s"), (int, float)) fo
     print(f"- ddtree bf16 step against the seed's torch step, same run: "
           f"{ours[0]['positions_per_s'] / theirs[0]['positions_per_s']:.2f}x the positions/s, "
           f"{num(ours[0].get('peak_bytes'), '.1f', 1e9)} GB against {num(theirs[0].get('peak_bytes'), '.1f', 1e9)} GB peak")
+
+# --- the Qwen3.5 target against transformers ------------------------------------------------
+print()
+print("## Qwen3.5 target: `ddtreed features` against transformers (fp32; goal: max|d|/max|ref| <= tol)")
+print()
+print("Per variant of qwen35-tiny and reference (transformers on the CPU / GPU, the float64 oracle): the worst of "
+      "the tapped layers' residual streams, teacher_hidden and the logits.")
+print()
+print("| run | variant | reference | worst quantity | max\\|d\\| / max\\|ref\\| | tol | verdict |")
+print("| --- | --- | --- | --- | --- | --- | --- |")
+target_rows = [r for r in rows if is_target(r)]
+for r in target_rows:
+    tag = r.get("tag", "?")
+    try:
+        if absent(r):
+            print(f"| {tag} | - | - | - | - | - | {why(r)} |")
+            continue
+        tol = r.get("tol")
+        for key, fig in (r.get("figures") or {}).items():
+            variant, _, ref = str(key).partition(" ")
+            worst_q, worst = max(((q, v if isinstance(v, (int, float)) else float("inf")) for q, v in fig.items()),
+                                 key=lambda qv: qv[1], default=("-", None))
+            ok = isinstance(worst, (int, float)) and isinstance(tol, (int, float)) and worst <= tol
+            shown = num(worst, ".2e") if worst != float("inf") else "not finite"
+            print(f"| {tag} | {variant} | {ref} | {worst_q} | {shown} | {num(tol, 'g')} | {'met' if ok else 'not met'} |")
+        for e in r.get("errors") or []:
+            print(f"| {tag} | - | - | - | - | - | error: {e} |")
+    except Exception as exc:
+        print(f"| {tag} | unreadable line: {exc!r} | - | - | - | - | - |")
+if not target_rows:
+    print("| - | no qwen35_transformers.py line | - | - | - | - | - |")
+for r in target_rows:
+    if absent(r) or not isinstance(r.get("worst"), dict):
+        continue
+    w = r["worst"]
+    versions = ", ".join(f"{k} {r[k]}" for k in ("transformers", "torch") if k in r)
+    print()
+    fig = w.get("figure")
+    print(f"- {r.get('tag', '?')}: worst {w.get('what', '?')} = "
+          f"{num(fig, '.2e') if isinstance(fig, (int, float)) else 'not finite'} "
+          f"({r.get('cases_passed', '?')} comparisons passed, {r.get('cases_failed', '?')} failed"
+          f"{'; ' + versions if versions else ''}; Gated DeltaNet: {r.get('gated_delta_rule', '-')})")
