@@ -220,7 +220,7 @@ static attn_data make_data(const attn_case *c, uint64_t seed)
 {
     attn_data x;
     memset(&x, 0, sizeof x);
-    x.sh = (ddk_attention_shape){ c->S, c->A, c->B, c->nh, c->nkv, c->d, c->window };
+    x.sh = (ddk_attention_shape){ c->S, c->A, c->B, c->nh, c->nkv, c->d, c->window, 0 };
     x.nq = c->A * c->B;
     x.nk = c->S + c->A * c->B;
     uint64_t rng = seed;
@@ -418,7 +418,7 @@ static void test_finite_differences(void)
 static void test_causal_case(int64_t T, int64_t nh, int64_t nkv, int64_t d, uint64_t seed)
 {
     const ddk_backend *be = ddk_backend_cpu();
-    const ddk_attention_shape sh = { T, 0, 0, nh, nkv, d, 0 };
+    const ddk_attention_shape sh = { T, 0, 0, nh, nkv, d, 0, 0 };
     uint64_t rng = seed;
     float *q = xcalloc((size_t)(T * nh * d), sizeof(float));
     float *k = xcalloc((size_t)(T * nkv * d), sizeof(float));
@@ -479,7 +479,7 @@ static void test_budget(void)
     check(all_sentinel(dq, n_out + guard_words) && all_sentinel(dk, n_kv + guard_words) &&
               all_sentinel(dv, n_kv + guard_words),
           "backward over budget wrote dq, dk or dv");
-    const ddk_attention_shape causal = { 10, 0, 0, c.nh, c.nkv, c.d, 0 };   /* T=10 fits x's */
+    const ddk_attention_shape causal = { 10, 0, 0, c.nh, c.nkv, c.d, 0, 0 };   /* T=10 fits x's */
     rc = be->causal_attention(be, &causal, x.q, x.k, x.v, out);
     check(rc == -ENOMEM, "causal over budget returned %d, not -ENOMEM", rc);
     check(all_sentinel(out, n_out + guard_words), "causal over budget wrote out");

@@ -19,8 +19,11 @@
  * self-check mode), and the Qwen3.5 target's forward-only ops (conv1d_silu with and without
  * history, gated_rmsnorm also in place, rope_partial with rd = d bit for bit the backend's own
  * rope, gated_delta's recurrence and chunked form, the chunked form also against the backend's
- * own recurrence, and its refusals), each reported "SKIPPED: OP not implemented on CUDA yet"
- * should a table leave it NULL. The backward of each op is checked against finite differences
+ * own recurrence, and its refusals), and the frozen target's matmul_w16 (bf16 weights as
+ * stored: across scratch panels of rows and of k, k = 0), embedding_w16 and copy_rows (exact;
+ * copy_rows also from the host), l2norm_heads, sigmoid_mul and delta_gates (also in place) and
+ * causal attention over a cache (q_rows 1, 5, S, 0 of S keys; q_rows > S refused), each reported
+ * "SKIPPED: OP not implemented on CUDA yet" should a table leave it NULL. The backward of each op is checked against finite differences
  * by tests/test_ops.c on the CPU; here the GPU has to match the CPU.
  *
  * Skipped (exit 77, "SKIPPED: no GPU") when libddk has no CUDA or the machine no GPU: never
@@ -825,7 +828,7 @@ static void case_dflash_attention(const attn_case_shape *s)
              "dflash_attention S=%lld A=%lld B=%lld nh=%lld nkv=%lld d=%lld window=%lld",
              (long long)s->S, (long long)s->A, (long long)s->B, (long long)s->nh,
              (long long)s->nkv, (long long)s->d, (long long)s->window);
-    const ddk_attention_shape sh = { s->S, s->A, s->B, s->nh, s->nkv, s->d, s->window };
+    const ddk_attention_shape sh = { s->S, s->A, s->B, s->nh, s->nkv, s->d, s->window, 0 };
     const int64_t A = s->A, nq = A * s->B * s->nh * s->d, nk = (s->S + A * s->B) * s->nkv * s->d;
     const int64_t nl = A * s->B * s->nh;
     float *q = host_floats(nq), *k = host_floats(nk), *v = host_floats(nk);
@@ -887,7 +890,7 @@ static void case_causal_attention(int64_t T, int64_t nh, int64_t nkv, int64_t d)
 {
     snprintf(case_name, sizeof case_name, "causal_attention T=%lld nh=%lld nkv=%lld d=%lld",
              (long long)T, (long long)nh, (long long)nkv, (long long)d);
-    const ddk_attention_shape sh = { T, 0, 0, nh, nkv, d, 0 };
+    const ddk_attention_shape sh = { T, 0, 0, nh, nkv, d, 0, 0 };
     const int64_t nq = T * nh * d, nk = T * nkv * d;
     float *q = host_floats(nq), *k = host_floats(nk), *v = host_floats(nk);
     fill_uniform(q, nq, -2.0, 2.0);
@@ -908,7 +911,7 @@ static void case_causal_attention(int64_t T, int64_t nh, int64_t nkv, int64_t d)
 static void case_attention_einval(void)
 {
     snprintf(case_name, sizeof case_name, "attention bad shape (nh=3 nkv=2): -EINVAL");
-    const ddk_attention_shape sh = { 4, 2, 3, 3, 2, 8, 0 };
+    const ddk_attention_shape sh = { 4, 2, 3, 3, 2, 8, 0, 0 };
     const int64_t nq = 2 * 3 * 3 * 8, nk = (4 + 6) * 2 * 8, nl = 2 * 3 * 3;
     float *x = host_floats(nk);
     fill_uniform(x, nk, -1.0, 1.0);
@@ -1511,6 +1514,233 @@ static void run_qwen35_cases(uint64_t *seq, int self_check)
 #undef NEXT_Q35
 }
 
+/* ------------------------------------------------------------------------------------------
+ * The frozen target on bf16 weights and its element-wise steps: matmul_w16, embedding_w16,
+ * copy_rows, l2norm_heads, sigmoid_mul, delta_gates, and causal attention over a cache
+ * (q_rows). A NULL op prints "SKIPPED: OP not implemented on CUDA yet" (q35_op_present).
+ */
+
+/* matmul_w16: the same bf16 operands on both sides (a rounded to nearest even by each, W as
+ * stored), products exact in fp32: only the fp32 sums' order differs, tol_matmul(k) */
+
+/* m, n, k, pad (every leading dimension), alpha, beta */
+static void case_matmul_w16(int64_t m, int64_t n, int64_t k, int64_t pad, float alpha, float beta)
+{
+    snprintf(case_name, sizeof case_name, "matmul_w16 %lldx%lldx%lld pad=%lld alpha=%g beta=%g",
+             (long long)m, (long long)n, (long long)k, (long long)pad, (double)alpha, (double)beta);
+    const int64_t lda = k + pad, ldw = k + pad, ldc = n + pad;
+    float *a = host_floats(m * lda), *c0 = host_floats(m * ldc);
+    uint16_t *w = host((size_t)(n * ldw) * sizeof(uint16_t));   /* (n, ldw) bf16 */
+    fill_uniform(a, m * lda, -1.0, 1.0);
+    fill_uniform(c0, m * ldc, -1.0, 1.0);
+    for (int64_t i = 0; i < n * ldw; i++)
+        w[i] = ddk_f32_to_bf16((float)(-1.0 + 2.0 * ddk_rng_uniform(&rng_state)));
+    if (beta == 0.0f)
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < n; j++)
+                c0[i * ldc + j] = NAN;
+    float *c = host_copy(c0, m * ldc);
+    cpu->matmul_w16(cpu, m, n, k, alpha, a, lda, w, ldw, beta, c, ldc);
+    float *a_dev = dev_floats(a, m * lda, "a"), *c_dev = dev_floats(c0, m * ldc, "c");
+    uint16_t *w_dev = dev_buffer(w, (size_t)(n * ldw) * sizeof(uint16_t), "W");
+    dev->matmul_w16(dev, m, n, k, alpha, a_dev, lda, w_dev, ldw, beta, c_dev, ldc);
+    float *got = download(c_dev, m * ldc);
+    float *got_block = host_floats(m * n), *want_block = host_floats(m * n);
+    int64_t pad_changed = 0;
+    for (int64_t i = 0; i < m; i++) {
+        memcpy(got_block + i * n, got + i * ldc, (size_t)n * sizeof(float));
+        memcpy(want_block + i * n, c + i * ldc, (size_t)n * sizeof(float));
+        pad_changed += memcmp(got + i * ldc + n, c0 + i * ldc + n, (size_t)pad * sizeof(float)) != 0;
+    }
+    expect_close("c", got_block, want_block, m * n, tol_matmul(k));
+    check(pad_changed == 0, "c: the padding of %lld rows was written", (long long)pad_changed);
+    end_case(case_name);
+}
+
+static void case_embedding_w16(int64_t rows, int64_t H, int64_t V)
+{
+    snprintf(case_name, sizeof case_name, "embedding_w16 rows=%lld H=%lld V=%lld", (long long)rows,
+             (long long)H, (long long)V);
+    uint16_t *table = host((size_t)(V * H) * sizeof(uint16_t));   /* (V, H) bf16, any finite bits */
+    for (int64_t i = 0; i < V * H; i++)
+        do
+            table[i] = (uint16_t)ddk_rng_next(&rng_state);
+        while ((table[i] & 0x7f80u) == 0x7f80u);
+    int32_t *tokens = host((size_t)rows * sizeof(int32_t));
+    for (int64_t r = 0; r < rows; r++)
+        tokens[r] = (int32_t)(r == 0 ? V - 1 : r == rows - 1 ? 0 : rng_below(V));
+    float *out = host_floats(rows * H);
+    cpu->embedding_w16(cpu, table, tokens, rows, H, out);
+    uint16_t *table_dev = dev_buffer(table, (size_t)(V * H) * sizeof(uint16_t), "table");
+    int32_t *tokens_dev = dev_buffer(tokens, (size_t)rows * sizeof(int32_t), "tokens");
+    float *out_dev = dev_floats(NULL, rows * H, "out");
+    dev->embedding_w16(dev, table_dev, tokens_dev, rows, H, out_dev);
+    expect_same("out", download(out_dev, rows * H), out, (size_t)(rows * H) * sizeof(float));
+    end_case(case_name);
+}
+
+/* device to device, and host to device (copy_rows takes any pointers, as copy): exact, the
+ * padding of dst as it started */
+static void case_copy_rows(int64_t rows, int64_t cols, int64_t pad_src, int64_t pad_dst)
+{
+    snprintf(case_name, sizeof case_name, "copy_rows rows=%lld cols=%lld ld_src=+%lld ld_dst=+%lld",
+             (long long)rows, (long long)cols, (long long)pad_src, (long long)pad_dst);
+    const int64_t ld_src = cols + pad_src, ld_dst = cols + pad_dst;
+    float *src = host_floats(rows * ld_src), *dst0 = host_floats(rows * ld_dst);
+    fill_uniform(src, rows * ld_src, -1.0, 1.0);
+    fill_uniform(dst0, rows * ld_dst, 5.0, 6.0);
+    float *want = host_copy(dst0, rows * ld_dst);
+    cpu->copy_rows(cpu, want, ld_dst, src, ld_src, rows, cols);
+    float *src_dev = dev_floats(src, rows * ld_src, "src");
+    float *dst_dev = dev_floats(dst0, rows * ld_dst, "dst"), *dst2_dev = dev_floats(dst0, rows * ld_dst, "dst (from host)");
+    dev->copy_rows(dev, dst_dev, ld_dst, src_dev, ld_src, rows, cols);
+    dev->copy_rows(dev, dst2_dev, ld_dst, src, ld_src, rows, cols);
+    expect_same("dst", download(dst_dev, rows * ld_dst), want, (size_t)(rows * ld_dst) * sizeof(float));
+    expect_same("dst from host", download(dst2_dev, rows * ld_dst), want, (size_t)(rows * ld_dst) * sizeof(float));
+    end_case(case_name);
+}
+
+/* l2norm_heads: the GPU sums d squares per lane and by a shuffle tree, the CPU in index order,
+ * both in float (~sqrt(d) 2^-24); then the same sqrtf, division and product (IEEE on both) */
+static void case_l2norm_heads(int64_t T, int64_t heads, int64_t d, int64_t pad, int in_place)
+{
+    snprintf(case_name, sizeof case_name, "l2norm_heads T=%lld heads=%lld d=%lld ld=+%lld%s",
+             (long long)T, (long long)heads, (long long)d, (long long)pad, in_place ? " in place" : "");
+    const int64_t ld = heads * d + pad, n = T * heads * d;
+    const float scale = 1.0f / sqrtf((float)d);
+    float *src = host_floats(T * ld);
+    fill_uniform(src, T * ld, -2.0, 2.0);
+    float *dst = host_floats(n);
+    cpu->l2norm_heads(cpu, src, ld, T, heads, d, scale, 1e-6f, dst);
+    float *src_dev = dev_floats(src, T * ld, "src");
+    float *dst_dev = in_place ? src_dev : dev_floats(NULL, n, "dst");
+    dev->l2norm_heads(dev, src_dev, ld, T, heads, d, scale, 1e-6f, dst_dev);
+    expect_close("dst", download(dst_dev, n), dst, n, tol_q35_elementwise);
+    end_case(case_name);
+}
+
+static void case_sigmoid_mul(int64_t count)
+{
+    snprintf(case_name, sizeof case_name, "sigmoid_mul count=%lld", (long long)count);
+    float *x = host_floats(count), *gate = host_floats(count);
+    fill_uniform(x, count, -3.0, 3.0);
+    fill_uniform(gate, count, -30.0, 30.0);
+    float *want = host_copy(x, count);
+    cpu->sigmoid_mul(cpu, want, gate, count);
+    float *x_dev = dev_floats(x, count, "x"), *gate_dev = dev_floats(gate, count, "gate");
+    dev->sigmoid_mul(dev, x_dev, gate_dev, count);
+    expect_close("x", download(x_dev, count), want, count, tol_q35_elementwise);
+    end_case(case_name);
+}
+
+/* delta_gates: CUDA's expf and log1pf (2 and 1 ulp) against glibc's, a product: a few ulps */
+static void case_delta_gates(int64_t T, int64_t nv, int in_place)
+{
+    snprintf(case_name, sizeof case_name, "delta_gates T=%lld nv=%lld%s", (long long)T, (long long)nv,
+             in_place ? " in place" : "");
+    const int64_t n = T * nv;
+    float *b = host_floats(n), *a = host_floats(n), *A_log = host_floats(nv), *dt_bias = host_floats(nv);
+    fill_uniform(b, n, -10.0, 10.0);
+    fill_uniform(a, n, -25.0, 25.0);   /* a + dt_bias past the softplus threshold 20 both ways */
+    fill_uniform(A_log, nv, -3.0, 2.0);
+    fill_uniform(dt_bias, nv, -5.0, 5.0);
+    float *beta = host_floats(n), *g = host_floats(n);
+    cpu->delta_gates(cpu, b, a, A_log, dt_bias, T, nv, beta, g);
+    float *b_dev = dev_floats(b, n, "b"), *a_dev = dev_floats(a, n, "a");
+    float *A_dev = dev_floats(A_log, nv, "A_log"), *dt_dev = dev_floats(dt_bias, nv, "dt_bias");
+    float *beta_dev = in_place ? b_dev : dev_floats(NULL, n, "beta");
+    float *g_dev = in_place ? a_dev : dev_floats(NULL, n, "g");
+    dev->delta_gates(dev, b_dev, a_dev, A_dev, dt_dev, T, nv, beta_dev, g_dev);
+    expect_close("beta", download(beta_dev, n), beta, n, tol_q35_elementwise);
+    expect_close("g", download(g_dev, n), g, n, tol_q35_elementwise);
+    end_case(case_name);
+}
+
+/* causal attention of the last q_rows of S positions (tol_attn_fwd's reason) */
+static void case_causal_cached(int64_t S, int64_t q_rows, int64_t nh, int64_t nkv, int64_t d)
+{
+    snprintf(case_name, sizeof case_name, "causal_attention S=%lld q_rows=%lld nh=%lld nkv=%lld d=%lld",
+             (long long)S, (long long)q_rows, (long long)nh, (long long)nkv, (long long)d);
+    const ddk_attention_shape sh = { .S = S, .nh = nh, .nkv = nkv, .d = d, .q_rows = q_rows };
+    const int64_t T = q_rows ? q_rows : S, nq = T * nh * d, nk = S * nkv * d;
+    float *q = host_floats(nq), *k = host_floats(nk), *v = host_floats(nk);
+    fill_uniform(q, nq, -2.0, 2.0);
+    fill_uniform(k, nk, -2.0, 2.0);
+    fill_uniform(v, nk, -1.0, 1.0);
+    float *out = host_floats(nq);
+    check(cpu->causal_attention(cpu, &sh, q, k, v, out) == 0, "cpu causal");
+    float *q_dev = dev_floats(q, nq, "q"), *k_dev = dev_floats(k, nk, "k"),
+          *v_dev = dev_floats(v, nk, "v"), *out_dev = dev_floats(NULL, nq, "out");
+    int rc = dev->causal_attention(dev, &sh, q_dev, k_dev, v_dev, out_dev);
+    check(rc == 0, "causal returned %d", rc);
+    expect_close("out", download(out_dev, nq), out, nq, tol_attn_fwd);
+    const ddk_attention_shape bad = { .S = S, .nh = nh, .nkv = nkv, .d = d, .q_rows = S + 1 };
+    rc = dev->causal_attention(dev, &bad, q_dev, k_dev, v_dev, out_dev);
+    check(rc == -EINVAL, "q_rows = S + 1: rc %d, not -EINVAL", rc);
+    end_case(case_name);
+}
+
+static void run_target_cases(uint64_t *seq)
+{
+#define NEXT_T() (rng_state = 0x5eed0000u + *seq, misalign = ((*seq)++ % 2) * 4)
+    /* (m, n, k, pad, alpha, beta): tiny, odd, one token through a Qwen3.6-wide projection, a
+     * prefill past one scratch panel (1000 rows of k 5120: 384-row panels), k past the scratch
+     * (2^21 + 5 columns: two k-panels accumulating), k = 0 */
+    static const struct { int64_t m, n, k, pad; float alpha, beta; } w16[] = {
+        { 1, 1, 1, 0, 1.0f, 0.0f }, { 3, 5, 7, 3, 0.5f, 0.25f }, { 17, 33, 65, 1, -1.0f, 1.0f },
+        { 130, 64, 2, 0, 1.0f, 0.0f }, { 1, 4096, 5120, 0, 1.0f, 0.0f }, { 1000, 130, 5120, 5, 1.0f, 1.0f },
+        { 2, 3, (1 << 21) + 5, 1, 1.0f, 0.5f }, { 4, 3, 0, 2, 1.0f, 0.5f },
+    };
+    if (q35_op_present((const void *)dev->matmul_w16, "matmul_w16"))
+        for (size_t i = 0; i < sizeof w16 / sizeof w16[0]; i++) {
+            NEXT_T();
+            case_matmul_w16(w16[i].m, w16[i].n, w16[i].k, w16[i].pad, w16[i].alpha, w16[i].beta);
+        }
+    static const int64_t emb[][3] = { { 1, 2, 3 }, { 3, 6, 5 }, { 17, 130, 1000 }, { 1000, 5120, 300 } };
+    if (q35_op_present((const void *)dev->embedding_w16, "embedding_w16"))
+        for (size_t i = 0; i < sizeof emb / sizeof emb[0]; i++) {
+            NEXT_T();
+            case_embedding_w16(emb[i][0], emb[i][1], emb[i][2]);
+        }
+    static const int64_t crow[][4] = { { 1, 1, 0, 0 }, { 3, 5, 2, 0 }, { 17, 130, 0, 7 }, { 1000, 128, 10240, 3 } };
+    if (q35_op_present((const void *)dev->copy_rows, "copy_rows"))
+        for (size_t i = 0; i < sizeof crow / sizeof crow[0]; i++) {
+            NEXT_T();
+            case_copy_rows(crow[i][0], crow[i][1], crow[i][2], crow[i][3]);
+        }
+    /* (T, heads, d, ld padding, in place): Qwen3.6's 16 key heads of 128 in a row of 10240 */
+    static const int64_t l2[][5] = { { 1, 1, 1, 0, 0 }, { 7, 3, 5, 4, 0 }, { 300, 16, 128, 8192, 0 },
+                                     { 33, 2, 257, 0, 1 }, { 17, 16, 128, 0, 1 } };
+    if (q35_op_present((const void *)dev->l2norm_heads, "l2norm_heads"))
+        for (size_t i = 0; i < sizeof l2 / sizeof l2[0]; i++) {
+            NEXT_T();
+            case_l2norm_heads(l2[i][0], l2[i][1], l2[i][2], l2[i][3], (int)l2[i][4]);
+        }
+    static const int64_t sig[] = { 1, 17, 1000003 };
+    if (q35_op_present((const void *)dev->sigmoid_mul, "sigmoid_mul"))
+        for (size_t i = 0; i < sizeof sig / sizeof sig[0]; i++) {
+            NEXT_T();
+            case_sigmoid_mul(sig[i]);
+        }
+    static const int64_t gates[][3] = { { 1, 1, 0 }, { 17, 48, 0 }, { 1000, 48, 1 }, { 3, 5, 1 } };
+    if (q35_op_present((const void *)dev->delta_gates, "delta_gates"))
+        for (size_t i = 0; i < sizeof gates / sizeof gates[0]; i++) {
+            NEXT_T();
+            case_delta_gates(gates[i][0], gates[i][1], (int)gates[i][2]);
+        }
+    /* (S, q_rows, nh, nkv, d): a decoding step and a verify block over 70 keys, q_rows = S and
+     * 0 (the same call), a long cache, the widest head */
+    static const int64_t cached[][5] = { { 70, 1, 4, 2, 64 }, { 70, 5, 4, 2, 64 }, { 70, 70, 2, 1, 32 },
+                                         { 70, 0, 2, 1, 32 }, { 2048, 1, 8, 2, 128 }, { 300, 17, 4, 4, 100 },
+                                         { 257, 3, 2, 1, DDK_CUDA_MAX_HEAD_DIM } };
+    if (dev->causal_attention)
+        for (size_t i = 0; i < sizeof cached / sizeof cached[0]; i++) {
+            NEXT_T();
+            case_causal_cached(cached[i][0], cached[i][1], cached[i][2], cached[i][3], cached[i][4]);
+        }
+#undef NEXT_T
+}
+
 int main(void)
 {
     const char *v = getenv("DDTREE_OPS_VERBOSE");
@@ -1603,6 +1833,7 @@ int main(void)
     run_vector_cases(&seq, self_check);
     run_attention_wide_cases(&seq);
     run_qwen35_cases(&seq, self_check);
+    run_target_cases(&seq);
 #undef NEXT_CASE
     return cases_summary();
 }

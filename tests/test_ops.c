@@ -17,8 +17,14 @@
  * Qwen3.5 target's forward-only ops conv1d_silu (zero history or a given one), gated_rmsnorm,
  * rope_partial (dims past rd untouched, rd = d is rope bit for bit) and gated_delta (recurrence
  * and chunks of 1, 3, 64, > T against a float64 recurrence and each other, the state out
- * included, prefill then decode = one call). Not here:
- * the rest of the loss (tests/test_loss.c) and attention. Only the CPU backend for now:
+ * included, prefill then decode = one call); the frozen target's matmul_w16 (bit for bit
+ * matmul_bf16 on W widened, and the float64 product of the rounded operands, across panel
+ * edges, k = 0), embedding_w16 (exact widening), copy_rows (exact, padding untouched), and its
+ * element-wise l2norm_heads, sigmoid_mul, delta_gates (float64 formulas, and bit for bit the
+ * engine's loops of daemon/engine/target_qwen35.c, copied here; in place where allowed); causal
+ * attention over a cache (q_rows 1, 5, S of S keys against the prefill's last rows and a float64
+ * reference, q_rows outside [0, S] refused). Not here: the rest of the loss (tests/test_loss.c)
+ * and the rest of attention (tests/test_attention.c). Only the CPU backend for now:
  * another backend is to be compared with the same references, case by case.
  *
  * ctest: exit 0 when every case passes; one line per case; a final "N passed, M failed".
@@ -1405,6 +1411,315 @@ static void case_gated_delta(const ddk_backend *be, const op_case *c)
     check(be->gated_delta(be, &bad, q, k, v, beta, g, S0, v) == -EINVAL, "nv %% nk != 0 not refused");
 }
 
+/* ------------------------------------------------------------------------------------------
+ * The frozen target on bf16 weights (matmul_w16, embedding_w16), its row plumbing (copy_rows),
+ * its Qwen3.5 element-wise steps (l2norm_heads, sigmoid_mul, delta_gates) and causal attention
+ * over a cache (q_rows)
+ */
+
+/* l2norm_heads, sigmoid_mul and delta_gates against float64: a sum of d <= 257 float squares
+ * (~sqrt(d) 2^-24 relative), a sqrtf, a division and a product; expf and log1pf (< 1 ulp each,
+ * glibc) with a division or product: a few float roundings of the result */
+static const double tol_target_elementwise = 1e-6;
+/* causal attention, a cached step's rows against the prefill's last rows (both float): the key
+ * tiles are the same, but BLAS multiplies a group of other rows (another kernel, another
+ * summation order within a tile's dot products): float rounding of softmax sums of <= 70 terms */
+static const double tol_causal_cached = 1e-6;
+/* causal attention against the float64 dense reference: out is a convex combination of v rows,
+ * summed in float over <= 70 keys in tiles */
+static const double tol_causal_ref = 2e-6;
+
+/* the engine's own loops (daemon/engine/target_qwen35.c), copied as they are there: the CPU
+ * backend's l2norm_heads, sigmoid_mul and delta_gates must give their bits */
+static float engine_sigmoidf(float x)
+{
+    return 1.0f / (1.0f + expf(-x));
+}
+
+static void engine_l2norm_heads(const float *src, int64_t ld, int64_t T, int64_t heads, int64_t d,
+                                float scale, float eps, float *dst)
+{
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t h = 0; h < heads; h++) {
+            const float *x = src + t * ld + h * d;
+            float *y = dst + (t * heads + h) * d, ss = 0.0f;
+            for (int64_t i = 0; i < d; i++)
+                ss += x[i] * x[i];
+            const float f = scale / sqrtf(ss + eps);
+            for (int64_t i = 0; i < d; i++)
+                y[i] = x[i] * f;
+        }
+}
+
+static void engine_delta_gates(float *beta, float *g, const float *A_log, const float *dt_bias,
+                               int64_t T, int64_t nv)
+{
+    for (int64_t r = 0; r < T; r++)
+        for (int64_t j = 0; j < nv; j++) {
+            float *b = &beta[r * nv + j], *a = &g[r * nv + j], s = *a + dt_bias[j];
+            *b = engine_sigmoidf(*b);
+            *a = -expf(A_log[j]) * (s > 20.0f ? s : log1pf(expf(s)));
+        }
+}
+
+/* m, n, k, beta; every leading dimension padded (a's and W's padding NaN / NaN bits, c's
+ * padding must stay). Bit for bit matmul_bf16 (N, T) on W widened to fp32 with the same strides,
+ * and against the float64 product of the rounded operands (tol_matmul_bf16's reason). */
+static void case_matmul_w16(const ddk_backend *be, const op_case *c)
+{
+    const int64_t m = c->m, n = c->n, k = c->k, lda = k + 3, ldw = k + 5, ldc = n + 2;
+    const float alpha = 0.75f, beta = c->beta;
+    float *a = floats(m * lda, "a"), *wf = floats(n * ldw, "W widened");
+    uint16_t *w = buffer((size_t)(n * ldw) * sizeof(uint16_t), "W bf16");
+    float *cw = floats(m * ldc, "c (w16)"), *cb = floats(m * ldc, "c (bf16)"), *c0 = floats(m * ldc, "c before");
+    fill_nan(a, m * lda);
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t p = 0; p < k; p++)
+            a[i * lda + p] = c->extremes ? low_bits_value() : (float)rng_uniform(-1, 1);
+    for (int64_t j = 0; j < n; j++)
+        for (int64_t p = 0; p < ldw; p++) {
+            w[j * ldw + p] = p < k ? ddk_f32_to_bf16((float)rng_uniform(-1, 1)) : 0x7fc0u;   /* NaN pad */
+            wf[j * ldw + p] = ddk_bf16_to_f32(w[j * ldw + p]);
+        }
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < ldc; j++)
+            c0[i * ldc + j] = j >= n ? 12345.0f : beta == 0.0f ? NAN : (float)rng_uniform(-1, 1);
+    memcpy(cw, c0, (size_t)(m * ldc) * sizeof(float));
+    memcpy(cb, c0, (size_t)(m * ldc) * sizeof(float));
+    be->matmul_w16(be, m, n, k, alpha, a, lda, w, ldw, beta, cw, ldc);
+    be->matmul_bf16(be, 0, 1, m, n, k, alpha, a, lda, wf, ldw, beta, cb, ldc);
+    check(memcmp(cw, cb, (size_t)(m * ldc) * sizeof(float)) == 0,
+          "matmul_w16 differs from matmul_bf16 on the widened W");
+    float *got = floats(m * n, "c compact");
+    double *want = doubles(m * n, "c want");
+    int64_t padding_written = 0;
+    for (int64_t i = 0; i < m; i++) {
+        for (int64_t j = 0; j < n; j++) {
+            double acc = 0.0;
+            for (int64_t p = 0; p < k; p++)
+                acc += (double)ddk_round_bf16(a[i * lda + p]) * ddk_bf16_to_f32(w[j * ldw + p]);
+            want[i * n + j] = alpha * acc + (beta == 0.0f ? 0.0 : beta * (double)c0[i * ldc + j]);
+            got[i * n + j] = cw[i * ldc + j];
+        }
+        for (int64_t j = n; j < ldc; j++)
+            padding_written += memcmp(&cw[i * ldc + j], &c0[i * ldc + j], sizeof(float)) != 0;
+    }
+    expect_close_f("c", got, want, m * n, tol_matmul_bf16);
+    check(padding_written == 0, "%lld entries of c past column n written", (long long)padding_written);
+    if (k == 0)
+        for (int64_t i = 0; i < m * n; i++)
+            check(got[i] == (float)want[i], "k = 0: c[%lld] = %g, want beta c = %g", (long long)i,
+                  got[i], want[i]);
+}
+
+/* rows, H = d; V = 41 with the last row, row 0 and a repeat; the widening is exact */
+static void case_embedding_w16(const ddk_backend *be, const op_case *c)
+{
+    enum { V = 41 };
+    const int64_t rows = c->rows, H = c->d;
+    uint16_t *table = buffer((size_t)(V * H) * sizeof(uint16_t), "table");
+    for (int64_t i = 0; i < V * H; i++)   /* random bit patterns but NaN: every exponent, sign, subnormal */
+        do
+            table[i] = (uint16_t)ddk_rng_next(&rng_state);
+        while ((table[i] & 0x7f80u) == 0x7f80u && (table[i] & 0x007fu));
+    int32_t *tokens = int32s(rows, "tokens");
+    for (int64_t r = 0; r < rows; r++)
+        tokens[r] = (int32_t)(r == 0 ? V - 1 : r == rows - 1 ? 0 : (int64_t)(ddk_rng_next(&rng_state) % V));
+    float *out = floats(rows * H, "out");
+    fill_nan(out, rows * H);
+    be->embedding_w16(be, table, tokens, rows, H, out);
+    int64_t wrong = 0;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t i = 0; i < H; i++) {
+            const uint32_t want = (uint32_t)table[tokens[r] * H + i] << 16;
+            uint32_t got;
+            memcpy(&got, &out[r * H + i], sizeof got);
+            wrong += got != want;
+        }
+    check(wrong == 0, "%lld values are not their bf16 bits widened", (long long)wrong);
+}
+
+/* rows, cols = d; m, n: the padding of src's and dst's rows; exact, dst's padding untouched */
+static void case_copy_rows(const ddk_backend *be, const op_case *c)
+{
+    const int64_t rows = c->rows, cols = c->d, ld_src = cols + c->m, ld_dst = cols + c->n;
+    float *src = floats(rows * ld_src + 1, "src"), *dst = floats(rows * ld_dst + 1, "dst");
+    fill_uniform(src, rows * ld_src + 1, -1.0, 1.0);
+    for (int64_t i = 0; i < rows * ld_dst + 1; i++)
+        dst[i] = 777.0f;
+    be->copy_rows(be, dst, ld_dst, src, ld_src, rows, cols);
+    int64_t wrong = 0;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t j = 0; j < ld_dst; j++) {
+            const float want = j < cols ? src[r * ld_src + j] : 777.0f;
+            wrong += memcmp(&dst[r * ld_dst + j], &want, sizeof want) != 0;
+        }
+    wrong += dst[rows * ld_dst] != 777.0f;
+    check(wrong == 0, "%lld floats wrong (rows %lld cols %lld ld_src %lld ld_dst %lld)", (long long)wrong,
+          (long long)rows, (long long)cols, (long long)ld_src, (long long)ld_dst);
+    be->copy_rows(be, dst, ld_dst, src, ld_src, 0, cols);   /* nothing to do: no access */
+    be->copy_rows(be, dst, ld_dst, src, ld_src, rows, 0);
+}
+
+/* T = rows, heads, d, m: the padding of src's rows past heads * d; extremes: in place
+ * (ld = heads * d), and one head of zeros (ss = 0: x eps^(-1/2) = 0) */
+static void case_l2norm_heads(const ddk_backend *be, const op_case *c)
+{
+    const int64_t T = c->rows, heads = c->heads, d = c->d, ld = heads * d + c->m, n = T * heads * d;
+    const float scale = 1.0f / sqrtf((float)d), eps = 1e-6f;
+    float *src = floats(T * ld, "src"), *dst = floats(n, "dst"), *mine = floats(n, "engine's dst");
+    fill_uniform(src, T * ld, -2.0, 2.0);
+    if (c->extremes)
+        fill_zero(src, d);
+    fill_nan(dst, n);
+    be->l2norm_heads(be, src, ld, T, heads, d, scale, eps, dst);
+    engine_l2norm_heads(src, ld, T, heads, d, scale, eps, mine);
+    check(memcmp(dst, mine, (size_t)n * sizeof(float)) == 0, "differs from the engine's loop");
+    double *want = doubles(n, "dst want");
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t h = 0; h < heads; h++) {
+            const float *x = src + t * ld + h * d;
+            double ss = 0.0;
+            for (int64_t i = 0; i < d; i++)
+                ss += (double)x[i] * x[i];
+            for (int64_t i = 0; i < d; i++)
+                want[(t * heads + h) * d + i] = x[i] * (double)scale / sqrt(ss + (double)eps);
+        }
+    expect_close_f("dst", dst, want, n, tol_target_elementwise);
+    if (c->extremes && c->m == 0) {
+        float *xy = floats(n, "src, then dst (in place)");
+        memcpy(xy, src, (size_t)n * sizeof(float));
+        be->l2norm_heads(be, xy, ld, T, heads, d, scale, eps, xy);
+        check(memcmp(xy, dst, (size_t)n * sizeof(float)) == 0, "in place differs");
+    }
+}
+
+/* count = rows; gates over [-30, 30] and 0, +-100 (sigmoid 1 and 0) */
+static void case_sigmoid_mul(const ddk_backend *be, const op_case *c)
+{
+    const int64_t n = c->rows;
+    float *x = floats(n, "x"), *gate = floats(n, "gate"), *mine = floats(n, "engine's x");
+    fill_uniform(x, n, -3.0, 3.0);
+    fill_uniform(gate, n, -30.0, 30.0);
+    gate[0] = 0.0f;
+    if (n > 2)
+        gate[1] = 100.0f, gate[2] = -100.0f;
+    double *want = doubles(n, "x want");
+    for (int64_t i = 0; i < n; i++) {
+        want[i] = x[i] / (1.0 + exp(-(double)gate[i]));
+        mine[i] = x[i] * engine_sigmoidf(gate[i]);
+    }
+    be->sigmoid_mul(be, x, gate, n);
+    check(memcmp(x, mine, (size_t)n * sizeof(float)) == 0, "differs from the engine's loop");
+    expect_close_f("x", x, want, n, tol_target_elementwise);
+}
+
+/* T = rows, nv = d; extremes: in place (beta = b, g = a). a + dt_bias over [-30, 30] (past the
+ * softplus threshold 20 both ways), A_log over [-3, 2] */
+static void case_delta_gates(const ddk_backend *be, const op_case *c)
+{
+    const int64_t T = c->rows, nv = c->d, n = T * nv;
+    float *b = floats(n, "b"), *a = floats(n, "a"), *A_log = floats(nv, "A_log"), *dt_bias = floats(nv, "dt_bias");
+    fill_uniform(b, n, -10.0, 10.0);
+    fill_uniform(a, n, -25.0, 25.0);
+    fill_uniform(A_log, nv, -3.0, 2.0);
+    fill_uniform(dt_bias, nv, -5.0, 5.0);
+    a[0] = 20.0f - dt_bias[0];   /* at the threshold, give or take the rounding of the sum */
+    float *beta = floats(n, "beta"), *g = floats(n, "g");
+    float *mb = floats(n, "engine's beta"), *mg = floats(n, "engine's g");
+    memcpy(mb, b, (size_t)n * sizeof(float));
+    memcpy(mg, a, (size_t)n * sizeof(float));
+    engine_delta_gates(mb, mg, A_log, dt_bias, T, nv);
+    if (c->extremes) {   /* in place on copies */
+        memcpy(beta, b, (size_t)n * sizeof(float));
+        memcpy(g, a, (size_t)n * sizeof(float));
+        be->delta_gates(be, beta, g, A_log, dt_bias, T, nv, beta, g);
+    } else {
+        fill_nan(beta, n), fill_nan(g, n);
+        be->delta_gates(be, b, a, A_log, dt_bias, T, nv, beta, g);
+    }
+    check(memcmp(beta, mb, (size_t)n * sizeof(float)) == 0, "beta differs from the engine's loop");
+    check(memcmp(g, mg, (size_t)n * sizeof(float)) == 0, "g differs from the engine's loop");
+    double *wb = doubles(n, "beta want"), *wg = doubles(n, "g want");
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t j = 0; j < nv; j++) {
+            const int64_t i = t * nv + j;
+            const double s = (double)(a[i] + dt_bias[j]);   /* the float sum, as the op forms it */
+            wb[i] = 1.0 / (1.0 + exp(-(double)b[i]));
+            wg[i] = -exp((double)A_log[j]) * (s > 20.0 ? s : log1p(exp(s)));
+        }
+    expect_close_f("beta", beta, wb, n, tol_target_elementwise);
+    expect_close_f("g", g, wg, n, tol_target_elementwise);
+}
+
+/* float64 causal attention of T query rows at positions S - T .. S - 1 over S keys */
+static void ref_causal(const float *q, const float *k, const float *v, int64_t S, int64_t T,
+                       int64_t nh, int64_t nkv, int64_t d, double *out)
+{
+    double *w = doubles(S, "ref weights");
+    for (int64_t i = 0; i < T; i++)
+        for (int64_t h = 0; h < nh; h++) {
+            const int64_t p = S - T + i, hk = h / (nh / nkv);
+            const float *qi = q + (i * nh + h) * d;
+            double max = -INFINITY, sum = 0.0;
+            for (int64_t t = 0; t <= p; t++) {
+                double s = 0.0;
+                for (int64_t e = 0; e < d; e++)
+                    s += (double)qi[e] * k[(t * nkv + hk) * d + e];
+                w[t] = s / sqrt((double)d);
+                max = fmax(max, w[t]);
+            }
+            for (int64_t t = 0; t <= p; t++)
+                sum += w[t] = exp(w[t] - max);
+            for (int64_t e = 0; e < d; e++) {
+                double o = 0.0;
+                for (int64_t t = 0; t <= p; t++)
+                    o += w[t] * v[(t * nkv + hk) * d + e];
+                out[(i * nh + h) * d + e] = o / sum;
+            }
+        }
+}
+
+/* S = rows, nh = heads, nkv = k, d: q_rows 1, 5 and S against the prefill's last rows and the
+ * float64 reference; q_rows = S is the prefill bit for bit; q_rows > S and < 0 refused */
+static void case_causal_cached(const ddk_backend *be, const op_case *c)
+{
+    const int64_t S = c->rows, nh = c->heads, nkv = c->k, d = c->d;
+    const int64_t nq = S * nh * d, nk = S * nkv * d;
+    float *q = floats(nq, "q"), *k = floats(nk, "k"), *v = floats(nk, "v"), *full = floats(nq, "prefill out");
+    fill_uniform(q, nq, -2.0, 2.0);
+    fill_uniform(k, nk, -2.0, 2.0);
+    fill_uniform(v, nk, -1.0, 1.0);
+    fill_nan(full, nq);
+    const ddk_attention_shape prefill = { .S = S, .nh = nh, .nkv = nkv, .d = d };
+    check(be->causal_attention(be, &prefill, q, k, v, full) == 0, "the prefill failed");
+    const int64_t q_rows[] = { 1, 5, S };
+    for (size_t j = 0; j < sizeof q_rows / sizeof q_rows[0]; j++) {
+        const int64_t T = q_rows[j], rows = T * nh * d;
+        const ddk_attention_shape sh = { .S = S, .nh = nh, .nkv = nkv, .d = d, .q_rows = T };
+        float *out = floats(rows, "cached out");
+        fill_nan(out, rows);
+        int rc = be->causal_attention(be, &sh, q + (S - T) * nh * d, k, v, out);
+        check(rc == 0, "q_rows %lld: rc %d", (long long)T, rc);
+        char what[96];
+        snprintf(what, sizeof what, "q_rows %lld vs the prefill's last rows", (long long)T);
+        expect_close_f(what, out, to_doubles(full + (S - T) * nh * d, rows, "prefill rows"), rows,
+                       tol_causal_cached);
+        double *want = doubles(rows, "reference out");
+        ref_causal(q + (S - T) * nh * d, k, v, S, T, nh, nkv, d, want);
+        snprintf(what, sizeof what, "q_rows %lld vs float64", (long long)T);
+        expect_close_f(what, out, want, rows, tol_causal_ref);
+        if (T == S)
+            check(memcmp(out, full, (size_t)nq * sizeof(float)) == 0, "q_rows = S differs from the prefill");
+    }
+    const int64_t bad[] = { S + 1, -1 };
+    for (int j = 0; j < 2; j++) {
+        const ddk_attention_shape sh = { .S = S, .nh = nh, .nkv = nkv, .d = d, .q_rows = bad[j] };
+        check(be->causal_attention(be, &sh, q, k, v, full) == -EINVAL, "q_rows %lld not refused",
+              (long long)bad[j]);
+    }
+}
+
 static void case_zero(const ddk_backend *be, const op_case *c)
 {
     (void)c;   /* one case, no parameters */
@@ -1627,6 +1942,62 @@ static void build_cases(void)
                  c->extremes ? "to 0.06" : "0.5..0.9997");
     }
 
+    /* the frozen target on bf16 weights, its row plumbing and element-wise steps */
+    static const int64_t w16[][3] = { { 1, 1, 1 }, { 5, 7, 255 }, { 6, 7, 256 }, { 7, 3, 257 }, { 9, 11, 700 }, { 4, 3, 0 } };
+    for (size_t j = 0; j < sizeof(w16) / sizeof(w16[0]); j++) {
+        c = add_case(case_matmul_w16);
+        c->m = w16[j][0], c->n = w16[j][1], c->k = w16[j][2], c->beta = j % 2 ? 0.0f : -1.5f;
+        snprintf(c->name, sizeof(c->name), "matmul_w16 m=%lld n=%lld k=%lld alpha=0.75 beta=%g",
+                 (long long)c->m, (long long)c->n, (long long)c->k, c->beta);
+    }
+    c = add_case(case_matmul_w16);
+    c->m = 9, c->n = 11, c->k = 300, c->beta = 0.0f, c->extremes = 1;
+    snprintf(c->name, sizeof(c->name), "matmul_w16 m=9 n=11 k=300 a with low mantissa bits: rounded");
+    static const int64_t emb16[][2] = { { 1, 1 }, { 3, 2 }, { 17, 130 }, { 64, 6 } };
+    for (size_t j = 0; j < sizeof(emb16) / sizeof(emb16[0]); j++) {
+        c = add_case(case_embedding_w16);
+        c->rows = emb16[j][0], c->d = emb16[j][1];
+        snprintf(c->name, sizeof(c->name), "embedding_w16 V=41 rows=%lld H=%lld", (long long)c->rows,
+                 (long long)c->d);
+    }
+    static const int64_t crow[][4] = { { 1, 1, 0, 0 }, { 3, 5, 2, 0 }, { 17, 130, 0, 7 }, { 9, 64, 70, 3 } };
+    for (size_t j = 0; j < sizeof(crow) / sizeof(crow[0]); j++) {
+        c = add_case(case_copy_rows);
+        c->rows = crow[j][0], c->d = crow[j][1], c->m = crow[j][2], c->n = crow[j][3];
+        snprintf(c->name, sizeof(c->name), "copy_rows rows=%lld cols=%lld ld_src=+%lld ld_dst=+%lld",
+                 (long long)c->rows, (long long)c->d, (long long)c->m, (long long)c->n);
+    }
+    static const int64_t l2[][5] = {   /* T, heads, d, ld padding, in place + a zero head */
+        { 1, 1, 1, 0, 0 }, { 7, 3, 5, 4, 0 }, { 33, 4, 128, 256, 0 }, { 17, 2, 257, 0, 1 }, { 5, 16, 128, 0, 1 },
+    };
+    for (size_t j = 0; j < sizeof(l2) / sizeof(l2[0]); j++) {
+        c = add_case(case_l2norm_heads);
+        c->rows = l2[j][0], c->heads = l2[j][1], c->d = l2[j][2], c->m = l2[j][3], c->extremes = (int)l2[j][4];
+        snprintf(c->name, sizeof(c->name), "l2norm_heads T=%lld heads=%lld d=%lld ld=+%lld%s",
+                 (long long)c->rows, (long long)c->heads, (long long)c->d, (long long)c->m,
+                 c->extremes ? " zero head, in place" : "");
+    }
+    static const int64_t sig[] = { 1, 3, 1001 };
+    for (size_t j = 0; j < sizeof(sig) / sizeof(sig[0]); j++) {
+        c = add_case(case_sigmoid_mul);
+        c->rows = sig[j];
+        snprintf(c->name, sizeof(c->name), "sigmoid_mul count=%lld", (long long)c->rows);
+    }
+    static const int64_t gates[][3] = { { 1, 1, 0 }, { 17, 48, 0 }, { 64, 32, 1 }, { 3, 5, 1 } };
+    for (size_t j = 0; j < sizeof(gates) / sizeof(gates[0]); j++) {
+        c = add_case(case_delta_gates);
+        c->rows = gates[j][0], c->d = gates[j][1], c->extremes = (int)gates[j][2];
+        snprintf(c->name, sizeof(c->name), "delta_gates T=%lld nv=%lld%s", (long long)c->rows,
+                 (long long)c->d, c->extremes ? " in place" : "");
+    }
+    static const int64_t cached[][4] = { { 70, 4, 2, 16 }, { 70, 3, 3, 64 }, { 5, 2, 1, 8 }, { 200, 2, 1, 32 } };
+    for (size_t j = 0; j < sizeof(cached) / sizeof(cached[0]); j++) {
+        c = add_case(case_causal_cached);
+        c->rows = cached[j][0], c->heads = cached[j][1], c->k = cached[j][2], c->d = cached[j][3];
+        snprintf(c->name, sizeof(c->name), "causal_attention S=%lld nh=%lld nkv=%lld d=%lld q_rows 1, 5, S",
+                 (long long)c->rows, (long long)c->heads, (long long)c->k, (long long)c->d);
+    }
+
     c = add_case(case_zero);
     snprintf(c->name, sizeof(c->name), "zero 0..5000 bytes at odd offsets");
     c = add_case(case_copy);
@@ -1643,7 +2014,9 @@ int main(void)
     check(be != NULL && be->rmsnorm && be->rmsnorm_backward && be->rope && be->swiglu &&
               be->swiglu_backward && be->embedding && be->matmul && be->zero && be->copy &&
               be->synchronize && be->sumsq && be->axpby && be->adamw && be->matmul_bf16 &&
-              be->loss && be->conv1d_silu && be->gated_rmsnorm && be->rope_partial && be->gated_delta,
+              be->loss && be->conv1d_silu && be->gated_rmsnorm && be->rope_partial && be->gated_delta &&
+              be->matmul_w16 && be->embedding_w16 && be->copy_rows && be->l2norm_heads &&
+              be->sigmoid_mul && be->delta_gates && be->causal_attention,
           "an op of the CPU backend is NULL");
     case_done("cpu backend has every op tested here");
     if (cases_failed)

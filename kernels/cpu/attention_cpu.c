@@ -8,10 +8,11 @@
  * per pass (context: [0, a_j) or the sliding [a_j + o - (Wn-1), a_j); own block: all B slots or
  * slots 0..o; causal: [0, t]), a key tile needs no mask: a row's scores outside its range are
  * simply not used, and the rows that see a tile at all form a contiguous run of the group
- * (anchors are sorted), so each tile is one matrix product over that run. A group makes two
- * passes: the context keys, then each block's own keys. Forward keeps a running max, sum and
- * rescaled accumulator per row (online softmax) and ends with out = acc / sum and
- * lse = max + log(sum); the backward recomputes each tile's probabilities from lse
+ * (anchors are sorted), so each tile is one matrix product over that run. A DFlash group makes
+ * two passes: the context keys, then each block's own keys; causal attention's one pass, whose
+ * queries may be the last q_rows of S positions (a cached step: only their ranges move).
+ * Forward keeps a running max, sum and rescaled accumulator per row (online softmax) and ends
+ * with out = acc / sum and lse = max + log(sum); the backward recomputes each tile's probabilities from lse
  * (p = exp(s - lse)) and follows the standard flash backward with D = rowsum(dout * out).
  * Workspace is O(group rows x (d + KEY_TILE)), independent of S and A, from be->alloc.
  *
@@ -455,17 +456,28 @@ int ddk_cpu_dflash_attention_backward(const ddk_backend *be, const ddk_attention
 }
 
 /* ------------------------------------------------------------------------------------------
- * Causal attention (the target's forward): a group is up to group_rows(d) / G consecutive
- * positions; its row r = (t - t_first) * G + hh, query head gk*G + hh; row t sees [0, t].
+ * Causal attention (the target's forward): T query rows at positions p0 = S - T .. S - 1 (a
+ * prefill: T = S, p0 = 0). A group is up to group_rows(d) / G consecutive query rows; its row
+ * r = (t - t_first) * G + hh, query head gk*G + hh; query t sees keys [0, p0 + t].
  */
+
+int64_t ddk_causal_attention_workspace_bytes(int64_t nh, int64_t nkv, int64_t d)
+{
+    if (nh < 1 || nkv < 1 || nh % nkv || d < 1)
+        return -EINVAL;
+    const int64_t G = nh / nkv, per_group = max64(1, group_rows(d) / G);
+    attn_group g = { .R = per_group * G, .d = d };
+    return (int64_t)carve(&g, g.R, d, 0, NULL);
+}
 
 int ddk_cpu_causal_attention(const ddk_backend *be, const ddk_attention_shape *shape,
                              const float *q, const float *k, const float *v, float *out)
 {
     if (!(shape->S >= 0 && shape->nh >= 1 && shape->nkv >= 1 && shape->nh % shape->nkv == 0 &&
-          shape->d >= 1))
+          shape->d >= 1 && shape->q_rows >= 0 && shape->q_rows <= shape->S))
         return -EINVAL;
-    const int64_t T = shape->S, nh = shape->nh, nkv = shape->nkv, d = shape->d;
+    const int64_t T = shape->q_rows ? shape->q_rows : shape->S, p0 = shape->S - T;
+    const int64_t nh = shape->nh, nkv = shape->nkv, d = shape->d;
     const int64_t G = nh / nkv, per_group = max64(1, group_rows(d) / G);
     if (T == 0)
         return 0;
@@ -486,7 +498,7 @@ int ddk_cpu_causal_attention(const ddk_backend *be, const ddk_attention_shape *s
                        (size_t)(G * d) * sizeof *g.q);
                 for (int64_t hh = 0; hh < G; hh++) {
                     g.lo[i * G + hh] = 0;
-                    g.hi[i * G + hh] = t_first + i + 1;
+                    g.hi[i * G + hh] = p0 + t_first + i + 1;
                 }
             }
             forward_begin(&g);

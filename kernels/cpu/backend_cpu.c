@@ -1,8 +1,9 @@
-/* backend_cpu.c: the CPU backend table (the reference every other backend is checked against)
- * and its matrix product, which is one BLAS call (OpenBLAS).
+/* backend_cpu.c: the CPU backend table (the reference every other backend is checked against),
+ * its matrix product, which is one BLAS call (OpenBLAS), and its memory ops (zero, copy, the
+ * strided copy_rows: a memcpy per row).
  *
  * Tested by tests/test_loss.c (matmul against a naive product, the loss op against the float64
- * reference).
+ * reference) and tests/test_ops.c (matmul, zero, copy, copy_rows).
  */
 #include "ddk.h"
 #include "cpu_backend.h"
@@ -31,13 +32,24 @@ static void cpu_copy(const ddk_backend *be, void *dst, const void *src, size_t b
     memmove(dst, src, bytes);
 }
 
+static void cpu_copy_rows(const ddk_backend *be, float *dst, int64_t ld_dst, const float *src,
+                          int64_t ld_src, int64_t rows, int64_t cols)
+{
+    if (cols <= 0)
+        return;
+    for (int64_t r = 0; r < rows; r++)
+        memcpy(dst + r * ld_dst, src + r * ld_src, (size_t)cols * sizeof(float));
+}
+
 static ddk_backend cpu_backend = {
     .name = "cpu",
     .matmul = cpu_matmul,
     .matmul_bf16 = ddk_cpu_matmul_bf16,
+    .matmul_w16 = ddk_cpu_matmul_w16,
     .loss = ddk_cpu_loss,
     .zero = cpu_zero,
     .copy = cpu_copy,
+    .copy_rows = cpu_copy_rows,
     .synchronize = ddk_cpu_synchronize,
     .sumsq = ddk_cpu_sumsq,
     .axpby = ddk_cpu_axpby,
@@ -49,6 +61,7 @@ static ddk_backend cpu_backend = {
     .swiglu = ddk_cpu_swiglu,
     .swiglu_backward = ddk_cpu_swiglu_backward,
     .embedding = ddk_cpu_embedding,
+    .embedding_w16 = ddk_cpu_embedding_w16,
     .dflash_attention = ddk_cpu_dflash_attention,
     .dflash_attention_backward = ddk_cpu_dflash_attention_backward,
     .causal_attention = ddk_cpu_causal_attention,
@@ -56,6 +69,9 @@ static ddk_backend cpu_backend = {
     .gated_rmsnorm = ddk_cpu_gated_rmsnorm,
     .rope_partial = ddk_cpu_rope_partial,
     .gated_delta = ddk_cpu_gated_delta,
+    .l2norm_heads = ddk_cpu_l2norm_heads,
+    .sigmoid_mul = ddk_cpu_sigmoid_mul,
+    .delta_gates = ddk_cpu_delta_gates,
 };
 
 static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;

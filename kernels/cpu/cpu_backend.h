@@ -24,6 +24,8 @@ void ddk_cpu_swiglu_backward(const ddk_backend *be, const float *gate, const flo
                              const float *dh, int64_t count, float *dgate, float *dup);
 void ddk_cpu_embedding(const ddk_backend *be, const float *table, const int32_t *tokens,
                        int64_t rows, int64_t H, float *out);
+void ddk_cpu_embedding_w16(const ddk_backend *be, const uint16_t *table, const int32_t *tokens,
+                           int64_t rows, int64_t H, float *out);
 
 /* DFlash attention and causal attention (attention_cpu.c); contracts in ddk.h. */
 int ddk_cpu_dflash_attention(const ddk_backend *be, const ddk_attention_shape *shape,
@@ -47,8 +49,14 @@ void ddk_cpu_conv1d_silu(const ddk_backend *be, const float *x, const float *w, 
 int ddk_cpu_gated_delta(const ddk_backend *be, const ddk_delta_shape *shape, const float *q,
                         const float *k, const float *v, const float *beta, const float *g,
                         float *state, float *out);
+/* target_cpu.c: the Qwen3.5 target's element-wise steps, the engine's loops bit for bit */
+void ddk_cpu_l2norm_heads(const ddk_backend *be, const float *src, int64_t ld, int64_t T,
+                          int64_t heads, int64_t d, float scale, float eps, float *dst);
+void ddk_cpu_sigmoid_mul(const ddk_backend *be, float *x, const float *gate, int64_t count);
+void ddk_cpu_delta_gates(const ddk_backend *be, const float *b, const float *a, const float *A_log,
+                         const float *dt_bias, int64_t T, int64_t nv, float *beta, float *g);
 
-/* Whole buffers and the bf16 product (vector_cpu.c); contracts in ddk.h. */
+/* Whole buffers and the bf16 products (vector_cpu.c); contracts in ddk.h. */
 void ddk_cpu_synchronize(const ddk_backend *be);
 double ddk_cpu_sumsq(const ddk_backend *be, const float *x, int64_t count);
 void ddk_cpu_axpby(const ddk_backend *be, int64_t count, float alpha, const float *x, float beta,
@@ -59,5 +67,8 @@ void ddk_cpu_adamw(const ddk_backend *be, float *w, float *g, float *m, float *v
 void ddk_cpu_matmul_bf16(const ddk_backend *be, int trans_a, int trans_b, int64_t m, int64_t n,
                          int64_t k, float alpha, const float *a, int64_t lda, const float *b,
                          int64_t ldb, float beta, float *c, int64_t ldc);
+void ddk_cpu_matmul_w16(const ddk_backend *be, int64_t m, int64_t n, int64_t k, float alpha,
+                        const float *a, int64_t lda, const uint16_t *w, int64_t ldw, float beta,
+                        float *c, int64_t ldc);
 
 #endif

@@ -1,14 +1,16 @@
 /* vector_cpu.c: the CPU backend's whole-buffer ops (sum of squares, axpby, the AdamW update,
  * the features' uniform noise)
- * and its bf16 product (matmul with both operands rounded to bf16, the reference for the GPU's
- * tensor-core product). Contracts in ddk.h (struct ddk_backend).
+ * and its bf16 products (matmul with both operands rounded to bf16, the reference for the GPU's
+ * tensor-core product, and matmul_w16, the same product against bf16 weights as stored: one
+ * emulation, bf16_panels, so the two agree bit for bit). Contracts in ddk.h (struct ddk_backend).
  *
  * sumsq keeps eight float64 lanes (gcc vectorises them; no -ffast-math, so the order is fixed
  * by count alone); adamw is one float32 loop that gcc vectorises at -O3 because this file is
  * built with -fno-math-errno (kernels/CMakeLists.txt: with errno every sqrtf carries a branch
  * to libm; v >= 0, so errno would never be set anyway). matmul_bf16 rounds op(a) and op(b) to
  * bf16 (round to nearest even) in panels of PANEL columns of k, so its scratch is
- * (m + n) x PANEL floats whatever k is, and accumulates the panels' fp32 products in c.
+ * (m + n) x PANEL floats whatever k is, and accumulates the panels' fp32 products in c;
+ * matmul_w16 widens its W panel instead of rounding it (exact), never all of W at once.
  *
  * Tested by tests/test_ops.c (against plain loops and a float64 product of rounded operands)
  * and tests/test_optimizer.c (the update, through the trainer's optimiser).
@@ -88,6 +90,38 @@ void ddk_cpu_adamw(const ddk_backend *be, float *w, float *g, float *m, float *v
 
 enum { PANEL = 256 };
 
+/* The bf16 product's one emulation: op(a) (m, k) and op(b) (k, n) rounded to bf16 PANEL columns
+ * of k at a time, each panel's fp32 product accumulated in c. The second operand is b (fp32,
+ * rounded here) or, when w is not NULL, w (n, k) bf16 with row stride ldw (widened, exact:
+ * trans_b = 1 implied), so that matmul_w16 is matmul_bf16 bit for bit. */
+static void bf16_panels(const ddk_backend *be, int trans_a, int trans_b, int64_t m, int64_t n,
+                        int64_t k, float alpha, const float *a, int64_t lda, const float *b,
+                        int64_t ldb, const uint16_t *w, int64_t ldw, float beta, float *c,
+                        int64_t ldc)
+{
+    float *ap = malloc((size_t)(m + n) * PANEL * sizeof(float));   /* (m, PANEL) then (PANEL, n) */
+    if (!ap)   /* a reference path: no recovery from a host without (m + n) x 1 KiB */
+        ddk_fatal(__FILE__, __LINE__, "matmul_bf16: no memory for a %lld x %d panel", (long long)(m + n), PANEL);
+    float *bp = ap + m * PANEL;
+    for (int64_t k0 = 0; k0 < k; k0 += PANEL) {
+        const int64_t kb = k - k0 < PANEL ? k - k0 : PANEL;
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t p = 0; p < kb; p++)
+                ap[i * kb + p] = ddk_round_bf16(trans_a ? a[(k0 + p) * lda + i] : a[i * lda + k0 + p]);
+        if (w)
+            for (int64_t p = 0; p < kb; p++)
+                for (int64_t j = 0; j < n; j++)
+                    bp[p * n + j] = ddk_bf16_to_f32(w[j * ldw + k0 + p]);
+        else
+            for (int64_t p = 0; p < kb; p++)
+                for (int64_t j = 0; j < n; j++)
+                    bp[p * n + j] = ddk_round_bf16(trans_b ? b[j * ldb + k0 + p] : b[(k0 + p) * ldb + j]);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)m, (blasint)n, (blasint)kb,
+                    alpha, ap, (blasint)kb, bp, (blasint)n, k0 == 0 ? beta : 1.0f, c, (blasint)ldc);
+    }
+    free(ap);
+}
+
 void ddk_cpu_matmul_bf16(const ddk_backend *be, int trans_a, int trans_b, int64_t m, int64_t n,
                          int64_t k, float alpha, const float *a, int64_t lda, const float *b,
                          int64_t ldb, float beta, float *c, int64_t ldc)
@@ -98,20 +132,20 @@ void ddk_cpu_matmul_bf16(const ddk_backend *be, int trans_a, int trans_b, int64_
         be->matmul(be, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
         return;
     }
-    float *ap = malloc((size_t)(m + n) * PANEL * sizeof(float));   /* (m, PANEL) then (PANEL, n) */
-    if (!ap)   /* a reference path: no recovery from a host without (m + n) x 1 KiB */
-        ddk_fatal(__FILE__, __LINE__, "matmul_bf16: no memory for a %lld x %d panel", (long long)(m + n), PANEL);
-    float *bp = ap + m * PANEL;
-    for (int64_t k0 = 0; k0 < k; k0 += PANEL) {
-        const int64_t kb = k - k0 < PANEL ? k - k0 : PANEL;
+    bf16_panels(be, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, NULL, 0, beta, c, ldc);
+}
+
+void ddk_cpu_matmul_w16(const ddk_backend *be, int64_t m, int64_t n, int64_t k, float alpha,
+                        const float *a, int64_t lda, const uint16_t *w, int64_t ldw, float beta,
+                        float *c, int64_t ldc)
+{
+    if (m == 0 || n == 0)
+        return;   /* c is empty */
+    if (k == 0) {   /* nothing to sum: c = beta c (0 for beta = 0, whatever c held: BLAS's rule) */
         for (int64_t i = 0; i < m; i++)
-            for (int64_t p = 0; p < kb; p++)
-                ap[i * kb + p] = ddk_round_bf16(trans_a ? a[(k0 + p) * lda + i] : a[i * lda + k0 + p]);
-        for (int64_t p = 0; p < kb; p++)
             for (int64_t j = 0; j < n; j++)
-                bp[p * n + j] = ddk_round_bf16(trans_b ? b[j * ldb + k0 + p] : b[(k0 + p) * ldb + j]);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)m, (blasint)n, (blasint)kb,
-                    alpha, ap, (blasint)kb, bp, (blasint)n, k0 == 0 ? beta : 1.0f, c, (blasint)ldc);
+                c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
+        return;
     }
-    free(ap);
+    bf16_panels(be, 0, 1, m, n, k, alpha, a, lda, NULL, 0, w, ldw, beta, c, ldc);
 }

@@ -5,13 +5,15 @@
  * A first, plainly correct version (speed later, each step measured; CONVENTIONS.md):
  *
  *   - One thread block per (block j, query head h, group of up to ROWS_PER_CTA slots of the
- *     block) for DFlash, per (group of ROWS_PER_CTA positions, query head h) for causal
- *     attention. One warp per query row. Query head h reads kv head h / (nh / nkv).
+ *     block) for DFlash, per (group of up to ROWS_PER_CTA query rows, query head h) for causal
+ *     attention, whose T query rows are the last T of S positions (p0 = S - T: 0 for a
+ *     prefill, S - 1 for a decoding step; row t sees keys [0, p0 + t]). One warp per query row.
+ *     Query head h reads kv head h / (nh / nkv).
  *   - Keys are streamed in tiles of KEY_TILE (32) rows: all warps load the tile's K and V rows
  *     into shared memory together, then each warp uses the part of the tile its row sees. A row
  *     sees ONE contiguous range of keys per pass (the CPU backend's observation, attention_cpu.c):
  *     context [0, a_j), or [a_j + o - (window - 1), a_j) with a window; then the own block's slots
- *     S + j*B + [0, B), or [0, o] with a window; causal [0, t]. So a key's visibility is two
+ *     S + j*B + [0, B), or [0, o] with a window; causal [0, p0 + t]. So a key's visibility is two
  *     comparisons, never a mask. Lane l scores key t0 + l (a dot product over d from shared
  *     memory), the warp takes the tile's max and sum by shuffles, and the accumulator (lane l
  *     holds elements l, l + 32, ... of the output row, in registers) is rescaled and updated:
@@ -40,7 +42,8 @@
  * forward takes 82,176 bytes and the backward 164,352 (160.5 KiB) of shared memory, inside
  * H100/H200's 232,448 (227 KiB, opt-in; checked at compile time below); parts with less may
  * refuse the backward. Also not here: bf16, tensor cores, splitting long key ranges over thread
- * blocks.
+ * blocks (so a decoding step, q_rows = 1, is nh warps each walking all S keys: correct, not yet
+ * fast; a split over key ranges is the measured step to come).
  *
  * Integer widths: key positions, row indices and global offsets are int64 (a long context's
  * (key * nkv + hk) * d passes 2^31); everything inside a tile is int (n <= KEY_TILE,
@@ -92,8 +95,9 @@ typedef struct attn_params {
     float *lse;                /* forward: (rows, nh), or NULL (causal) */
     float *dq, *dk, *dv;       /* backward */
     int64_t S, B, nh, nkv, d, W, T;
+    int64_t p0;                /* causal: the position of query row 0 (S - T; 0 for a prefill) */
     float scale;
-    int causal;                /* 1: causal attention over T positions; 0: DFlash */
+    int causal;                /* 1: causal attention of T query rows; 0: DFlash */
 } attn_params;
 
 /* One pass over keys: the block-uniform range [k0, k1) whose tiles the block loads, and the
@@ -136,16 +140,16 @@ __device__ static attn_rows attn_rows_of(const attn_params &p, int warp, int war
     const int64_t h = blockIdx.y, G = p.nh / p.nkv;
     r.hk = h / G;
     r.skip = 0;
-    if (p.causal) {
+    if (p.causal) {   /* query row t is position p0 + t and sees keys [0, p0 + t] */
         const int64_t first = (int64_t)blockIdx.x * warps, t = first + warp;
         const int64_t last = imin(p.T - 1, first + warps - 1);
         r.has_row = t < p.T;
         r.row = t * p.nh + h;
         r.npass = 1;
         r.pass0.k0 = 0;
-        r.pass0.k1 = last + 1;
+        r.pass0.k1 = p.p0 + last + 1;
         r.pass0.lo = 0;
-        r.pass0.hi = t + 1;
+        r.pass0.hi = p.p0 + t + 1;
         r.pass1.k0 = r.pass1.k1 = r.pass1.lo = r.pass1.hi = 0;
         return r;
     }
@@ -562,9 +566,12 @@ int ddk_cuda_dflash_attention_backward(const ddk_backend *be, const ddk_attentio
 int ddk_cuda_causal_attention(const ddk_backend *be, const ddk_attention_shape *shape,
                               const float *q, const float *k, const float *v, float *out)
 {
-    if (!heads_ok(shape) || shape->S < 0)
+    if (!heads_ok(shape) || shape->S < 0 || shape->q_rows < 0 || shape->q_rows > shape->S)
         return -EINVAL;
-    const int64_t T = shape->S, warps = ROWS_PER_CTA, blocks = (T + warps - 1) / warps;
+    /* T query rows, the last of S positions; a decoding step (T = 1) takes one warp a head */
+    const int64_t T = shape->q_rows ? shape->q_rows : shape->S;
+    const int64_t warps = T < ROWS_PER_CTA ? T : (int64_t)ROWS_PER_CTA;
+    const int64_t blocks = warps ? (T + warps - 1) / warps : 0;
     if (blocks > INT32_MAX)
         return -EINVAL;
     if (T == 0)
@@ -578,7 +585,9 @@ int ddk_cuda_causal_attention(const ddk_backend *be, const ddk_attention_shape *
     p.nh = shape->nh;
     p.nkv = shape->nkv;
     p.d = shape->d;
+    p.S = shape->S;
     p.T = T;
+    p.p0 = shape->S - T;
     p.causal = 1;
     p.scale = (float)(1.0 / sqrt((double)shape->d));
     return launch(be, p, dim3((unsigned)blocks, (unsigned)shape->nh, 1), warps, 0);

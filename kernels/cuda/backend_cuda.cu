@@ -1,7 +1,8 @@
 /* backend_cuda.cu: the CUDA backend table of GPU d (ddk.h, struct ddk_backend): its stream, its
- * cuBLAS handle, memory (zero, copy, synchronize) and the matrix products (fp32, and bf16 on the
- * tensor cores). The elementwise and normalisation kernels are in ops_cuda.cu, the whole-buffer
- * ones (sumsq, axpby, adamw, uniform_noise) in vector_cuda.cu.
+ * cuBLAS handle, memory (zero, copy, copy_rows, synchronize) and the matrix products (fp32, bf16
+ * on the tensor cores, and matmul_w16 against the target's bf16 weights as stored). The
+ * elementwise and normalisation kernels are in ops_cuda.cu, the whole-buffer ones (sumsq, axpby,
+ * adamw, uniform_noise) in vector_cuda.cu.
  *
  * Ordering (what callers rely on):
  *   - Each GPU has ONE stream (non-blocking, created on first use). Every op of this backend,
@@ -24,7 +25,8 @@
  *
  * The loss is in loss_cuda.cu. DFlash attention (forward and backward) and causal attention
  * are in attention_cuda.cu. The Qwen3.5 target's DeltaNet core (gated_delta) is in
- * deltanet_cuda.cu, its conv1d + silu, gated RMSNorm and partial RoPE in ops_cuda.cu.
+ * deltanet_cuda.cu, its conv1d + silu, gated RMSNorm and partial RoPE in ops_cuda.cu, its bf16
+ * embedding gather, l2 norms, gates and output gate in target_cuda.cu.
  *
  * Tested by tests/test_backend_ops.c against the CPU backend (skipped without a GPU).
  */
@@ -50,7 +52,7 @@ enum { DDK_CUDA_MAX_GPUS = 64 };   /* device_cuda.cu's limit */
 
 /* rmsnorm_backward's per-slice dg partials: 4 MiB bounds the slices at 2^20 / d (ops_cuda.cu);
  * sumsq's block partials take 8 KiB of it (vector_cuda.cu), the loss's chunk sums 40 bytes a
- * chunk (loss_cuda.cu) */
+ * chunk (loss_cuda.cu), matmul_w16 its bf16 panel of a (2^21 values) */
 static const size_t scratch_floats = DDK_CUDA_SCRATCH_FLOATS;
 /* cuBLAS's workspace, given to it (cublasSetWorkspace) instead of its own lazy allocation:
  * 32 MiB, what NVIDIA recommends for Hopper and Blackwell */
@@ -183,6 +185,26 @@ static void cuda_copy(const ddk_backend *be, void *dst, const void *src, size_t 
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, ddk_cuda_stream(be)));
 }
 
+/* cudaMemcpy2DAsync, any direction; pitches past INT_MAX bytes (beyond what some devices take
+ * as a pitch, and no target's row) go row by row instead */
+static void cuda_copy_rows(const ddk_backend *be, float *dst, int64_t ld_dst, const float *src,
+                           int64_t ld_src, int64_t rows, int64_t cols)
+{
+    if (rows <= 0 || cols <= 0)
+        return;
+    cudaStream_t stream = ddk_cuda_stream(be);
+    const size_t width = (size_t)cols * sizeof(float);
+    if (ld_dst <= INT_MAX / (int64_t)sizeof(float) && ld_src <= INT_MAX / (int64_t)sizeof(float)) {
+        CUDA_CHECK(cudaMemcpy2DAsync(dst, (size_t)ld_dst * sizeof(float), src,
+                                     (size_t)ld_src * sizeof(float), width, (size_t)rows,
+                                     cudaMemcpyDefault, stream));
+        return;
+    }
+    for (int64_t r = 0; r < rows; r++)
+        CUDA_CHECK(cudaMemcpyAsync(dst + r * ld_dst, src + r * ld_src, width, cudaMemcpyDefault,
+                                   stream));
+}
+
 static void cuda_synchronize(const ddk_backend *be)
 {
     ddk_cuda_synchronize(cuda_of(be)->device);
@@ -232,6 +254,50 @@ static void cuda_matmul_bf16(const ddk_backend *be, int trans_a, int trans_b, in
                               CUBLAS_GEMM_DEFAULT));
 }
 
+/* c (m, n) = alpha bf16(a) W^T + beta c, W (n, k) bf16 as stored. cuBLAS takes both operands
+ * of a product in one type, so a is rounded to bf16 first (round to nearest even, as the CPU),
+ * into the backend's scratch: panels of up to 2^21 values, `rows` rows of a k-panel at a time
+ * (whole k up to 2^21 columns, rows a multiple of 128 when there are that many, so cuBLAS's
+ * tiles are not cut), each panel then one cublasGemmEx with bf16 operands, fp32 accumulation
+ * and fp32 c (CUBLAS_COMPUTE_32F). The products of bf16 values are exact in fp32, so GPU and CPU
+ * differ by their fp32 sums' order alone. Panels along k (only past 2^21 columns) accumulate
+ * into c with beta 1, as the CPU's do. The scratch stays locked until the last product is
+ * queued; stream order keeps each panel's rounding behind the previous product. */
+static void cuda_matmul_w16(const ddk_backend *be, int64_t m, int64_t n, int64_t k, float alpha,
+                            const float *a, int64_t lda, const uint16_t *w, int64_t ldw,
+                            float beta, float *c, int64_t ldc)
+{
+    if (m == 0 || n == 0)
+        return;
+    cublasHandle_t handle = cuda_cublas(be);
+    if (k == 0) {   /* nothing to sum: c = beta c (BLAS's rule: 0 for beta = 0, whatever c held) */
+        CUBLAS_CHECK(cublasSgemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, to_int(n), to_int(m), 0, &alpha,
+                                 a, 1, a, 1, &beta, c, to_int(ldc)));
+        return;
+    }
+    const int64_t capacity = 2 * (int64_t)scratch_floats;          /* bf16 values in the scratch */
+    const int64_t kp = k < capacity ? k : capacity;                /* columns of a k-panel */
+    const int64_t ld_panel = (kp + 7) / 8 * 8;                     /* 16-byte rows for the tensor cores */
+    int64_t rows = capacity / ld_panel;
+    rows = rows >= 128 ? rows / 128 * 128 : rows;
+    rows = rows < m ? rows : m;
+    uint16_t *panel = (uint16_t *)ddk_cuda_scratch_lock(be);      /* (rows, ld_panel) */
+    for (int64_t k0 = 0; k0 < k; k0 += kp) {
+        const int64_t kb = k - k0 < kp ? k - k0 : kp;
+        const float beta_panel = k0 == 0 ? beta : 1.0f;
+        for (int64_t m0 = 0; m0 < m; m0 += rows) {
+            const int64_t mb = m - m0 < rows ? m - m0 : rows;
+            ddk_cuda_round_bf16_rows(be, a + m0 * lda + k0, lda, mb, kb, panel, ld_panel);
+            CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, to_int(n), to_int(mb),
+                                      to_int(kb), &alpha, w + k0, CUDA_R_16BF, to_int(ldw), panel,
+                                      CUDA_R_16BF, to_int(ld_panel), &beta_panel, c + m0 * ldc,
+                                      CUDA_R_32F, to_int(ldc), CUBLAS_COMPUTE_32F,
+                                      CUBLAS_GEMM_DEFAULT));
+        }
+    }
+    ddk_cuda_scratch_unlock(be);
+}
+
 /* ------------------------------------------------------------------------------------------
  * The tables
  */
@@ -247,9 +313,11 @@ static void backends_init(void)
         cb->table.alloc = ddk_allocator_cuda(d);
         cb->table.matmul = cuda_matmul;
         cb->table.matmul_bf16 = cuda_matmul_bf16;
+        cb->table.matmul_w16 = cuda_matmul_w16;
         cb->table.loss = ddk_cuda_loss;
         cb->table.zero = cuda_zero;
         cb->table.copy = cuda_copy;
+        cb->table.copy_rows = cuda_copy_rows;
         cb->table.synchronize = cuda_synchronize;
         cb->table.sumsq = ddk_cuda_sumsq;
         cb->table.axpby = ddk_cuda_axpby;
@@ -261,6 +329,7 @@ static void backends_init(void)
         cb->table.swiglu = ddk_cuda_swiglu;
         cb->table.swiglu_backward = ddk_cuda_swiglu_backward;
         cb->table.embedding = ddk_cuda_embedding;
+        cb->table.embedding_w16 = ddk_cuda_embedding_w16;
         cb->table.dflash_attention = ddk_cuda_dflash_attention;
         cb->table.dflash_attention_backward = ddk_cuda_dflash_attention_backward;
         cb->table.causal_attention = ddk_cuda_causal_attention;
@@ -268,6 +337,9 @@ static void backends_init(void)
         cb->table.gated_rmsnorm = ddk_cuda_gated_rmsnorm;
         cb->table.rope_partial = ddk_cuda_rope_partial;
         cb->table.gated_delta = ddk_cuda_gated_delta;
+        cb->table.l2norm_heads = ddk_cuda_l2norm_heads;
+        cb->table.sigmoid_mul = ddk_cuda_sigmoid_mul;
+        cb->table.delta_gates = ddk_cuda_delta_gates;
         cb->device = d;
         pthread_mutex_init(&cb->lock, NULL);
         pthread_mutex_init(&cb->scratch_lock, NULL);

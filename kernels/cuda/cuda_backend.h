@@ -62,6 +62,18 @@ int ddk_cuda_dflash_attention_backward(const ddk_backend *be, const ddk_attentio
                                        float *dq, float *dk, float *dv);
 int ddk_cuda_causal_attention(const ddk_backend *be, const ddk_attention_shape *shape,
                               const float *q, const float *k, const float *v, float *out);
+/* target_cuda.cu: the frozen target's bf16 gather and element-wise steps, and matmul_w16's
+ * operand rounding: dst (rows, ld_dst) bf16 bits = src (rows, cols) (row stride ld_src) rounded
+ * to nearest even, queued on be's stream (columns past cols of dst untouched) */
+void ddk_cuda_embedding_w16(const ddk_backend *be, const uint16_t *table, const int32_t *tokens,
+                            int64_t rows, int64_t H, float *out);
+void ddk_cuda_round_bf16_rows(const ddk_backend *be, const float *src, int64_t ld_src,
+                              int64_t rows, int64_t cols, uint16_t *dst, int64_t ld_dst);
+void ddk_cuda_l2norm_heads(const ddk_backend *be, const float *src, int64_t ld, int64_t T,
+                           int64_t heads, int64_t d, float scale, float eps, float *dst);
+void ddk_cuda_sigmoid_mul(const ddk_backend *be, float *x, const float *gate, int64_t count);
+void ddk_cuda_delta_gates(const ddk_backend *be, const float *b, const float *a, const float *A_log,
+                          const float *dt_bias, int64_t T, int64_t nv, float *beta, float *g);
 /* deltanet_cuda.cu: the Gated DeltaNet core (recurrence and chunked form) */
 int ddk_cuda_gated_delta(const ddk_backend *be, const ddk_delta_shape *shape, const float *q,
                          const float *k, const float *v, const float *beta, const float *g,

@@ -10,7 +10,9 @@
  *     entry point ddk_loss_cpu() that outside tools call.
  *
  * Tested by tests/test_alloc.c, tests/test_loss.c (float64 C reference),
- * tests/loss_torch_check.py (PyTorch autograd) and benchmarked by tests/bench/.
+ * tests/loss_torch_check.py (PyTorch autograd), tests/test_ops.c and tests/test_attention.c (the
+ * CPU backend's ops against float64 references), tests/test_backend_ops.c (every other backend
+ * against the CPU's) and benchmarked by tests/bench/.
  *
  * Dimension legend: n positions, H hidden size, V vocabulary. Row-major throughout;
  * the lm_head uses the Hugging Face layout (V, H).
@@ -114,7 +116,8 @@ DDK_API ddk_allocator *ddk_allocator_cuda(int device);
  * stream per GPU and return before they are done: the host reads what they wrote, and rewrites
  * or frees a host buffer given to copy, only after ddk_cuda_synchronize(device) (or the
  * backend's synchronize). Every op of the CPU backend is there, in fp32 storage, with bf16
- * tensor-core products where asked (matmul_bf16, the loss's bf16_products); the loss and sumsq
+ * tensor-core products where asked (matmul_bf16, the loss's bf16_products) and bf16 weights
+ * where the op says so (matmul_w16, embedding_w16: the frozen target's); the loss and sumsq
  * return with their work done (their results are on the host). */
 DDK_API const struct ddk_backend *ddk_backend_cuda(int device);
 /* Waits until every op queued on GPU `device`'s backend is done; a fault of one of them aborts
@@ -243,6 +246,8 @@ typedef struct ddk_attention_shape {
     int64_t nh, nkv;  /* query heads, key/value heads; nh % nkv == 0 */
     int64_t d;        /* head dim */
     int64_t window;   /* 0: full_attention; > 0: sliding_attention with this window */
+    int64_t q_rows;   /* causal_attention only: 0, a prefill (S query rows); in [1, S], the
+                         queries are positions S - q_rows .. S - 1 over a cache of S keys */
 } ddk_attention_shape;
 
 /* The Gated DeltaNet core's sizes (backend->gated_delta) */
@@ -272,6 +277,18 @@ struct ddk_backend {
                         const float *a, int64_t lda, const float *b, int64_t ldb,
                         float beta, float *c, int64_t ldc);
 
+    /* The frozen target's projection on its weights as stored: c (m, n) = alpha a W^T + beta c
+     * with W (n, k) bf16 (uint16_t bit patterns, ddk_bf16.h; row stride ldw), a (m, k) fp32 (row
+     * stride lda) rounded to bf16 (round to nearest even) before the product, fp32 accumulation
+     * and output c (m, n) (row stride ldc). Exactly matmul_bf16 (trans_a 0, trans_b 1) of a and W
+     * widened to fp32 (exact): on the CPU bit for bit, converting W 256 columns of k at a time
+     * (scratch (m + n) x 256 floats, never all of W). beta = 0 ignores c's contents (even NaN);
+     * k = 0 leaves c = beta c. CUDA: a rounded into the backend's scratch in panels, bf16 tensor
+     * cores with fp32 accumulation (cuBLAS CUBLAS_COMPUTE_32F); no allocation. */
+    void (*matmul_w16)(const ddk_backend *be, int64_t m, int64_t n, int64_t k, float alpha,
+                       const float *a, int64_t lda, const uint16_t *w, int64_t ldw, float beta,
+                       float *c, int64_t ldc);
+
     /* The loss of SPEC.md section 1 on this backend's memory; contract of ddk_loss_cpu. */
     int (*loss)(const ddk_backend *be, const ddk_loss_params *p,
                 const float *student_hidden, const float *teacher_hidden, const float *lm_head,
@@ -282,6 +299,12 @@ struct ddk_backend {
     void (*zero)(const ddk_backend *be, void *dst, size_t bytes);
     /* dst and src anywhere (host or this device): the backend knows its own pointers */
     void (*copy)(const ddk_backend *be, void *dst, const void *src, size_t bytes);
+    /* A strided copy of floats: dst (rows, cols), row stride ld_dst, = src (rows, cols), row
+     * stride ld_src; ld_dst, ld_src >= cols; anywhere, as for copy; the two regions must not
+     * overlap. Nothing past column cols of a dst row is written. rows or cols 0: nothing.
+     * (CUDA: one cudaMemcpy2DAsync on the stream.) */
+    void (*copy_rows)(const ddk_backend *be, float *dst, int64_t ld_dst, const float *src,
+                      int64_t ld_src, int64_t rows, int64_t cols);
     /* Returns when every op queued on this backend is done (the CPU's are done on return). */
     void (*synchronize)(const ddk_backend *be);
 
@@ -332,6 +355,10 @@ struct ddk_backend {
     /* out (rows, H) = table[tokens] with table (V, H); tokens in [0, V) (checked by callers) */
     void (*embedding)(const ddk_backend *be, const float *table, const int32_t *tokens,
                       int64_t rows, int64_t H, float *out);
+    /* The same gather from the target's table as stored: out (rows, H) fp32 = table[tokens]
+     * with table (V, H) bf16 bit patterns, widened exactly (the same bits on every backend) */
+    void (*embedding_w16)(const ddk_backend *be, const uint16_t *table, const int32_t *tokens,
+                          int64_t rows, int64_t H, float *out);
 
     /* DFlash attention of one sequence (SPEC.md section 2, step 4), flash-style: online
      * softmax over key tiles, memory linear in the number of queries, never a dense mask.
@@ -352,13 +379,19 @@ struct ddk_backend {
                                      const int32_t *anchors, const uint8_t *keep,
                                      const float *out, const float *lse, const float *dout,
                                      float *dq, float *dk, float *dv);
-    /* Plain causal attention (the target, forward only): q (T, nh, d), k, v (T, nkv, d),
-     * query t sees keys 0..t; out (T, nh, d). shape->S = T; A, B, window unused. */
+    /* Plain causal attention (the target, forward only) of T = q_rows query rows (T = S when
+     * shape->q_rows = 0, a prefill) over S key positions: q (T, nh, d), k, v (S, nkv, d); query
+     * row i is position p = S - T + i and sees keys 0..p; out (T, nh, d). Query head h reads kv
+     * head h / (nh / nkv); scale 1/sqrt(d). A, B, window unused. q_rows = 0 and q_rows = S are
+     * the same call; rows of a prefill's last T equal this to rounding (the key tiles of the
+     * CPU start at another row). 0, -EINVAL (bad heads or d, S < 0, q_rows outside [0, S]) or
+     * -ENOMEM (the CPU's workspace, ddk_causal_attention_workspace_bytes). */
     int (*causal_attention)(const ddk_backend *be, const ddk_attention_shape *shape,
                             const float *q, const float *k, const float *v, float *out);
 
     /* ---- the Qwen3.5 / Qwen3.6 target's ops (SPEC.md section 3.1), forward only: the target
-     * is frozen. NULL on a backend that does not have them yet (CUDA, for now).
+     * is frozen. NULL on a backend that does not have them (the CPU and CUDA backends have all
+     * seven).
      * Legend: T tokens, C channels, K taps, rows independent vectors of d values; nk / nv key /
      * value heads of dk / dv dims. ---- */
 
@@ -389,15 +422,43 @@ struct ddk_backend {
      * enters and leaves (zero it for a new sequence); out (T, nv, dv). shape->chunk = 0 runs the
      * recurrence above token by token (decoding); chunk >= 1 the exact chunked form of SPEC.md
      * with chunks of that many tokens (the last one shorter): the same result to rounding.
-     * 0, -EINVAL (nv % nk, a non-positive size) or -ENOMEM (the chunk's workspace). */
+     * 0, -EINVAL (nv % nk, a non-positive size) or -ENOMEM (the chunk's workspace). CUDA:
+     * dk, dv <= 256 (DDK_CUDA_MAX_HEAD_DIM) else -EINVAL, chunks of at most 64 tokens (a longer
+     * chunk runs as chunks of 64: only rounding changes), no workspace (never -ENOMEM). */
     int (*gated_delta)(const ddk_backend *be, const ddk_delta_shape *shape, const float *q,
                        const float *k, const float *v, const float *beta, const float *g,
                        float *state, float *out);
+
+    /* The DeltaNet's q / k normalisation, per token t and head h:
+     *   dst[t, h] = x * (scale / sqrtf(ss + eps)),  x = src[t * ld + h * d .. + d), ss = sum x_i^2
+     * src (T, ld) holding `heads` heads of d floats from column 0 (ld >= heads * d), dst
+     * (T, heads, d). The CPU sums ss in float in index order and rounds as written (no FMA
+     * contraction): the engine's loop bit for bit; CUDA sums in a fixed order of its own. dst may
+     * be src when ld = heads * d (in place); otherwise they must not overlap. */
+    void (*l2norm_heads)(const ddk_backend *be, const float *src, int64_t ld, int64_t T,
+                         int64_t heads, int64_t d, float scale, float eps, float *dst);
+
+    /* The gated attention's output gate: x (count) *= sigmoid(gate) (count), with sigmoid(s) =
+     * 1 / (1 + expf(-s)) in float. gate must not overlap x. */
+    void (*sigmoid_mul)(const ddk_backend *be, float *x, const float *gate, int64_t count);
+
+    /* The DeltaNet's gates from in_proj_b's and in_proj_a's outputs b, a (T, nv) and the layer's
+     * A_log, dt_bias (nv), per token t and value head j, in float:
+     *   beta[t, j] = 1 / (1 + expf(-b[t, j]))
+     *   g[t, j] = -expf(A_log[j]) * softplus(a[t, j] + dt_bias[j]),  softplus(s) = s when s > 20
+     *             (torch's threshold), else log1pf(expf(s))
+     * beta, g (T, nv); beta may be b and g may be a (in place), no other overlap. */
+    void (*delta_gates)(const ddk_backend *be, const float *b, const float *a, const float *A_log,
+                        const float *dt_bias, int64_t T, int64_t nv, float *beta, float *g);
 };
 
 /* Bytes the CPU backend's DFlash attention takes while it runs (forward, or backward = 1):
  * a function of B, nh / nkv and d only. -EINVAL for an invalid shape. The planner's figure. */
 DDK_API int64_t ddk_attention_workspace_bytes(const ddk_attention_shape *shape, int backward);
+/* Bytes the CPU backend's causal_attention takes while it runs: a function of the heads and d
+ * only, whatever S and q_rows (-EINVAL for an invalid shape). The planner's figure for a
+ * target's prefill and its cached steps. */
+DDK_API int64_t ddk_causal_attention_workspace_bytes(int64_t nh, int64_t nkv, int64_t d);
 
 /* The CPU backend: complete, the reference for every other backend. */
 DDK_API const ddk_backend *ddk_backend_cpu(void);

@@ -96,7 +96,7 @@ static int cmp_i32(const void *a, const void *b)
 static problem make_problem(const bench_args *a, int64_t nkv)
 {
     problem p;
-    p.sh = (ddk_attention_shape){ a->S, a->A, a->B, a->nh, nkv, a->d, a->window };
+    p.sh = (ddk_attention_shape){ a->S, a->A, a->B, a->nh, nkv, a->d, a->window, 0 };
     p.n = a->A * a->B;
     p.N = a->S + p.n;
     p.q = fill_uniform(p.n * a->nh * a->d, 2.0f);
