@@ -1,7 +1,15 @@
-/* test_source.c: KV-cache generation (generate.h) and the feature sources (source.h).
+/* test_source.c: generation (generate.h), the dense target's decoding cache (target.h's
+ * ddt_target_cache over target_dense_cache.c), ddt_target_open's dispatch and the feature
+ * sources (source.h).
  * Generation: determinism per seed, greedy == argmax of the full forward's logits, the decode's
  * hidden states == the full forward's (llama and qwen3, chunked prefill of a prompt), top_p -> 0
- * == greedy. Sources: synthetic (order, seek, held-out), hf with a token file over a llama
+ * == greedy. The dense cache (llama and qwen3, GQA): extend in pieces and token-by-token decode
+ * give the taps, final hidden states and logits of one prefill; a verify block rolled back to
+ * any accepted count (0 .. B), then a verify accepted whole and an extend, gives what a fresh
+ * prefill of the kept tokens gives (a stale or lost key would differ far beyond rounding).
+ * ddt_target_open: llama / qwen3 directories written here open through the "dense" ops to the
+ * weights written, the shared qwen35-tiny (qwen3_5, qwen3_5_text; "skipped" when absent)
+ * through "qwen3_5". Sources: synthetic (order, seek, held-out), hf with a token file over a llama
  * directory written here (shuffle per epoch, cut, skip, held-out reservation, features ==
  * the target's forward), shards written here (read back exactly, BF16, tied heads, every
  * validation rule refused with the file named), empty and one-token sequences skipped.
@@ -26,6 +34,10 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#ifndef DDTREE_SHARED_MODELS
+#define DDTREE_SHARED_MODELS "../shared/models"
+#endif
 
 enum { H = 16, V = 50, N_TAPS = 2, F = N_TAPS * H, MAX_S = 96 };
 
@@ -54,12 +66,12 @@ static double max_rel_diff(const float *a, const float *b, int64_t n)
 
 static void test_generate_deterministic(void)
 {
-    ddt_target t;
+    ddt_target_model t;
     char err[512] = "";
     ddt_target_config c = tiny_config(0);
-    check(ddt_target_synthetic(&c, 3, &t, err, sizeof err) == 0, "synthetic target: %s", err);
+    check(ddt_target_open_synthetic(&c, 3, &t, err, sizeof err) == 0, "synthetic target: %s", err);
     ddt_generator g;
-    check(ddt_generator_init(&g, ddk_backend_cpu(), &t, 32, err, sizeof err) == 0, "generator: %s", err);
+    check(ddt_generator_open(&g, ddk_backend_cpu(), &t, 32, err, sizeof err) == 0, "generator: %s", err);
     const ddt_generate_params p = { 1.0f, 0.95f };
     int32_t a[32], b[32], other[32], heldout[32];
     uint64_t s0 = ddt_generate_seed(7, 0, "train");
@@ -79,24 +91,24 @@ static void test_generate_deterministic(void)
     check(distinct > 4, "temperature 1 sampled a near-constant sequence (%d changes)", distinct);
     check(ddt_generate(&g, &p, s0, NULL, 0, 33, a, NULL) == -EINVAL, "S > max_len accepted");
     ddt_generator_free(&g);
-    ddt_target_free(&t);
+    ddt_target_close(&t);
 }
 
 /* tokens (S) sampled greedily: each is the argmax of the full forward's logits one before */
 static void test_greedy_is_argmax(void)
 {
-    ddt_target t;
+    ddt_target_model t;
     char err[512] = "";
     ddt_target_config c = tiny_config(0);
-    check(ddt_target_synthetic(&c, 5, &t, err, sizeof err) == 0, "synthetic target: %s", err);
+    check(ddt_target_open_synthetic(&c, 5, &t, err, sizeof err) == 0, "synthetic target: %s", err);
     ddt_generator g;
     enum { S = 40 };
-    check(ddt_generator_init(&g, ddk_backend_cpu(), &t, S, err, sizeof err) == 0, "generator: %s", err);
+    check(ddt_generator_open(&g, ddk_backend_cpu(), &t, S, err, sizeof err) == 0, "generator: %s", err);
     const ddt_generate_params greedy = { 0.0f, 1.0f };
     int32_t tokens[S];
     check(ddt_generate(&g, &greedy, 11, NULL, 0, S, tokens, NULL) == 0, "generate failed");
     float *hidden = xcalloc(S * H, sizeof(float));   /* (S, H) */
-    check(ddt_target_forward(ddk_backend_cpu(), &t, tokens, S, NULL, 0, NULL, hidden) == 0, "forward failed");
+    check(ddt_target_prefill(ddk_backend_cpu(), &t, tokens, S, NULL, 0, NULL, hidden, NULL) == 0, "prefill failed");
     int wrong = 0, changes = 0;
     for (int64_t i = 0; i + 1 < S; i++) {
         int64_t best = 0;
@@ -115,18 +127,18 @@ static void test_greedy_is_argmax(void)
     check(changes > 0, "greedy output is constant: a weak test");
     free(hidden);
     ddt_generator_free(&g);
-    ddt_target_free(&t);
+    ddt_target_close(&t);
 }
 
-/* the decode's hidden states at every position == ddt_target_forward's final_hidden */
+/* the decode's hidden states at every position == ddt_target_prefill's final_hidden */
 static void decode_matches_forward(int qwen3, int64_t P, int64_t S)
 {
-    ddt_target t;
+    ddt_target_model t;
     char err[512] = "";
     ddt_target_config c = tiny_config(qwen3);
-    check(ddt_target_synthetic(&c, 9 + (uint64_t)qwen3, &t, err, sizeof err) == 0, "synthetic target: %s", err);
+    check(ddt_target_open_synthetic(&c, 9 + (uint64_t)qwen3, &t, err, sizeof err) == 0, "synthetic target: %s", err);
     ddt_generator g;
-    check(ddt_generator_init(&g, ddk_backend_cpu(), &t, S, err, sizeof err) == 0, "generator: %s", err);
+    check(ddt_generator_open(&g, ddk_backend_cpu(), &t, S, err, sizeof err) == 0, "generator: %s", err);
     int32_t prompt[MAX_S], tokens[MAX_S];
     for (int64_t i = 0; i < P; i++)
         prompt[i] = (int32_t)((i * 7 + 3) % V);
@@ -134,7 +146,7 @@ static void decode_matches_forward(int qwen3, int64_t P, int64_t S)
     float *decoded = xcalloc((size_t)(S * H), sizeof(float)), *full = xcalloc((size_t)(S * H), sizeof(float));
     check(ddt_generate(&g, &p, 21, P ? prompt : NULL, P, S, tokens, decoded) == 0, "generate failed");
     check(P == 0 || !memcmp(tokens, prompt, (size_t)P * sizeof *prompt), "the prompt was not kept");
-    check(ddt_target_forward(ddk_backend_cpu(), &t, tokens, S, NULL, 0, NULL, full) == 0, "forward failed");
+    check(ddt_target_prefill(ddk_backend_cpu(), &t, tokens, S, NULL, 0, NULL, full, NULL) == 0, "prefill failed");
     double worst = 0.0;
     int64_t at = -1;
     for (int64_t i = 0; i < S; i++) {
@@ -150,7 +162,7 @@ static void decode_matches_forward(int qwen3, int64_t P, int64_t S)
     free(decoded);
     free(full);
     ddt_generator_free(&g);
-    ddt_target_free(&t);
+    ddt_target_close(&t);
 }
 
 static void test_decode_matches_forward(void)
@@ -163,12 +175,12 @@ static void test_decode_matches_forward(void)
 
 static void test_top_p_tiny_is_greedy(void)
 {
-    ddt_target t;
+    ddt_target_model t;
     char err[512] = "";
     ddt_target_config c = tiny_config(1);
-    check(ddt_target_synthetic(&c, 13, &t, err, sizeof err) == 0, "synthetic target: %s", err);
+    check(ddt_target_open_synthetic(&c, 13, &t, err, sizeof err) == 0, "synthetic target: %s", err);
     ddt_generator g;
-    check(ddt_generator_init(&g, ddk_backend_cpu(), &t, 40, err, sizeof err) == 0, "generator: %s", err);
+    check(ddt_generator_open(&g, ddk_backend_cpu(), &t, 40, err, sizeof err) == 0, "generator: %s", err);
     const ddt_generate_params greedy = { 0.0f, 1.0f }, nucleus = { 1.0f, 1e-9f }, full = { 1.0f, 1.0f };
     int32_t a[40], b[40], sampled[40];
     for (uint64_t seed = 1; seed <= 3; seed++) {
@@ -180,26 +192,26 @@ static void test_top_p_tiny_is_greedy(void)
               (unsigned long long)seed);
     }
     ddt_generator_free(&g);
-    ddt_target_free(&t);
+    ddt_target_close(&t);
 }
 
 /* with top_p 0.5 every sampled token lies in the nucleus of the full forward's distribution
  * (the fewest most likely tokens whose probability reaches 0.5), and not always at its head */
 static void test_top_p_nucleus(void)
 {
-    ddt_target t;
+    ddt_target_model t;
     char err[512] = "";
     ddt_target_config c = tiny_config(0);
-    check(ddt_target_synthetic(&c, 15, &t, err, sizeof err) == 0, "synthetic target: %s", err);
+    check(ddt_target_open_synthetic(&c, 15, &t, err, sizeof err) == 0, "synthetic target: %s", err);
     ddt_generator g;
     enum { S = 64 };
-    check(ddt_generator_init(&g, ddk_backend_cpu(), &t, S, err, sizeof err) == 0, "generator: %s", err);
+    check(ddt_generator_open(&g, ddk_backend_cpu(), &t, S, err, sizeof err) == 0, "generator: %s", err);
     const float temperature = 0.7f, top_p = 0.5f;
     const ddt_generate_params p = { temperature, top_p };
     int32_t tokens[S];
     check(ddt_generate(&g, &p, 4, NULL, 0, S, tokens, NULL) == 0, "generate failed");
     float *hidden = xcalloc(S * H, sizeof(float));   /* (S, H) */
-    check(ddt_target_forward(ddk_backend_cpu(), &t, tokens, S, NULL, 0, NULL, hidden) == 0, "forward failed");
+    check(ddt_target_prefill(ddk_backend_cpu(), &t, tokens, S, NULL, 0, NULL, hidden, NULL) == 0, "prefill failed");
     int outside = 0, not_first = 0;
     for (int64_t i = 0; i + 1 < S; i++) {
         double z[V], max = -1e30, sum = 0.0;
@@ -225,7 +237,191 @@ static void test_top_p_nucleus(void)
     check(not_first > 0, "top_p 0.5 always took the most likely token: a weak test");
     free(hidden);
     ddt_generator_free(&g);
-    ddt_target_free(&t);
+    ddt_target_close(&t);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * The dense target's decoding cache (target.h's ddt_target_cache over target_dense_cache.c)
+ */
+
+/* Prefill's and the cache's rows differ by float32 rounding only: a BLAS product of T rows
+ * against C-row chunks or plain C 8-wide matrix-vector products, the cached attention against
+ * causal_attention: ~1e-6 seen, 1e-5 allowed (a stale or missing key moves a row by ~1e-1). */
+static const double DENSE_CACHE_TOL = 1e-5;
+enum { DC_T = 80, DC_TAPS = 3, DC_BLOCK = 5 };   /* T crosses the cache's 64-row passes */
+static const int32_t dc_taps[DC_TAPS] = { 2, 0, 1 };
+
+/* GQA (4 heads over 2); widths 24, 40 (multiples of 8) and 36, 50, head_dim 10 (not): the
+ * 8-wide loops' vector and tail paths both */
+static ddt_target_config dense_cache_config(int qwen3)
+{
+    return (ddt_target_config){ .qwen3 = qwen3, .hidden = 24, .layers = 3, .heads = 4, .kv_heads = 2,
+                                .head_dim = 10, .intermediate = 36, .vocab = V, .rms_norm_eps = 1e-6f,
+                                .rope_theta = 10000.0f };
+}
+
+/* the outputs of T rows: taps (T, DC_TAPS H), final (T, H), logits (T, V) */
+typedef struct dc_rows {
+    float *features, *final, *logits;
+} dc_rows;
+
+static dc_rows dc_rows_alloc(const ddt_target_model *m, int64_t T)
+{
+    return (dc_rows){ xcalloc((size_t)(T * DC_TAPS * m->hidden), sizeof(float)),
+                      xcalloc((size_t)(T * m->hidden), sizeof(float)), xcalloc((size_t)(T * m->vocab), sizeof(float)) };
+}
+
+static void dc_rows_free(dc_rows *r)
+{
+    free(r->features), free(r->final), free(r->logits);
+}
+
+/* a fresh prefill of tokens (T) */
+static dc_rows dc_prefill(const ddt_target_model *m, const int32_t *tokens, int64_t T)
+{
+    dc_rows r = dc_rows_alloc(m, T);
+    check(ddt_target_prefill(ddk_backend_cpu(), m, tokens, T, dc_taps, DC_TAPS, r.features, r.final, r.logits) == 0,
+          "prefill of %lld tokens failed", (long long)T);
+    return r;
+}
+
+/* rows [i, i + n) of got against rows [j, j + n) of want: taps, final hidden, logits, each row
+ * by max |d| / max |want|; the worst into *worst */
+static void dc_compare(const ddt_target_model *m, const dc_rows *got, int64_t i, const dc_rows *want, int64_t j,
+                       int64_t n, const char *what, double *worst)
+{
+    const int64_t hidden = m->hidden, width = DC_TAPS * hidden;
+    for (int64_t r = 0; r < n; r++) {
+        const double e[3] = { normalised_error_ff(got->features + (i + r) * width, want->features + (j + r) * width,
+                                                  width),
+                              normalised_error_ff(got->final + (i + r) * hidden, want->final + (j + r) * hidden,
+                                                  hidden),
+                              normalised_error_ff(got->logits + (i + r) * m->vocab, want->logits + (j + r) * m->vocab,
+                                                  m->vocab) };
+        for (int k = 0; k < 3; k++) {
+            check(e[k] <= DENSE_CACHE_TOL, "%s %s, position %lld: %s differ by %.3g", m->model_type, what,
+                  (long long)(j + r), (const char *[]){ "taps", "final hidden", "logits" }[k], e[k]);
+            *worst = fmax(*worst, e[k]);
+        }
+    }
+}
+
+/* a fixed token sequence in [0, V), salted */
+static void dc_tokens(int32_t *tokens, int64_t T, int salt)
+{
+    for (int64_t i = 0; i < T; i++)
+        tokens[i] = (int32_t)((i * 31 + 7 * (i % 3) + salt) % V);
+}
+
+/* extend in pieces (one crossing a 64-row pass), and token by token: the prefill's rows */
+static void dense_cache_extend(int qwen3)
+{
+    ddt_target_model m;
+    char err[512] = "";
+    ddt_target_config cfg = dense_cache_config(qwen3);
+    check(ddt_target_open_synthetic(&cfg, 31 + (uint64_t)qwen3, &m, err, sizeof err) == 0, "synthetic: %s", err);
+    const int64_t hidden = m.hidden, width = DC_TAPS * hidden;
+    int32_t tokens[DC_T];
+    dc_tokens(tokens, DC_T, 3);
+    dc_rows want = dc_prefill(&m, tokens, DC_T), pieces = dc_rows_alloc(&m, DC_T), steps = dc_rows_alloc(&m, DC_T);
+    ddt_target_cache c;
+    check(ddt_target_cache_open(ddk_backend_cpu(), &m, DC_T, DC_BLOCK, &c, err, sizeof err) == 0, "cache: %s", err);
+    static const int64_t piece[] = { 70, 3, 7 };   /* 70: two passes inside the cache */
+    int rc = 0;
+    for (int64_t k = 0, p0 = 0; rc == 0 && k < 3; p0 += piece[k++])
+        rc = ddt_target_extend(&c, tokens + p0, piece[k], dc_taps, DC_TAPS, pieces.features + p0 * width,
+                               pieces.final + p0 * hidden, pieces.logits + p0 * m.vocab);
+    check(rc == 0 && c.len == DC_T, "extend 70 + 3 + 7: %d, len %lld", rc, (long long)c.len);
+    double worst = 0.0;
+    dc_compare(&m, &pieces, 0, &want, 0, DC_T, "extend 70 + 3 + 7", &worst);
+    ddt_target_cache_reset(&c);
+    for (int64_t t = 0; rc == 0 && t < DC_T; t++)
+        rc = ddt_target_decode(&c, tokens[t], dc_taps, DC_TAPS, steps.features + t * width, steps.final + t * hidden,
+                               steps.logits + t * m.vocab);
+    check(rc == 0 && c.len == DC_T, "decode x %d: %d, len %lld", DC_T, rc, (long long)c.len);
+    dc_compare(&m, &steps, 0, &want, 0, DC_T, "decode token by token", &worst);
+    check(ddt_target_decode(&c, tokens[0], NULL, 0, NULL, steps.final, NULL) == -EINVAL, "decode past max_len");
+    printf("  %s: prefill of %d == extend in pieces == decode: max error %.3g\n", m.model_type, DC_T, worst);
+    ddt_target_cache_close(&c);
+    dc_rows_free(&want), dc_rows_free(&pieces), dc_rows_free(&steps);
+    ddt_target_close(&m);
+}
+
+static void test_dense_cache_extend(void)
+{
+    dense_cache_extend(0);
+    dense_cache_extend(1);
+}
+
+/* after a prefix of P: verify B (the first 2 the sequence's own, the rest not), rollback to a,
+ * verify the next B and accept them all, then extend 3 more: every row == a fresh prefill of
+ * what was kept (the block's rows: of the prefix and the whole block) */
+static void dense_cache_verify(int qwen3)
+{
+    ddt_target_model m;
+    char err[512] = "";
+    ddt_target_config cfg = dense_cache_config(qwen3);
+    check(ddt_target_open_synthetic(&cfg, 41 + (uint64_t)qwen3, &m, err, sizeof err) == 0, "synthetic: %s", err);
+    enum { P = 10, B = DC_BLOCK, MORE = 3 };
+    int32_t tokens[DC_T], draft[B];
+    dc_tokens(tokens, DC_T, 5);
+    for (int64_t i = 0; i < B; i++)
+        draft[i] = i < 2 ? tokens[P + i] : (int32_t)((tokens[P + i] + 1) % V);
+    double worst = 0.0;
+    for (int64_t a = 0; a <= B; a++) {
+        ddt_target_cache c;
+        check(ddt_target_cache_open(ddk_backend_cpu(), &m, DC_T, B, &c, err, sizeof err) == 0, "cache: %s", err);
+        dc_rows prefix = dc_rows_alloc(&m, P), block = dc_rows_alloc(&m, B), second = dc_rows_alloc(&m, B),
+                more = dc_rows_alloc(&m, MORE);
+        int rc = ddt_target_extend(&c, tokens, P, dc_taps, DC_TAPS, prefix.features, prefix.final, prefix.logits);
+        rc = rc ? rc : ddt_target_verify(&c, draft, B, dc_taps, DC_TAPS, block.features, block.final, block.logits);
+        check(rc == 0 && c.len == P && c.pending == B, "verify: %d", rc);
+        check(ddt_target_extend(&c, tokens, 1, NULL, 0, NULL, more.final, NULL) == -EINVAL, "extend before rollback");
+        rc = rc ? rc : ddt_target_rollback(&c, a);
+        check(rc == 0 && c.len == P + a && c.pending == 0, "rollback to %lld: %d", (long long)a, rc);
+        /* what was kept: the prefix, a of the draft, then B + MORE of a continuation */
+        int32_t fed[P + 2 * B + MORE];
+        memcpy(fed, tokens, P * sizeof *fed);
+        memcpy(fed + P, draft, (size_t)a * sizeof *fed);
+        for (int64_t i = P + a; i < P + a + B + MORE; i++)
+            fed[i] = (int32_t)((i * 17 + 11) % V);
+        rc = rc ? rc : ddt_target_verify(&c, fed + P + a, B, dc_taps, DC_TAPS, second.features, second.final,
+                                         second.logits);
+        rc = rc ? rc : ddt_target_rollback(&c, B);
+        rc = rc ? rc : ddt_target_extend(&c, fed + P + a + B, MORE, dc_taps, DC_TAPS, more.features, more.final,
+                                         more.logits);
+        check(rc == 0 && c.len == P + a + B + MORE, "verify, rollback to %d, extend %d: %d", B, MORE, rc);
+        int32_t whole[P + B];
+        memcpy(whole, tokens, P * sizeof *whole);
+        memcpy(whole + P, draft, B * sizeof *whole);
+        dc_rows want_block = dc_prefill(&m, whole, P + B), want = dc_prefill(&m, fed, P + a + B + MORE);
+        char what[64];
+        snprintf(what, sizeof what, "verify %d, rollback to %lld", B, (long long)a);
+        dc_compare(&m, &prefix, 0, &want, 0, P, what, &worst);
+        dc_compare(&m, &block, 0, &want_block, P, B, what, &worst);
+        dc_compare(&m, &second, 0, &want, P + a, B, what, &worst);
+        dc_compare(&m, &more, 0, &want, P + a + B, MORE, what, &worst);
+        dc_rows_free(&want), dc_rows_free(&want_block);
+        dc_rows_free(&prefix), dc_rows_free(&block), dc_rows_free(&second), dc_rows_free(&more);
+        ddt_target_cache_close(&c);
+    }
+    ddt_target_cache c;
+    float features[32];   /* (1, H) */
+    int32_t bad_tap = 3;
+    check(ddt_target_cache_open(ddk_backend_cpu(), &m, DC_T, B, &c, err, sizeof err) == 0, "cache: %s", err);
+    check(ddt_target_verify(&c, tokens, B + 1, NULL, 0, NULL, NULL, NULL) == -EINVAL, "a block over max_block");
+    check(ddt_target_extend(&c, tokens, 1, &bad_tap, 1, features, NULL, NULL) == -EINVAL && c.len == 0,
+          "a tap beyond the last layer");
+    ddt_target_cache_close(&c);
+    printf("  %s: verify %d after %d, rollback to 0..%d, verify, extend == fresh prefill: max error %.3g\n",
+           m.model_type, B, P, B, worst);
+    ddt_target_close(&m);
+}
+
+static void test_dense_cache_verify(void)
+{
+    dense_cache_verify(0);
+    dense_cache_verify(1);
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -455,20 +651,21 @@ static void write_text(const char *path, const char *text)
     }
 }
 
-/* a llama directory (config.json, model.safetensors F32) holding t's weights */
-static void write_llama_dir(const char *dir, const ddt_target *t)
+/* a llama or qwen3 directory (as t's cfg.qwen3: config.json, model.safetensors F32) holding
+ * t's weights */
+static void write_dense_dir(const char *dir, const ddt_target *t)
 {
     const ddt_target_config *c = &t->cfg;
     mkdir(dir, 0700);
     char path[512], json[1024];
     snprintf(path, sizeof path, "%s/config.json", dir);
     snprintf(json, sizeof json,
-             "{\"model_type\": \"llama\", \"hidden_size\": %lld, \"num_hidden_layers\": %lld,"
+             "{\"model_type\": \"%s\", \"hidden_size\": %lld, \"num_hidden_layers\": %lld,"
              " \"num_attention_heads\": %lld, \"num_key_value_heads\": %lld, \"head_dim\": %lld,"
              " \"intermediate_size\": %lld, \"vocab_size\": %lld, \"rms_norm_eps\": 1e-6,"
              " \"rope_theta\": 10000.0, \"tie_word_embeddings\": false}",
-             (long long)c->hidden, (long long)c->layers, (long long)c->heads, (long long)c->kv_heads,
-             (long long)c->head_dim, (long long)c->intermediate, (long long)c->vocab);
+             c->qwen3 ? "qwen3" : "llama", (long long)c->hidden, (long long)c->layers, (long long)c->heads,
+             (long long)c->kv_heads, (long long)c->head_dim, (long long)c->intermediate, (long long)c->vocab);
     write_text(path, json);
     static char names[64][96];
     ddt_st_entry e[64];
@@ -488,6 +685,10 @@ static void write_llama_dir(const char *dir, const ddt_target *t)
         ENTRY(L->k_proj, kvd, c->hidden, "model.layers.%lld.self_attn.k_proj.weight", (long long)l);
         ENTRY(L->v_proj, kvd, c->hidden, "model.layers.%lld.self_attn.v_proj.weight", (long long)l);
         ENTRY(L->o_proj, c->hidden, qd, "model.layers.%lld.self_attn.o_proj.weight", (long long)l);
+        if (c->qwen3) {
+            ENTRY(L->q_norm, c->head_dim, 0, "model.layers.%lld.self_attn.q_norm.weight", (long long)l);
+            ENTRY(L->k_norm, c->head_dim, 0, "model.layers.%lld.self_attn.k_norm.weight", (long long)l);
+        }
         ENTRY(L->post_attention_layernorm, c->hidden, 0, "model.layers.%lld.post_attention_layernorm.weight",
               (long long)l);
         ENTRY(L->gate_proj, c->intermediate, c->hidden, "model.layers.%lld.mlp.gate_proj.weight", (long long)l);
@@ -519,8 +720,66 @@ static void write_synthetic_llama_dir(const char *dir, uint64_t seed)
     ddt_target t;
     ddt_target_config tc = tiny_config(0);
     check(ddt_target_synthetic(&tc, seed, &t, err, sizeof err) == 0, "synthetic: %s", err);
-    write_llama_dir(dir, &t);
+    write_dense_dir(dir, &t);
     ddt_target_free(&t);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * ddt_target_open's dispatch on model_type
+ */
+
+/* DIR opened through ddt_target_open: its ops' name and model_type */
+static void expect_opened_as(const char *dir, const char *ops, const char *model_type)
+{
+    ddt_target_model m;
+    char err[1024] = "";
+    int rc = ddt_target_open(dir, &m, err, sizeof err);
+    check(rc == 0, "open %s: %s", dir, err);
+    if (rc)
+        return;
+    check(!strcmp(m.ops->name, ops) && !strcmp(m.model_type, model_type), "%s opened as %s (%s), not %s (%s)", dir,
+          m.ops->name, m.model_type, ops, model_type);
+    check(m.ops->cache_open && m.ops->extend && m.ops->verify && m.ops->rollback, "%s: %s ops without a cache",
+          dir, m.ops->name);
+    ddt_target_close(&m);
+}
+
+/* llama and qwen3 directories written here open through the dense ops, to the weights written
+ * (their prefill == the synthetic target's, bit for bit); qwen3_5 and qwen3_5_text ones (the
+ * shared qwen35-tiny, when present) through the qwen3_5 ops */
+static void test_target_open_dispatch(void)
+{
+    for (int qwen3 = 0; qwen3 <= 1; qwen3++) {
+        ddt_target_config cfg = dense_cache_config(qwen3);
+        ddt_target_model synthetic, opened;
+        char dir[600], err[1024] = "";
+        snprintf(dir, sizeof dir, "%s/dispatch_%s", tmpdir, qwen3 ? "qwen3" : "llama");
+        check(ddt_target_open_synthetic(&cfg, 51, &synthetic, err, sizeof err) == 0, "synthetic: %s", err);
+        write_dense_dir(dir, synthetic.impl);
+        expect_opened_as(dir, "dense", qwen3 ? "qwen3" : "llama");
+        int32_t tokens[9];
+        dc_tokens(tokens, 9, 1);
+        float *a = xcalloc((size_t)(9 * cfg.hidden), sizeof(float)), *b = xcalloc((size_t)(9 * cfg.hidden),
+                                                                             sizeof(float));   /* (T, H) */
+        check(ddt_target_open(dir, &opened, err, sizeof err) == 0, "open %s: %s", dir, err);
+        check(ddt_target_prefill(ddk_backend_cpu(), &synthetic, tokens, 9, NULL, 0, NULL, a, NULL) == 0 &&
+              ddt_target_prefill(ddk_backend_cpu(), &opened, tokens, 9, NULL, 0, NULL, b, NULL) == 0 &&
+              !memcmp(a, b, (size_t)(9 * cfg.hidden) * sizeof(float)),
+              "%s: the directory's target differs from the one written", dir);
+        free(a), free(b);
+        ddt_target_close(&opened);
+        ddt_target_close(&synthetic);
+    }
+    static const char *const qwen35[2] = { "qwen35-tiny/bf16", "qwen35-tiny/text-only" };   /* qwen3_5, qwen3_5_text */
+    for (int i = 0; i < 2; i++) {
+        char dir[1024], config[1100];
+        snprintf(dir, sizeof dir, "%s/%s", DDTREE_SHARED_MODELS, qwen35[i]);
+        snprintf(config, sizeof config, "%s/config.json", dir);
+        if (access(config, R_OK) != 0)
+            printf("  skipped: %s is not there (the shared qwen35-tiny model)\n", config);
+        else
+            expect_opened_as(dir, "qwen3_5", "qwen3_5");
+    }
 }
 
 /* hf over dir with the token file tokens_path: seq_len TOK_LEN, taps 1 and 2, 2 held out */
@@ -985,6 +1244,9 @@ int main(void)
         { "KV-cache decode hidden == full forward (llama, qwen3, prompts)", test_decode_matches_forward },
         { "top_p 1e-9 == greedy", test_top_p_tiny_is_greedy },
         { "top_p 0.5 samples inside the nucleus only", test_top_p_nucleus },
+        { "dense cache: prefill == extend in pieces == decode (taps, final, logits)", test_dense_cache_extend },
+        { "dense cache: verify, rollback to 0 .. B, verify, extend == fresh prefill", test_dense_cache_verify },
+        { "ddt_target_open: llama, qwen3 -> dense; qwen3_5 -> qwen3_5", test_target_open_dispatch },
         { "synthetic source: deterministic order, any prefetch", test_synthetic_order },
         { "synthetic source: seek then next == the original stream", test_synthetic_seek },
         { "synthetic source: held-out disjoint and stable", test_synthetic_heldout },

@@ -1,9 +1,9 @@
 /* source_generated.c: the generated implementation of source_impl.h (target.kind synthetic, or
- * hf without a token file): the target samples every sequence with its cache (generate.h: the
- * dense target's KV cache, or any other's through target.h's interface),
- * then its forward gives the features and the teacher. Training sequence i is sampled with
- * seed ddt_generate_seed(seed, i, "train"), held-out i with (seed, i, "heldout"): the two
- * streams are disjoint and each sequence a pure function of the config and its index.
+ * hf without a token file): the target samples every sequence with its cache (generate.h,
+ * through target.h's interface), then its forward gives the features and the teacher.
+ * Training sequence i is sampled with seed ddt_generate_seed(seed, i, "train"), held-out i with
+ * (seed, i, "heldout"): the two streams are disjoint and each sequence a pure function of the
+ * config and its index.
  * The held-out tokens are cached once sampled (the decode is the cost), their features are not.
  * Tested through source.h by tests/test_source.c.
  *
@@ -70,7 +70,7 @@ static int open_generated(ddt_source_base *b, const ddt_source_config *c, char *
                        : ddt_target_open(c->model_dir, &g->target, err, err_len);
     if (rc)
         return rc;
-    if (!ddt_target_dense(&g->target) && !g->target.ops->cache_open)   /* the generator decodes with a cache */
+    if (!g->target.ops->cache_open)   /* the generator decodes with a cache */
         return ddt_fail(err, err_len, -EINVAL, "%s: a %s target cannot generate sequences (it has no decoding "
                         "cache): give it target.tokens or feature shards", c->model_dir, g->target.model_type);
     if ((rc = ddt_source_use_target(b, &g->target, synthetic ? "synthetic target" : c->model_dir, err, err_len)))

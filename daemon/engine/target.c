@@ -5,13 +5,15 @@
  *
  * One table of tensors (Hugging Face names, shapes, where each pointer goes) drives both the
  * loading and the synthetic initialisation. Last, the one target interface (target.h) and its
- * dense implementation. Not here: KV caches and generation (generate.c), the Qwen3.5 hybrid
- * target (target_qwen35.c, the interface's other implementation).
- * Tested by tests/features_torch_check.py and tests/test_engine.c.
+ * dense implementation. Not here: the dense target's decoding cache (target_dense_cache.c),
+ * sampling (generate.c), the Qwen3.5 hybrid target (target_qwen35.c, the interface's other
+ * implementation).
+ * Tested by tests/features_torch_check.py, tests/test_engine.c and tests/test_source.c.
  *
  * Legend: T tokens, H hidden, V vocabulary, nh / nkv heads, d head dim, I intermediate.
  */
 #include "target.h"
+#include "target_dense_cache.h"
 #include "target_qwen35.h"
 #include "ddk_rng.h"
 #include "errors.h"
@@ -93,6 +95,29 @@ static int target_table(ddt_target *t, target_tensor *table)
 static int64_t numel(const target_tensor *e)
 {
     return e->cols ? e->rows * e->cols : e->rows;
+}
+
+int64_t ddt_target_param_count(const ddt_target_config *c)
+{
+    ddt_target *t = calloc(1, sizeof *t);
+    target_tensor *table = calloc((size_t)(4 + 11 * c->layers), sizeof *table);
+    int64_t total = t && table ? 0 : -ENOMEM;
+    if (t && table) {
+        t->cfg = *c;
+        const int count = target_table(t, table);
+        for (int i = 0; i < count; i++)
+            total += numel(&table[i]);
+    }
+    free(table);
+    free(t);
+    return total;
+}
+
+int64_t ddt_target_rows_bytes(const ddt_target_config *c, int64_t T)
+{
+    const int64_t H = c->hidden, qd = c->heads * c->head_dim, kvd = c->kv_heads * c->head_dim, I = c->intermediate;
+    /* x, u (T, H); q, attn (T, nh*d); k, v (T, nkv*d); gate, up (T, I); pos (T) */
+    return T * (2 * H + 2 * qd + 2 * kvd + 2 * I) * (int64_t)sizeof(float) + T * (int64_t)sizeof(int32_t);
 }
 
 /* Allocates the one weight block and points every slot into it. */
@@ -319,9 +344,7 @@ int ddt_target_forward(const ddk_backend *be, const ddt_target *t, const int32_t
         if (tap_ids[i] < 0 || tap_ids[i] >= c->layers)
             return -EINVAL;
 
-    /* x, u (T, H); q, attn (T, nh*d); k, v (T, nkv*d); gate, up (T, I); pos (T) */
-    const size_t floats = (size_t)(T * (2 * H + 2 * qd + 2 * kvd + 2 * I));
-    const size_t bytes = floats * sizeof(float) + (size_t)T * sizeof(int32_t);
+    const size_t bytes = (size_t)ddt_target_rows_bytes(c, T);   /* the layout below */
     float *x = ddk_malloc(be->alloc, bytes);
     if (!x)
         return -ENOMEM;
@@ -376,7 +399,16 @@ static void dense_free(ddt_target_model *m)
     free(m->impl);
 }
 
-static const ddt_target_ops dense_ops = { .name = "dense", .prefill = dense_prefill, .free = dense_free };
+static const ddt_target_ops dense_ops = {
+    .name = "dense",
+    .prefill = dense_prefill,
+    .free = dense_free,
+    .cache_open = ddt_dense_cache_open,
+    .cache_close = ddt_dense_cache_close,
+    .extend = ddt_dense_extend,
+    .verify = ddt_dense_extend,   /* a KV cache feeds a verify block as it extends (target_dense_cache.h) */
+    .rollback = ddt_dense_rollback,
+};
 
 /* m over t (heap, loaded), which m then owns */
 static void dense_model(ddt_target *t, ddt_target_model *m)
@@ -446,9 +478,14 @@ int ddt_target_prefill(const ddk_backend *be, const ddt_target_model *m, const i
         return -EINVAL;
     int rc = m->ops->prefill(be, m, tokens, T, tap_ids, n_taps, features, final_hidden);
     if (rc == 0 && logits)
-        be->matmul(be, 0, 1, T, m->vocab, m->hidden, 1.0f, final_hidden, m->hidden, m->lm_head, m->hidden, 0.0f,
-                   logits, m->vocab);
+        ddt_target_logits(be, m, final_hidden, T, logits);
     return rc;
+}
+
+void ddt_target_logits(const ddk_backend *be, const ddt_target_model *m, const float *final_hidden, int64_t n,
+                       float *logits)
+{
+    ddt_target_linear(be, n, m->vocab, m->hidden, final_hidden, m->lm_head, 0, logits);
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -484,14 +521,6 @@ void ddt_target_cache_reset(ddt_target_cache *c)
     c->len = c->pending = 0;
 }
 
-/* logits (n, V) of final_hidden (n, H) */
-static void cache_logits(const ddt_target_cache *c, const float *final_hidden, int64_t n, float *logits)
-{
-    const ddt_target_model *m = c->m;
-    c->be->matmul(c->be, 0, 1, n, m->vocab, m->hidden, 1.0f, final_hidden, m->hidden, m->lm_head, m->hidden, 0.0f,
-                  logits, m->vocab);
-}
-
 int ddt_target_extend(ddt_target_cache *c, const int32_t *tokens, int64_t n, const int32_t *tap_ids, int n_taps,
                       float *features, float *final_hidden, float *logits)
 {
@@ -502,7 +531,7 @@ int ddt_target_extend(ddt_target_cache *c, const int32_t *tokens, int64_t n, con
         return rc;
     c->len += n;
     if (logits)
-        cache_logits(c, final_hidden, n, logits);
+        ddt_target_logits(c->be, c->m, final_hidden, n, logits);
     return 0;
 }
 
@@ -522,7 +551,7 @@ int ddt_target_verify(ddt_target_cache *c, const int32_t *tokens, int64_t B, con
         return rc;
     c->pending = B;
     if (logits)
-        cache_logits(c, final_hidden, B, logits);
+        ddt_target_logits(c->be, c->m, final_hidden, B, logits);
     return 0;
 }
 
@@ -534,11 +563,6 @@ int ddt_target_rollback(ddt_target_cache *c, int64_t accepted)
     c->len += accepted;
     c->pending = 0;
     return 0;
-}
-
-const ddt_target *ddt_target_dense(const ddt_target_model *m)
-{
-    return m->ops == &dense_ops ? m->impl : NULL;
 }
 
 int ddt_target_config_shape(const char *dir, int64_t *hidden, int64_t *vocab, int64_t *layers, int *tied,

@@ -1,14 +1,16 @@
 /* target.h: the frozen target (SPEC.md section 3). Its one interface first (ddt_target_ops,
  * ggml's backend struct as the model): ddt_target_open dispatches on config.json's model_type
- * (llama, qwen3: the dense target below; qwen3_5: target_qwen35.h), and the sources and
- * `ddtreed features` call only it. Then the dense target: Hugging Face llama and qwen3
- * directories (F32, BF16 or F16 weights, tied or separate lm_head, sharded or not) and a
- * seeded random target of any shape ("synthetic"); forward only, one sequence at a time,
- * yielding the tapped layer outputs and the final-normed last hidden state; and the frozen
- * head alone (embed_tokens, lm_head) of a target of any architecture, for feature shards.
+ * (llama, qwen3: the dense target below; qwen3_5: target_qwen35.h), and the sources,
+ * generation (through ddt_target_cache) and `ddtreed features` call only it. Then the dense
+ * target: Hugging Face llama and qwen3 directories (F32, BF16 or F16 weights, tied or separate
+ * lm_head, sharded or not) and a seeded random target of any shape ("synthetic"); forward only,
+ * one sequence at a time, yielding the tapped layer outputs and the final-normed last hidden
+ * state, with or without a KV cache (target_dense_cache.c); and the frozen head alone
+ * (embed_tokens, lm_head) of a target of any architecture, for feature shards.
  * Tested by tests/features_torch_check.py (PyTorch float64 reference, and the real
  * stories260K model when ../shared is present), tests/qwen35_features_check.py (the qwen3_5
- * target against tests/oracle/qwen35.py) and tests/test_engine.c.
+ * target against tests/oracle/qwen35.py), tests/test_engine.c, tests/test_source.c (the dense
+ * cache, ddt_target_open's dispatch) and tests/test_qwen35.c (the qwen3_5 cache).
  *
  * Legend: T tokens, H hidden, V vocabulary, nh / nkv heads, d head dim, I intermediate.
  */
@@ -82,8 +84,7 @@ typedef struct ddt_target_ops {
                    const int32_t *tap_ids, int n_taps, float *features, float *final_hidden);
     void (*free)(ddt_target_model *m);
     /* The cache (SPEC.md 3.1 'Decoding with a cache'), through ddt_target_cache below; NULL where
-     * an implementation has none. The dense target's are NULL: its KV-cache decode is
-     * generate.c's own (ddt_target_dense), which has no taps and no verify yet.
+     * an implementation has none (both of today's have one: target_dense_cache.c, target_qwen35.c).
      * cache_open: a cache for max_len positions and verify blocks of up to max_block tokens.
      * extend: n tokens at positions p0 .. p0+n-1 committed to the cache (a prefill: p0 = 0, or a
      * decode step: n = 1). verify: B tokens at p0 .. p0+B-1 fed but pending, until rollback
@@ -120,6 +121,10 @@ void ddt_target_close(ddt_target_model *m);
 int ddt_target_prefill(const ddk_backend *be, const ddt_target_model *m, const int32_t *tokens, int64_t T,
                        const int32_t *tap_ids, int n_taps, float *features, float *final_hidden,
                        float *logits);
+/* logits (n, V) = final_hidden (n, H) lm_head^T, host memory (n = 1: a matrix-vector product in
+ * plain C, faster than the backend's matmul for a decode step) */
+void ddt_target_logits(const ddk_backend *be, const ddt_target_model *m, const float *final_hidden, int64_t n,
+                       float *logits);
 /* One sequence's cache of m (its ops' cache_open, ...): len positions committed, and pending
  * tokens of a verify block after them until ddt_target_rollback. The outputs of extend, decode
  * and verify are per fed row, as ddt_target_prefill's (logits then needs final_hidden). */
@@ -132,8 +137,8 @@ typedef struct ddt_target_cache {
     int64_t pending;   /* tokens of the last verify block, 0 after rollback */
 } ddt_target_cache;
 
-/* 0, -ENOTSUP (m has no cache: the dense target, for now), -EINVAL (max_len or max_block < 1)
- * or -ENOMEM, with err. */
+/* 0, -ENOTSUP (m's ops have no cache), -EINVAL (max_len or max_block < 1, or the implementation
+ * refuses m's shape) or -ENOMEM, with err. */
 int ddt_target_cache_open(const ddk_backend *be, const ddt_target_model *m, int64_t max_len, int64_t max_block,
                           ddt_target_cache *c, char *err, size_t err_len);
 void ddt_target_cache_close(ddt_target_cache *c);
@@ -153,8 +158,6 @@ int ddt_target_verify(ddt_target_cache *c, const int32_t *tokens, int64_t B, con
  * -EINVAL without a pending block or accepted outside 0 .. pending. */
 int ddt_target_rollback(ddt_target_cache *c, int64_t accepted);
 
-/* the dense target behind m, or NULL (the generator's KV-cache decode needs it, for now) */
-const ddt_target *ddt_target_dense(const ddt_target_model *m);
 /* hidden size, vocabulary, layers and tie of DIR/config.json, any model_type ddt_target_open
  * takes; the outputs untouched on failure */
 int ddt_target_config_shape(const char *dir, int64_t *hidden, int64_t *vocab, int64_t *layers, int *tied,
@@ -177,5 +180,13 @@ void ddt_target_default_taps(int64_t target_layers, int64_t drafter_layers, int3
 int ddt_target_forward(const ddk_backend *be, const ddt_target *t, const int32_t *tokens,
                        int64_t T, const int32_t *tap_ids, int n_taps, float *features,
                        float *final_hidden);
+
+/* What the planner needs of a dense target (planner.h), the arithmetic its code allocates by:
+ * the weights (elements; -ENOMEM when they cannot be counted), ddt_target_forward's workspace
+ * for T tokens, and one sequence's decoding cache of max_len positions and verify blocks up to
+ * max_block (ddt_target_cache_open). Bytes. */
+int64_t ddt_target_param_count(const ddt_target_config *c);
+int64_t ddt_target_rows_bytes(const ddt_target_config *c, int64_t T);
+int64_t ddt_target_cache_bytes(const ddt_target_config *c, int64_t max_len, int64_t max_block);
 
 #endif
