@@ -221,31 +221,15 @@ static void post_plan(ddt_api *a, const ddt_http_request *req, ddt_http_response
         config_error(res, prc == -EBADMSG ? prc : -EINVAL, field, err);
         return;
     }
-    /* the ranks the run would take on this node ("all": the GPUs it trains on); a GPU it
-     * names that this node lacks: the ranks it names (the plan of a run for another node) */
-    ddt_devices dev;
-    int rc = ddt_run_config_devices(&c, ddt_node_here(), &dev, err, sizeof err, field, sizeof field);
-    if (rc && rc != -ENODEV) {
-        ddt_http_error(res, 400, "invalid_config", *field ? field : NULL, "%s", err);
-        ddt_run_config_free(&c);
-        return;
-    }
-    if (rc == 0)
-        c.ranks = dev.ranks;
-    int64_t hidden, vocab, layers;
-    int tied = 0;
-    if (ddt_run_config_target_shape(&c, &hidden, &vocab, &layers, &tied, err, sizeof err)) {
-        hidden = c.synthetic.hidden;   /* not at hand: plan with the declared shape */
-        vocab = c.synthetic.vocab;
-        layers = c.synthetic.layers;
-    }
     ddt_memory_plan plan;
-    if (ddt_run_config_resolve(&c, hidden, vocab, layers, err, sizeof err) || ddt_plan(&c, 0, tied, &plan)) {
-        ddt_http_error(res, 400, "invalid_config", "drafter", "%s", err);
+    char note[256], remark[2048];
+    if (ddt_plan_config(&c, ddt_node_here(), 0, &plan, note, sizeof note, remark, sizeof remark, err, sizeof err,
+                        field, sizeof field)) {
+        ddt_http_error(res, 400, "invalid_config", *field ? field : "drafter", "%s", err);
         ddt_run_config_free(&c);
         return;
     }
-    ddt_http_json(res, 200, ddt_plan_json(&c, &plan, rc == 0 ? dev.note : NULL));
+    ddt_http_json(res, 200, ddt_plan_json(&c, &plan, note));
     ddt_run_config_free(&c);
 }
 

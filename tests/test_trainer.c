@@ -224,6 +224,32 @@ static void test_plan_vs_peak(void)
     ddt_trainer_close(t);
 }
 
+/* The target's host memory (a CPU run's synthetic target: weights, the prefills' workspaces and
+ * the generators, plus the source's sequence queue) against the plan's figure */
+static void test_plan_target_host(void)
+{
+    ddk_allocator_reset_peak(ddk_allocator_cpu());
+    ddt_trainer *t = open_run(TINY("1", ""), NULL);
+    if (!t)
+        return;
+    double losses[1];
+    ddt_step_record rec = { 0 };
+    run_steps(t, 1, losses, &rec);
+    const ddt_memory_plan *p = ddt_trainer_plan(t);
+    double predicted = (double)p->target.peak, measured = (double)ddk_allocator_stats(ddk_allocator_cpu()).peak;
+    check(p->target.placement == DDT_PLACE_HOST && p->target.weights > 0 && p->target.cache > 0,
+          "a CPU run's synthetic target is planned in host memory, generating (placement %d)", p->target.placement);
+    /* the plan holds both of the source's threads prefilling and generating at once; whether
+     * they overlap is the scheduler's: the peak lies between one thread's and both threads' */
+    const double one_thread = predicted - (double)(p->target.workspace + p->target.cache) / 2;
+    check(measured <= predicted && measured >= one_thread,
+          "host peak %.0f outside the plan's %.0f (both threads) .. %.0f (one thread)", measured, predicted,
+          one_thread);
+    printf("  # target plan %.0f bytes (one thread at a time: %.0f), host peak %.0f\n", predicted, one_thread,
+           measured);
+    ddt_trainer_close(t);
+}
+
 /* A valid cluster.unique_id: NCCL's when this libddk has it, else 256 hex digits of our own */
 static char cluster_id[DDK_COMM_ID_HEX + 1];
 
@@ -697,6 +723,7 @@ int main(void)
         { "1 rank vs 2 ranks vs 3 ranks vs 2 micro-batches", test_ranks },
         { "out-of-memory recovery", test_oom_recovery },
         { "plan vs measured peak", test_plan_vs_peak },
+        { "the target's plan vs the host's peak", test_plan_target_host },
     };
     int passed = 0, failed = 0;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

@@ -12,11 +12,47 @@ passed=0 failed=0
 ok() { echo "ok   $1"; passed=$((passed + 1)); }
 fail() { echo "FAIL $1"; [ -n "${2:-}" ] && sed 's/^/  # /' <<<"$2"; failed=$((failed + 1)); }
 
+# from the repository root, where the examples' relative paths (examples/qwen3.6-27b) lead
+root=$(cd "$examples/.." && pwd)
 for f in "$examples"/*.json; do
-    if out=$("$ddtreed" plan "$f" 2>&1) && grep -q "predicted peak" <<<"$out"; then
+    if out=$(cd "$root" && "$ddtreed" plan "$f" 2>&1) && grep -q "predicted peak" <<<"$out"; then
         ok "plan $(basename "$f")"
     else
         fail "plan $(basename "$f")" "$out"
+    fi
+done
+
+# the seed's online plans (examples/qwen3.6-27b: the config.json alone)
+out=$(cd "$root" && "$ddtreed" plan examples/seed-ddtree.json 2>&1)
+if grep -q "target (co-located) *53.792 GB" <<<"$out" && grep -q "budget 149.000 GB: fits" <<<"$out"; then
+    ok "plan seed-ddtree.json: Qwen3.6-27B co-located, fits 149 GB"
+else
+    fail "plan seed-ddtree.json: Qwen3.6-27B co-located, fits 149 GB" "$out"
+fi
+out=$(cd "$root" && "$ddtreed" plan examples/seed-ddtree-96gb.json 2>&1)
+if grep -q "each of 3 target GPU(s):" <<<"$out" && grep -q "budget 95.000 GB: fits" <<<"$out"; then
+    ok "plan seed-ddtree-96gb.json: a split of 3 target GPUs, fits 95 GB"
+else
+    fail "plan seed-ddtree-96gb.json: a split of 3 target GPUs, fits 95 GB" "$out"
+fi
+sed 's/"devices": \["cuda:5", "cuda:6", "cuda:7"\],/"devices": "same",/' "$root/examples/seed-ddtree-96gb.json" >"$work/same96.json"
+out=$(cd "$root" && "$ddtreed" plan "$work/same96.json" 2>&1)
+if [ $? -eq 1 ] && grep -q "proposed: co-location does not fit" <<<"$out" && grep -q "co-located, the target and the drafter need" <<<"$out"; then
+    ok "plan: co-location on 95 GB does not fit, a split is proposed"
+else
+    fail "plan: co-location on 95 GB does not fit, a split is proposed" "$out"
+fi
+for bad in 'overlap|"devices": ["cuda:0", "cuda:1"], "target": {"kind": "synthetic", "devices": ["cuda:1"]}|cuda:1, a drafter GPU too' \
+           'cpu ranks|"devices": "cpu", "target": {"kind": "synthetic", "devices": ["cuda:0"]}|the drafter trains on CPU ranks' \
+           'shards|"target": {"kind": "shards", "path": "/x", "shards": ["/x/a"], "devices": ["cuda:0"]}|no target at train time' \
+           'not a list|"target": {"kind": "synthetic", "devices": 3}|"same" or a list of GPUs'; do
+    IFS='|' read -r what body want <<<"$bad"
+    printf '{"name": "bad", %s, "train": {"sequences_per_step": 2}}\n' "$body" >"$work/bad.json"
+    out=$("$ddtreed" plan "$work/bad.json" 2>&1)
+    if [ $? -eq 1 ] && grep -q "target.devices" <<<"$out" && grep -qF "$want" <<<"$out"; then
+        ok "target.devices refused: $what"
+    else
+        fail "target.devices refused: $what" "$out"
     fi
 done
 

@@ -1,5 +1,5 @@
-/* devices.c: "devices" resolved against a node (devices.h): how many ranks, which GPUs, and
- * the limits of this build (NCCL for more than one GPU rank, the CUDA attention's head_dim).
+/* devices.c: "devices" and "target.devices" resolved against a node (devices.h): how many
+ * ranks, which GPUs, where the target runs, and the limits of this build (NCCL for more than one GPU rank, the CUDA attention's head_dim).
  * Not here: parsing "devices" (run_config.c) and placing a rank on its device (trainer.c).
  * Tested by tests/test_trainer.c.
  */
@@ -61,7 +61,8 @@ ddt_node ddt_node_here(void)
     return (ddt_node){ .gpus = ddk_cuda_device_count(), .single_gpu = ddk_has_cuda() && !ddk_has_nccl() };
 }
 
-int ddt_run_config_devices(const ddt_run_config *c, ddt_node node, ddt_devices *out, char *err,
+/* the drafter's ranks ("devices", "cluster") */
+static int drafter_devices(const ddt_run_config *c, ddt_node node, ddt_devices *out, char *err,
                            size_t err_len, char *field, size_t field_len)
 {
     const int gpus = node.gpus;
@@ -140,4 +141,53 @@ int ddt_run_config_devices(const ddt_run_config *c, ddt_node node, ddt_devices *
         return 0;
     }
     return 0;
+}
+
+/* target.devices beside the drafter's GPUs in out: a split's target GPUs are this node's, apart
+ * from the drafter's; under "all" the drafter takes the GPUs the target leaves */
+static int target_devices(const ddt_run_config *c, ddt_node node, ddt_devices *out, char *err, size_t err_len,
+                          char *field, size_t field_len)
+{
+    const int n = c->target_devices_count;
+    if (n == 0)
+        return 0;
+    /* run_config.c refused a split with shards, CPU ranks, a cluster, or a devices list it overlaps */
+    for (int i = 0; i < n; i++)
+        if (c->target_gpu_ids[i] >= node.gpus)
+            return devices_fail(-ENODEV, err, err_len, field, field_len, "target.devices",
+                                "cuda:%d is not a GPU of this node (it has %d%s)", c->target_gpu_ids[i], node.gpus,
+                                node.gpus ? "" : ": none, or this ddtreed was built without CUDA");
+    if (node.single_gpu)
+        return devices_fail(-EINVAL, err, err_len, field, field_len, "target.devices",
+                            "a split sends features over NCCL, and this ddtreed was built without it");
+    if (c->devices_kind == DDT_DEVICES_ALL) {   /* the GPUs the target leaves, as many as sequences */
+        int ranks = 0;
+        for (int g = 0; g < node.gpus && ranks < c->sequences_per_step && ranks < DDT_MAX_RANKS; g++) {
+            int taken = 0;
+            for (int i = 0; i < n; i++)
+                taken |= c->target_gpu_ids[i] == g;
+            if (!taken)
+                out->gpu_ids[ranks++] = g;
+        }
+        if (ranks == 0)
+            return devices_fail(-EINVAL, err, err_len, field, field_len, "target.devices",
+                                "takes every GPU of this node (%d), and the drafter needs one at least", node.gpus);
+        out->ranks = ranks;
+        return 0;
+    }
+    for (int r = 0; r < out->ranks; r++)   /* devices N: GPUs 0..N-1 */
+        for (int i = 0; i < n; i++)
+            if (out->gpu_ids[r] == c->target_gpu_ids[i])
+                return devices_fail(-EINVAL, err, err_len, field, field_len, "target.devices",
+                                    "cuda:%d is a drafter GPU too (devices %lld takes cuda:0..%lld): a split's "
+                                    "target GPUs are apart from the drafter's", out->gpu_ids[r],
+                                    (long long)c->ranks, (long long)c->ranks - 1);
+    return 0;
+}
+
+int ddt_run_config_devices(const ddt_run_config *c, ddt_node node, ddt_devices *out, char *err,
+                           size_t err_len, char *field, size_t field_len)
+{
+    int rc = drafter_devices(c, node, out, err, err_len, field, field_len);
+    return rc ? rc : target_devices(c, node, out, err, err_len, field, field_len);
 }

@@ -644,3 +644,12 @@ int ddt_drafter_step(const ddk_backend *be, const ddt_drafter_config *c,
     free(seqs);
     return rc;
 }
+
+double ddt_drafter_step_flops(const ddt_drafter_config *c, int64_t S, int64_t A, int loss_products)
+{
+    const double H = (double)c->hidden, qd = (double)(c->heads * c->head_dim),
+                 kvd = (double)(c->kv_heads * c->head_dim), I = (double)c->intermediate,
+                 AB = (double)(A * c->block_size), SAB = (double)S + AB, LH = (double)(c->taps * c->hidden);
+    const double layer = 2 * AB * H * qd + 2 * 2 * SAB * H * kvd + 2 * AB * qd * H + 3 * 2 * AB * H * I;
+    return 2 * 2 * (double)S * LH * H + 3 * (double)c->layers * layer + loss_products * 2.0 * AB * (double)c->vocab * H;
+}

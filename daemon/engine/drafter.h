@@ -123,5 +123,10 @@ int ddt_drafter_forward(const ddk_backend *be, const ddt_drafter_config *c,
  * (the loss's and attention's workspaces come on top): the planner's figure. */
 size_t ddt_drafter_step_bytes(const ddt_drafter_config *c, int64_t nseq, int64_t S, int64_t A,
                               int uses_teacher);
+/* The matrix-product FLOPs of one step (forward and backward) for one sequence of S tokens and A
+ * anchors: the feature projection, the layers' products (3x the forward's), and `loss_products`
+ * products of the positions' hidden states against the vocabulary (3 when it is materialised, 5
+ * when streamed in tiles). What bench_step_cuda counts and the planner weighs a split by. */
+double ddt_drafter_step_flops(const ddt_drafter_config *c, int64_t S, int64_t A, int loss_products);
 
 #endif

@@ -7,14 +7,42 @@
  * Tested by tests/test_trainer.c.
  */
 #include "planner.h"
+#include "errors.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static void fill(const ddt_run_config *c, int tied_head, int64_t chunk, int64_t tile,
-                 ddt_memory_plan *p)
+/* The target's bytes where it runs, for a placement (HOST, SAME or SPLIT with `devices` GPUs) */
+static void target_bytes(const ddt_run_config *c, const ddt_target_footprint *f, ddt_placement placement,
+                         int64_t devices, ddt_target_plan *t)
+{
+    const int generating = c->target_kind == DDT_SOURCE_SYNTHETIC || !*c->target_tokens;
+    memset(t, 0, sizeof *t);
+    t->placement = placement;
+    t->devices = placement == DDT_PLACE_SPLIT ? devices : 0;
+    t->weights = f->params * (placement == DDT_PLACE_HOST ? (int64_t)sizeof(float) : f->stored_bytes);
+    /* the host's source runs its loader and its held-out worker, each with a generator */
+    const int threads = placement == DDT_PLACE_HOST ? 2 : 1;
+    t->workspace = threads * f->prefill_bytes;
+    t->cache = generating ? threads * f->cache_bytes : 0;
+    if (placement == DDT_PLACE_HOST) {
+        ddt_source_config src;
+        ddt_run_config_source(c, &src);
+        t->queue = ddt_source_queue_bytes(&src, f->hidden);
+    }
+}
+
+/* The drafter's figures at (chunk, tile), and the peak of one drafter device with the target as
+ * t places it: SAME adds its weights to what the device holds throughout and its forward (run
+ * while preparing the batch, never during the step) beside the step's transient bytes; the
+ * drafter then reads embed_tokens / lm_head in the target's copy. SPLIT adds the two
+ * feature batches the hand-off keeps in flight, and a copy of the head in the stored type. */
+static void fill(const ddt_run_config *c, int tied_head, int64_t chunk, int64_t tile, const ddt_target_footprint *f,
+                 ddt_target_plan *t, ddt_memory_plan *p)
 {
     const ddt_drafter_config *d = &c->drafter;
     static _Thread_local ddt_param table[DDT_MAX_PARAMS];
@@ -25,11 +53,13 @@ static void fill(const ddt_run_config *c, int tied_head, int64_t chunk, int64_t 
     const int64_t nseq = (c->sequences_per_step + world - 1) / world;   /* the largest rank */
     const int64_t micro = (nseq + c->grad_accum - 1) / c->grad_accum;         /* its micro-batch */
     const int uses_teacher = c->ce_target_teacher || c->kl_weight > 0.0f;
+    const ddt_placement placement = t ? t->placement : DDT_PLACE_NONE;
     p->positions = micro * c->max_anchors * d->block_size;
     p->weights = total * F;
     p->gradients = (micro < nseq ? 2 : 1) * total * F;
     p->optimizer = 2 * total * F;
-    p->frozen_head = (tied_head ? 1 : 2) * V * H * F;
+    p->frozen_head = placement == DDT_PLACE_SAME ? 0
+                     : (tied_head ? 1 : 2) * V * H * (placement == DDT_PLACE_SPLIT ? f->stored_bytes : F);
     p->batch = nseq * c->seq_len * ((d->taps + (uses_teacher ? 1 : 0)) * H * F + 5) +
                nseq * c->max_anchors * 5;
     p->activations = (int64_t)ddt_drafter_step_bytes(d, micro, c->seq_len, c->max_anchors, uses_teacher);
@@ -46,34 +76,118 @@ static void fill(const ddt_run_config *c, int tied_head, int64_t chunk, int64_t 
     p->chunk = chunk;
     p->vocab_tile = tile;
     /* the loss's and the attention's workspaces are never held at the same time */
-    p->peak = p->weights + p->gradients + p->optimizer + p->frozen_head + p->batch +
-              p->activations + (p->loss_workspace > p->attention_workspace ? p->loss_workspace
-                                                                           : p->attention_workspace);
+    int64_t held = p->weights + p->gradients + p->optimizer + p->frozen_head + p->batch,
+            transient = p->activations + (p->loss_workspace > p->attention_workspace ? p->loss_workspace
+                                                                                     : p->attention_workspace);
+    if (placement == DDT_PLACE_SAME) {
+        held += t->weights;
+        if (t->workspace + t->cache > transient)
+            transient = t->workspace + t->cache;
+    } else if (placement == DDT_PLACE_SPLIT) {
+        t->handoff = 2 * p->batch;
+        held += t->handoff;
+        t->peak = t->weights + t->workspace + t->cache + t->handoff;
+    } else if (placement == DDT_PLACE_HOST) {
+        t->peak = t->weights + t->workspace + t->cache + t->queue;
+    }
+    p->peak = held + transient;
 }
 
-int ddt_plan(const ddt_run_config *c, int64_t budget, int tied_head, ddt_memory_plan *p)
+/* The drafter's devices at the config's chunk, else the largest chunk (then vocab_tile) that fits
+ * the budget; 1 when one does */
+static int fit_chunk(const ddt_run_config *c, int tied_head, const ddt_target_footprint *f, ddt_target_plan *t,
+                     ddt_memory_plan *p)
 {
-    memset(p, 0, sizeof *p);
-    p->budget = budget ? budget : c->budget_bytes;
-    fill(c, tied_head, c->chunk, c->vocab_tile, p);
-    if (!p->budget || p->peak <= p->budget) {
-        p->fits = 1;
-        return 0;
-    }
+    fill(c, tied_head, c->chunk, c->vocab_tile, f, t, p);
+    if (!p->budget || p->peak <= p->budget)
+        return 1;
     /* halve the chunk down to a floor; then stream the vocabulary in shrinking tiles */
     static const int64_t tiles[] = { 0, 16384, 8192, 4096, 2048, 1024, 512, 256 };
     const int64_t start = c->chunk < p->positions ? c->chunk : p->positions;
-    for (size_t t = c->vocab_tile ? 1 : 0; t < sizeof tiles / sizeof tiles[0]; t++) {
-        int64_t tile = t == 0 ? 0 : (c->vocab_tile && tiles[t] > c->vocab_tile ? c->vocab_tile : tiles[t]);
+    for (size_t i = c->vocab_tile ? 1 : 0; i < sizeof tiles / sizeof tiles[0]; i++) {
+        int64_t tile = i == 0 ? 0 : (c->vocab_tile && tiles[i] > c->vocab_tile ? c->vocab_tile : tiles[i]);
         for (int64_t chunk = start; chunk >= 1; chunk = chunk > 16 ? chunk / 2 : 0) {
-            fill(c, tied_head, chunk, tile, p);
-            if (p->peak <= p->budget) {
-                p->fits = 1;
-                return 0;
-            }
+            fill(c, tied_head, chunk, tile, f, t, p);
+            if (p->peak <= p->budget)
+                return 1;
         }
     }
-    p->fits = 0;   /* p holds the smallest configuration tried */
+    return 0;   /* p holds the smallest configuration tried */
+}
+
+/* A split of node_gpus: target GPUs in proportion to the target's share of a step's FLOPs, at
+ * least one of each */
+static int64_t split_target_gpus(double share, int node_gpus)
+{
+    int64_t m = (int64_t)llround(share * node_gpus);
+    return m < 1 ? 1 : m > node_gpus - 1 ? node_gpus - 1 : m;
+}
+
+int ddt_plan(const ddt_run_config *c, int64_t budget, int tied_head, const ddt_target_footprint *f, int gpu,
+             int node_gpus, ddt_memory_plan *p)
+{
+    memset(p, 0, sizeof *p);
+    p->budget = budget ? budget : c->budget_bytes;
+    ddt_target_plan t = { 0 };
+    if (!f) {
+        p->fits = fit_chunk(c, tied_head, NULL, NULL, p);
+        return 0;
+    }
+    if (!gpu) {
+        target_bytes(c, f, DDT_PLACE_HOST, 0, &t);
+        p->fits = fit_chunk(c, tied_head, f, &t, p);
+        p->target = t;
+        return 0;
+    }
+    const int64_t world = c->cluster_world ? c->cluster_world : c->ranks;
+    const double target_flops = f->prefill_flops * (double)((c->sequences_per_step + world - 1) / world),
+                 drafter_flops = ddt_drafter_step_flops(&c->drafter, c->seq_len, c->max_anchors,
+                                                        c->vocab_tile ? 5 : 3) *
+                                 (double)((c->sequences_per_step + world - 1) / world);
+    const double share = target_flops / (target_flops + drafter_flops);
+    if (c->target_devices_count == 0) {   /* "same": co-located when it fits */
+        target_bytes(c, f, DDT_PLACE_SAME, 0, &t);
+        p->fits = fit_chunk(c, tied_head, f, &t, p);
+        t.flops_share = share;
+        p->target = t;
+        if (p->fits)
+            return 0;
+        if (node_gpus < 2) {
+            snprintf(p->why, sizeof p->why, "the target co-located needs %.1f GB per GPU against a budget of "
+                     "%.1f GB, and a split needs two GPUs at least (this plan has %d)", p->peak / 1e9,
+                     p->budget / 1e9, node_gpus);
+            return 0;
+        }
+        /* propose a split of the node's GPUs */
+        ddt_run_config split = *c;
+        split.target_devices_count = (int)split_target_gpus(share, node_gpus);
+        split.ranks = node_gpus - split.target_devices_count;
+        split.sequences_per_step = c->sequences_per_step;
+        ddt_memory_plan q;
+        memset(&q, 0, sizeof q);
+        q.budget = p->budget;
+        target_bytes(&split, f, DDT_PLACE_SPLIT, split.target_devices_count, &t);
+        q.fits = fit_chunk(&split, tied_head, f, &t, &q) && t.peak <= q.budget;
+        t.proposed = 1;
+        t.flops_share = share;
+        q.target = t;
+        snprintf(q.why, sizeof q.why, "co-located, the target and the drafter need %.1f GB per GPU against a "
+                 "budget of %.1f GB", p->peak / 1e9, p->budget / 1e9);
+        *p = q;
+    } else {
+        target_bytes(c, f, DDT_PLACE_SPLIT, c->target_devices_count, &t);
+        p->fits = fit_chunk(c, tied_head, f, &t, p);
+        t.flops_share = share;
+        p->target = t;
+    }
+    if (p->target.peak > p->budget && p->budget && p->target.placement == DDT_PLACE_SPLIT) {
+        p->fits = 0;
+        snprintf(p->why, sizeof p->why, "one target GPU needs %.1f GB (weights %.1f GB as %s, a prefill's %.2f GB, "
+                 "generator %.2f GB, hand-off %.2f GB) against a budget of %.1f GB: no placement fits; a target "
+                 "split over several GPUs by layers is not built", p->target.peak / 1e9, p->target.weights / 1e9,
+                 f->dtype, p->target.workspace / 1e9, p->target.cache / 1e9, p->target.handoff / 1e9,
+                 p->budget / 1e9);
+    }
     return 0;
 }
 
@@ -103,7 +217,10 @@ void ddt_plan_print(const ddt_run_config *c, const ddt_memory_plan *p, FILE *out
     row(out, "weights", p->weights, p->peak, "fp32 master weights");
     row(out, "gradients", p->gradients, p->peak, c->grad_accum > 1 ? "fp32, and one micro-batch's" : "fp32");
     row(out, "optimizer state", p->optimizer, p->peak, "AdamW m and v, fp32");
-    row(out, "frozen target head", p->frozen_head, p->peak, "embed_tokens and lm_head");
+    row(out, "frozen target head", p->frozen_head, p->peak,
+        p->target.placement == DDT_PLACE_SAME ? "embed_tokens and lm_head: read in place, the target's copy"
+        : p->target.placement == DDT_PLACE_SPLIT ? "embed_tokens and lm_head, in the stored type"
+                                                 : "embed_tokens and lm_head, fp32");
     row(out, "batch", p->batch, p->peak, "features, teacher hidden, tokens");
     row(out, "activations", p->activations, p->peak, "kept from forward for backward");
     if (p->vocab_tile)
@@ -114,10 +231,36 @@ void ddt_plan_print(const ddt_run_config *c, const ddt_memory_plan *p, FILE *out
                  (long long)d->vocab);
     row(out, "loss workspace", p->loss_workspace, p->peak, how);
     row(out, "attention workspace", p->attention_workspace, p->peak, "key tiles of one query group (not at the same time as the loss's)");
+    const ddt_target_plan *t = &p->target;
+    if (t->placement == DDT_PLACE_SAME)
+        row(out, "target (co-located)", t->weights, p->peak, "its weights in the stored type; its prefill "
+            "runs between steps, within the step's transient bytes");
+    if (t->placement == DDT_PLACE_SPLIT)
+        row(out, "feature hand-off", t->handoff, p->peak, "two batches in flight (double-buffered)");
     row(out, "predicted peak", p->peak, p->peak, "");
+    if (t->placement == DDT_PLACE_HOST || t->placement == DDT_PLACE_SPLIT) {
+        if (t->placement == DDT_PLACE_HOST)
+            fprintf(out, "the target, in host memory (fp32, shared by the CPU ranks):\n");
+        else
+            fprintf(out, "each of %lld target GPU(s)%s:\n", (long long)t->devices,
+                    t->proposed ? " (proposed: co-location does not fit)" : "");
+        row(out, "target weights", t->weights, t->peak, t->placement == DDT_PLACE_HOST ? "fp32" : "the stored type");
+        row(out, "target prefill", t->workspace, t->peak, t->placement == DDT_PLACE_HOST ? "two sequences' forward workspace (the loader and the held-out worker), fp32" : "one sequence's forward workspace, fp32");
+        row(out, "generator", t->cache, t->peak, t->cache ? (t->placement == DDT_PLACE_HOST ? "the cache and workspace of the loader's and the held-out worker's" : "one generating sequence's cache and workspace") : "none: a token file");
+        if (t->placement == DDT_PLACE_HOST)
+            row(out, "sequence queue", t->queue, t->peak, "the source's buffers of features and teacher states");
+        if (t->placement == DDT_PLACE_SPLIT)
+            row(out, "feature hand-off", t->handoff, t->peak, "two batches in flight");
+        row(out, "target peak", t->peak, t->peak, "");
+    }
+    if (t->placement == DDT_PLACE_SAME || t->placement == DDT_PLACE_SPLIT)
+        fprintf(out, "  target: %.0f%% of a step's matrix FLOPs%s\n", 100.0 * t->flops_share,
+                t->proposed ? "; the split proposed gives it that share of the node's GPUs" : "");
     if (p->budget)
         fprintf(out, "  budget %.3f GB: %s\n", p->budget / 1e9,
                 p->fits ? "fits" : "does NOT fit even at the smallest chunk and vocab_tile tried");
+    if (*p->why)
+        fprintf(out, "  %s\n", p->why);
 }
 
 char *ddt_plan_json(const ddt_run_config *c, const ddt_memory_plan *p, const char *note)
@@ -142,7 +285,72 @@ char *ddt_plan_json(const ddt_run_config *c, const ddt_memory_plan *p, const cha
     cJSON_AddNumberToObject(o, "chunk", (double)p->chunk);
     cJSON_AddNumberToObject(o, "vocab_tile", (double)p->vocab_tile);
     cJSON_AddBoolToObject(o, "fits", p->fits);
+    if (*p->why)
+        cJSON_AddStringToObject(o, "why", p->why);
+    const ddt_target_plan *t = &p->target;
+    if (t->placement != DDT_PLACE_NONE) {
+        static const char *const names[] = { "none", "host", "same", "split" };
+        cJSON *j = cJSON_AddObjectToObject(o, "target");
+        cJSON_AddStringToObject(j, "placement", names[t->placement]);
+        cJSON_AddBoolToObject(j, "proposed", t->proposed);
+        cJSON_AddNumberToObject(j, "devices", (double)t->devices);
+        cJSON_AddNumberToObject(j, "weights", (double)t->weights);
+        cJSON_AddNumberToObject(j, "prefill", (double)t->workspace);
+        cJSON_AddNumberToObject(j, "cache", (double)t->cache);
+        cJSON_AddNumberToObject(j, "queue", (double)t->queue);
+        cJSON_AddNumberToObject(j, "handoff", (double)t->handoff);
+        cJSON_AddNumberToObject(j, "peak_bytes", (double)t->peak);
+        cJSON_AddNumberToObject(j, "flops_share", t->flops_share);
+    }
     char *text = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
     return text;
+}
+
+int ddt_run_footprint(const ddt_run_config *c, ddt_target_footprint *f, char *err, size_t err_len)
+{
+    if (c->target_kind == DDT_SOURCE_HF)
+        return ddt_target_footprint_load(c->target_path, c->seq_len, f, err, err_len);
+    ddt_target_footprint_dense(&c->synthetic, (int)sizeof(float), c->seq_len, f);   /* made in fp32 */
+    return 0;
+}
+
+int ddt_plan_config(ddt_run_config *c, ddt_node node, int64_t budget, ddt_memory_plan *plan, char *note,
+                    size_t note_len, char *remark, size_t remark_len, char *err, size_t err_len, char *field,
+                    size_t field_len)
+{
+    *note = *remark = '\0';
+    ddt_devices dev;
+    char why[1024];
+    int rc = ddt_run_config_devices(c, node, &dev, why, sizeof why, field, field_len);
+    int gpu = dev.gpu, node_gpus = node.gpus;
+    if (rc == -ENODEV) {   /* planned away from the node it names: the ranks and GPUs it names */
+        snprintf(remark, remark_len, "%s; planning with the %lld rank(s) it names", why, (long long)c->ranks);
+        *field = '\0';
+        gpu = c->devices_kind == DDT_DEVICES_LIST || c->target_devices_count > 0;
+        node_gpus = (int)c->ranks + c->target_devices_count;
+    } else if (rc) {
+        return ddt_fail(err, err_len, rc, "%s", why);
+    } else {
+        c->ranks = dev.ranks;
+        snprintf(note, note_len, "%s", dev.note);
+    }
+    int64_t hidden = 0, vocab = 0, layers = 0;
+    int tied = 0;
+    ddt_target_footprint f;
+    const int has_target = c->target_kind != DDT_SOURCE_SHARDS;
+    int shaped = ddt_run_config_target_shape(c, &hidden, &vocab, &layers, &tied, why, sizeof why) == 0 &&
+                 (!has_target || ddt_run_footprint(c, &f, why, sizeof why) == 0);
+    if (!shaped) {   /* planning needs only the shape: the config's target.* fields, a dense target */
+        size_t used = strlen(remark);
+        snprintf(remark + used, remark_len - used, "%s%s; planning with the config's declared target shape "
+                 "(target.hidden_size %lld, num_hidden_layers %lld, vocab_size %lld, a dense target)",
+                 used ? "\n" : "", why, (long long)c->synthetic.hidden, (long long)c->synthetic.layers,
+                 (long long)c->synthetic.vocab);
+        hidden = c->synthetic.hidden, vocab = c->synthetic.vocab, layers = c->synthetic.layers;
+        ddt_target_footprint_dense(&c->synthetic, 2, c->seq_len, &f);
+    }
+    if ((rc = ddt_run_config_resolve(c, hidden, vocab, layers, err, err_len)))
+        return rc;
+    return ddt_plan(c, budget, tied, has_target ? &f : NULL, gpu, node_gpus, plan);
 }

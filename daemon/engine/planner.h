@@ -12,6 +12,54 @@
 #include <stdint.h>
 #include <stdio.h>
 
+/* What a target costs, from its config.json alone (target_footprint.c) */
+typedef struct ddt_target_footprint {
+    char model_type[16];       /* "llama", "qwen3", "qwen3_5" */
+    char dtype[64];            /* the checkpoint's, as config.json says */
+    int64_t hidden, vocab, layers;
+    int tied;
+    int64_t params;            /* weights, elements */
+    int stored_bytes;          /* bytes per weight in the checkpoint's dtype (bf16: 2) */
+    int64_t prefill_bytes;     /* the forward's fp32 workspace for one sequence of seq_len tokens */
+    int64_t cache_bytes;       /* one generator's: its cache of seq_len positions and its workspace */
+    double prefill_flops;      /* the matrix products of one seq_len prefill */
+} ddt_target_footprint;
+
+/* DIR/config.json (llama, qwen3, qwen3_5) planned for sequences of T tokens. 0, or the config
+ * loader's negative errno with err. */
+int ddt_target_footprint_load(const char *dir, int64_t T, ddt_target_footprint *f, char *err, size_t err_len);
+/* a dense target of shape c (synthetic: stored_bytes 4, it is made in fp32) */
+void ddt_target_footprint_dense(const ddt_target_config *c, int stored_bytes, int64_t T, ddt_target_footprint *f);
+
+/* The footprint of c's target (target.kind hf or synthetic; not shards): the hf directory's
+ * config.json, or the synthetic target's shape. 0, or -EINVAL with err. */
+struct ddt_run_config;
+int ddt_run_footprint(const struct ddt_run_config *c, ddt_target_footprint *f, char *err, size_t err_len);
+
+/* Where the target runs (API.md "Placement"). */
+typedef enum ddt_placement {
+    DDT_PLACE_NONE,    /* shards: no target at train time */
+    DDT_PLACE_HOST,    /* CPU ranks: one fp32 target in host memory, beside the ranks' own */
+    DDT_PLACE_SAME,    /* GPU ranks: a bf16 replica on each drafter GPU (target.devices "same") */
+    DDT_PLACE_SPLIT    /* GPU ranks: replicas on target GPUs, features sent to drafter GPUs */
+} ddt_placement;
+
+/* The target's part of a plan: bytes where it runs (HOST: the host; SAME: on each drafter GPU,
+ * counted in the drafter's peak; SPLIT: on each target GPU). */
+typedef struct ddt_target_plan {
+    ddt_placement placement;
+    int proposed;              /* SPLIT: the planner's proposal (co-location does not fit) */
+    int64_t devices;           /* SPLIT: target GPUs; else 0 */
+    int64_t weights;           /* params x stored bytes on a GPU, x 4 on the host (fp32) */
+    int64_t workspace;         /* the prefills at once (HOST: two threads; GPU: one) */
+    int64_t cache;             /* generating: the generators' caches (HOST: the loader's and the
+                                  held-out worker's; GPU: one); token files: 0 */
+    int64_t queue;             /* HOST: the source's sequence buffers (ddt_source_queue_bytes) */
+    int64_t handoff;           /* SPLIT: two feature batches in flight per side (double-buffered) */
+    int64_t peak;              /* HOST and SPLIT: the sum; SAME: 0 (in the drafter's peak) */
+    double flops_share;        /* the target's share of a step's matrix FLOPs (0..1) */
+} ddt_target_plan;
+
 typedef struct ddt_memory_plan {
     int64_t positions;        /* per rank: sequences x anchors x block size */
     int64_t weights, gradients, optimizer, frozen_head, batch, activations, loss_workspace,
@@ -19,12 +67,31 @@ typedef struct ddt_memory_plan {
     int64_t peak;             /* the sum: what one device holds at its busiest */
     int64_t budget;           /* 0: none */
     int64_t chunk, vocab_tile;/* chosen (the config's when they fit or there is no budget) */
-    int fits;
+    int fits;                 /* the drafter's devices, and the target's under SPLIT */
+    ddt_target_plan target;
+    char why[512];            /* "" or why it does not fit, in figures */
 } ddt_memory_plan;
 
 /* c must be resolved (ddt_run_config_resolve), and c->ranks be the ranks the run takes on the
- * node (ddt_devices.ranks: "all" parses as 1). budget 0 = the config's (or none). */
-int ddt_plan(const ddt_run_config *c, int64_t budget, int tied_head, ddt_memory_plan *plan);
+ * node (ddt_devices.ranks: "all" parses as 1). budget 0 = the config's (or none). target: the
+ * run's target (NULL: shards, none at train time); gpu: the ranks are GPUs; node_gpus: the
+ * GPUs a split may use (the node's, or what the config names when planned away from it).
+ * A GPU run co-locates the target when target.devices is "same" and it fits the budget; when
+ * it does not, the plan proposes a split of node_gpus (target GPUs in proportion to the
+ * target's share of the FLOPs) and says so; target.devices naming GPUs plans that split. */
+int ddt_plan(const ddt_run_config *c, int64_t budget, int tied_head, const ddt_target_footprint *target, int gpu,
+             int node_gpus, ddt_memory_plan *plan);
+
+/* The plan of a parsed config on `node`, as `ddtreed plan` and POST /plan make it: the ranks it
+ * takes there (c->ranks updated; a GPU it names that the node lacks: the ranks and GPUs it
+ * names, a plan made for another node), the target's footprint from its config.json (not at
+ * hand, or synthetic: the config's target.* shape, a dense target), the config resolved, then
+ * ddt_plan. note: "" or the devices' note (ddt_devices.note); remark: "" or why the plan
+ * stands on what the config names rather than the node or the model. 0, or -EINVAL with err and
+ * field (the JSON path at fault, or ""). */
+int ddt_plan_config(ddt_run_config *c, ddt_node node, int64_t budget, ddt_memory_plan *plan, char *note,
+                    size_t note_len, char *remark, size_t remark_len, char *err, size_t err_len, char *field,
+                    size_t field_len);
 
 /* A table in the seed documents' terms (positions x vocabulary x bytes = per-tensor GB). */
 void ddt_plan_print(const ddt_run_config *c, const ddt_memory_plan *plan, FILE *out);

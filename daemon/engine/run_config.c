@@ -27,6 +27,7 @@ typedef enum field_type {
     F_LAYER_IDS,    /* drafter.target_layer_ids: "auto" or ids (target_layer_ids, taps, taps_auto) */
     F_BUDGETS,      /* eval.tree_budgets (tree_budgets, n_budgets) */
     F_DEVICES,      /* devices: "all", "cpu", a count or GPU names (devices_kind, ranks, gpu_ids) */
+    F_TARGET_DEVICES, /* target.devices: "same" or GPU names (target_devices_count, target_gpu_ids) */
     F_BYTES,        /* memory.budget_bytes: null (0) or a positive integer, at offset */
 } field_type;
 
@@ -59,6 +60,8 @@ static const config_field fields[] = {
     { "target.head_dim", F_INT, OFF(synthetic.head_dim), 16, 2, 1024, NULL, 0, "synthetic: head dim (even)" },
     { "target.intermediate_size", F_INT, OFF(synthetic.intermediate), 172, 1, 1 << 20, NULL, 0, "synthetic: MLP width" },
     { "target.vocab_size", F_INT, OFF(synthetic.vocab), 512, 2, 1 << 24, NULL, 0, "synthetic: vocabulary (other kinds: the shape `ddtreed plan` assumes when the target is not at hand)" },
+    { "target.devices", F_TARGET_DEVICES, 0, 0, 0, 0, NULL, 0,
+      "where the target runs on a GPU node: \"same\" (a replica on each drafter GPU; the plan proposes a split when it does not fit) or GPUs [\"cuda:N\", ...] apart from devices' (a split: target GPUs send features to drafter GPUs)" },
     { "target.temperature", F_F32, OFF(temperature), 1.0, 0, 100, NULL, 0, "generated data: sampling temperature (0: greedy)" },
     { "target.top_p", F_F32, OFF(top_p), 0.95, 1e-9, 1, NULL, 0, "generated data: nucleus mass" },
 
@@ -326,6 +329,24 @@ static void default_budgets(ddt_run_config *c, const config_field *f)
     c->tree_budgets[1] = 64;
 }
 
+/* v (n entries, 1 <= n <= 64) as GPU names "cuda:N" into ids */
+static int parse_gpu_names(const parse_ctx *p, const config_field *f, const cJSON *v, int n, int32_t *ids)
+{
+    for (int i = 0; i < n; i++) {
+        const char *name = cJSON_GetStringValue(cJSON_GetArrayItem(v, i));
+        char *end = NULL;
+        long id = name && !strncmp(name, "cuda:", 5) && name[5] >= '0' && name[5] <= '9'
+                      ? strtol(name + 5, &end, 10) : -1;
+        if (id < 0 || id >= DDT_MAX_RANKS || *end)
+            return fail(p, f->path, "entries must be %s", "GPU names \"cuda:N\" (N in [0, 63])");
+        for (int j = 0; j < i; j++)
+            if (ids[j] == id)
+                return fail(p, f->path, "names %s twice", name);
+        ids[i] = (int32_t)id;
+    }
+    return 0;
+}
+
 static int parse_devices(const parse_ctx *p, const config_field *f, const cJSON *v)
 {
     ddt_run_config *c = p->c;
@@ -337,18 +358,8 @@ static int parse_devices(const parse_ctx *p, const config_field *f, const cJSON 
         return 0;
     }
     if (n >= 1 && n <= DDT_MAX_RANKS) {
-        for (int i = 0; i < n; i++) {
-            const char *name = cJSON_GetStringValue(cJSON_GetArrayItem(v, i));
-            char *end = NULL;
-            long id = name && !strncmp(name, "cuda:", 5) && name[5] >= '0' && name[5] <= '9'
-                          ? strtol(name + 5, &end, 10) : -1;
-            if (id < 0 || id >= DDT_MAX_RANKS || *end)
-                return fail(p, f->path, "entries must be %s", "GPU names \"cuda:N\" (N in [0, 63])");
-            for (int j = 0; j < i; j++)
-                if (c->gpu_ids[j] == id)
-                    return fail(p, f->path, "names %s twice", name);
-            c->gpu_ids[i] = (int32_t)id;
-        }
+        if (parse_gpu_names(p, f, v, n, c->gpu_ids))
+            return -EINVAL;
         c->devices_kind = DDT_DEVICES_LIST;
         c->ranks = n;
         return 0;
@@ -359,6 +370,22 @@ static int parse_devices(const parse_ctx *p, const config_field *f, const cJSON 
                     "\"all\", \"cpu\", a number of ranks in [1, 64] or a list of GPUs [\"cuda:0\", ...]");
     c->devices_kind = DDT_DEVICES_COUNT;
     c->ranks = (int64_t)v->valuedouble;
+    return 0;
+}
+
+/* target.devices: "same" (0 target GPUs: a replica on each drafter GPU) or GPU names */
+static int parse_target_devices(const parse_ctx *p, const config_field *f, const cJSON *v)
+{
+    const char *s = cJSON_GetStringValue(v);
+    const int n = array_size(v);
+    p->c->target_devices_count = 0;
+    if (s && !strcmp(s, "same"))
+        return 0;
+    if (n < 1 || n > DDT_MAX_RANKS)
+        return fail(p, f->path, "must be %s", "\"same\" or a list of GPUs [\"cuda:N\", ...] apart from devices'");
+    if (parse_gpu_names(p, f, v, n, p->c->target_gpu_ids))
+        return -EINVAL;
+    p->c->target_devices_count = n;
     return 0;
 }
 
@@ -400,6 +427,7 @@ static const field_kind kinds[] = {
     [F_LAYER_IDS] = { "list", parse_layer_ids, default_layer_ids },
     [F_BUDGETS] = { "list", parse_budgets, default_budgets },
     [F_DEVICES] = { "list", parse_devices, default_devices },
+    [F_TARGET_DEVICES] = { "list", parse_target_devices, NULL },
     [F_BYTES] = { "list", parse_bytes, NULL },
 };
 
@@ -457,6 +485,19 @@ static int check_relations(const parse_ctx *p)
                     "(and head_dim even)");
     if (c->max_anchors * c->drafter.block_size > (int64_t)1 << 30)
         return fail(p, "train.max_anchors", "times block_size is %s", "too large");
+    if (c->target_devices_count && c->target_kind == DDT_SOURCE_SHARDS)
+        return fail(p, "target.devices", "names GPUs, but %s", "a shards run has no target at train time");
+    if (c->target_devices_count && c->devices_kind == DDT_DEVICES_CPU)
+        return fail(p, "target.devices", "names GPUs, but %s", "the drafter trains on CPU ranks (devices \"cpu\")");
+    if (c->target_devices_count && c->cluster_world)
+        return fail(p, "target.devices", "must be \"same\" in %s", "a cluster run (a split is within one daemon)");
+    for (int i = 0; c->devices_kind == DDT_DEVICES_LIST && i < c->target_devices_count; i++)
+        for (int r = 0; r < c->ranks; r++)
+            if (c->gpu_ids[r] == c->target_gpu_ids[i]) {
+                char what[64];
+                snprintf(what, sizeof what, "cuda:%d, a drafter GPU too (devices)", c->gpu_ids[r]);
+                return fail(p, "target.devices", "names %s: a split's target GPUs are apart from the drafter's", what);
+            }
     if (*c->cluster_id && !ddk_comm_id_valid(c->cluster_id))
         return fail(p, "cluster.unique_id", "must be %s", "the 256 hex digits POST /nccl/unique-id answered");
     if (*c->cluster_id != '\0' && c->cluster_world < 2)

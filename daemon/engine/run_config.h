@@ -61,6 +61,8 @@ typedef struct ddt_run_config {
     int64_t ranks;                         /* data-parallel workers of this daemon ("devices") */
     ddt_devices_kind devices_kind;
     int32_t gpu_ids[DDT_MAX_RANKS];        /* DDT_DEVICES_LIST: the GPUs, ranks of them */
+    int target_devices_count;              /* target.devices: 0 "same", else GPUs in target_gpu_ids */
+    int32_t target_gpu_ids[DDT_MAX_RANKS];
     char cluster_id[260];                  /* cluster.unique_id: "" = this daemon alone */
     int64_t cluster_world, cluster_first;  /* cluster.world_size (0 = alone), cluster.first_rank */
     int64_t budget_bytes;                  /* 0: no budget */

@@ -69,12 +69,23 @@ struct ddt_source {
  * Sequence buffers
  */
 
+/* one sequence's buffer: floats first (64-byte aligned block), then ids and mask */
+static int64_t slot_bytes(const ddt_source_config *c, int64_t H)
+{
+    const int64_t S = c->seq_len, F = c->n_taps * H;
+    return (S * F + (c->want_teacher ? S * H : 0)) * (int64_t)sizeof(float) + S * (int64_t)(sizeof(int32_t) + 1);
+}
+
+int64_t ddt_source_queue_bytes(const ddt_source_config *c, int64_t hidden)
+{
+    return (c->prefetch + 2) * slot_bytes(c, hidden);   /* the queue's prefetch + 1, and the held-out one */
+}
+
 static int slot_init(slot *sl, const ddt_source_base *b)
 {
     const int64_t S = b->cfg.seq_len, H = b->H, F = b->cfg.n_taps * H;
     const int teacher = b->cfg.want_teacher;
-    /* floats first (64-byte aligned block), then ids and mask */
-    sl->bytes = (size_t)(S * F + (teacher ? S * H : 0)) * sizeof(float) + (size_t)S * (sizeof(int32_t) + 1);
+    sl->bytes = (size_t)slot_bytes(&b->cfg, H);
     sl->block = ddk_malloc(ddk_allocator_cpu(), sl->bytes);
     if (!sl->block)
         return -ENOMEM;

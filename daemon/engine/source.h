@@ -81,4 +81,8 @@ int64_t ddt_source_vocab(const ddt_source *s);
 /* The target's number of layers (0 when unknown: shards) */
 int64_t ddt_source_target_layers(const ddt_source *s);
 
+/* Host bytes of the sequence buffers a source of c holds (its queue and the held-out slot), for
+ * sequences of the given hidden size: the planner's figure. */
+int64_t ddt_source_queue_bytes(const ddt_source_config *c, int64_t hidden);
+
 #endif

@@ -107,6 +107,22 @@ static int64_t q35_numel(const q35_tensor *e)
     return n;
 }
 
+int64_t ddt_qwen35_param_count(const ddt_qwen35_config *c)
+{
+    ddt_qwen35 *t = calloc(1, sizeof *t);
+    q35_tensor *table = calloc((size_t)(Q35_GLOBAL + Q35_PER_LAYER * c->layers), sizeof *table);
+    int64_t total = t && table ? 0 : -ENOMEM;
+    if (t && table) {
+        t->cfg = *c;
+        const int count = q35_table(t, table);
+        for (int i = 0; i < count; i++)
+            total += q35_numel(&table[i]);
+    }
+    free(table);
+    free(t);
+    return total;
+}
+
 /* ------------------------------------------------------------------------------------------
  * Loading
  */
@@ -460,6 +476,25 @@ static void q35_cache_start(const ddt_qwen35 *t, q35_cache *q)
             memset(q->conv[l], 0, (size_t)((c->conv_kernel - 1) * Cc + S) * sizeof(float));   /* conv, state */
 }
 
+/* floats of the area the mixer and the MLP take in turn: the largest of the full attention's
+ * (with the cached attention's weights (p0 + T)), the DeltaNet's (its state included) and the
+ * MLP's (gate, up (T, I)) */
+static int64_t rows_area(const ddt_qwen35_config *c, int64_t p0, int64_t T)
+{
+    const int64_t I = c->intermediate, qd = c->heads * c->head_dim, kvd = c->kv_heads * c->head_dim,
+                  nv = c->value_heads, Ck = c->key_heads * c->key_head_dim, Cv = nv * c->value_head_dim,
+                  Cc = 2 * Ck + Cv;
+    const int64_t full = T * (5 * qd + 2 * kvd) + p0 + T, delta = T * (2 * Cc + 2 * Ck + 3 * Cv + 2 * nv) +
+                         nv * c->key_head_dim * c->value_head_dim, mlp = 2 * T * I;
+    return full > delta ? (full > mlp ? full : mlp) : (delta > mlp ? delta : mlp);
+}
+
+int64_t ddt_qwen35_rows_bytes(const ddt_qwen35_config *c, int64_t p0, int64_t T)
+{
+    /* x, u (T, H), the area, pos (T) */
+    return (2 * T * c->hidden + rows_area(c, p0, T)) * (int64_t)sizeof(float) + T * (int64_t)sizeof(int32_t);
+}
+
 /* T rows at positions p0 .. p0+T-1, fed as mode says (p0 = 0 without a cache); the outputs as
  * ddt_qwen35_forward's */
 static int q35_rows(const ddk_backend *be, const ddt_qwen35 *t, q35_cache *cache, q35_mode mode, int64_t p0,
@@ -467,21 +502,17 @@ static int q35_rows(const ddk_backend *be, const ddt_qwen35 *t, q35_cache *cache
                     float *final_hidden)
 {
     const ddt_qwen35_config *c = &t->cfg;
-    const int64_t H = c->hidden, I = c->intermediate, qd = c->heads * c->head_dim,
-                  kvd = c->kv_heads * c->head_dim, nv = c->value_heads, Ck = c->key_heads * c->key_head_dim,
-                  Cv = nv * c->value_head_dim, Cc = 2 * Ck + Cv;
+    const int64_t H = c->hidden, I = c->intermediate;
     for (int i = 0; i < n_taps; i++)
         if (tap_ids[i] < 0 || tap_ids[i] >= c->layers)
             return -EINVAL;
-    if (!be->conv1d_silu || !be->gated_rmsnorm || !be->rope_partial || !be->gated_delta)
+    /* the weights, the q / gate split, l2norm, beta and g are host memory and host loops: the
+     * CPU backend only, until the target has its device form (CUDA has the four ops now) */
+    if (strcmp(be->name, "cpu") || !be->conv1d_silu || !be->gated_rmsnorm || !be->rope_partial || !be->gated_delta)
         return -ENOTSUP;
 
-    /* x, u (T, H); then one area the mixer and the MLP take in turn: the largest of the full
-     * attention's (with the cached attention's weights (p0 + T)), the DeltaNet's (its state included) and the MLP's (gate, up (T, I)); pos (T) */
-    const int64_t full = T * (5 * qd + 2 * kvd) + p0 + T, delta = T * (2 * Cc + 2 * Ck + 3 * Cv + 2 * nv) +
-                         nv * c->key_head_dim * c->value_head_dim, mlp = 2 * T * I;
-    const int64_t area = full > delta ? (full > mlp ? full : mlp) : (delta > mlp ? delta : mlp);
-    const size_t bytes = (size_t)(2 * T * H + area) * sizeof(float) + (size_t)T * sizeof(int32_t);
+    const int64_t area = rows_area(c, p0, T);
+    const size_t bytes = (size_t)ddt_qwen35_rows_bytes(c, p0, T);
     float *x = ddk_malloc(be->alloc, bytes);
     if (!x)
         return -ENOMEM;
@@ -521,6 +552,26 @@ int ddt_qwen35_forward(const ddk_backend *be, const ddt_qwen35 *t, const int32_t
  * The cache
  */
 
+/* floats of one layer's cache: a full-attention layer's keys and values (max_len, nkv hd) each;
+ * a DeltaNet layer's conv window (K-1, Cc) and state (nv, dk, dv), and a verify block's rows
+ * (max_block, Cc) and states (max_block, nv, dk, dv) to roll back to */
+static int64_t cache_layer_floats(const ddt_qwen35_config *c, int full_attention, int64_t max_len,
+                                  int64_t max_block)
+{
+    const int64_t Cc = 2 * c->key_heads * c->key_head_dim + c->value_heads * c->value_head_dim,
+                  S = c->value_heads * c->key_head_dim * c->value_head_dim;
+    return full_attention ? 2 * max_len * c->kv_heads * c->head_dim
+                          : (c->conv_kernel - 1) * Cc + S + max_block * (Cc + S);
+}
+
+int64_t ddt_qwen35_cache_bytes(const ddt_qwen35_config *c, int64_t max_len, int64_t max_block)
+{
+    int64_t floats = 0;
+    for (int64_t l = 0; l < c->layers; l++)
+        floats += cache_layer_floats(c, c->full_attention[l], max_len, max_block);
+    return floats * (int64_t)sizeof(float);
+}
+
 static int q35_cache_open(const ddk_backend *be, const ddt_target_model *m, int64_t max_len, int64_t max_block,
                           void **out)
 {
@@ -528,14 +579,11 @@ static int q35_cache_open(const ddk_backend *be, const ddt_target_model *m, int6
     const ddt_qwen35_config *c = &t->cfg;
     const int64_t Ck = c->key_heads * c->key_head_dim, Cc = 2 * Ck + c->value_heads * c->value_head_dim,
                   S = c->value_heads * c->key_head_dim * c->value_head_dim, kvd = c->kv_heads * c->head_dim,
-                  delta = (c->conv_kernel - 1) * Cc + S + max_block * (Cc + S), full = 2 * max_len * kvd;
+                  delta = cache_layer_floats(c, 0, max_len, max_block), full = cache_layer_floats(c, 1, max_len, max_block);
     q35_cache *q = calloc(1, sizeof *q);
     if (!q)
         return -ENOMEM;
-    int64_t floats = 0;
-    for (int64_t l = 0; l < c->layers; l++)
-        floats += c->full_attention[l] ? full : delta;
-    q->block_bytes = (size_t)floats * sizeof(float);
+    q->block_bytes = (size_t)ddt_qwen35_cache_bytes(c, max_len, max_block);
     q->block = ddk_malloc(be->alloc, q->block_bytes);
     if (!q->block) {
         free(q);

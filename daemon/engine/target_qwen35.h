@@ -66,9 +66,17 @@ int ddt_qwen35_synthetic(const ddt_qwen35_config *cfg, uint64_t seed, ddt_qwen35
 /* One sequence from position 0 (SPEC.md 3.1's forward, the DeltaNet core chunked): tokens (T) in
  * [0, V); features (T, n_taps*H) the residual stream after layers tap_ids in that order, or
  * NULL; final_hidden (T, H) after the final norm, or NULL. fp32 throughout. 0, -EINVAL (a tap
- * id out of range), -ENOMEM, or -ENOTSUP (a backend without the Qwen3.5 ops: CUDA for now). */
+ * id out of range), -ENOMEM, or -ENOTSUP (a backend other than the CPU: the weights and some steps are host memory and loops). */
 int ddt_qwen35_forward(const ddk_backend *be, const ddt_qwen35 *t, const int32_t *tokens, int64_t T,
                        const int32_t *tap_ids, int n_taps, float *features, float *final_hidden);
+
+/* What the planner needs (planner.h), the same arithmetic the code allocates by: the weights
+ * (elements, any dtype; -ENOMEM when the count cannot be made); one forward's workspace for T
+ * rows at positions p0 .. (a prefill: p0 = 0); one sequence's cache of max_len positions and
+ * verify blocks up to max_block (ddt_target_cache_open). Bytes, fp32. */
+int64_t ddt_qwen35_param_count(const ddt_qwen35_config *c);
+int64_t ddt_qwen35_rows_bytes(const ddt_qwen35_config *c, int64_t p0, int64_t T);
+int64_t ddt_qwen35_cache_bytes(const ddt_qwen35_config *c, int64_t max_len, int64_t max_block);
 
 /* DIR loaded (ddt_qwen35_load) behind target.h's interface, which then owns it */
 struct ddt_target_model;

@@ -29,6 +29,7 @@
 #include "batch.h"
 #include "model_config.h"
 #include "checkpoint.h"
+#include "errors.h"
 #include "ddk.h"
 #include "optimizer.h"
 #include "source.h"
@@ -280,6 +281,17 @@ static ddt_checkpoint_meta checkpoint_meta(const ddt_trainer *t)
     return m;
 }
 
+/* t's memory plan for budget (0: the config's): the ranks' devices, and the target where this
+ * trainer runs it, in host memory beside the ranks (the online sources' CPU backend) whatever
+ * the ranks are. 0, or -EINVAL when the target's config.json cannot be read again. */
+static int plan(const ddt_trainer *t, int64_t budget, ddt_memory_plan *p, char *err, size_t err_len)
+{
+    ddt_target_footprint f;
+    const int online = t->cfg.target_kind != DDT_SOURCE_SHARDS;
+    int rc = online ? ddt_run_footprint(&t->cfg, &f, err, err_len) : 0;
+    return rc ? rc : ddt_plan(&t->cfg, budget, t->embed == t->lm_head, online ? &f : NULL, 0, t->ranks, p);
+}
+
 static int resume_from(ddt_trainer *t, const char *ckpt, char *err, size_t err_len)
 {
     ddt_checkpoint_meta m;
@@ -342,6 +354,9 @@ int ddt_trainer_open_parsed(const ddt_run_config *config, const char *config_jso
                             int resume, ddt_store *store, ddt_trainer **out, char *err,
                             size_t err_len)
 {
+    if (config->target_devices_count)
+        return ddt_fail(err, err_len, -ENOTSUP, "target.devices: a split placement is planned (`ddtreed plan`) "
+                        "but this ddtreed does not run it yet; leave target.devices out (\"same\")");
     ddt_trainer *t = calloc(1, sizeof *t);
     if (!t) {
         snprintf(err, err_len, "no memory for a trainer");
@@ -451,7 +466,8 @@ int ddt_trainer_open_parsed(const ddt_run_config *config, const char *config_jso
                                           .weight_decay = c->weight_decay, .grad_clip = c->grad_clip,
                                           .warmup_steps = (int64_t)llround(c->warmup_fraction * c->steps),
                                           .total_steps = c->steps };
-        ddt_plan(&t->cfg, 0, t->embed == t->lm_head, &t->plan);
+        if (!rc)
+            rc = plan(t, 0, &t->plan, err, err_len);
     }
     if (!rc && store && !resume) {
         rc = ddt_store_run_create(store, t->run_id, t->cfg.name, t->config_json, t->cfg.steps, ddt_wall_ms());
@@ -784,8 +800,8 @@ int ddt_trainer_step(ddt_trainer *t, ddt_step_record *rec, char *err, size_t err
             break;
         int64_t old_chunk = t->chunk, old_tile = t->vocab_tile;
         if (!c->auto_rechunk || shrink(t)) {
-            ddt_memory_plan fit;
-            ddt_plan(c, c->budget_bytes, t->embed == t->lm_head, &fit);
+            ddt_memory_plan fit = { 0 };
+            plan(t, c->budget_bytes, &fit, err, err_len);
             snprintf(err, err_len, "step %lld ran out of memory at chunk %lld, vocab_tile %lld%s; "
                      "the plan for this config needs %.3f GB per device%s", (long long)t->step + 1,
                      (long long)old_chunk, (long long)old_tile,

@@ -55,16 +55,6 @@ static float *device_fill(int64_t count, const float *slice)
     return d;
 }
 
-/* the drafter's matrix-product FLOPs of one step (forward + backward) for nseq = 1 */
-static double drafter_flops(const ddt_drafter_config *c, int64_t S, int64_t A)
-{
-    const double H = (double)c->hidden, qd = (double)(c->heads * c->head_dim),
-                 kvd = (double)(c->kv_heads * c->head_dim), I = (double)c->intermediate,
-                 AB = (double)(A * c->block_size), SAB = (double)S + AB, LH = (double)(c->taps * c->hidden);
-    const double layer = 2 * AB * H * qd + 2 * 2 * SAB * H * kvd + 2 * AB * qd * H + 3 * 2 * AB * H * I;
-    return 2 * 2 * (double)S * LH * H + 3 * (double)c->layers * layer;
-}
-
 int main(int argc, char **argv)
 {
     int64_t hidden = 5120, layers = 5, heads = 32, kv_heads = 8, head_dim = 128, inter = 17408,
@@ -201,8 +191,7 @@ int main(int argc, char **argv)
     }
     const double median = bench_median(step_s, (int)reps), update = bench_median(update_s, (int)reps);
     const double positions = (double)(A * block), peak = (double)ddk_allocator_stats(be->alloc).peak;
-    const double loss_products = tile > 0 && tile < vocab ? 5 : 3;
-    const double flops = drafter_flops(&c, S, A) + loss_products * 2.0 * positions * (double)vocab * (double)H;
+    const double flops = ddt_drafter_step_flops(&c, S, A, tile > 0 && tile < vocab ? 5 : 3);
     ddk_device_info info = { .name = "the CPU" };
     if (!on_cpu && ddk_cuda_device_info(0, &info))
         snprintf(info.name, sizeof info.name, "cuda:0");
