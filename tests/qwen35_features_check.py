@@ -21,7 +21,6 @@ Dimension legend: Ttot tokens of all sequences, H hidden, V vocabulary, L_t tapp
 
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
 
@@ -35,9 +34,9 @@ except ImportError:
     print("skipped: numpy is missing")
     sys.exit(SKIPPED)
 
-import qwen35 as Q        # noqa: E402
-import st                 # noqa: E402
-from cases import Cases   # noqa: E402
+import qwen35 as Q                              # noqa: E402
+from cases import Cases                         # noqa: E402
+from features_run import ddtree_features, rel   # noqa: E402
 
 # SPEC.md s.3.1's precision paragraph: the fp32 CPU path against float64 at 1e-4 (max |d| /
 # max |ref| per tap); an fp32 forward from bf16 weights agrees to about 1e-6, while a wrong
@@ -50,43 +49,23 @@ VARIANTS = [("bf16", [1, 3, 7]), ("bf16-q35", [7, 0, 3]), ("text-only", [2, 6, 7
 LENGTHS = [40, 1, 70, 37]
 
 
-def rel(got, ref):
-    scale = float(np.max(np.abs(ref)))
-    return float(np.max(np.abs(got.astype(np.float64) - ref))) / scale if scale > 0 else float("inf")
-
-
 def case_variant(tool, model_dir, layers, workdir):
     m = Q.load(model_dir)
-    V, H = m.c["V"], m.c["H"]
+    V = m.c["V"]
     rng = np.random.default_rng(len(layers))
     seqs = [rng.integers(0, V, n).astype(np.int32) for n in LENGTHS]
-    offsets = np.concatenate([[0], np.cumsum(LENGTHS)]).astype(np.int64)
-    ids = np.concatenate(seqs).astype(np.int32)
-    name = os.path.basename(os.path.normpath(model_dir))
-    tokens, out = os.path.join(workdir, f"{name}.tokens"), os.path.join(workdir, f"{name}.features")
-    st.write(tokens, {"input_ids": ids, "offsets": offsets})
-    cmd = [tool, "features", "--model", model_dir, "--tokens", tokens,
-           "--layers", ",".join(map(str, layers)), "--dtype", "f32", "--out", out]
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=FEATURES_TIMEOUT_S)
-    if p.returncode != 0:
-        return [f"ddtreed features exited {p.returncode}: {p.stdout.decode('utf-8', 'replace').strip()}"], ""
-    f = st.read(out)
+    try:
+        got = ddtree_features(tool, model_dir, layers, seqs, workdir, FEATURES_TIMEOUT_S)
+    except RuntimeError as exc:
+        return [str(exc)], ""
     errors = []
-    if not np.array_equal(f["input_ids"], ids) or not np.array_equal(f["offsets"], offsets):
-        errors.append("input_ids / offsets differ from the token file's")
-    if f.dtypes["features"] != "F32" or f["features"].shape != (len(ids), len(layers) * H):
-        errors.append(f"features: {f.dtypes['features']} {list(f['features'].shape)}, expected F32 "
-                      f"{[len(ids), len(layers) * H]}")
-        return errors, ""
     ref = [m.forward(s) for s in seqs]
     worst = {}
-    for li, layer in enumerate(layers):
+    for layer in layers:
         want = np.concatenate([r["taps"][layer] for r in ref])                  # (Ttot, H)
-        worst[f"layer{layer}{'F' if m.c['layer_types'][layer] == Q.FULL else 'D'}"] = \
-            rel(f["features"][:, li * H:(li + 1) * H], want)
-    worst["teacher_hidden"] = rel(f["teacher_hidden"], np.concatenate([r["final"] for r in ref]))
-    logits = f["teacher_hidden"].astype(np.float64) @ m.W["lm_head.weight"].T   # (Ttot, V)
-    worst["logits"] = rel(logits, np.concatenate([r["logits"] for r in ref]))
+        worst[f"layer{layer}{'F' if m.c['layer_types'][layer] == Q.FULL else 'D'}"] = rel(got["taps"][layer], want)
+    worst["teacher_hidden"] = rel(got["final"], np.concatenate([r["final"] for r in ref]))
+    worst["logits"] = rel(got["logits"], np.concatenate([r["logits"] for r in ref]))
     for k, v in worst.items():
         if not v <= REL_TOL:   # NaN fails too
             errors.append(f"{k}: max |d| / max |ref| = {v:.3e} > {REL_TOL:g}")

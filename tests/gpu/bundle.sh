@@ -31,7 +31,8 @@ BINARIES=(test_backend_ops test_cuda_device test_step_cuda test_comm bench_loss_
 # the PyTorch peers, the Qwen3.5 comparison with transformers and what it imports (the oracle's
 # safetensors reader, case counter and float64 Qwen3.5 forward), the summary's renderer
 PYTHON=(tests/gpu/loss_torch_gpu.py tests/gpu/step_torch_gpu.py tests/gpu/qwen35_transformers.py
-        tests/oracle/st.py tests/oracle/cases.py tests/oracle/qwen35.py tests/gpu/summary.py)
+        tests/oracle/st.py tests/oracle/cases.py tests/oracle/qwen35.py tests/oracle/features_run.py
+        tests/gpu/summary.py)
 EXAMPLES=(examples/tiny.json)
 MODELS=(qwen35-tiny stories260k)
 # what the device machine brings itself (sonames; prefixes end in a dot or a dash)
