@@ -20,6 +20,7 @@
  * without it the test prints "skipped" and exits 77.
  */
 #include "check.h"
+#include "ddk_bf16.h"
 #include "model_config.h"
 #include "safetensors.h"
 #include "target.h"
@@ -397,6 +398,13 @@ static void case_qwen3_next(void)
  * form against its recurrence (another order of sums), a BLAS product of T rows against one, the
  * cached attention's plain loop against causal_attention: ~1e-6 seen, 1e-5 allowed. */
 static const double CACHE_TOL = 1e-5;
+/* A bf16 target rounds every product's input to bf16: a float32 rounding difference of 1e-7
+ * between the chunked DeltaNet of a prefill and the recurrence of a decode moves an activation
+ * across a bf16 rounding boundary now and then, and that one flip (2^-8 relative) reaches the
+ * outputs at ~1e-3..1e-2 (8e-3 seen), so the bf16 cache is held to the bf16 tolerance: a stale
+ * key or a lost state would be far beyond it. */
+static const double CACHE_TOL_BF16 = 2e-2;
+static double cache_tol = CACHE_TOL;
 enum { CACHE_T = 80, CACHE_TAPS = 3, CACHE_BLOCK = 5 };   /* T crosses the 64-token chunk */
 static const int32_t cache_taps[CACHE_TAPS] = { 0, 3, 6 };
 
@@ -443,7 +451,7 @@ static void check_row(const ddt_target_model *m, const rows_out *got, int64_t i,
                           normalised_error_ff(got->final + i * H, want->final + j * H, H),
                           normalised_error_ff(got->logits + i * V, want->logits + j * V, V) };
     for (int k = 0; k < 3; k++) {
-        check(e[k] <= CACHE_TOL, "%s, position %lld: %s differ by %.3g (max |d| / max |ref|)", what, (long long)j,
+        check(e[k] <= cache_tol, "%s, position %lld: %s differ by %.3g (max |d| / max |ref|)", what, (long long)j,
               (const char *[]){ "taps", "final hidden", "logits" }[k], e[k]);
         *worst = fmax(*worst, e[k]);
     }
@@ -451,12 +459,16 @@ static void check_row(const ddt_target_model *m, const rows_out *got, int64_t i,
 
 static ddt_target_model cache_model;
 static int cache_model_ok;
+static const ddt_target_options *cache_options;   /* NULL: CPU fp32 (the fast paths) */
 
 static void open_cache_model(void)
 {
     char err[4096];
-    int rc = ddt_target_open(variant_dir[2], &cache_model, err, sizeof err);
-    check(rc == 0, "open %s: %s", variant_dir[2], err);
+    ddt_target_close(&cache_model);
+    /* bf16 from the BF16 variant (its tensors kept as they are), else the text-only one */
+    const char *dir = variant_dir[cache_options && cache_options->bf16 ? 0 : 2];
+    int rc = ddt_target_open_with(dir, cache_options, &cache_model, err, sizeof err);
+    check(rc == 0, "open %s: %s", dir, err);
     cache_model_ok = rc == 0;
 }
 
@@ -540,6 +552,104 @@ static void case_cache_verify(void)
            (long long)B, (long long)P, (long long)B, worst);
 }
 
+/* the two cache cases on a bf16 target and on a generic fp32 one (the backend ops only: matmul_w16
+ * or matmul for one row, causal_attention with q_rows over the cache, the conv window's copies):
+ * each against its own prefill, at the fp32 fast path's tolerance */
+static void case_cache_bf16_generic(void)
+{
+    static const ddt_target_options bf16 = { .bf16 = 1 }, generic = { .generic = 1 };
+    const ddt_target_options *const opts[2] = { &bf16, &generic };
+    for (int k = 0; k < 2; k++) {
+        printf("  %s:\n", k ? "generic fp32" : "bf16");
+        cache_options = opts[k];
+        cache_tol = opts[k]->bf16 ? CACHE_TOL_BF16 : CACHE_TOL;
+        case_cache_decode();
+        case_cache_verify();
+    }
+    cache_options = NULL;
+    cache_tol = CACHE_TOL;
+    open_cache_model();
+}
+
+/* bf16 against fp32, per variant: the matrices and every product's input rounded to bf16
+ * (2^-9 relative each) through 8 layers give ~5e-3 (max |d| / max |ref| per output); 2e-2
+ * allowed (SPEC.md 3.1 puts transformers' own bf16 at up to 3e-2 from float64). The three
+ * variants hold the same values, so their bf16 targets agree bit for bit, and the head read back
+ * is the fp32 one rounded to nearest even (exact here: the checkpoint's values are bf16). The
+ * generic fp32 decode against the fast one: 1e-5 (another order of float sums). */
+static void case_bf16_vs_fp32(void)
+{
+    if (!cache_model_ok)
+        return;
+    static const ddt_target_options bf16 = { .bf16 = 1 }, generic = { .generic = 1 };
+    const ddt_target_model *m32 = &cache_model;
+    const int64_t T = CACHE_T, H = m32->hidden, V = m32->vocab, F = CACHE_TAPS * H;
+    int32_t tokens[CACHE_T];
+    cache_tokens(V, tokens, T);
+    rows_out want = fresh_prefill(m32, tokens, T), first = { 0 };
+    char err[4096];
+    for (int v = 0; v < 3; v++) {
+        ddt_target_model m16;
+        int rc = ddt_target_open_with(variant_dir[v], &bf16, &m16, err, sizeof err);
+        check(rc == 0, "%s bf16: %s", variants[v], err);
+        if (rc)
+            continue;
+        const ddt_qwen35 *t16 = m16.impl;
+        check(t16->weight_bytes == (size_t)ddt_qwen35_weight_bytes(&t16->cfg, 1) &&
+                  t16->weight_bytes < loaded[2].weight_bytes * 6 / 10 && m16.embed_tokens == NULL,
+              "%s: bf16 weight bytes %zu, fp32 %zu", variants[v], t16->weight_bytes, loaded[2].weight_bytes);
+        rows_out got = fresh_prefill(&m16, tokens, T);
+        const double e[3] = { normalised_error_ff(got.features, want.features, T * F),
+                              normalised_error_ff(got.final, want.final, T * H),
+                              normalised_error_ff(got.logits, want.logits, T * V) };
+        for (int k = 0; k < 3; k++)
+            check(e[k] <= 2e-2 && e[k] > 0, "%s bf16 vs fp32 %s: %.3g", variants[v],
+                  (const char *[]){ "taps", "final hidden", "logits" }[k], e[k]);
+        printf("  %s: bf16 vs fp32 prefill of %d: taps %.3g, final %.3g, logits %.3g\n", variants[v], CACHE_T, e[0],
+               e[1], e[2]);
+        if (v == 0) {
+            first = got;
+            ddt_target_head head;
+            check(ddt_target_head_copy(&m16, &head, err, sizeof err) == 0, "head copy: %s", err);
+            int64_t bad = 0;
+            for (int64_t i = 0; i < V * H; i++)
+                bad += head.embed_tokens[i] != ddk_round_bf16(m32->embed_tokens[i]) ||
+                       head.lm_head[i] != ddk_round_bf16(m32->lm_head[i]);
+            check(bad == 0, "bf16 head read back: %lld values differ", (long long)bad);
+            ddt_target_head_free(&head);
+        } else if (first.features) {
+            check(!memcmp(got.features, first.features, (size_t)(T * F) * sizeof(float)) &&
+                      !memcmp(got.logits, first.logits, (size_t)(T * V) * sizeof(float)),
+                  "%s: bf16 outputs differ from the bf16 variant's", variants[v]);
+        }
+        if (v != 0)
+            rows_free(&got);
+        ddt_target_close(&m16);
+    }
+    /* generic fp32 decode == the fast one */
+    ddt_target_model mg;
+    check(ddt_target_open_with(variant_dir[2], &generic, &mg, err, sizeof err) == 0, "generic: %s", err);
+    ddt_target_cache cf, cg;
+    rows_out fast = rows_alloc(m32, T), slow = rows_alloc(m32, T);
+    check(ddt_target_cache_open(ddk_backend_cpu(), m32, T, 1, &cf, err, sizeof err) == 0 &&
+              ddt_target_cache_open(ddk_backend_cpu(), &mg, T, 1, &cg, err, sizeof err) == 0, "cache: %s", err);
+    int rc = 0;
+    for (int64_t t = 0; rc == 0 && t < T; t++) {
+        rc = ddt_target_decode(&cf, tokens[t], cache_taps, CACHE_TAPS, fast.features + t * F, fast.final + t * H,
+                               fast.logits + t * V);
+        rc = rc ? rc : ddt_target_decode(&cg, tokens[t], cache_taps, CACHE_TAPS, slow.features + t * F,
+                                         slow.final + t * H, slow.logits + t * V);
+    }
+    check(rc == 0, "decode: %d", rc);
+    double worst = 0.0;
+    for (int64_t t = 0; rc == 0 && t < T; t++)
+        check_row(m32, &slow, t, &fast, t, "generic decode vs the fast one", &worst);
+    printf("  generic cached attention vs the fast one, %d decode steps: %.3g\n", CACHE_T, worst);
+    ddt_target_cache_close(&cf), ddt_target_cache_close(&cg);
+    ddt_target_close(&mg);
+    rows_free(&fast), rows_free(&slow), rows_free(&first), rows_free(&want);
+}
+
 int main(int argc, char **argv)
 {
     tiny = argc > 1 ? argv[1] : DDTREE_QWEN35_TINY;
@@ -568,6 +678,8 @@ int main(int argc, char **argv)
         { "refused: Qwen3-Next's in_proj_qkvz", case_qwen3_next },
         { "cache: prefill == prefill of a prefix + decode (taps, final, logits)", case_cache_decode },
         { "cache: verify, rollback to 0 .. B, decode == fresh prefill", case_cache_verify },
+        { "cache, bf16 and generic targets: decode, verify, rollback == their prefill", case_cache_bf16_generic },
+        { "bf16 vs fp32 prefill per variant; bf16 head read back; generic decode == fast", case_bf16_vs_fp32 },
     };
     run_cases(cases, sizeof cases / sizeof cases[0]);
     for (int v = 0; v < 3; v++)

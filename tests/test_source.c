@@ -20,6 +20,7 @@
  * Legend: S tokens, H hidden, F = L_t*H feature width, V vocabulary.
  */
 #include "check.h"
+#include "ddk_bf16.h"
 #include "ddk_rng.h"
 #include "generate.h"
 #include "safetensors.h"
@@ -313,13 +314,18 @@ static void dc_tokens(int32_t *tokens, int64_t T, int salt)
         tokens[i] = (int32_t)((i * 31 + 7 * (i % 3) + salt) % V);
 }
 
+/* how the dense cache tests open their targets: NULL (CPU, fp32, the fast paths), then bf16 and
+ * generic (the backend ops only) */
+static const ddt_target_options *dc_options;
+
 /* extend in pieces (one crossing a 64-row pass), and token by token: the prefill's rows */
 static void dense_cache_extend(int qwen3)
 {
     ddt_target_model m;
     char err[512] = "";
     ddt_target_config cfg = dense_cache_config(qwen3);
-    check(ddt_target_open_synthetic(&cfg, 31 + (uint64_t)qwen3, &m, err, sizeof err) == 0, "synthetic: %s", err);
+    check(ddt_target_open_synthetic_with(&cfg, 31 + (uint64_t)qwen3, dc_options, &m, err, sizeof err) == 0,
+          "synthetic: %s", err);
     const int64_t hidden = m.hidden, width = DC_TAPS * hidden;
     int32_t tokens[DC_T];
     dc_tokens(tokens, DC_T, 3);
@@ -361,7 +367,8 @@ static void dense_cache_verify(int qwen3)
     ddt_target_model m;
     char err[512] = "";
     ddt_target_config cfg = dense_cache_config(qwen3);
-    check(ddt_target_open_synthetic(&cfg, 41 + (uint64_t)qwen3, &m, err, sizeof err) == 0, "synthetic: %s", err);
+    check(ddt_target_open_synthetic_with(&cfg, 41 + (uint64_t)qwen3, dc_options, &m, err, sizeof err) == 0,
+          "synthetic: %s", err);
     enum { P = 10, B = DC_BLOCK, MORE = 3 };
     int32_t tokens[DC_T], draft[B];
     dc_tokens(tokens, DC_T, 5);
@@ -422,6 +429,89 @@ static void test_dense_cache_verify(void)
 {
     dense_cache_verify(0);
     dense_cache_verify(1);
+}
+
+/* the same two tests on a bf16 target and on a generic fp32 one (no CPU fast path: the backend's
+ * matmul_w16 / matmul for one row, causal_attention with q_rows over the cache): the cache
+ * against the same target's prefill, as tight as the fp32 fast path */
+static void test_dense_cache_bf16_generic(void)
+{
+    static const ddt_target_options bf16 = { .bf16 = 1 }, generic = { .generic = 1 };
+    const ddt_target_options *const opts[2] = { &bf16, &generic };
+    for (int k = 0; k < 2; k++) {
+        printf("  %s:\n", k ? "generic fp32" : "bf16");
+        dc_options = opts[k];
+        test_dense_cache_extend();
+        test_dense_cache_verify();
+    }
+    dc_options = NULL;
+}
+
+/* bf16 weights against fp32 ones (the same synthetic values): the matrices and the activations
+ * entering each product are rounded to bf16 (relative error 2^-9 each), which through 3 layers,
+ * norms and the head gives ~5e-3 seen (max |d| / max |ref|); 2e-2 allowed (SPEC.md 3.1: a bf16
+ * path within ~3e-2 of float64 at the last layers). The bf16 head read back (ddt_target_head_copy)
+ * is the fp32 head rounded to nearest even, bit for bit. The generic fp32 cache's decode rows
+ * against the fast path's: 1e-5 (the order of float sums only). */
+static void test_dense_bf16_vs_fp32(void)
+{
+    static const ddt_target_options bf16 = { .bf16 = 1 }, generic = { .generic = 1 };
+    for (int qwen3 = 0; qwen3 < 2; qwen3++) {
+        ddt_target_config cfg = dense_cache_config(qwen3);
+        ddt_target_model m32, m16, mg;
+        char err[512] = "";
+        check(ddt_target_open_synthetic(&cfg, 61, &m32, err, sizeof err) == 0, "fp32: %s", err);
+        check(ddt_target_open_synthetic_with(&cfg, 61, &bf16, &m16, err, sizeof err) == 0, "bf16: %s", err);
+        check(ddt_target_open_synthetic_with(&cfg, 61, &generic, &mg, err, sizeof err) == 0, "generic: %s", err);
+        check(m16.embed_tokens == NULL && m16.lm_head == NULL && m16.bf16 && !m16.fast && m32.fast && !mg.fast &&
+                  mg.embed_tokens == NULL, "the head pointers: fp32 CPU targets only");
+        const ddt_target *t16 = m16.impl, *t32 = m32.impl;
+        check(t16->weight_bytes == (size_t)ddt_target_weight_bytes(&cfg, 1) &&
+                  t32->weight_bytes == (size_t)ddt_target_param_count(&cfg) * sizeof(float) &&
+                  t32->weight_bytes == (size_t)ddt_target_weight_bytes(&cfg, 0) &&
+                  t16->weight_bytes < t32->weight_bytes * 6 / 10,
+              "weight bytes: bf16 %zu, fp32 %zu", t16->weight_bytes, t32->weight_bytes);
+        int32_t tokens[DC_T];
+        dc_tokens(tokens, DC_T, 7);
+        dc_rows want = dc_prefill(&m32, tokens, DC_T), got = dc_prefill(&m16, tokens, DC_T);
+        const int64_t hidden = m32.hidden;
+        const double e[3] = { normalised_error_ff(got.features, want.features, DC_T * DC_TAPS * hidden),
+                              normalised_error_ff(got.final, want.final, DC_T * hidden),
+                              normalised_error_ff(got.logits, want.logits, DC_T * m32.vocab) };
+        for (int k = 0; k < 3; k++)
+            check(e[k] <= 2e-2 && e[k] > 0, "%s bf16 vs fp32 %s: %.3g", m32.model_type,
+                  (const char *[]){ "taps", "final hidden", "logits" }[k], e[k]);
+        printf("  %s: bf16 vs fp32 prefill of %d: taps %.3g, final %.3g, logits %.3g\n", m32.model_type, DC_T,
+               e[0], e[1], e[2]);
+        ddt_target_head head;
+        check(ddt_target_head_copy(&m16, &head, err, sizeof err) == 0, "head copy: %s", err);
+        int64_t bad = 0;
+        for (int64_t i = 0; i < m32.vocab * hidden; i++)
+            bad += head.embed_tokens[i] != ddk_round_bf16(m32.embed_tokens[i]) ||
+                   head.lm_head[i] != ddk_round_bf16(m32.lm_head[i]);
+        check(bad == 0 && head.lm_head != head.embed_tokens, "bf16 head read back: %lld values differ", (long long)bad);
+        ddt_target_head_free(&head);
+        /* decode on the fast and the generic path */
+        ddt_target_cache cf, cg;
+        dc_rows fast = dc_rows_alloc(&m32, DC_T), slow = dc_rows_alloc(&mg, DC_T);
+        check(ddt_target_cache_open(ddk_backend_cpu(), &m32, DC_T, 1, &cf, err, sizeof err) == 0 &&
+                  ddt_target_cache_open(ddk_backend_cpu(), &mg, DC_T, 1, &cg, err, sizeof err) == 0, "cache: %s", err);
+        int rc = 0;
+        for (int64_t t = 0; rc == 0 && t < DC_T; t++) {
+            rc = ddt_target_decode(&cf, tokens[t], dc_taps, DC_TAPS, fast.features + t * DC_TAPS * hidden,
+                                   fast.final + t * hidden, fast.logits + t * m32.vocab);
+            rc = rc ? rc : ddt_target_decode(&cg, tokens[t], dc_taps, DC_TAPS, slow.features + t * DC_TAPS * hidden,
+                                             slow.final + t * hidden, slow.logits + t * m32.vocab);
+        }
+        check(rc == 0, "decode: %d", rc);
+        double worst = 0.0;
+        dc_compare(&m32, &slow, 0, &fast, 0, DC_T, "generic decode vs the fast one", &worst);
+        printf("  %s: generic cached attention and products vs the fast path, %d decode steps: %.3g\n",
+               m32.model_type, DC_T, worst);
+        ddt_target_cache_close(&cf), ddt_target_cache_close(&cg);
+        dc_rows_free(&fast), dc_rows_free(&slow), dc_rows_free(&want), dc_rows_free(&got);
+        ddt_target_close(&m32), ddt_target_close(&m16), ddt_target_close(&mg);
+    }
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -1246,6 +1336,9 @@ int main(void)
         { "top_p 0.5 samples inside the nucleus only", test_top_p_nucleus },
         { "dense cache: prefill == extend in pieces == decode (taps, final, logits)", test_dense_cache_extend },
         { "dense cache: verify, rollback to 0 .. B, verify, extend == fresh prefill", test_dense_cache_verify },
+        { "dense cache, bf16 and generic targets: extend, decode, verify, rollback == their prefill",
+          test_dense_cache_bf16_generic },
+        { "dense bf16 vs fp32 prefill; bf16 head read back; generic decode == fast decode", test_dense_bf16_vs_fp32 },
         { "ddt_target_open: llama, qwen3 -> dense; qwen3_5 -> qwen3_5", test_target_open_dispatch },
         { "synthetic source: deterministic order, any prefetch", test_synthetic_order },
         { "synthetic source: seek then next == the original stream", test_synthetic_seek },

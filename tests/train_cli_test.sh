@@ -24,7 +24,7 @@ done
 
 # the seed's online plans (examples/qwen3.6-27b: the config.json alone)
 out=$(cd "$root" && "$ddtreed" plan examples/seed-ddtree.json 2>&1)
-if grep -q "target (co-located) *53.792 GB" <<<"$out" && grep -q "budget 149.000 GB: fits" <<<"$out"; then
+if grep -q "target (co-located) *53.797 GB" <<<"$out" && grep -q "budget 149.000 GB: fits" <<<"$out"; then
     ok "plan seed-ddtree.json: Qwen3.6-27B co-located, fits 149 GB"
 else
     fail "plan seed-ddtree.json: Qwen3.6-27B co-located, fits 149 GB" "$out"

@@ -24,7 +24,7 @@ static void target_bytes(const ddt_run_config *c, const ddt_target_footprint *f,
     memset(t, 0, sizeof *t);
     t->placement = placement;
     t->devices = placement == DDT_PLACE_SPLIT ? devices : 0;
-    t->weights = f->params * (placement == DDT_PLACE_HOST ? (int64_t)sizeof(float) : f->stored_bytes);
+    t->weights = placement == DDT_PLACE_HOST ? f->fp32_bytes : f->stored_weight_bytes;
     /* the host's source runs its loader and its held-out worker, each with a generator */
     const int threads = placement == DDT_PLACE_HOST ? 2 : 1;
     t->workspace = threads * f->prefill_bytes;

@@ -20,6 +20,9 @@ typedef struct ddt_target_footprint {
     int tied;
     int64_t params;            /* weights, elements */
     int stored_bytes;          /* bytes per weight in the checkpoint's dtype (bf16: 2) */
+    int64_t fp32_bytes;        /* the loaded weights' allocation in fp32 (a CPU target's) */
+    int64_t stored_weight_bytes; /* ... in the stored type: bf16 matrices and embedding, fp32
+                                  vectors (a bf16 target's); fp32_bytes for an fp32 checkpoint */
     int64_t prefill_bytes;     /* the forward's fp32 workspace for one sequence of seq_len tokens */
     int64_t cache_bytes;       /* one generator's: its cache of seq_len positions and its workspace */
     double prefill_flops;      /* the matrix products of one seq_len prefill */

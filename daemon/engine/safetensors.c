@@ -186,33 +186,38 @@ float ddt_f16_to_f32(uint16_t x)
     return ddk_f32_from_bits(sign | ((exp + 127 - 15) << 23) | (mant << 13));
 }
 
-int ddt_st_to_f32(const ddt_st_tensor *t, float *out)
+int ddt_st_range_to_f32(const ddt_st_tensor *t, int64_t first, int64_t count, float *out)
 {
-    int64_t n = ddt_st_numel(t);
     const unsigned char *p = t->data;   /* may be unaligned for the dtype: read with memcpy */
+    const int64_t end = first + count;
     switch (t->dtype) {
     case DDT_F32:
-        if (n > 0)
-            memcpy(out, p, (size_t)n * sizeof(float));
+        if (count > 0)
+            memcpy(out, p + first * 4, (size_t)count * sizeof(float));
         return 0;
     case DDT_F64:
-        for (int64_t i = 0; i < n; i++) {
+        for (int64_t i = first; i < end; i++) {
             double v;
             memcpy(&v, p + i * 8, sizeof(v));
-            out[i] = (float)v;
+            out[i - first] = (float)v;
         }
         return 0;
     case DDT_BF16:
     case DDT_F16:
-        for (int64_t i = 0; i < n; i++) {
+        for (int64_t i = first; i < end; i++) {
             uint16_t v;
             memcpy(&v, p + i * 2, sizeof(v));
-            out[i] = t->dtype == DDT_BF16 ? ddt_bf16_to_f32(v) : ddt_f16_to_f32(v);
+            out[i - first] = t->dtype == DDT_BF16 ? ddt_bf16_to_f32(v) : ddt_f16_to_f32(v);
         }
         return 0;
     default:
         return -EINVAL;
     }
+}
+
+int ddt_st_to_f32(const ddt_st_tensor *t, float *out)
+{
+    return ddt_st_range_to_f32(t, 0, ddt_st_numel(t), out);
 }
 
 /* ------------------------------------------------------------------------------------------

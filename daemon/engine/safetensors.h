@@ -45,6 +45,9 @@ size_t ddt_dtype_size(ddt_dtype t);
 int64_t ddt_st_numel(const ddt_st_tensor *t);
 /* out (numel floats) from F32, F64, BF16 or F16: 0, or -EINVAL for an integer dtype */
 int ddt_st_to_f32(const ddt_st_tensor *t, float *out);
+/* out (count floats) = elements first .. first+count-1 of t (row-major), as ddt_st_to_f32: a
+ * tensor converted piece by piece through a bounded staging buffer (the target's loaders) */
+int ddt_st_range_to_f32(const ddt_st_tensor *t, int64_t first, int64_t count, float *out);
 
 uint16_t ddt_f32_to_bf16(float x);   /* round to nearest even; NaN stays NaN */
 float ddt_bf16_to_f32(uint16_t x);

@@ -12,6 +12,19 @@
  * target against tests/oracle/qwen35.py), tests/test_engine.c, tests/test_source.c (the dense
  * cache, ddt_target_open's dispatch) and tests/test_qwen35.c (the qwen3_5 cache).
  *
+ * Where it runs (SPEC.md section 3, DESIGN.md 'Where the target runs'): on the backend it was
+ * opened on (ddt_target_options), its weights in ONE allocation of that backend's allocator,
+ * every step of its forward, cached decode, verify and rollback a backend op. Precision: fp32
+ * (every tensor converted to float32: the CPU default, checked against float64) or bf16 (the
+ * matrices and the embedding as bf16 bit patterns, F32 / F16 checkpoint tensors rounded to
+ * nearest even, BF16 ones kept; products through matmul_w16 with fp32 accumulation; the norm
+ * vectors, A_log, dt_bias and the conv1d weights stay fp32). Memory contract: tokens and
+ * tap ids are host memory; features, final_hidden and logits are the backend's memory (host
+ * memory on the CPU backend), written by its ops (on CUDA: queued, read them after the
+ * backend's synchronize). A CPU fp32 target keeps two fast paths, plain-C matrix-vector
+ * products for one row and a plain-C cached attention (target_dense_cache.c); every other
+ * target (bf16, a GPU, or ddt_target_options.generic) takes the backend ops only.
+ *
  * Legend: T tokens, H hidden, V vocabulary, nh / nkv heads, d head dim, I intermediate.
  */
 #ifndef DDT_TARGET_H
@@ -23,33 +36,58 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Where a target's weights live and in which precision (ddt_target_open_with). */
+typedef struct ddt_target_options {
+    const ddk_backend *be;   /* the backend whose memory holds the weights and which runs the
+                                target; NULL: ddk_backend_cpu() */
+    int bf16;                /* 1: matrices and embedding stored bf16 (products by matmul_w16) */
+    int generic;             /* 1: no CPU fast path even for an fp32 CPU target (tests) */
+} ddt_target_options;
+
+/* The matrices and the embedding below are `void *`: float (fp32) or uint16_t bf16 bit patterns
+ * (ddk_bf16.h) as the target's bf16 says, in its backend's memory; the vectors are fp32 always. */
 typedef struct ddt_target_layer {
     float *input_layernorm, *post_attention_layernorm;   /* (H) */
-    float *q_proj, *k_proj, *v_proj;                     /* (nh*d, H), (nkv*d, H) x 2 */
-    float *o_proj;                                       /* (H, nh*d) */
+    void *q_proj, *k_proj, *v_proj;                      /* (nh*d, H), (nkv*d, H) x 2 */
+    void *o_proj;                                        /* (H, nh*d) */
     float *q_norm, *k_norm;                              /* (d): qwen3 only, else NULL */
-    float *gate_proj, *up_proj;                          /* (I, H) */
-    float *down_proj;                                    /* (H, I) */
+    void *gate_proj, *up_proj;                           /* (I, H) */
+    void *down_proj;                                     /* (H, I) */
 } ddt_target_layer;
 
 typedef struct ddt_target {
     ddt_target_config cfg;
-    float *embed_tokens;     /* (V, H) */
-    float *lm_head;          /* (V, H): embed_tokens when tied */
+    const ddk_backend *be;   /* where the weights are */
+    int bf16;                /* the matrices' and embedding's storage: 1 bf16, 0 fp32 */
+    int generic;             /* ddt_target_options.generic */
+    void *embed_tokens;      /* (V, H) */
+    void *lm_head;           /* (V, H): embed_tokens when tied */
     float *norm;             /* (H) */
     ddt_target_layer layer[DDT_MAX_TARGET_LAYERS];
-    float *weights;          /* every tensor above, one allocation of the CPU allocator */
+    float *weights;          /* every tensor above, one allocation of be->alloc (fp32: the
+                                tensors back to back; bf16: each at a 16-byte boundary) */
     size_t weight_bytes;
 } ddt_target;
 
-/* DIR (config.json + safetensors). 0, or a negative errno with err naming file and tensor. */
+/* DIR (config.json + safetensors) on the CPU in fp32. 0, or a negative errno with err naming
+ * file and tensor. */
 int ddt_target_load(const char *dir, ddt_target *t, char *err, size_t err_len);
+/* ... on o's backend in o's precision (NULL: CPU, fp32), tensor by tensor through a bounded host
+ * staging buffer (page-locked for a GPU), never a whole host copy */
+int ddt_target_load_with(const char *dir, const ddt_target_options *o, ddt_target *t, char *err,
+                         size_t err_len);
 /* Random weights of the given shape, from seed: embeddings N(0, 1), matrices N(0, 1/fan_in),
  * an untied lm_head N(0, 16/H) (logits of std ~4: peaked next-token distributions, so the
- * text it generates has learnable structure), norms 1. */
+ * text it generates has learnable structure), norms 1. CPU, fp32. */
 int ddt_target_synthetic(const ddt_target_config *cfg, uint64_t seed, ddt_target *t,
                          char *err, size_t err_len);
+/* the same values on o's backend in o's precision (bf16: rounded to nearest even) */
+int ddt_target_synthetic_with(const ddt_target_config *cfg, uint64_t seed, const ddt_target_options *o,
+                              ddt_target *t, char *err, size_t err_len);
 void ddt_target_free(ddt_target *t);
+/* bytes of the weight block of a target of shape c stored as bf16 says (what the loaders
+ * allocate; fp32: 4 ddt_target_param_count) */
+int64_t ddt_target_weight_bytes(const ddt_target_config *c, int bf16);
 
 /* What a target fed through feature shards contributes at train time: its frozen head. */
 typedef struct ddt_target_head {
@@ -105,24 +143,42 @@ struct ddt_target_model {
     const char *model_type;               /* "llama", "qwen3" or "qwen3_5" */
     int64_t hidden, vocab, layers;        /* H, V, L */
     int tie_word_embeddings;
-    const float *embed_tokens, *lm_head;  /* (V, H) each, the implementation's */
+    /* (V, H) each, fp32 host memory: the implementation's own tensors for a CPU fp32 target;
+     * NULL for a bf16 or a GPU target, whose head ddt_target_head_copy gives */
+    const float *embed_tokens, *lm_head;
     void *impl;                           /* the implementation's (ddt_target, ddt_qwen35) */
+    const ddk_backend *be;                /* where the weights are: the backend to run it on */
+    int bf16;                             /* the matrices' and embedding's storage */
+    int fast;                             /* an fp32 CPU target, not generic: the CPU fast paths */
+    const void *embed_stored, *lm_head_stored;   /* (V, H) each as stored, in be's memory */
 };
 
 /* DIR as its config.json's model_type says: llama / qwen3 (ddt_target_load), qwen3_5 or
- * qwen3_5_text (ddt_qwen35_load). 0, or the loader's negative errno and err. */
+ * qwen3_5_text (ddt_qwen35_load), on the CPU in fp32. 0, or the loader's negative errno and err. */
 int ddt_target_open(const char *dir, ddt_target_model *m, char *err, size_t err_len);
+/* ... on o's backend in o's precision (NULL: ddt_target_open). The target is then run with that
+ * backend (a CPU target: any CPU backend, whose memory is the host's). -ENOTSUP with err when the
+ * backend lacks an op the target needs. */
+int ddt_target_open_with(const char *dir, const ddt_target_options *o, ddt_target_model *m, char *err,
+                         size_t err_len);
 /* ddt_target_synthetic behind the interface */
 int ddt_target_open_synthetic(const ddt_target_config *cfg, uint64_t seed, ddt_target_model *m, char *err,
                               size_t err_len);
+int ddt_target_open_synthetic_with(const ddt_target_config *cfg, uint64_t seed, const ddt_target_options *o,
+                                   ddt_target_model *m, char *err, size_t err_len);
 void ddt_target_close(ddt_target_model *m);
+/* h (ddt_target_head: one fp32 allocation of the CPU allocator, ddt_target_head_free) = m's
+ * embed_tokens and lm_head widened to fp32 and copied to the host: the frozen head of a bf16 or
+ * GPU target for the trainer (a CPU fp32 target's m->embed_tokens / lm_head serve as they are).
+ * 0 or -ENOMEM with err. */
+int ddt_target_head_copy(const ddt_target_model *m, struct ddt_target_head *h, char *err, size_t err_len);
 /* m's prefill (ops->prefill); logits (T, V) = final_hidden lm_head^T as well when logits is not
  * NULL (final_hidden then required). */
 int ddt_target_prefill(const ddk_backend *be, const ddt_target_model *m, const int32_t *tokens, int64_t T,
                        const int32_t *tap_ids, int n_taps, float *features, float *final_hidden,
                        float *logits);
-/* logits (n, V) = final_hidden (n, H) lm_head^T, host memory (n = 1: a matrix-vector product in
- * plain C, faster than the backend's matmul for a decode step) */
+/* logits (n, V) = final_hidden (n, H) lm_head^T, the backend's memory (n = 1 on an fp32 CPU
+ * target: a matrix-vector product in plain C, faster than the backend's matmul for a decode step) */
 void ddt_target_logits(const ddk_backend *be, const ddt_target_model *m, const float *final_hidden, int64_t n,
                        float *logits);
 /* One sequence's cache of m (its ops' cache_open, ...): len positions committed, and pending
@@ -164,10 +220,13 @@ int ddt_target_config_shape(const char *dir, int64_t *hidden, int64_t *vocab, in
                             char *err, size_t err_len);
 
 /* What both implementations' forwards share: the SwiGLU MLP, x (T, H) += down(silu(u gate^T) *
- * (u up^T)) with gate, up (T, I) scratch; and the taps, the residual stream x (T, H) after
- * layer l copied into features (T, n_taps*H) wherever tap_ids names l (features NULL: none). */
-void ddt_target_mlp(const ddk_backend *be, const float *u, const float *gate_proj, const float *up_proj,
-                    const float *down_proj, int64_t T, int64_t H, int64_t I, float *gate, float *up, float *x);
+ * (u up^T)) with gate, up (T, I) scratch, the weights stored as bf16 says (fast: the n = 1
+ * fast path of ddt_target_linear allowed); and the taps, the residual stream x (T, H) after
+ * layer l copied into features (T, n_taps*H) wherever tap_ids names l (features NULL: none),
+ * one copy_rows each. */
+void ddt_target_mlp(const ddk_backend *be, int bf16, int fast, const float *u, const void *gate_proj,
+                    const void *up_proj, const void *down_proj, int64_t T, int64_t H, int64_t I, float *gate,
+                    float *up, float *x);
 void ddt_target_tap(const ddk_backend *be, const float *x, int64_t T, int64_t H, int64_t l,
                     const int32_t *tap_ids, int n_taps, float *features);
 
@@ -181,7 +240,8 @@ int ddt_target_forward(const ddk_backend *be, const ddt_target *t, const int32_t
                        int64_t T, const int32_t *tap_ids, int n_taps, float *features,
                        float *final_hidden);
 
-/* What the planner needs of a dense target (planner.h), the arithmetic its code allocates by:
+/* What the planner needs of a dense target (planner.h), the arithmetic its code allocates by
+ * (the same on every backend):
  * the weights (elements; -ENOMEM when they cannot be counted), ddt_target_forward's workspace
  * for T tokens, and one sequence's decoding cache of max_len positions and verify blocks up to
  * max_block (ddt_target_cache_open). Bytes. */

@@ -5,14 +5,17 @@
  * products and workspace stay bounded); a decode step is one row. Taps and the final-normed
  * hidden state per fed row are ddt_target_forward's. A verify block is fed like an extend: the
  * keys of rejected rows are simply overwritten later, so rollback has nothing to do.
- * Norms, RoPE, SwiGLU and embedding are the backend's ops, as in ddt_target_forward, so both
- * give the same rows up to the order of float sums. A decode step's matrix-vector products,
- * the attention (query rows against the cached keys) and the softmax exp are plain C in
- * 8-wide vectors: on stories260K (64 x 256 tokens, temperature 1, one core) that took
- * generation from 3.4k tokens/s (BLAS sgemm with m = 1, libm expf) to 23k tokens/s.
+ * Every step is a backend op, as in ddt_target_forward (so both give the same rows up to the
+ * order of float sums, and it runs on a GPU): the products (ddt_target_linear), the attention of
+ * the new rows over the cache (causal_attention with q_rows). On an fp32 CPU target (m->fast)
+ * two fast paths replace them: a decode step's matrix-vector products, and the attention
+ * (query rows against the cached keys, the softmax exp) in plain C in 8-wide vectors: on
+ * stories260K (64 x 256 tokens, temperature 1, one core) that took generation from 3.4k
+ * tokens/s (BLAS sgemm with m = 1, libm expf) to 23k tokens/s.
  * Not here: batching sequences (a BLAS may sum a row differently in a taller product).
  * Tested by tests/test_source.c (prefill == extend in pieces == decode == verify, rollback,
- * llama and qwen3, GQA; generation through it).
+ * llama and qwen3, GQA, fp32 fast, generic and bf16; generation through it) and
+ * tests/test_target_cuda.c (on a GPU).
  *
  * Legend: as target.h; C rows per pass, n rows fed.
  */
@@ -32,8 +35,8 @@ typedef struct dense_cache {
     float *x, *u;          /* (C, H) residual stream, normed input */
     float *q, *attn;       /* (C, nh*d) */
     float *gate, *up;      /* (C, I) */
-    float *scores;         /* (max_len) one query's attention weights */
-    int32_t *pos;          /* (C) positions of the rows of a pass */
+    float *scores;         /* (max_len) one query's attention weights (the CPU fast path's) */
+    int32_t *ids;          /* (C) tokens then (C) positions of the rows of a pass */
     void *block;
     size_t block_bytes;
 } dense_cache;
@@ -43,9 +46,9 @@ int64_t ddt_target_cache_bytes(const ddt_target_config *c, int64_t max_len, int6
     (void)max_block;   /* a verify block is fed C rows at a time, as an extend */
     const int64_t H = c->hidden, qd = c->heads * c->head_dim, kvd = c->kv_heads * c->head_dim,
                   I = c->intermediate, C = DENSE_ROWS;
-    /* floats: kv, x, u, q, attn, gate, up, scores; then pos */
+    /* floats: kv, x, u, q, attn, gate, up, scores; then ids (tokens, positions) */
     const int64_t floats = 2 * c->layers * max_len * kvd + 2 * C * H + 2 * C * qd + 2 * C * I + max_len;
-    return floats * (int64_t)sizeof(float) + C * (int64_t)sizeof(int32_t);
+    return floats * (int64_t)sizeof(float) + 2 * C * (int64_t)sizeof(int32_t);
 }
 
 int ddt_dense_cache_open(const ddk_backend *be, const ddt_target_model *m, int64_t max_len, int64_t max_block,
@@ -74,7 +77,7 @@ int ddt_dense_cache_open(const ddk_backend *be, const ddt_target_model *m, int64
     dc->gate = dc->attn + C * qd;
     dc->up = dc->gate + C * I;
     dc->scores = dc->up + C * I;
-    dc->pos = (int32_t *)(dc->scores + max_len);
+    dc->ids = (int32_t *)(dc->scores + max_len);
     *out = dc;
     return 0;
 }
@@ -169,10 +172,12 @@ static void matvec(const float *W, const float *x, int64_t out, int64_t in, int 
 /* A decode step (n = 1) is a matrix-vector product, which OpenBLAS's sgemm does by packing all
  * of W first: matvec is faster at every size tried (2x on a 2048-hidden, 32K-vocabulary
  * target, BLAS on 2 threads). */
-void ddt_target_linear(const ddk_backend *be, int64_t n, int64_t out, int64_t in, const float *x, const float *W,
-                       int accumulate, float *y)
+void ddt_target_linear(const ddk_backend *be, int w16, int fast, int64_t n, int64_t out, int64_t in,
+                       const float *x, const void *W, int accumulate, float *y)
 {
-    if (n > 1)
+    if (w16)
+        be->matmul_w16(be, n, out, in, 1.0f, x, in, W, in, accumulate ? 1.0f : 0.0f, y, out);
+    else if (n > 1 || !fast)
         be->matmul(be, 0, 1, n, out, in, 1.0f, x, in, W, in, accumulate ? 1.0f : 0.0f, y, out);
     else
         matvec(W, x, out, in, accumulate, y);
@@ -225,45 +230,53 @@ __attribute__((noinline)) static void cached_attention(const ddt_target_config *
 
 /* tokens (n) at positions p0 .. p0+n-1 (n <= C): their keys and values into the cache, their
  * taps into features (n, n_taps*H) and final-normed hidden states into final_hidden (n, H),
- * each when not NULL */
-static void forward_rows(const ddk_backend *be, const ddt_target *t, dense_cache *dc, int64_t p0,
-                         const int32_t *tokens, int64_t n, const int32_t *tap_ids, int n_taps, float *features,
-                         float *final_hidden)
+ * each when not NULL. The attention: the fast plain-C loop on an fp32 CPU target (m->fast),
+ * else the backend's causal_attention of n query rows over the cache's p0 + n keys. */
+static int forward_rows(const ddk_backend *be, const ddt_target_model *m, dense_cache *dc, int64_t p0,
+                        const int32_t *tokens, int64_t n, const int32_t *tap_ids, int n_taps, float *features,
+                        float *final_hidden)
 {
+    const ddt_target *t = m->impl;
     const ddt_target_config *c = &t->cfg;
     const int64_t H = c->hidden, nh = c->heads, nkv = c->kv_heads, d = c->head_dim,
                   qd = nh * d, kvd = nkv * d, I = c->intermediate;
+    const int w16 = t->bf16, fast = m->fast;
     float *x = dc->x, *u = dc->u, *q = dc->q, *attn = dc->attn, *gate = dc->gate, *up = dc->up;
-    for (int64_t i = 0; i < n; i++)
-        dc->pos[i] = (int32_t)(p0 + i);
+    const int32_t *pos = dc->ids + n;   /* put_ids: n tokens, then their n positions */
+    ddt_target_put_ids(be, tokens, n, p0, dc->ids);
 
-    be->embedding(be, t->embed_tokens, tokens, n, H, x);
+    ddt_target_embed(be, w16, t->embed_tokens, dc->ids, n, H, x);
     for (int64_t l = 0; l < c->layers; l++) {
         const ddt_target_layer *L = &t->layer[l];
         float *keys = dc->kv + 2 * l * dc->max_len * kvd;    /* (max_len, nkv*d) */
         float *values = keys + dc->max_len * kvd;            /* (max_len, nkv*d) */
         float *k = keys + p0 * kvd, *v = values + p0 * kvd;   /* this pass's rows */
         be->rmsnorm(be, x, L->input_layernorm, n, H, c->rms_norm_eps, u, NULL);
-        ddt_target_linear(be, n, qd, H, u, L->q_proj, 0, q);
-        ddt_target_linear(be, n, kvd, H, u, L->k_proj, 0, k);
-        ddt_target_linear(be, n, kvd, H, u, L->v_proj, 0, v);
+        ddt_target_linear(be, w16, fast, n, qd, H, u, L->q_proj, 0, q);
+        ddt_target_linear(be, w16, fast, n, kvd, H, u, L->k_proj, 0, k);
+        ddt_target_linear(be, w16, fast, n, kvd, H, u, L->v_proj, 0, v);
         if (c->qwen3) {
             be->rmsnorm(be, q, L->q_norm, n * nh, d, c->rms_norm_eps, q, NULL);
             be->rmsnorm(be, k, L->k_norm, n * nkv, d, c->rms_norm_eps, k, NULL);
         }
-        be->rope(be, q, dc->pos, n, nh, d, c->rope_theta, 0);
-        be->rope(be, k, dc->pos, n, nkv, d, c->rope_theta, 0);
-        cached_attention(c, dc, keys, values, p0, n);
-        ddt_target_linear(be, n, H, qd, attn, L->o_proj, 1, x);   /* residual */
+        be->rope(be, q, pos, n, nh, d, c->rope_theta, 0);
+        be->rope(be, k, pos, n, nkv, d, c->rope_theta, 0);
+        if (fast) {
+            cached_attention(c, dc, keys, values, p0, n);
+        } else {
+            ddk_attention_shape shape = { .S = p0 + n, .nh = nh, .nkv = nkv, .d = d, .q_rows = n };
+            int rc = be->causal_attention(be, &shape, q, keys, values, attn);
+            if (rc)
+                return rc;
+        }
+        ddt_target_linear(be, w16, fast, n, H, qd, attn, L->o_proj, 1, x);   /* residual */
         be->rmsnorm(be, x, L->post_attention_layernorm, n, H, c->rms_norm_eps, u, NULL);
-        ddt_target_linear(be, n, I, H, u, L->gate_proj, 0, gate);
-        ddt_target_linear(be, n, I, H, u, L->up_proj, 0, up);
-        be->swiglu(be, gate, up, n * I, gate);
-        ddt_target_linear(be, n, H, I, gate, L->down_proj, 1, x);   /* residual */
+        ddt_target_mlp(be, w16, fast, u, L->gate_proj, L->up_proj, L->down_proj, n, H, I, gate, up, x);
         ddt_target_tap(be, x, n, H, l, tap_ids, n_taps, features);
     }
     if (final_hidden)
         be->rmsnorm(be, x, t->norm, n, H, c->rms_norm_eps, final_hidden, NULL);
+    return 0;
 }
 
 int ddt_dense_extend(const ddk_backend *be, const ddt_target_model *m, void *cache, int64_t p0,
@@ -275,10 +288,11 @@ int ddt_dense_extend(const ddk_backend *be, const ddt_target_model *m, void *cac
     for (int i = 0; i < n_taps; i++)
         if (tap_ids[i] < 0 || tap_ids[i] >= t->cfg.layers)
             return -EINVAL;
-    for (int64_t r = 0; r < n; r += DENSE_ROWS) {
+    int rc = 0;
+    for (int64_t r = 0; r < n && rc == 0; r += DENSE_ROWS) {
         const int64_t rows = n - r < DENSE_ROWS ? n - r : DENSE_ROWS;
-        forward_rows(be, t, cache, p0 + r, tokens + r, rows, tap_ids, n_taps,
-                     features ? features + r * n_taps * H : NULL, final_hidden ? final_hidden + r * H : NULL);
+        rc = forward_rows(be, m, cache, p0 + r, tokens + r, rows, tap_ids, n_taps,
+                          features ? features + r * n_taps * H : NULL, final_hidden ? final_hidden + r * H : NULL);
     }
-    return 0;
+    return rc;
 }

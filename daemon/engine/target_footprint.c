@@ -1,6 +1,6 @@
 /* target_footprint.c: what a target costs a run, from its config.json alone (planner.h's
- * ddt_target_footprint): its weights (elements, and the bytes of each in the checkpoint's
- * dtype), one prefill's workspace, one generating sequence's cache and the prefill's matrix
+ * ddt_target_footprint): its weights (elements, and the bytes the loaders allocate for them
+ * in fp32 and in the stored type), one prefill's workspace, one generating sequence's cache and the prefill's matrix
  * FLOPs. The workspace and cache figures are the implementations' own arithmetic (with the
  * CPU causal attention's workspace, ddk_causal_attention_workspace_bytes; the DeltaNet core's
  * few kilobytes of scratch are left out) (target.c's
@@ -69,6 +69,8 @@ void ddt_target_footprint_dense(const ddt_target_config *c, int stored, int64_t 
     f->hidden = c->hidden, f->vocab = c->vocab, f->layers = c->layers, f->tied = c->tie_word_embeddings;
     f->params = ddt_target_param_count(c);
     f->stored_bytes = stored;
+    f->fp32_bytes = ddt_target_weight_bytes(c, 0);
+    f->stored_weight_bytes = stored == 2 ? ddt_target_weight_bytes(c, 1) : f->fp32_bytes;
     f->prefill_bytes = ddt_target_rows_bytes(c, T) + ddk_causal_attention_workspace_bytes(c->heads, c->kv_heads,
                                                                                           c->head_dim);
     f->cache_bytes = ddt_target_cache_bytes(c, T, 1) + ddt_generator_workspace_bytes(c->hidden, c->vocab);
@@ -97,6 +99,8 @@ int ddt_target_footprint_load(const char *dir, int64_t T, ddt_target_footprint *
         if ((f->params = ddt_qwen35_param_count(&c)) < 0)
             return ddt_fail(err, err_len, -ENOMEM, "no memory to count the target's weights");
         f->stored_bytes = stored;
+        f->fp32_bytes = ddt_qwen35_weight_bytes(&c, 0);
+        f->stored_weight_bytes = stored == 2 ? ddt_qwen35_weight_bytes(&c, 1) : f->fp32_bytes;
         f->prefill_bytes = ddt_qwen35_rows_bytes(&c, 0, T) + ddk_causal_attention_workspace_bytes(c.heads, c.kv_heads,
                                                                                                   c.head_dim);
         f->cache_bytes = ddt_qwen35_cache_bytes(&c, T, 1) + ddt_generator_workspace_bytes(c.hidden, c.vocab);

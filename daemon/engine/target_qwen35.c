@@ -5,13 +5,17 @@
  * (target.c, whose table has no per-layer kinds).
  *
  * One table of tensors (names without the prefix, shapes, where each pointer goes, whether the
- * zero-centred `1 +` is folded in) drives the allocation and the loading. Every problem of the
+ * zero-centred `1 +` is folded in) drives the allocation (one block of the backend's allocator,
+ * fp32 or the matrices bf16) and the loading, tensor by tensor through a host staging buffer. Every problem of the
  * checkpoint is collected before failing, so one error names every missing or mis-shaped tensor.
- * The forward mirrors target.c's dense one: every product is the backend's matmul, every norm
- * its rmsnorm on the folded weights, attention its causal_attention, the DeltaNet core its
- * gated_delta; the few element-wise steps SPEC.md 3.1 adds (the q / gate split, the sigmoid
- * gate, l2norm, beta and g) are host loops, as the dense forward's positions are: the CPU
- * backend's memory is the host's (a GPU path needs them as ops).
+ * The forward mirrors target.c's dense one and is backend ops only, so it runs on any backend
+ * that has them (the CPU's and CUDA's): every product is ddt_target_linear (matmul, or
+ * matmul_w16 on bf16 weights), every norm rmsnorm on the folded weights, the q / gate split
+ * two products (q_proj's rows are split at load), l2norm, the v columns, beta and g, the output
+ * gate, the cache's row copies and the conv window's advance their own ops (l2norm_heads,
+ * copy_rows, delta_gates, sigmoid_mul, copy), attention causal_attention (with q_rows over the
+ * cache's keys for a cached step), the DeltaNet core gated_delta. The host only runs control
+ * flow, and on an fp32 CPU target the plain-C cached attention (q35_fast).
  * Tested by tests/test_qwen35.c and tests/qwen35_features_check.py.
  *
  * Legend: as target_qwen35.h.
@@ -20,6 +24,7 @@
 #include "ddk_rng.h"
 #include "errors.h"
 #include "target.h"
+#include "target_dense_cache.h"
 #include "safetensors.h"
 #include "tensor_load.h"
 
@@ -40,7 +45,8 @@ typedef struct q35_tensor {
     int64_t dims[3];
     int norm1p;             /* RMSNorm1p weight: stored as 1 + w */
     int top;                /* no prefix */
-    float **slot;
+    int split;              /* q_proj: split into the query and the gate rows (its slot holds both) */
+    void *slot;             /* float ** (vectors, conv1d) or void ** (matrices: ndim 2) */
 } q35_tensor;
 
 enum { Q35_PER_LAYER = 14, Q35_GLOBAL = 3 };   /* the most tensors one layer has (DeltaNet); embed, norm, head */
@@ -60,6 +66,7 @@ static int q35_table(ddt_qwen35 *t, q35_tensor *table)
         e->dims[0] = d0, e->dims[1] = d1, e->dims[2] = d2;                          \
         e->norm1p = norm1p_;                                                        \
         e->top = 0;                                                                 \
+        e->split = 0;                                                               \
         e->slot = slot_;                                                            \
     } while (0)
     ADD(&t->embed_tokens, 0, 2, c->vocab, H, 0, "embed_tokens.weight");
@@ -69,6 +76,7 @@ static int q35_table(ddt_qwen35 *t, q35_tensor *table)
         ADD(&L->input_layernorm, 1, 1, H, 0, 0, "layers.%lld.input_layernorm.weight", l);
         if (c->full_attention[i]) {
             ADD(&L->q_proj, 0, 2, 2 * nh * hd, H, 0, "layers.%lld.self_attn.q_proj.weight", l);
+            table[n - 1].split = 1;
             ADD(&L->k_proj, 0, 2, nkv * hd, H, 0, "layers.%lld.self_attn.k_proj.weight", l);
             ADD(&L->v_proj, 0, 2, nkv * hd, H, 0, "layers.%lld.self_attn.v_proj.weight", l);
             ADD(&L->o_proj, 0, 2, H, nh * hd, 0, "layers.%lld.self_attn.o_proj.weight", l);
@@ -165,9 +173,92 @@ static int refuse_qwen3_next(const char *dir, const ddt_st_model *m, char *err, 
     return 0;
 }
 
-int ddt_qwen35_load(const char *dir, ddt_qwen35 *t, char *err, size_t err_len)
+/* The weight block: tensors in the table's order, matrices (ndim 2) bf16 when t->bf16 */
+static int q35_w16(const ddt_qwen35 *t, const q35_tensor *e)
+{
+    return t->bf16 && e->ndim == 2;
+}
+
+static void *q35_slot(const q35_tensor *e)
+{
+    return e->ndim == 2 ? *(void **)e->slot : (void *)*(float **)e->slot;
+}
+
+static size_t q35_block_bytes(const ddt_qwen35 *t, const q35_tensor *table, int count)
+{
+    size_t total = 0;
+    for (int i = 0; i < count; i++)
+        total += ddt_weight_slot_bytes(q35_numel(&table[i]), q35_w16(t, &table[i]), t->bf16);
+    return total;
+}
+
+int64_t ddt_qwen35_weight_bytes(const ddt_qwen35_config *c, int bf16)
+{
+    ddt_qwen35 *t = calloc(1, sizeof *t);
+    q35_tensor *table = calloc((size_t)(Q35_GLOBAL + Q35_PER_LAYER * c->layers), sizeof *table);
+    int64_t total = t && table ? 0 : -ENOMEM;
+    if (t && table) {
+        t->cfg = *c, t->bf16 = bf16;
+        total = (int64_t)q35_block_bytes(t, table, q35_table(t, table));
+    }
+    free(table);
+    free(t);
+    return total;
+}
+
+/* allocates the block on t->be, points every slot into it (q_gate after q_proj's query rows) */
+static int q35_carve(ddt_qwen35 *t, q35_tensor *table, int count, char *err, size_t err_len)
+{
+    t->weight_bytes = q35_block_bytes(t, table, count);
+    t->weights = ddk_malloc(t->be->alloc, t->weight_bytes);
+    if (!t->weights)
+        return ddt_fail(err, err_len, -ENOMEM, "no memory on %s for the target's weights (%.2f GB as %s)",
+                        ddk_allocator_device(t->be->alloc), t->weight_bytes / 1e9, t->bf16 ? "bf16" : "float32");
+    size_t offset = 0;
+    for (int i = 0; i < count; i++) {
+        const q35_tensor *e = &table[i];
+        void *p = (char *)t->weights + offset;
+        if (e->ndim == 2)
+            *(void **)e->slot = p;
+        else
+            *(float **)e->slot = p;
+        offset += ddt_weight_slot_bytes(q35_numel(e), q35_w16(t, e), t->bf16);
+    }
+    const int64_t half = t->cfg.heads * t->cfg.head_dim * t->cfg.hidden;   /* (nh hd, H) */
+    for (int64_t l = 0; l < t->cfg.layers; l++)
+        if (t->layer[l].q_proj)
+            t->layer[l].q_gate = (char *)t->layer[l].q_proj + half * (t->bf16 ? 2 : 4);
+    if (t->cfg.tie_word_embeddings)
+        t->lm_head = t->embed_tokens;
+    return 0;
+}
+
+static int64_t q35_largest(const q35_tensor *table, int count)
+{
+    int64_t n = 1;
+    for (int i = 0; i < count; i++)
+        n = q35_numel(&table[i]) > n ? q35_numel(&table[i]) : n;
+    return n;
+}
+
+/* e as the stager writes it: (rows, cols) = (dims[0], the rest), q_proj in runs of hd rows */
+static ddt_weight_src q35_src(const ddt_qwen35 *t, const q35_tensor *e)
+{
+    return (ddt_weight_src){ .rows = e->dims[0], .cols = q35_numel(e) / e->dims[0],
+                             .split_rows = e->split ? t->cfg.head_dim : 0, .w16 = q35_w16(t, e) };
+}
+
+static void q35_place(ddt_qwen35 *t, const ddt_target_options *o)
+{
+    t->be = o && o->be ? o->be : ddk_backend_cpu();
+    t->bf16 = o ? o->bf16 != 0 : 0;
+    t->generic = o ? o->generic != 0 : 0;
+}
+
+int ddt_qwen35_load_with(const char *dir, const ddt_target_options *o, ddt_qwen35 *t, char *err, size_t err_len)
 {
     memset(t, 0, sizeof *t);
+    q35_place(t, o);
     int rc = ddt_qwen35_config_load(dir, &t->cfg, err, err_len);
     if (rc)
         return rc;
@@ -188,7 +279,6 @@ int ddt_qwen35_load(const char *dir, ddt_qwen35 *t, char *err, size_t err_len)
     if (!rc && !found)
         rc = ddt_fail(err, err_len, -ENOMEM, "no memory for the target's tensor table");
     int problems = 0;
-    int64_t total = 0;
     for (int i = 0; !rc && i < count; i++) {
         q35_tensor *e = &table[i];
         char name[160], why[512];
@@ -203,28 +293,21 @@ int ddt_qwen35_load(const char *dir, ddt_qwen35 *t, char *err, size_t err_len)
         else if (ddt_tensor_check(st, file_of(&model, st), &want, why, sizeof why))
             add_problem(err, err_len, &problems, "%s", why);
         found[i] = st;
-        total += q35_numel(e);
     }
     if (!rc && problems)
         rc = -EINVAL;
-    if (!rc) {
-        t->weight_bytes = (size_t)total * sizeof(float);
-        t->weights = ddk_malloc(ddk_allocator_cpu(), t->weight_bytes);
-        if (!t->weights)
-            rc = ddt_fail(err, err_len, -ENOMEM, "no memory for the target's %lld weights (%.2f GB as float32)",
-                          (long long)total, t->weight_bytes / 1e9);
-    }
-    int64_t offset = 0;
+    if (!rc)
+        rc = q35_carve(t, table, count, err, err_len);
+    ddt_weight_stager stager = { 0 };
+    if (!rc && ddt_weight_stager_init(&stager, t->be, q35_largest(table, count)))
+        rc = ddt_fail(err, err_len, -ENOMEM, "no host memory to stage the target's tensors");
     for (int i = 0; !rc && i < count; i++) {
-        float *w = *table[i].slot = t->weights + offset;
-        const int64_t n = q35_numel(&table[i]);
-        ddt_st_to_f32(found[i], w);
-        for (int64_t k = 0; table[i].norm1p && k < n; k++)   /* RMSNorm1p: x / rms(x) * (1 + w) */
-            w[k] += 1.0f;
-        offset += n;
+        ddt_weight_src src = q35_src(t, &table[i]);
+        src.st = found[i];
+        src.add = table[i].norm1p ? 1.0f : 0.0f;   /* RMSNorm1p: x / rms(x) * (1 + w) */
+        ddt_weight_put(&stager, &src, q35_slot(&table[i]));
     }
-    if (!rc && t->cfg.tie_word_embeddings)
-        t->lm_head = t->embed_tokens;
+    ddt_weight_stager_free(&stager);
     free(found);
     ddt_st_model_close(&model);
     free(table);
@@ -233,51 +316,55 @@ int ddt_qwen35_load(const char *dir, ddt_qwen35 *t, char *err, size_t err_len)
     return rc;
 }
 
+int ddt_qwen35_load(const char *dir, ddt_qwen35 *t, char *err, size_t err_len)
+{
+    return ddt_qwen35_load_with(dir, NULL, t, err, err_len);
+}
+
 /* Random weights of the table's shapes (benchmarks: no checkpoint): embeddings N(0, 1), matrices
- * and the conv N(0, 1/fan_in), norms 1 (already folded), A_log 0 and dt_bias 0 (g = -softplus(a)) */
-int ddt_qwen35_synthetic(const ddt_qwen35_config *cfg, uint64_t seed, ddt_qwen35 *t)
+ * and the conv N(0, 1/fan_in), norms 1 (already folded, and the DeltaNet output norm's plain 1),
+ * A_log 0 and dt_bias 0 (g = -softplus(a)) */
+int ddt_qwen35_synthetic_with(const ddt_qwen35_config *cfg, uint64_t seed, const ddt_target_options *o,
+                              ddt_qwen35 *t)
 {
     memset(t, 0, sizeof *t);
+    q35_place(t, o);
     t->cfg = *cfg;
     q35_tensor *table = calloc((size_t)(Q35_GLOBAL + Q35_PER_LAYER * cfg->layers), sizeof *table);
     if (!table)
         return -ENOMEM;
     const int count = q35_table(t, table);
-    int64_t total = 0;
-    for (int i = 0; i < count; i++)
-        total += q35_numel(&table[i]);
-    t->weight_bytes = (size_t)total * sizeof(float);
-    t->weights = ddk_malloc(ddk_allocator_cpu(), t->weight_bytes);
-    if (!t->weights) {
-        free(table);
-        return -ENOMEM;
-    }
-    float *w = t->weights;
-    for (int i = 0; i < count; i++) {
+    char err[256];
+    int rc = q35_carve(t, table, count, err, sizeof err);
+    ddt_weight_stager stager = { 0 };
+    if (!rc && ddt_weight_stager_init(&stager, t->be, q35_largest(table, count)))
+        rc = -ENOMEM;
+    for (int i = 0; !rc && i < count; i++) {
         const q35_tensor *e = &table[i];
-        const int64_t n = q35_numel(e), fan_in = e->ndim == 3 ? e->dims[2] : e->ndim == 2 ? e->dims[1] : 0;
-        const int vec = e->ndim == 1, embed = e->slot == &t->embed_tokens;
-        const double std = embed ? 1.0 : vec ? 0.0 : 1.0 / sqrt((double)fan_in);
-        uint64_t s = seed * 0x100000001B3ull + (uint64_t)i;
-        *e->slot = w;
-        for (int64_t k = 0; k < n; k++)
-            w[k] = vec ? (e->norm1p ? 1.0f : 0.0f) : (float)(std * ddk_rng_normal(&s));
-        w += n;
+        const int64_t fan_in = e->ndim == 3 ? e->dims[2] : e->ndim == 2 ? e->dims[1] : 0;
+        const int vec = e->ndim == 1, embed = e->slot == (void *)&t->embed_tokens;
+        ddt_weight_src src = q35_src(t, e);
+        src.seed = seed * 0x100000001B3ull + (uint64_t)i;
+        src.std = embed ? 1.0 : vec ? 0.0 : 1.0 / sqrt((double)fan_in);
+        src.fill = e->norm1p || strstr(e->name, "linear_attn.norm.weight") ? 1.0f : 0.0f;
+        ddt_weight_put(&stager, &src, q35_slot(e));
     }
-    for (int64_t l = 0; l < cfg->layers; l++)   /* the DeltaNet output norms (plain w): 1 */
-        if (t->layer[l].norm)
-            for (int64_t k = 0; k < cfg->value_head_dim; k++)
-                t->layer[l].norm[k] = 1.0f;
-    if (cfg->tie_word_embeddings)
-        t->lm_head = t->embed_tokens;
+    ddt_weight_stager_free(&stager);
     free(table);
-    return 0;
+    if (rc)
+        ddt_qwen35_free(t);
+    return rc;
+}
+
+int ddt_qwen35_synthetic(const ddt_qwen35_config *cfg, uint64_t seed, ddt_qwen35 *t)
+{
+    return ddt_qwen35_synthetic_with(cfg, seed, NULL, t);
 }
 
 void ddt_qwen35_free(ddt_qwen35 *t)
 {
     if (t->weights)
-        ddk_free(ddk_allocator_cpu(), t->weights, t->weight_bytes);
+        ddk_free(t->be->alloc, t->weights, t->weight_bytes);
     t->weights = NULL;
 }
 
@@ -287,27 +374,13 @@ void ddt_qwen35_free(ddt_qwen35 *t)
 
 enum { Q35_CHUNK = 64 };                        /* the DeltaNet core's chunk (SPEC.md 3.1) */
 static const float Q35_L2NORM_EPS = 1e-6f;      /* SPEC.md 3.1: inside l2norm's sqrt, not rms_norm_eps */
-static const float Q35_SOFTPLUS_LINEAR = 20.0f; /* softplus(x) = x above it (torch's threshold) */
 
-static float sigmoidf(float x)
+/* 1 when be has every op this target's forward takes (w16: bf16 weights) */
+static int q35_has_ops(const ddk_backend *be, int w16)
 {
-    return 1.0f / (1.0f + expf(-x));
-}
-
-/* dst (T, heads, d) = l2norm(src's rows) * scale, src (T, ld) holding `heads` heads of d from col 0 */
-static void l2norm_heads(const float *src, int64_t ld, int64_t T, int64_t heads, int64_t d, float scale,
-                         float *dst)
-{
-    for (int64_t t = 0; t < T; t++)
-        for (int64_t h = 0; h < heads; h++) {
-            const float *x = src + t * ld + h * d;
-            float *y = dst + (t * heads + h) * d, ss = 0.0f;
-            for (int64_t i = 0; i < d; i++)
-                ss += x[i] * x[i];
-            const float f = scale / sqrtf(ss + Q35_L2NORM_EPS);
-            for (int64_t i = 0; i < d; i++)
-                y[i] = x[i] * f;
-        }
+    return be->conv1d_silu && be->gated_rmsnorm && be->rope_partial && be->gated_delta && be->l2norm_heads &&
+           be->sigmoid_mul && be->delta_gates && be->copy_rows && be->causal_attention &&
+           (!w16 || (be->matmul_w16 && be->embedding_w16));
 }
 
 /* The cache of one sequence: one allocation, carved per layer. A verify block of B rows keeps,
@@ -315,6 +388,7 @@ static void l2norm_heads(const float *src, int64_t ld, int64_t T, int64_t heads,
  * so a rollback to any accepted count is two copies; the attention rows past the accepted ones
  * are simply overwritten later (truncation). */
 typedef struct q35_cache {
+    const ddk_backend *be;                       /* the one it was opened on (rollback's) */
     int64_t max_len, max_block;
     float *conv[DDT_MAX_TARGET_LAYERS];          /* DeltaNet: (K-1, Cc) the last pre-conv qkv rows, oldest first */
     float *state[DDT_MAX_TARGET_LAYERS];         /* DeltaNet: (nv, dk, dv) after the committed positions */
@@ -322,6 +396,7 @@ typedef struct q35_cache {
     float *block_state[DDT_MAX_TARGET_LAYERS];   /* DeltaNet: (max_block, nv, dk, dv) the state after each */
     float *keys[DDT_MAX_TARGET_LAYERS];          /* attention: (max_len, nkv hd) after k_norm and RoPE */
     float *values[DDT_MAX_TARGET_LAYERS];        /* attention: (max_len, nkv hd) */
+    float *window;                               /* (K-1, Cc): a conv window's shift goes through it */
     float *block;
     size_t block_bytes;
 } q35_cache;
@@ -329,8 +404,9 @@ typedef struct q35_cache {
 /* How rows are fed: without a cache (a prefill of its own), committed to one, or pending in one */
 typedef enum { Q35_NO_CACHE, Q35_COMMIT, Q35_PENDING } q35_mode;
 
-/* attn (n, nh, hd) for query rows q (n, nh, hd) at positions p0 + i over keys / values
- * (p0 + n, nkv, hd): row i sees positions 0 .. p0 + i. w (p0 + n) scratch. */
+/* The CPU fast path of an fp32 target: attn (n, nh, hd) for query rows q (n, nh, hd) at
+ * positions p0 + i over keys / values (p0 + n, nkv, hd): row i sees positions 0 .. p0 + i.
+ * w (p0 + n) scratch. */
 static void cached_attention(const ddt_qwen35_config *c, const float *q, const float *keys, const float *values,
                              int64_t p0, int64_t n, float *w, float *attn)
 {
@@ -358,9 +434,15 @@ static void cached_attention(const ddt_qwen35_config *c, const float *q, const f
         }
 }
 
+/* the CPU fast paths: an fp32 target on a CPU backend, not generic */
+static int q35_fast(const ddk_backend *be, const ddt_qwen35 *t)
+{
+    return !t->bf16 && !t->generic && ddt_target_host_backend(be);
+}
+
 /* x (T, H) += the gated attention of u (T, H) at positions pos (p0 ..); with a cache, its keys
- * and values join the cached ones at p0 and the rows attend over all of them. scratch: the
- * forward's area. */
+ * and values join the cached ones at p0 and the rows attend over all of them (causal_attention
+ * with q_rows = T over p0 + T keys). scratch: the forward's area. */
 static int full_attention(const ddk_backend *be, const ddt_qwen35 *t, const ddt_qwen35_layer *L,
                           const float *u, const int32_t *pos, int64_t T, q35_cache *cache, int64_t l, int64_t p0,
                           float *scratch, float *x)
@@ -368,45 +450,51 @@ static int full_attention(const ddk_backend *be, const ddt_qwen35 *t, const ddt_
     const ddt_qwen35_config *c = &t->cfg;
     const int64_t H = c->hidden, nh = c->heads, nkv = c->kv_heads, hd = c->head_dim, qd = nh * hd,
                   kvd = nkv * hd;
-    float *G = scratch, *q = G + T * 2 * qd, *gate = q + T * qd, *k = gate + T * qd, *v = k + T * kvd,
-          *attn = v + T * kvd;   /* (T, nh, 2hd); (T, nh, hd) x 2; (T, nkv, hd) x 2; (T, nh, hd) */
-    be->matmul(be, 0, 1, T, 2 * qd, H, 1.0f, u, H, L->q_proj, H, 0.0f, G, 2 * qd);
-    be->matmul(be, 0, 1, T, kvd, H, 1.0f, u, H, L->k_proj, H, 0.0f, k, kvd);
-    be->matmul(be, 0, 1, T, kvd, H, 1.0f, u, H, L->v_proj, H, 0.0f, v, kvd);
-    for (int64_t r = 0; r < T * nh; r++) {   /* per head: hd query dims, then hd gate dims */
-        memcpy(q + r * hd, G + r * 2 * hd, (size_t)hd * sizeof(float));
-        memcpy(gate + r * hd, G + r * 2 * hd + hd, (size_t)hd * sizeof(float));
-    }
+    const int w16 = t->bf16;
+    float *q = scratch, *gate = q + T * qd, *k = gate + T * qd, *v = k + T * kvd,
+          *attn = v + T * kvd;   /* (T, nh, hd) x 2; (T, nkv, hd) x 2; (T, nh, hd) */
+    ddt_target_linear(be, w16, 0, T, qd, H, u, L->q_proj, 0, q);   /* the split q_proj: queries, */
+    ddt_target_linear(be, w16, 0, T, qd, H, u, L->q_gate, 0, gate);   /* then gates, per head */
+    ddt_target_linear(be, w16, 0, T, kvd, H, u, L->k_proj, 0, k);
+    ddt_target_linear(be, w16, 0, T, kvd, H, u, L->v_proj, 0, v);
     be->rmsnorm(be, q, L->q_norm, T * nh, hd, c->rms_norm_eps, q, NULL);    /* before RoPE */
     be->rmsnorm(be, k, L->k_norm, T * nkv, hd, c->rms_norm_eps, k, NULL);
     be->rope_partial(be, q, pos, T, nh, hd, c->rotary_dim, c->rope_theta);
     be->rope_partial(be, k, pos, T, nkv, hd, c->rotary_dim, c->rope_theta);
+    int rc = 0;
     if (cache) {
-        memcpy(cache->keys[l] + p0 * kvd, k, (size_t)(T * kvd) * sizeof(float));
-        memcpy(cache->values[l] + p0 * kvd, v, (size_t)(T * kvd) * sizeof(float));
-        cached_attention(c, q, cache->keys[l], cache->values[l], p0, T, attn + T * qd, attn);
+        be->copy(be, cache->keys[l] + p0 * kvd, k, (size_t)(T * kvd) * sizeof(float));
+        be->copy(be, cache->values[l] + p0 * kvd, v, (size_t)(T * kvd) * sizeof(float));
+        if (q35_fast(be, t)) {
+            cached_attention(c, q, cache->keys[l], cache->values[l], p0, T, attn + T * qd, attn);
+        } else {
+            ddk_attention_shape shape = { .S = p0 + T, .nh = nh, .nkv = nkv, .d = hd, .q_rows = T };
+            rc = be->causal_attention(be, &shape, q, cache->keys[l], cache->values[l], attn);
+        }
     } else {
         ddk_attention_shape shape = { .S = T, .nh = nh, .nkv = nkv, .d = hd };
-        int rc = be->causal_attention(be, &shape, q, k, v, attn);
-        if (rc)
-            return rc;
+        rc = be->causal_attention(be, &shape, q, k, v, attn);
     }
-    for (int64_t i = 0; i < T * qd; i++)
-        attn[i] *= sigmoidf(gate[i]);
-    be->matmul(be, 0, 1, T, H, qd, 1.0f, attn, qd, L->o_proj, qd, 1.0f, x, H);   /* residual */
+    if (rc)
+        return rc;
+    be->sigmoid_mul(be, attn, gate, T * qd);
+    ddt_target_linear(be, w16, 0, T, H, qd, attn, L->o_proj, 1, x);   /* residual */
     return 0;
 }
 
-/* window (K-1, Cc) = the last K-1 rows of [window; rows (n, Cc)] */
-static void conv_window_advance(float *window, const float *rows, int64_t n, int64_t K, int64_t Cc)
+/* window (K-1, Cc) = the last K-1 rows of [window; rows (n, Cc)], backend copies; a shift of the
+ * window within itself goes through tmp (K-1, Cc) (the regions would overlap) */
+static void conv_window_advance(const ddk_backend *be, float *window, const float *rows, int64_t n, int64_t K,
+                                int64_t Cc, float *tmp)
 {
     const int64_t w = K - 1;
     if (n >= w) {
-        memcpy(window, rows + (n - w) * Cc, (size_t)(w * Cc) * sizeof(float));
+        be->copy(be, window, rows + (n - w) * Cc, (size_t)(w * Cc) * sizeof(float));
         return;
     }
-    memmove(window, window + n * Cc, (size_t)((w - n) * Cc) * sizeof(float));
-    memcpy(window + (w - n) * Cc, rows, (size_t)(n * Cc) * sizeof(float));
+    be->copy(be, tmp, window + n * Cc, (size_t)((w - n) * Cc) * sizeof(float));
+    be->copy(be, window, tmp, (size_t)((w - n) * Cc) * sizeof(float));
+    be->copy(be, window + (w - n) * Cc, rows, (size_t)(n * Cc) * sizeof(float));
 }
 
 /* x (T, H) += the Gated DeltaNet of u (T, H). Without a cache: from a zero state, the core
@@ -420,37 +508,32 @@ static int deltanet(const ddk_backend *be, const ddt_qwen35 *t, const ddt_qwen35
     const ddt_qwen35_config *c = &t->cfg;
     const int64_t H = c->hidden, nk = c->key_heads, nv = c->value_heads, dk = c->key_head_dim,
                   dv = c->value_head_dim, Ck = nk * dk, Cv = nv * dv, Cc = 2 * Ck + Cv, K = c->conv_kernel;
+    const int w16 = t->bf16;
     float *qkv = scratch, *act = qkv + T * Cc, *qh = act + T * Cc, *kh = qh + T * Ck, *v = kh + T * Ck,
           *z = v + T * Cv, *o = z + T * Cv, *beta = o + T * Cv, *g = beta + T * nv, *state = g + T * nv;
     /* (T, Cc) x 2; (T, nk, dk) x 2; (T, nv, dv) x 3; (T, nv) x 2; (nv, dk, dv) */
-    be->matmul(be, 0, 1, T, Cc, H, 1.0f, u, H, L->in_proj_qkv, H, 0.0f, qkv, Cc);
-    be->matmul(be, 0, 1, T, Cv, H, 1.0f, u, H, L->in_proj_z, H, 0.0f, z, Cv);
-    be->matmul(be, 0, 1, T, nv, H, 1.0f, u, H, L->in_proj_b, H, 0.0f, beta, nv);
-    be->matmul(be, 0, 1, T, nv, H, 1.0f, u, H, L->in_proj_a, H, 0.0f, g, nv);
+    ddt_target_linear(be, w16, 0, T, Cc, H, u, L->in_proj_qkv, 0, qkv);
+    ddt_target_linear(be, w16, 0, T, Cv, H, u, L->in_proj_z, 0, z);
+    ddt_target_linear(be, w16, 0, T, nv, H, u, L->in_proj_b, 0, beta);
+    ddt_target_linear(be, w16, 0, T, nv, H, u, L->in_proj_a, 0, g);
     be->conv1d_silu(be, qkv, L->conv1d, cache ? cache->conv[l] : NULL, T, Cc, K, act);   /* NULL: zero before t = 0 */
     if (mode == Q35_COMMIT)
-        conv_window_advance(cache->conv[l], qkv, T, K, Cc);
+        conv_window_advance(be, cache->conv[l], qkv, T, K, Cc, cache->window);
     else if (mode == Q35_PENDING)
-        memcpy(cache->block_qkv[l], qkv, (size_t)(T * Cc) * sizeof(float));
-    l2norm_heads(act, Cc, T, nk, dk, 1.0f / sqrtf((float)dk), qh);
-    l2norm_heads(act + Ck, Cc, T, nk, dk, 1.0f, kh);
-    for (int64_t r = 0; r < T; r++)
-        memcpy(v + r * Cv, act + r * Cc + 2 * Ck, (size_t)Cv * sizeof(float));
-    for (int64_t r = 0; r < T; r++)
-        for (int64_t j = 0; j < nv; j++) {
-            float *b = &beta[r * nv + j], *a = &g[r * nv + j], s = *a + L->dt_bias[j];
-            *b = sigmoidf(*b);
-            *a = -expf(L->A_log[j]) * (s > Q35_SOFTPLUS_LINEAR ? s : log1pf(expf(s)));   /* log decay <= 0 */
-        }
+        be->copy(be, cache->block_qkv[l], qkv, (size_t)(T * Cc) * sizeof(float));
+    be->l2norm_heads(be, act, Cc, T, nk, dk, 1.0f / sqrtf((float)dk), Q35_L2NORM_EPS, qh);
+    be->l2norm_heads(be, act + Ck, Cc, T, nk, dk, 1.0f, Q35_L2NORM_EPS, kh);
+    be->copy_rows(be, v, Cv, act + 2 * Ck, Cc, T, Cv);
+    be->delta_gates(be, beta, g, L->A_log, L->dt_bias, T, nv, beta, g);   /* in place; log decay <= 0 */
     const int64_t S = nv * dk * dv;
     int rc = 0;
     if (mode == Q35_PENDING) {
-        memcpy(state, cache->state[l], (size_t)S * sizeof(float));
+        be->copy(be, state, cache->state[l], (size_t)S * sizeof(float));
         ddk_delta_shape shape = { .T = 1, .nk = nk, .nv = nv, .dk = dk, .dv = dv, .chunk = 0 };
         for (int64_t r = 0; r < T && rc == 0; r++) {
             rc = be->gated_delta(be, &shape, qh + r * Ck, kh + r * Ck, v + r * Cv, beta + r * nv, g + r * nv, state,
                                  o + r * Cv);
-            memcpy(cache->block_state[l] + r * S, state, (size_t)S * sizeof(float));
+            be->copy(be, cache->block_state[l] + r * S, state, (size_t)S * sizeof(float));
         }
     } else {
         if (mode == Q35_NO_CACHE)
@@ -461,38 +544,38 @@ static int deltanet(const ddk_backend *be, const ddt_qwen35 *t, const ddt_qwen35
     if (rc)
         return rc;
     be->gated_rmsnorm(be, o, z, L->norm, T * nv, dv, c->rms_norm_eps, o);
-    be->matmul(be, 0, 1, T, H, Cv, 1.0f, o, Cv, L->out_proj, Cv, 1.0f, x, H);   /* residual */
+    ddt_target_linear(be, w16, 0, T, H, Cv, o, L->out_proj, 1, x);   /* residual */
     return 0;
 }
 
 /* a prefill (p0 = 0) starts from an empty conv window and a zero state */
-static void q35_cache_start(const ddt_qwen35 *t, q35_cache *q)
+static void q35_cache_start(const ddk_backend *be, const ddt_qwen35 *t, q35_cache *q)
 {
     const ddt_qwen35_config *c = &t->cfg;
     const int64_t Cc = 2 * c->key_heads * c->key_head_dim + c->value_heads * c->value_head_dim,
                   S = c->value_heads * c->key_head_dim * c->value_head_dim;
     for (int64_t l = 0; l < c->layers; l++)
         if (!c->full_attention[l])
-            memset(q->conv[l], 0, (size_t)((c->conv_kernel - 1) * Cc + S) * sizeof(float));   /* conv, state */
+            be->zero(be, q->conv[l], (size_t)((c->conv_kernel - 1) * Cc + S) * sizeof(float));   /* conv, state */
 }
 
 /* floats of the area the mixer and the MLP take in turn: the largest of the full attention's
- * (with the cached attention's weights (p0 + T)), the DeltaNet's (its state included) and the
- * MLP's (gate, up (T, I)) */
+ * (with the fast cached attention's weights (p0 + T)), the DeltaNet's (its state included) and
+ * the MLP's (gate, up (T, I)) */
 static int64_t rows_area(const ddt_qwen35_config *c, int64_t p0, int64_t T)
 {
     const int64_t I = c->intermediate, qd = c->heads * c->head_dim, kvd = c->kv_heads * c->head_dim,
                   nv = c->value_heads, Ck = c->key_heads * c->key_head_dim, Cv = nv * c->value_head_dim,
                   Cc = 2 * Ck + Cv;
-    const int64_t full = T * (5 * qd + 2 * kvd) + p0 + T, delta = T * (2 * Cc + 2 * Ck + 3 * Cv + 2 * nv) +
+    const int64_t full = T * (3 * qd + 2 * kvd) + p0 + T, delta = T * (2 * Cc + 2 * Ck + 3 * Cv + 2 * nv) +
                          nv * c->key_head_dim * c->value_head_dim, mlp = 2 * T * I;
     return full > delta ? (full > mlp ? full : mlp) : (delta > mlp ? delta : mlp);
 }
 
 int64_t ddt_qwen35_rows_bytes(const ddt_qwen35_config *c, int64_t p0, int64_t T)
 {
-    /* x, u (T, H), the area, pos (T) */
-    return (2 * T * c->hidden + rows_area(c, p0, T)) * (int64_t)sizeof(float) + T * (int64_t)sizeof(int32_t);
+    /* x, u (T, H), the area, tokens and pos (T) */
+    return (2 * T * c->hidden + rows_area(c, p0, T)) * (int64_t)sizeof(float) + 2 * T * (int64_t)sizeof(int32_t);
 }
 
 /* T rows at positions p0 .. p0+T-1, fed as mode says (p0 = 0 without a cache); the outputs as
@@ -506,9 +589,7 @@ static int q35_rows(const ddk_backend *be, const ddt_qwen35 *t, q35_cache *cache
     for (int i = 0; i < n_taps; i++)
         if (tap_ids[i] < 0 || tap_ids[i] >= c->layers)
             return -EINVAL;
-    /* the weights, the q / gate split, l2norm, beta and g are host memory and host loops: the
-     * CPU backend only, until the target has its device form (CUDA has the four ops now) */
-    if (strcmp(be->name, "cpu") || !be->conv1d_silu || !be->gated_rmsnorm || !be->rope_partial || !be->gated_delta)
+    if (!q35_has_ops(be, t->bf16))
         return -ENOTSUP;
 
     const int64_t area = rows_area(c, p0, T);
@@ -517,13 +598,12 @@ static int q35_rows(const ddk_backend *be, const ddt_qwen35 *t, q35_cache *cache
     if (!x)
         return -ENOMEM;
     float *u = x + T * H, *scratch = u + T * H, *gate = scratch, *up = gate + T * I;
-    int32_t *pos = (int32_t *)(scratch + area);
-    for (int64_t i = 0; i < T; i++)
-        pos[i] = (int32_t)(p0 + i);
+    int32_t *ids = (int32_t *)(scratch + area), *pos = ids + T;   /* (T) tokens, (T) positions */
+    ddt_target_put_ids(be, tokens, T, p0, ids);
 
     if (cache && p0 == 0)
-        q35_cache_start(t, cache);
-    be->embedding(be, t->embed_tokens, tokens, T, H, x);
+        q35_cache_start(be, t, cache);
+    ddt_target_embed(be, t->bf16, t->embed_tokens, ids, T, H, x);
     int rc = 0;
     for (int64_t l = 0; l < c->layers && rc == 0; l++) {
         const ddt_qwen35_layer *L = &t->layer[l];
@@ -533,7 +613,7 @@ static int q35_rows(const ddk_backend *be, const ddt_qwen35 *t, q35_cache *cache
         if (rc)
             break;
         be->rmsnorm(be, x, L->post_attention_layernorm, T, H, c->rms_norm_eps, u, NULL);
-        ddt_target_mlp(be, u, L->gate_proj, L->up_proj, L->down_proj, T, H, I, gate, up, x);
+        ddt_target_mlp(be, t->bf16, 0, u, L->gate_proj, L->up_proj, L->down_proj, T, H, I, gate, up, x);
         ddt_target_tap(be, x, T, H, l, tap_ids, n_taps, features);
     }
     if (rc == 0 && final_hidden)
@@ -566,7 +646,9 @@ static int64_t cache_layer_floats(const ddt_qwen35_config *c, int full_attention
 
 int64_t ddt_qwen35_cache_bytes(const ddt_qwen35_config *c, int64_t max_len, int64_t max_block)
 {
-    int64_t floats = 0;
+    /* the layers', then one window (K-1, Cc) the conv windows shift through */
+    int64_t floats = (c->conv_kernel - 1) * (2 * c->key_heads * c->key_head_dim +
+                                             c->value_heads * c->value_head_dim);
     for (int64_t l = 0; l < c->layers; l++)
         floats += cache_layer_floats(c, c->full_attention[l], max_len, max_block);
     return floats * (int64_t)sizeof(float);
@@ -599,7 +681,8 @@ static int q35_cache_open(const ddk_backend *be, const ddt_target_model *m, int6
             q->block_qkv[l] = q->state[l] + S, q->block_state[l] = q->block_qkv[l] + max_block * Cc;
             p += delta;
         }
-    q->max_len = max_len, q->max_block = max_block;
+    q->window = p;
+    q->be = be, q->max_len = max_len, q->max_block = max_block;
     *out = q;
     return 0;
 }
@@ -626,18 +709,20 @@ static int q35_verify(const ddk_backend *be, const ddt_target_model *m, void *ca
     return q35_rows(be, m->impl, cache, Q35_PENDING, p0, tokens, B, tap_ids, n_taps, features, final_hidden);
 }
 
-/* the state after the last accepted position, the window advanced over the accepted qkv rows */
+/* the state after the last accepted position, the window advanced over the accepted qkv rows:
+ * copies on the cache's backend */
 static void q35_rollback(const ddt_target_model *m, void *cache, int64_t p0, int64_t accepted)
 {
     (void)p0;
     const ddt_qwen35_config *c = &((const ddt_qwen35 *)m->impl)->cfg;
     q35_cache *q = cache;
+    const ddk_backend *be = q->be;
     const int64_t Cc = 2 * c->key_heads * c->key_head_dim + c->value_heads * c->value_head_dim,
                   S = c->value_heads * c->key_head_dim * c->value_head_dim;
     for (int64_t l = 0; accepted > 0 && l < c->layers; l++)
         if (!c->full_attention[l]) {
-            memcpy(q->state[l], q->block_state[l] + (accepted - 1) * S, (size_t)S * sizeof(float));
-            conv_window_advance(q->conv[l], q->block_qkv[l], accepted, c->conv_kernel, Cc);
+            be->copy(be, q->state[l], q->block_state[l] + (accepted - 1) * S, (size_t)S * sizeof(float));
+            conv_window_advance(be, q->conv[l], q->block_qkv[l], accepted, c->conv_kernel, Cc, q->window);
         }
 }
 
@@ -668,6 +753,15 @@ static const ddt_target_ops q35_ops = {
     .rollback = q35_rollback,
 };
 
+/* m over t (heap, loaded), which m then owns */
+static void q35_model(ddt_qwen35 *t, ddt_target_model *m)
+{
+    const int fast = q35_fast(t->be, t);
+    *m = (ddt_target_model){ &q35_ops, "qwen3_5", t->cfg.hidden, t->cfg.vocab, t->cfg.layers,
+                             t->cfg.tie_word_embeddings, fast ? t->embed_tokens : NULL,
+                             fast ? t->lm_head : NULL, t, t->be, t->bf16, fast, t->embed_tokens, t->lm_head };
+}
+
 int ddt_qwen35_open_synthetic(const ddt_qwen35_config *cfg, uint64_t seed, ddt_target_model *m)
 {
     memset(m, 0, sizeof *m);
@@ -679,23 +773,30 @@ int ddt_qwen35_open_synthetic(const ddt_qwen35_config *cfg, uint64_t seed, ddt_t
         free(t);
         return rc;
     }
-    *m = (ddt_target_model){ &q35_ops, "qwen3_5", t->cfg.hidden, t->cfg.vocab, t->cfg.layers,
-                             t->cfg.tie_word_embeddings, t->embed_tokens, t->lm_head, t };
+    q35_model(t, m);
+    return 0;
+}
+
+int ddt_qwen35_open_with(const char *dir, const ddt_target_options *o, ddt_target_model *m, char *err,
+                         size_t err_len)
+{
+    memset(m, 0, sizeof *m);
+    const ddk_backend *be = o && o->be ? o->be : ddk_backend_cpu();
+    if (!q35_has_ops(be, o && o->bf16))
+        return ddt_fail(err, err_len, -ENOTSUP, "the %s backend lacks an op the qwen3_5 target needs", be->name);
+    ddt_qwen35 *t = malloc(sizeof *t);
+    if (!t)
+        return ddt_fail(err, err_len, -ENOMEM, "no memory for the target");
+    int rc = ddt_qwen35_load_with(dir, o, t, err, err_len);
+    if (rc) {
+        free(t);
+        return rc;
+    }
+    q35_model(t, m);
     return 0;
 }
 
 int ddt_qwen35_open(const char *dir, ddt_target_model *m, char *err, size_t err_len)
 {
-    memset(m, 0, sizeof *m);
-    ddt_qwen35 *t = malloc(sizeof *t);
-    if (!t)
-        return ddt_fail(err, err_len, -ENOMEM, "no memory for the target");
-    int rc = ddt_qwen35_load(dir, t, err, err_len);
-    if (rc) {
-        free(t);
-        return rc;
-    }
-    *m = (ddt_target_model){ &q35_ops, "qwen3_5", t->cfg.hidden, t->cfg.vocab, t->cfg.layers,
-                             t->cfg.tie_word_embeddings, t->embed_tokens, t->lm_head, t };
-    return 0;
+    return ddt_qwen35_open_with(dir, NULL, m, err, err_len);
 }

@@ -27,7 +27,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 DIR=$1
 BUILD=${2:-$ROOT/build-bundle}
 LIMIT_BYTES=$((60 * 1024 * 1024))
-BINARIES=(test_backend_ops test_cuda_device test_step_cuda test_comm bench_loss_cuda bench_step_cuda ddtreed)
+BINARIES=(test_backend_ops test_cuda_device test_step_cuda test_target_cuda test_comm bench_loss_cuda bench_step_cuda ddtreed)
 # the PyTorch peers, the Qwen3.5 comparison with transformers and what it imports (the oracle's
 # safetensors reader, case counter and float64 Qwen3.5 forward), the summary's renderer
 PYTHON=(tests/gpu/loss_torch_gpu.py tests/gpu/step_torch_gpu.py tests/gpu/qwen35_transformers.py

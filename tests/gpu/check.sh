@@ -13,7 +13,8 @@
 #      from source), LD_LIBRARY_PATH made from them, and every bundled ELF's libraries resolved
 #      (a library that does not resolve ends the check there: nothing else could run);
 #   2. the GPU tests: cuda_device, backend_ops (every op, CUDA against CPU), step_cuda (whole
-#      steps and trainer runs, GPU against CPU), comm (NCCL); a GPU test that says skipped on
+#      steps and trainer runs, GPU against CPU), target_cuda (the frozen targets in bf16 on the
+#      GPU against the CPU's bf16 path, their weights' device bytes), comm (NCCL); a GPU test that says skipped on
 #      the device machine is a failure; then qwen35_transformers.py: `ddtreed features` on
 #      models/qwen35-tiny against transformers' Qwen3.5 in float32 on the CPU, and on the GPU
 #      where torch sees one (it needs none, so it runs without one too; a disagreement fails the
@@ -215,6 +216,7 @@ if [ "$FAILED" = 0 ]; then
     gpu_test cuda_device "test_cuda_device" 30 "$B/bin/test_cuda_device"
     gpu_test backend_ops "test_backend_ops" 150 "$B/bin/test_backend_ops"
     gpu_test step_cuda "test_step_cuda" 150 "$B/bin/test_step_cuda"
+    gpu_test target_cuda "test_target_cuda" 60 "$B/bin/test_target_cuda" "$B/models/qwen35-tiny"
     gpu_test comm "test_comm" 60 "$B/bin/test_comm"
     # --- 2b. the Qwen3.5 target against transformers (needs no GPU; on it too where torch sees one) ---
     export PYTHONUNBUFFERED=1
