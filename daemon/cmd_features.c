@@ -3,8 +3,12 @@
  * qwen3 or qwen3_5, through target.h's interface), computed once so that many drafters can
  * train on them.
  *
- *   ddtreed features --model DIR --tokens FILE --layers L1,L2,... [--dtype f32|bf16] --out FILE
+ *   ddtreed features --model DIR --tokens FILE --layers L1,L2,... [--dtype f32|bf16]
+ *                    [--device cpu|cuda:N] [--weights fp32|bf16] --out FILE
  *
+ * --device: where the target runs (cpu, the default, or a GPU); --weights: the precision its
+ * weights are held in (fp32: exact, the CPU's default; bf16: as checkpoints store them, the
+ * GPU's default, products with bf16 operands). --dtype is the shard's.
  * FILE (tokens): a token file; both files are read, checked and written by engine/shard.h.
  * Every sequence is kept (an empty one included), so shard sequence s is token sequence s.
  * Tested by tests/features_torch_check.py (PyTorch float64 reference; stories260K) and
@@ -21,7 +25,7 @@
 
 #define FEATURES_USAGE                                                                          \
     "usage: ddtreed features --model DIR --tokens FILE --layers L1,L2,... [--dtype f32|bf16]\n" \
-    "                        --out FILE\n"
+    "                        [--device cpu|cuda:N] [--weights fp32|bf16] --out FILE\n"
 
 static int parse_layers(const char *text, int32_t *ids, int max)
 {
@@ -72,7 +76,8 @@ static int write_shard(const char *out, const char *model_dir, const ddt_target_
 
 int ddt_cmd_features(int argc, char **argv)
 {
-    const char *model = NULL, *tokens = NULL, *layers = NULL, *dtype = "f32", *out = NULL;
+    const char *model = NULL, *tokens = NULL, *layers = NULL, *dtype = "f32", *out = NULL, *device = "cpu",
+               *weights = NULL;
     for (int i = 1; i < argc; i++) {
         const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(k, "--help")) {
@@ -81,7 +86,8 @@ int ddt_cmd_features(int argc, char **argv)
         }
         const char **slot = !strcmp(k, "--model") ? &model : !strcmp(k, "--tokens") ? &tokens
                           : !strcmp(k, "--layers") ? &layers : !strcmp(k, "--dtype") ? &dtype
-                          : !strcmp(k, "--out") ? &out : NULL;
+                          : !strcmp(k, "--out") ? &out : !strcmp(k, "--device") ? &device
+                          : !strcmp(k, "--weights") ? &weights : NULL;
         if (!slot || !v) {
             fprintf(stderr, "ddtreed features: %s %s\n" FEATURES_USAGE, k, v ? "is not an option" : "needs a value");
             return 2;
@@ -97,10 +103,25 @@ int ddt_cmd_features(int argc, char **argv)
         return 2;
     }
 
+    char *end = NULL;
+    const long gpu = !strncmp(device, "cuda:", 5) && device[5] >= '0' && device[5] <= '9'
+                         ? strtol(device + 5, &end, 10) : -1;
+    if ((strcmp(device, "cpu") && (gpu < 0 || *end)) || (weights && strcmp(weights, "fp32") && strcmp(weights, "bf16"))) {
+        fprintf(stderr, "ddtreed features: --device is cpu or cuda:N, --weights fp32 or bf16\n" FEATURES_USAGE);
+        return 2;
+    }
+    const ddk_backend *be = gpu < 0 ? ddk_backend_cpu() : ddk_backend_cuda((int)gpu);
+    if (!be) {
+        fprintf(stderr, "ddtreed features: --device %s: no such GPU here (%d GPU(s)%s), or no memory on it for "
+                "the backend's set-up\n", device, ddk_cuda_device_count(),
+                ddk_has_cuda() ? "" : ": this ddtreed was built without CUDA");
+        return 1;
+    }
+    const ddt_target_options o = { .be = be, .bf16 = weights ? !strcmp(weights, "bf16") : gpu >= 0 };
     ddt_target_model t;
     ddt_shard_tokens tf = { 0 };
     char err[1024] = "";
-    int rc = ddt_target_open(model, &t, err, sizeof err);
+    int rc = ddt_target_open_with(model, &o, &t, err, sizeof err);
     for (int i = 0; rc == 0 && i < n_taps; i++)
         if (ids[i] >= t.layers) {
             snprintf(err, sizeof err, "--layers: %d is not a layer of %s (0 .. %lld)", ids[i], model,
@@ -118,16 +139,34 @@ int ddt_cmd_features(int argc, char **argv)
         snprintf(err, sizeof err, "no memory for %lld tokens of features", (long long)tf.total);
         rc = -ENOMEM;
     }
+    /* on a GPU: one sequence's outputs in its memory, then copied into the host arrays */
+    int64_t longest = 1;
+    for (int64_t s = 0; rc == 0 && s < tf.nseq; s++)
+        longest = tf.offsets[s + 1] - tf.offsets[s] > longest ? tf.offsets[s + 1] - tf.offsets[s] : longest;
+    const size_t dev_bytes = gpu < 0 ? 0 : (size_t)(longest * (n_taps + 1) * H) * sizeof(float);
+    float *dev = dev_bytes && rc == 0 ? ddk_malloc(be->alloc, dev_bytes) : NULL;   /* (T, L_t*H) then (T, H) */
+    if (rc == 0 && dev_bytes && !dev) {
+        snprintf(err, sizeof err, "no memory on %s for a sequence of %lld tokens' features (%.1f MB)", device,
+                 (long long)longest, dev_bytes / 1e6);
+        rc = -ENOMEM;
+    }
     for (int64_t s = 0; rc == 0 && s < tf.nseq; s++) {
         int64_t t0 = tf.offsets[s], T = tf.offsets[s + 1] - t0;
         if (T == 0)
             continue;   /* an empty sequence: nothing to compute, kept as it is */
-        rc = ddt_target_prefill(ddk_backend_cpu(), &t, tf.input_ids + t0, T, ids, n_taps,
-                                features + t0 * n_taps * H, teacher + t0 * H, NULL);
+        float *f = dev ? dev : features + t0 * n_taps * H, *h = dev ? dev + T * n_taps * H : teacher + t0 * H;
+        rc = ddt_target_prefill(be, &t, tf.input_ids + t0, T, ids, n_taps, f, h, NULL);
+        if (rc == 0 && dev) {
+            be->copy(be, features + t0 * n_taps * H, f, (size_t)(T * n_taps * H) * sizeof(float));
+            be->copy(be, teacher + t0 * H, h, (size_t)(T * H) * sizeof(float));
+            be->synchronize(be);
+        }
         if (rc)
             snprintf(err, sizeof err, "the target's forward failed on sequence %lld: %s", (long long)s,
                      strerror(-rc));
     }
+    if (dev)
+        ddk_free(be->alloc, dev, dev_bytes);
     if (rc == 0)
         rc = write_shard(out, model, &t, &tf, ids, n_taps, features, teacher, !strcmp(dtype, "bf16"),
                          err, sizeof err);

@@ -20,8 +20,8 @@ def rel(got, ref):
     return d / scale if scale > 0 and math.isfinite(d) else float("nan")
 
 
-def ddtree_features(tool, model_dir, layers, seqs, workdir, timeout_s):
-    """Runs `ddtreed features` on seqs; returns {"taps": {layer: (Ttot, H)}, "final": (Ttot, H),
+def ddtree_features(tool, model_dir, layers, seqs, workdir, timeout_s, extra=()):
+    """Runs `ddtreed features` (with the options extra) on seqs; returns {"taps": {layer: (Ttot, H)}, "final": (Ttot, H),
     "logits": (Ttot, V)} (float64; the logits from the shard's teacher_hidden and the
     checkpoint's lm_head), or raises RuntimeError saying what went wrong."""
     offsets = np.concatenate([[0], np.cumsum([len(s) for s in seqs])]).astype(np.int64)
@@ -30,7 +30,7 @@ def ddtree_features(tool, model_dir, layers, seqs, workdir, timeout_s):
     tokens, out = os.path.join(workdir, f"{name}.tokens"), os.path.join(workdir, f"{name}.features")
     st.write(tokens, {"input_ids": ids, "offsets": offsets})
     cmd = [tool, "features", "--model", model_dir, "--tokens", tokens,
-           "--layers", ",".join(map(str, layers)), "--dtype", "f32", "--out", out]
+           "--layers", ",".join(map(str, layers)), "--dtype", "f32", "--out", out, *extra]
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout_s)
     if p.returncode != 0:
         raise RuntimeError(f"ddtreed features exited {p.returncode}: {p.stdout.decode('utf-8', 'replace').strip()}")
