@@ -254,8 +254,9 @@ void ddt_plan_print(const ddt_run_config *c, const ddt_memory_plan *p, FILE *out
         row(out, "target peak", t->peak, t->peak, "");
     }
     if (t->placement == DDT_PLACE_SAME || t->placement == DDT_PLACE_SPLIT)
-        fprintf(out, "  target: %.0f%% of a step's matrix FLOPs%s\n", 100.0 * t->flops_share,
-                t->proposed ? "; the split proposed gives it that share of the node's GPUs" : "");
+        fprintf(out, "  target: %.0f%% of a step's matrix FLOPs%s\n  (the placement's plan: this ddtreed "
+                "still trains a GPU run with its target on the host CPU, and refuses a split)\n",
+                100.0 * t->flops_share, t->proposed ? "; the split proposed gives it that share of the node's GPUs" : "");
     if (p->budget)
         fprintf(out, "  budget %.3f GB: %s\n", p->budget / 1e9,
                 p->fits ? "fits" : "does NOT fit even at the smallest chunk and vocab_tile tried");
