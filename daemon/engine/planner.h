@@ -33,6 +33,8 @@ typedef struct ddt_target_footprint {
 int ddt_target_footprint_load(const char *dir, int64_t T, ddt_target_footprint *f, char *err, size_t err_len);
 /* a dense target of shape c (synthetic: stored_bytes 4, it is made in fp32) */
 void ddt_target_footprint_dense(const ddt_target_config *c, int stored_bytes, int64_t T, ddt_target_footprint *f);
+/* a Qwen3.5 target of shape c; 0 or -ENOMEM (counting its weights) */
+int ddt_target_footprint_qwen35(const ddt_qwen35_config *c, int stored_bytes, int64_t T, ddt_target_footprint *f);
 
 /* The footprint of c's target (target.kind hf or synthetic; not shards): the hf directory's
  * config.json, or the synthetic target's shape. 0, or -EINVAL with err. */

@@ -77,6 +77,23 @@ void ddt_target_footprint_dense(const ddt_target_config *c, int stored, int64_t 
     f->prefill_flops = dense_flops(c, T);
 }
 
+int ddt_target_footprint_qwen35(const ddt_qwen35_config *c, int stored, int64_t T, ddt_target_footprint *f)
+{
+    memset(f, 0, sizeof *f);
+    snprintf(f->model_type, sizeof f->model_type, "qwen3_5");
+    f->hidden = c->hidden, f->vocab = c->vocab, f->layers = c->layers, f->tied = c->tie_word_embeddings;
+    if ((f->params = ddt_qwen35_param_count(c)) < 0)
+        return -ENOMEM;
+    f->stored_bytes = stored;
+    f->fp32_bytes = ddt_qwen35_weight_bytes(c, 0);
+    f->stored_weight_bytes = stored == 2 ? ddt_qwen35_weight_bytes(c, 1) : f->fp32_bytes;
+    f->prefill_bytes = ddt_qwen35_rows_bytes(c, 0, T) + ddk_causal_attention_workspace_bytes(c->heads, c->kv_heads,
+                                                                                             c->head_dim);
+    f->cache_bytes = ddt_qwen35_cache_bytes(c, T, 1) + ddt_generator_workspace_bytes(c->hidden, c->vocab);
+    f->prefill_flops = qwen35_flops(c, f->params, T);
+    return 0;
+}
+
 int ddt_target_footprint_load(const char *dir, int64_t T, ddt_target_footprint *f, char *err, size_t err_len)
 {
     char path[1100], dtype[64];
@@ -93,18 +110,8 @@ int ddt_target_footprint_load(const char *dir, int64_t T, ddt_target_footprint *
         ddt_qwen35_config c;
         if ((rc = ddt_qwen35_config_load(dir, &c, err, err_len)))
             return rc;
-        memset(f, 0, sizeof *f);
-        snprintf(f->model_type, sizeof f->model_type, "qwen3_5");
-        f->hidden = c.hidden, f->vocab = c.vocab, f->layers = c.layers, f->tied = c.tie_word_embeddings;
-        if ((f->params = ddt_qwen35_param_count(&c)) < 0)
+        if (ddt_target_footprint_qwen35(&c, stored, T, f))
             return ddt_fail(err, err_len, -ENOMEM, "no memory to count the target's weights");
-        f->stored_bytes = stored;
-        f->fp32_bytes = ddt_qwen35_weight_bytes(&c, 0);
-        f->stored_weight_bytes = stored == 2 ? ddt_qwen35_weight_bytes(&c, 1) : f->fp32_bytes;
-        f->prefill_bytes = ddt_qwen35_rows_bytes(&c, 0, T) + ddk_causal_attention_workspace_bytes(c.heads, c.kv_heads,
-                                                                                                  c.head_dim);
-        f->cache_bytes = ddt_qwen35_cache_bytes(&c, T, 1) + ddt_generator_workspace_bytes(c.hidden, c.vocab);
-        f->prefill_flops = qwen35_flops(&c, f->params, T);
     } else {
         ddt_target_config c;
         if ((rc = ddt_target_config_load(dir, &c, err, err_len)))

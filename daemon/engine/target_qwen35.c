@@ -762,16 +762,20 @@ static void q35_model(ddt_qwen35 *t, ddt_target_model *m)
                              fast ? t->lm_head : NULL, t, t->be, t->bf16, fast, t->embed_tokens, t->lm_head };
 }
 
-int ddt_qwen35_open_synthetic(const ddt_qwen35_config *cfg, uint64_t seed, ddt_target_model *m)
+int ddt_qwen35_open_synthetic(const ddt_qwen35_config *cfg, uint64_t seed, const ddt_target_options *o,
+                              ddt_target_model *m, char *err, size_t err_len)
 {
     memset(m, 0, sizeof *m);
+    const ddk_backend *be = o && o->be ? o->be : ddk_backend_cpu();
+    if (!q35_has_ops(be, o && o->bf16))
+        return ddt_fail(err, err_len, -ENOTSUP, "the %s backend lacks an op the qwen3_5 target needs", be->name);
     ddt_qwen35 *t = malloc(sizeof *t);
     if (!t)
-        return -ENOMEM;
-    int rc = ddt_qwen35_synthetic(cfg, seed, t);
+        return ddt_fail(err, err_len, -ENOMEM, "no memory for the target");
+    int rc = ddt_qwen35_synthetic_with(cfg, seed, o, t);
     if (rc) {
         free(t);
-        return rc;
+        return ddt_fail(err, err_len, rc, "a synthetic qwen3_5 target on %s: %s", be->name, strerror(-rc));
     }
     q35_model(t, m);
     return 0;

@@ -104,7 +104,9 @@ int ddt_qwen35_open(const char *dir, struct ddt_target_model *m, char *err, size
  * lacks one of the Qwen3.5 ops */
 int ddt_qwen35_open_with(const char *dir, const struct ddt_target_options *o, struct ddt_target_model *m,
                          char *err, size_t err_len);
-/* ddt_qwen35_synthetic behind the interface */
-int ddt_qwen35_open_synthetic(const ddt_qwen35_config *cfg, uint64_t seed, struct ddt_target_model *m);
+/* ddt_qwen35_synthetic_with behind the interface (o NULL: the CPU in fp32); 0, or -ENOTSUP /
+ * -ENOMEM with err */
+int ddt_qwen35_open_synthetic(const ddt_qwen35_config *cfg, uint64_t seed, const struct ddt_target_options *o,
+                              struct ddt_target_model *m, char *err, size_t err_len);
 
 #endif

@@ -16,8 +16,16 @@
  * causal_attention are wrapped in a clock (the shares; that run is not in the median). The
  * decode step: ddt_target_decode (no logits) after a cache prefill of --tokens, the median of
  * --decode-steps. tests/bench/qwen35_vs_torch.py runs it beside tests/bench/qwen35_torch_peer.py.
+ *
+ * --cuda: the same on cuda:0 with the weights resident in bf16 (ddt_target_options), each
+ * timing between synchronize calls, no shares (the device's ops are asynchronous); adds the
+ * prefill's TFLOP/s (target_footprint.c's count: 2 T per layer weight plus the causal
+ * attention) and the product ceiling: matmul_w16 of (T, H) against (I, H), the layer's largest.
+ * The GPU check runs it at the Qwen3.6-27B shape beside tests/gpu/target_transformers_gpu.py.
  */
 #include "bench_util.h"
+#include "ddk_bf16.h"
+#include "planner.h"
 #include "ddk_rng.h"
 #include "target.h"
 #include "target_qwen35.h"
@@ -59,12 +67,37 @@ static int timed_attention(const ddk_backend *be, const ddk_attention_shape *sha
     return rc;
 }
 
+/* TFLOP/s of matmul_w16 of (T, H) fp32 against (I, H) bf16 on be, the median of 5 after a warm-up */
+static double ceiling_tflops(const ddk_backend *be, int64_t T, int64_t H, int64_t I)
+{
+    float *a = ddk_malloc(be->alloc, (size_t)(T * H) * sizeof(float)), *c = ddk_malloc(be->alloc, (size_t)(T * I) * sizeof(float));
+    uint16_t *w = ddk_malloc(be->alloc, (size_t)(I * H) * sizeof(uint16_t));
+    if (!a || !c || !w)
+        return 0.0;
+    be->zero(be, a, (size_t)(T * H) * sizeof(float));
+    be->zero(be, w, (size_t)(I * H) * sizeof(uint16_t));
+    double t[5];
+    for (int k = -1; k < 5; k++) {
+        be->synchronize(be);
+        double t0 = bench_now_s();
+        be->matmul_w16(be, T, I, H, 1.0f, a, H, w, H, 0.0f, c, I);
+        be->synchronize(be);
+        if (k >= 0)
+            t[k] = bench_now_s() - t0;
+    }
+    ddk_free(be->alloc, a, (size_t)(T * H) * sizeof(float));
+    ddk_free(be->alloc, c, (size_t)(T * I) * sizeof(float));
+    ddk_free(be->alloc, w, (size_t)(I * H) * sizeof(uint16_t));
+    return 2.0 * (double)T * (double)H * (double)I / bench_median(t, 5) / 1e12;
+}
+
 int main(int argc, char **argv)
 {
     int64_t H = 1024, layers = 8, interval = 4, nh = 8, nkv = 2, hd = 128, nk = 4, nv = 8, dk = 128, dv = 128,
             K = 4, I = 3072, V = 32000, T = 2048, threads = 1, reps = 3, steps = 16;
-    int json = 0;
+    int json = 0, cuda = 0;
     const bench_opt opts[] = {
+        { "--cuda", BENCH_SET, &cuda },
         { "--hidden", BENCH_I64, &H }, { "--layers", BENCH_I64, &layers }, { "--interval", BENCH_I64, &interval },
         { "--heads", BENCH_I64, &nh }, { "--kv-heads", BENCH_I64, &nkv }, { "--head-dim", BENCH_I64, &hd },
         { "--key-heads", BENCH_I64, &nk }, { "--value-heads", BENCH_I64, &nv }, { "--key-dim", BENCH_I64, &dk },
@@ -88,23 +121,35 @@ int main(int argc, char **argv)
     for (int64_t l = 0; l < layers; l++)
         c.full_attention[l] = (l + 1) % interval == 0;
     ddk_cpu_set_threads((int)threads);
+    base = cuda ? ddk_backend_cuda(0) : ddk_backend_cpu();
+    if (!base) {
+        fprintf(stderr, "bench_qwen35: SKIPPED: no GPU (cuda:0)\n");
+        return 77;
+    }
+    const ddt_target_options o = { .be = base, .bf16 = cuda };
     ddt_target_model m;
-    if (ddt_qwen35_open_synthetic(&c, 1, &m)) {
-        fprintf(stderr, "bench_qwen35: no memory for the model\n");
+    char err[512];
+    if (ddt_qwen35_open_synthetic(&c, 1, &o, &m, err, sizeof err)) {
+        fprintf(stderr, "bench_qwen35: %s\n", err);
         return 1;
     }
-    const ddt_qwen35 *t = m.impl;
-    base = ddk_backend_cpu();
     uint64_t rng = 0x2545F4914F6CDD1Dull;
     int32_t *tokens = malloc((size_t)(T + steps) * sizeof(int32_t));
-    float *final = malloc((size_t)(T * H) * sizeof(float));
+    float *host_final = malloc((size_t)(T * H) * sizeof(float));
+    float *final = cuda ? ddk_malloc(base->alloc, (size_t)(T * H) * sizeof(float)) : host_final;
+    if (!tokens || !host_final || !final) {
+        fprintf(stderr, "bench_qwen35: no memory for %lld tokens' hidden states\n", (long long)T);
+        return 1;
+    }
     for (int64_t i = 0; i < T + steps; i++)
         tokens[i] = (int32_t)(ddk_rng_next(&rng) % (uint64_t)V);
 
     double pt[64], dt[64];
     for (int64_t k = -1; k < reps; k++) {   /* k = -1: warm-up */
+        base->synchronize(base);
         double t0 = bench_now_s();
-        int rc = ddt_qwen35_forward(base, t, tokens, T, NULL, 0, NULL, final);
+        int rc = ddt_target_prefill(base, &m, tokens, T, NULL, 0, NULL, final, NULL);
+        base->synchronize(base);
         if (rc) {
             fprintf(stderr, "bench_qwen35: the prefill failed (%d)\n", rc);
             return 1;
@@ -112,16 +157,19 @@ int main(int argc, char **argv)
         if (k >= 0)
             pt[k] = bench_now_s() - t0;
     }
+    base->copy(base, host_final, final, (size_t)(T * H) * sizeof(float));
     double check = 0.0;
     for (int64_t i = 0; i < T * H; i++)
-        check += (double)final[i] * final[i];
-    ddk_backend timed = *base;
-    timed.gated_delta = timed_delta, timed.matmul = timed_matmul, timed.causal_attention = timed_attention;
-    double t0 = bench_now_s();
-    ddt_qwen35_forward(&timed, t, tokens, T, NULL, 0, NULL, final);
-    const double profiled = bench_now_s() - t0;
+        check += (double)host_final[i] * host_final[i];
+    double profiled = 0.0;
+    if (!cuda) {   /* the shares: the CPU's ops wrapped in a clock */
+        ddk_backend timed = *base;
+        timed.gated_delta = timed_delta, timed.matmul = timed_matmul, timed.causal_attention = timed_attention;
+        double t0 = bench_now_s();
+        ddt_target_prefill(&timed, &m, tokens, T, NULL, 0, NULL, final, NULL);
+        profiled = bench_now_s() - t0;
+    }
 
-    char err[256];
     ddt_target_cache cache;
     if (ddt_target_cache_open(base, &m, T + steps, 1, &cache, err, sizeof err)) {
         fprintf(stderr, "bench_qwen35: %s\n", err);
@@ -132,29 +180,48 @@ int main(int argc, char **argv)
         return 1;
     }
     for (int64_t s = 0; s < steps; s++) {
+        base->synchronize(base);
         double d0 = bench_now_s();
         if (ddt_target_decode(&cache, tokens[T + s], NULL, 0, NULL, final, NULL)) {
             fprintf(stderr, "bench_qwen35: the decode step failed\n");
             return 1;
         }
+        base->synchronize(base);
         dt[s] = bench_now_s() - d0;
     }
     ddt_target_cache_close(&cache);
     const double med = bench_median(pt, (int)reps), dmed = bench_median(dt, (int)steps);
-    const double sd = t_delta / profiled, sm = t_matmul / profiled, sa = t_attn / profiled;
-    if (json)
+    if (cuda) {
+        ddt_target_footprint f;
+        if (ddt_target_footprint_qwen35(&c, 2, T, &f)) {
+            fprintf(stderr, "bench_qwen35: no memory to count the weights\n");
+            return 1;
+        }
+        const double ceiling = ceiling_tflops(base, T, H, I);
+        printf("{\"impl\":\"ddtree-cuda-target\",\"layers\":%lld,\"tokens\":%lld,\"prefill_s\":%.6f,\"tokens_per_s\":%.1f,"
+               "\"tflops\":%.2f,\"ceiling_tflops\":%.2f,\"prefill_s_64_layers\":%.4f,\"decode_ms\":%.4f,"
+               "\"weight_bytes\":%lld,\"peak_bytes\":%zu,\"final_sumsq\":%.6g}\n",
+               (long long)layers, (long long)T, med, T / med, f.prefill_flops / med / 1e12, ceiling,
+               med * 64 / (double)layers, dmed * 1e3, (long long)f.stored_weight_bytes,
+               ddk_allocator_stats(base->alloc).peak, check);
+    } else if (json) {
+        const double sd = t_delta / profiled, sm = t_matmul / profiled, sa = t_attn / profiled;
         printf("{\"impl\":\"ddtree\",\"tokens\":%lld,\"threads\":%lld,\"prefill_s\":%.6f,\"tokens_per_s\":%.1f,"
                "\"decode_ms\":%.4f,\"delta_share\":%.4f,\"matmul_share\":%.4f,\"attention_share\":%.4f,"
                "\"profiled_s\":%.6f,\"final_sumsq\":%.6g}\n",
                (long long)T, (long long)threads, med, T / med, dmed * 1e3, sd, sm, sa, profiled, check);
-    else
+    } else {
+        const double sd = t_delta / profiled, sm = t_matmul / profiled, sa = t_attn / profiled;
         printf("qwen3_5 prefill: H %lld, %lld layers (every %lld full), I %lld, T %lld, %lld thread(s): "
                "%.3f s, %.0f tokens/s; decode step %.2f ms; prefill shares: gated_delta %.1f%%, matmul %.1f%%, "
                "attention %.1f%%, rest %.1f%%\n", (long long)H, (long long)layers, (long long)interval,
                (long long)I, (long long)T, (long long)threads, med, T / med, dmed * 1e3, 100 * sd, 100 * sm,
                100 * sa, 100 * (1 - sd - sm - sa));
+    }
+    if (cuda)
+        ddk_free(base->alloc, final, (size_t)(T * H) * sizeof(float));
     ddt_target_close(&m);
     free(tokens);
-    free(final);
+    free(host_final);
     return 0;
 }

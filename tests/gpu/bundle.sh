@@ -27,10 +27,12 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 DIR=$1
 BUILD=${2:-$ROOT/build-bundle}
 LIMIT_BYTES=$((60 * 1024 * 1024))
-BINARIES=(test_backend_ops test_cuda_device test_step_cuda test_target_cuda test_comm bench_loss_cuda bench_step_cuda ddtreed)
-# the PyTorch peers, the Qwen3.5 comparison with transformers and what it imports (the oracle's
+BINARIES=(test_backend_ops test_cuda_device test_step_cuda test_target_cuda test_comm bench_loss_cuda bench_step_cuda
+          bench_qwen35 ddtreed)
+# the PyTorch peers (the loss, the step, transformers' Qwen3.5 prefill), the Qwen3.5 comparison with transformers and what it imports (the oracle's
 # safetensors reader, case counter and float64 Qwen3.5 forward), the summary's renderer
-PYTHON=(tests/gpu/loss_torch_gpu.py tests/gpu/step_torch_gpu.py tests/gpu/qwen35_transformers.py
+PYTHON=(tests/gpu/loss_torch_gpu.py tests/gpu/step_torch_gpu.py tests/gpu/target_transformers_gpu.py
+        tests/gpu/qwen35_transformers.py
         tests/oracle/st.py tests/oracle/cases.py tests/oracle/qwen35.py tests/oracle/features_run.py
         tests/gpu/summary.py)
 EXAMPLES=(examples/tiny.json)
@@ -39,12 +41,11 @@ MODELS=(qwen35-tiny stories260k)
 PROVIDED='^(ld-linux[^ ]*|linux-vdso\.so\.1|libc\.so\.|libm\.so\.|libdl\.so\.|libpthread\.so\.|librt\.so\.|libgcc_s\.so\.|libstdc\+\+\.so\.|libcuda\.so\.|libcudart\.so\.|libcublas\.so\.|libcublasLt\.so\.|libnccl\.so\.)'
 
 export PATH="$PATH:/usr/local/cuda/bin"
-if [ ! -f "$BUILD/CMakeCache.txt" ]; then
-    echo "bundle: configuring $BUILD (CUDA sm_90;100, portable CPU code)"
-    cmake -S "$ROOT" -B "$BUILD" -DDDTREE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="90;100" \
-          -DDDTREE_NATIVE=OFF -DCMAKE_BUILD_TYPE=Release >"$BUILD.log" 2>&1 ||
-        { tail -n 30 "$BUILD.log" >&2; echo "bundle: configure failed (log: $BUILD.log)" >&2; exit 1; }
-fi
+# configured every time (quick once cached), so that targets added since are known to make
+[ -f "$BUILD/CMakeCache.txt" ] || echo "bundle: configuring $BUILD (CUDA sm_90;100, portable CPU code)"
+cmake -S "$ROOT" -B "$BUILD" -DDDTREE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="90;100" \
+      -DDDTREE_NATIVE=OFF -DCMAKE_BUILD_TYPE=Release >"$BUILD.log" 2>&1 ||
+    { tail -n 30 "$BUILD.log" >&2; echo "bundle: configure failed (log: $BUILD.log)" >&2; exit 1; }
 echo "bundle: building ${BINARIES[*]} in $BUILD"
 cmake --build "$BUILD" -j "$(nproc)" --target "${BINARIES[@]}" >>"$BUILD.log" 2>&1 ||
     { tail -n 30 "$BUILD.log" >&2; echo "bundle: build failed (log: $BUILD.log)" >&2; exit 1; }

@@ -106,6 +106,8 @@ cat >"$TMP/sample.jsonl" <<'EOF'
 this line is not JSON
 {"tag":"qwen35-transformers","impl":"qwen35-vs-transformers","tol":0.0001,"figures":{"bf16 transformers-cpu":{"layer7F":2e-06,"teacher_hidden":3e-06,"logits":4e-06},"text-only transformers-cuda":{"layer3F":0.002,"logits":"nan"}},"worst":{"what":"text-only logits vs transformers-cuda","figure":"nan"},"cases_passed":3,"cases_failed":2,"transformers":"5.0","torch":"2.11","gated_delta_rule":"torch (forced)","errors":["bf16-q35 transformers: no such class"]}
 {"tag":"qwen35-later","missing":"no JSON line (timed out after 90s)"}
+{"tag":"prefill-ddtree","impl":"ddtree-cuda-target","layers":4,"tokens":4096,"prefill_s":0.05,"tokens_per_s":81920.0,"tflops":500.0,"ceiling_tflops":700.0,"prefill_s_64_layers":0.8,"decode_ms":1.5,"weight_bytes":3.4e9,"peak_bytes":4.1e9,"final_sumsq":1.0}
+{"tag":"prefill-transformers","impl":"transformers-qwen3_5","layers":4,"tokens":4096,"ceiling_tflops":650.0,"prefill_s":0.2,"tokens_per_s":20480.0,"tflops":125.0,"prefill_s_64_layers":3.2,"peak_bytes":9e9}
 EOF
 python3 "$DIR/py/summary.py" "$TMP/sample.jsonl" >"$TMP/sample.md" 2>&1
 want=(
@@ -124,6 +126,9 @@ want=(
     "| qwen35-transformers | - | - | - | - | - | error: bf16-q35 transformers: no such class |"
     "| qwen35-later | - | - | - | - | - | no JSON line (timed out after 90s) |"
     "- qwen35-transformers: worst text-only logits vs transformers-cuda = not finite (3 comparisons passed, 2 failed; transformers 5.0, torch 2.11"
+    "| prefill-ddtree | ddtree-cuda-target | 4 | 4096 | 0.050 | 0.80 | 81,920 | 500.0 | 700.0 | 71% | 1.50 |"
+    "| prefill-transformers | transformers-qwen3_5 | 4 | 4096 | 0.200 | 3.20 | 20,480 | 125.0 | 650.0 | 19% | - |"
+    "- ddtree's prefill against transformers', same run: 4.00x (met: >= 3x); of its ceiling: 71% (goal 60%)"
 )
 missing=()
 for w in "${want[@]}"; do grep -qF -- "$w" "$TMP/sample.md" || missing+=("no line with: $w"); done

@@ -23,7 +23,9 @@
 #      own foreground run, with its records;
 #   4. bench_loss_cuda at the seed's settings (24,576 x 5,120 x 248,320, chunk 1024, bf16
 #      products) with its three matmul ceilings; bench_step_cuda at the Qwen3.6-27B drafter
-#      shape (bf16 products); the seed's PyTorch loss and step beside them (bf16);
+#      shape (bf16 products); the seed's PyTorch loss and step beside them (bf16); the target's
+#      prefill at the Qwen3.6-27B shape (bench_qwen35 --cuda, bf16 weights resident) beside
+#      transformers' Qwen3_5TextModel (target_transformers_gpu.py), each with its product ceiling;
 #   5. compute-sanitizer memcheck of test_backend_ops on the subset that fits
 #      (DDTREE_BACKEND_OPS_SMALL=1: not the 8 GiB case);
 #   6. while time remains: the fp32 rows (ddtree's loss and step, torch's loss), the small loss
@@ -238,6 +240,16 @@ if [ "$FAILED" = 0 ]; then
             "$PY" "$B/py/loss_torch_gpu.py" --dtype bf16 --reps 2
         bench_step step-torch-bf16 "torch step, Qwen3.6-27B drafter, bf16 (the seed's approach)" 120 \
             "$PY" "$B/py/step_torch_gpu.py" --dtype bf16 --reps 2
+
+        # --- 4b. the target's prefill at the Qwen3.6-27B shape, ddtree beside transformers ---
+        # 4 layers (one 3:1 group; ddtree's random weights are drawn on the host, ~20 s), V 4096
+        # on ddtree's side (the embedding is no product); both scale their time to 64 layers
+        bench_step prefill-ddtree "bench_qwen35 --cuda, Qwen3.6-27B shape, 4 layers, 4096 tokens, bf16" 120 \
+            "$B/bin/bench_qwen35" --cuda --hidden 5120 --layers 4 --heads 24 --kv-heads 4 --head-dim 256 \
+            --key-heads 16 --value-heads 48 --key-dim 128 --value-dim 128 --intermediate 17408 --vocab 4096 \
+            --tokens 4096 --reps 3 --decode-steps 8
+        bench_step prefill-transformers "transformers Qwen3_5TextModel, the same shape, bf16" 150 \
+            "$PY" "$B/py/target_transformers_gpu.py" --layers 4 --tokens 4096 --reps 3
 
         # --- 5. compute-sanitizer on the subset that fits ------------------------------------
         if [ -n "$SANITIZER" ]; then

@@ -6,13 +6,15 @@
 results.jsonl has one JSON object per benchmark step of check.sh, tagged with the step
 ("tag"): bench_loss_cuda's (impl ddtree-cuda), loss_torch_gpu.py's (torch-gpu),
 bench_step_cuda's (ddtree-cuda-step), step_torch_gpu.py's (torch-gpu-step),
-qwen35_transformers.py's (qwen35-vs-transformers, tag qwen35-*), or {"tag":..,"missing":..}
+qwen35_transformers.py's (qwen35-vs-transformers, tag qwen35-*), bench_qwen35 --cuda's
+(ddtree-cuda-target) and target_transformers_gpu.py's (transformers-qwen3_5, tags prefill-*),
+or {"tag":..,"missing":..}
 when a step left no line; a "skipped" or "failed" field stands for a
 run without figures. Every line becomes a row: an odd or partial one says so instead of hiding
 the others. Prints markdown: the loss table, the matmul ceilings and the loss goal, the
 workspace against the seed's per-chunk peak, the training step table (ddtree beside PyTorch)
-and its goals, and the Qwen3.5 target against transformers (the worst figure per variant and
-reference).
+and its goals, the Qwen3.5 target against transformers (the worst figure per variant and
+reference), and the target's prefill on the GPU beside transformers' and the product ceiling.
 
 Tested by tests/gpu/bundle_check.sh, which renders the lines of a run without a GPU and a
 set of sample lines of every kind.
@@ -52,7 +54,10 @@ def is_step(r):
 def is_target(r):   # qwen35_transformers.py's lines, and what stands in their place
     return r.get("impl") == "qwen35-vs-transformers" or str(r.get("tag", "")).startswith("qwen35")
 
-loss_rows = [r for r in rows if not is_step(r) and not is_target(r)
+def is_prefill(r):   # bench_qwen35 --cuda's and target_transformers_gpu.py's lines (tag prefill-*)
+    return r.get("impl") in ("ddtree-cuda-target", "transformers-qwen3_5") or str(r.get("tag", "")).startswith("prefill")
+
+loss_rows = [r for r in rows if not is_step(r) and not is_target(r) and not is_prefill(r)
              and (r.get("impl") in ("ddtree-cuda", "torch-gpu") or absent(r))]
 step_rows = [r for r in rows if is_step(r)]
 cuda = [r for r in rows if r.get("impl") == "ddtree-cuda" and not absent(r)]
@@ -240,3 +245,35 @@ for r in target_rows:
           f"{num(fig, '.2e') if isinstance(fig, (int, float)) else 'not finite'} "
           f"({r.get('cases_passed', '?')} comparisons passed, {r.get('cases_failed', '?')} failed"
           f"{'; ' + versions if versions else ''}; Gated DeltaNet: {r.get('gated_delta_rule', '-')})")
+
+# --- the target's prefill on the GPU -------------------------------------------------------
+print()
+print("## Target prefill, Qwen3.6-27B shape, bf16 (goals: >= 60% of the product ceiling, >= 3x transformers)")
+print()
+print("Layers in the real 3:1 pattern, per-layer time scaled to 64 layers; TFLOP/s count 2 T per layer weight "
+      "plus the causal attention (no embedding, no head); the ceiling: each side's own bf16 (T, H) x (H, I) product.")
+print()
+print("| run | impl | layers | tokens | prefill s | 64 layers s | tokens/s | TFLOP/s | ceiling | of ceiling | decode ms |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+prefill_rows = [r for r in rows if is_prefill(r)]
+for r in prefill_rows:
+    tag = r.get("tag", "?")
+    try:
+        if absent(r):
+            print(f"| {tag} | {r.get('impl', '-')} | {why(r)} | - | - | - | - | - | - | - | - |")
+            continue
+        print(f"| {tag} | {r.get('impl', '?')} | {r.get('layers', '?')} | {r.get('tokens', '?')} "
+              f"| {num(r.get('prefill_s'), '.3f')} | {num(r.get('prefill_s_64_layers'), '.2f')} "
+              f"| {num(r.get('tokens_per_s'), ',.0f')} | {num(r.get('tflops'), '.1f')} | {num(r.get('ceiling_tflops'), '.1f')} "
+              f"| {pct(r.get('tflops'), r.get('ceiling_tflops'))} | {num(r.get('decode_ms'), '.2f')} |")
+    except Exception as exc:
+        print(f"| {tag} | unreadable line: {exc!r} | - | - | - | - | - | - | - | - | - |")
+if not prefill_rows:
+    print("| - | no target prefill line | - | - | - | - | - | - | - | - | - |")
+ours = [r for r in prefill_rows if r.get("impl") == "ddtree-cuda-target" and not absent(r)]
+theirs = [r for r in prefill_rows if r.get("impl") == "transformers-qwen3_5" and not absent(r)]
+if ours and theirs and all(isinstance(x.get("prefill_s_64_layers"), (int, float)) for x in (ours[0], theirs[0])):
+    ratio = theirs[0]["prefill_s_64_layers"] / ours[0]["prefill_s_64_layers"]
+    print()
+    print(f"- ddtree's prefill against transformers', same run: {ratio:.2f}x ({'met' if ratio >= 3 else 'not met'}: >= 3x); "
+          f"of its ceiling: {pct(ours[0].get('tflops'), ours[0].get('ceiling_tflops'))} (goal 60%)")
