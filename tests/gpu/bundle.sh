@@ -41,11 +41,15 @@ MODELS=(qwen35-tiny stories260k)
 PROVIDED='^(ld-linux[^ ]*|linux-vdso\.so\.1|libc\.so\.|libm\.so\.|libdl\.so\.|libpthread\.so\.|librt\.so\.|libgcc_s\.so\.|libstdc\+\+\.so\.|libcuda\.so\.|libcudart\.so\.|libcublas\.so\.|libcublasLt\.so\.|libnccl\.so\.)'
 
 export PATH="$PATH:/usr/local/cuda/bin"
-# configured every time (quick once cached), so that targets added since are known to make
-[ -f "$BUILD/CMakeCache.txt" ] || echo "bundle: configuring $BUILD (CUDA sm_90;100, portable CPU code)"
-cmake -S "$ROOT" -B "$BUILD" -DDDTREE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="90;100" \
-      -DDDTREE_NATIVE=OFF -DCMAKE_BUILD_TYPE=Release >"$BUILD.log" 2>&1 ||
-    { tail -n 30 "$BUILD.log" >&2; echo "bundle: configure failed (log: $BUILD.log)" >&2; exit 1; }
+if [ ! -f "$BUILD/CMakeCache.txt" ]; then
+    echo "bundle: configuring $BUILD (CUDA sm_90;100, portable CPU code)"
+    cmake -S "$ROOT" -B "$BUILD" -DDDTREE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="90;100" \
+          -DDDTREE_NATIVE=OFF -DCMAKE_BUILD_TYPE=Release >"$BUILD.log" 2>&1 ||
+        { tail -n 30 "$BUILD.log" >&2; echo "bundle: configure failed (log: $BUILD.log)" >&2; exit 1; }
+else   # configured again with its own cache (no option changed, nothing rebuilt): targets added since
+    cmake "$BUILD" >"$BUILD.log" 2>&1 ||
+        { tail -n 30 "$BUILD.log" >&2; echo "bundle: configure failed (log: $BUILD.log)" >&2; exit 1; }
+fi
 echo "bundle: building ${BINARIES[*]} in $BUILD"
 cmake --build "$BUILD" -j "$(nproc)" --target "${BINARIES[@]}" >>"$BUILD.log" 2>&1 ||
     { tail -n 30 "$BUILD.log" >&2; echo "bundle: build failed (log: $BUILD.log)" >&2; exit 1; }
