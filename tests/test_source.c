@@ -12,7 +12,9 @@
  * through "qwen3_5". Sources: synthetic (order, seek, held-out), hf with a token file over a llama
  * directory written here (shuffle per epoch, cut, skip, held-out reservation, features ==
  * the target's forward), shards written here (read back exactly, BF16, tied heads, every
- * validation rule refused with the file named), empty and one-token sequences skipped.
+ * validation rule refused with the file named), empty and one-token sequences skipped;
+ * tokens_only (a co-located run): the same tokens, no features, a token file's target never
+ * opened (no head), shards refused.
  * Good files are written through shard.h's writers; the broken ones by hand (shard.h's own
  * rules are tested by tests/test_shard.c).
  * ctest: one line per case, a final "N passed, M failed".
@@ -550,6 +552,8 @@ static int same(const saved *sv, const ddt_sequence *q)
 /* ------------------------------------------------------------------------------------------
  * Synthetic source
  */
+
+static ddt_source_config synthetic_config(int prefetch);
 
 static ddt_source_config synthetic_config(int prefetch)
 {
@@ -1321,6 +1325,75 @@ static void test_short_sequences_skipped(void)
     free(paths);
 }
 
+/* tokens_only: the synthetic source's and a token file's sequences are the full sources' tokens
+ * and masks, with features and teacher NULL; the token file's target is never opened (its head
+ * is NULL, its shape from config.json); shards refuse it. */
+static void test_tokens_only(void)
+{
+    char err[512] = "", dir[256], tokens_path[256];
+    ddt_source_config full[2], only[2];
+    full[0] = synthetic_config(2);
+    snprintf(dir, sizeof dir, "%s/llama-tokens-only", tmpdir);
+    snprintf(tokens_path, sizeof tokens_path, "%s/tokens-only.safetensors", tmpdir);
+    write_synthetic_llama_dir(dir, 17);
+    int32_t ids[TOK_TOTAL];
+    int64_t offsets[TOK_SEQS + 1] = { 0 };
+    for (int i = 0; i < TOK_TOTAL; i++)
+        ids[i] = (i * 7 + 3) % V;
+    for (int q = 0; q < TOK_SEQS; q++)
+        offsets[q + 1] = offsets[q] + tok_lengths[q];
+    check(ddt_shard_tokens_write(tokens_path, ids, TOK_TOTAL, offsets, TOK_SEQS, V, err, sizeof err) == 0,
+          "writing tokens: %s", err);
+    full[1] = tokens_config(dir, tokens_path);
+    for (int k = 0; k < 2 && !case_failed; k++) {
+        only[k] = full[k];
+        only[k].tokens_only = 1;
+        ddt_source *a, *b;
+        check(ddt_source_open(&full[k], H, &a, err, sizeof err) == 0, "open %d: %s", k, err);
+        if (case_failed)
+            return;
+        check(ddt_source_open(&only[k], H, &b, err, sizeof err) == 0, "open %d tokens only: %s", k, err);
+        if (case_failed) {
+            ddt_source_close(a);
+            return;
+        }
+        check(ddt_source_vocab(b) == V && ddt_source_target_layers(b) == 3, "source %d tokens only: vocab %lld, "
+              "layers %lld", k, (long long)ddt_source_vocab(b), (long long)ddt_source_target_layers(b));
+        check(k == 0 ? ddt_source_embed(b) != NULL : ddt_source_embed(b) == NULL && ddt_source_lm_head(b) == NULL,
+              "source %d tokens only: the head is %s", k, k == 0 ? "missing (the generator's)" : "there (no target)");
+        check(ddt_source_queue_bytes(&only[k], H) < ddt_source_queue_bytes(&full[k], H),
+              "source %d: the tokens-only queue is not smaller", k);
+        for (int i = 0; i < 2 * RUN && !case_failed; i++) {
+            ddt_sequence x, y;
+            const int held = i >= RUN;
+            int rc = held ? ddt_source_heldout(a, i - RUN < 2 ? i - RUN : 1, &x, err, sizeof err)
+                          : ddt_source_next(a, &x, err, sizeof err);
+            check(rc == 0, "source %d sequence %d: %s", k, i, err);
+            static saved want;
+            save(&want, &x);
+            rc = held ? ddt_source_heldout(b, i - RUN < 2 ? i - RUN : 1, &y, err, sizeof err)
+                      : ddt_source_next(b, &y, err, sizeof err);
+            check(rc == 0 && y.S == want.S && !memcmp(y.input_ids, want.ids, (size_t)y.S * sizeof(int32_t)) &&
+                      !memcmp(y.loss_mask, want.mask, (size_t)y.S) && !y.features && !y.teacher_hidden,
+                  "source %d %s %d: tokens only differ from the full source's, or carry features", k,
+                  held ? "held-out" : "sequence", i);
+        }
+        ddt_source_close(a);
+        ddt_source_close(b);
+    }
+    ddt_source_config sh = full[1];
+    sh.kind = DDT_SOURCE_SHARDS;
+    sh.tokens_only = 1;
+    char paths[1][1024] = { "/nonexistent.safetensors" };
+    sh.shards = paths;
+    sh.shard_count = 1;
+    ddt_source *s = NULL;
+    int rc = ddt_source_open(&sh, H, &s, err, sizeof err);
+    check(rc == -EINVAL && strstr(err, "tokens only"), "shards tokens only: rc %d, '%s'", rc, err);
+    if (!rc)
+        ddt_source_close(s);
+}
+
 int main(void)
 {
     if (!mkdtemp(tmpdir)) {
@@ -1346,6 +1419,7 @@ int main(void)
         { "synthetic source: a loader error surfaces from next(), seek resumes", test_loader_error },
         { "source config errors", test_config_errors },
         { "hf token file: shuffle per epoch, cut, skip, held-out", test_hf_tokens },
+        { "tokens only: the same tokens, no features, no target for a token file", test_tokens_only },
         { "shards: F32 read back exactly", test_shards_read_back },
         { "shards: BF16 read back", test_shards_bf16 },
         { "shards: tied embed_tokens from model.language_model", test_shards_tied_heads },

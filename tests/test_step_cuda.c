@@ -291,8 +291,10 @@ static void test_out_of_memory(void)
 
 static char state_dir[] = "/tmp/ddtree_test_step_cuda.XXXXXX";
 
-#define RUN(devices)                                                                              \
-    "{\"name\": \"g\", \"target\": {\"kind\": \"synthetic\", \"hidden_size\": 32, "               \
+/* the target "host" (one fp32 target on the host, as the CPU run's): the drafter's step alone
+ * differs between the runs; place "same" puts a bf16 replica on each GPU (test_run_colocated) */
+#define RUN_AT(devices, place)                                                                    \
+    "{\"name\": \"g\", \"target\": {\"kind\": \"synthetic\", \"devices\": \"" place "\", \"hidden_size\": 32, " \
     "\"num_hidden_layers\": 4, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, "          \
     "\"head_dim\": 8, \"intermediate_size\": 48, \"vocab_size\": 96},"                             \
     " \"drafter\": {\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 2," \
@@ -303,6 +305,7 @@ static char state_dir[] = "/tmp/ddtree_test_step_cuda.XXXXXX";
     " \"loss\": {\"kl_weight\": 0.15, \"cap_weight\": 0.05, \"chunk\": 64},"                       \
     " \"devices\": " devices ", \"checkpoint\": {\"every_steps\": 100, \"keep\": 2},"             \
     " \"eval\": {\"every_steps\": 100, \"sequences\": 4, \"tree_budgets\": [2, 8]}}"
+#define RUN(devices) RUN_AT(devices, "host")
 
 typedef struct run_figures {
     double loss[4], norm[4], tau_chain;
@@ -357,6 +360,21 @@ static void test_run_one_gpu(void)
     compare_runs("[\"cuda:0\"]");
 }
 
+/* co-located: the target's bf16 replica on cuda:0 makes the features (bf16 weights: ~7e-3 off
+ * fp32's, tests/test_source.c), so the run follows the CPU's loosely: every loss within 5% */
+static void test_run_colocated(void)
+{
+    char cpu_json[4096], dev_json[4096];
+    snprintf(cpu_json, sizeof cpu_json, RUN("%s"), "\"cpu\"");
+    snprintf(dev_json, sizeof dev_json, RUN_AT("%s", "same"), "[\"cuda:0\"]");
+    run_figures a = { 0 }, b = { 0 };
+    if (run_trainer(cpu_json, &a) || run_trainer(dev_json, &b))
+        return;
+    for (int i = 0; i < 4; i++)
+        check(isfinite(b.loss[i]) && max_rel(b.loss[i], a.loss[i]) <= 5e-2, "step %d: loss %.9g, CPU %.9g",
+              i + 1, b.loss[i], a.loss[i]);
+}
+
 static void test_run_two_gpus(void)
 {
     compare_runs("[\"cuda:0\", \"cuda:1\"]");
@@ -381,6 +399,7 @@ int main(void)
     if (!self_check) {
         scratch_dir(state_dir);
         run_case("run: \"cpu\" against [\"cuda:0\"], 4 steps, eval, export", test_run_one_gpu);
+        run_case("run: co-located on cuda:0 (a bf16 target replica) against \"cpu\"", test_run_colocated);
         if (ddk_cuda_device_count() >= 2)
             run_case("run: \"cpu\" against [\"cuda:0\", \"cuda:1\"] (NCCL), 4 steps", test_run_two_gpus);
         else

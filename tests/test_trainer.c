@@ -14,7 +14,12 @@
  *     is refused (also by ddt_trainer_open, before any step, on a machine without a GPU);
  *   - a GPU the node does not have ("cuda:N") fails at open, naming it, and leaves nothing
  *     that changes a later run;
- *   - train.precision "bf16": finite losses close to fp32's, not identical to them.
+ *   - train.precision "bf16": finite losses close to fp32's, not identical to them;
+ *   - target.devices "same" on CPU ranks (each rank prefills its sequences with its own fp32
+ *     replica): the losses and the evaluation of the host target's run bit for bit, and rank 0's
+ *     measured peak against the plan's co-located figures (10%), the host's against the source's
+ *     generator; "auto" resolves to co-located on GPU ranks only, "same" / "host" with shards and
+ *     unknown values are refused naming target.devices.
  * ctest: one line per case, a final "N passed, M failed".
  */
 #include "check.h"
@@ -329,6 +334,15 @@ static void test_config_errors(void)
         { "{\"cluster\": {\"unique_id\": \"@ID@\", \"world_size\": 4}, \"devices\": \"all\"}", "devices" },
         { "{\"cluster\": {\"unique_id\": \"@ID@\", \"world_size\": 4}, \"devices\": \"cpu\"}", "devices" },
         { "{\"cluster\": {\"unique_id\": \"@ID@\", \"world_size\": 4}}", "devices" },
+        /* target.devices */
+        { "{\"target\": {\"devices\": \"gpu\"}}", "target.devices" },
+        { "{\"target\": {\"devices\": \"Same\"}}", "target.devices" },
+        { "{\"target\": {\"devices\": \"\"}}", "target.devices" },
+        { "{\"target\": {\"devices\": 3}}", "target.devices" },
+        { "{\"target\": {\"devices\": null}}", "target.devices" },
+        { "{\"target\": {\"devices\": [\"same\"]}}", "target.devices" },
+        { "{\"target\": {\"kind\": \"shards\", \"path\": \"/x\", \"shards\": [\"/x/a\"], \"devices\": \"same\"}}", "target.devices" },
+        { "{\"target\": {\"kind\": \"shards\", \"path\": \"/x\", \"shards\": [\"/x/a\"], \"devices\": \"host\"}}", "target.devices" },
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         ddt_run_config c;
@@ -350,6 +364,9 @@ static void test_config_errors(void)
         { "{\"devices\": [\"cuda:2\", \"cuda:0\", \"cuda:2\"]}", "cuda:2 twice" },
         { "{\"cluster\": {\"unique_id\": \"@ID@0\"}}", "256" },
         { "{\"cluster\": {\"unique_id\": \"abc\", \"world_size\": 2}, \"devices\": 1}", "hex" },
+        { "{\"target\": {\"devices\": \"gpu\"}}", "\"auto\", \"host\", \"same\" or a list of GPUs" },
+        { "{\"target\": {\"kind\": \"shards\", \"path\": \"/x\", \"shards\": [\"/x/a\"], \"devices\": \"same\"}}",
+          "no target at train time" },
     };
     for (size_t i = 0; i < sizeof messages / sizeof messages[0]; i++) {
         ddt_run_config c;
@@ -379,6 +396,38 @@ static void test_config_good(void)
         check(c.devices_kind == DDT_DEVICES_ALL && c.ranks == 1, "devices defaults to \"all\" (kind %d, ranks %lld)",
               (int)c.devices_kind, (long long)c.ranks);
         check(!*c.cluster_id && c.cluster_world == 0 && c.cluster_first == 0, "cluster defaults to none");
+        check(c.target_place == DDT_TARGET_AUTO && c.target_devices_count == 0,
+              "target.devices defaults to \"auto\" (place %d)", (int)c.target_place);
+        ddt_run_config_free(&c);
+    }
+    static const struct { const char *json; ddt_target_place place; int cpu, gpu; } places[] = {
+        /* the place, and whether it is co-located on CPU ranks and on GPU ranks */
+        { "{}", DDT_TARGET_AUTO, 0, 1 },
+        { "{\"target\": {\"devices\": \"auto\"}}", DDT_TARGET_AUTO, 0, 1 },
+        { "{\"target\": {\"devices\": \"host\"}}", DDT_TARGET_HOST, 0, 0 },
+        { "{\"target\": {\"devices\": \"same\"}}", DDT_TARGET_SAME, 1, 1 },
+        { "{\"target\": {\"kind\": \"hf\", \"path\": \"/x\", \"devices\": \"same\"}, \"devices\": \"cpu\"}", DDT_TARGET_SAME, 1, 1 },
+        { "{\"target\": {\"devices\": [\"cuda:2\"]}, \"devices\": [\"cuda:0\"]}", DDT_TARGET_SPLIT, 0, 0 },
+        { "{\"target\": {\"kind\": \"shards\", \"path\": \"/x\", \"shards\": [\"/x/a\"]}}", DDT_TARGET_AUTO, 0, 0 },
+        { "{\"target\": {\"kind\": \"shards\", \"path\": \"/x\", \"shards\": [\"/x/a\"], \"devices\": \"auto\"}}", DDT_TARGET_AUTO, 0, 0 },
+    };
+    for (size_t i = 0; i < sizeof places / sizeof places[0]; i++) {
+        if (!parse_ok(places[i].json, &c))
+            continue;
+        check(c.target_place == places[i].place && ddt_devices_colocated(&c, 0) == places[i].cpu &&
+                  ddt_devices_colocated(&c, 1) == places[i].gpu,
+              "%s: place %d, co-located on CPU ranks %d, on GPUs %d; want %d, %d, %d", places[i].json,
+              (int)c.target_place, ddt_devices_colocated(&c, 0), ddt_devices_colocated(&c, 1), (int)places[i].place,
+              places[i].cpu, places[i].gpu);
+        /* ddt_run_config_devices says the same on a node without GPUs and with two */
+        for (int gpus = 0; gpus <= 2 && c.target_place != DDT_TARGET_SPLIT; gpus += 2) {
+            ddt_devices d;
+            char err[512] = "";
+            const ddt_node node = { .gpus = gpus };
+            int rc = ddt_run_config_devices(&c, node, &d, err, sizeof err, NULL, 0);
+            check(rc == 0 && d.colocated == (d.gpu ? places[i].gpu : places[i].cpu),
+                  "%s on %d GPUs: rc %d (%s), colocated %d", places[i].json, gpus, rc, err, d.colocated);
+        }
         ddt_run_config_free(&c);
     }
     if (parse_ok("{\"train\": {\"precision\": \"bf16\"}}", &c))
@@ -704,6 +753,86 @@ static void test_eval_blocks(void)
           (long long)blocks[0], (long long)blocks[1]);
 }
 
+/* json with "devices": place in its target object */
+static void with_place(const char *json, const char *place, char *out, size_t len)
+{
+    const char *at = strstr(json, "\"target\": {") + strlen("\"target\": {");
+    snprintf(out, len, "%.*s\"devices\": \"%s\", %s", (int)(at - json), json, place, at);
+}
+
+/* target.devices "same" on CPU ranks: each rank's fp32 replica (the source's seed, its own
+ * backend, the same CPU ops) computes what the host target computed, then the same noise: the
+ * losses and the evaluation are the host run's bit for bit. 2 ranks, 3 steps, then an eval. */
+static void test_colocated_same_losses(void)
+{
+    enum { STEPS = 3 };
+    static const char *const places[2] = { "host", "same" };
+    double losses[2][STEPS];
+    ddt_acceptance acc[2];
+    for (int k = 0; k < 2; k++) {
+        char json[4096], err[1024] = "";
+        with_place(TINY("2", ""), places[k], json, sizeof json);
+        ddt_trainer *t = open_run(json, NULL);
+        if (!t)
+            return;
+        const ddt_memory_plan *p = ddt_trainer_plan(t);
+        check(p->target.placement == (k ? DDT_PLACE_SAME : DDT_PLACE_HOST),
+              "target.devices \"%s\" on CPU ranks: placement %d", places[k], p->target.placement);
+        run_steps(t, STEPS, losses[k], NULL);
+        check(ddt_trainer_eval(t, &acc[k], err, sizeof err) == 0, "eval (%s): %s", places[k], err);
+        ddt_trainer_close(t);
+    }
+    for (int i = 0; i < STEPS; i++)
+        check(losses[1][i] == losses[0][i], "step %d: co-located %.9g, host %.9g (bit for bit)", i + 1,
+              losses[1][i], losses[0][i]);
+    check(acc[1].blocks == acc[0].blocks && acc[1].blocks > 0 &&
+              ddt_acceptance_tau_chain(&acc[1]) == ddt_acceptance_tau_chain(&acc[0]) &&
+              ddt_acceptance_tau_tree(&acc[1], 1) == ddt_acceptance_tau_tree(&acc[0], 1),
+          "eval: co-located %lld blocks, tau %.9g, tree(8) %.9g; host %lld, %.9g, %.9g", (long long)acc[1].blocks,
+          ddt_acceptance_tau_chain(&acc[1]), ddt_acceptance_tau_tree(&acc[1], 1), (long long)acc[0].blocks,
+          ddt_acceptance_tau_chain(&acc[0]), ddt_acceptance_tau_tree(&acc[0], 1));
+    printf("  # losses host %.9g %.9g %.9g, co-located %.9g %.9g %.9g; tau host %.6f, co-located %.6f\n",
+           losses[0][0], losses[0][1], losses[0][2], losses[1][0], losses[1][1], losses[1][2],
+           ddt_acceptance_tau_chain(&acc[0]), ddt_acceptance_tau_chain(&acc[1]));
+}
+
+/* A co-located CPU run's rank 0 holds the drafter's bytes and its replica (fp32 weights held,
+ * its prefill's workspace before the step, no frozen head of its own): its measured peak
+ * against the plan's SAME figure (10%). The host keeps the source's generator target (fp32
+ * weights, two generators' caches) and its token queue: between one generator's and both. */
+static void test_plan_colocated_peak(void)
+{
+    char json[4096];
+    with_place(TINY("1", ""), "same", json, sizeof json);
+    ddk_allocator_reset_peak(ddk_allocator_cpu());
+    ddt_trainer *t = open_run(json, NULL);
+    if (!t)
+        return;
+    double losses[1];
+    ddt_step_record rec = { 0 };
+    run_steps(t, 1, losses, &rec);
+    const ddt_memory_plan *p = ddt_trainer_plan(t);
+    check(p->target.placement == DDT_PLACE_SAME && p->frozen_head == 0 && p->target.weights > 0 &&
+              p->target.cache == 0 && p->target.host > p->target.queue,
+          "co-located on a CPU rank: placement %d, frozen head %lld, replica %lld, cache %lld, host %lld",
+          p->target.placement, (long long)p->frozen_head, (long long)p->target.weights, (long long)p->target.cache,
+          (long long)p->target.host);
+    double predicted = (double)p->peak, measured = (double)ddk_allocator_stats(ddk_allocator_cpu_rank(0)).peak;
+    check(fabs(measured - predicted) <= 0.10 * predicted, "rank 0's peak %.0f vs the plan's %.0f (%+.1f%%)", measured,
+          predicted, 100.0 * (measured - predicted) / predicted);
+    const double host_plan = (double)p->target.host, host = (double)ddk_allocator_stats(ddk_allocator_cpu()).peak;
+    ddt_target_footprint f;
+    char err[256];
+    ddt_run_footprint(ddt_trainer_config(t), &f, err, sizeof err);
+    const double one_generator = host_plan - (double)f.cache_bytes;
+    check(host <= host_plan && host >= one_generator, "host peak %.0f outside the plan's %.0f (both generators) .. "
+          "%.0f (one)", host, host_plan, one_generator);
+    printf("  # rank 0: plan %.0f bytes (replica %lld), measured %.0f (%+.1f%%); host: plan %.0f (one generator "
+           "%.0f), measured %.0f\n", predicted, (long long)p->target.weights, measured,
+           100.0 * (measured - predicted) / predicted, host_plan, one_generator, host);
+    ddt_trainer_close(t);
+}
+
 int main(void)
 {
     if (!mkdtemp(state_dir)) {
@@ -724,6 +853,8 @@ int main(void)
         { "out-of-memory recovery", test_oom_recovery },
         { "plan vs measured peak", test_plan_vs_peak },
         { "the target's plan vs the host's peak", test_plan_target_host },
+        { "target.devices same on CPU ranks: the host run's losses bit for bit", test_colocated_same_losses },
+        { "co-located plan vs rank 0's and the host's peaks", test_plan_colocated_peak },
     };
     int passed = 0, failed = 0;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

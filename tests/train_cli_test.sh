@@ -35,7 +35,7 @@ if grep -q "each of 3 target GPU(s):" <<<"$out" && grep -q "budget 95.000 GB: fi
 else
     fail "plan seed-ddtree-96gb.json: a split of 3 target GPUs, fits 95 GB" "$out"
 fi
-sed 's/"devices": \["cuda:5", "cuda:6", "cuda:7"\],/"devices": "same",/' "$root/examples/seed-ddtree-96gb.json" >"$work/same96.json"
+sed 's/"devices": \["cuda:5", "cuda:6", "cuda:7"\]/"devices": "same"/' "$root/examples/seed-ddtree-96gb.json" >"$work/same96.json"
 out=$(cd "$root" && "$ddtreed" plan "$work/same96.json" 2>&1)
 if [ $? -eq 1 ] && grep -q "proposed: co-location does not fit" <<<"$out" && grep -q "co-located, the target and the drafter need" <<<"$out"; then
     ok "plan: co-location on 95 GB does not fit, a split is proposed"

@@ -1,5 +1,6 @@
 /* devices.c: "devices" and "target.devices" resolved against a node (devices.h): how many
- * ranks, which GPUs, where the target runs, and the limits of this build (NCCL for more than one GPU rank, the CUDA attention's head_dim).
+ * ranks, which GPUs, where the target runs (co-located on the ranks, or on the host: "auto"
+ * decides by the ranks, ddt_devices_colocated), and the limits of this build (NCCL for more than one GPU rank, the CUDA attention's head_dim).
  * Not here: parsing "devices" (run_config.c) and placing a rank on its device (trainer.c).
  * Tested by tests/test_trainer.c.
  */
@@ -14,9 +15,10 @@
 
 /* What a GPU run of `ranks` ranks (over all daemons) needs of this build: NCCL for more than
  * one rank, and a drafter head_dim the CUDA attention takes (head_dim <= DDK_CUDA_MAX_HEAD_DIM,
- * ddk.h), refused here rather than by the attention at the first step. The target needs no
- * such check: its forward (the online sources' generation and taps) runs on the CPU backend
- * even in a GPU run. field may be NULL. 0 or -EINVAL with err ("drafter.head_dim: ..."). */
+ * ddk.h), refused here rather than by the attention at the first step. A co-located target's
+ * prefill runs on the GPU too, but its shape is in its config.json, which this pure step does not
+ * read: a replica the backend cannot run fails at open (trainer.c, naming the rank). field may
+ * be NULL. 0 or -EINVAL with err ("drafter.head_dim: ..."). */
 static int check_gpu_limits(const ddt_run_config *c, ddt_node node, int64_t ranks, char *err, size_t err_len,
                             char *field, size_t field_len)
 {
@@ -185,9 +187,21 @@ static int target_devices(const ddt_run_config *c, ddt_node node, ddt_devices *o
     return 0;
 }
 
+int ddt_devices_colocated(const ddt_run_config *c, int gpu)
+{
+    if (c->target_kind == DDT_SOURCE_SHARDS || c->target_place == DDT_TARGET_SPLIT)
+        return 0;
+    /* CPU ranks share the host's memory: one host target serves them all, so "auto" keeps it */
+    return c->target_place == DDT_TARGET_SAME || (c->target_place == DDT_TARGET_AUTO && gpu);
+}
+
 int ddt_run_config_devices(const ddt_run_config *c, ddt_node node, ddt_devices *out, char *err,
                            size_t err_len, char *field, size_t field_len)
 {
     int rc = drafter_devices(c, node, out, err, err_len, field, field_len);
-    return rc ? rc : target_devices(c, node, out, err, err_len, field, field_len);
+    if (!rc)
+        rc = target_devices(c, node, out, err, err_len, field, field_len);
+    if (!rc)
+        out->colocated = ddt_devices_colocated(c, out->gpu);
+    return rc;
 }

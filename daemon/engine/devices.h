@@ -1,6 +1,8 @@
 /* devices.h: where a run's ranks go on a node: the run config's "devices" (and its cluster
  * section) resolved against the GPUs this process sees and what this build can join, before
- * the trainer places a rank on each (trainer.c) and the planner sizes them. The config itself
+ * the trainer places a rank on each (trainer.c) and the planner sizes them, and whether the
+ * target is co-located (a replica on every rank: "target.devices" "same", or "auto" on GPU
+ * ranks) or on the host ("host", or "auto" on CPU ranks). The config itself
  * is parsed by run_config.c, which does not look at the node.
  * Tested by tests/test_trainer.c (nodes of 0, 1, 2 and 8 GPUs, with and without NCCL).
  */
@@ -19,6 +21,9 @@ typedef struct ddt_devices {
     int gpu;                        /* 1: the ranks are GPUs; 0: CPU ranks */
     int ranks;                      /* this daemon's */
     int32_t gpu_ids[DDT_MAX_RANKS]; /* gpu: the GPU ordinal of each rank */
+    int colocated;                  /* 1: every rank runs its own replica of the target on its own
+                                       backend (ddt_devices_colocated); 0: the source's host target,
+                                       a split, or no target (shards) */
     char note[256];                 /* "" or a sentence for the run's events and the plan: "all"
                                        left GPUs idle (fewer sequences per step than GPUs) */
 } ddt_devices;
@@ -31,6 +36,10 @@ typedef struct ddt_node {
 
 /* This process's node: ddk_cuda_device_count(), and ddk_has_cuda() && !ddk_has_nccl(). */
 ddt_node ddt_node_here(void);
+
+/* Whether c's target is co-located with ranks that are GPUs (gpu 1) or CPU ranks (gpu 0):
+ * "same", or "auto" on GPU ranks; never for shards (no target) or a split. */
+int ddt_devices_colocated(const struct ddt_run_config *c, int gpu);
 
 /* The ranks of this daemon for a run on `node` (ddt_node_here(); a test passes any node).
  * Every rank trains on one sequence of each step at least, so "all" takes min(gpus, train.sequences_per_step) GPUs (saying so in out->note), while ranks named

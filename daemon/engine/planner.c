@@ -3,8 +3,9 @@
  * (ddt_drafter_step_bytes, ddk_loss_workspace_bytes), so prediction and allocation agree by
  * construction (ddk_attention_workspace_bytes too); what remains between prediction and
  * measurement is rounding of allocations and the loss's and attention's workspaces never
- * overlapping.
- * Tested by tests/test_trainer.c.
+ * overlapping. The target's part follows its placement (planner.h): the host's target, a
+ * replica co-located on every rank (CPU or GPU), or a split.
+ * Tested by tests/test_trainer.c (the drafter's peak, HOST's host peak, SAME on CPU ranks).
  */
 #include "planner.h"
 #include "errors.h"
@@ -16,31 +17,49 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The target's bytes where it runs, for a placement (HOST, SAME or SPLIT with `devices` GPUs) */
+/* The bytes of a bf16 replica (a GPU's, opened with ddt_target_options.bf16 whatever the
+ * checkpoint's dtype): exact for synthetic and BF16 checkpoints; an F32 / F16 checkpoint's
+ * footprint knows only its fp32 block, halved (its fp32 vectors counted at half: < 0.1% low) */
+static int64_t bf16_weight_bytes(const ddt_run_config *c, const ddt_target_footprint *f)
+{
+    if (c->target_kind == DDT_SOURCE_SYNTHETIC)
+        return ddt_target_weight_bytes(&c->synthetic, 1);
+    return f->stored_bytes == 2 ? f->stored_weight_bytes : f->fp32_bytes / 2;
+}
+
+/* The target's bytes where it runs, for a placement (HOST, SAME or SPLIT with `devices` GPUs)
+ * on ranks that are GPUs (gpu) or CPU ranks */
 static void target_bytes(const ddt_run_config *c, const ddt_target_footprint *f, ddt_placement placement,
-                         int64_t devices, ddt_target_plan *t)
+                         int64_t devices, int gpu, ddt_target_plan *t)
 {
     const int generating = c->target_kind == DDT_SOURCE_SYNTHETIC || !*c->target_tokens;
     memset(t, 0, sizeof *t);
     t->placement = placement;
     t->devices = placement == DDT_PLACE_SPLIT ? devices : 0;
-    t->weights = placement == DDT_PLACE_HOST ? f->fp32_bytes : f->stored_weight_bytes;
-    /* the host's source runs its loader and its held-out worker, each with a generator */
+    t->weights = placement == DDT_PLACE_HOST ? f->fp32_bytes
+                 : placement == DDT_PLACE_SAME ? (gpu ? bf16_weight_bytes(c, f) : f->fp32_bytes)
+                                               : f->stored_weight_bytes;
+    /* the host's source runs its loader and its held-out worker, each with a generator; a rank
+     * prefills its own sequences one at a time and never generates */
     const int threads = placement == DDT_PLACE_HOST ? 2 : 1;
     t->workspace = threads * f->prefill_bytes;
-    t->cache = generating ? threads * f->cache_bytes : 0;
-    if (placement == DDT_PLACE_HOST) {
+    t->cache = generating && placement != DDT_PLACE_SAME ? threads * f->cache_bytes : 0;
+    if (placement == DDT_PLACE_HOST || placement == DDT_PLACE_SAME) {
         ddt_source_config src;
         ddt_run_config_source(c, &src);
+        src.tokens_only = placement == DDT_PLACE_SAME;
         t->queue = ddt_source_queue_bytes(&src, f->hidden);
     }
+    if (placement == DDT_PLACE_SAME)   /* the source's generator target stays on the host */
+        t->host = t->queue + (generating ? f->fp32_bytes + 2 * f->cache_bytes : 0);
 }
 
 /* The drafter's figures at (chunk, tile), and the peak of one drafter device with the target as
  * t places it: SAME adds its weights to what the device holds throughout and its forward (run
- * while preparing the batch, never during the step) beside the step's transient bytes; the
- * drafter then reads embed_tokens / lm_head in the target's copy. SPLIT adds the two
- * feature batches the hand-off keeps in flight, and a copy of the head in the stored type. */
+ * by the rank before its step, never during it) beside the step's transient bytes; a CPU rank
+ * then reads embed_tokens / lm_head in its fp32 replica, a GPU keeps an fp32 copy (the loss
+ * reads fp32 only). SPLIT adds the two feature batches the hand-off keeps in flight, and a copy
+ * of the head in the stored type. */
 static void fill(const ddt_run_config *c, int tied_head, int64_t chunk, int64_t tile, const ddt_target_footprint *f,
                  ddt_target_plan *t, ddt_memory_plan *p)
 {
@@ -58,7 +77,7 @@ static void fill(const ddt_run_config *c, int tied_head, int64_t chunk, int64_t 
     p->weights = total * F;
     p->gradients = (micro < nseq ? 2 : 1) * total * F;
     p->optimizer = 2 * total * F;
-    p->frozen_head = placement == DDT_PLACE_SAME ? 0
+    p->frozen_head = placement == DDT_PLACE_SAME && !p->gpu ? 0
                      : (tied_head ? 1 : 2) * V * H * (placement == DDT_PLACE_SPLIT ? f->stored_bytes : F);
     p->batch = nseq * c->seq_len * ((d->taps + (uses_teacher ? 1 : 0)) * H * F + 5) +
                nseq * c->max_anchors * 5;
@@ -124,17 +143,18 @@ static int64_t split_target_gpus(double share, int node_gpus)
 }
 
 int ddt_plan(const ddt_run_config *c, int64_t budget, int tied_head, const ddt_target_footprint *f, int gpu,
-             int node_gpus, ddt_memory_plan *p)
+             int colocated, int node_gpus, ddt_memory_plan *p)
 {
     memset(p, 0, sizeof *p);
     p->budget = budget ? budget : c->budget_bytes;
+    p->gpu = gpu;
     ddt_target_plan t = { 0 };
     if (!f) {
         p->fits = fit_chunk(c, tied_head, NULL, NULL, p);
         return 0;
     }
-    if (!gpu) {
-        target_bytes(c, f, DDT_PLACE_HOST, 0, &t);
+    if (!gpu || (!colocated && c->target_devices_count == 0)) {   /* CPU ranks, or "host" */
+        target_bytes(c, f, colocated ? DDT_PLACE_SAME : DDT_PLACE_HOST, 0, gpu, &t);
         p->fits = fit_chunk(c, tied_head, f, &t, p);
         p->target = t;
         return 0;
@@ -145,13 +165,18 @@ int ddt_plan(const ddt_run_config *c, int64_t budget, int tied_head, const ddt_t
                                                         c->vocab_tile ? 5 : 3) *
                                  (double)((c->sequences_per_step + world - 1) / world);
     const double share = target_flops / (target_flops + drafter_flops);
-    if (c->target_devices_count == 0) {   /* "same": co-located when it fits */
-        target_bytes(c, f, DDT_PLACE_SAME, 0, &t);
+    if (c->target_devices_count == 0) {   /* co-located when it fits */
+        target_bytes(c, f, DDT_PLACE_SAME, 0, gpu, &t);
         p->fits = fit_chunk(c, tied_head, f, &t, p);
         t.flops_share = share;
         p->target = t;
         if (p->fits)
             return 0;
+        if (node_gpus == 0) {   /* the trainer's own plan: what it runs */
+            snprintf(p->why, sizeof p->why, "the target co-located needs %.1f GB per GPU against a budget of "
+                     "%.1f GB", p->peak / 1e9, p->budget / 1e9);
+            return 0;
+        }
         if (node_gpus < 2) {
             snprintf(p->why, sizeof p->why, "the target co-located needs %.1f GB per GPU against a budget of "
                      "%.1f GB, and a split needs two GPUs at least (this plan has %d)", p->peak / 1e9,
@@ -166,7 +191,8 @@ int ddt_plan(const ddt_run_config *c, int64_t budget, int tied_head, const ddt_t
         ddt_memory_plan q;
         memset(&q, 0, sizeof q);
         q.budget = p->budget;
-        target_bytes(&split, f, DDT_PLACE_SPLIT, split.target_devices_count, &t);
+        q.gpu = 1;
+        target_bytes(&split, f, DDT_PLACE_SPLIT, split.target_devices_count, 1, &t);
         q.fits = fit_chunk(&split, tied_head, f, &t, &q) && t.peak <= q.budget;
         t.proposed = 1;
         t.flops_share = share;
@@ -175,7 +201,7 @@ int ddt_plan(const ddt_run_config *c, int64_t budget, int tied_head, const ddt_t
                  "budget of %.1f GB", p->peak / 1e9, p->budget / 1e9);
         *p = q;
     } else {
-        target_bytes(c, f, DDT_PLACE_SPLIT, c->target_devices_count, &t);
+        target_bytes(c, f, DDT_PLACE_SPLIT, c->target_devices_count, 1, &t);
         p->fits = fit_chunk(c, tied_head, f, &t, p);
         t.flops_share = share;
         p->target = t;
@@ -218,7 +244,8 @@ void ddt_plan_print(const ddt_run_config *c, const ddt_memory_plan *p, FILE *out
     row(out, "gradients", p->gradients, p->peak, c->grad_accum > 1 ? "fp32, and one micro-batch's" : "fp32");
     row(out, "optimizer state", p->optimizer, p->peak, "AdamW m and v, fp32");
     row(out, "frozen target head", p->frozen_head, p->peak,
-        p->target.placement == DDT_PLACE_SAME ? "embed_tokens and lm_head: read in place, the target's copy"
+        p->target.placement == DDT_PLACE_SAME && !p->gpu ? "none: the rank reads its fp32 replica's embed_tokens and lm_head in place"
+        : p->target.placement == DDT_PLACE_SAME ? "embed_tokens and lm_head, an fp32 copy per GPU (the loss reads fp32; the replica's bf16 head is not read in place yet)"
         : p->target.placement == DDT_PLACE_SPLIT ? "embed_tokens and lm_head, in the stored type"
                                                  : "embed_tokens and lm_head, fp32");
     row(out, "batch", p->batch, p->peak, "features, teacher hidden, tokens");
@@ -233,14 +260,15 @@ void ddt_plan_print(const ddt_run_config *c, const ddt_memory_plan *p, FILE *out
     row(out, "attention workspace", p->attention_workspace, p->peak, "key tiles of one query group (not at the same time as the loss's)");
     const ddt_target_plan *t = &p->target;
     if (t->placement == DDT_PLACE_SAME)
-        row(out, "target (co-located)", t->weights, p->peak, "its weights in the stored type; its prefill "
-            "runs between steps, within the step's transient bytes");
+        row(out, "target (co-located)", t->weights, p->peak, p->gpu ? "the replica's weights, bf16; its prefill "
+            "runs before the step, within the step's transient bytes" : "the replica's weights, fp32; its prefill "
+            "runs before the step, within the step's transient bytes");
     if (t->placement == DDT_PLACE_SPLIT)
         row(out, "feature hand-off", t->handoff, p->peak, "two batches in flight (double-buffered)");
     row(out, "predicted peak", p->peak, p->peak, "");
     if (t->placement == DDT_PLACE_HOST || t->placement == DDT_PLACE_SPLIT) {
         if (t->placement == DDT_PLACE_HOST)
-            fprintf(out, "the target, in host memory (fp32, shared by the CPU ranks):\n");
+            fprintf(out, "the target, in host memory (fp32, shared by the ranks):\n");
         else
             fprintf(out, "each of %lld target GPU(s)%s:\n", (long long)t->devices,
                     t->proposed ? " (proposed: co-location does not fit)" : "");
@@ -253,10 +281,18 @@ void ddt_plan_print(const ddt_run_config *c, const ddt_memory_plan *p, FILE *out
             row(out, "feature hand-off", t->handoff, t->peak, "two batches in flight");
         row(out, "target peak", t->peak, t->peak, "");
     }
-    if (t->placement == DDT_PLACE_SAME || t->placement == DDT_PLACE_SPLIT)
-        fprintf(out, "  target: %.0f%% of a step's matrix FLOPs%s\n  (the placement's plan: this ddtreed "
-                "still trains a GPU run with its target on the host CPU, and refuses a split)\n",
-                100.0 * t->flops_share, t->proposed ? "; the split proposed gives it that share of the node's GPUs" : "");
+    if (t->placement == DDT_PLACE_SAME) {
+        const int generating = c->target_kind == DDT_SOURCE_SYNTHETIC || !*c->target_tokens;
+        fprintf(out, "the host, beside the replicas (the source yields tokens only):\n");
+        if (generating)
+            row(out, "generator target", t->host - t->queue, t->host, "the source's own fp32 target and two "
+                "generators' caches: sampling on the replica is not built yet");
+        row(out, "token queue", t->queue, t->host, "the source's buffers of tokens and loss masks");
+    }
+    if (t->placement == DDT_PLACE_SPLIT || (t->placement == DDT_PLACE_SAME && p->gpu))
+        fprintf(out, "  target: %.0f%% of a step's matrix FLOPs%s%s\n", 100.0 * t->flops_share,
+                t->proposed ? "; the split proposed gives it that share of the node's GPUs" : "",
+                t->placement == DDT_PLACE_SPLIT ? "\n  (the placement's plan: this ddtreed refuses a split at start)" : "");
     if (p->budget)
         fprintf(out, "  budget %.3f GB: %s\n", p->budget / 1e9,
                 p->fits ? "fits" : "does NOT fit even at the smallest chunk and vocab_tile tried");
@@ -299,6 +335,7 @@ char *ddt_plan_json(const ddt_run_config *c, const ddt_memory_plan *p, const cha
         cJSON_AddNumberToObject(j, "prefill", (double)t->workspace);
         cJSON_AddNumberToObject(j, "cache", (double)t->cache);
         cJSON_AddNumberToObject(j, "queue", (double)t->queue);
+        cJSON_AddNumberToObject(j, "host", (double)t->host);
         cJSON_AddNumberToObject(j, "handoff", (double)t->handoff);
         cJSON_AddNumberToObject(j, "peak_bytes", (double)t->peak);
         cJSON_AddNumberToObject(j, "flops_share", t->flops_share);
@@ -324,12 +361,13 @@ int ddt_plan_config(ddt_run_config *c, ddt_node node, int64_t budget, ddt_memory
     ddt_devices dev;
     char why[1024];
     int rc = ddt_run_config_devices(c, node, &dev, why, sizeof why, field, field_len);
-    int gpu = dev.gpu, node_gpus = node.gpus;
+    int gpu = dev.gpu, node_gpus = node.gpus, colocated = dev.colocated;
     if (rc == -ENODEV) {   /* planned away from the node it names: the ranks and GPUs it names */
         snprintf(remark, remark_len, "%s; planning with the %lld rank(s) it names", why, (long long)c->ranks);
         *field = '\0';
         gpu = c->devices_kind == DDT_DEVICES_LIST || c->target_devices_count > 0;
         node_gpus = (int)c->ranks + c->target_devices_count;
+        colocated = ddt_devices_colocated(c, gpu);
     } else if (rc) {
         return ddt_fail(err, err_len, rc, "%s", why);
     } else {
@@ -353,5 +391,5 @@ int ddt_plan_config(ddt_run_config *c, ddt_node node, int64_t budget, ddt_memory
     }
     if ((rc = ddt_run_config_resolve(c, hidden, vocab, layers, err, err_len)))
         return rc;
-    return ddt_plan(c, budget, tied, has_target ? &f : NULL, gpu, node_gpus, plan);
+    return ddt_plan(c, budget, tied, has_target ? &f : NULL, gpu, colocated, node_gpus, plan);
 }

@@ -2,6 +2,9 @@
  * optimiser state, the frozen target head, the batch, activations and the loss workspace on
  * one device (rank), and the largest `chunk` (then a `vocab_tile`) that fits a budget.
  * `ddtreed plan` and POST /plan print it; the trainer records measured peaks beside it.
+ * Where the target runs (API.md "Placement", DESIGN.md "Where the target runs"): on the host
+ * (HOST), co-located on every drafter rank, CPU or GPU (SAME: what the trainer runs for
+ * target.devices "same", "auto" on GPUs), or a split (planned only).
  * Tested by tests/test_trainer.c (prediction against the accounting allocator's peak).
  */
 #ifndef DDT_PLANNER_H
@@ -44,22 +47,31 @@ int ddt_run_footprint(const struct ddt_run_config *c, ddt_target_footprint *f, c
 /* Where the target runs (API.md "Placement"). */
 typedef enum ddt_placement {
     DDT_PLACE_NONE,    /* shards: no target at train time */
-    DDT_PLACE_HOST,    /* CPU ranks: one fp32 target in host memory, beside the ranks' own */
-    DDT_PLACE_SAME,    /* GPU ranks: a bf16 replica on each drafter GPU (target.devices "same") */
+    DDT_PLACE_HOST,    /* one fp32 target in host memory, beside the ranks' own (CPU ranks by
+                          default; GPU ranks with target.devices "host") */
+    DDT_PLACE_SAME,    /* a replica on each drafter rank: bf16 on a GPU, fp32 on a CPU rank
+                          (target.devices "same"; "auto" on GPU ranks) */
     DDT_PLACE_SPLIT    /* GPU ranks: replicas on target GPUs, features sent to drafter GPUs */
 } ddt_placement;
 
-/* The target's part of a plan: bytes where it runs (HOST: the host; SAME: on each drafter GPU,
- * counted in the drafter's peak; SPLIT: on each target GPU). */
+/* The target's part of a plan: bytes where it runs (HOST: the host; SAME: on each drafter rank,
+ * counted in the drafter's peak, and what the source still keeps on the host; SPLIT: on each
+ * target GPU). */
 typedef struct ddt_target_plan {
     ddt_placement placement;
     int proposed;              /* SPLIT: the planner's proposal (co-location does not fit) */
     int64_t devices;           /* SPLIT: target GPUs; else 0 */
-    int64_t weights;           /* params x stored bytes on a GPU, x 4 on the host (fp32) */
-    int64_t workspace;         /* the prefills at once (HOST: two threads; GPU: one) */
+    int64_t weights;           /* HOST, SAME on CPU ranks: fp32; SAME on GPUs: bf16 (what the replica
+                                  is opened as); SPLIT: the checkpoint's stored type */
+    int64_t workspace;         /* the prefills at once (HOST: two threads; else one) */
     int64_t cache;             /* generating: the generators' caches (HOST: the loader's and the
-                                  held-out worker's; GPU: one); token files: 0 */
-    int64_t queue;             /* HOST: the source's sequence buffers (ddt_source_queue_bytes) */
+                                  held-out worker's; SPLIT: one; SAME: 0, the replica does not
+                                  generate); token files: 0 */
+    int64_t queue;             /* HOST, SAME: the source's sequence buffers (ddt_source_queue_bytes;
+                                  SAME: tokens and masks only) */
+    int64_t host;              /* SAME: what stays on the host: the queue and, generating, the
+                                  source's own fp32 generator target (weights, two generators'
+                                  caches), since sampling on the replica is not built */
     int64_t handoff;           /* SPLIT: two feature batches in flight per side (double-buffered) */
     int64_t peak;              /* HOST and SPLIT: the sum; SAME: 0 (in the drafter's peak) */
     double flops_share;        /* the target's share of a step's matrix FLOPs (0..1) */
@@ -70,6 +82,7 @@ typedef struct ddt_memory_plan {
     int64_t weights, gradients, optimizer, frozen_head, batch, activations, loss_workspace,
             attention_workspace;
     int64_t peak;             /* the sum: what one device holds at its busiest */
+    int gpu;                  /* the ranks are GPUs (ddt_plan's gpu) */
     int64_t budget;           /* 0: none */
     int64_t chunk, vocab_tile;/* chosen (the config's when they fit or there is no budget) */
     int fits;                 /* the drafter's devices, and the target's under SPLIT */
@@ -79,13 +92,18 @@ typedef struct ddt_memory_plan {
 
 /* c must be resolved (ddt_run_config_resolve), and c->ranks be the ranks the run takes on the
  * node (ddt_devices.ranks: "all" parses as 1). budget 0 = the config's (or none). target: the
- * run's target (NULL: shards, none at train time); gpu: the ranks are GPUs; node_gpus: the
- * GPUs a split may use (the node's, or what the config names when planned away from it).
- * A GPU run co-locates the target when target.devices is "same" and it fits the budget; when
- * it does not, the plan proposes a split of node_gpus (target GPUs in proportion to the
- * target's share of the FLOPs) and says so; target.devices naming GPUs plans that split. */
+ * run's target (NULL: shards, none at train time); gpu: the ranks are GPUs; colocated: a
+ * replica on every rank (ddt_devices_colocated); node_gpus: the GPUs a split may use (the
+ * node's, or what the config names when planned away from it; 0: propose none, the trainer
+ * plans what it runs).
+ * Co-located (SAME) the rank holds the replica's weights throughout and its prefill before the
+ * step, and its frozen head: an fp32 copy of embed_tokens / lm_head on a GPU (the loss reads
+ * fp32; the replica's bf16 head is not read in place yet), nothing more on a CPU rank (it reads
+ * the fp32 replica's own tensors). A GPU run co-located that does not fit the budget gets a
+ * split of node_gpus proposed (target GPUs in proportion to the target's share of the FLOPs);
+ * target.devices naming GPUs plans that split. Otherwise HOST. */
 int ddt_plan(const ddt_run_config *c, int64_t budget, int tied_head, const ddt_target_footprint *target, int gpu,
-             int node_gpus, ddt_memory_plan *plan);
+             int colocated, int node_gpus, ddt_memory_plan *plan);
 
 /* The plan of a parsed config on `node`, as `ddtreed plan` and POST /plan make it: the ranks it
  * takes there (c->ranks updated; a GPU it names that the node lacks: the ranks and GPUs it

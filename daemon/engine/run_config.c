@@ -2,7 +2,8 @@
  * The table is the single statement of every field: JSON path, type, default, bounds, help;
  * each kind of field (the scalars, and each list-shaped field) has one parse function.
  * A pure parser: it reads no file and asks nothing of the node. The target's shape is read by
- * the source (ddt_source_target_shape), "devices" is resolved against the node by devices.c.
+ * the source (ddt_source_target_shape), "devices" is resolved against the node by devices.c, and
+ * so is "target.devices" "auto" (co-located on GPU ranks, the host target on CPU ranks).
  * Tested by tests/test_trainer.c and tests/fuzz/fuzz_run_config.c.
  */
 #include "run_config.h"
@@ -27,7 +28,8 @@ typedef enum field_type {
     F_LAYER_IDS,    /* drafter.target_layer_ids: "auto" or ids (target_layer_ids, taps, taps_auto) */
     F_BUDGETS,      /* eval.tree_budgets (tree_budgets, n_budgets) */
     F_DEVICES,      /* devices: "all", "cpu", a count or GPU names (devices_kind, ranks, gpu_ids) */
-    F_TARGET_DEVICES, /* target.devices: "same" or GPU names (target_devices_count, target_gpu_ids) */
+    F_TARGET_DEVICES, /* target.devices: "auto", "host", "same" or GPU names (target_place,
+                         target_devices_count, target_gpu_ids) */
     F_BYTES,        /* memory.budget_bytes: null (0) or a positive integer, at offset */
 } field_type;
 
@@ -61,7 +63,7 @@ static const config_field fields[] = {
     { "target.intermediate_size", F_INT, OFF(synthetic.intermediate), 172, 1, 1 << 20, NULL, 0, "synthetic: MLP width" },
     { "target.vocab_size", F_INT, OFF(synthetic.vocab), 512, 2, 1 << 24, NULL, 0, "synthetic: vocabulary (other kinds: the shape `ddtreed plan` assumes when the target is not at hand)" },
     { "target.devices", F_TARGET_DEVICES, 0, 0, 0, 0, NULL, 0,
-      "where the target runs on a GPU node: \"same\" (a replica on each drafter GPU; the plan proposes a split when it does not fit) or GPUs [\"cuda:N\", ...] apart from devices' (a split: target GPUs send features to drafter GPUs)" },
+      "where the target runs (hf, synthetic): \"auto\" (the default: \"same\" on GPU ranks, \"host\" on CPU ranks), \"host\" (one fp32 target on the host CPU computes every rank's features), \"same\" (co-located: each drafter rank holds its own replica on its device, fp32 on a CPU rank, bf16 on a GPU, and computes its features there; the plan proposes a split when it does not fit) or GPUs [\"cuda:N\", ...] apart from devices' (a split: planned, not run yet)" },
     { "target.temperature", F_F32, OFF(temperature), 1.0, 0, 100, NULL, 0, "generated data: sampling temperature (0: greedy)" },
     { "target.top_p", F_F32, OFF(top_p), 0.95, 1e-9, 1, NULL, 0, "generated data: nucleus mass" },
 
@@ -373,18 +375,24 @@ static int parse_devices(const parse_ctx *p, const config_field *f, const cJSON 
     return 0;
 }
 
-/* target.devices: "same" (0 target GPUs: a replica on each drafter GPU) or GPU names */
+/* target.devices: "auto", "host", "same" or GPU names (a split) */
 static int parse_target_devices(const parse_ctx *p, const config_field *f, const cJSON *v)
 {
+    static const char *const names[] = { [DDT_TARGET_AUTO] = "auto", [DDT_TARGET_HOST] = "host",
+                                         [DDT_TARGET_SAME] = "same" };
     const char *s = cJSON_GetStringValue(v);
     const int n = array_size(v);
     p->c->target_devices_count = 0;
-    if (s && !strcmp(s, "same"))
-        return 0;
+    for (int i = 0; s && i < (int)(sizeof names / sizeof *names); i++)
+        if (!strcmp(s, names[i])) {
+            p->c->target_place = (ddt_target_place)i;
+            return 0;
+        }
     if (n < 1 || n > DDT_MAX_RANKS)
-        return fail(p, f->path, "must be %s", "\"same\" or a list of GPUs [\"cuda:N\", ...] apart from devices'");
+        return fail(p, f->path, "must be %s", "\"auto\", \"host\", \"same\" or a list of GPUs [\"cuda:N\", ...] apart from devices'");
     if (parse_gpu_names(p, f, v, n, p->c->target_gpu_ids))
         return -EINVAL;
+    p->c->target_place = DDT_TARGET_SPLIT;
     p->c->target_devices_count = n;
     return 0;
 }
@@ -485,12 +493,17 @@ static int check_relations(const parse_ctx *p)
                     "(and head_dim even)");
     if (c->max_anchors * c->drafter.block_size > (int64_t)1 << 30)
         return fail(p, "train.max_anchors", "times block_size is %s", "too large");
+    if ((c->target_place == DDT_TARGET_HOST || c->target_place == DDT_TARGET_SAME) &&
+        c->target_kind == DDT_SOURCE_SHARDS)
+        return fail(p, "target.devices", "must be \"auto\" (or left out) for target.kind \"shards\": %s",
+                    "a shards run has no target at train time, its features are in the shards");
     if (c->target_devices_count && c->target_kind == DDT_SOURCE_SHARDS)
         return fail(p, "target.devices", "names GPUs, but %s", "a shards run has no target at train time");
     if (c->target_devices_count && c->devices_kind == DDT_DEVICES_CPU)
         return fail(p, "target.devices", "names GPUs, but %s", "the drafter trains on CPU ranks (devices \"cpu\")");
     if (c->target_devices_count && c->cluster_world)
-        return fail(p, "target.devices", "must be \"same\" in %s", "a cluster run (a split is within one daemon)");
+        return fail(p, "target.devices", "must be \"auto\", \"host\" or \"same\" in %s",
+                    "a cluster run (a split is within one daemon)");
     for (int i = 0; c->devices_kind == DDT_DEVICES_LIST && i < c->target_devices_count; i++)
         for (int r = 0; r < c->ranks; r++)
             if (c->gpu_ids[r] == c->target_gpu_ids[i]) {

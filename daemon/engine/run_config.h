@@ -2,7 +2,8 @@
  * `ddtreed train` / `plan` (API.md, "Run config"). ONE table (run_config.c) names every field
  * with its JSON path, type, default, bounds and help; parsing, validation, defaults and the
  * documentation all read it. Unknown keys, wrong types and out-of-range values are errors
- * naming the field's JSON path.
+ * naming the field's JSON path. "target.devices" is an enum here (ddt_target_place): "auto",
+ * "host", "same" or a split's GPUs; ddt_run_config_devices resolves "auto" against the ranks.
  * Tested by tests/test_trainer.c and tests/fuzz/fuzz_run_config.c.
  */
 #ifndef DDT_RUN_CONFIG_H
@@ -25,6 +26,15 @@ typedef enum ddt_devices_kind {
     DDT_DEVICES_CPU,      /* "cpu": one CPU rank even where there are GPUs */
     DDT_DEVICES_LIST      /* ["cuda:0", "cuda:3"]: those GPUs */
 } ddt_devices_kind;
+
+/* Where the target runs ("target.devices"); devices.c resolves AUTO against the ranks
+ * (ddt_devices_colocated). */
+typedef enum ddt_target_place {
+    DDT_TARGET_AUTO,      /* "auto" (the default): SAME on GPU ranks, HOST on CPU ranks */
+    DDT_TARGET_HOST,      /* "host": one fp32 target on the host CPU, in the source's loader */
+    DDT_TARGET_SAME,      /* "same": a replica on every drafter rank's own backend (co-located) */
+    DDT_TARGET_SPLIT      /* ["cuda:N", ...]: target GPUs apart from the drafter's (target_gpu_ids) */
+} ddt_target_place;
 
 typedef struct ddt_run_config {
     char name[DDT_RUN_NAME];
@@ -61,7 +71,8 @@ typedef struct ddt_run_config {
     int64_t ranks;                         /* data-parallel workers of this daemon ("devices") */
     ddt_devices_kind devices_kind;
     int32_t gpu_ids[DDT_MAX_RANKS];        /* DDT_DEVICES_LIST: the GPUs, ranks of them */
-    int target_devices_count;              /* target.devices: 0 "same", else GPUs in target_gpu_ids */
+    ddt_target_place target_place;         /* target.devices */
+    int target_devices_count;              /* DDT_TARGET_SPLIT: the GPUs in target_gpu_ids; else 0 */
     int32_t target_gpu_ids[DDT_MAX_RANKS];
     char cluster_id[260];                  /* cluster.unique_id: "" = this daemon alone */
     int64_t cluster_world, cluster_first;  /* cluster.world_size (0 = alone), cluster.first_rank */

@@ -10,7 +10,8 @@
  * and bumps a generation number: what the loader was computing for the old one is dropped.
  * A loader error stops it at that cursor; next() reports it there.
  * Not here: anything that depends on the kind of source (the implementations), GPU memory
- * (sequences are host float32; the trainer uploads them).
+ * (sequences are host float32; the trainer uploads them). tokens_only: the slots hold tokens
+ * and masks alone and ddt_source_target_features does nothing (the trainer's ranks prefill).
  * Tested by tests/test_source.c.
  *
  * Legend: S tokens of a sequence, H hidden, L_t taps, V vocabulary, N slots.
@@ -72,8 +73,9 @@ struct ddt_source {
 /* one sequence's buffer: floats first (64-byte aligned block), then ids and mask */
 static int64_t slot_bytes(const ddt_source_config *c, int64_t H)
 {
-    const int64_t S = c->seq_len, F = c->n_taps * H;
-    return (S * F + (c->want_teacher ? S * H : 0)) * (int64_t)sizeof(float) + S * (int64_t)(sizeof(int32_t) + 1);
+    const int64_t S = c->seq_len, F = c->tokens_only ? 0 : c->n_taps * H;
+    const int teacher = c->want_teacher && !c->tokens_only;
+    return (S * F + (teacher ? S * H : 0)) * (int64_t)sizeof(float) + S * (int64_t)(sizeof(int32_t) + 1);
 }
 
 int64_t ddt_source_queue_bytes(const ddt_source_config *c, int64_t hidden)
@@ -83,8 +85,8 @@ int64_t ddt_source_queue_bytes(const ddt_source_config *c, int64_t hidden)
 
 static int slot_init(slot *sl, const ddt_source_base *b)
 {
-    const int64_t S = b->cfg.seq_len, H = b->H, F = b->cfg.n_taps * H;
-    const int teacher = b->cfg.want_teacher;
+    const int64_t S = b->cfg.seq_len, H = b->H, F = b->cfg.tokens_only ? 0 : b->cfg.n_taps * H;
+    const int teacher = b->cfg.want_teacher && !b->cfg.tokens_only;
     sl->bytes = (size_t)slot_bytes(&b->cfg, H);
     sl->block = ddk_malloc(ddk_allocator_cpu(), sl->bytes);
     if (!sl->block)
@@ -93,6 +95,8 @@ static int slot_init(slot *sl, const ddt_source_base *b)
     sl->seq.teacher_hidden = teacher ? sl->seq.features + S * F : NULL;
     sl->seq.input_ids = (int32_t *)(sl->seq.features + S * F + (teacher ? S * H : 0));
     sl->seq.loss_mask = (uint8_t *)(sl->seq.input_ids + S);
+    if (b->cfg.tokens_only)
+        sl->seq.features = NULL;
     sl->seq.S = 0;
     return 0;
 }
@@ -212,16 +216,14 @@ int ddt_source_heldout(ddt_source *s, int64_t i, ddt_sequence *out, char *err, s
  * What the implementations share
  */
 
-int ddt_source_use_target(ddt_source_base *b, const ddt_target_model *t, const char *what, char *err,
-                          size_t err_len)
+int ddt_source_use_shape(ddt_source_base *b, int64_t hidden, int64_t vocab, int64_t layers, const char *what,
+                         char *err, size_t err_len)
 {
-    b->V = t->vocab;
-    b->target_layers = t->layers;
-    b->embed = t->embed_tokens;
-    b->lm_head = t->lm_head;
-    if (t->hidden != b->H)
+    b->V = vocab;
+    b->target_layers = layers;
+    if (hidden != b->H)
         return ddt_fail(err, err_len, -EINVAL, "%s: the target's hidden_size %lld differs from the drafter's %lld",
-                        what, (long long)t->hidden, (long long)b->H);
+                        what, (long long)hidden, (long long)b->H);
     for (int i = 0; i < b->cfg.n_taps; i++)
         if (b->cfg.taps[i] < 0 || b->cfg.taps[i] >= b->target_layers)
             return ddt_fail(err, err_len, -EINVAL, "source: target layer id %d is not a layer of the target "
@@ -229,9 +231,19 @@ int ddt_source_use_target(ddt_source_base *b, const ddt_target_model *t, const c
     return 0;
 }
 
+int ddt_source_use_target(ddt_source_base *b, const ddt_target_model *t, const char *what, char *err,
+                          size_t err_len)
+{
+    b->embed = t->embed_tokens;
+    b->lm_head = t->lm_head;
+    return ddt_source_use_shape(b, t->hidden, t->vocab, t->layers, what, err, err_len);
+}
+
 int ddt_source_target_features(const ddt_source_base *b, const ddt_target_model *t, ddt_sequence *q, char *err,
                                size_t err_len)
 {
+    if (b->cfg.tokens_only)
+        return 0;
     int rc = ddt_target_prefill(b->be, t, q->input_ids, q->S, b->cfg.taps, b->cfg.n_taps, q->features,
                                 b->cfg.want_teacher ? q->teacher_hidden : NULL, NULL);
     return rc ? ddt_fail(err, err_len, rc, "the target's forward failed: %s", strerror(-rc)) : 0;
@@ -272,6 +284,9 @@ static int check_config(const ddt_source_ops *ops, const ddt_source_config *c, i
         return ddt_fail(err, err_len, -EINVAL, "source: prefetch %d must be in [1, 4096]", c->prefetch);
     if (c->heldout < 0)
         return ddt_fail(err, err_len, -EINVAL, "source: heldout %lld must be >= 0", (long long)c->heldout);
+    if (c->tokens_only && c->kind == DDT_SOURCE_SHARDS)
+        return ddt_fail(err, err_len, -EINVAL, "source: feature shards cannot be read tokens only (their features "
+                        "are the data; there is no target to compute them)");
     return ops->check(c, hidden, err, err_len);
 }
 

@@ -7,6 +7,10 @@
  *   shards:    feature shard files (SPEC.md section 4; shard.h), validated at open, plus a
  *              target directory from which only embed_tokens and lm_head are read.
  * Held-out sequences (for acceptance) come from a stream disjoint from training's.
+ * tokens_only (a co-located run: every trainer rank computes its sequences' features with its
+ * own replica of the target): tokens and loss masks alone, features and teacher_hidden NULL;
+ * generated data is still sampled by the source's own host target, a token file needs none
+ * (its shape from config.json, no head: embed/lm_head NULL), shards are refused.
  * Generated and listed data are two implementations of source_impl.h behind this API.
  * Tested by tests/test_source.c.
  *
@@ -35,6 +39,7 @@ typedef struct ddt_source_config {
     int n_taps;
     int32_t taps[64];              /* target layer ids, in feature order */
     int want_teacher;              /* produce teacher_hidden (ce_target teacher or KL) */
+    int tokens_only;               /* 1: no features nor teacher (the caller computes them) */
     float temperature, top_p;      /* generation */
     uint64_t seed;
     int64_t heldout;               /* sequences kept apart for acceptance */
@@ -46,8 +51,8 @@ typedef struct ddt_sequence {
     int64_t S;
     int32_t *input_ids;       /* (S) */
     uint8_t *loss_mask;       /* (S) */
-    float *features;          /* (S, L_t*H) */
-    float *teacher_hidden;    /* (S, H), or NULL when not wanted / not in the shard */
+    float *features;          /* (S, L_t*H), or NULL: tokens_only */
+    float *teacher_hidden;    /* (S, H), or NULL when not wanted / not in the shard / tokens_only */
 } ddt_sequence;
 
 typedef struct ddt_source ddt_source;
@@ -74,7 +79,8 @@ int ddt_source_heldout(ddt_source *s, int64_t i, ddt_sequence *out, char *err, s
 int ddt_source_target_shape(const ddt_source_config *c, int64_t *hidden, int64_t *vocab, int64_t *layers,
                             int *tied, char *err, size_t err_len);
 
-/* The target's frozen embed_tokens and lm_head (V, H), and V. */
+/* The target's frozen embed_tokens and lm_head (V, H), and V; the head is NULL for a token file
+ * read tokens_only (no target opened). */
 const float *ddt_source_embed(const ddt_source *s);
 const float *ddt_source_lm_head(const ddt_source *s);
 int64_t ddt_source_vocab(const ddt_source *s);

@@ -5,6 +5,8 @@
  * (seed, i, "heldout"): the two streams are disjoint and each sequence a pure function of the
  * config and its index.
  * The held-out tokens are cached once sampled (the decode is the cost), their features are not.
+ * tokens_only: the same tokens, and no forward (the trainer's ranks prefill their own replicas;
+ * sampling on those replicas is not built: this host target stays the generator).
  * Tested through source.h by tests/test_source.c.
  *
  * Legend: S tokens of a sequence.

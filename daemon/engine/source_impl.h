@@ -67,7 +67,12 @@ extern const ddt_source_ops ddt_source_generated, ddt_source_listed;
  * it in errors (its directory, or "synthetic target"). */
 int ddt_source_use_target(ddt_source_base *b, const ddt_target_model *t, const char *what, char *err,
                           size_t err_len);
-/* q's features and teacher from the target's forward over q's tokens */
+/* The source's V and layers := a target's shape, checking its hidden size against the
+ * drafter's and the taps against its layers (ddt_source_use_target's checks, for a token file
+ * read tokens_only, whose target is never opened). */
+int ddt_source_use_shape(ddt_source_base *b, int64_t hidden, int64_t vocab, int64_t layers, const char *what,
+                         char *err, size_t err_len);
+/* q's features and teacher from the target's forward over q's tokens (nothing: tokens_only) */
 int ddt_source_target_features(const ddt_source_base *b, const ddt_target_model *t, ddt_sequence *q, char *err,
                                size_t err_len);
 /* hidden size, vocabulary, layers and tie of DIR/config.json (any target ddt_target_open

@@ -1,6 +1,7 @@
 /* source_listed.c: the listed implementation of source_impl.h: sequences read from files, both
  * read and checked by shard.h:
- *   hf with a token file: the tokens, features and teacher from the target's forward;
+ *   hf with a token file: the tokens, features and teacher from the target's forward (tokens_only:
+ *           the tokens alone, the target never opened: its shape from config.json);
  *   shards: tokens, loss mask, features and teacher as the shards hold them, and the target's
  *           frozen head from its directory (ddt_target_load_head).
  * The usable sequences (>= DDT_SHARD_MIN_TRAINED tokens, cut to seq_len) in file order, the
@@ -117,11 +118,17 @@ static int reserve_heldout(ddt_source_base *b, listed *l, const char *what, char
 
 static int open_token_file(ddt_source_base *b, listed *l, const ddt_source_config *c, char *err, size_t err_len)
 {
-    int rc = ddt_target_open(c->model_dir, &l->target, err, err_len);
-    if (rc)
+    int rc;
+    if (c->tokens_only) {   /* the trainer's ranks hold the target: its shape is all the tokens need */
+        int64_t hidden, vocab, layers;
+        int tied;
+        if ((rc = ddt_source_config_shape(c->model_dir, &hidden, &vocab, &layers, &tied, err, err_len)) ||
+            (rc = ddt_source_use_shape(b, hidden, vocab, layers, c->model_dir, err, err_len)))
+            return rc;
+    } else if ((rc = ddt_target_open(c->model_dir, &l->target, err, err_len)) ||
+               (rc = ddt_source_use_target(b, &l->target, c->model_dir, err, err_len))) {
         return rc;
-    if ((rc = ddt_source_use_target(b, &l->target, c->model_dir, err, err_len)))
-        return rc;
+    }
     const char *path = c->tokens_file;
     int64_t capacity = 0;
     rc = ddt_shard_tokens_open(path, b->V, &l->tokens, err, err_len);

@@ -19,8 +19,19 @@
  * Global rank g of W trains on a contiguous slice of the S_step sequences of a step, as even as
  * can be (the first S_step % W ranks take one more), and every rank on one at least
  * (ddt_run_config_devices refuses more ranks than sequences, or takes fewer GPUs for "all").
- * A GPU rank's features and teacher states reach its GPU through a pinned staging buffer
- * (load_batch).
+ * Where the features come from (ddt_devices.colocated, "target.devices"):
+ *   - the host target ("host"; "auto" on CPU ranks): the source's loader computes them into host
+ *     slots, load_batch copies them into each rank's batch buffers, a GPU's through a pinned
+ *     staging buffer;
+ *   - co-located ("same"; "auto" on GPU ranks): every rank holds its own replica of the target on
+ *     its own backend (fp32 on a CPU rank, bf16 on a GPU) and, in its own thread before its step,
+ *     prefills its sequences straight into its batch buffers (rank_main); the source yields
+ *     tokens only (generated data is still sampled by the source's own host target: sampling on
+ *     the replica is not built). Rank 0's replica computes the held-out features of an
+ *     evaluation. A CPU rank reads its replica's fp32 embed_tokens / lm_head in place; a GPU
+ *     keeps an fp32 copy (the loss reads fp32), uploaded from the source's host target or from
+ *     rank 0's replica (ddt_target_head_copy, freed once uploaded). On CPU ranks the same
+ *     arithmetic runs on another CPU backend: the losses are the host run's bit for bit.
  * Tested by tests/test_trainer.c (CPU ranks) and tests/test_step_cuda.c (a GPU's step against
  * the CPU's; skipped without a GPU).
  */
@@ -32,6 +43,7 @@
 #include "errors.h"
 #include "ddk.h"
 #include "optimizer.h"
+#include "generate.h"
 #include "source.h"
 
 #include <cjson/cJSON.h>
@@ -63,6 +75,7 @@ typedef struct rank_state {
      * (CPU ranks read the trainer's) */
     float *params, *m, *v;        /* (total) each */
     float *own_embed, *own_lm_head;   /* (V, H) each, a GPU's copies; one buffer when tied */
+    ddt_target_model replica;     /* co-located: the rank's own target on be (ops NULL: none) */
     const float *embed, *lm_head; /* what the rank's step reads: its copies, or the trainer's */
     ddt_drafter_weights w;        /* bound to the weights this rank's step reads */
     /* the rank's slice of the batch: the index arrays in host memory (batch_block: the rank's
@@ -94,7 +107,12 @@ struct ddt_trainer {
     char run_id[40], run_dir[2048];
     ddt_store *store;
     ddt_source *source;
-    const float *embed, *lm_head; /* (V, H), the source's (host) */
+    const float *embed, *lm_head; /* (V, H), the source's (host), or rank 0's replica's head (co-located
+                                     CPU ranks; GPUs: head's until uploaded, then NULL) */
+    int tied;                     /* embed_tokens is lm_head */
+    int colocated;                /* every rank prefills its own sequences with its replica */
+    ddt_target_head head;         /* co-located GPUs without the source's head: rank 0's replica's,
+                                     fp32 on the host, freed once every GPU has its copy */
     ddt_param table[DDT_MAX_PARAMS];
     int param_count;
     int64_t total;
@@ -179,15 +197,63 @@ static void carve_batch(rank_state *rs, int64_t n, int64_t S, int64_t A, int64_t
     }
 }
 
+/* Rank rs's own replica of the target on its backend (co-located): fp32 on a CPU rank (its
+ * weights on the rank's allocator), bf16 on a GPU; the synthetic target from the seed the
+ * source's is made from, so both have the same weights. */
+static int open_replica(ddt_trainer *t, rank_state *rs, int r, char *err, size_t err_len)
+{
+    const ddt_run_config *c = &t->cfg;
+    const ddt_target_options o = { .be = rs->be, .bf16 = rs->gpu >= 0 };
+    char why[900];
+    int rc = c->target_kind == DDT_SOURCE_SYNTHETIC
+                 ? ddt_target_open_synthetic_with(&c->synthetic, ddt_generate_seed(c->seed, 0, "target"), &o,
+                                                  &rs->replica, why, sizeof why)
+                 : ddt_target_open_with(c->target_path, &o, &rs->replica, why, sizeof why);
+    if (!rc && (rs->replica.hidden != c->drafter.hidden || rs->replica.vocab != c->drafter.vocab)) {
+        snprintf(why, sizeof why, "its shape (hidden %lld, vocab %lld) is not the drafter's (%lld, %lld)",
+                 (long long)rs->replica.hidden, (long long)rs->replica.vocab, (long long)c->drafter.hidden,
+                 (long long)c->drafter.vocab);
+        rc = -EINVAL;
+    }
+    if (rc)
+        snprintf(err, err_len, "rank %d (%s:%d): its replica of the target (target.devices co-located): %s%s", r,
+                 rs->be->name, rs->gpu >= 0 ? rs->gpu : r, why,
+                 rc == -ENOMEM ? "; see `ddtreed plan`, or \"target.devices\": \"host\"" : "");
+    return rc;
+}
+
+/* The head the ranks read when co-located: a CPU rank its own replica's (rank 0's is the
+ * trainer's, for the plan); GPUs an fp32 copy from the source's host target when it has one
+ * (generated data), else from rank 0's replica. */
+static int colocated_head(ddt_trainer *t, char *err, size_t err_len)
+{
+    const ddt_target_model *m = &t->rank[0].replica;
+    if (!t->gpu) {
+        t->embed = m->embed_tokens;
+        t->lm_head = m->lm_head;
+        if (!t->embed || !t->lm_head)   /* an fp32 CPU target has them (target.h) */
+            return ddt_fail(err, err_len, -EINVAL, "rank 0: its replica of the target has no fp32 head on the host");
+        return 0;
+    }
+    if (t->embed)
+        return 0;
+    int rc = ddt_target_head_copy(m, &t->head, err, err_len);
+    if (!rc) {
+        t->embed = t->head.embed_tokens;
+        t->lm_head = t->head.lm_head;
+    }
+    return rc;
+}
+
 static int alloc_ranks(ddt_trainer *t, const int32_t *gpu_ids, char *err, size_t err_len)
 {
     const ddt_run_config *c = &t->cfg;
     const ddt_drafter_config *d = &c->drafter;
     const int64_t S = c->seq_len, A = c->max_anchors, LH = d->taps * d->hidden, H = d->hidden,
                   V = d->vocab, steps = c->sequences_per_step, g = t->first_rank;
-    const int teacher = c->ce_target_teacher || c->kl_weight > 0.0f, tied = t->embed == t->lm_head;
+    const int teacher = c->ce_target_teacher || c->kl_weight > 0.0f;
     const size_t bytes = (size_t)t->total * sizeof(float), head = (size_t)(V * H) * sizeof(float);
-    for (int r = 0; r < t->ranks; r++) {
+    for (int r = 0; r < t->ranks; r++) {   /* the backends, and the replicas on them */
         rank_state *rs = &t->rank[r];
         rs->t = t;
         rs->gpu = t->gpu ? gpu_ids[r] : -1;
@@ -197,11 +263,22 @@ static int alloc_ranks(ddt_trainer *t, const int32_t *gpu_ids, char *err, size_t
                      "and scratch (another process holds it?); see nvidia-smi", r, rs->gpu);
             return -ENOMEM;
         }
+        if (c->budget_bytes)   /* the weights allocated before count towards it too */
+            ddk_allocator_set_budget(rs->be->alloc, (size_t)c->budget_bytes);
+        int rc = t->colocated ? open_replica(t, rs, r, err, err_len) : 0;
+        if (rc)
+            return rc;
+    }
+    int rc = t->colocated ? colocated_head(t, err, err_len) : 0;
+    if (rc)
+        return rc;
+    t->tied = t->embed == t->lm_head;
+    const int tied = t->tied;
+    for (int r = 0; r < t->ranks; r++) {
+        rank_state *rs = &t->rank[r];
         rs->first = slice_first(steps, t->world, g + r);
         rs->nseq = slice_first(steps, t->world, g + r + 1) - rs->first;   /* >= 1 */
         ddk_allocator *a = rs->be->alloc;
-        if (c->budget_bytes)   /* the weights allocated before count towards it too */
-            ddk_allocator_set_budget(a, (size_t)c->budget_bytes);
         const int64_t n = rs->nseq > 0 ? rs->nseq : 1;
         const size_t features = (size_t)(n * S) * (size_t)(LH + (teacher ? H : 0)) * sizeof(float),
                      index = (size_t)(n * S) * (sizeof(int32_t) + 1) + (size_t)(n * A) * (sizeof(int32_t) + 1) + 64;
@@ -212,11 +289,12 @@ static int alloc_ranks(ddt_trainer *t, const int32_t *gpu_ids, char *err, size_t
             ok &= (rs->micro_grads = ddk_malloc(a, bytes)) != NULL;
         if (t->gpu) {
             /* the staging block is allocated once: the rank's slice, hence its size, is the
-             * same every step */
+             * same every step; a co-located GPU needs none (its replica writes its features) */
             rs->batch_block = malloc(rs->batch_bytes);
             rs->dev_batch_bytes = features;
-            rs->staging = ddk_host_alloc_pinned(features);
-            ok &= rs->batch_block && rs->staging && (rs->dev_batch_block = ddk_malloc(a, features)) != NULL;
+            if (!t->colocated)
+                ok &= (rs->staging = ddk_host_alloc_pinned(features)) != NULL;
+            ok &= rs->batch_block && (rs->dev_batch_block = ddk_malloc(a, features)) != NULL;
             ok &= (rs->params = ddk_malloc(a, bytes)) && (rs->m = ddk_malloc(a, bytes)) &&
                   (rs->v = ddk_malloc(a, bytes)) && (rs->own_lm_head = ddk_malloc(a, head)) &&
                   (tied || (rs->own_embed = ddk_malloc(a, head)));
@@ -230,8 +308,8 @@ static int alloc_ranks(ddt_trainer *t, const int32_t *gpu_ids, char *err, size_t
             rs->embed = tied ? rs->own_lm_head : rs->own_embed;
         } else {
             ok &= (rs->batch_block = ddk_malloc(a, rs->batch_bytes)) != NULL;
-            rs->embed = t->embed;
-            rs->lm_head = t->lm_head;
+            rs->embed = t->colocated ? rs->replica.embed_tokens : t->embed;   /* in place */
+            rs->lm_head = t->colocated ? rs->replica.lm_head : t->lm_head;
         }
         if (!ok) {
             snprintf(err, err_len, "rank %d (%s:%d): no memory for its gradients, batch%s; see `ddtreed plan`", r,
@@ -241,6 +319,10 @@ static int alloc_ranks(ddt_trainer *t, const int32_t *gpu_ids, char *err, size_t
         ddt_drafter_bind(d, rs->micro_grads ? rs->micro_grads : rs->grads, &rs->step_grads);
         ddt_drafter_bind(d, t->gpu ? rs->params : t->params, &rs->w);
         carve_batch(rs, n, S, A, LH, H, teacher);
+    }
+    if (t->head.weights) {   /* every GPU has its copy: the host's goes */
+        ddt_target_head_free(&t->head);
+        t->embed = t->lm_head = NULL;
     }
     return 0;
 }
@@ -282,14 +364,15 @@ static ddt_checkpoint_meta checkpoint_meta(const ddt_trainer *t)
 }
 
 /* t's memory plan for budget (0: the config's): the ranks' devices, and the target where this
- * trainer runs it, in host memory beside the ranks (the online sources' CPU backend) whatever
- * the ranks are. 0, or -EINVAL when the target's config.json cannot be read again. */
+ * trainer runs it: co-located on the ranks, or in host memory beside them (the source's CPU
+ * backend); never a proposal of something else. 0, or -EINVAL when the target's config.json
+ * cannot be read again. */
 static int plan(const ddt_trainer *t, int64_t budget, ddt_memory_plan *p, char *err, size_t err_len)
 {
     ddt_target_footprint f;
     const int online = t->cfg.target_kind != DDT_SOURCE_SHARDS;
     int rc = online ? ddt_run_footprint(&t->cfg, &f, err, err_len) : 0;
-    return rc ? rc : ddt_plan(&t->cfg, budget, t->embed == t->lm_head, online ? &f : NULL, 0, t->ranks, p);
+    return rc ? rc : ddt_plan(&t->cfg, budget, t->tied, online ? &f : NULL, t->gpu, t->colocated, 0, p);
 }
 
 static int resume_from(ddt_trainer *t, const char *ckpt, char *err, size_t err_len)
@@ -356,7 +439,8 @@ int ddt_trainer_open_parsed(const ddt_run_config *config, const char *config_jso
 {
     if (config->target_devices_count)
         return ddt_fail(err, err_len, -ENOTSUP, "target.devices: a split placement is planned (`ddtreed plan`) "
-                        "but this ddtreed does not run it yet; leave target.devices out (\"same\")");
+                        "but this ddtreed does not run it yet: leave target.devices out (\"auto\"), or give \"same\" "
+                        "(co-located) or \"host\"");
     ddt_trainer *t = calloc(1, sizeof *t);
     if (!t) {
         snprintf(err, err_len, "no memory for a trainer");
@@ -406,6 +490,7 @@ int ddt_trainer_open_parsed(const ddt_run_config *config, const char *config_jso
             rc = ddt_run_config_resolve(c, hidden, vocab, layers, err, err_len);
         ddt_source_config sc;
         ddt_run_config_source(c, &sc);
+        sc.tokens_only = dev.colocated;   /* the ranks compute the features */
         if (!rc)
             rc = ddt_source_open(&sc, hidden, &t->source, err, err_len);
         if (!rc && ddt_source_vocab(t->source) != vocab) {
@@ -419,6 +504,7 @@ int ddt_trainer_open_parsed(const ddt_run_config *config, const char *config_jso
         t->lm_head = ddt_source_lm_head(t->source);
         t->param_count = ddt_drafter_param_table(&t->cfg.drafter, t->table, &t->total);
         t->gpu = dev.gpu;
+        t->colocated = dev.colocated;
         t->ranks = dev.ranks;
         memcpy(gpu_ids, dev.gpu_ids, sizeof gpu_ids);
         snprintf(t->devices_note, sizeof t->devices_note, "%s", dev.note);
@@ -520,12 +606,14 @@ void ddt_trainer_close(ddt_trainer *t)
         } else {
             ddk_free(a, rs->batch_block, rs->batch_bytes);
         }
+        ddt_target_close(&rs->replica);   /* a zeroed one (none) is a no-op */
         ddk_allocator_set_budget(a, 0);
     }
     ddk_allocator *a0 = t->gpu ? ddk_allocator_cpu() : ddk_allocator_cpu_rank(0);
     ddk_free(a0, t->params, bytes);
     ddk_free(a0, t->adam.m, bytes);
     ddk_free(a0, t->adam.v, bytes);
+    ddt_target_head_free(&t->head);
     if (t->source)
         ddt_source_close(t->source);
     ddt_run_config_free(&t->cfg);
@@ -546,9 +634,33 @@ int64_t ddt_trainer_checkpoint_step(const ddt_trainer *t) { return t->checkpoint
  * A step
  */
 
+/* Co-located: the rank's sequences through its replica, their taps and final hidden states
+ * straight into its batch buffers, then their noise, as load_batch adds it on the host path
+ * (the same op and seed: the same bits). Run again on a retried step: the prefill rewrites the
+ * features, the noise is drawn again from the same seed. */
+static int prefill_slice(rank_state *rs)
+{
+    const ddt_trainer *t = rs->t;
+    const ddt_run_config *c = &t->cfg;
+    const int64_t S = c->seq_len, H = c->drafter.hidden, LH = c->drafter.taps * H;
+    const ddk_backend *be = rs->be;
+    for (int64_t i = 0; i < rs->nseq; i++) {
+        float *features = rs->features + i * S * LH;
+        int rc = ddt_target_prefill(be, &rs->replica, rs->input_ids + i * S, S, c->drafter.target_layer_ids,
+                                    (int)c->drafter.taps, features, rs->teacher ? rs->teacher + i * S * H : NULL,
+                                    NULL);
+        if (rc)
+            return rc;
+        be->uniform_noise(be, features, S * LH, c->noise_std,
+                          ddt_batch_seed(c->seed, t->step, rs->first + i, SEED_NOISE));
+    }
+    return 0;
+}
+
 /* The rank's slice in micro-batches of at most ceil(nseq / grad_accum) sequences: each one's
  * gradient (of its own normalised loss) is weighted by its weight sum into the rank's, which
- * then is the gradient of the rank's normalised loss, as if the slice had run at once. */
+ * then is the gradient of the rank's normalised loss, as if the slice had run at once.
+ * Co-located, the rank first computes its slice's features (prefill_slice). */
 static void *rank_main(void *arg)
 {
     rank_state *rs = arg;
@@ -572,7 +684,7 @@ static void *rank_main(void *arg)
                                      .bf16_products = c->bf16 } };
     ddk_loss_result sum = { 0 };
     double sum_loss = 0, sum_ce = 0, sum_kl = 0, sum_cap = 0;
-    rs->rc = 0;
+    rs->rc = t->colocated ? prefill_slice(rs) : 0;
     for (int64_t first = 0; first < rs->nseq && rs->rc == 0; first += micro) {
         const int64_t n = rs->nseq - first < micro ? rs->nseq - first : micro;
         ddt_batch b = { n, S, A, rs->input_ids + first * S, rs->loss_mask + first * S,
@@ -620,7 +732,8 @@ static void *rank_main(void *arg)
  * same stream, which come after these copies (then the all-reduce, which also waits). The
  * synchronize at the top makes that explicit and covers a step that never reached rank_main
  * (a source error halfway through the batch, a failed thread start); with nothing queued it
- * returns at once. CPU ranks copy before their copy returns: nothing changes for them. */
+ * returns at once. CPU ranks copy before their copy returns: nothing changes for them.
+ * Co-located, the source gives tokens only: the ranks compute the features (rank_main). */
 static int load_batch(ddt_trainer *t, char *err, size_t err_len)
 {
     const ddt_run_config *c = &t->cfg;
@@ -655,11 +768,13 @@ static int load_batch(ddt_trainer *t, char *err, size_t err_len)
         }
         memcpy(rs->input_ids + i * S, q.input_ids, (size_t)S * sizeof(int32_t));
         memcpy(rs->loss_mask + i * S, q.loss_mask, (size_t)S);
-        be->copy(be, rs->features + i * S * LH, features, fbytes);
-        if (rs->teacher)
-            be->copy(be, rs->teacher + i * S * H, teacher, tbytes);
-        be->uniform_noise(be, rs->features + i * S * LH, S * LH, c->noise_std,
-                          ddt_batch_seed(c->seed, t->step, gi, SEED_NOISE));
+        if (!t->colocated) {
+            be->copy(be, rs->features + i * S * LH, features, fbytes);
+            if (rs->teacher)
+                be->copy(be, rs->teacher + i * S * H, teacher, tbytes);
+            be->uniform_noise(be, rs->features + i * S * LH, S * LH, c->noise_std,
+                              ddt_batch_seed(c->seed, t->step, gi, SEED_NOISE));
+        }
         ddt_sample_anchors(rs->loss_mask + i * S, S, A, ddt_batch_seed(c->seed, t->step, gi, SEED_ANCHORS),
                            rs->anchors + i * A, rs->keep + i * A);
         if (!rs->staging)
@@ -1033,9 +1148,18 @@ int ddt_trainer_eval(ddt_trainer *t, ddt_acceptance *acc, char *err, size_t err_
         if ((rc = ddt_source_heldout(t->source, i, &q, err, err_len)))
             break;
         ddt_sample_anchors(q.loss_mask, S, A, ddt_batch_seed(c->seed, 0, i, SEED_EVAL), anchors, keep);
-        /* the held-out hidden states in rank 0's memory: its batch buffers are free between steps */
+        /* the held-out hidden states in rank 0's memory: its batch buffers are free between steps
+         * (co-located: its replica computes them there) */
         const float *features = q.features, *th = q.teacher_hidden;
-        if (rs->gpu >= 0) {
+        if (t->colocated) {
+            if ((rc = ddt_target_prefill(be, &rs->replica, q.input_ids, q.S < S ? q.S : S, c->drafter.target_layer_ids,
+                                         (int)d->taps, rs->features, rs->teacher, NULL))) {
+                snprintf(err, err_len, "the evaluation's target forward (rank 0's replica) failed: %s", strerror(-rc));
+                break;
+            }
+            features = rs->features;
+            th = rs->teacher;
+        } else if (rs->gpu >= 0) {
             be->copy(be, rs->features, q.features, (size_t)(S * LH) * sizeof(float));
             if (th && rs->teacher)
                 be->copy(be, rs->teacher, th, (size_t)(S * H) * sizeof(float));
