@@ -14,7 +14,9 @@
  * the target's forward), shards written here (read back exactly, BF16, tied heads, every
  * validation rule refused with the file named), empty and one-token sequences skipped;
  * tokens_only (a co-located run): the same tokens, no features, a token file's target never
- * opened (no head), shards refused.
+ * opened (no head), shards refused. Generated data without a source (a co-located trainer):
+ * ddt_source_generate over a replica on rank 1's CPU backend gives the source's training and
+ * held-out tokens; ddt_source_check keeps open's rules.
  * Good files are written through shard.h's writers; the broken ones by hand (shard.h's own
  * rules are tested by tests/test_shard.c).
  * ctest: one line per case, a final "N passed, M failed".
@@ -681,6 +683,69 @@ static void test_synthetic_heldout(void)
     free(held);
     ddt_source_close(s);
     ddt_source_close(again);
+}
+
+/* Generated data without a source (a co-located trainer's ranks): ddt_source_generate over an
+ * fp32 replica of the synthetic target on another CPU backend (rank 1's, its own allocator) gives
+ * the source's training tokens at the same cursor and its held-out tokens, masks all ones; a
+ * bf16 replica (the backend ops only, as a GPU's) gives valid, repeatable tokens.
+ * ddt_source_check keeps open's rules, the taps against the target's layers among them. */
+static void test_generate_without_source(void)
+{
+    char err[512] = "";
+    ddt_source_config c = synthetic_config(2);
+    check(ddt_source_generates(&c), "synthetic data is generated");
+    check(ddt_source_check(&c, H, 3, err, sizeof err) == 0, "check: %s", err);
+    check(ddt_source_check(&c, H, 2, err, sizeof err) == -EINVAL && strstr(err, "layer id 2"),
+          "tap 2 of a 2-layer target accepted (%s)", err);
+    ddt_source_config bad = c;
+    bad.top_p = 0.0f;
+    check(ddt_source_check(&bad, H, 3, err, sizeof err) == -EINVAL && strstr(err, "top_p"),
+          "top_p 0 accepted (%s)", err);
+    ddt_source *s;
+    check(ddt_source_open(&c, H, &s, err, sizeof err) == 0, "open: %s", err);
+    if (case_failed)
+        return;
+    int32_t held[2][MAX_S];
+    ddt_sequence q;
+    for (int i = 0; i < 2; i++) {
+        check(ddt_source_heldout(s, i, &q, err, sizeof err) == 0, "heldout %d: %s", i, err);
+        memcpy(held[i], q.input_ids, (size_t)q.S * sizeof(int32_t));
+    }
+    ddt_source_close(s);
+    for (int bf16 = 0; bf16 < 2 && !case_failed; bf16++) {
+        const ddt_target_options o = { .be = ddk_backend_cpu_rank(1), .bf16 = bf16 };
+        ddt_target_model m;
+        ddt_generator gen;
+        check(ddt_target_open_synthetic_with(&c.synthetic, ddt_generate_seed(c.seed, 0, "target"), &o, &m, err,
+                                             sizeof err) == 0, "replica (bf16 %d): %s", bf16, err);
+        if (case_failed)
+            return;
+        check(ddt_generator_open(&gen, o.be, &m, c.seq_len, err, sizeof err) == 0, "generator: %s", err);
+        int32_t ids[MAX_S], again[MAX_S];
+        uint8_t mask[MAX_S];
+        for (int i = 0; i < RUN && !case_failed; i++) {
+            memset(mask, 0, sizeof mask);
+            check(ddt_source_generate(&c, &gen, 0, i, ids, mask, err, sizeof err) == 0, "generate %d: %s", i, err);
+            int ones = 1, valid = 1;
+            for (int64_t j = 0; j < c.seq_len; j++)
+                ones &= mask[j] == 1, valid &= ids[j] >= 0 && ids[j] < V;
+            check(ones && valid, "sequence %d (bf16 %d): mask not all ones or a token outside [0, V)", i, bf16);
+            if (!bf16)
+                check(!memcmp(ids, stream[i].ids, (size_t)c.seq_len * sizeof(int32_t)),
+                      "training sequence %d on rank 1's replica differs from the source's", i);
+            check(ddt_source_generate(&c, &gen, 0, i, again, NULL, err, sizeof err) == 0 &&
+                      !memcmp(ids, again, (size_t)c.seq_len * sizeof(int32_t)),
+                  "sequence %d (bf16 %d) not repeatable", i, bf16);
+        }
+        for (int i = 0; i < 2 && !bf16 && !case_failed; i++) {
+            check(ddt_source_generate(&c, &gen, 1, i, ids, NULL, err, sizeof err) == 0, "held-out %d: %s", i, err);
+            check(!memcmp(ids, held[i], (size_t)c.seq_len * sizeof(int32_t)),
+                  "held-out %d on rank 1's replica differs from the source's", i);
+        }
+        ddt_generator_free(&gen);
+        ddt_target_close(&m);
+    }
 }
 
 /* the loader's forward refused memory: next() reports it (after the sequences made before);
@@ -1416,6 +1481,8 @@ int main(void)
         { "synthetic source: deterministic order, any prefetch", test_synthetic_order },
         { "synthetic source: seek then next == the original stream", test_synthetic_seek },
         { "synthetic source: held-out disjoint and stable", test_synthetic_heldout },
+        { "generated data without a source: another backend's replica, the source's tokens",
+          test_generate_without_source },
         { "synthetic source: a loader error surfaces from next(), seek resumes", test_loader_error },
         { "source config errors", test_config_errors },
         { "hf token file: shuffle per epoch, cut, skip, held-out", test_hf_tokens },

@@ -360,19 +360,23 @@ static void test_run_one_gpu(void)
     compare_runs("[\"cuda:0\"]");
 }
 
-/* co-located: the target's bf16 replica on cuda:0 makes the features (bf16 weights: ~7e-3 off
- * fp32's, tests/test_source.c), so the run follows the CPU's loosely: every loss within 5% */
+/* co-located: the target's bf16 replica on cuda:0 samples the sequences and makes their features,
+ * so the data is the bf16 target's, not the CPU run's: the run must be finite and repeat itself
+ * exactly (the same seeds, the same device arithmetic), and its step-1 loss lie near the CPU
+ * run's (the same random drafter on a target of the same weights: within 25%) */
 static void test_run_colocated(void)
 {
     char cpu_json[4096], dev_json[4096];
     snprintf(cpu_json, sizeof cpu_json, RUN("%s"), "\"cpu\"");
     snprintf(dev_json, sizeof dev_json, RUN_AT("%s", "same"), "[\"cuda:0\"]");
-    run_figures a = { 0 }, b = { 0 };
-    if (run_trainer(cpu_json, &a) || run_trainer(dev_json, &b))
+    run_figures a = { 0 }, b = { 0 }, c = { 0 };
+    if (run_trainer(cpu_json, &a) || run_trainer(dev_json, &b) || run_trainer(dev_json, &c))
         return;
     for (int i = 0; i < 4; i++)
-        check(isfinite(b.loss[i]) && max_rel(b.loss[i], a.loss[i]) <= 5e-2, "step %d: loss %.9g, CPU %.9g",
-              i + 1, b.loss[i], a.loss[i]);
+        check(isfinite(b.loss[i]) && b.loss[i] == c.loss[i], "step %d: loss %.9g, again %.9g", i + 1, b.loss[i],
+              c.loss[i]);
+    check(max_rel(b.loss[0], a.loss[0]) <= 0.25, "step 1: loss %.9g, CPU (host target, fp32) %.9g", b.loss[0],
+          a.loss[0]);
 }
 
 static void test_run_two_gpus(void)

@@ -1,6 +1,7 @@
 /* test_trainer.c: whole runs of the trainer on a tiny synthetic target:
  *   - exact resume: a run stopped after step 10 and resumed repeats steps 11..20 of an
- *     uninterrupted run bit for bit;
+ *     uninterrupted run bit for bit; so does a co-located one on 3 ranks with generated data
+ *     (no source: the trainer keeps the cursor, the ranks sample their sequences);
  *   - 1 rank, 2 ranks, 3 ranks (uneven slices: 2, 1, 1 of 4 sequences) and 2 accumulated
  *     micro-batches give the same losses for the same global batch (float rounding);
  *   - an out-of-memory step under a budget that forces it is retried with a smaller chunk
@@ -15,10 +16,10 @@
  *   - a GPU the node does not have ("cuda:N") fails at open, naming it, and leaves nothing
  *     that changes a later run;
  *   - train.precision "bf16": finite losses close to fp32's, not identical to them;
- *   - target.devices "same" on CPU ranks (each rank prefills its sequences with its own fp32
- *     replica): the losses and the evaluation of the host target's run bit for bit, and rank 0's
- *     measured peak against the plan's co-located figures (10%), the host's against the source's
- *     generator; "auto" resolves to co-located on GPU ranks only, "same" / "host" with shards and
+ *   - target.devices "same" on CPU ranks (each rank samples its generated sequences and prefills
+ *     them with its own fp32 replica; no host target): the losses and the evaluation of the host
+ *     target's run bit for bit, and rank 0's measured peak against the plan's co-located figures
+ *     (10%), the host's (the held-out tokens alone) against the plan's; "auto" resolves to co-located on GPU ranks only, "same" / "host" with shards and
  *     unknown values are refused naming target.devices.
  * ctest: one line per case, a final "N passed, M failed".
  */
@@ -84,21 +85,24 @@ static void with_steps(const char *json, int n, char *out, size_t len)
     snprintf(out, len, "%.*s\"steps\": %d%s", (int)(at - json), json, n, at + strlen("\"steps\": 6"));
 }
 
-static void test_exact_resume(void)
+/* base run for 2 * half steps straight, then half, a checkpoint, a resume and half more: the
+ * resumed steps are the uninterrupted run's bit for bit */
+static void check_resume(const char *base, int half)
 {
-    double straight[20], first[10], resumed[10];
+    enum { MAX_HALF = 10 };
+    double straight[2 * MAX_HALF], first[MAX_HALF], resumed[MAX_HALF];
     char json[4096];
-    with_steps(TINY("1", ""), 20, json, sizeof json);
+    with_steps(base, 2 * half, json, sizeof json);
     ddt_trainer *t = open_run(json, NULL);
     if (!t)
         return;
-    run_steps(t, 20, straight, NULL);
+    run_steps(t, 2 * half, straight, NULL);
     ddt_trainer_close(t);
 
     t = open_run(json, NULL);
     if (!t)
         return;
-    run_steps(t, 10, first, NULL);
+    run_steps(t, half, first, NULL);
     char err[1024], id[64];
     check(ddt_trainer_checkpoint(t, err, sizeof err) == 0, "checkpoint: %s", err);
     snprintf(id, sizeof id, "%s", ddt_trainer_run_id(t));
@@ -107,14 +111,31 @@ static void test_exact_resume(void)
     t = open_run("", id);
     if (!t)
         return;
-    check(ddt_trainer_step_count(t) == 10, "resumed at step %lld, want 10", (long long)ddt_trainer_step_count(t));
-    run_steps(t, 10, resumed, NULL);
+    check(ddt_trainer_step_count(t) == half, "resumed at step %lld, want %d", (long long)ddt_trainer_step_count(t),
+          half);
+    run_steps(t, half, resumed, NULL);
     ddt_trainer_close(t);
-    for (int i = 0; i < 10; i++) {
+    for (int i = 0; i < half; i++) {
         check(first[i] == straight[i], "step %d: %.9g vs uninterrupted %.9g", i + 1, first[i], straight[i]);
-        check(resumed[i] == straight[10 + i], "resumed step %d: %.9g vs uninterrupted %.9g (bit for bit)",
-              i + 11, resumed[i], straight[10 + i]);
+        check(resumed[i] == straight[half + i], "resumed step %d: %.9g vs uninterrupted %.9g (bit for bit)",
+              half + i + 1, resumed[i], straight[half + i]);
     }
+}
+
+static void test_exact_resume(void)
+{
+    check_resume(TINY("1", ""), 10);
+}
+
+static void with_place(const char *json, const char *place, char *out, size_t len);
+
+/* co-located generated data: no source; the trainer's own cursor is checkpointed and restored,
+ * and the ranks sample from it on (3 ranks: uneven slices of the step's 4 sequences) */
+static void test_colocated_resume(void)
+{
+    char json[4096];
+    with_place(TINY("3", ""), "same", json, sizeof json);
+    check_resume(json, 3);
 }
 
 /* json with "grad_accum": k in train */
@@ -760,9 +781,12 @@ static void with_place(const char *json, const char *place, char *out, size_t le
     snprintf(out, len, "%.*s\"devices\": \"%s\", %s", (int)(at - json), json, place, at);
 }
 
-/* target.devices "same" on CPU ranks: each rank's fp32 replica (the source's seed, its own
- * backend, the same CPU ops) computes what the host target computed, then the same noise: the
- * losses and the evaluation are the host run's bit for bit. 2 ranks, 3 steps, then an eval. */
+/* target.devices "same" on CPU ranks with generated data: each rank's fp32 replica (the source's
+ * seed, its own backend, the same CPU ops) samples the tokens the source's host target sampled
+ * for the same indices (training and held-out), computes the features it computed, then the same
+ * noise: the losses and the evaluation are the host run's bit for bit (equal losses need equal
+ * tokens). The co-located run holds no target on the host: its host peak stays below one
+ * replica's weights. 2 ranks, 3 steps, then an eval. */
 static void test_colocated_same_losses(void)
 {
     enum { STEPS = 3 };
@@ -772,6 +796,7 @@ static void test_colocated_same_losses(void)
     for (int k = 0; k < 2; k++) {
         char json[4096], err[1024] = "";
         with_place(TINY("2", ""), places[k], json, sizeof json);
+        ddk_allocator_reset_peak(ddk_allocator_cpu());
         ddt_trainer *t = open_run(json, NULL);
         if (!t)
             return;
@@ -780,6 +805,12 @@ static void test_colocated_same_losses(void)
               "target.devices \"%s\" on CPU ranks: placement %d", places[k], p->target.placement);
         run_steps(t, STEPS, losses[k], NULL);
         check(ddt_trainer_eval(t, &acc[k], err, sizeof err) == 0, "eval (%s): %s", places[k], err);
+        const double host = (double)ddk_allocator_stats(ddk_allocator_cpu()).peak;
+        if (k)
+            check(host < (double)p->target.weights, "co-located: host peak %.0f, not below one replica's %lld "
+                  "(a host target was opened?)", host, (long long)p->target.weights);
+        printf("  # %s: host peak %.0f bytes (target weights %lld)\n", places[k], host,
+               (long long)p->target.weights);
         ddt_trainer_close(t);
     }
     for (int i = 0; i < STEPS; i++)
@@ -796,10 +827,11 @@ static void test_colocated_same_losses(void)
            ddt_acceptance_tau_chain(&acc[0]), ddt_acceptance_tau_chain(&acc[1]));
 }
 
-/* A co-located CPU run's rank 0 holds the drafter's bytes and its replica (fp32 weights held,
- * its prefill's workspace before the step, no frozen head of its own): its measured peak
- * against the plan's SAME figure (10%). The host keeps the source's generator target (fp32
- * weights, two generators' caches) and its token queue: between one generator's and both. */
+/* A co-located CPU run's rank 0 holds the drafter's bytes, its replica and its generator (fp32
+ * weights and one sequence's cache and sampling workspace held, its prefill's workspace before
+ * the step, no frozen head of its own): its measured peak against the plan's SAME figure (10%).
+ * Generated data opens no host target and no source: the host holds the held-out tokens alone
+ * (the plan's host figure), far below one replica. */
 static void test_plan_colocated_peak(void)
 {
     char json[4096];
@@ -812,24 +844,24 @@ static void test_plan_colocated_peak(void)
     ddt_step_record rec = { 0 };
     run_steps(t, 1, losses, &rec);
     const ddt_memory_plan *p = ddt_trainer_plan(t);
+    ddt_target_footprint f;
+    char err[256];
+    ddt_run_footprint(ddt_trainer_config(t), &f, err, sizeof err);
     check(p->target.placement == DDT_PLACE_SAME && p->frozen_head == 0 && p->target.weights > 0 &&
-              p->target.cache == 0 && p->target.host > p->target.queue,
-          "co-located on a CPU rank: placement %d, frozen head %lld, replica %lld, cache %lld, host %lld",
-          p->target.placement, (long long)p->frozen_head, (long long)p->target.weights, (long long)p->target.cache,
-          (long long)p->target.host);
+              p->target.cache == f.cache_bytes && p->target.queue == 0 && p->target.host > 0 &&
+              p->target.host < p->target.weights,
+          "co-located on a CPU rank, generating: placement %d, frozen head %lld, replica %lld, generator %lld "
+          "(one: %lld), queue %lld, host %lld", p->target.placement, (long long)p->frozen_head,
+          (long long)p->target.weights, (long long)p->target.cache, (long long)f.cache_bytes,
+          (long long)p->target.queue, (long long)p->target.host);
     double predicted = (double)p->peak, measured = (double)ddk_allocator_stats(ddk_allocator_cpu_rank(0)).peak;
     check(fabs(measured - predicted) <= 0.10 * predicted, "rank 0's peak %.0f vs the plan's %.0f (%+.1f%%)", measured,
           predicted, 100.0 * (measured - predicted) / predicted);
     const double host_plan = (double)p->target.host, host = (double)ddk_allocator_stats(ddk_allocator_cpu()).peak;
-    ddt_target_footprint f;
-    char err[256];
-    ddt_run_footprint(ddt_trainer_config(t), &f, err, sizeof err);
-    const double one_generator = host_plan - (double)f.cache_bytes;
-    check(host <= host_plan && host >= one_generator, "host peak %.0f outside the plan's %.0f (both generators) .. "
-          "%.0f (one)", host, host_plan, one_generator);
-    printf("  # rank 0: plan %.0f bytes (replica %lld), measured %.0f (%+.1f%%); host: plan %.0f (one generator "
-           "%.0f), measured %.0f\n", predicted, (long long)p->target.weights, measured,
-           100.0 * (measured - predicted) / predicted, host_plan, one_generator, host);
+    check(host == host_plan, "host peak %.0f, the plan's %.0f (the held-out tokens alone)", host, host_plan);
+    printf("  # rank 0: plan %.0f bytes (replica %lld, generator %lld), measured %.0f (%+.1f%%); host: plan %.0f, "
+           "measured %.0f\n", predicted, (long long)p->target.weights, (long long)p->target.cache, measured,
+           100.0 * (measured - predicted) / predicted, host_plan, host);
     ddt_trainer_close(t);
 }
 
@@ -854,6 +886,7 @@ int main(void)
         { "plan vs measured peak", test_plan_vs_peak },
         { "the target's plan vs the host's peak", test_plan_target_host },
         { "target.devices same on CPU ranks: the host run's losses bit for bit", test_colocated_same_losses },
+        { "co-located generated data: exact resume from the trainer's cursor", test_colocated_resume },
         { "co-located plan vs rank 0's and the host's peaks", test_plan_colocated_peak },
     };
     int passed = 0, failed = 0;

@@ -4,6 +4,8 @@
  * decode step; the logits of the newest position are ddt_target_logits (a plain C
  * matrix-vector product). What is fast in a dense decode step (8-wide matrix-vector products,
  * the cached attention) is target_dense_cache.c's. The softmax exp is ddk_vmath.h's.
+ * A target on a GPU (a co-located trainer rank's replica) decodes on the device; its logits come
+ * to the host once per sampled token (V floats) and sampling runs on the host, as for a CPU one.
  * Not here: batching sequences, the full-sequence features (ddt_target_prefill computes them
  * once the tokens exist). Tested by tests/test_source.c.
  *
@@ -12,6 +14,7 @@
 #include "ddk_vmath.h"
 #include "generate.h"
 #include "ddk_rng.h"
+#include "target_dense_cache.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -58,15 +61,22 @@ int ddt_generator_open(ddt_generator *g, const ddk_backend *be, const ddt_target
     int rc = ddt_target_cache_open(be, m, max_len, 1, &g->tc, err, err_len);
     if (rc)
         return rc;
-    g->block_bytes = (size_t)ddt_generator_workspace_bytes(H, V);
+    const size_t total = (size_t)ddt_generator_workspace_bytes(H, V);
+    const int host = ddt_target_host_backend(be);
+    g->block_bytes = host ? total : (size_t)(C * H + V) * sizeof(float);
     g->block = ddk_malloc(be->alloc, g->block_bytes);
-    if (!g->block) {
-        ddt_target_cache_close(&g->tc);
-        snprintf(err, err_len, "generator: no memory for its workspace (%.1f MB)", g->block_bytes / 1e6);
+    if (g->block && !host) {
+        g->host_bytes = total - (size_t)(C * H) * sizeof(float);   /* logits, probs, candidates */
+        g->host_block = ddk_host_alloc_pinned(g->host_bytes);
+    }
+    if (!g->block || (!host && !g->host_block)) {
+        snprintf(err, err_len, "generator: no memory for its workspace (%.1f MB)", total / 1e6);
+        ddt_generator_free(g);
         return -ENOMEM;
     }
     g->hidden = g->block;
-    g->logits = g->hidden + C * H;
+    g->dev_logits = host ? NULL : g->hidden + C * H;
+    g->logits = host ? g->hidden + C * H : g->host_block;
     g->probs = g->logits + V;
     g->candidates = g->probs + V;   /* 4-byte aligned: candidate is two 4-byte fields */
     return 0;
@@ -76,6 +86,7 @@ void ddt_generator_free(ddt_generator *g)
 {
     if (g->block)
         ddk_free(g->tc.be->alloc, g->block, g->block_bytes);
+    ddk_host_free_pinned(g->host_block);   /* NULL: a no-op */
     if (g->tc.impl)
         ddt_target_cache_close(&g->tc);
     memset(g, 0, sizeof *g);
@@ -197,7 +208,13 @@ int ddt_generate(ddt_generator *g, const ddt_generate_params *p, uint64_t seed,
     /* decode: sample position t from the hidden state of t-1, then feed it (the last one only
      * when its hidden state is wanted) */
     for (int64_t t = known; t < S; t++) {
-        ddt_target_logits(c->be, c->m, last, 1, g->logits);
+        if (g->dev_logits) {   /* a GPU's: to the host, where sampling reads them */
+            ddt_target_logits(c->be, c->m, last, 1, g->dev_logits);
+            c->be->copy(c->be, g->logits, g->dev_logits, (size_t)V * sizeof(float));
+            c->be->synchronize(c->be);
+        } else {
+            ddt_target_logits(c->be, c->m, last, 1, g->logits);
+        }
         tokens[t] = sample(g, p, &rng);
         if (t + 1 < S || hidden) {
             float *out = hidden ? hidden + t * H : g->hidden;

@@ -4,7 +4,8 @@
  * construction (ddk_attention_workspace_bytes too); what remains between prediction and
  * measurement is rounding of allocations and the loss's and attention's workspaces never
  * overlapping. The target's part follows its placement (planner.h): the host's target, a
- * replica co-located on every rank (CPU or GPU), or a split.
+ * replica co-located on every rank (CPU or GPU; generating, with its own generator, and no
+ * target on the host), or a split.
  * Tested by tests/test_trainer.c (the drafter's peak, HOST's host peak, SAME on CPU ranks).
  */
 #include "planner.h"
@@ -40,23 +41,26 @@ static void target_bytes(const ddt_run_config *c, const ddt_target_footprint *f,
                  : placement == DDT_PLACE_SAME ? (gpu ? bf16_weight_bytes(c, f) : f->fp32_bytes)
                                                : f->stored_weight_bytes;
     /* the host's source runs its loader and its held-out worker, each with a generator; a rank
-     * prefills its own sequences one at a time and never generates */
+     * (SAME) prefills its own sequences one at a time and, generating, samples them with its one
+     * generator (rank 0's makes the held-out ones between steps) */
     const int threads = placement == DDT_PLACE_HOST ? 2 : 1;
     t->workspace = threads * f->prefill_bytes;
-    t->cache = generating && placement != DDT_PLACE_SAME ? threads * f->cache_bytes : 0;
-    if (placement == DDT_PLACE_HOST || placement == DDT_PLACE_SAME) {
-        ddt_source_config src;
-        ddt_run_config_source(c, &src);
-        src.tokens_only = placement == DDT_PLACE_SAME;
+    t->cache = generating ? threads * f->cache_bytes : 0;
+    ddt_source_config src;
+    ddt_run_config_source(c, &src);
+    src.tokens_only = placement == DDT_PLACE_SAME;
+    if (placement == DDT_PLACE_HOST || (placement == DDT_PLACE_SAME && !generating))
         t->queue = ddt_source_queue_bytes(&src, f->hidden);
-    }
-    if (placement == DDT_PLACE_SAME)   /* the source's generator target stays on the host */
-        t->host = t->queue + (generating ? f->fp32_bytes + 2 * f->cache_bytes : 0);
+    /* SAME: no host target at all; a token file's source keeps its token queue, generated data
+     * has no source, only the held-out tokens kept once sampled */
+    if (placement == DDT_PLACE_SAME)
+        t->host = generating ? ddt_source_heldout_token_bytes(&src) : t->queue;
 }
 
 /* The drafter's figures at (chunk, tile), and the peak of one drafter device with the target as
- * t places it: SAME adds its weights to what the device holds throughout and its forward (run
- * by the rank before its step, never during it) beside the step's transient bytes; a CPU rank
+ * t places it: SAME adds its weights and, generating, its generator (cache and workspace, opened
+ * with the replica) to what the device holds throughout and its forward (run by the rank before
+ * its step, never during it) beside the step's transient bytes; a CPU rank
  * then reads embed_tokens / lm_head in its fp32 replica, a GPU keeps an fp32 copy (the loss
  * reads fp32 only). SPLIT adds the two feature batches the hand-off keeps in flight, and a copy
  * of the head in the stored type. */
@@ -99,9 +103,9 @@ static void fill(const ddt_run_config *c, int tied_head, int64_t chunk, int64_t 
             transient = p->activations + (p->loss_workspace > p->attention_workspace ? p->loss_workspace
                                                                                      : p->attention_workspace);
     if (placement == DDT_PLACE_SAME) {
-        held += t->weights;
-        if (t->workspace + t->cache > transient)
-            transient = t->workspace + t->cache;
+        held += t->weights + t->cache;
+        if (t->workspace > transient)
+            transient = t->workspace;
     } else if (placement == DDT_PLACE_SPLIT) {
         t->handoff = 2 * p->batch;
         held += t->handoff;
@@ -263,6 +267,9 @@ void ddt_plan_print(const ddt_run_config *c, const ddt_memory_plan *p, FILE *out
         row(out, "target (co-located)", t->weights, p->peak, p->gpu ? "the replica's weights, bf16; its prefill "
             "runs before the step, within the step's transient bytes" : "the replica's weights, fp32; its prefill "
             "runs before the step, within the step's transient bytes");
+    if (t->placement == DDT_PLACE_SAME && t->cache)
+        row(out, "generator (co-located)", t->cache, p->peak, "the replica's decoding cache of one sequence and "
+            "the sampling workspace (each rank samples its own sequences)");
     if (t->placement == DDT_PLACE_SPLIT)
         row(out, "feature hand-off", t->handoff, p->peak, "two batches in flight (double-buffered)");
     row(out, "predicted peak", p->peak, p->peak, "");
@@ -283,11 +290,13 @@ void ddt_plan_print(const ddt_run_config *c, const ddt_memory_plan *p, FILE *out
     }
     if (t->placement == DDT_PLACE_SAME) {
         const int generating = c->target_kind == DDT_SOURCE_SYNTHETIC || !*c->target_tokens;
-        fprintf(out, "the host, beside the replicas (the source yields tokens only):\n");
-        if (generating)
-            row(out, "generator target", t->host - t->queue, t->host, "the source's own fp32 target and two "
-                "generators' caches: sampling on the replica is not built yet");
-        row(out, "token queue", t->queue, t->host, "the source's buffers of tokens and loss masks");
+        if (generating) {
+            fprintf(out, "the host, beside the replicas (no host target: the ranks sample the data):\n");
+            row(out, "held-out tokens", t->host, t->host, "the evaluation's sequences, sampled once by rank 0");
+        } else {
+            fprintf(out, "the host, beside the replicas (the source yields tokens only):\n");
+            row(out, "token queue", t->queue, t->host, "the source's buffers of tokens and loss masks");
+        }
     }
     if (t->placement == DDT_PLACE_SPLIT || (t->placement == DDT_PLACE_SAME && p->gpu))
         fprintf(out, "  target: %.0f%% of a step's matrix FLOPs%s%s\n", 100.0 * t->flops_share,

@@ -64,14 +64,15 @@ typedef struct ddt_target_plan {
     int64_t weights;           /* HOST, SAME on CPU ranks: fp32; SAME on GPUs: bf16 (what the replica
                                   is opened as); SPLIT: the checkpoint's stored type */
     int64_t workspace;         /* the prefills at once (HOST: two threads; else one) */
-    int64_t cache;             /* generating: the generators' caches (HOST: the loader's and the
-                                  held-out worker's; SPLIT: one; SAME: 0, the replica does not
-                                  generate); token files: 0 */
-    int64_t queue;             /* HOST, SAME: the source's sequence buffers (ddt_source_queue_bytes;
-                                  SAME: tokens and masks only) */
-    int64_t host;              /* SAME: what stays on the host: the queue and, generating, the
-                                  source's own fp32 generator target (weights, two generators'
-                                  caches), since sampling on the replica is not built */
+    int64_t cache;             /* generating: the generators' caches and workspaces (HOST: the
+                                  loader's and the held-out worker's; SPLIT: one; SAME: the rank's
+                                  one, over its replica, counted in the drafter's peak); token
+                                  files: 0 */
+    int64_t queue;             /* HOST, SAME with a token file: the source's sequence buffers
+                                  (ddt_source_queue_bytes; SAME: tokens and masks only); SAME
+                                  generating: 0 (no source) */
+    int64_t host;              /* SAME: what stays on the host: the token file's queue, or,
+                                  generating, the held-out tokens (no host target either way) */
     int64_t handoff;           /* SPLIT: two feature batches in flight per side (double-buffered) */
     int64_t peak;              /* HOST and SPLIT: the sum; SAME: 0 (in the drafter's peak) */
     double flops_share;        /* the target's share of a step's matrix FLOPs (0..1) */
@@ -96,8 +97,8 @@ typedef struct ddt_memory_plan {
  * replica on every rank (ddt_devices_colocated); node_gpus: the GPUs a split may use (the
  * node's, or what the config names when planned away from it; 0: propose none, the trainer
  * plans what it runs).
- * Co-located (SAME) the rank holds the replica's weights throughout and its prefill before the
- * step, and its frozen head: an fp32 copy of embed_tokens / lm_head on a GPU (the loss reads
+ * Co-located (SAME) the rank holds the replica's weights (and, generating, its generator)
+ * throughout and its prefill before the step, and its frozen head: an fp32 copy of embed_tokens / lm_head on a GPU (the loss reads
  * fp32; the replica's bf16 head is not read in place yet), nothing more on a CPU rank (it reads
  * the fp32 replica's own tensors). A GPU run co-located that does not fit the budget gets a
  * split of node_gpus proposed (target GPUs in proportion to the target's share of the FLOPs);

@@ -12,6 +12,8 @@
  * Not here: anything that depends on the kind of source (the implementations), GPU memory
  * (sequences are host float32; the trainer uploads them). tokens_only: the slots hold tokens
  * and masks alone and ddt_source_target_features does nothing (the trainer's ranks prefill).
+ * ddt_source_check: open's rules alone, for a co-located trainer that opens no source for
+ * generated data (its ranks sample with ddt_source_generate).
  * Tested by tests/test_source.c.
  *
  * Legend: S tokens of a sequence, H hidden, L_t taps, V vocabulary, N slots.
@@ -216,6 +218,16 @@ int ddt_source_heldout(ddt_source *s, int64_t i, ddt_sequence *out, char *err, s
  * What the implementations share
  */
 
+/* c's tap ids against a target of `layers` layers */
+static int check_taps(const ddt_source_config *c, int64_t layers, char *err, size_t err_len)
+{
+    for (int i = 0; i < c->n_taps; i++)
+        if (c->taps[i] < 0 || c->taps[i] >= layers)
+            return ddt_fail(err, err_len, -EINVAL, "source: target layer id %d is not a layer of the target "
+                            "(0 .. %lld)", c->taps[i], (long long)layers - 1);
+    return 0;
+}
+
 int ddt_source_use_shape(ddt_source_base *b, int64_t hidden, int64_t vocab, int64_t layers, const char *what,
                          char *err, size_t err_len)
 {
@@ -224,11 +236,7 @@ int ddt_source_use_shape(ddt_source_base *b, int64_t hidden, int64_t vocab, int6
     if (hidden != b->H)
         return ddt_fail(err, err_len, -EINVAL, "%s: the target's hidden_size %lld differs from the drafter's %lld",
                         what, (long long)hidden, (long long)b->H);
-    for (int i = 0; i < b->cfg.n_taps; i++)
-        if (b->cfg.taps[i] < 0 || b->cfg.taps[i] >= b->target_layers)
-            return ddt_fail(err, err_len, -EINVAL, "source: target layer id %d is not a layer of the target "
-                            "(0 .. %lld)", b->cfg.taps[i], (long long)b->target_layers - 1);
-    return 0;
+    return check_taps(&b->cfg, layers, err, err_len);
 }
 
 int ddt_source_use_target(ddt_source_base *b, const ddt_target_model *t, const char *what, char *err,
@@ -288,6 +296,12 @@ static int check_config(const ddt_source_ops *ops, const ddt_source_config *c, i
         return ddt_fail(err, err_len, -EINVAL, "source: feature shards cannot be read tokens only (their features "
                         "are the data; there is no target to compute them)");
     return ops->check(c, hidden, err, err_len);
+}
+
+int ddt_source_check(const ddt_source_config *c, int64_t hidden, int64_t layers, char *err, size_t err_len)
+{
+    int rc = check_config(implementation_for(c), c, hidden, err, err_len);
+    return rc ? rc : check_taps(c, layers, err, err_len);
 }
 
 int ddt_source_target_shape(const ddt_source_config *c, int64_t *hidden, int64_t *vocab, int64_t *layers,

@@ -9,8 +9,10 @@
  * Held-out sequences (for acceptance) come from a stream disjoint from training's.
  * tokens_only (a co-located run: every trainer rank computes its sequences' features with its
  * own replica of the target): tokens and loss masks alone, features and teacher_hidden NULL;
- * generated data is still sampled by the source's own host target, a token file needs none
- * (its shape from config.json, no head: embed/lm_head NULL), shards are refused.
+ * a token file needs no target (its shape from config.json, no head: embed/lm_head NULL),
+ * generated data is sampled by the source's own host target, shards are refused. A co-located
+ * trainer opens no source for generated data: its ranks sample their sequences with their
+ * replicas through ddt_source_generate, the generated source's own rule, and keep its cursor.
  * Generated and listed data are two implementations of source_impl.h behind this API.
  * Tested by tests/test_source.c.
  *
@@ -86,6 +88,27 @@ const float *ddt_source_lm_head(const ddt_source *s);
 int64_t ddt_source_vocab(const ddt_source *s);
 /* The target's number of layers (0 when unknown: shards) */
 int64_t ddt_source_target_layers(const ddt_source *s);
+
+/* ------------------------------------------------------------------------------------------
+ * Generated data without a source (a co-located trainer: each rank samples with its replica)
+ */
+
+struct ddt_generator;
+/* 1 when c's sequences are sampled by its target (synthetic, or hf without a token file) */
+int ddt_source_generates(const ddt_source_config *c);
+/* The rules ddt_source_open checks before opening anything (the common ones, the kind's, and the
+ * tap ids against the target's `layers`), for a caller that opens no source. 0 or -EINVAL with
+ * err. */
+int ddt_source_check(const ddt_source_config *c, int64_t hidden, int64_t layers, char *err, size_t err_len);
+/* Generated data's training sequence `index` (heldout 0: what the source yields at cursor index)
+ * or held-out sequence `index` (heldout 1): its seq_len tokens sampled by gen (a generator over
+ * any replica of c's target: the same tokens as the source's when it is fp32 on a CPU backend)
+ * with the seed ddt_generate_seed(seed, index, "train" / "heldout"), the first token drawn from
+ * it, and its loss mask, all ones (NULL: not wanted). 0, or the generator's error with err. */
+int ddt_source_generate(const ddt_source_config *c, struct ddt_generator *gen, int heldout, int64_t index,
+                        int32_t *tokens, uint8_t *loss_mask, char *err, size_t err_len);
+/* Host bytes of generated data's held-out tokens kept once sampled (tokens, and a flag each) */
+int64_t ddt_source_heldout_token_bytes(const ddt_source_config *c);
 
 /* Host bytes of the sequence buffers a source of c holds (its queue and the held-out slot), for
  * sequences of the given hidden size: the planner's figure. */

@@ -5,9 +5,11 @@
  * (seed, i, "heldout"): the two streams are disjoint and each sequence a pure function of the
  * config and its index.
  * The held-out tokens are cached once sampled (the decode is the cost), their features are not.
- * tokens_only: the same tokens, and no forward (the trainer's ranks prefill their own replicas;
- * sampling on those replicas is not built: this host target stays the generator).
- * Tested through source.h by tests/test_source.c.
+ * tokens_only: the same tokens, and no forward. The rule that makes a sequence (its seed, length
+ * and mask) is ddt_source_generate, public: a co-located trainer opens no source for generated
+ * data and its ranks sample with their own replicas through it (trainer.c).
+ * Tested through source.h by tests/test_source.c, ddt_source_generate on another backend's
+ * replica by tests/test_source.c and tests/test_trainer.c.
  *
  * Legend: S tokens of a sequence.
  */
@@ -28,6 +30,11 @@ typedef struct generated {
 static int accepts(const ddt_source_config *c)
 {
     return c->kind == DDT_SOURCE_SYNTHETIC || (c->kind == DDT_SOURCE_HF && !c->tokens_file[0]);
+}
+
+int ddt_source_generates(const ddt_source_config *c)
+{
+    return accepts(c);
 }
 
 static int check(const ddt_source_config *c, int64_t hidden, char *err, size_t err_len)
@@ -123,20 +130,30 @@ static void worker_close(void *w)
     free(gen);
 }
 
-static int generate_tokens(const ddt_source_base *b, ddt_generator *gen, uint64_t seed, int32_t *tokens,
-                           char *err, size_t err_len)
+/* the one rule of a generated sequence: seq_len tokens from the stream's seed, mask all ones */
+int ddt_source_generate(const ddt_source_config *c, ddt_generator *gen, int heldout, int64_t index,
+                        int32_t *tokens, uint8_t *loss_mask, char *err, size_t err_len)
 {
-    const ddt_generate_params p = { b->cfg.temperature, b->cfg.top_p };
-    int rc = ddt_generate(gen, &p, seed, NULL, 0, b->cfg.seq_len, tokens, NULL);
-    return rc ? ddt_fail(err, err_len, rc, "generation failed: %s", strerror(-rc)) : 0;
+    const ddt_generate_params p = { c->temperature, c->top_p };
+    const uint64_t seed = ddt_generate_seed(c->seed, index, heldout ? "heldout" : "train");
+    int rc = ddt_generate(gen, &p, seed, NULL, 0, c->seq_len, tokens, NULL);
+    if (rc)
+        return ddt_fail(err, err_len, rc, "generation failed: %s", strerror(-rc));
+    if (loss_mask)
+        memset(loss_mask, 1, (size_t)c->seq_len);
+    return 0;
+}
+
+int64_t ddt_source_heldout_token_bytes(const ddt_source_config *c)
+{
+    return c->heldout * (c->seq_len * (int64_t)sizeof(int32_t) + 1);
 }
 
 static int train(const ddt_source_base *b, void *w, int64_t cursor, ddt_sequence *q, char *err, size_t err_len)
 {
     const generated *g = b->data;
     q->S = b->cfg.seq_len;
-    memset(q->loss_mask, 1, (size_t)q->S);
-    int rc = generate_tokens(b, w, ddt_generate_seed(b->cfg.seed, cursor, "train"), q->input_ids, err, err_len);
+    int rc = ddt_source_generate(&b->cfg, w, 0, cursor, q->input_ids, q->loss_mask, err, err_len);
     return rc ? rc : ddt_source_target_features(b, &g->target, q, err, err_len);
 }
 
@@ -146,7 +163,7 @@ static int heldout(ddt_source_base *b, void *w, int64_t i, ddt_sequence *q, char
     const int64_t S = b->cfg.seq_len;
     int32_t *tokens = g->heldout_tokens + i * S;
     if (!g->heldout_known[i]) {
-        int rc = generate_tokens(b, w, ddt_generate_seed(b->cfg.seed, i, "heldout"), tokens, err, err_len);
+        int rc = ddt_source_generate(&b->cfg, w, 1, i, tokens, NULL, err, err_len);
         if (rc)
             return rc;
         g->heldout_known[i] = 1;

@@ -25,13 +25,19 @@
  *     staging buffer;
  *   - co-located ("same"; "auto" on GPU ranks): every rank holds its own replica of the target on
  *     its own backend (fp32 on a CPU rank, bf16 on a GPU) and, in its own thread before its step,
- *     prefills its sequences straight into its batch buffers (rank_main); the source yields
- *     tokens only (generated data is still sampled by the source's own host target: sampling on
- *     the replica is not built). Rank 0's replica computes the held-out features of an
- *     evaluation. A CPU rank reads its replica's fp32 embed_tokens / lm_head in place; a GPU
- *     keeps an fp32 copy (the loss reads fp32), uploaded from the source's host target or from
- *     rank 0's replica (ddt_target_head_copy, freed once uploaded). On CPU ranks the same
- *     arithmetic runs on another CPU backend: the losses are the host run's bit for bit.
+ *     prefills its sequences straight into its batch buffers (rank_main). A token file: the
+ *     source yields tokens only. Generated data: no source and no host target at all; each
+ *     rank first samples its sequences' tokens with a generator over its replica
+ *     (ddt_source_generate, the generated source's own rule: seed (seed, index, "train"), mask
+ *     all ones), global sequence gi of a step being index cursor + gi, where the trainer keeps
+ *     the cursor the source would have (sequences handed out; checkpointed and restored the
+ *     same way). Rank 0's replica computes the held-out features of an evaluation and, for
+ *     generated data, samples the held-out tokens ("heldout" stream; kept once sampled, as the
+ *     source keeps them). A CPU rank reads its replica's fp32 embed_tokens / lm_head in place; a
+ *     GPU keeps an fp32 copy (the loss reads fp32) from rank 0's replica (ddt_target_head_copy,
+ *     freed once uploaded). On CPU ranks the same arithmetic runs on another CPU backend: the
+ *     tokens, the losses and the evaluation are the host run's bit for bit. Not here: decoding
+ *     several sequences per step (a rank samples its sequences one after another).
  * Tested by tests/test_trainer.c (CPU ranks) and tests/test_step_cuda.c (a GPU's step against
  * the CPU's; skipped without a GPU).
  */
@@ -76,6 +82,9 @@ typedef struct rank_state {
     float *params, *m, *v;        /* (total) each */
     float *own_embed, *own_lm_head;   /* (V, H) each, a GPU's copies; one buffer when tied */
     ddt_target_model replica;     /* co-located: the rank's own target on be (ops NULL: none) */
+    ddt_generator gen;            /* co-located generated data: its decoder over replica (else zeroed) */
+    int64_t tokens_for;           /* the batch cursor whose tokens input_ids holds (-1: none): a
+                                     retried step does not sample them again */
     const float *embed, *lm_head; /* what the rank's step reads: its copies, or the trainer's */
     ddt_drafter_weights w;        /* bound to the weights this rank's step reads */
     /* the rank's slice of the batch: the index arrays in host memory (batch_block: the rank's
@@ -106,7 +115,15 @@ struct ddt_trainer {
     char *config_json;            /* the run's config, as given */
     char run_id[40], run_dir[2048];
     ddt_store *store;
-    ddt_source *source;
+    ddt_source *source;           /* NULL: co-located generated data (the ranks sample) */
+    int generates;                /* co-located and generated: the ranks sample their sequences */
+    ddt_source_config data;       /* generates: the data's rules (seed, seq_len, temperature, ...) */
+    int64_t cursor;               /* generates: training sequences handed out (ddt_source_cursor's
+                                     meaning), checkpointed as the source's is */
+    int64_t batch_cursor;         /* generates: the cursor at the current step's first sequence */
+    int32_t *heldout_tokens;      /* generates: (heldout, S) once sampled, then heldout_known (heldout) */
+    uint8_t *heldout_known;
+    size_t heldout_bytes;         /* their one host allocation (ddt_source_heldout_token_bytes) */
     const float *embed, *lm_head; /* (V, H), the source's (host), or rank 0's replica's head (co-located
                                      CPU ranks; GPUs: head's until uploaded, then NULL) */
     int tied;                     /* embed_tokens is lm_head */
@@ -199,7 +216,7 @@ static void carve_batch(rank_state *rs, int64_t n, int64_t S, int64_t A, int64_t
 
 /* Rank rs's own replica of the target on its backend (co-located): fp32 on a CPU rank (its
  * weights on the rank's allocator), bf16 on a GPU; the synthetic target from the seed the
- * source's is made from, so both have the same weights. */
+ * source's is made from, so both have the same weights. Generated data: its generator too. */
 static int open_replica(ddt_trainer *t, rank_state *rs, int r, char *err, size_t err_len)
 {
     const ddt_run_config *c = &t->cfg;
@@ -215,6 +232,8 @@ static int open_replica(ddt_trainer *t, rank_state *rs, int r, char *err, size_t
                  (long long)c->drafter.vocab);
         rc = -EINVAL;
     }
+    if (!rc && t->generates)   /* its own generator: the cache of one sequence and the workspace */
+        rc = ddt_generator_open(&rs->gen, rs->be, &rs->replica, c->seq_len, why, sizeof why);
     if (rc)
         snprintf(err, err_len, "rank %d (%s:%d): its replica of the target (target.devices co-located): %s%s", r,
                  rs->be->name, rs->gpu >= 0 ? rs->gpu : r, why,
@@ -223,8 +242,8 @@ static int open_replica(ddt_trainer *t, rank_state *rs, int r, char *err, size_t
 }
 
 /* The head the ranks read when co-located: a CPU rank its own replica's (rank 0's is the
- * trainer's, for the plan); GPUs an fp32 copy from the source's host target when it has one
- * (generated data), else from rank 0's replica. */
+ * trainer's, for the plan); GPUs an fp32 copy of rank 0's replica's (no host target has one:
+ * a co-located run opens none). */
 static int colocated_head(ddt_trainer *t, char *err, size_t err_len)
 {
     const ddt_target_model *m = &t->rank[0].replica;
@@ -256,6 +275,7 @@ static int alloc_ranks(ddt_trainer *t, const int32_t *gpu_ids, char *err, size_t
     for (int r = 0; r < t->ranks; r++) {   /* the backends, and the replicas on them */
         rank_state *rs = &t->rank[r];
         rs->t = t;
+        rs->tokens_for = -1;
         rs->gpu = t->gpu ? gpu_ids[r] : -1;
         rs->be = t->gpu ? ddk_backend_cuda(rs->gpu) : ddk_backend_cpu_rank(r);
         if (!rs->be) {   /* ddt_run_config_devices named GPUs that exist: out of memory */
@@ -356,7 +376,8 @@ static void pull_weights(ddt_trainer *t)
 /* what state.json holds: where the run stands (config_json stays the trainer's) */
 static ddt_checkpoint_meta checkpoint_meta(const ddt_trainer *t)
 {
-    ddt_checkpoint_meta m = { .step = t->step, .cursor = ddt_source_cursor(t->source), .chunk = t->chunk,
+    ddt_checkpoint_meta m = { .step = t->step, .cursor = t->source ? ddt_source_cursor(t->source) : t->cursor,
+                              .chunk = t->chunk,
                               .vocab_tile = t->vocab_tile, .config_json = t->config_json,
                               .drafter = t->cfg.drafter };
     snprintf(m.run_id, sizeof m.run_id, "%s", t->run_id);
@@ -384,7 +405,12 @@ static int resume_from(ddt_trainer *t, const char *ckpt, char *err, size_t err_l
     t->step = m.step;
     t->chunk = m.chunk;
     t->vocab_tile = m.vocab_tile;
-    rc = ddt_source_seek(t->source, m.cursor);
+    if (t->source)
+        rc = ddt_source_seek(t->source, m.cursor);
+    else if (m.cursor < 0)   /* generates: the ranks sample from this index on */
+        rc = -EINVAL;
+    else
+        t->cursor = m.cursor;
     if (rc)
         snprintf(err, err_len, "the data source cannot seek to cursor %lld", (long long)m.cursor);
     ddt_checkpoint_meta_free(&m);
@@ -491,17 +517,34 @@ int ddt_trainer_open_parsed(const ddt_run_config *config, const char *config_jso
         ddt_source_config sc;
         ddt_run_config_source(c, &sc);
         sc.tokens_only = dev.colocated;   /* the ranks compute the features */
-        if (!rc)
+        t->generates = dev.colocated && ddt_source_generates(&sc);   /* ... and sample the tokens */
+        if (!rc && t->generates) {   /* no source: the data's rules, and the held-out tokens' room */
+            rc = ddt_source_check(&sc, hidden, layers, err, err_len);
+            t->data = sc;
+            t->data.shards = NULL;
+            t->heldout_bytes = (size_t)ddt_source_heldout_token_bytes(&sc);
+            if (!rc && t->heldout_bytes) {
+                t->heldout_tokens = ddk_malloc(ddk_allocator_cpu(), t->heldout_bytes);
+                if (t->heldout_tokens) {   /* (heldout, S) tokens, then (heldout) flags */
+                    t->heldout_known = (uint8_t *)(t->heldout_tokens + sc.heldout * sc.seq_len);
+                    memset(t->heldout_known, 0, (size_t)sc.heldout);
+                } else {
+                    rc = ddt_fail(err, err_len, -ENOMEM, "no memory for %lld held-out sequences' tokens",
+                                  (long long)sc.heldout);
+                }
+            }
+        } else if (!rc) {
             rc = ddt_source_open(&sc, hidden, &t->source, err, err_len);
-        if (!rc && ddt_source_vocab(t->source) != vocab) {
+        }
+        if (!rc && t->source && ddt_source_vocab(t->source) != vocab) {
             snprintf(err, err_len, "the target's head has %lld rows but its vocabulary is %lld",
                      (long long)ddt_source_vocab(t->source), (long long)vocab);
             rc = -EINVAL;
         }
     }
     if (!rc) {
-        t->embed = ddt_source_embed(t->source);
-        t->lm_head = ddt_source_lm_head(t->source);
+        t->embed = t->source ? ddt_source_embed(t->source) : NULL;   /* co-located: colocated_head */
+        t->lm_head = t->source ? ddt_source_lm_head(t->source) : NULL;
         t->param_count = ddt_drafter_param_table(&t->cfg.drafter, t->table, &t->total);
         t->gpu = dev.gpu;
         t->colocated = dev.colocated;
@@ -606,6 +649,7 @@ void ddt_trainer_close(ddt_trainer *t)
         } else {
             ddk_free(a, rs->batch_block, rs->batch_bytes);
         }
+        ddt_generator_free(&rs->gen);      /* before its target; a zeroed one (none) is a no-op */
         ddt_target_close(&rs->replica);   /* a zeroed one (none) is a no-op */
         ddk_allocator_set_budget(a, 0);
     }
@@ -614,6 +658,7 @@ void ddt_trainer_close(ddt_trainer *t)
     ddk_free(a0, t->adam.m, bytes);
     ddk_free(a0, t->adam.v, bytes);
     ddt_target_head_free(&t->head);
+    ddk_free(ddk_allocator_cpu(), t->heldout_tokens, t->heldout_bytes);
     if (t->source)
         ddt_source_close(t->source);
     ddt_run_config_free(&t->cfg);
@@ -634,16 +679,30 @@ int64_t ddt_trainer_checkpoint_step(const ddt_trainer *t) { return t->checkpoint
  * A step
  */
 
-/* Co-located: the rank's sequences through its replica, their taps and final hidden states
- * straight into its batch buffers, then their noise, as load_batch adds it on the host path
- * (the same op and seed: the same bits). Run again on a retried step: the prefill rewrites the
- * features, the noise is drawn again from the same seed. */
+/* Co-located: generated data's tokens first, sampled by the rank's generator (sequence i of the
+ * slice is the step's global sequence first + i: index batch_cursor + first + i, what the
+ * source would have given that slot); then the rank's sequences through its replica, their taps
+ * and final hidden states straight into its batch buffers, then their noise, as load_batch adds
+ * it on the host path (the same op and seed: the same bits). Run again on a retried step: the
+ * tokens are kept (tokens_for), the prefill rewrites the features, the noise is drawn again
+ * from the same seed. */
 static int prefill_slice(rank_state *rs)
 {
     const ddt_trainer *t = rs->t;
     const ddt_run_config *c = &t->cfg;
     const int64_t S = c->seq_len, H = c->drafter.hidden, LH = c->drafter.taps * H;
     const ddk_backend *be = rs->be;
+    if (t->generates && rs->tokens_for != t->batch_cursor) {
+        rs->tokens_for = -1;
+        char err[256];   /* the generator's errors are its errno (a bad length: a programming error) */
+        for (int64_t i = 0; i < rs->nseq; i++) {
+            int rc = ddt_source_generate(&t->data, &rs->gen, 0, t->batch_cursor + rs->first + i,
+                                         rs->input_ids + i * S, NULL, err, sizeof err);
+            if (rc)
+                return rc;
+        }
+        rs->tokens_for = t->batch_cursor;
+    }
     for (int64_t i = 0; i < rs->nseq; i++) {
         float *features = rs->features + i * S * LH;
         int rc = ddt_target_prefill(be, &rs->replica, rs->input_ids + i * S, S, c->drafter.target_layer_ids,
@@ -733,11 +792,26 @@ static void *rank_main(void *arg)
  * synchronize at the top makes that explicit and covers a step that never reached rank_main
  * (a source error halfway through the batch, a failed thread start); with nothing queued it
  * returns at once. CPU ranks copy before their copy returns: nothing changes for them.
- * Co-located, the source gives tokens only: the ranks compute the features (rank_main). */
+ * Co-located, the source gives tokens only: the ranks compute the features (rank_main); for
+ * generated data there is no source: the cursor advances by the step's sequences and the ranks
+ * sample their own (prefill_slice). */
 static int load_batch(ddt_trainer *t, char *err, size_t err_len)
 {
     const ddt_run_config *c = &t->cfg;
     const int64_t S = c->seq_len, A = c->max_anchors, H = c->drafter.hidden, LH = c->drafter.taps * H;
+    if (t->generates) {   /* the ranks sample the tokens; the masks are all ones, the anchors theirs */
+        t->batch_cursor = t->cursor;
+        t->cursor += c->sequences_per_step;   /* every daemon's sequences, as the source's next would */
+        for (int r = 0; r < t->ranks; r++) {
+            rank_state *rs = &t->rank[r];
+            memset(rs->loss_mask, 1, (size_t)(rs->nseq * S));
+            for (int64_t i = 0; i < rs->nseq; i++)
+                ddt_sample_anchors(rs->loss_mask + i * S, S, A,
+                                   ddt_batch_seed(c->seed, t->step, rs->first + i, SEED_ANCHORS),
+                                   rs->anchors + i * A, rs->keep + i * A);
+        }
+        return 0;
+    }
     for (int r = 0; t->gpu && r < t->ranks; r++)
         t->rank[r].be->synchronize(t->rank[r].be);   /* no copy from the staging block in flight */
     for (int64_t gi = 0; gi < c->sequences_per_step; gi++) {
@@ -1145,8 +1219,17 @@ int ddt_trainer_eval(ddt_trainer *t, ddt_acceptance *acc, char *err, size_t err_
         snprintf(err, err_len, "no memory for the acceptance evaluation");
     for (int64_t i = 0; i < n && rc == 0; i++) {
         ddt_sequence q;
-        if ((rc = ddt_source_heldout(t->source, i, &q, err, err_len)))
+        if (t->generates) {   /* rank 0's generator samples held-out i once, as the source would */
+            int32_t *tokens = t->heldout_tokens + i * S;
+            if (!t->heldout_known[i] &&
+                (rc = ddt_source_generate(&t->data, &rs->gen, 1, i, tokens, NULL, err, err_len)))
+                break;
+            t->heldout_known[i] = 1;
+            memset(rs->loss_mask, 1, (size_t)S);   /* free between steps, as its features are */
+            q = (ddt_sequence){ .S = S, .input_ids = tokens, .loss_mask = rs->loss_mask };
+        } else if ((rc = ddt_source_heldout(t->source, i, &q, err, err_len))) {
             break;
+        }
         ddt_sample_anchors(q.loss_mask, S, A, ddt_batch_seed(c->seed, 0, i, SEED_EVAL), anchors, keep);
         /* the held-out hidden states in rank 0's memory: its batch buffers are free between steps
          * (co-located: its replica computes them there) */
