@@ -231,15 +231,27 @@ static void test_oom_recovery(void)
     ddt_trainer_close(t);
 }
 
-static void test_plan_vs_peak(void)
+/* json's run after one step, with the host allocator's peak counted from its opening (NULL when
+ * it does not open); *p its plan */
+static ddt_trainer *one_step_run(const char *json, const ddt_memory_plan **p)
 {
-    ddt_trainer *t = open_run(TINY("1", ""), NULL);
+    ddk_allocator_reset_peak(ddk_allocator_cpu());
+    ddt_trainer *t = open_run(json, NULL);
     if (!t)
-        return;
+        return NULL;
     double losses[1];
     ddt_step_record rec = { 0 };
     run_steps(t, 1, losses, &rec);
-    const ddt_memory_plan *p = ddt_trainer_plan(t);
+    *p = ddt_trainer_plan(t);
+    return t;
+}
+
+static void test_plan_vs_peak(void)
+{
+    const ddt_memory_plan *p;
+    ddt_trainer *t = one_step_run(TINY("1", ""), &p);
+    if (!t)
+        return;
     /* rank 0's allocator holds all but the frozen head (the source's) */
     double predicted = (double)(p->peak - p->frozen_head);
     double measured = (double)ddk_allocator_stats(ddk_allocator_cpu_rank(0)).peak;
@@ -254,14 +266,10 @@ static void test_plan_vs_peak(void)
  * the generators, plus the source's sequence queue) against the plan's figure */
 static void test_plan_target_host(void)
 {
-    ddk_allocator_reset_peak(ddk_allocator_cpu());
-    ddt_trainer *t = open_run(TINY("1", ""), NULL);
+    const ddt_memory_plan *p;
+    ddt_trainer *t = one_step_run(TINY("1", ""), &p);
     if (!t)
         return;
-    double losses[1];
-    ddt_step_record rec = { 0 };
-    run_steps(t, 1, losses, &rec);
-    const ddt_memory_plan *p = ddt_trainer_plan(t);
     double predicted = (double)p->target.peak, measured = (double)ddk_allocator_stats(ddk_allocator_cpu()).peak;
     check(p->target.placement == DDT_PLACE_HOST && p->target.weights > 0 && p->target.cache > 0,
           "a CPU run's synthetic target is planned in host memory, generating (placement %d)", p->target.placement);
@@ -836,14 +844,10 @@ static void test_plan_colocated_peak(void)
 {
     char json[4096];
     with_place(TINY("1", ""), "same", json, sizeof json);
-    ddk_allocator_reset_peak(ddk_allocator_cpu());
-    ddt_trainer *t = open_run(json, NULL);
+    const ddt_memory_plan *p;
+    ddt_trainer *t = one_step_run(json, &p);
     if (!t)
         return;
-    double losses[1];
-    ddt_step_record rec = { 0 };
-    run_steps(t, 1, losses, &rec);
-    const ddt_memory_plan *p = ddt_trainer_plan(t);
     ddt_target_footprint f;
     char err[256];
     ddt_run_footprint(ddt_trainer_config(t), &f, err, sizeof err);
