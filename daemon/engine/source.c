@@ -82,7 +82,8 @@ static int64_t slot_bytes(const ddt_source_config *c, int64_t H)
 
 int64_t ddt_source_queue_bytes(const ddt_source_config *c, int64_t hidden)
 {
-    return (c->prefetch + 2) * slot_bytes(c, hidden);   /* the queue's prefetch + 1, and the held-out one */
+    /* the queue's prefetch + 1 and the held-out slot; generated data's held-out tokens too */
+    return (c->prefetch + 2) * slot_bytes(c, hidden) + (ddt_source_generates(c) ? ddt_source_heldout_token_bytes(c) : 0);
 }
 
 static int slot_init(slot *sl, const ddt_source_base *b)

@@ -109,6 +109,20 @@ int ddt_source_generate(const ddt_source_config *c, struct ddt_generator *gen, i
                         int32_t *tokens, uint8_t *loss_mask, char *err, size_t err_len);
 /* Host bytes of generated data's held-out tokens kept once sampled (tokens, and a flag each) */
 int64_t ddt_source_heldout_token_bytes(const ddt_source_config *c);
+/* Those tokens, the generated source's and a co-located trainer's (which has no source): one
+ * allocation of the host's allocator, each sequence sampled the first time it is asked for. */
+typedef struct ddt_heldout_tokens {
+    int32_t *tokens;   /* (heldout, S), row i valid once known[i] */
+    uint8_t *known;    /* (heldout) */
+    size_t bytes;      /* ddt_source_heldout_token_bytes */
+} ddt_heldout_tokens;
+/* 0, or -ENOMEM with err */
+int ddt_heldout_tokens_init(ddt_heldout_tokens *h, const ddt_source_config *c, char *err, size_t err_len);
+void ddt_heldout_tokens_free(ddt_heldout_tokens *h);
+/* held-out sequence i's tokens (S), sampled by gen (ddt_source_generate) the first time; 0, or the
+ * generator's error with err */
+int ddt_heldout_tokens_get(ddt_heldout_tokens *h, const ddt_source_config *c, struct ddt_generator *gen, int64_t i,
+                           int32_t **tokens, char *err, size_t err_len);
 
 /* Host bytes of the sequence buffers a source of c holds (its queue and the held-out slot), for
  * sequences of the given hidden size: the planner's figure. */

@@ -23,8 +23,7 @@
 
 typedef struct generated {
     ddt_target_model target;
-    int32_t *heldout_tokens;   /* (n_heldout, S) once known */
-    uint8_t *heldout_known;    /* (n_heldout) */
+    ddt_heldout_tokens held;
 } generated;
 
 static int accepts(const ddt_source_config *c)
@@ -85,12 +84,7 @@ static int open_generated(ddt_source_base *b, const ddt_source_config *c, char *
     if ((rc = ddt_source_use_target(b, &g->target, synthetic ? "synthetic target" : c->model_dir, err, err_len)))
         return rc;
     b->n_heldout = c->heldout;
-    g->heldout_tokens = malloc((size_t)(b->n_heldout * c->seq_len + 1) * sizeof(int32_t));
-    g->heldout_known = calloc((size_t)b->n_heldout + 1, 1);
-    if (!g->heldout_tokens || !g->heldout_known)
-        return ddt_fail(err, err_len, -ENOMEM, "source: no memory for %lld held-out sequences",
-                        (long long)b->n_heldout);
-    return 0;
+    return ddt_heldout_tokens_init(&g->held, c, err, err_len);
 }
 
 static void close_generated(ddt_source_base *b)
@@ -98,8 +92,7 @@ static void close_generated(ddt_source_base *b)
     generated *g = b->data;
     if (!g)
         return;
-    free(g->heldout_tokens);
-    free(g->heldout_known);
+    ddt_heldout_tokens_free(&g->held);
     ddt_target_close(&g->target);
     free(g);
     b->data = NULL;
@@ -149,6 +142,39 @@ int64_t ddt_source_heldout_token_bytes(const ddt_source_config *c)
     return c->heldout * (c->seq_len * (int64_t)sizeof(int32_t) + 1);
 }
 
+int ddt_heldout_tokens_init(ddt_heldout_tokens *h, const ddt_source_config *c, char *err, size_t err_len)
+{
+    memset(h, 0, sizeof *h);
+    h->bytes = (size_t)ddt_source_heldout_token_bytes(c);
+    if (!h->bytes)
+        return 0;
+    if (!(h->tokens = ddk_malloc(ddk_allocator_cpu(), h->bytes)))
+        return ddt_fail(err, err_len, -ENOMEM, "no memory for %lld held-out sequences' tokens", (long long)c->heldout);
+    h->known = (uint8_t *)(h->tokens + c->heldout * c->seq_len);   /* after the tokens */
+    memset(h->known, 0, (size_t)c->heldout);
+    return 0;
+}
+
+void ddt_heldout_tokens_free(ddt_heldout_tokens *h)
+{
+    ddk_free(ddk_allocator_cpu(), h->tokens, h->bytes);
+    memset(h, 0, sizeof *h);
+}
+
+int ddt_heldout_tokens_get(ddt_heldout_tokens *h, const ddt_source_config *c, ddt_generator *gen, int64_t i,
+                           int32_t **tokens, char *err, size_t err_len)
+{
+    int32_t *row = h->tokens + i * c->seq_len;
+    if (!h->known[i]) {
+        int rc = ddt_source_generate(c, gen, 1, i, row, NULL, err, err_len);
+        if (rc)
+            return rc;
+        h->known[i] = 1;
+    }
+    *tokens = row;
+    return 0;
+}
+
 static int train(const ddt_source_base *b, void *w, int64_t cursor, ddt_sequence *q, char *err, size_t err_len)
 {
     const generated *g = b->data;
@@ -161,13 +187,10 @@ static int heldout(ddt_source_base *b, void *w, int64_t i, ddt_sequence *q, char
 {
     generated *g = b->data;
     const int64_t S = b->cfg.seq_len;
-    int32_t *tokens = g->heldout_tokens + i * S;
-    if (!g->heldout_known[i]) {
-        int rc = ddt_source_generate(&b->cfg, w, 1, i, tokens, NULL, err, err_len);
-        if (rc)
-            return rc;
-        g->heldout_known[i] = 1;
-    }
+    int32_t *tokens;
+    int rc = ddt_heldout_tokens_get(&g->held, &b->cfg, w, i, &tokens, err, err_len);
+    if (rc)
+        return rc;
     q->S = S;
     memcpy(q->input_ids, tokens, (size_t)S * sizeof *tokens);
     memset(q->loss_mask, 1, (size_t)S);

@@ -121,9 +121,7 @@ struct ddt_trainer {
     int64_t cursor;               /* generates: training sequences handed out (ddt_source_cursor's
                                      meaning), checkpointed as the source's is */
     int64_t batch_cursor;         /* generates: the cursor at the current step's first sequence */
-    int32_t *heldout_tokens;      /* generates: (heldout, S) once sampled, then heldout_known (heldout) */
-    uint8_t *heldout_known;
-    size_t heldout_bytes;         /* their one host allocation (ddt_source_heldout_token_bytes) */
+    ddt_heldout_tokens held;      /* generates: the held-out tokens, sampled once each */
     const float *embed, *lm_head; /* (V, H), the source's (host), or rank 0's replica's head (co-located
                                      CPU ranks; GPUs: head's until uploaded, then NULL) */
     int tied;                     /* embed_tokens is lm_head */
@@ -522,17 +520,8 @@ int ddt_trainer_open_parsed(const ddt_run_config *config, const char *config_jso
             rc = ddt_source_check(&sc, hidden, layers, err, err_len);
             t->data = sc;
             t->data.shards = NULL;
-            t->heldout_bytes = (size_t)ddt_source_heldout_token_bytes(&sc);
-            if (!rc && t->heldout_bytes) {
-                t->heldout_tokens = ddk_malloc(ddk_allocator_cpu(), t->heldout_bytes);
-                if (t->heldout_tokens) {   /* (heldout, S) tokens, then (heldout) flags */
-                    t->heldout_known = (uint8_t *)(t->heldout_tokens + sc.heldout * sc.seq_len);
-                    memset(t->heldout_known, 0, (size_t)sc.heldout);
-                } else {
-                    rc = ddt_fail(err, err_len, -ENOMEM, "no memory for %lld held-out sequences' tokens",
-                                  (long long)sc.heldout);
-                }
-            }
+            if (!rc)
+                rc = ddt_heldout_tokens_init(&t->held, &sc, err, err_len);
         } else if (!rc) {
             rc = ddt_source_open(&sc, hidden, &t->source, err, err_len);
         }
@@ -658,7 +647,7 @@ void ddt_trainer_close(ddt_trainer *t)
     ddk_free(a0, t->adam.m, bytes);
     ddk_free(a0, t->adam.v, bytes);
     ddt_target_head_free(&t->head);
-    ddk_free(ddk_allocator_cpu(), t->heldout_tokens, t->heldout_bytes);
+    ddt_heldout_tokens_free(&t->held);
     if (t->source)
         ddt_source_close(t->source);
     ddt_run_config_free(&t->cfg);
@@ -1220,11 +1209,9 @@ int ddt_trainer_eval(ddt_trainer *t, ddt_acceptance *acc, char *err, size_t err_
     for (int64_t i = 0; i < n && rc == 0; i++) {
         ddt_sequence q;
         if (t->generates) {   /* rank 0's generator samples held-out i once, as the source would */
-            int32_t *tokens = t->heldout_tokens + i * S;
-            if (!t->heldout_known[i] &&
-                (rc = ddt_source_generate(&t->data, &rs->gen, 1, i, tokens, NULL, err, err_len)))
+            int32_t *tokens;
+            if ((rc = ddt_heldout_tokens_get(&t->held, &t->data, &rs->gen, i, &tokens, err, err_len)))
                 break;
-            t->heldout_known[i] = 1;
             memset(rs->loss_mask, 1, (size_t)S);   /* free between steps, as its features are */
             q = (ddt_sequence){ .S = S, .input_ids = tokens, .loss_mask = rs->loss_mask };
         } else if ((rc = ddt_source_heldout(t->source, i, &q, err, err_len))) {
