@@ -18,6 +18,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* the sequences of a step the largest rank takes (every daemon's ranks share the step) */
+static int64_t rank_sequences(const ddt_run_config *c)
+{
+    const int64_t world = c->cluster_world ? c->cluster_world : c->ranks;
+    return (c->sequences_per_step + world - 1) / world;
+}
+
 /* The bytes of a bf16 replica (a GPU's, opened with ddt_target_options.bf16 whatever the
  * checkpoint's dtype): exact for synthetic and BF16 checkpoints; an F32 / F16 checkpoint's
  * footprint knows only its fp32 block, halved (its fp32 vectors counted at half: < 0.1% low) */
@@ -72,8 +79,7 @@ static void fill(const ddt_run_config *c, int tied_head, int64_t chunk, int64_t 
     int64_t total = 0;
     ddt_drafter_param_table(d, table, &total);
     const int64_t F = (int64_t)sizeof(float), H = d->hidden, V = d->vocab;
-    const int64_t world = c->cluster_world ? c->cluster_world : c->ranks;   /* every daemon's ranks */
-    const int64_t nseq = (c->sequences_per_step + world - 1) / world;   /* the largest rank */
+    const int64_t nseq = rank_sequences(c);
     const int64_t micro = (nseq + c->grad_accum - 1) / c->grad_accum;         /* its micro-batch */
     const int uses_teacher = c->ce_target_teacher || c->kl_weight > 0.0f;
     const ddt_placement placement = t ? t->placement : DDT_PLACE_NONE;
@@ -163,11 +169,9 @@ int ddt_plan(const ddt_run_config *c, int64_t budget, int tied_head, const ddt_t
         p->target = t;
         return 0;
     }
-    const int64_t world = c->cluster_world ? c->cluster_world : c->ranks;
-    const double target_flops = f->prefill_flops * (double)((c->sequences_per_step + world - 1) / world),
-                 drafter_flops = ddt_drafter_step_flops(&c->drafter, c->seq_len, c->max_anchors,
-                                                        c->vocab_tile ? 5 : 3) *
-                                 (double)((c->sequences_per_step + world - 1) / world);
+    /* per sequence: the share does not depend on how many a rank takes */
+    const double target_flops = f->prefill_flops,
+                 drafter_flops = ddt_drafter_step_flops(&c->drafter, c->seq_len, c->max_anchors, c->vocab_tile ? 5 : 3);
     const double share = target_flops / (target_flops + drafter_flops);
     if (c->target_devices_count == 0) {   /* co-located when it fits */
         target_bytes(c, f, DDT_PLACE_SAME, 0, gpu, &t);
@@ -191,7 +195,6 @@ int ddt_plan(const ddt_run_config *c, int64_t budget, int tied_head, const ddt_t
         ddt_run_config split = *c;
         split.target_devices_count = (int)split_target_gpus(share, node_gpus);
         split.ranks = node_gpus - split.target_devices_count;
-        split.sequences_per_step = c->sequences_per_step;
         ddt_memory_plan q;
         memset(&q, 0, sizeof q);
         q.budget = p->budget;
@@ -232,8 +235,7 @@ void ddt_plan_print(const ddt_run_config *c, const ddt_memory_plan *p, FILE *out
 {
     const ddt_drafter_config *d = &c->drafter;
     char how[200];
-    const int64_t world = c->cluster_world ? c->cluster_world : c->ranks;
-    const int64_t nseq = (c->sequences_per_step + world - 1) / world;
+    const int64_t nseq = rank_sequences(c);
     fprintf(out, "memory plan of \"%s\", per device (rank) of %lld: %lld positions "
             "(%lld sequences x %lld anchors x block %lld) at a time, vocabulary %lld\n", c->name,
             (long long)c->ranks, (long long)p->positions,
