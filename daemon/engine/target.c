@@ -616,6 +616,11 @@ static void dense_model(ddt_target *t, ddt_target_model *m)
                              t->be, t->bf16, fast, t->embed_tokens, t->lm_head };
 }
 
+int ddt_target_type_is_qwen35(const char *model_type)
+{
+    return model_type && (!strcmp(model_type, "qwen3_5") || !strcmp(model_type, "qwen3_5_text"));
+}
+
 /* 1 when DIR/config.json names a Qwen3.5 text model; 0 otherwise, and when it cannot be read
  * (the dense loader then says why) */
 static int is_qwen35(const char *dir)
@@ -623,8 +628,7 @@ static int is_qwen35(const char *dir)
     char path[1100], err[256];
     snprintf(path, sizeof path, "%s/config.json", dir);
     cJSON *root = ddt_json_parse_file(path, 1 << 22, err, sizeof err);
-    const char *type = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(root, "model_type"));
-    int yes = type && (!strcmp(type, "qwen3_5") || !strcmp(type, "qwen3_5_text"));
+    int yes = ddt_target_type_is_qwen35(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(root, "model_type")));
     cJSON_Delete(root);
     return yes;
 }

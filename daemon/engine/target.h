@@ -153,6 +153,8 @@ struct ddt_target_model {
     const void *embed_stored, *lm_head_stored;   /* (V, H) each as stored, in be's memory */
 };
 
+/* 1 when a config.json's model_type names a Qwen3.5 / 3.6 text model (qwen3_5, qwen3_5_text) */
+int ddt_target_type_is_qwen35(const char *model_type);
 /* DIR as its config.json's model_type says: llama / qwen3 (ddt_target_load), qwen3_5 or
  * qwen3_5_text (ddt_qwen35_load), on the CPU in fp32. 0, or the loader's negative errno and err. */
 int ddt_target_open(const char *dir, ddt_target_model *m, char *err, size_t err_len);

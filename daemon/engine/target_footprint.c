@@ -101,8 +101,8 @@ int ddt_target_footprint_load(const char *dir, int64_t T, ddt_target_footprint *
     cJSON *root = ddt_json_parse_file(path, 1 << 22, err, err_len);
     if (!root)
         return -EINVAL;
-    const char *type = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(root, "model_type"));
-    const int qwen35 = type && (!strcmp(type, "qwen3_5") || !strcmp(type, "qwen3_5_text"));
+    const int qwen35 = ddt_target_type_is_qwen35(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(root,
+                                                                                                "model_type")));
     const int stored = stored_bytes(root, dtype, sizeof dtype);
     cJSON_Delete(root);
     int rc;

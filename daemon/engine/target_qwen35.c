@@ -762,42 +762,47 @@ static void q35_model(ddt_qwen35 *t, ddt_target_model *m)
                              fast ? t->lm_head : NULL, t, t->be, t->bf16, fast, t->embed_tokens, t->lm_head };
 }
 
-int ddt_qwen35_open_synthetic(const ddt_qwen35_config *cfg, uint64_t seed, const ddt_target_options *o,
-                              ddt_target_model *m, char *err, size_t err_len)
+/* what both openers share first: o's backend checked, the target's struct allocated (*t) */
+static int q35_open_begin(const ddt_target_options *o, ddt_target_model *m, ddt_qwen35 **t, char *err,
+                          size_t err_len)
 {
     memset(m, 0, sizeof *m);
     const ddk_backend *be = o && o->be ? o->be : ddk_backend_cpu();
     if (!q35_has_ops(be, o && o->bf16))
         return ddt_fail(err, err_len, -ENOTSUP, "the %s backend lacks an op the qwen3_5 target needs", be->name);
-    ddt_qwen35 *t = malloc(sizeof *t);
-    if (!t)
+    if (!(*t = malloc(sizeof **t)))
         return ddt_fail(err, err_len, -ENOMEM, "no memory for the target");
-    int rc = ddt_qwen35_synthetic_with(cfg, seed, o, t);
-    if (rc) {
-        free(t);
-        return ddt_fail(err, err_len, rc, "a synthetic qwen3_5 target on %s: %s", be->name, strerror(-rc));
-    }
-    q35_model(t, m);
     return 0;
+}
+
+/* ... and last: t behind the interface once its loader succeeded (rc 0), else freed */
+static int q35_open_end(ddt_qwen35 *t, ddt_target_model *m, int rc)
+{
+    if (rc)
+        free(t);
+    else
+        q35_model(t, m);
+    return rc;
+}
+
+int ddt_qwen35_open_synthetic(const ddt_qwen35_config *cfg, uint64_t seed, const ddt_target_options *o,
+                              ddt_target_model *m, char *err, size_t err_len)
+{
+    ddt_qwen35 *t;
+    int rc = q35_open_begin(o, m, &t, err, err_len);
+    if (rc)
+        return rc;
+    if ((rc = ddt_qwen35_synthetic_with(cfg, seed, o, t)))
+        ddt_fail(err, err_len, rc, "a synthetic qwen3_5 target: %s", strerror(-rc));
+    return q35_open_end(t, m, rc);
 }
 
 int ddt_qwen35_open_with(const char *dir, const ddt_target_options *o, ddt_target_model *m, char *err,
                          size_t err_len)
 {
-    memset(m, 0, sizeof *m);
-    const ddk_backend *be = o && o->be ? o->be : ddk_backend_cpu();
-    if (!q35_has_ops(be, o && o->bf16))
-        return ddt_fail(err, err_len, -ENOTSUP, "the %s backend lacks an op the qwen3_5 target needs", be->name);
-    ddt_qwen35 *t = malloc(sizeof *t);
-    if (!t)
-        return ddt_fail(err, err_len, -ENOMEM, "no memory for the target");
-    int rc = ddt_qwen35_load_with(dir, o, t, err, err_len);
-    if (rc) {
-        free(t);
-        return rc;
-    }
-    q35_model(t, m);
-    return 0;
+    ddt_qwen35 *t;
+    int rc = q35_open_begin(o, m, &t, err, err_len);
+    return rc ? rc : q35_open_end(t, m, ddt_qwen35_load_with(dir, o, t, err, err_len));
 }
 
 int ddt_qwen35_open(const char *dir, ddt_target_model *m, char *err, size_t err_len)
