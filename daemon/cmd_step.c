@@ -261,7 +261,7 @@ int ddt_cmd_step(int argc, char **argv)
         ddt_drafter_bind(&in.cfg, in.weights, &w);
         ddt_drafter_bind(&in.cfg, in.grads, &g);
         memset(in.grads, 0, (size_t)in.param_total * sizeof(float));
-        rc = ddt_drafter_step(ddk_backend_cpu(), &in.cfg, &w, &g, in.embed, in.lm_head, &b,
+        rc = ddt_drafter_step(ddk_backend_cpu(), &in.cfg, &w, &g, &(ddt_head){ in.embed, in.lm_head, 0 }, &b,
                               &in.loss, &result);
         if (rc)
             snprintf(err, sizeof err, "the step failed: %s", strerror(-rc));

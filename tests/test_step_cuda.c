@@ -174,10 +174,10 @@ static void run_step_case(const step_case *sc)
     ddt_batch b = { p.nseq, S, p.A, p.input_ids, p.loss_mask, p.features, teacher ? p.teacher : NULL,
                     p.anchors, p.keep };
     ddk_loss_result want;
-    int rc = ddt_drafter_step(cpu, c, &w, &g, p.embed, p.lm_head, &b, &lc, &want);
+    int rc = ddt_drafter_step(cpu, c, &w, &g, &(ddt_head){ p.embed, p.lm_head, 0 }, &b, &lc, &want);
     check(rc == 0, "the CPU step failed: %d", rc);
     float *hs_cpu = xcalloc((size_t)(rows * H), sizeof(float));
-    check(ddt_drafter_forward(cpu, c, &w, p.embed, &b, hs_cpu) == 0, "the CPU forward failed");
+    check(ddt_drafter_forward(cpu, c, &w, &(ddt_head){ p.embed, p.lm_head, 0 }, &b, hs_cpu) == 0, "the CPU forward failed");
 
     /* the device: its own copies; gradients start from a value to check that they ADD */
     float *d_params = upload(p.params, p.total), *d_embed = upload(p.embed, V * H),
@@ -194,13 +194,13 @@ static void run_step_case(const step_case *sc)
     db.features = d_features;
     db.teacher_hidden = teacher ? d_teacher : NULL;
     ddk_loss_result got;
-    rc = ddt_drafter_step(dev, c, &dw, &dg, d_embed, d_head, &db, &lc, &got);
+    rc = ddt_drafter_step(dev, c, &dw, &dg, &(ddt_head){ d_embed, d_head, 0 }, &db, &lc, &got);
     check(rc == 0, "the device step failed: %d", rc);
     float *g_dev = download(d_grads, p.total);
     for (int64_t i = 0; i < p.total; i++)
         g_dev[i] -= 0x1p-12f;   /* exact near 2^-12 (Sterbenz), one float rounding of g else */
     float *d_hs = ddk_malloc(dev->alloc, (size_t)(rows * H) * sizeof(float));
-    check(ddt_drafter_forward(dev, c, &dw, d_embed, &db, d_hs) == 0, "the device forward failed");
+    check(ddt_drafter_forward(dev, c, &dw, &(ddt_head){ d_embed, d_head, 0 }, &db, d_hs) == 0, "the device forward failed");
     float *hs_dev = download(d_hs, rows * H);
 
     const double tol = sc->bf16 ? tol_bf16 : tol_fp32, tol_fig = sc->bf16 ? tol_figures_bf16 : tol_figures_fp32;
@@ -269,12 +269,12 @@ static void test_out_of_memory(void)
     ddk_alloc_stats before = ddk_allocator_stats(dev->alloc);
     ddk_allocator_set_budget(dev->alloc, before.current + 4096);
     ddk_loss_result r;
-    int rc = ddt_drafter_step(dev, c, &dw, &dg, d_head, d_head, &db, &lc, &r);
+    int rc = ddt_drafter_step(dev, c, &dw, &dg, &(ddt_head){ d_head, d_head, 0 }, &db, &lc, &r);
     check(rc == -ENOMEM, "a step over the budget returns -ENOMEM, got %d", rc);
     check(ddk_allocator_stats(dev->alloc).current == before.current, "nothing stays allocated after the refusal");
     ddk_allocator_set_budget(dev->alloc, 0);
     dev->zero(dev, d_grads, (size_t)p.total * sizeof(float));
-    rc = ddt_drafter_step(dev, c, &dw, &dg, d_head, d_head, &db, &lc, &r);
+    rc = ddt_drafter_step(dev, c, &dw, &dg, &(ddt_head){ d_head, d_head, 0 }, &db, &lc, &r);
     check(rc == 0 && isfinite(r.loss) && r.counted > 0, "the step runs once the budget is lifted (%d, loss %g)",
           rc, r.loss);
     ddk_free(dev->alloc, d_params, (size_t)p.total * sizeof(float));

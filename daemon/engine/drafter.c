@@ -378,7 +378,7 @@ static void sequence_inputs(const ddt_drafter_config *c, const ddt_batch *b, int
 }
 
 static int forward_sequence(const ddk_backend *be, product_fn mul, const ddt_drafter_config *c,
-                            const ddt_drafter_weights *w, const float *embed, const ddt_batch *b,
+                            const ddt_drafter_weights *w, const ddt_head *head, const ddt_batch *b,
                             int64_t s, seq_acts *q, const grad_scratch *t, float *hs)
 {
     const int64_t H = c->hidden, nh = c->heads, nkv = c->kv_heads, d = c->head_dim,
@@ -393,7 +393,10 @@ static int forward_sequence(const ddk_backend *be, product_fn mul, const ddt_dra
     linear(be, mul, X, S, LH, w->fc, H, 0.0f, q->xf);
     be->rmsnorm(be, q->xf, w->hidden_norm, S, H, eps, q->ctx, q->rstd_ctx);
 
-    be->embedding(be, embed, q->tokens, AB, H, q->h[0]);
+    if (head->bf16)
+        be->embedding_w16(be, head->embed, q->tokens, AB, H, q->h[0]);
+    else
+        be->embedding(be, head->embed, q->tokens, AB, H, q->h[0]);
     for (int64_t l = 0; l < c->layers; l++) {
         const ddt_layer_weights *W = &w->layer[l];
         layer_acts *L = &q->layer[l];
@@ -549,7 +552,7 @@ size_t ddt_drafter_step_bytes(const ddt_drafter_config *c, int64_t nseq, int64_t
  * copy in), the teacher rows and the forward of every sequence. On success *base is the arena
  * (the caller frees it). */
 static int forward_batch(const ddk_backend *be, product_fn mul, const ddt_drafter_config *c,
-                         const ddt_drafter_weights *w, const float *embed, const ddt_batch *b,
+                         const ddt_drafter_weights *w, const ddt_head *head, const ddt_batch *b,
                          const ddt_loss_config *lc, int uses_teacher, step_memory *m,
                          char **base, size_t *bytes)
 {
@@ -588,13 +591,13 @@ static int forward_batch(const ddk_backend *be, product_fn mul, const ddt_drafte
         if (uses_teacher)   /* teacher (AB, H) = th[teacher_rows] with th (S, H) */
             be->embedding(be, b->teacher_hidden + s * b->S * H, q->teacher_rows, AB, H,
                           m->teacher + s * AB * H);
-        rc = forward_sequence(be, mul, c, w, embed, b, s, q, &m->g, m->hs + s * AB * H);
+        rc = forward_sequence(be, mul, c, w, head, b, s, q, &m->g, m->hs + s * AB * H);
     }
     return rc;
 }
 
 int ddt_drafter_forward(const ddk_backend *be, const ddt_drafter_config *c,
-                        const ddt_drafter_weights *w, const float *embed, const ddt_batch *b,
+                        const ddt_drafter_weights *w, const ddt_head *head, const ddt_batch *b,
                         float *hs)
 {
     seq_acts *seqs = calloc((size_t)b->nseq, sizeof *seqs);
@@ -604,7 +607,7 @@ int ddt_drafter_forward(const ddk_backend *be, const ddt_drafter_config *c,
     ddt_loss_config lc = { .gamma = 1.0f, .ce_target_teacher = 1 };
     char *base = NULL;
     size_t bytes = 0;
-    int rc = forward_batch(be, be->matmul, c, w, embed, b, &lc, 0, &m, &base, &bytes);
+    int rc = forward_batch(be, be->matmul, c, w, head, b, &lc, 0, &m, &base, &bytes);
     if (rc == 0) {
         be->copy(be, hs, m.hs, (size_t)(b->nseq * b->A * c->block_size * c->hidden) * sizeof(float));
         be->synchronize(be);   /* before the arena goes back: hs may be host memory */
@@ -616,8 +619,8 @@ int ddt_drafter_forward(const ddk_backend *be, const ddt_drafter_config *c,
 
 int ddt_drafter_step(const ddk_backend *be, const ddt_drafter_config *c,
                      const ddt_drafter_weights *w, ddt_drafter_weights *g,
-                     const float *embed, const float *lm_head, const ddt_batch *b,
-                     const ddt_loss_config *lc, ddk_loss_result *out)
+                     const ddt_head *head, const ddt_batch *b, const ddt_loss_config *lc,
+                     ddk_loss_result *out)
 {
     const int64_t H = c->hidden, AB = b->A * c->block_size, N = b->nseq * AB;
     ddk_loss_params p = lc->loss;
@@ -626,6 +629,8 @@ int ddt_drafter_step(const ddk_backend *be, const ddt_drafter_config *c,
     p.vocab = c->vocab;
     const int data_labels = !lc->ce_target_teacher;
     const int uses_teacher = b->teacher_hidden && ddk_loss_uses_teacher(&p, data_labels);
+    if (head->bf16)   /* the loss reads an fp32 head */
+        return -ENOTSUP;
 
     seq_acts *seqs = calloc((size_t)b->nseq, sizeof *seqs);   /* pointers into the arena */
     if (!seqs)
@@ -634,9 +639,9 @@ int ddt_drafter_step(const ddk_backend *be, const ddt_drafter_config *c,
     char *base = NULL;
     size_t bytes = 0;
     product_fn mul = p.bf16_products ? be->matmul_bf16 : be->matmul;
-    int rc = forward_batch(be, mul, c, w, embed, b, lc, uses_teacher, &m, &base, &bytes);
+    int rc = forward_batch(be, mul, c, w, head, b, lc, uses_teacher, &m, &base, &bytes);
     if (rc == 0)
-        rc = be->loss(be, &p, m.hs, m.teacher, lm_head, data_labels ? m.labels : NULL, m.weights,
+        rc = be->loss(be, &p, m.hs, m.teacher, head->lm_head, data_labels ? m.labels : NULL, m.weights,
                       m.dhs, NULL, out);
     for (int64_t s = 0; s < b->nseq && rc == 0; s++)
         rc = backward_sequence(be, mul, c, w, g, b, s, &m.seq[s], m.dhs + s * AB * H, &m.g);

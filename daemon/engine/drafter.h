@@ -103,20 +103,29 @@ typedef struct ddt_loss_config {
 int ddt_batch_check(const ddt_drafter_config *c, const ddt_batch *b, const ddt_loss_config *lc,
                     char *err, size_t err_len);
 
+/* The target's frozen embed_tokens and lm_head (V, H each, one pointer twice when tied) as the
+ * drafter reads them, in the backend's memory: fp32, or (bf16 1) bf16 bit patterns (uint16_t,
+ * ddk_bf16.h), a GPU replica's weights in place as stored, read through the bf16 ops
+ * (embedding_w16 and the loss's bf16 head, whose products are bf16 then). */
+typedef struct ddt_head {
+    const void *embed, *lm_head;
+    int bf16;
+} ddt_head;
+
 /* One forward + loss + backward. grads ADD into g (callers zero it once per accumulation).
- * w, g, embed, lm_head (V, H, the target's, frozen) in the backend's memory. 0, -EINVAL
+ * w, g and the head in the backend's memory. 0, -EINVAL
  * (batch), or -ENOMEM: then g holds a partial sum, and a retry (smaller chunk) starts from
  * zeroed gradients. On a backend whose ops are queued (CUDA) g is written when the call
  * returns only in the queue: be->synchronize before the host reads it. */
 int ddt_drafter_step(const ddk_backend *be, const ddt_drafter_config *c,
                      const ddt_drafter_weights *w, ddt_drafter_weights *g,
-                     const float *embed, const float *lm_head, const ddt_batch *b,
-                     const ddt_loss_config *lc, ddk_loss_result *out);
+                     const ddt_head *head, const ddt_batch *b, const ddt_loss_config *lc,
+                     ddk_loss_result *out);
 
 /* The final-normed block hidden states hs (nseq*A*B, H, the backend's memory or the host's) of
  * a batch, no gradients, fp32 products (the acceptance evaluation). 0 or -ENOMEM. */
 int ddt_drafter_forward(const ddk_backend *be, const ddt_drafter_config *c,
-                        const ddt_drafter_weights *w, const float *embed, const ddt_batch *b,
+                        const ddt_drafter_weights *w, const ddt_head *head, const ddt_batch *b,
                         float *hs);
 
 /* Bytes of activations one step allocates for nseq sequences of S tokens and A anchors

@@ -722,8 +722,8 @@ static void *rank_main(void *arg)
     ddt_drafter_weights *g = &rs->step_grads;
     const ddk_backend *be = rs->be;
     const size_t gbytes = (size_t)t->total * sizeof(float);
-    const float *embed = rs->embed, *lm_head = rs->lm_head,
-                *features = rs->features, *teacher = rs->teacher;
+    const ddt_head head = { rs->embed, rs->lm_head, 0 };
+    const float *features = rs->features, *teacher = rs->teacher;
     be->zero(be, rs->grads, gbytes);
     ddt_loss_config lc = { .gamma = c->gamma, .ce_target_teacher = c->ce_target_teacher,
                            .loss = { .chunk = t->chunk, .vocab_tile = t->vocab_tile,
@@ -741,7 +741,7 @@ static void *rank_main(void *arg)
         ddk_loss_result r = { 0 };
         if (accumulate)
             be->zero(be, target, gbytes);
-        rs->rc = ddt_drafter_step(be, &c->drafter, &rs->w, g, embed, lm_head, &b, &lc, &r);
+        rs->rc = ddt_drafter_step(be, &c->drafter, &rs->w, g, &head, &b, &lc, &r);
         if (accumulate && rs->rc == 0 && r.weight_sum > 0)
             be->axpby(be, t->total, (float)r.weight_sum, target, 1.0f, rs->grads);
         sum.weight_sum += r.weight_sum;
@@ -1237,7 +1237,7 @@ int ddt_trainer_eval(ddt_trainer *t, ddt_acceptance *acc, char *err, size_t err_
             th = th ? rs->teacher : NULL;
         }
         ddt_batch b = { 1, S, A, q.input_ids, q.loss_mask, features, NULL, anchors, keep };
-        if ((rc = ddt_drafter_forward(be, d, &rs->w, embed, &b, hs))) {
+        if ((rc = ddt_drafter_forward(be, d, &rs->w, &(ddt_head){ embed, lm_head, 0 }, &b, hs))) {
             snprintf(err, err_len, "the evaluation's forward failed: %s", strerror(-rc));
             break;
         }

@@ -104,7 +104,7 @@ int main(int argc, char **argv)
     for (int64_t k = -1; k < reps; k++) {   /* k = -1: warm-up */
         memset(grads, 0, (size_t)total * sizeof(float));
         double t0 = bench_now_s();
-        int rc = ddt_drafter_step(ddk_backend_cpu(), &c, &w, &g, embed, head, &b, &lc, &r);
+        int rc = ddt_drafter_step(ddk_backend_cpu(), &c, &w, &g, &(ddt_head){ embed, head, 0 }, &b, &lc, &r);
         if (rc) {
             fprintf(stderr, "bench_step: the step failed (%d)\n", rc);
             return 1;

@@ -168,7 +168,7 @@ int main(int argc, char **argv)
         be->synchronize(be);
         double t0 = bench_now_s();
         ddk_loss_result out;
-        int rc = ddt_drafter_step(be, &c, &w, &g, embed, head, &b, &lc, &out);
+        int rc = ddt_drafter_step(be, &c, &w, &g, &(ddt_head){ embed, head, 0 }, &b, &lc, &out);
         be->synchronize(be);
         double t1 = bench_now_s();
         if (rc) {
