@@ -1,6 +1,7 @@
 /* api.c: ddtreed's routes and handlers (api.h). Every error is
  * {"error": {"code", "message", "field"?}} with a 4xx/5xx status; nothing is stored by a
- * refused request.
+ * refused request. Every request first goes through the browser's access rules (ui_access.h);
+ * the web view's pages are routed to ui.c.
  * Tested by tests/api_e2e.py and fuzzed by tests/fuzz/fuzz_api.c.
  */
 #include "ddt_time.h"
@@ -10,6 +11,7 @@
 #include "planner.h"
 #include "run_config.h"
 #include "store_read.h"
+#include "ui.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -176,14 +178,17 @@ static int query_count(const ddt_http_request *req, const char *key, int64_t dfl
     return text ? ddt_parse_count(text, out) : 0;
 }
 
-static void get_records(ddt_api *a, const char *id, int events, const ddt_http_request *req,
+typedef enum record_kind { RECORD_STEPS, RECORD_EVENTS, RECORD_EVALS } record_kind;
+
+static void get_records(ddt_api *a, const char *id, record_kind kind, const ddt_http_request *req,
                         ddt_http_response *res)
 {
     if (!ddt_runs_known(a->runs, id)) {
         ddt_http_error(res, 404, "not_found", NULL, "no run %s", id);
         return;
     }
-    int64_t after, limit;
+    int events = kind == RECORD_EVENTS;
+    int64_t after, limit, max_points;
     if (query_count(req, "after", events ? 0 : -1, &after)) {
         ddt_http_error(res, 400, "invalid_query", "after", "after must be a non-negative integer");
         return;
@@ -197,11 +202,20 @@ static void get_records(ddt_api *a, const char *id, int events, const ddt_http_r
         ddt_http_error(res, 400, "invalid_query", "format", "format must be csv or json");
         return;
     }
-    int csv = !events && format && !strcmp(format, "csv");
+    if (query_count(req, "max_points", 0, &max_points) || max_points > 10000 ||
+        (ddt_http_query(req, "max_points") && max_points < 1) ||
+        (max_points && (kind != RECORD_STEPS || (format && strcmp(format, "json"))))) {
+        ddt_http_error(res, 400, "invalid_query", "max_points", "max_points must be an integer in [1, 10000], "
+                       "for the steps as JSON");
+        return;
+    }
+    int csv = kind == RECORD_STEPS && format && !strcmp(format, "csv");
     char *text = NULL, err[512];
     size_t len = 0;
     int rc = events ? ddt_store_read_events(a->db_path, id, after, limit, &text, &len, err, sizeof err)
-                    : ddt_store_read_steps(a->db_path, id, after, limit, csv, &text, &len, err, sizeof err);
+           : kind == RECORD_EVALS ? ddt_store_read_evals(a->db_path, id, after, &text, &len, err, sizeof err)
+           : max_points ? ddt_store_read_steps_sampled(a->db_path, id, after, max_points, &text, &len, err, sizeof err)
+           : ddt_store_read_steps(a->db_path, id, after, limit, csv, &text, &len, err, sizeof err);
     if (rc) {
         ddt_http_error(res, 500, "store", NULL, "%s", err);
         return;
@@ -210,6 +224,28 @@ static void get_records(ddt_api *a, const char *id, int events, const ddt_http_r
     res->body = text;
     res->body_len = len;
     res->content_type = csv ? "text/csv; charset=utf-8" : "application/json";
+}
+
+/* the run config as it was submitted (the runs row's config_json) */
+static void get_run_config(ddt_api *a, const char *id, ddt_http_response *res)
+{
+    ddt_run_row *rows;
+    int count;
+    char err[512];
+    if (ddt_store_read_runs(a->db_path, &rows, &count, err, sizeof err)) {
+        ddt_http_error(res, 500, "store", NULL, "%s", err);
+        return;
+    }
+    int found = 0;
+    for (int j = 0; j < count && !found; j++)
+        if (!strcmp(rows[j].id, id)) {
+            found = 1;
+            ddt_http_json(res, 200, rows[j].config_json);
+            rows[j].config_json = NULL;   /* the response's now */
+        }
+    if (!found)
+        ddt_http_error(res, 404, "not_found", NULL, "no run %s", id);
+    ddt_store_free_runs(rows, count);
 }
 
 static void post_plan(ddt_api *a, const ddt_http_request *req, ddt_http_response *res)
@@ -297,7 +333,12 @@ void ddt_api_handle(void *ctx, const ddt_http_request *req, ddt_http_response *r
 {
     ddt_api *a = ctx;
     const char *p = req->path;
-    if (!strcmp(p, "/healthz")) {
+    ddt_ui_verdict verdict = ddt_ui_access_check(&a->access, req, res);
+    if (verdict == DDT_UI_REFUSED)
+        return;
+    if (!strcmp(p, "/ui") || !strncmp(p, "/ui/", 4)) {
+        ddt_ui_handle(&a->access, verdict, req, res);
+    } else if (!strcmp(p, "/healthz")) {
         if (method_is(req, "GET", res, "GET"))
             get_healthz(a, res);
     } else if (!strcmp(p, "/status")) {
@@ -332,9 +373,13 @@ void ddt_api_handle(void *ctx, const ddt_http_request *req, ddt_http_response *r
         if (!*verb) {
             if (method_is(req, "GET", res, "GET"))
                 get_run(a, id, res);
-        } else if (!strcmp(verb, "steps") || !strcmp(verb, "events")) {
+        } else if (!strcmp(verb, "steps") || !strcmp(verb, "events") || !strcmp(verb, "evals")) {
             if (method_is(req, "GET", res, "GET"))
-                get_records(a, id, !strcmp(verb, "events"), req, res);
+                get_records(a, id, !strcmp(verb, "steps") ? RECORD_STEPS : !strcmp(verb, "events") ? RECORD_EVENTS
+                                                                                                 : RECORD_EVALS, req, res);
+        } else if (!strcmp(verb, "config")) {
+            if (method_is(req, "GET", res, "GET"))
+                get_run_config(a, id, res);
         } else if (method_is(req, "POST", res, "POST")) {
             post_control(a, id, verb, req, res);
         }

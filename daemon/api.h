@@ -10,6 +10,7 @@
 #include "config.h"
 #include "http.h"
 #include "runs.h"
+#include "ui_access.h"
 
 typedef struct ddt_api {
     ddt_runs *runs;
@@ -17,6 +18,7 @@ typedef struct ddt_api {
     char db_path[1100];
     double started_s;            /* monotonic time of the start, for uptime */
     ddt_http_server *http;       /* for the request counts of /metrics; may be NULL */
+    ddt_ui_access access;        /* the browser's rules and the web view's secrets (ui_access.h) */
 } ddt_api;
 
 void ddt_api_handle(void *api, const ddt_http_request *req, ddt_http_response *res);

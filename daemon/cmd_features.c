@@ -10,7 +10,8 @@
  * weights are held in (fp32: exact, the CPU's default; bf16: as checkpoints store them, the
  * GPU's default, products with bf16 operands). --dtype is the shard's.
  * FILE (tokens): a token file; both files are read, checked and written by engine/shard.h.
- * Every sequence is kept (an empty one included), so shard sequence s is token sequence s.
+ * Every sequence is kept (an empty one included), so shard sequence s is token sequence s; the
+ * token file's loss_mask (`ddtreed tokenize`'s) becomes the shard's, all ones without one.
  * Tested by tests/features_torch_check.py (PyTorch float64 reference; stories260K) and
  * tests/qwen35_features_check.py (the qwen35-tiny variants against tests/oracle/qwen35.py).
  */
@@ -60,7 +61,10 @@ static int write_shard(const char *out, const char *model_dir, const ddt_target_
         snprintf(err, err_len, "no memory for the loss mask");
         return -ENOMEM;
     }
-    memset(mask, 1, (size_t)Ttot);
+    if (tf->loss_mask)   /* the token file's (ddtreed tokenize's assistant spans), else every token */
+        memcpy(mask, tf->loss_mask, (size_t)Ttot);
+    else
+        memset(mask, 1, (size_t)Ttot);
     if (bf16) {
         to_bf16(features, Ttot * n_taps * H);
         to_bf16(teacher, Ttot * H);

@@ -9,6 +9,7 @@
 
 int ddt_cmd_step(int argc, char **argv);
 int ddt_cmd_features(int argc, char **argv);
+int ddt_cmd_tokenize(int argc, char **argv);
 int ddt_cmd_train(int argc, char **argv);
 int ddt_cmd_plan(int argc, char **argv);
 int ddt_cmd_export(int argc, char **argv);

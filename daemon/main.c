@@ -15,6 +15,7 @@
     "  serve     the daemon (the default; ddtreed serve --help)\n"                              \
     "  step      one drafter forward + loss + backward from files (ddtreed step --help)\n"      \
     "  features  a target's features of token sequences, as a feature shard\n"                 \
+    "  tokenize  JSONL conversations to a token file with assistant-only loss masks\n"         \
     "  train     one run in the foreground (or --resume one)\n"                               \
     "  plan      the memory plan of a run config\n"                                           \
     "  export    the serving export of a run's checkpoint\n"                                 \
@@ -40,6 +41,8 @@ int main(int argc, char **argv)
         return ddt_cmd_step(argc - 1, argv + 1);
     if (!strcmp(argv[1], "features"))
         return ddt_cmd_features(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "tokenize"))
+        return ddt_cmd_tokenize(argc - 1, argv + 1);
     if (!strcmp(argv[1], "train"))
         return ddt_cmd_train(argc - 1, argv + 1);
     if (!strcmp(argv[1], "plan"))

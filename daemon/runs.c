@@ -443,8 +443,11 @@ static int prepare(run *u, const char *json, size_t len, char *err, size_t err_l
     int64_t hidden, vocab, layers;
     int tied;
     rc = ddt_run_config_target_shape(c, &hidden, &vocab, &layers, &tied, err, err_len);
-    if (!rc && (rc = ddt_run_config_resolve(c, hidden, vocab, layers, err, err_len)))
-        snprintf(field, field_len, "drafter");
+    if (!rc && (rc = ddt_run_config_resolve(c, hidden, vocab, layers, err, err_len))) {
+        /* its sentence starts with the field's JSON path ("drafter.target_layer_ids: ...") */
+        const size_t n = strcspn(err, ": ");
+        snprintf(field, field_len, "%.*s", err[n] == ':' && n < field_len ? (int)n : 7, err[n] == ':' ? err : "drafter");
+    }
     if (rc && !*field)
         snprintf(field, field_len, "target");
     return rc;

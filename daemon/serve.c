@@ -240,6 +240,13 @@ int ddt_cmd_serve(int argc, char **argv)
     }
     d.api = (ddt_api){ .runs = d.runs, .config = &d.config, .started_s = ddt_mono_s() };
     snprintf(d.api.db_path, sizeof d.api.db_path, "%s", db);
+    if (ddt_ui_access_init(&d.api.access, d.config.token, err, sizeof err)) {
+        ddt_log(DDT_LOG_ERR, "web view: %s", err);
+        ddt_runs_close(d.runs);
+        ddk_set_fatal_hook(NULL);
+        ddt_store_close(d.store);
+        return 1;
+    }
     ddt_http_config hc = { .socket_path = d.config.socket, .listen = d.config.listen,
                            .token = *d.config.token ? d.config.token : NULL,
                            .max_connections = (unsigned)d.config.max_connections,

@@ -44,7 +44,7 @@ int ddk_loss_shape_of(const ddk_loss_params *p, int uses_teacher, ddk_loss_shape
 
 /* Checks a whole call that reads host memory for labels and weights: 0 or -EINVAL. */
 int ddk_loss_check_call(const ddk_loss_params *p, const float *student_hidden,
-                        const float *teacher_hidden, const float *lm_head,
+                        const float *teacher_hidden, const void *lm_head,
                         const int32_t *labels, const float *weights, const ddk_loss_result *out);
 
 #endif

@@ -1,8 +1,9 @@
 /* loss_params.c: validation of the loss's parameters and its workspace arithmetic, shared by
  * every backend and by the memory planner (ddk_loss_workspace_bytes).
  *
- * Tested by tests/test_loss.c (bad parameters refused with nothing written; the allocator's
- * measured peak equals ddk_loss_workspace_bytes exactly).
+ * Tested by tests/test_loss.c (bad parameters refused with nothing written, a bf16 head without
+ * bf16_products among them; the allocator's measured peak equals ddk_loss_workspace_bytes
+ * exactly, with an fp32 or a bf16 head).
  */
 #include "loss_internal.h"
 
@@ -17,8 +18,9 @@ static int positive_finite(float x)
 int ddk_loss_shape_of(const ddk_loss_params *p, int uses_teacher, ddk_loss_shape *shape)
 {
     if (!p || p->n < 1 || p->hidden < 1 || p->vocab < 1 || p->vocab > INT32_MAX ||
-        p->chunk < 1 || p->vocab_tile < 0 || (p->bf16_products != 0 && p->bf16_products != 1))
-        return -EINVAL;
+        p->chunk < 1 || p->vocab_tile < 0 || (p->bf16_products != 0 && p->bf16_products != 1) ||
+        (p->head_bf16 != 0 && p->head_bf16 != 1) || (p->head_bf16 && !p->bf16_products))
+        return -EINVAL;   /* a bf16 head's products have bf16 operands: bf16_products says so */
     if (!(p->kl_weight >= 0.0f && p->kl_weight <= 1.0f) || !positive_finite(p->kl_temperature) ||
         !(p->cap_weight >= 0.0f && isfinite(p->cap_weight)) || !positive_finite(p->cap_temperature))
         return -EINVAL;
@@ -51,7 +53,7 @@ int64_t ddk_loss_workspace_bytes(const ddk_loss_params *p, int uses_teacher)
 }
 
 int ddk_loss_check_call(const ddk_loss_params *p, const float *student_hidden,
-                        const float *teacher_hidden, const float *lm_head,
+                        const float *teacher_hidden, const void *lm_head,
                         const int32_t *labels, const float *weights, const ddk_loss_result *out)
 {
     if (!p || !student_hidden || !lm_head || !out)

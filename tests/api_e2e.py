@@ -522,6 +522,24 @@ def case_unix_routes(t, env):
     t.check([ln.split(",")[0] for ln in lines[1:]] == ["4", "5"],
             "GET steps?format=csv&after=3&limit=2: rows %s" % [ln.split(",")[0] for ln in lines[1:]])
     t.check(all(len(ln.split(",")) == len(header) for ln in lines[1:]), "CSV rows and header differ in width")
+    # the web view's reads: the history thinned (every k-th step and the last), the evals, the config
+    r = c.get("/runs/%s/steps?max_points=3" % rid)
+    thin = [x["step"] for x in r.json().get("steps", [])] if r.status == 200 else []
+    t.check(r.status == 200 and nums and 2 <= len(thin) <= 4 and thin[0] == 1 and thin[-1] >= nums[-1],
+            "GET steps?max_points=3 of %d steps: %s" % (len(nums), thin))
+    check_error(t, "GET steps?max_points=0", c.get("/runs/%s/steps?max_points=0" % rid), 400, "max_points")
+    r = c.get("/runs/%s/evals" % rid)
+    evals = r.json().get("evals", []) if r.status == 200 else []
+    t.check(r.status == 200 and evals and evals[0].get("step") == 0 and "tau_chain" in evals[0]
+            and isinstance(evals[0].get("tau_tree"), dict), "GET evals: %s" % short(r.text))
+    r = c.get("/runs/%s/config" % rid)
+    t.check(r.status == 200 and r.json().get("name") == "e2e", "GET config: %s" % short(r.text))
+    # a browser's POST from elsewhere, and one without the pages' CSRF token, change nothing
+    for what, headers, code in (("a foreign Origin", {"Origin": "http://evil.example"}, "cross_origin"),
+                                ("a browser without the CSRF token", {"Sec-Fetch-Site": "same-origin"}, "csrf")):
+        r = c.post("/runs/%s/pause" % rid, headers=headers)
+        check_error(t, "POST pause with " + what, r, 403)
+        t.check(r.status != 403 or r.json()["error"]["code"] == code, "POST pause with %s: %s" % (what, short(r.text)))
 
     events = d.events(rid)
     kinds = {e.get("kind") for e in events}

@@ -82,7 +82,7 @@ class LossParams(ctypes.Structure):
                 ("chunk", ctypes.c_int64), ("vocab_tile", ctypes.c_int64),
                 ("kl_weight", ctypes.c_float), ("kl_temperature", ctypes.c_float),
                 ("cap_weight", ctypes.c_float), ("cap_temperature", ctypes.c_float),
-                ("bf16_products", ctypes.c_int)]
+                ("bf16_products", ctypes.c_int), ("head_bf16", ctypes.c_int)]
 
 
 class LossResult(ctypes.Structure):

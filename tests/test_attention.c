@@ -16,6 +16,9 @@
  *   - the backward against central finite differences of sum(out * R) in float32, through the
  *     library's own forward (checks the gradient formulas independently of the reference);
  *   - causal attention against a float64 reference, T not a multiple of the key tile;
+ *   - the CUDA flash kernels' row rules (kernels/cuda/attention_rows.h, compiled here for the
+ *     CPU): the keys each DFlash and causal query row sees, key by key against reference_mask's
+ *     SPEC.md rules, and their bounds nondecreasing in the row (the kernels' tile ranges);
  *   - workspace over budget: -ENOMEM and nothing written; bad shapes: -EINVAL, nothing written;
  *     the workspace does not grow with S or A (no dense matrix).
  * What it does not: speed and memory figures (tests/bench/bench_attention.c), the CUDA backend.
@@ -28,6 +31,7 @@
 #include "ddk.h"
 #include "check.h"
 #include "ddk_rng.h"
+#include "../kernels/cuda/attention_rows.h"   /* the CUDA flash kernels' row rules, host side */
 
 #include <errno.h>
 #include <math.h>
@@ -548,6 +552,54 @@ static void test_workspace_scaling(void)
  * Main
  */
 
+/* attention_rows.h against reference_mask over random shapes (windows below B, cutting the
+ * context, past S; anchors at 0, S - 1 and repeated), and the bounds' monotonicity */
+static void test_flash_row_rules(void)
+{
+    uint64_t rng = 0x70775eedu;
+    int64_t wrong = 0, unordered = 0, causal_wrong = 0;
+    for (int trial = 0; trial < 300; trial++) {
+        const int64_t S = (int64_t)(ddk_rng_next(&rng) % 200), A = 1 + (int64_t)(ddk_rng_next(&rng) % 6);
+        const int64_t B = 1 + (int64_t)(ddk_rng_next(&rng) % 30);
+        static const int64_t windows[] = { 0, 1, 2, 5, 23, 24, 40, 1000 };
+        const int64_t W = windows[ddk_rng_next(&rng) % 8], keys = S + A * B;
+        int32_t anchors[6];
+        uint8_t keep[6];
+        for (int64_t j = 0; j < A; j++) {
+            anchors[j] = S ? (int32_t)(ddk_rng_next(&rng) % (uint64_t)S) : 0;
+            keep[j] = ddk_rng_next(&rng) % 4 != 0;
+        }
+        if (S)
+            anchors[A - 1] = (int32_t)(S - 1);
+        const ddk_attention_shape sh = { .S = S, .A = A, .B = B, .nh = 1, .nkv = 1, .d = 4, .window = W };
+        unsigned char *mask = reference_mask(&sh, anchors, keep);
+        for (int64_t j = 0; j < A; j++) {
+            if (!keep[j])
+                continue;
+            ddk_row_keys prev = ddk_dflash_row_keys(S, B, W, j, anchors[j], 0);
+            for (int64_t o = 0; o < B; o++) {
+                const ddk_row_keys r = ddk_dflash_row_keys(S, B, W, j, anchors[j], o);
+                for (int64_t t = 0; t < keys; t++)
+                    wrong += ddk_row_sees(&r, t) != mask[(j * B + o) * keys + t];
+                unordered += r.ctx_lo < prev.ctx_lo || r.ctx_hi < prev.ctx_hi ||
+                             r.own_lo < prev.own_lo || r.own_hi < prev.own_hi;
+                prev = r;
+            }
+        }
+        free(mask);
+        /* causal: the last T of S positions; query t sees keys 0..S - T + t */
+        const int64_t Sc = 1 + S, T = 1 + (int64_t)(ddk_rng_next(&rng) % (uint64_t)Sc);
+        for (int64_t t = 0; t < T; t++) {
+            const ddk_row_keys r = ddk_causal_row_keys(Sc - T, t);
+            for (int64_t key = 0; key < Sc; key++)
+                causal_wrong += ddk_row_sees(&r, key) != (key <= Sc - T + t);
+        }
+    }
+    check(wrong == 0, "dflash rows: %lld (row, key) pairs differ from SPEC.md's mask", (long long)wrong);
+    check(unordered == 0, "dflash rows: %lld bounds decrease with the slot", (long long)unordered);
+    check(causal_wrong == 0, "causal rows: %lld (row, key) pairs wrong", (long long)causal_wrong);
+}
+
 int main(void)
 {
     const ddk_backend *be = ddk_backend_cpu();
@@ -567,6 +619,7 @@ int main(void)
         { "budget: -ENOMEM, nothing written", test_budget },
         { "bad shapes: -EINVAL, nothing written", test_bad_shapes },
         { "workspace independent of S and A", test_workspace_scaling },
+        { "CUDA flash row rules (attention_rows.h) vs the SPEC mask", test_flash_row_rules },
     };
     run_cases(cases, sizeof cases / sizeof cases[0]);
     ddk_allocator_set_budget(ddk_allocator_cpu(), 0);

@@ -11,16 +11,20 @@
  * guards are checked at the end of the case. The gathers (embedding) and copies must be exact.
  * The ops: zero, copy, synchronize (every download waits through it), matmul, matmul_bf16 (on
  * fp32 values, and on bf16 values where nothing is rounded), rmsnorm (+ backward), rope, swiglu
- * (+ backward), embedding, DFlash and causal attention (+ backward: out, lse, dq, dk, dv), the
+ * (+ backward), embedding, DFlash and causal attention (+ backward: out, lse, dq, dk, dv; with
+ * both CUDA kernel sets, the tensor-core flash ones also at their tile shapes and run twice for
+ * the same bits: ddk_cuda_set_attention_kernels), the
  * fused loss (every result field, l_i and the gradient, both memory modes, fp32 and bf16
- * products, workspace = ddk_loss_workspace_bytes, refusals with nothing written) and the
+ * products, a bf16 head read in place across the loss's panels of rows and of k, workspace =
+ * ddk_loss_workspace_bytes, refusals with nothing written) and the
  * whole-buffer ops sumsq (run twice: the same bits), axpby (beta = 0 over NaN, in place), adamw
  * and uniform_noise (bit for bit the CPU's), with sumsq and axpby past 2^31 elements (2^24 in
  * self-check mode), and the Qwen3.5 target's forward-only ops (conv1d_silu with and without
  * history, gated_rmsnorm also in place, rope_partial with rd = d bit for bit the backend's own
  * rope, gated_delta's recurrence and chunked form, the chunked form also against the backend's
- * own recurrence, and its refusals), and the frozen target's matmul_w16 (bf16 weights as
- * stored: across scratch panels of rows and of k, k = 0), embedding_w16 and copy_rows (exact;
+ * own recurrence, and its refusals), and the frozen target's matmul_w16 and matmul_w16_nn (bf16
+ * weights as stored, W transposed or not: across scratch panels of rows and of k, k = 0),
+ * embedding_w16 and copy_rows (exact;
  * copy_rows also from the host), l2norm_heads, sigmoid_mul and delta_gates (also in place) and
  * causal attention over a cache (q_rows 1, 5, S, 0 of S keys; q_rows > S refused), each reported
  * "SKIPPED: OP not implemented on CUDA yet" should a table leave it NULL. The backward of each op is checked against finite differences
@@ -796,6 +800,29 @@ static const double tol_attn_fwd = 1e-5;
  * to ~10-100; dk, dv then add contributions of up to A * B * nh / nkv rows (on the GPU with
  * atomics, in an order that changes from run to run: attention_cuda.cu) */
 static const double tol_attn_grad = 1e-4;
+/* The tensor-core kernels (attention_flash.cu, DDK_CUDA_ATTENTION_FLASH) take q, k, v and dout
+ * rounded to bf16 (2^-9 relative each) and round p before p v and ds before ds k, ds^T q; sums
+ * stay fp32. A score s = q.k / sqrt(d) then errs by ~2^-9 sqrt(2) of sum |q_i k_i| / sqrt(d)
+ * in a random walk (~2e-3 at q, k in [-2, 2], a few 1e-3 at the tail of the max over a case),
+ * which moves p by that relative amount; out and lse average it down, to ~1e-3 of their max
+ * (5e-3 with margin for the largest cases). The gradients carry those errors through
+ * ds = p (dp - D), whose cancellation amplifies them as for tol_attn_grad: 3e-2. Index or
+ * masking errors (a key seen that is not, a row of another block) are O(1e-1) and more at
+ * these shapes. */
+static const double tol_flash_fwd = 5e-3;
+static const double tol_flash_grad = 3e-2;
+/* which CUDA kernels the attention cases run (ddk_cuda_set_attention_kernels): their tolerances */
+static int attn_flash;
+
+/* 1 when the CUDA backend's attention runs the flash kernels now: selected (or the default) on
+ * an sm_80 or later GPU (below it the flash selection runs the SIMT kernels: ddk.h) */
+static int attention_is_flash(int self_check)
+{
+    ddk_device_info info;
+    if (self_check || ddk_cuda_device_info(0, &info) != 0 || info.compute_capability < 80)
+        return 0;
+    return ddk_cuda_attention_kernels() != DDK_CUDA_ATTENTION_SIMT;
+}
 
 /* compares the increments got - start and want - start (an overwrite instead of an ADD is then
  * off by the O(1) start) */
@@ -871,8 +898,10 @@ static void case_dflash_attention(const attn_case_shape *s)
     int rc = dev->dflash_attention(dev, &sh, q_dev, k_dev, v_dev, anchors_dev, keep_dev, out_dev,
                                    lse_dev);
     check(rc == 0, "forward returned %d", rc);
-    expect_close("out", download(out_dev, nq), out, nq, tol_attn_fwd);
-    expect_close("lse", download(lse_dev, nl), lse, nl, tol_attn_fwd);
+    const double tol_fwd = attn_flash ? tol_flash_fwd : tol_attn_fwd;
+    const double tol_grad = attn_flash ? tol_flash_grad : tol_attn_grad;
+    expect_close("out", download(out_dev, nq), out, nq, tol_fwd);
+    expect_close("lse", download(lse_dev, nl), lse, nl, tol_fwd);
     /* the backward from the CPU's out and lse: each side's backward on the same inputs */
     float *outc_dev = dev_floats(out, nq, "out (cpu)"), *lsec_dev = dev_floats(lse, nl, "lse (cpu)");
     float *dout_dev = dev_floats(dout, nq, "dout"), *dq_dev = dev_floats(dq0, nq, "dq");
@@ -880,9 +909,27 @@ static void case_dflash_attention(const attn_case_shape *s)
     rc = dev->dflash_attention_backward(dev, &sh, q_dev, k_dev, v_dev, anchors_dev, keep_dev,
                                         outc_dev, lsec_dev, dout_dev, dq_dev, dk_dev, dv_dev);
     check(rc == 0, "backward returned %d", rc);
-    expect_close_added("dq", download(dq_dev, nq), dq, dq0, nq, tol_attn_grad);
-    expect_close_added("dk", download(dk_dev, nk), dk, dk0, nk, tol_attn_grad);
-    expect_close_added("dv", download(dv_dev, nk), dv, dv0, nk, tol_attn_grad);
+    float *dq_got = download(dq_dev, nq), *dk_got = download(dk_dev, nk), *dv_got = download(dv_dev, nk);
+    expect_close_added("dq", dq_got, dq, dq0, nq, tol_grad);
+    expect_close_added("dk", dk_got, dk, dk0, nk, tol_grad);
+    expect_close_added("dv", dv_got, dv, dv0, nk, tol_grad);
+    if (attn_flash) {
+        /* no atomics (ddk.h): the same call again, from the same starting gradients, gives the
+         * same bits; the forward too */
+        float *dq2_dev = dev_floats(dq0, nq, "dq again"), *dk2_dev = dev_floats(dk0, nk, "dk again");
+        float *dv2_dev = dev_floats(dv0, nk, "dv again");
+        rc = dev->dflash_attention_backward(dev, &sh, q_dev, k_dev, v_dev, anchors_dev, keep_dev,
+                                            outc_dev, lsec_dev, dout_dev, dq2_dev, dk2_dev, dv2_dev);
+        check(rc == 0, "backward again returned %d", rc);
+        expect_same("dq run twice", download(dq2_dev, nq), dq_got, (size_t)nq * sizeof(float));
+        expect_same("dk run twice", download(dk2_dev, nk), dk_got, (size_t)nk * sizeof(float));
+        expect_same("dv run twice", download(dv2_dev, nk), dv_got, (size_t)nk * sizeof(float));
+        float *out_got = download(out_dev, nq);
+        rc = dev->dflash_attention(dev, &sh, q_dev, k_dev, v_dev, anchors_dev, keep_dev, out_dev,
+                                   lse_dev);
+        check(rc == 0, "forward again returned %d", rc);
+        expect_same("out run twice", download(out_dev, nq), out_got, (size_t)nq * sizeof(float));
+    }
     end_case(case_name);
 }
 
@@ -902,7 +949,7 @@ static void case_causal_attention(int64_t T, int64_t nh, int64_t nkv, int64_t d)
           *v_dev = dev_floats(v, nk, "v"), *out_dev = dev_floats(NULL, nq, "out");
     const int rc = dev->causal_attention(dev, &sh, q_dev, k_dev, v_dev, out_dev);
     check(rc == 0, "causal returned %d", rc);
-    expect_close("out", download(out_dev, nq), out, nq, tol_attn_fwd);
+    expect_close("out", download(out_dev, nq), out, nq, attn_flash ? tol_flash_fwd : tol_attn_fwd);
     end_case(case_name);
 }
 
@@ -992,6 +1039,45 @@ static const struct { int64_t T, nh, nkv, d; } causal_wide_shapes[] = {
     { 257, 2, 1, DDK_CUDA_MAX_HEAD_DIM },
 };
 
+/* The shapes of the tensor-core kernels' tiles (attention_flash.cu): block 24 (B G = 24..192
+ * rows: one block of rows, or two), GQA 1/2/4/8, head_dim 64/128/256 and between (zero-padded
+ * columns), S not a multiple of the 64- (32- at d 256) key tiles, windows that cut a block
+ * (W < B) and windows that cut the context tiles, the seed's 32/8 heads of 128 */
+static const attn_case_shape attn_flash_shapes[] = {
+    /* S, A, B, nh, nkv, d, window */
+    { 333, 9, 24, 1, 1, 64, 0 },      /* GQA 1: 24 rows, two warps, the second half empty */
+    { 333, 9, 24, 2, 1, 128, 0 },     /* GQA 2: 48 rows */
+    { 1000, 17, 24, 32, 8, 128, 0 },  /* the seed's heads, GQA 4: 96 rows */
+    { 1000, 17, 24, 32, 8, 128, 100 },/* the same, sliding: windows across context tiles */
+    { 517, 11, 24, 8, 1, 128, 5 },    /* GQA 8: 192 rows in two blocks; window 5 cuts the block */
+    { 517, 11, 24, 16, 2, 64, 23 },   /* GQA 8, window B - 1 */
+    { 300, 7, 24, 8, 2, 256, 0 },     /* d 256: 32-key tiles, 64-row dq blocks, split dk / dv */
+    { 300, 7, 24, 4, 1, 256, 30 },
+    { 130, 5, 24, 4, 2, 96, 0 },      /* d 96 on the 128 instance */
+    { 65, 3, 24, 4, 4, 36, 40 },      /* d 36 (not a multiple of 8) on the 64 instance */
+    { 1, 3, 24, 4, 2, 64, 0 },        /* anchors all 0: the own slots alone, a context tile no row sees */
+    { 64, 40, 70, 2, 1, 64, 0 },      /* B 70 > the key-major tile: own slots in two tiles */
+};
+static const struct { int64_t T, nh, nkv, d; } causal_flash_shapes[] = {
+    { 1000, 32, 8, 128 }, { 77, 8, 1, 64 }, { 333, 4, 2, 256 }, { 130, 2, 1, 100 },
+    { 5, 48, 1, 64 },   /* G 48: rows of one position across blocks */
+};
+
+static void run_attention_flash_cases(uint64_t *seq)
+{
+    for (size_t i = 0; dev->dflash_attention && i < sizeof attn_flash_shapes / sizeof attn_flash_shapes[0]; i++) {
+        rng_state = 0x5eed0000u + *seq;
+        misalign = (*seq)++ % 2 * 4;
+        case_dflash_attention(&attn_flash_shapes[i]);
+    }
+    for (size_t i = 0; dev->causal_attention && i < sizeof causal_flash_shapes / sizeof causal_flash_shapes[0]; i++) {
+        rng_state = 0x5eed0000u + *seq;
+        misalign = (*seq)++ % 2 * 4;
+        case_causal_attention(causal_flash_shapes[i].T, causal_flash_shapes[i].nh,
+                              causal_flash_shapes[i].nkv, causal_flash_shapes[i].d);
+    }
+}
+
 static void run_attention_wide_cases(uint64_t *seq)
 {
     for (size_t i = 0; dev->dflash_attention && i < sizeof attn_wide_shapes / sizeof attn_wide_shapes[0]; i++) {
@@ -1062,7 +1148,10 @@ static double tol_loss_grad(int64_t V)
     return 2e-5 + 2.0 * tol_matmul(V);
 }
 /* The same with bf16_products, on inputs that are bf16 values (loss_make_inputs rounds them): the
- * logit products round nothing and stay fp32 sums, so the values keep tol_loss_value. The
+ * logit products round nothing and stay fp32 sums, so the values keep tol_loss_value. With a bf16
+ * head (head_bf16) the hidden states are not bf16 values, but both sides round them to nearest
+ * even (ddk_cuda_round_bf16_rows, exact against ddk_bf16.h) before products that are exact in
+ * fp32: the logits again differ by the fp32 sums' order alone. The
  * gradient product's operand g = d l / d zs is formed in fp32 and rounded to bf16 on both sides
  * (loss_cpu.c calls matmul_bf16 as well): where the two sides' g (~1e-6 apart) straddle a rounding
  * boundary they round to neighbours one bf16 step apart, at most 2^-7 of that g_v; and if cuBLAS
@@ -1079,7 +1168,8 @@ typedef struct {
     int weights;   /* 0: NULL; 1: in [0.25, 2], every 11th 0 and every 13th -1 (ignored) */
     float alpha, T, lambda, Tc;
     int no_outputs;   /* 1: grad_student and per_position NULL */
-    int bf16;         /* 1: bf16_products, on hidden states and lm_head that are bf16 values */
+    int bf16;         /* 1: bf16_products, on hidden states and lm_head that are bf16 values;
+                         2: a bf16 head read in place (head_bf16), hidden states as drawn */
 } loss_case;
 
 static void loss_scalar(const char *what, double got, double want)
@@ -1110,11 +1200,12 @@ static loss_inputs loss_make_inputs(const loss_case *s)
         in.ht[i] += in.hs[i];   /* a teacher near the student: argmax agrees often, not always */
     const double a = 6.0 / sqrt((double)H);   /* logits of standard deviation ~2 */
     fill_uniform(in.W, V * H, -a, a);
-    if (s->bf16) {
+    if (s->bf16 == 1) {
         round_bf16(in.hs, n * H);
         round_bf16(in.ht, n * H);
-        round_bf16(in.W, V * H);
     }
+    if (s->bf16)
+        round_bf16(in.W, V * H);
     if (s->labels) {
         in.labels = host((size_t)n * sizeof(int32_t));
         for (int64_t i = 0; i < n; i++)
@@ -1138,24 +1229,30 @@ static void case_loss(const loss_case *s)
              (long long)s->vocab_tile,
              s->labels == 0 ? "teacher" : s->labels == 1 ? "given" : "ignored",
              s->weights ? " weights" : "", (double)s->alpha, (double)s->T, (double)s->lambda,
-             (double)s->Tc, s->no_outputs ? " no outputs" : "", s->bf16 ? " bf16" : "");
+             (double)s->Tc, s->no_outputs ? " no outputs" : "",
+             s->bf16 == 2 ? " bf16 head" : s->bf16 ? " bf16" : "");
     if (len >= (int)sizeof case_name)   /* a long name is cut, never overrun */
         case_name[sizeof case_name - 1] = '\0';
     const int64_t n = s->n, H = s->H, V = s->V;
     const ddk_loss_params p = { n,        H,    V,         s->chunk, s->vocab_tile,
-                                s->alpha, s->T, s->lambda, s->Tc,    s->bf16 };
+                                s->alpha, s->T, s->lambda, s->Tc,    s->bf16 != 0, s->bf16 == 2 };
     loss_inputs in = loss_make_inputs(s);
     const int uses_teacher = ddk_loss_uses_teacher(&p, in.labels != NULL);
     float *grad = s->no_outputs ? NULL : host_floats(n * H);
     float *pp = s->no_outputs ? NULL : host_floats(n);
+    uint16_t *W16 = s->bf16 == 2 ? host((size_t)(V * H) * sizeof(uint16_t)) : NULL;   /* (V, H) */
+    for (int64_t i = 0; W16 && i < V * H; i++)
+        W16[i] = ddk_f32_to_bf16(in.W[i]);   /* exact: in.W holds bf16 values */
+    const void *W = W16 ? (const void *)W16 : in.W;
+    const size_t W_bytes = (size_t)(V * H) * (W16 ? sizeof(uint16_t) : sizeof(float));
     ddk_loss_result want;
-    int rc = ddk_loss_cpu(&p, in.hs, uses_teacher ? in.ht : NULL, in.W, in.labels, in.weights,
+    int rc = ddk_loss_cpu(&p, in.hs, uses_teacher ? in.ht : NULL, W, in.labels, in.weights,
                           grad, pp, &want);
     check(rc == 0, "ddk_loss_cpu returned %d", rc);
 
     float *hs_dev = dev_floats(in.hs, n * H, "student_hidden");
     float *ht_dev = uses_teacher ? dev_floats(in.ht, n * H, "teacher_hidden") : NULL;
-    float *W_dev = dev_floats(in.W, V * H, "lm_head");
+    void *W_dev = dev_buffer(W, W_bytes, "lm_head");
     int32_t *labels_dev =
         in.labels ? dev_buffer(in.labels, (size_t)n * sizeof(int32_t), "labels") : NULL;
     float *weights_dev = in.weights ? dev_floats(in.weights, n, "weights") : NULL;
@@ -1226,7 +1323,7 @@ static void case_loss_refused(void)
     snprintf(case_name, sizeof case_name, "loss refused: -ENOMEM, then -EINVAL (label = V)");
     const loss_case s = { 37, 64, 257, 8, 0, 1, 1, 0.15f, 2.0f, 0.1f, 1.5f, 0, 0 };
     const ddk_loss_params p = { s.n, s.H, s.V, s.chunk, s.vocab_tile, s.alpha, s.T, s.lambda, s.Tc,
-                                0 };
+                                0, 0 };
     loss_inputs in = loss_make_inputs(&s);
     float *hs_dev = dev_floats(in.hs, s.n * s.H, "student_hidden");
     float *ht_dev = dev_floats(in.ht, s.n * s.H, "teacher_hidden");
@@ -1287,6 +1384,15 @@ static const loss_case loss_bf16_cases[] = {
     { 300, 130, 5000, 300, 1000, 1, 1, 0.15f, 2.0f, 0.1f, 1.5f, 0, 1 },
 };
 
+/* a bf16 head read in place, both memory modes: the whole vocabulary with the gradient's g
+ * (300, 5000) in two k-panels of the loss's operand panel, then 600 rows (two row panels of 512
+ * and 88, k-panels of 2048 columns), then tiles (one panel each) with given labels */
+static const loss_case loss_head16_cases[] = {
+    { 300, 130, 5000, 300, 0, 0, 0, 1.0f, 2.0f, 0.1f, 1.5f, 0, 2 },
+    { 600, 64, 3000, 600, 0, 1, 1, 0.15f, 1.0f, 0.2f, 1.0f, 0, 2 },
+    { 300, 130, 5000, 128, 1000, 1, 1, 0.15f, 2.0f, 0.1f, 1.5f, 0, 2 },
+};
+
 /* every loss case, reseeded like main's (seq continues its count) */
 static void run_loss_cases(uint64_t *seq)
 {
@@ -1307,6 +1413,11 @@ static void run_loss_cases(uint64_t *seq)
         rng_state = 0x5eed0000u + *seq;
         misalign = (*seq)++ % 2 * 4;
         case_loss(&loss_bf16_cases[i]);
+    }
+    for (size_t i = 0; i < sizeof loss_head16_cases / sizeof loss_head16_cases[0]; i++) {
+        rng_state = 0x5eed0000u + *seq;
+        misalign = (*seq)++ % 2 * 4;
+        case_loss(&loss_head16_cases[i]);
     }
 }
 
@@ -1523,27 +1634,32 @@ static void run_qwen35_cases(uint64_t *seq, int self_check)
 /* matmul_w16: the same bf16 operands on both sides (a rounded to nearest even by each, W as
  * stored), products exact in fp32: only the fp32 sums' order differs, tol_matmul(k) */
 
-/* m, n, k, pad (every leading dimension), alpha, beta */
-static void case_matmul_w16(int64_t m, int64_t n, int64_t k, int64_t pad, float alpha, float beta)
+/* trans 1: matmul_w16 (W (n, k)), 0: matmul_w16_nn (W (k, n)); m, n, k, pad (every leading
+ * dimension), alpha, beta */
+static void case_matmul_w16(int trans, int64_t m, int64_t n, int64_t k, int64_t pad, float alpha,
+                            float beta)
 {
-    snprintf(case_name, sizeof case_name, "matmul_w16 %lldx%lldx%lld pad=%lld alpha=%g beta=%g",
-             (long long)m, (long long)n, (long long)k, (long long)pad, (double)alpha, (double)beta);
-    const int64_t lda = k + pad, ldw = k + pad, ldc = n + pad;
+    snprintf(case_name, sizeof case_name, "%s %lldx%lldx%lld pad=%lld alpha=%g beta=%g",
+             trans ? "matmul_w16" : "matmul_w16_nn", (long long)m, (long long)n, (long long)k,
+             (long long)pad, (double)alpha, (double)beta);
+    const int64_t w_rows = trans ? n : k, ldw = (trans ? k : n) + pad;
+    const int64_t lda = k + pad, ldc = n + pad;
     float *a = host_floats(m * lda), *c0 = host_floats(m * ldc);
-    uint16_t *w = host((size_t)(n * ldw) * sizeof(uint16_t));   /* (n, ldw) bf16 */
+    uint16_t *w = host((size_t)(w_rows * ldw) * sizeof(uint16_t));   /* (w_rows, ldw) bf16 */
     fill_uniform(a, m * lda, -1.0, 1.0);
     fill_uniform(c0, m * ldc, -1.0, 1.0);
-    for (int64_t i = 0; i < n * ldw; i++)
+    for (int64_t i = 0; i < w_rows * ldw; i++)
         w[i] = ddk_f32_to_bf16((float)(-1.0 + 2.0 * ddk_rng_uniform(&rng_state)));
     if (beta == 0.0f)
         for (int64_t i = 0; i < m; i++)
             for (int64_t j = 0; j < n; j++)
                 c0[i * ldc + j] = NAN;
     float *c = host_copy(c0, m * ldc);
-    cpu->matmul_w16(cpu, m, n, k, alpha, a, lda, w, ldw, beta, c, ldc);
+    (trans ? cpu->matmul_w16 : cpu->matmul_w16_nn)(cpu, m, n, k, alpha, a, lda, w, ldw, beta, c, ldc);
     float *a_dev = dev_floats(a, m * lda, "a"), *c_dev = dev_floats(c0, m * ldc, "c");
-    uint16_t *w_dev = dev_buffer(w, (size_t)(n * ldw) * sizeof(uint16_t), "W");
-    dev->matmul_w16(dev, m, n, k, alpha, a_dev, lda, w_dev, ldw, beta, c_dev, ldc);
+    uint16_t *w_dev = dev_buffer(w, (size_t)(w_rows * ldw) * sizeof(uint16_t), "W");
+    (trans ? dev->matmul_w16 : dev->matmul_w16_nn)(dev, m, n, k, alpha, a_dev, lda, w_dev, ldw,
+                                                   beta, c_dev, ldc);
     float *got = download(c_dev, m * ldc);
     float *got_block = host_floats(m * n), *want_block = host_floats(m * n);
     int64_t pad_changed = 0;
@@ -1673,7 +1789,7 @@ static void case_causal_cached(int64_t S, int64_t q_rows, int64_t nh, int64_t nk
           *v_dev = dev_floats(v, nk, "v"), *out_dev = dev_floats(NULL, nq, "out");
     int rc = dev->causal_attention(dev, &sh, q_dev, k_dev, v_dev, out_dev);
     check(rc == 0, "causal returned %d", rc);
-    expect_close("out", download(out_dev, nq), out, nq, tol_attn_fwd);
+    expect_close("out", download(out_dev, nq), out, nq, attn_flash ? tol_flash_fwd : tol_attn_fwd);
     const ddk_attention_shape bad = { .S = S, .nh = nh, .nkv = nkv, .d = d, .q_rows = S + 1 };
     rc = dev->causal_attention(dev, &bad, q_dev, k_dev, v_dev, out_dev);
     check(rc == -EINVAL, "q_rows = S + 1: rc %d, not -EINVAL", rc);
@@ -1694,8 +1810,18 @@ static void run_target_cases(uint64_t *seq)
     if (q35_op_present((const void *)dev->matmul_w16, "matmul_w16"))
         for (size_t i = 0; i < sizeof w16 / sizeof w16[0]; i++) {
             NEXT_T();
-            case_matmul_w16(w16[i].m, w16[i].n, w16[i].k, w16[i].pad, w16[i].alpha, w16[i].beta);
+            case_matmul_w16(1, w16[i].m, w16[i].n, w16[i].k, w16[i].pad, w16[i].alpha, w16[i].beta);
         }
+    /* matmul_w16_nn, W (k, n): the same shapes, and the loss's gradient product d hs = g W (k
+     * the vocabulary: rows of a in 384-row panels at k 5000) */
+    if (q35_op_present((const void *)dev->matmul_w16_nn, "matmul_w16_nn")) {
+        for (size_t i = 0; i < sizeof w16 / sizeof w16[0]; i++) {
+            NEXT_T();
+            case_matmul_w16(0, w16[i].m, w16[i].n, w16[i].k, w16[i].pad, w16[i].alpha, w16[i].beta);
+        }
+        NEXT_T();
+        case_matmul_w16(0, 1000, 130, 5000, 3, 1.0f, 1.0f);
+    }
     static const int64_t emb[][3] = { { 1, 2, 3 }, { 3, 6, 5 }, { 17, 130, 1000 }, { 1000, 5120, 300 } };
     if (q35_op_present((const void *)dev->embedding_w16, "embedding_w16"))
         for (size_t i = 0; i < sizeof emb / sizeof emb[0]; i++) {
@@ -1820,6 +1946,9 @@ int main(void)
         misalign = i % 3;   /* byte offsets 0, 1, 2: copies and memsets are byte-granular */
         case_copy_zero(copy_bytes[i]);
     }
+    const uint64_t attn_seq = seq;
+    attn_flash = attention_is_flash(self_check);
+    printf("attention with the %s kernels (the default)\n", attn_flash ? "flash" : "SIMT");
     run_attention_cases(&seq);
     run_loss_cases(&seq);
     /* the ops added after the cases above (appended, so those keep their seeds) */
@@ -1831,9 +1960,27 @@ int main(void)
             case_matmul(&matmul_shapes[i], mode);
         }
     run_vector_cases(&seq, self_check);
+    const uint64_t wide_seq = seq;
     run_attention_wide_cases(&seq);
     run_qwen35_cases(&seq, self_check);
     run_target_cases(&seq);
+    /* the attention cases again with the other CUDA kernels (ddk.h, ddk_cuda_attention_kernels),
+     * with the seeds of the first time; then the flash kernels' own shapes with both */
+    ddk_cuda_set_attention_kernels(attn_flash ? DDK_CUDA_ATTENTION_SIMT : DDK_CUDA_ATTENTION_FLASH);
+    attn_flash = attention_is_flash(self_check);
+    printf("attention again with the %s kernels\n", attn_flash ? "flash" : "SIMT");
+    uint64_t again = attn_seq;
+    run_attention_cases(&again);
+    again = wide_seq;
+    run_attention_wide_cases(&again);
+    for (int flash = 1; flash >= 0; flash--) {
+        ddk_cuda_set_attention_kernels(flash ? DDK_CUDA_ATTENTION_FLASH : DDK_CUDA_ATTENTION_SIMT);
+        attn_flash = attention_is_flash(self_check);
+        printf("attention with the %s kernels: their tile shapes\n", attn_flash ? "flash" : "SIMT");
+        again = seq;
+        run_attention_flash_cases(&again);
+    }
+    ddk_cuda_set_attention_kernels(-1);
 #undef NEXT_CASE
     return cases_summary();
 }

@@ -347,6 +347,28 @@ static void test_batch_seed(void)
     free(seeds);
 }
 
+/* n items over parts <= n: contiguous, in order, sizes differing by one at most (the larger
+ * first), every part non-empty, and ddt_slice_part the inverse */
+static void test_slices(void)
+{
+    for (int64_t n = 1; n <= 40; n++)
+        for (int64_t parts = 1; parts <= n; parts++) {
+            check(ddt_slice_first(n, parts, 0) == 0 && ddt_slice_first(n, parts, parts) == n,
+                  "n %lld over %lld: first %lld, end %lld", (long long)n, (long long)parts,
+                  (long long)ddt_slice_first(n, parts, 0), (long long)ddt_slice_first(n, parts, parts));
+            for (int64_t j = 0; j < parts; j++) {
+                const int64_t a = ddt_slice_first(n, parts, j), b = ddt_slice_first(n, parts, j + 1);
+                const int64_t want = n / parts + (j < n % parts);
+                check(b - a == want, "n %lld over %lld: part %lld has %lld, want %lld", (long long)n,
+                      (long long)parts, (long long)j, (long long)(b - a), (long long)want);
+                for (int64_t i = a; i < b; i++)
+                    check(ddt_slice_part(n, parts, i) == j, "n %lld over %lld: item %lld in part %lld, want %lld",
+                          (long long)n, (long long)parts, (long long)i, (long long)ddt_slice_part(n, parts, i),
+                          (long long)j);
+            }
+        }
+}
+
 int main(void)
 {
     static const test_case cases[] = {
@@ -358,6 +380,7 @@ int main(void)
         { "noise: bounds, moments, deterministic", test_noise },
         { "noise: sigma = 0 and count = 0", test_noise_sigma_zero },
         { "batch seeds: distinct, avalanche", test_batch_seed },
+        { "slices of a step over ranks: even, contiguous, inverted", test_slices },
     };
     run_cases(cases, sizeof cases / sizeof cases[0]);
     return cases_summary();

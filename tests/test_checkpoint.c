@@ -4,12 +4,16 @@
  * latest skips stale temporaries and incomplete or corrupt step directories; a read refuses a
  * missing, mis-shaped, mistyped or foreign tensor naming it and leaves its outputs untouched; a
  * step written twice is replaced; the export's config.json has exactly the keys of section 5
- * and reads back to an equal configuration, its model.safetensors holds exactly the table's
- * names in BF16 = bf16(params) with format pt; an export replaces the previous one; errors for
- * missing directories. state.json: a missing, mistyped or unknown key (drafter keys among them)
- * is refused naming the file and the key; the export's config.json is its drafter's form. A
- * tiny trainer run: its checkpoint exported without a trainer equals its live export byte for
- * byte, also from state.json rewritten in its first form, from which it resumes exactly.
+ * (use_sliding_window true with the sliding window, or false with sliding_window null when no
+ * layer slides; max_position_embeddings; torch_dtype and dtype bfloat16) and reads back to an
+ * equal configuration, its model.safetensors holds exactly the table's names in BF16 =
+ * bf16(params) with format pt; an export without max_position_embeddings is refused; an export
+ * replaces the previous one; errors for missing directories. state.json: a missing, mistyped or
+ * unknown key (drafter keys among them) is refused naming the file and the key; the export's
+ * config.json is its drafter's form; version 2 (without the serving keys) reads, its
+ * max_position_embeddings from the run config's target. A tiny trainer run: its checkpoint
+ * exported without a trainer equals its live export byte for byte, also from state.json
+ * rewritten in its first form, from which it resumes exactly.
  * Fixtures are written by the test under a mkdtemp directory, removed at the end.
  * ctest: one line per case, a final "N passed, M failed".
  */
@@ -60,6 +64,7 @@ static void small_config(ddt_drafter_config *c)
     c->target_layer_ids[2] = 5;
     c->mask_token_id = 99;
     c->num_target_layers = 6;
+    c->max_positions = 40960;
 }
 
 typedef struct fixture {
@@ -509,7 +514,8 @@ static int configs_equal(const ddt_drafter_config *a, const ddt_drafter_config *
                a->kv_heads == b->kv_heads && a->head_dim == b->head_dim && a->intermediate == b->intermediate &&
                a->vocab == b->vocab && a->block_size == b->block_size && a->sliding_window == b->sliding_window &&
                a->rms_norm_eps == b->rms_norm_eps && a->rope_theta == b->rope_theta && a->taps == b->taps &&
-               a->mask_token_id == b->mask_token_id && a->num_target_layers == b->num_target_layers;
+               a->mask_token_id == b->mask_token_id && a->num_target_layers == b->num_target_layers &&
+               a->max_positions == b->max_positions;
     for (int i = 0; i < DDT_MAX_LAYERS; i++)
         same &= a->sliding[i] == b->sliding[i];
     for (int i = 0; i < DDT_MAX_TAPS; i++)
@@ -566,8 +572,9 @@ static void test_export(void)
         static const char *const keys[] = {
             "architectures", "model_type", "hidden_size", "num_hidden_layers", "num_attention_heads",
             "num_key_value_heads", "head_dim", "intermediate_size", "rms_norm_eps", "rope_theta",
-            "layer_types", "sliding_window", "block_size", "num_target_layers", "dflash_config",
-            "rope_scaling", "tie_word_embeddings", "attention_bias", "hidden_act", "vocab_size",
+            "layer_types", "use_sliding_window", "sliding_window", "block_size", "num_target_layers",
+            "dflash_config", "rope_scaling", "tie_word_embeddings", "attention_bias", "hidden_act",
+            "vocab_size", "max_position_embeddings", "torch_dtype", "dtype",
         };
         int nkeys = (int)(sizeof keys / sizeof keys[0]);
         check(cJSON_GetArraySize(json) == nkeys, "config.json has %d keys, expected %d", cJSON_GetArraySize(json),
@@ -593,6 +600,14 @@ static void test_export(void)
                   !strcmp(string_or_empty(cJSON_GetArrayItem(types, 1)), "full_attention"),
               "layer_types wrong");
         check(strstr(text, "1.234567e-06") != NULL, "rms_norm_eps not written as its shortest decimal:\n%s", text);
+        check(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(json, "use_sliding_window")) &&
+                  cJSON_GetObjectItemCaseSensitive(json, "sliding_window")->valuedouble == 3,
+              "a sliding layer: use_sliding_window is not true with sliding_window 3");
+        check(cJSON_GetObjectItemCaseSensitive(json, "max_position_embeddings")->valuedouble == 40960,
+              "max_position_embeddings is not the config's");
+        check(!strcmp(string_or_empty(cJSON_GetObjectItemCaseSensitive(json, "torch_dtype")), "bfloat16") &&
+                  !strcmp(string_or_empty(cJSON_GetObjectItemCaseSensitive(json, "dtype")), "bfloat16"),
+              "torch_dtype / dtype are not bfloat16");
         cJSON_Delete(json);
     }
     free(text);
@@ -602,6 +617,55 @@ static void test_export(void)
     check(rc == 0, "config.json does not load: %s", err);
     check(rc == 0 && configs_equal(&back, &f->c), "config.json loads to another configuration");
     check_export_weights(out, f);
+    fixture_free(f);
+}
+
+/* out/config.json's key, parsed (the caller deletes *doc) */
+static const cJSON *export_key(const char *out, const char *key, cJSON **doc)
+{
+    char path[1024], err[512] = "";
+    snprintf(path, sizeof path, "%s/config.json", out);
+    char *text = ddt_read_text_file(path, 1 << 20, err, sizeof err);
+    *doc = text ? cJSON_Parse(text) : NULL;
+    free(text);
+    return cJSON_GetObjectItemCaseSensitive(*doc, key);
+}
+
+/* No sliding layer: use_sliding_window false, sliding_window null (what Qwen3Config makes of
+ * it anyway), read back with no window; state.json holds the same drafter. Without
+ * max_positions the export is refused. */
+static void test_export_without_sliding(void)
+{
+    char dir[512], out[600], err[1024] = "";
+    new_dir("export_full", dir, sizeof dir);
+    fixture *f = fixture_new(73);
+    f->c.sliding[0] = 0;
+    snprintf(out, sizeof out, "%s/drafter", dir);
+    check(ddt_export_write(out, &f->c, f->params, err, sizeof err) == 0, "export: %s", err);
+    cJSON *doc;
+    check(cJSON_IsFalse(export_key(out, "use_sliding_window", &doc)), "use_sliding_window is not false");
+    cJSON_Delete(doc);
+    check(cJSON_IsNull(export_key(out, "sliding_window", &doc)), "sliding_window is not null");
+    cJSON_Delete(doc);
+    ddt_drafter_config back, want = f->c;
+    want.sliding_window = 0;   /* not said: no layer uses it */
+    int rc = ddt_drafter_config_load(out, &back, err, sizeof err);
+    check(rc == 0 && configs_equal(&back, &want), "config.json loads to another configuration: %s", err);
+
+    char run[600], path[1200];
+    snprintf(run, sizeof run, "%s/run", dir);
+    check(mkdir(run, 0755) == 0, "mkdir %s", run);
+    write_step(run, 7, f, "{\"name\": \"r\"}", 1, path, sizeof path, NULL);
+    ddt_checkpoint_meta meta;
+    rc = ddt_checkpoint_read_meta(path, &meta, err, sizeof err);
+    check(rc == 0 && configs_equal(&meta.drafter, &want), "state.json of a drafter without sliding layers: %s", err);
+    if (rc == 0)
+        ddt_checkpoint_meta_free(&meta);
+
+    f->c.max_positions = 0;
+    rc = ddt_export_write(out, &f->c, f->params, err, sizeof err);
+    check(rc == -EINVAL && strstr(err, "max_position_embeddings"), "an export without max_positions: rc %d, %s", rc,
+          err);
     fixture_free(f);
 }
 
@@ -739,7 +803,7 @@ static void test_meta_refuses(void)
         { "vocab_tile", "1.5", "vocab_tile must be an integer" },
         { "config", "{}", "config must be a string" },
         { "run_id", "7", "run_id must be a string" },
-        { "version", "3", "version must be 2" },
+        { "version", "4", "version must be 2 or 3" },
         { "rng", "\"0x9e37\"", "rng is not a known field" },
         { "drafter", NULL, "drafter is missing" },
         { "drafter", "[]", "drafter must be an object" },
@@ -758,6 +822,13 @@ static void test_meta_refuses(void)
         { "drafter.dflash_config.block_size", "4", "drafter.dflash_config: block_size is not a known field" },
         { "drafter.dflash_config.mask_token_id", "100", "drafter: dflash_config.mask_token_id must be in [0, vocab_size)" },
         { "drafter.head_dim", "7", "drafter: head_dim must be even" },
+        { "drafter.use_sliding_window", "false", "drafter: use_sliding_window must be true when" },
+        { "drafter.use_sliding_window", NULL, "drafter: use_sliding_window is missing" },
+        { "drafter.sliding_window", "null", "drafter: sliding_window must be a number" },
+        { "drafter.max_position_embeddings", NULL, "drafter: max_position_embeddings is missing" },
+        { "drafter.max_position_embeddings", "0", "drafter: max_position_embeddings must be in [1, 2^53]" },
+        { "drafter.torch_dtype", "\"float32\"", "drafter: torch_dtype must be \"bfloat16\"" },
+        { "drafter.dtype", NULL, "drafter: dtype is missing" },
     };
     for (size_t i = 0; good && i < sizeof cases / sizeof cases[0]; i++) {
         write_file(path, good);
@@ -800,6 +871,34 @@ static void test_meta_refuses(void)
     if (rc == 0)
         ddt_checkpoint_meta_free(&meta);
     free(config);
+
+    /* version 2: no serving keys; max_position_embeddings is the run config's target's */
+    char target[800];
+    snprintf(target, sizeof target, "%s/target", run);
+    check(mkdir(target, 0755) == 0, "mkdir %s", target);
+    snprintf(config_path, sizeof config_path, "%s/config.json", target);
+    write_file(config_path, "{\"model_type\": \"llama\", \"max_position_embeddings\": 2048}");
+    char run_config[1200];
+    snprintf(run_config, sizeof run_config, "\"{\\\"target\\\": {\\\"kind\\\": \\\"hf\\\", "
+             "\\\"path\\\": \\\"%s\\\"}}\"", target);
+    static const char *const newer[] = { "drafter.use_sliding_window", "drafter.max_position_embeddings",
+                                         "drafter.torch_dtype", "drafter.dtype" };
+    write_file(path, good);
+    edit_state(dir, "version", "2");
+    edit_state(dir, "config", run_config);
+    for (int i = 0; i < 4; i++)
+        edit_state(dir, newer[i], NULL);
+    rc = ddt_checkpoint_read_meta(dir, &meta, err, sizeof err);
+    ddt_drafter_config v2 = f->c;
+    v2.max_positions = 2048;
+    check(rc == 0 && configs_equal(&meta.drafter, &v2), "version 2 without the serving keys: %s (max %lld)", err,
+          (long long)meta.drafter.max_positions);
+    if (rc == 0)
+        ddt_checkpoint_meta_free(&meta);
+    write_file(config_path, "{\"max_position_embeddings\": -1}");
+    check_meta_refused(dir, "target.path: ");
+    edit_state(dir, "version", "3");
+    check_meta_refused(dir, "drafter: use_sliding_window is missing");
     free(params);
     free(good);
     fixture_free(f);
@@ -848,7 +947,8 @@ static void check_same_export(const char *got, const char *want)
     "\"head_dim\": 8, \"intermediate_size\": 48, \"vocab_size\": 96},"                              \
     " \"drafter\": {\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 2," \
     " \"head_dim\": 8, \"intermediate_size\": 48, \"block_size\": 4, \"rms_norm_eps\": 1.234567e-6,"  \
-    " \"layer_types\": [\"sliding_attention\", \"full_attention\"], \"sliding_window\": 6},"        \
+    " \"layer_types\": [\"sliding_attention\", \"full_attention\"], \"sliding_window\": 6,"         \
+    " \"target_layer_ids\": [1, 2]},"                                                             \
     " \"train\": {\"steps\": 6, \"sequences_per_step\": 4, \"seq_len\": 24, \"max_anchors\": 4,"    \
     " \"heldout\": 4, \"noise_std\": 0.05, \"lr\": 0.003, \"seed\": 5},"                            \
     " \"loss\": {\"chunk\": 64, \"vocab_tile\": 32}, \"devices\": \"cpu\","                        \
@@ -963,6 +1063,7 @@ int main(void)
         { "checkpoint_same_step", test_same_step },
         { "checkpoint_errors", test_errors },
         { "export", test_export },
+        { "export_without_sliding", test_export_without_sliding },
         { "export_replaces", test_export_replaces },
         { "state_json_refuses", test_meta_refuses },
         { "export_from_checkpoint", test_export_from_checkpoint },

@@ -6,9 +6,10 @@
  * -ENOSYS and a sentence) and ddk_comm_init's refusals (world 0, first_rank out of range, more
  * local ranks than GPUs, a bad id, no id across processes): -EINVAL (-ENOSYS without NCCL) with
  * a sentence and no communicator.
+ * The same for the GPU link (ddk_link_*: a split's hand-off): its refusals without a GPU.
  * With GPUs: the refusals that need one (a device that does not exist, the same GPU twice),
  * a 1-rank all-reduce that leaves its buffer as it was and, with two GPUs, a 2-rank sum of
- * known values that must be exact. Without a GPU that part prints "SKIPPED: no GPU" and the
+ * known values that must be exact and a link copy ordered against both GPUs' queued work. Without a GPU that part prints "SKIPPED: no GPU" and the
  * rest still decides the exit status.
  *
  * ctest: labels unit and sanitize; one line per case; a final "N passed, M failed"; exit 1 when
@@ -129,6 +130,35 @@ static void test_init_refusals(void)
     ddk_comm_destroy(NULL);
 }
 
+/* the GPU link's refusals that need no GPU: too few members, a GPU twice or one the process
+ * lacks, a send or fence without a link (-ENOSYS without NCCL) */
+static void test_link_refusals(void)
+{
+    const int want = with_nccl ? -EINVAL : -ENOSYS;
+    int devices[2] = { 0, 0 };
+    char err[512] = "";
+    ddk_link *l = (ddk_link *)&err;   /* must come back NULL */
+    int rc = ddk_link_init(1, devices, &l, err, sizeof err);
+    check(rc == want && *err && !l, "a link of 1 GPU: rc %d, want %d (%s)", rc, want, err);
+    *err = '\0';
+    rc = ddk_link_init(2, devices, &l, err, sizeof err);
+    check(rc == want && *err && !l, "a link of cuda:0 twice: rc %d, want %d (%s)", rc, want, err);
+    devices[0] = gpus;
+    devices[1] = gpus + 1;
+    *err = '\0';
+    rc = ddk_link_init(2, devices, &l, err, sizeof err);
+    check(rc == want && *err && !l, "a link of GPUs this process lacks: rc %d, want %d (%s)", rc, want, err);
+    float x;
+    *err = '\0';
+    rc = ddk_link_send(NULL, 0, 1, &x, &x, sizeof x, err, sizeof err);
+    check(rc == want && *err, "a send without a link: rc %d (%s)", rc, err);
+    *err = '\0';
+    rc = ddk_link_fence(NULL, 0, err, sizeof err);
+    check(rc == want && *err, "a fence without a link: rc %d (%s)", rc, err);
+    ddk_link_destroy(NULL);
+    printf("  link refusals: %s\n", err);
+}
+
 /* ------------------------------------------------------------------------------------------
  * With GPUs
  */
@@ -243,6 +273,54 @@ static void test_allreduce_2rank(void)
     free(got);
 }
 
+/* 2 GPUs: a copy over the link is ordered after the sender's queued work (200 updates of its
+ * source) and before the sender's next op (which zeroes the source), and the receiver's op after
+ * the fence (a doubling) reads what arrived: 2 * (the source's last value), exactly. Twice, into
+ * the same buffer (the link's events are reusable). */
+static void test_link_2gpu(void)
+{
+    enum { count = 1000003 };
+    char err[512] = "";
+    int devices[2] = { 0, 1 };
+    ddk_link *l = NULL;
+    int rc = ddk_link_init(2, devices, &l, err, sizeof err);
+    if (rc != 0 || !l) {
+        check(0, "ddk_link_init of cuda:0, cuda:1: rc %d: %s", rc, err);
+        return;
+    }
+    float *host = xcalloc(count, sizeof(float)), *got = xcalloc(count, sizeof(float));
+    for (int j = 0; j < count; j++)
+        host[j] = (float)(j % 4096) - 1000.0f;
+    float *src = upload(0, host, count), *dst = upload(1, host, count);
+    const ddk_backend *a = ddk_backend_cuda(0), *b = ddk_backend_cuda(1);
+    for (int round = 1; round <= 2; round++) {
+        a->copy(a, src, host, count * sizeof(float));
+        for (int k = 0; k < 200; k++)   /* long work queued: src := src, 200 times */
+            a->axpby(a, count, 1.0f, src, 0.0f, src);
+        a->axpby(a, count, (float)round, src, 0.0f, src);   /* src := round * host, last */
+        rc = ddk_link_send(l, 0, 1, src, dst, count * sizeof(float), err, sizeof err);
+        check(rc == 0, "send round %d: rc %d: %s", round, rc, err);
+        a->zero(a, src, count * sizeof(float));             /* after the send has read it */
+        rc = ddk_link_fence(l, 1, err, sizeof err);
+        check(rc == 0, "fence round %d: rc %d: %s", round, rc, err);
+        b->axpby(b, count, 2.0f, dst, 0.0f, dst);           /* after the copy has landed */
+        download(1, got, dst, count);
+        int64_t wrong = 0, first = -1;
+        for (int j = 0; j < count; j++)
+            if (got[j] != 2.0f * (float)round * host[j] && wrong++ == 0)
+                first = j;
+        check(wrong == 0, "round %d: %lld of %d values wrong (first [%lld] = %g, want %g)", round,
+              (long long)wrong, count, (long long)first, first >= 0 ? got[first] : 0.0,
+              first >= 0 ? 2.0 * round * host[first] : 0.0);
+    }
+    ddk_cuda_synchronize(0);
+    ddk_free(ddk_allocator_cuda(0), src, count * sizeof(float));
+    ddk_free(ddk_allocator_cuda(1), dst, count * sizeof(float));
+    ddk_link_destroy(l);
+    free(host);
+    free(got);
+}
+
 int main(void)
 {
     with_nccl = ddk_has_nccl();
@@ -252,6 +330,7 @@ int main(void)
         { "id_valid", test_id_valid },
         { "unique_id", test_unique_id },
         { "init_refusals", test_init_refusals },
+        { "link_refusals", test_link_refusals },
     };
     run_cases(cpu_cases, sizeof cpu_cases / sizeof cpu_cases[0]);
     if (!with_nccl || gpus == 0) {
@@ -260,10 +339,12 @@ int main(void)
     } else {
         run_case("gpu_refusals", test_gpu_refusals);
         run_case("allreduce_1rank", test_allreduce_1rank);
-        if (gpus >= 2)
+        if (gpus >= 2) {
             run_case("allreduce_2rank", test_allreduce_2rank);
-        else
-            printf("SKIPPED: one GPU (allreduce_2rank needs two)\n");
+            run_case("link_2gpu", test_link_2gpu);
+        } else {
+            printf("SKIPPED: one GPU (allreduce_2rank and link_2gpu need two)\n");
+        }
     }
     return cases_summary();
 }

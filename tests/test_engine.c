@@ -1,12 +1,15 @@
 /* test_engine.c: the engine's pieces that the oracle tests do not reach: configuration files
- * (every bad field an error naming the file and the field), the drafter's parameter table
- * (names, shapes, order of SPEC.md section 2), initialisation, batch checks, the default
- * target_layer_ids of SPEC.md section 3 and the synthetic target.
+ * (every bad field an error naming the file and the field; the export's serving keys, optional
+ * for old exports), the drafter's parameter table (names, shapes, order of SPEC.md section 2),
+ * initialisation, batch checks, the default target_layer_ids of SPEC.md section 3 (half to
+ * even, a repeat refused by the resolve step), sliding_window >= block_size, the target's
+ * max_position_embeddings as resolved, and the synthetic target.
  * ctest: one line per case, a final "N passed, M failed".
  */
 #include "check.h"
 #include "drafter.h"
 #include "model_config.h"
+#include "run_config.h"
 #include "target.h"
 
 #include <errno.h>
@@ -209,6 +212,139 @@ static void test_default_taps(void)
           "taps for N=64, n=5: %d %d %d %d %d", ids[0], ids[1], ids[2], ids[3], ids[4]);
     ddt_target_default_taps(36, 1, ids);
     check(ids[0] == 18, "one drafter layer taps N/2: %d", ids[0]);
+    ddt_target_default_taps(7, 3, ids);   /* 1 + 1.5 = 2.5: Python's round gives 2, not 3 */
+    check(ids[0] == 1 && ids[1] == 2 && ids[2] == 4, "taps for N=7, n=3 (half to even): %d %d %d", ids[0], ids[1],
+          ids[2]);
+    ddt_target_default_taps(9, 5, ids);   /* 1 + 5/4 * i: 2.25, 3.5 -> 4, 4.75 */
+    check(ids[0] == 1 && ids[1] == 2 && ids[2] == 4 && ids[3] == 5 && ids[4] == 6,
+          "taps for N=9, n=5: %d %d %d %d %d", ids[0], ids[1], ids[2], ids[3], ids[4]);
+}
+
+/* a run config over a synthetic target of `layers` layers, a drafter of `drafter` layers */
+static int parse_run(const char *drafter_json, int64_t layers, ddt_run_config *c, char *err, size_t len,
+                     char *field, size_t field_len)
+{
+    char json[1024];
+    snprintf(json, sizeof json, "{\"target\": {\"kind\": \"synthetic\", \"num_hidden_layers\": %lld}, "
+             "\"drafter\": %s}", (long long)layers, drafter_json);
+    return ddt_run_config_parse(json, strlen(json), c, err, len, field, field_len);
+}
+
+/* "auto" that repeats a layer is refused asking for explicit ids; distinct ones resolve */
+static void test_auto_taps_refused(void)
+{
+    ddt_run_config c;
+    char err[1024] = "", field[128] = "";
+    int rc = parse_run("{\"num_hidden_layers\": 3, \"target_layer_ids\": \"auto\"}", 5, &c, err, sizeof err,
+                       field, sizeof field);
+    check(rc == 0, "parse: %s", err);
+    rc = rc ? rc : ddt_run_config_resolve(&c, 64, 512, 5, err, sizeof err);
+    check(rc == -EINVAL && strstr(err, "drafter.target_layer_ids") && strstr(err, "[1, 2, 2]") &&
+              strstr(err, "explicitly"),
+          "stories260K-sized auto taps must be refused asking for ids: rc %d '%s'", rc, err);
+    ddt_run_config_free(&c);
+    rc = parse_run("{\"num_hidden_layers\": 3, \"target_layer_ids\": [1, 2, 3]}", 5, &c, err, sizeof err, field,
+                   sizeof field);
+    check(rc == 0 && ddt_run_config_resolve(&c, 64, 512, 5, err, sizeof err) == 0, "explicit ids refused: %s", err);
+    ddt_run_config_free(&c);
+    rc = parse_run("{\"num_hidden_layers\": 3}", 7, &c, err, sizeof err, field, sizeof field);
+    check(rc == 0 && ddt_run_config_resolve(&c, 64, 512, 7, err, sizeof err) == 0 && c.drafter.taps == 3 &&
+              c.drafter.target_layer_ids[1] == 2 && c.drafter.target_layer_ids[2] == 4,
+          "auto over 7 layers: %s", err);
+    ddt_run_config_free(&c);
+}
+
+/* a sliding layer needs sliding_window >= block_size; without one the window is not used */
+static void test_sliding_window_rule(void)
+{
+    ddt_run_config c;
+    char err[1024] = "", field[128] = "";
+    int rc = parse_run("{\"num_hidden_layers\": 2, \"layer_types\": [\"sliding_attention\", \"full_attention\"], "
+                       "\"sliding_window\": 3, \"block_size\": 4, \"target_layer_ids\": [1, 2]}", 4, &c, err,
+                       sizeof err, field, sizeof field);
+    check(rc == -EINVAL && !strcmp(field, "drafter.sliding_window") && strstr(err, "block_size") &&
+              strstr(err, "training does not"),
+          "a window below the block must be refused naming the field: rc %d [%s] '%s'", rc, field, err);
+    rc = parse_run("{\"num_hidden_layers\": 2, \"layer_types\": [\"sliding_attention\", \"full_attention\"], "
+                   "\"sliding_window\": 4, \"block_size\": 4}", 4, &c, err, sizeof err, field, sizeof field);
+    check(rc == 0, "sliding_window = block_size refused: %s", err);
+    if (rc == 0)
+        ddt_run_config_free(&c);
+    rc = parse_run("{\"num_hidden_layers\": 2, \"sliding_window\": 3, \"block_size\": 4}", 4, &c, err,
+                   sizeof err, field, sizeof field);
+    check(rc == 0, "a window below the block without sliding layers refused: %s", err);
+    if (rc == 0)
+        ddt_run_config_free(&c);
+}
+
+/* resolve takes max_position_embeddings from target.path's config.json (or its text_config), the
+ * documented default where it is not said, and refuses a wrong one naming the field */
+static void test_max_positions(void)
+{
+    char json[512], err[1024] = "", field[128] = "";
+    snprintf(json, sizeof json, "{\"target\": {\"kind\": \"hf\", \"path\": \"%s\"}}", tmpdir);
+    static const struct {
+        const char *config;
+        int64_t want;   /* -1: refused */
+    } cases[] = {
+        { "{\"max_position_embeddings\": 262144}", 262144 },
+        { "{\"text_config\": {\"max_position_embeddings\": 131072}}", 131072 },
+        { "{\"model_type\": \"llama\"}", DDT_MAX_POSITIONS_DEFAULT },
+        { "{\"max_position_embeddings\": \"long\"}", -1 },
+        { "{\"text_config\": {\"max_position_embeddings\": 0}}", -1 },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        write_config(cases[i].config);
+        ddt_run_config c;
+        int rc = ddt_run_config_parse(json, strlen(json), &c, err, sizeof err, field, sizeof field);
+        check(rc == 0, "parse: %s", err);
+        if (rc)
+            continue;
+        rc = ddt_run_config_resolve(&c, 64, 512, 8, err, sizeof err);
+        if (cases[i].want < 0)
+            check(rc == -EINVAL && strstr(err, "target.path") && strstr(err, "max_position_embeddings") &&
+                      strstr(err, "config.json"),
+                  "case %zu: a wrong max_position_embeddings must be refused naming it: rc %d '%s'", i, rc, err);
+        else
+            check(rc == 0 && c.drafter.max_positions == cases[i].want, "case %zu: rc %d max_positions %lld: %s", i,
+                  rc, (long long)c.drafter.max_positions, err);
+        ddt_run_config_free(&c);
+    }
+    ddt_run_config c;
+    check(ddt_run_config_parse("{}", 2, &c, err, sizeof err, field, sizeof field) == 0, "parse {}: %s", err);
+    int64_t n = 0;
+    check(ddt_run_config_max_positions(&c, &n, err, sizeof err) == 0 && n == DDT_MAX_POSITIONS_DEFAULT,
+          "a synthetic target's max_position_embeddings: %lld", (long long)n);
+    ddt_run_config_free(&c);
+}
+
+/* the export's serving keys: read when there, absent in old exports, use_sliding_window false
+ * with a sliding layer refused */
+static void test_drafter_serving_keys(void)
+{
+    ddt_drafter_config c;
+    char err[512] = "";
+    write_config(DRAFTER_OK ", \"use_sliding_window\": true, \"max_position_embeddings\": 40960,"
+                 " \"torch_dtype\": \"bfloat16\", \"dtype\": \"bfloat16\"}");
+    check(ddt_drafter_config_load(tmpdir, &c, err, sizeof err) == 0 && c.max_positions == 40960,
+          "the serving keys: %s (max_positions %lld)", err, (long long)c.max_positions);
+    write_config(DRAFTER_OK "}");
+    check(ddt_drafter_config_load(tmpdir, &c, err, sizeof err) == 0 && c.max_positions == 0,
+          "an export without them: %s", err);
+    write_config(DRAFTER_OK ", \"use_sliding_window\": false}");
+    check(ddt_drafter_config_load(tmpdir, &c, err, sizeof err) == -EINVAL && strstr(err, "use_sliding_window") &&
+              strstr(err, "config.json"),
+          "use_sliding_window false with a sliding layer must be refused: '%s'", err);
+    write_config(DRAFTER_OK ", \"dtype\": 16}");
+    check(ddt_drafter_config_load(tmpdir, &c, err, sizeof err) == -EINVAL && strstr(err, "dtype"),
+          "a dtype that is not a string must be refused: '%s'", err);
+    write_config("{\"hidden_size\": 16, \"num_hidden_layers\": 1, \"num_attention_heads\": 4,"
+                 " \"num_key_value_heads\": 2, \"head_dim\": 8, \"intermediate_size\": 40, \"vocab_size\": 100,"
+                 " \"block_size\": 4, \"use_sliding_window\": false, \"sliding_window\": null,"
+                 " \"layer_types\": [\"full_attention\"], \"dflash_config\": {\"mask_token_id\": 99,"
+                 " \"target_layer_ids\": [1]}}");
+    check(ddt_drafter_config_load(tmpdir, &c, err, sizeof err) == 0 && c.sliding_window == 0 && !c.sliding[0],
+          "no sliding layer, sliding_window null: %s", err);
 }
 
 /* the synthetic target: deterministic, its taps are the residual stream, causal */
@@ -251,6 +387,10 @@ int main(void)
         { "parameter table, bind, init", test_param_table },
         { "batch checks", test_batch_check },
         { "default target_layer_ids", test_default_taps },
+        { "auto target_layer_ids that repeat a layer refused", test_auto_taps_refused },
+        { "sliding_window >= block_size", test_sliding_window_rule },
+        { "the target's max_position_embeddings resolved", test_max_positions },
+        { "the export's serving keys read", test_drafter_serving_keys },
         { "synthetic target", test_synthetic_target },
     };
     run_cases(cases, sizeof cases / sizeof cases[0]);

@@ -12,15 +12,30 @@
  *   - bad parameters: -EINVAL and nothing written; workspace over budget: -ENOMEM and nothing
  *     written; the workspace is exactly ddk_loss_workspace_bytes();
  *   - ddk_backend_cpu(): its loss is ddk_loss_cpu() bit for bit; its matmul is the naive product
- *     for every transpose combination.
- * What it does not: bf16, the CUDA backend (GPU-labelled targets), speed (tests/bench/).
+ *     for every transpose combination;
+ *   - a bf16 head read in place (head_bf16): on every table case (whole vocabulary and tiles,
+ *     with and without teacher, KL and CAP) the loss, every result field, l_i and the gradient
+ *     are bit for bit those of bf16_products on the head widened to fp32, and not those of fp32
+ *     products; its workspace is the fp32 head's, exactly; head_bf16 without bf16_products (or
+ *     not 0 / 1) is refused.
+ *   - ddk_vmath.h's 8-lane kernels the loss runs on: ddk_expf8 is ddk_expf bit for bit
+ *     (clamps, -inf, NaN, a sweep), ddk_vargmax finds the first maximum in body and tail;
+ *     table cases wider than their 512-column sum blocks and with logits of ~+-200;
+ * What it does not: the bf16 products' numbers against a reference (tests/test_ops.c), the CUDA
+ * backend (GPU-labelled targets), speed (tests/bench/).
  *
  * ctest: exit 0 when every case passes; one line per case; a final "N passed, M failed".
  * Dimension legend: n positions, H hidden size, V vocabulary. Row-major; W is (V, H).
  */
 #include "ddk.h"
 #include "check.h"
+#include "ddk_bf16.h"
 #include "ddk_rng.h"
+/* built without -fopenmp-simd: its simd pragmas are not for this file */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunknown-pragmas"
+#include "ddk_vmath.h"
+#pragma GCC diagnostic pop
 #include "loss_reference.h"
 
 #include <errno.h>
@@ -186,19 +201,26 @@ typedef struct {
     float *per;    /* (n) + guard_words, or NULL */
 } impl_run;
 
-/* ddk_loss_cpu on d with parameters p; outputs pre-filled with the sentinel; guards checked */
-static impl_run run_impl(const loss_data *d, const ddk_loss_params *p, int want_grad,
-                         int want_per)
+/* ddk_loss_cpu on d with parameters p and the head W (d->W, or its bf16 form with
+ * p->head_bf16); outputs pre-filled with the sentinel; guards checked */
+static impl_run run_impl_head(const loss_data *d, const ddk_loss_params *p, const void *W,
+                              int want_grad, int want_per)
 {
     impl_run o;
     const int64_t n = p->n, H = p->hidden;
     o.grad = want_grad ? sentinel_floats(n * H) : NULL;
     o.per = want_per ? sentinel_floats(n) : NULL;
     memset(&o.r, sentinel_byte, sizeof(o.r));
-    o.rc = ddk_loss_cpu(p, d->hs, d->ht, d->W, d->labels, d->weights, o.grad, o.per, &o.r);
+    o.rc = ddk_loss_cpu(p, d->hs, d->ht, W, d->labels, d->weights, o.grad, o.per, &o.r);
     check(!o.grad || guard_intact(o.grad, n * H), "write past the end of grad_student");
     check(!o.per || guard_intact(o.per, n), "write past the end of per_position");
     return o;
+}
+
+static impl_run run_impl(const loss_data *d, const ddk_loss_params *p, int want_grad,
+                         int want_per)
+{
+    return run_impl_head(d, p, d->W, want_grad, want_per);
 }
 
 static void free_run(impl_run *o)
@@ -309,6 +331,11 @@ static const loss_case table[] = {
     { "peaked_T05_Tc05",           16, 12,  50,  6,   7,  0.5f, 0.5f, 0.5f, 0.5f, TEACHER_NEAR, LABELS_MIXED,        WEIGHTS_GIVEN, 3.0f },
     { "tile_eq_V_chunk_n_minus_1",  5,  4,   7,  4,   7,  0.6f, 1.3f, 0.2f, 1.7f, TEACHER_NEAR, LABELS_TEACHER,      WEIGHTS_GIVEN, 1.0f },
     { "teacher_unused_alpha0",      6,  5,   9,  2,   3,  0.0f, 1.0f, 0.0f, 1.0f, TEACHER_FAR,  LABELS_GIVEN,        WEIGHTS_NONE,  1.0f },
+    /* rows wider than the 8-lane kernels' 512-column sum blocks, labels in either block, tails */
+    { "wide_V1100_whole",           9,  8, 1100,  4,   0,  0.3f, 1.0f, 0.2f, 1.0f, TEACHER_NEAR, LABELS_MIXED,        WEIGHTS_GIVEN, 2.0f },
+    { "wide_V1100_tile600_T2",      7,  8, 1100,  3, 600,  0.5f, 2.0f, 0.3f, 0.5f, TEACHER_FAR,  LABELS_TEACHER,      WEIGHTS_NONE,  1.5f },
+    /* logits of ~+-200: most exponentials underflow to exactly 0 */
+    { "extreme_logits_tiled",       6, 16,  300,  4, 128,  0.5f, 1.0f, 0.3f, 2.0f, TEACHER_NEAR, LABELS_MIXED,        WEIGHTS_GIVEN, 400.0f },
 };
 
 static void test_table_case(const loss_case *c, uint64_t seed)
@@ -666,6 +693,130 @@ static void test_finite_differences_ref(void)
 }
 
 /* ------------------------------------------------------------------------------------------
+ * A bf16 head (head_bf16): the widened head's bf16 products, bit for bit
+ */
+
+/* d->W (V, H) rounded to bf16 in place (so d->W is the widened head) and its bit patterns */
+static uint16_t *round_head(loss_data *d)
+{
+    const int64_t count = d->p.vocab * d->p.hidden;
+    uint16_t *w16 = xcalloc((size_t)count, sizeof(uint16_t));   /* (V, H) */
+    for (int64_t j = 0; j < count; j++) {
+        w16[j] = ddk_f32_to_bf16(d->W[j]);
+        d->W[j] = ddk_bf16_to_f32(w16[j]);
+    }
+    return w16;
+}
+
+/* two runs that must agree in every bit: result fields, l_i and the gradient */
+static void compare_bits(const impl_run *got, const impl_run *want, const ddk_loss_params *p,
+                         const char *what)
+{
+    const ddk_loss_result *a = &got->r, *b = &want->r;
+    check(got->rc == 0 && want->rc == 0, "%s: rc %d, %d", what, got->rc, want->rc);
+    if (got->rc != 0 || want->rc != 0)
+        return;
+    check(memcmp(a, b, sizeof *a) == 0, "%s: result differs: loss %.17g vs %.17g, ce %.17g vs "
+          "%.17g, correct %lld vs %lld", what, a->loss, b->loss, a->ce, b->ce,
+          (long long)a->correct, (long long)b->correct);
+    check(!got->per || memcmp(got->per, want->per, (size_t)p->n * sizeof(float)) == 0,
+          "%s: per_position differs", what);
+    check(!got->grad || memcmp(got->grad, want->grad, (size_t)(p->n * p->hidden) * sizeof(float)) == 0,
+          "%s: gradient differs", what);
+}
+
+static void test_bf16_head_case(const loss_case *c, uint64_t seed)
+{
+    loss_data d = make_data(c, seed);
+    uint16_t *w16 = round_head(&d);
+    ddk_loss_params widened = d.p, in_place = d.p;
+    widened.bf16_products = 1;
+    in_place.bf16_products = 1;
+    in_place.head_bf16 = 1;
+    impl_run want = run_impl_head(&d, &widened, d.W, 1, 1);
+    impl_run got = run_impl_head(&d, &in_place, w16, 1, 1);
+    compare_bits(&got, &want, &d.p, "bf16 head vs widened head");
+    impl_run bare = run_impl_head(&d, &in_place, w16, 0, 0);
+    compare_bits(&bare, &want, &d.p, "bf16 head, grad and per_position NULL");
+    /* the operands were rounded: fp32 products on the same head give other bits */
+    impl_run fp32 = run_impl_head(&d, &d.p, d.W, 1, 0);
+    check(fp32.rc == 0 && got.rc == 0 &&
+              memcmp(fp32.grad, got.grad, (size_t)(c->n * c->H) * sizeof(float)) != 0,
+          "bf16 head: the gradient equals the fp32 products' (hidden states not rounded?)");
+    free_run(&fp32);
+    free_run(&bare);
+    free_run(&got);
+    free_run(&want);
+    free(w16);
+    free_data(&d);
+}
+
+/* every table case with H > 1 (with H = 1 the rounded and fp32 products may coincide) */
+static void test_bf16_head(void)
+{
+    for (size_t j = 0; j < sizeof(table) / sizeof(table[0]); j++)
+        if (table[j].H > 1)
+            test_bf16_head_case(&table[j], 2000 + j);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * ddk_vmath.h's 8-lane kernels: the loss's exponentials and row maxima
+ */
+
+/* ddk_expf8's lanes are ddk_expf's bits, at the clamps, specials and a sweep of the range */
+static void test_expf8(void)
+{
+    const float special[] = { 0.0f, -0.0f, 1.0f, -1.0f, 88.0f, 88.5f, -87.3f, -87.29999f,
+                              -87.30001f, -88.0f, -103.9f, 1e-40f, -1e-40f, FLT_MAX, -FLT_MAX,
+                              INFINITY, -INFINITY, NAN };
+    int64_t count = (int64_t)(sizeof special / sizeof special[0]), bad = 0;
+    enum { SWEEP = 1 << 16 };
+    for (int64_t j = 0; j < count + SWEEP; j += 8) {
+        float x[8];
+        for (int l = 0; l < 8; l++) {
+            int64_t i = j + l;
+            x[l] = i < count ? special[i] : -100.0f + 200.0f * (float)(i - count) / SWEEP;
+        }
+        ddk_f8 y = ddk_expf8(ddk_f8_load(x));
+        for (int l = 0; l < 8; l++) {
+            float want = ddk_expf(x[l]), got = y[l];
+            bad += isnan(want) ? !isnan(got) : memcmp(&want, &got, sizeof got) != 0;
+        }
+    }
+    check(bad == 0, "ddk_expf8 differs from ddk_expf on %lld inputs", (long long)bad);
+    float x[8] = { -INFINITY, -1000.0f, -87.31f, 0.0f, 1.0f, 88.0f, 1000.0f, INFINITY };
+    ddk_f8 y = ddk_expf8(ddk_f8_load(x));
+    check(y[0] == 0.0f && y[1] == 0.0f && y[2] == 0.0f && y[3] == 1.0f, "exp(-inf, -1000, -87.31, 0)");
+    check(fabsf(y[4] - 2.7182817f) <= 2e-7f * 2.7182817f, "exp(1) = %.9g", (double)y[4]);
+    check(y[5] == y[6] && y[6] == y[7] && isfinite(y[7]), "exp clamps at 88 (no inf)");
+}
+
+/* ddk_vargmax: the first index of the maximum, in the 8-lane body and in the tail */
+static void test_vargmax(void)
+{
+    float x[37];
+    for (int n = 1; n <= 37; n++) {
+        for (int at = 0; at < n; at++) {
+            for (int i = 0; i < n; i++)
+                x[i] = (float)((i * 7) % 5) - 10.0f;   /* below the maximum, with ties */
+            x[at] = 3.0f;
+            if (at + 8 < n)
+                x[at + 8] = 3.0f;                     /* the same lane, later: a tie */
+            if (at + 3 < n)
+                x[at + 3] = 3.0f;                     /* another lane, later: a tie */
+            float m;
+            int64_t got = ddk_vargmax(x, n, &m);
+            check(got == at && m == 3.0f, "n %d: argmax %lld (want %d), max %g", n, (long long)got,
+                  at, (double)m);
+        }
+    }
+    for (int i = 0; i < 37; i++)
+        x[i] = -INFINITY;
+    float m;
+    check(ddk_vargmax(x, 37, &m) == 0 && m == -INFINITY, "a row of -inf: index 0, max -inf");
+}
+
+/* ------------------------------------------------------------------------------------------
  * Bad parameters: -EINVAL, and not a byte of out, grad or per_position written
  */
 
@@ -673,7 +824,8 @@ enum {
     BAD_P_NULL, BAD_OUT_NULL, BAD_HS_NULL, BAD_W_NULL, BAD_N, BAD_HIDDEN, BAD_VOCAB, BAD_CHUNK,
     BAD_TILE, BAD_ALPHA_NEG, BAD_ALPHA_BIG, BAD_ALPHA_NAN, BAD_T_ZERO, BAD_T_NEG, BAD_T_NAN,
     BAD_T_INF, BAD_LAMBDA_NEG, BAD_LAMBDA_NAN, BAD_TC_ZERO, BAD_TC_NEG, BAD_TC_NAN,
-    BAD_NO_TEACHER_NO_LABELS, BAD_NO_TEACHER_ALPHA, BAD_LABEL_V, BAD_WEIGHT_NAN, BAD_COUNT
+    BAD_NO_TEACHER_NO_LABELS, BAD_NO_TEACHER_ALPHA, BAD_LABEL_V, BAD_WEIGHT_NAN,
+    BAD_HEAD_FP32_PRODUCTS, BAD_HEAD_FLAG, BAD_COUNT
 };
 static const char *const bad_names[BAD_COUNT] = {
     "p NULL", "out NULL", "hs NULL", "W NULL", "n 0", "hidden 0", "vocab 0", "chunk 0",
@@ -681,6 +833,7 @@ static const char *const bad_names[BAD_COUNT] = {
     "kl_temperature -1", "kl_temperature NaN", "kl_temperature inf", "cap_weight -0.1",
     "cap_weight NaN", "cap_temperature 0", "cap_temperature -1", "cap_temperature NaN",
     "teacher NULL, labels NULL", "teacher NULL, kl_weight 0.5", "label = V", "weight NaN",
+    "head_bf16 1, bf16_products 0", "head_bf16 2",
 };
 
 static void test_bad_parameters(void)
@@ -730,6 +883,8 @@ static void test_bad_parameters(void)
         case BAD_NO_TEACHER_ALPHA: ht = NULL, params_only = 0; break;
         case BAD_LABEL_V: labels[2] = V, params_only = 0; break;
         case BAD_WEIGHT_NAN: weights[1] = NAN, params_only = 0; break;
+        case BAD_HEAD_FP32_PRODUCTS: p.head_bf16 = 1; break;
+        case BAD_HEAD_FLAG: p.head_bf16 = 2, p.bf16_products = 1; break;
         }
         /* out, grad and per_position full of the sentinel, and copies to compare with */
         ddk_loss_result out, out_before;
@@ -764,14 +919,23 @@ static void test_bad_parameters(void)
  * of budget is -ENOMEM with nothing written
  */
 
-static void test_budget_case(const loss_case *c, const char *what)
+/* head_bf16: the head in place as bf16, whose workspace must be the fp32 head's */
+static void test_budget_case(const loss_case *c, const char *what, int head_bf16)
 {
     ddk_allocator *alloc = ddk_allocator_cpu();
     loss_data d = make_data(c, 555);
     const int64_t n = c->n, H = c->H;
-    int64_t ws = ddk_loss_workspace_bytes(&d.p, ddk_loss_uses_teacher(&d.p, d.labels != NULL));
-    check(ws > 0, "%s: workspace_bytes %lld", what, (long long)ws);
+    const int uses_teacher = ddk_loss_uses_teacher(&d.p, d.labels != NULL);
+    const int64_t ws_fp32 = ddk_loss_workspace_bytes(&d.p, uses_teacher);
+    uint16_t *w16 = head_bf16 ? round_head(&d) : NULL;
+    const void *head = head_bf16 ? (const void *)w16 : d.W;
+    d.p.head_bf16 = head_bf16;
+    d.p.bf16_products = head_bf16;
+    int64_t ws = ddk_loss_workspace_bytes(&d.p, uses_teacher);
+    check(ws > 0 && ws == ws_fp32, "%s: workspace_bytes %lld, the fp32 head's %lld", what,
+          (long long)ws, (long long)ws_fp32);
     if (ws <= 0) {
+        free(w16);
         free_data(&d);
         return;
     }
@@ -779,7 +943,7 @@ static void test_budget_case(const loss_case *c, const char *what)
 
     /* one byte short */
     ddk_allocator_set_budget(alloc, current + (size_t)ws - 1);
-    impl_run o = run_impl(&d, &d.p, 1, 1);
+    impl_run o = run_impl_head(&d, &d.p, head, 1, 1);
     check(o.rc == -ENOMEM, "%s: budget ws - 1: rc %d, want -ENOMEM (%d)", what, o.rc, -ENOMEM);
     unsigned char expect[sizeof(ddk_loss_result)];
     memset(expect, sentinel_byte, sizeof(expect));
@@ -798,7 +962,7 @@ static void test_budget_case(const loss_case *c, const char *what)
     /* exactly enough */
     ddk_allocator_set_budget(alloc, current + (size_t)ws);
     ddk_allocator_reset_peak(alloc);
-    o = run_impl(&d, &d.p, 1, 1);
+    o = run_impl_head(&d, &d.p, head, 1, 1);
     ddk_alloc_stats s = ddk_allocator_stats(alloc);
     check(o.rc == 0, "%s: budget = ws: rc %d", what, o.rc);
     check(s.peak == current + (size_t)ws, "%s: peak %zu, want current + ws = %zu", what, s.peak,
@@ -807,6 +971,7 @@ static void test_budget_case(const loss_case *c, const char *what)
           current);
     free_run(&o);
     ddk_allocator_set_budget(alloc, 0);
+    free(w16);
     free_data(&d);
 }
 
@@ -818,9 +983,11 @@ static void test_budget(void)
                               TEACHER_NEAR, LABELS_SOME_IGNORED, WEIGHTS_NONE, 1.0f };
     const loss_case student_only = { "ws_no_teacher", 9, 6, 21, 3, 0, 0.0f, 1.0f, 0.0f, 1.0f,
                                      TEACHER_NONE, LABELS_GIVEN, WEIGHTS_NONE, 1.0f };
-    test_budget_case(&whole, "whole vocabulary");
-    test_budget_case(&tiled, "tiled");
-    test_budget_case(&student_only, "no teacher");
+    for (int head_bf16 = 0; head_bf16 <= 1; head_bf16++) {
+        test_budget_case(&whole, head_bf16 ? "whole vocabulary, bf16 head" : "whole vocabulary", head_bf16);
+        test_budget_case(&tiled, head_bf16 ? "tiled, bf16 head" : "tiled", head_bf16);
+        test_budget_case(&student_only, head_bf16 ? "no teacher, bf16 head" : "no teacher", head_bf16);
+    }
 }
 
 static void test_workspace_scaling(void)
@@ -965,8 +1132,11 @@ int main(void)
         { "chunk and vocab_tile invariance", test_invariance },
         { "gradient vs finite differences (library)", test_finite_differences_impl },
         { "gradient vs finite differences (reference)", test_finite_differences_ref },
+        { "bf16 head = bf16_products on the widened head, bit for bit", test_bf16_head },
+        { "ddk_expf8 = ddk_expf, bit for bit", test_expf8 },
+        { "ddk_vargmax: first index of the maximum", test_vargmax },
         { "bad parameters refused, nothing written", test_bad_parameters },
-        { "budget: -ENOMEM at ws - 1, peak = ws", test_budget },
+        { "budget: -ENOMEM at ws - 1, peak = ws (fp32 and bf16 heads)", test_budget },
         { "workspace scaling", test_workspace_scaling },
         { "backend loss = ddk_loss_cpu", test_backend_loss },
         { "backend matmul", test_backend_matmul },

@@ -17,12 +17,13 @@
  * Qwen3.5 target's forward-only ops conv1d_silu (zero history or a given one), gated_rmsnorm,
  * rope_partial (dims past rd untouched, rd = d is rope bit for bit) and gated_delta (recurrence
  * and chunks of 1, 3, 64, > T against a float64 recurrence and each other, the state out
- * included, prefill then decode = one call); the frozen target's matmul_w16 (bit for bit
- * matmul_bf16 on W widened, and the float64 product of the rounded operands, across panel
- * edges, k = 0), embedding_w16 (exact widening), copy_rows (exact, padding untouched), and its
- * element-wise l2norm_heads, sigmoid_mul, delta_gates (float64 formulas, and bit for bit the
- * engine's loops of daemon/engine/target_qwen35.c, copied here; in place where allowed); causal
- * attention over a cache (q_rows 1, 5, S of S keys against the prefill's last rows and a float64
+ * included, prefill then decode = one call); the frozen target's matmul_w16 and matmul_w16_nn
+ * (W transposed or not: bit for bit matmul_bf16 on W widened, and the float64 product of the
+ * rounded operands, across panel edges, k = 0), embedding_w16 (exact widening), copy_rows
+ * (exact, padding untouched), and its element-wise l2norm_heads, sigmoid_mul, delta_gates
+ * (float64 formulas, and bit for bit the engine's loops of daemon/engine/target_qwen35.c, copied
+ * here; in place where allowed); causal attention over a
+ * cache (q_rows 1, 5, S of S keys against the prefill's last rows and a float64
  * reference, q_rows outside [0, S] refused). Not here: the rest of the loss (tests/test_loss.c)
  * and the rest of attention (tests/test_attention.c). Only the CPU backend for now:
  * another backend is to be compared with the same references, case by case.
@@ -1462,42 +1463,46 @@ static void engine_delta_gates(float *beta, float *g, const float *A_log, const 
         }
 }
 
-/* m, n, k, beta; every leading dimension padded (a's and W's padding NaN / NaN bits, c's
- * padding must stay). Bit for bit matmul_bf16 (N, T) on W widened to fp32 with the same strides,
- * and against the float64 product of the rounded operands (tol_matmul_bf16's reason). */
+/* m, n, k, beta; trans_b 1: matmul_w16 (W (n, k), c = a W^T), 0: matmul_w16_nn (W (k, n),
+ * c = a W); every leading dimension padded (a's and W's padding NaN / NaN bits, c's padding must
+ * stay). Bit for bit matmul_bf16 (N, trans_b) on W widened to fp32 with the same strides, and
+ * against the float64 product of the rounded operands (tol_matmul_bf16's reason). */
 static void case_matmul_w16(const ddk_backend *be, const op_case *c)
 {
-    const int64_t m = c->m, n = c->n, k = c->k, lda = k + 3, ldw = k + 5, ldc = n + 2;
+    const int trans = c->trans_b;
+    const int64_t m = c->m, n = c->n, k = c->k, lda = k + 3, ldc = n + 2;
+    const int64_t w_rows = trans ? n : k, w_cols = trans ? k : n, ldw = w_cols + 5;
     const float alpha = 0.75f, beta = c->beta;
-    float *a = floats(m * lda, "a"), *wf = floats(n * ldw, "W widened");
-    uint16_t *w = buffer((size_t)(n * ldw) * sizeof(uint16_t), "W bf16");
+    float *a = floats(m * lda, "a"), *wf = floats(w_rows * ldw, "W widened");
+    uint16_t *w = buffer((size_t)(w_rows * ldw) * sizeof(uint16_t), "W bf16");
     float *cw = floats(m * ldc, "c (w16)"), *cb = floats(m * ldc, "c (bf16)"), *c0 = floats(m * ldc, "c before");
     fill_nan(a, m * lda);
     for (int64_t i = 0; i < m; i++)
         for (int64_t p = 0; p < k; p++)
             a[i * lda + p] = c->extremes ? low_bits_value() : (float)rng_uniform(-1, 1);
-    for (int64_t j = 0; j < n; j++)
-        for (int64_t p = 0; p < ldw; p++) {
-            w[j * ldw + p] = p < k ? ddk_f32_to_bf16((float)rng_uniform(-1, 1)) : 0x7fc0u;   /* NaN pad */
-            wf[j * ldw + p] = ddk_bf16_to_f32(w[j * ldw + p]);
+    for (int64_t r = 0; r < w_rows; r++)
+        for (int64_t q = 0; q < ldw; q++) {
+            w[r * ldw + q] = q < w_cols ? ddk_f32_to_bf16((float)rng_uniform(-1, 1)) : 0x7fc0u;   /* NaN pad */
+            wf[r * ldw + q] = ddk_bf16_to_f32(w[r * ldw + q]);
         }
     for (int64_t i = 0; i < m; i++)
         for (int64_t j = 0; j < ldc; j++)
             c0[i * ldc + j] = j >= n ? 12345.0f : beta == 0.0f ? NAN : (float)rng_uniform(-1, 1);
     memcpy(cw, c0, (size_t)(m * ldc) * sizeof(float));
     memcpy(cb, c0, (size_t)(m * ldc) * sizeof(float));
-    be->matmul_w16(be, m, n, k, alpha, a, lda, w, ldw, beta, cw, ldc);
-    be->matmul_bf16(be, 0, 1, m, n, k, alpha, a, lda, wf, ldw, beta, cb, ldc);
+    (trans ? be->matmul_w16 : be->matmul_w16_nn)(be, m, n, k, alpha, a, lda, w, ldw, beta, cw, ldc);
+    be->matmul_bf16(be, 0, trans, m, n, k, alpha, a, lda, wf, ldw, beta, cb, ldc);
     check(memcmp(cw, cb, (size_t)(m * ldc) * sizeof(float)) == 0,
-          "matmul_w16 differs from matmul_bf16 on the widened W");
+          "%s differs from matmul_bf16 on the widened W", trans ? "matmul_w16" : "matmul_w16_nn");
     float *got = floats(m * n, "c compact");
     double *want = doubles(m * n, "c want");
     int64_t padding_written = 0;
     for (int64_t i = 0; i < m; i++) {
         for (int64_t j = 0; j < n; j++) {
             double acc = 0.0;
-            for (int64_t p = 0; p < k; p++)
-                acc += (double)ddk_round_bf16(a[i * lda + p]) * ddk_bf16_to_f32(w[j * ldw + p]);
+            for (int64_t p = 0; p < k; p++)   /* op(W) (k, n) at (p, j) */
+                acc += (double)ddk_round_bf16(a[i * lda + p]) *
+                       ddk_bf16_to_f32(trans ? w[j * ldw + p] : w[p * ldw + j]);
             want[i * n + j] = alpha * acc + (beta == 0.0f ? 0.0 : beta * (double)c0[i * ldc + j]);
             got[i * n + j] = cw[i * ldc + j];
         }
@@ -1944,15 +1949,19 @@ static void build_cases(void)
 
     /* the frozen target on bf16 weights, its row plumbing and element-wise steps */
     static const int64_t w16[][3] = { { 1, 1, 1 }, { 5, 7, 255 }, { 6, 7, 256 }, { 7, 3, 257 }, { 9, 11, 700 }, { 4, 3, 0 } };
-    for (size_t j = 0; j < sizeof(w16) / sizeof(w16[0]); j++) {
+    for (int trans = 1; trans >= 0; trans--) {   /* matmul_w16 (W^T), then matmul_w16_nn (W) */
+        const char *op = trans ? "matmul_w16" : "matmul_w16_nn";
+        for (size_t j = 0; j < sizeof(w16) / sizeof(w16[0]); j++) {
+            c = add_case(case_matmul_w16);
+            c->m = w16[j][0], c->n = w16[j][1], c->k = w16[j][2], c->beta = j % 2 ? 0.0f : -1.5f;
+            c->trans_b = trans;
+            snprintf(c->name, sizeof(c->name), "%s m=%lld n=%lld k=%lld alpha=0.75 beta=%g", op,
+                     (long long)c->m, (long long)c->n, (long long)c->k, c->beta);
+        }
         c = add_case(case_matmul_w16);
-        c->m = w16[j][0], c->n = w16[j][1], c->k = w16[j][2], c->beta = j % 2 ? 0.0f : -1.5f;
-        snprintf(c->name, sizeof(c->name), "matmul_w16 m=%lld n=%lld k=%lld alpha=0.75 beta=%g",
-                 (long long)c->m, (long long)c->n, (long long)c->k, c->beta);
+        c->m = 9, c->n = 11, c->k = 300, c->beta = 0.0f, c->extremes = 1, c->trans_b = trans;
+        snprintf(c->name, sizeof(c->name), "%s m=9 n=11 k=300 a with low mantissa bits: rounded", op);
     }
-    c = add_case(case_matmul_w16);
-    c->m = 9, c->n = 11, c->k = 300, c->beta = 0.0f, c->extremes = 1;
-    snprintf(c->name, sizeof(c->name), "matmul_w16 m=9 n=11 k=300 a with low mantissa bits: rounded");
     static const int64_t emb16[][2] = { { 1, 1 }, { 3, 2 }, { 17, 130 }, { 64, 6 } };
     for (size_t j = 0; j < sizeof(emb16) / sizeof(emb16[0]); j++) {
         c = add_case(case_embedding_w16);
@@ -2015,7 +2024,7 @@ int main(void)
               be->swiglu_backward && be->embedding && be->matmul && be->zero && be->copy &&
               be->synchronize && be->sumsq && be->axpby && be->adamw && be->matmul_bf16 &&
               be->loss && be->conv1d_silu && be->gated_rmsnorm && be->rope_partial && be->gated_delta &&
-              be->matmul_w16 && be->embedding_w16 && be->copy_rows && be->l2norm_heads &&
+              be->matmul_w16 && be->matmul_w16_nn && be->embedding_w16 && be->copy_rows && be->l2norm_heads &&
               be->sigmoid_mul && be->delta_gates && be->causal_attention,
           "an op of the CPU backend is NULL");
     case_done("cpu backend has every op tested here");

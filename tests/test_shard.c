@@ -117,7 +117,7 @@ static int write_tokens(const parts *p, const char *path, char *err, size_t err_
 {
     unlink(path);
     return ddt_shard_tokens_write(path, p->e[E_IDS].data, p->e[E_IDS].shape[0], p->e[E_OFFSETS].data,
-                                  p->e[E_OFFSETS].shape[0] - 1, V, err, err_len);
+                                  p->e[E_OFFSETS].shape[0] - 1, NULL, V, err, err_len);
 }
 
 static int write_shard(const parts *p, const char *path, char *err, size_t err_len)
@@ -538,6 +538,44 @@ static void test_writers(void)
     }
 }
 
+/* a token file's optional loss_mask: written, read back, absent as NULL, refused when broken */
+static void test_token_mask(void)
+{
+    static parts p;
+    char err[512] = "", path[512];
+    snprintf(path, sizeof path, "%s", tmp_path("masked_tokens.safetensors"));
+    parts_init(&p);
+    unlink(path);
+    check(ddt_shard_tokens_write(path, p.ids, T, p.offsets, NSEQ, p.mask, V, err, sizeof err) == 0,
+          "token file writer with a mask: %s", err);
+    ddt_shard_tokens tf;
+    check(ddt_shard_tokens_open(path, V, &tf, err, sizeof err) == 0 && tf.loss_mask &&
+          !memcmp(tf.loss_mask, fixture_mask, sizeof fixture_mask), "the mask was not read back (%s)", err);
+    ddt_shard_tokens_close(&tf);
+    check(tf.loss_mask == NULL, "close left the mask behind");
+    check(write_tokens(&p, path, err, sizeof err) == 0 && ddt_shard_tokens_open(path, V, &tf, err, sizeof err) == 0 &&
+          !tf.loss_mask, "a token file without a mask did not read as NULL (%s)", err);
+    ddt_shard_tokens_close(&tf);
+
+    p.mask[3] = 2;
+    unlink(path);
+    err[0] = 0;
+    check(ddt_shard_tokens_write(path, p.ids, T, p.offsets, NSEQ, p.mask, V, err, sizeof err) == -EINVAL &&
+          strstr(err, "loss_mask") && access(path, F_OK) != 0, "a mask of 2 written (%s)", err);
+    ddt_st_entry e[3] = { p.e[E_IDS], p.e[E_MASK], p.e[E_OFFSETS] };
+    check(ddt_st_write(path, e, 3, NULL, NULL, 0, err, sizeof err) == 0, "by hand: %s", err);
+    err[0] = 0;
+    check(ddt_shard_tokens_open(path, V, &tf, err, sizeof err) == -EINVAL && strstr(err, "loss_mask") &&
+          strstr(err, path), "a hand-made mask of 2 read (%s)", err);
+    p.mask[3] = 1;
+    e[1].shape[0] = T - 1;
+    unlink(path);
+    check(ddt_st_write(path, e, 3, NULL, NULL, 0, err, sizeof err) == 0, "by hand: %s", err);
+    err[0] = 0;
+    check(ddt_shard_tokens_open(path, V, &tf, err, sizeof err) == -EINVAL && strstr(err, "loss_mask"),
+          "a mask shorter than input_ids read (%s)", err);
+}
+
 int main(void)
 {
     scratch_dir(tmpdir);
@@ -546,6 +584,7 @@ int main(void)
         { "hand-made token file and shards (empty, one-token sequences; BF16, F16) read back", test_hand_made_read },
         { "each broken rule refused by every reader and writer, naming file and tensor / key", test_faults },
         { "writers: SPEC.md section 4's names, dtypes, shapes, metadata; read back", test_writers },
+        { "token files: the optional loss_mask written, read, absent, refused when broken", test_token_mask },
     };
     run_cases(cases, sizeof cases / sizeof cases[0]);
     remove_tree(tmpdir);

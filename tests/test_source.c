@@ -95,6 +95,24 @@ static void test_generate_deterministic(void)
     check(in_range, "a token outside [0, V)");
     check(distinct > 4, "temperature 1 sampled a near-constant sequence (%d changes)", distinct);
     check(ddt_generate(&g, &p, s0, NULL, 0, 33, a, NULL) == -EINVAL, "S > max_len accepted");
+
+    /* a stop token: the same tokens through the first sampled one equal to it, the rest untouched;
+     * one never sampled: the whole length */
+    const int32_t prompt[3] = { a[0], a[1], a[2] };
+    int32_t whole[32], until[32];
+    int64_t len = -1, first = -1;
+    check(ddt_generate(&g, &p, 9, prompt, 3, 32, whole, NULL) == 0, "generate failed");
+    for (int64_t i = 3; i < 32 && first < 0; i++)
+        if (whole[i] == whole[10])
+            first = i;
+    for (int i = 0; i < 32; i++)
+        until[i] = -7;
+    check(ddt_generate_until(&g, &p, 9, prompt, 3, 32, whole[10], until, NULL, &len) == 0 && len == first + 1 &&
+          !memcmp(until, whole, (size_t)len * sizeof(int32_t)) && (len == 32 || until[len] == -7),
+          "stopping at token %d: length %lld, want %lld, or other tokens", whole[10], (long long)len,
+          (long long)first + 1);
+    check(ddt_generate_until(&g, &p, 9, prompt, 3, 32, V, until, NULL, &len) == 0 && len == 32 &&
+          !memcmp(until, whole, sizeof whole), "a stop never sampled: length %lld, or other tokens", (long long)len);
     ddt_generator_free(&g);
     ddt_target_close(&t);
 }
@@ -941,6 +959,24 @@ static void test_target_open_dispatch(void)
     }
 }
 
+/* q is seq_len tokens whose rows from n on are padding: id 0, mask 0 (and features and teacher 0
+ * when zero_floats, the shards') */
+static int padded(const ddt_sequence *q, int64_t n, int64_t seq_len, int zero_floats)
+{
+    if (q->S != seq_len)
+        return 0;
+    for (int64_t i = n; i < seq_len; i++)
+        if (q->input_ids[i] || q->loss_mask[i])
+            return 0;
+    for (int64_t i = n * F; zero_floats && i < seq_len * F; i++)
+        if (q->features[i])
+            return 0;
+    for (int64_t i = n * H; zero_floats && q->teacher_hidden && i < seq_len * H; i++)
+        if (q->teacher_hidden[i])
+            return 0;
+    return 1;
+}
+
 /* hf over dir with the token file tokens_path: seq_len TOK_LEN, taps 1 and 2, 2 held out */
 static ddt_source_config tokens_config(const char *dir, const char *tokens_path)
 {
@@ -979,7 +1015,7 @@ static void test_hf_tokens(void)
     for (int s = 0; s < TOK_SEQS; s++)
         offsets[s + 1] = offsets[s] + tok_lengths[s];
     check(offsets[TOK_SEQS] == TOK_TOTAL, "fixture lengths");
-    check(ddt_shard_tokens_write(tokens_path, ids, TOK_TOTAL, offsets, TOK_SEQS, V, err, sizeof err) == 0,
+    check(ddt_shard_tokens_write(tokens_path, ids, TOK_TOTAL, offsets, TOK_SEQS, NULL, V, err, sizeof err) == 0,
           "writing tokens: %s", err);
     ddt_source_config c = tokens_config(dir, tokens_path);
 
@@ -1001,7 +1037,7 @@ static void test_hf_tokens(void)
             for (int j = 0; j < 4; j++) {
                 int item = train_items[j];
                 int64_t S = tok_lengths[item] < TOK_LEN ? tok_lengths[item] : TOK_LEN;
-                if (q.S == S && !memcmp(q.input_ids, ids + offsets[item], (size_t)S * sizeof(int32_t)))
+                if (!memcmp(q.input_ids, ids + offsets[item], (size_t)S * sizeof(int32_t)) && padded(&q, S, TOK_LEN, 0))
                     order[run][k] = item;
             }
             check(order[run][k] >= 0, "next %d is no training sequence of the file (cut to %d)", k, TOK_LEN);
@@ -1023,8 +1059,9 @@ static void test_hf_tokens(void)
         for (int i = 0; i < 2; i++) {
             int item = 5 + i;
             check(ddt_source_heldout(s, i, &q, err, sizeof err) == 0, "heldout: %s", err);
-            check(q.S == tok_lengths[item] && !memcmp(q.input_ids, ids + offsets[item], (size_t)q.S * 4),
-                  "held-out %d is not the file's sequence %d", i, item);
+            check(padded(&q, tok_lengths[item], TOK_LEN, 0) &&
+                  !memcmp(q.input_ids, ids + offsets[item], (size_t)tok_lengths[item] * 4),
+                  "held-out %d is not the file's sequence %d (padded to %d)", i, item, TOK_LEN);
         }
         /* the same config again: the same order; a seek into epoch 2 too */
         ddt_source *again;
@@ -1032,7 +1069,8 @@ static void test_hf_tokens(void)
         check(ddt_source_seek(again, 9) == 0, "seek");
         for (int k = 9; k < EPOCHS * 4 && !case_failed; k++) {
             check(ddt_source_next(again, &q, err, sizeof err) == 0, "next: %s", err);
-            check(!memcmp(q.input_ids, ids + offsets[order[run][k]], (size_t)q.S * 4),
+            const int64_t n = tok_lengths[order[run][k]] < TOK_LEN ? tok_lengths[order[run][k]] : TOK_LEN;
+            check(!memcmp(q.input_ids, ids + offsets[order[run][k]], (size_t)n * 4),
                   "reopened and seeked to 9: sequence %d differs", k);
         }
         ddt_source_close(again);
@@ -1184,9 +1222,11 @@ static void shard_fixture(void)
 }
 
 /* the source's sequence q is rows [start, start + S) of the fixture (features rounded by round) */
+/* q is the shard's rows [start, start + S), padded to SH_LEN */
 static int rows_match(const ddt_sequence *q, int64_t start, int64_t S, int bf16)
 {
-    if (q->S != S || memcmp(q->input_ids, shard_ids + start, (size_t)S * 4) || memcmp(q->loss_mask, shard_mask + start, (size_t)S))
+    if (!padded(q, S, SH_LEN, 1) || memcmp(q->input_ids, shard_ids + start, (size_t)S * 4) ||
+        memcmp(q->loss_mask, shard_mask + start, (size_t)S))
         return 0;
     for (int64_t i = 0; i < S * F; i++) {
         float x = shard_features[start * F + i];
@@ -1338,8 +1378,9 @@ static void test_shard_errors(void)
 enum { SHORT_SEQS = 6, SHORT_TOTAL = 11 };
 static const int64_t short_offsets[SHORT_SEQS + 1] = { 0, 0, 3, 4, 4, 9, 11 };   /* 0, 3, 1, 0, 5, 2 tokens */
 
-/* s (heldout 1) trains on sequences 1 and 4 only, held-out 0 being sequence 5 (2 tokens) */
-static void expect_short_skipped(ddt_source *s, const char *what)
+/* s (heldout 1, sequences padded to seq_len, their floats to 0 when zero_floats) trains on
+ * sequences 1 and 4 only, held-out 0 being sequence 5 (2 tokens) */
+static void expect_short_skipped(ddt_source *s, int64_t seq_len, int zero_floats, const char *what)
 {
     ddt_sequence q;
     char err[512] = "";
@@ -1348,12 +1389,12 @@ static void expect_short_skipped(ddt_source *s, const char *what)
         check(ddt_source_next(s, &q, err, sizeof err) == 0, "%s: next %d: %s", what, k, err);
         for (int j = 0; j < 2 && !case_failed; j++) {
             const int64_t a = short_offsets[j ? 4 : 1], S = short_offsets[(j ? 4 : 1) + 1] - a;
-            seen[j] += q.S == S && !memcmp(q.input_ids, shard_ids + a, (size_t)S * sizeof(int32_t));
+            seen[j] += padded(&q, S, seq_len, zero_floats) && !memcmp(q.input_ids, shard_ids + a, (size_t)S * sizeof(int32_t));
         }
     }
     check(seen[0] == 2 && seen[1] == 2, "%s: two epochs gave sequences 1 and 4 %d and %d times, want 2 and 2 "
           "(and nothing else)", what, seen[0], seen[1]);
-    check(ddt_source_heldout(s, 0, &q, err, sizeof err) == 0 && q.S == 2 &&
+    check(ddt_source_heldout(s, 0, &q, err, sizeof err) == 0 && padded(&q, 2, seq_len, zero_floats) &&
           !memcmp(q.input_ids, shard_ids + short_offsets[5], 2 * sizeof(int32_t)),
           "%s: held-out 0 is not sequence 5 (2 tokens): %s", what, err);
 }
@@ -1364,7 +1405,7 @@ static void test_short_sequences_skipped(void)
     snprintf(dir, sizeof dir, "%s/llama_short", tmpdir);
     snprintf(tokens_path, sizeof tokens_path, "%s/short_tokens.safetensors", tmpdir);
     write_synthetic_llama_dir(dir, 23);
-    check(ddt_shard_tokens_write(tokens_path, shard_ids, SHORT_TOTAL, short_offsets, SHORT_SEQS, V, err,
+    check(ddt_shard_tokens_write(tokens_path, shard_ids, SHORT_TOTAL, short_offsets, SHORT_SEQS, NULL, V, err,
                                  sizeof err) == 0, "writing tokens: %s", err);
     ddt_source_config c = tokens_config(dir, tokens_path);
     c.heldout = 1;
@@ -1372,7 +1413,7 @@ static void test_short_sequences_skipped(void)
     check(ddt_source_open(&c, H, &s, err, sizeof err) == 0, "a token file with empty and one-token sequences "
           "refused: %s", err);
     if (s)
-        expect_short_skipped(s, "token file");
+        expect_short_skipped(s, TOK_LEN, 0, "token file");
     ddt_source_close(s);
 
     char (*paths)[1024] = xcalloc(1, sizeof *paths);
@@ -1385,9 +1426,61 @@ static void test_short_sequences_skipped(void)
     check(ddt_source_open(&c, H, &s, err, sizeof err) == 0, "a shard with empty and one-token sequences refused: %s",
           err);
     if (s)
-        expect_short_skipped(s, "shard");
+        expect_short_skipped(s, SH_LEN, 1, "shard");
     ddt_source_close(s);
     free(paths);
+}
+
+/* a token file's loss_mask: kept in the sequences (padding 0), a sequence without two consecutive
+ * ones in its first seq_len skipped; tokens only too */
+static void test_token_file_mask(void)
+{
+    char err[512] = "", dir[256], tokens_path[256];
+    snprintf(dir, sizeof dir, "%s/llama-mask", tmpdir);
+    snprintf(tokens_path, sizeof tokens_path, "%s/mask.safetensors", tmpdir);
+    write_synthetic_llama_dir(dir, 29);
+    int32_t ids[TOK_TOTAL];
+    uint8_t mask[TOK_TOTAL];
+    int64_t offsets[TOK_SEQS + 1] = { 0 };
+    for (int s = 0; s < TOK_SEQS; s++)
+        offsets[s + 1] = offsets[s] + tok_lengths[s];
+    for (int i = 0; i < TOK_TOTAL; i++) {
+        ids[i] = (i * 5 + 1) % V;
+        mask[i] = i % 3 != 0;   /* pairs of ones between zeros */
+    }
+    for (int64_t i = offsets[0]; i < offsets[1]; i++)   /* sequence 0: alternating, no pair */
+        mask[i] = (uint8_t)(i % 2);
+    for (int64_t i = offsets[4]; i < offsets[4] + TOK_LEN; i++)   /* sequence 4: its pairs past the cut */
+        mask[i] = 0;
+    check(ddt_shard_tokens_write(tokens_path, ids, TOK_TOTAL, offsets, TOK_SEQS, mask, V, err, sizeof err) == 0,
+          "writing tokens: %s", err);
+    /* usable: 2, 3 and 5, 6 (1 is one token); held out: 5 and 6 */
+    for (int only = 0; only < 2 && !case_failed; only++) {
+        ddt_source_config c = tokens_config(dir, tokens_path);
+        c.tokens_only = only;
+        ddt_source *s = NULL;
+        check(ddt_source_open(&c, H, &s, err, sizeof err) == 0, "open: %s", err);
+        if (!s)
+            return;
+        int seen = 0;
+        for (int k = 0; k < 4 && !case_failed; k++) {
+            ddt_sequence q;
+            check(ddt_source_next(s, &q, err, sizeof err) == 0, "next: %s", err);
+            for (int item = 2; item <= 3; item++) {
+                const int64_t n = tok_lengths[item] < TOK_LEN ? tok_lengths[item] : TOK_LEN;
+                if (padded(&q, n, TOK_LEN, 0) && !memcmp(q.input_ids, ids + offsets[item], (size_t)n * 4) &&
+                    !memcmp(q.loss_mask, mask + offsets[item], (size_t)n))
+                    seen |= 1 << item;
+            }
+        }
+        check(seen == (1 << 2 | 1 << 3), "tokens only %d: two epochs did not give sequences 2 and 3 with their "
+              "masks (seen %#x)", only, seen);
+        ddt_sequence q;
+        check(ddt_source_heldout(s, 1, &q, err, sizeof err) == 0 && padded(&q, tok_lengths[6], TOK_LEN, 0) &&
+              !memcmp(q.loss_mask, mask + offsets[6], (size_t)tok_lengths[6]), "held-out 1 is not sequence 6 "
+              "with its mask: %s", err);
+        ddt_source_close(s);
+    }
 }
 
 /* tokens_only: the synthetic source's and a token file's sequences are the full sources' tokens
@@ -1407,7 +1500,7 @@ static void test_tokens_only(void)
         ids[i] = (i * 7 + 3) % V;
     for (int q = 0; q < TOK_SEQS; q++)
         offsets[q + 1] = offsets[q] + tok_lengths[q];
-    check(ddt_shard_tokens_write(tokens_path, ids, TOK_TOTAL, offsets, TOK_SEQS, V, err, sizeof err) == 0,
+    check(ddt_shard_tokens_write(tokens_path, ids, TOK_TOTAL, offsets, TOK_SEQS, NULL, V, err, sizeof err) == 0,
           "writing tokens: %s", err);
     full[1] = tokens_config(dir, tokens_path);
     for (int k = 0; k < 2 && !case_failed; k++) {
@@ -1487,6 +1580,7 @@ int main(void)
         { "source config errors", test_config_errors },
         { "hf token file: shuffle per epoch, cut, skip, held-out", test_hf_tokens },
         { "tokens only: the same tokens, no features, no target for a token file", test_tokens_only },
+        { "hf token file with a loss_mask: masks kept, sequences without an anchor skipped", test_token_file_mask },
         { "shards: F32 read back exactly", test_shards_read_back },
         { "shards: BF16 read back", test_shards_bf16 },
         { "shards: tied embed_tokens from model.language_model", test_shards_tied_heads },

@@ -5,9 +5,12 @@
  * Step cases: random weights (norm gains perturbed away from 1), a batch of 2 sequences with a
  * padded block, sliding and full layers, KL and CAP on, data and teacher labels, the loss
  * materialised and tiled, fp32 and bf16 products (the CPU's bf16 product rounds its operands
- * as the tensor cores do). Compared: every figure of the loss result and each parameter's
- * gradient by normalised error; the forward's hidden states; an -ENOMEM under a device budget
- * that leaves the next step (budget lifted) equal to the CPU's.
+ * as the tensor cores do), and a bf16 head (embed_tokens and lm_head as bf16 bit patterns, read
+ * in place: the step then takes bf16 operands everywhere, though the config asks fp32).
+ * Compared: every figure of the loss result and each parameter's gradient by normalised error;
+ * the forward's hidden states; with the bf16 head also the CPU's step against the CPU's step on
+ * the widened fp32 head with bf16_products, bit for bit; an -ENOMEM under a device budget that
+ * leaves the next step (budget lifted) equal to the CPU's.
  * Run cases (a real GPU only): "cpu" against ["cuda:0"] (and ["cuda:0", "cuda:1"], the NCCL
  * all-reduce, when there are two GPUs) for 4 steps: losses, gradient norms, the acceptance
  * evaluation; an export and a checkpoint (rank 0's replica to the host) succeed.
@@ -117,16 +120,33 @@ static void free_problem(problem *p)
     free(p->input_ids), free(p->anchors), free(p->loss_mask), free(p->keep);
 }
 
+/* bytes of host memory on the device under test */
+static void *upload_bytes(const void *x, size_t bytes)
+{
+    void *d = ddk_malloc(dev->alloc, bytes);
+    if (!d) {
+        fprintf(stderr, "no device memory for %zu bytes\n", bytes);
+        exit(2);
+    }
+    dev->copy(dev, d, x, bytes);
+    return d;
+}
+
 /* count floats of host memory on the device under test */
 static float *upload(const float *x, int64_t count)
 {
-    float *d = ddk_malloc(dev->alloc, (size_t)count * sizeof(float));
-    if (!d) {
-        fprintf(stderr, "no device memory for %lld floats\n", (long long)count);
-        exit(2);
+    return upload_bytes(x, (size_t)count * sizeof(float));
+}
+
+/* x (count) rounded to bf16 in place (so x holds the widened values) and its bit patterns */
+static uint16_t *round_to_bf16(float *x, int64_t count)
+{
+    uint16_t *bits = xcalloc((size_t)count, sizeof(uint16_t));
+    for (int64_t i = 0; i < count; i++) {
+        bits[i] = ddk_f32_to_bf16(x[i]);
+        x[i] = ddk_bf16_to_f32(bits[i]);
     }
-    dev->copy(dev, d, x, (size_t)count * sizeof(float));
-    return d;
+    return bits;
 }
 
 static float *download(const float *d, int64_t count)
@@ -148,10 +168,33 @@ static double max_rel(double a, double b)
 
 typedef struct step_case {
     const char *name;
-    int sliding_first, teacher_labels, bf16;
+    int sliding_first, teacher_labels;
+    int bf16;   /* 1: bf16_products; 2: a bf16 head (embed, lm_head), the config's products fp32 */
     int64_t chunk, vocab_tile;
     float kl, cap;
 } step_case;
+
+/* The CPU's step on a bf16 head (its result want, its gradients g_head) against the CPU's step on
+ * the widened head (p's embed and lm_head, rounded) with bf16_products: the same bits, the loss
+ * and every gradient (bf16 widening is exact and every product takes bf16 operands either way) */
+static void check_widened_head(const problem *p, const ddt_batch *b, const ddt_loss_config *lc,
+                               const float *g_head, const ddk_loss_result *want)
+{
+    ddt_loss_config wide_lc = *lc;
+    wide_lc.loss.bf16_products = 1;
+    float *g_wide = xcalloc((size_t)p->total, sizeof(float));
+    ddt_drafter_weights w, g;
+    ddt_drafter_bind(&p->c, p->params, &w);
+    ddt_drafter_bind(&p->c, g_wide, &g);
+    ddk_loss_result r;
+    int rc = ddt_drafter_step(cpu, &p->c, &w, &g, &(ddt_head){ p->embed, p->lm_head, 0 }, b, &wide_lc, &r);
+    check(rc == 0, "the CPU step on the widened head failed: %d", rc);
+    check(memcmp(&r, want, sizeof r) == 0, "bf16 head: loss %.17g, on the widened head with bf16 products %.17g",
+          want->loss, r.loss);
+    check(memcmp(g_wide, g_head, (size_t)p->total * sizeof(float)) == 0,
+          "bf16 head: the gradients differ from the widened head's with bf16 products");
+    free(g_wide);
+}
 
 static void run_step_case(const step_case *sc)
 {
@@ -163,8 +206,12 @@ static void run_step_case(const step_case *sc)
     ddt_loss_config lc = { .gamma = 4.0f, .ce_target_teacher = sc->teacher_labels,
                            .loss = { .chunk = sc->chunk, .vocab_tile = sc->vocab_tile, .kl_weight = sc->kl,
                                      .kl_temperature = 1.5f, .cap_weight = sc->cap, .cap_temperature = 1.0f,
-                                     .bf16_products = sc->bf16 } };
+                                     .bf16_products = sc->bf16 == 1 } };
     const int teacher = sc->teacher_labels || sc->kl > 0;
+    const int head16 = sc->bf16 == 2;
+    uint16_t *embed16 = head16 ? round_to_bf16(p.embed, V * H) : NULL;     /* (V, H) */
+    uint16_t *lm_head16 = head16 ? round_to_bf16(p.lm_head, V * H) : NULL; /* (V, H) */
+    const ddt_head cpu_head = head16 ? (ddt_head){ embed16, lm_head16, 1 } : (ddt_head){ p.embed, p.lm_head, 0 };
 
     /* the CPU: host memory */
     float *g_cpu = xcalloc((size_t)p.total, sizeof(float));
@@ -174,14 +221,19 @@ static void run_step_case(const step_case *sc)
     ddt_batch b = { p.nseq, S, p.A, p.input_ids, p.loss_mask, p.features, teacher ? p.teacher : NULL,
                     p.anchors, p.keep };
     ddk_loss_result want;
-    int rc = ddt_drafter_step(cpu, c, &w, &g, &(ddt_head){ p.embed, p.lm_head, 0 }, &b, &lc, &want);
+    int rc = ddt_drafter_step(cpu, c, &w, &g, &cpu_head, &b, &lc, &want);
     check(rc == 0, "the CPU step failed: %d", rc);
     float *hs_cpu = xcalloc((size_t)(rows * H), sizeof(float));
-    check(ddt_drafter_forward(cpu, c, &w, &(ddt_head){ p.embed, p.lm_head, 0 }, &b, hs_cpu) == 0, "the CPU forward failed");
+    check(ddt_drafter_forward(cpu, c, &w, &cpu_head, &b, hs_cpu) == 0, "the CPU forward failed");
+    if (head16)
+        check_widened_head(&p, &b, &lc, g_cpu, &want);
 
     /* the device: its own copies; gradients start from a value to check that they ADD */
-    float *d_params = upload(p.params, p.total), *d_embed = upload(p.embed, V * H),
-          *d_head = upload(p.lm_head, V * H), *d_features = upload(p.features, p.nseq * S * LH),
+    const size_t head_bytes = (size_t)(V * H) * (head16 ? sizeof(uint16_t) : sizeof(float));
+    void *d_embed = upload_bytes(head16 ? (const void *)embed16 : p.embed, head_bytes),
+         *d_head = upload_bytes(head16 ? (const void *)lm_head16 : p.lm_head, head_bytes);
+    const ddt_head dev_head = { d_embed, d_head, head16 };
+    float *d_params = upload(p.params, p.total), *d_features = upload(p.features, p.nseq * S * LH),
           *d_teacher = upload(p.teacher, p.nseq * S * H);
     float *start = xcalloc((size_t)p.total, sizeof(float));
     for (int64_t i = 0; i < p.total; i++)
@@ -194,15 +246,16 @@ static void run_step_case(const step_case *sc)
     db.features = d_features;
     db.teacher_hidden = teacher ? d_teacher : NULL;
     ddk_loss_result got;
-    rc = ddt_drafter_step(dev, c, &dw, &dg, &(ddt_head){ d_embed, d_head, 0 }, &db, &lc, &got);
+    rc = ddt_drafter_step(dev, c, &dw, &dg, &dev_head, &db, &lc, &got);
     check(rc == 0, "the device step failed: %d", rc);
     float *g_dev = download(d_grads, p.total);
     for (int64_t i = 0; i < p.total; i++)
         g_dev[i] -= 0x1p-12f;   /* exact near 2^-12 (Sterbenz), one float rounding of g else */
     float *d_hs = ddk_malloc(dev->alloc, (size_t)(rows * H) * sizeof(float));
-    check(ddt_drafter_forward(dev, c, &dw, &(ddt_head){ d_embed, d_head, 0 }, &db, d_hs) == 0, "the device forward failed");
+    check(ddt_drafter_forward(dev, c, &dw, &dev_head, &db, d_hs) == 0, "the device forward failed");
     float *hs_dev = download(d_hs, rows * H);
 
+    /* a bf16 head (bf16 2) runs bf16 products: bf16's tolerances */
     const double tol = sc->bf16 ? tol_bf16 : tol_fp32, tol_fig = sc->bf16 ? tol_figures_bf16 : tol_figures_fp32;
     check(got.counted == want.counted, "counted %lld, CPU %lld", (long long)got.counted, (long long)want.counted);
     check(max_rel(got.weight_sum, want.weight_sum) <= 1e-6, "weight_sum %.9g, CPU %.9g", got.weight_sum,
@@ -231,11 +284,12 @@ static void run_step_case(const step_case *sc)
     ddk_free(dev->alloc, d_hs, (size_t)(rows * H) * sizeof(float));
     ddk_free(dev->alloc, d_params, (size_t)p.total * sizeof(float));
     ddk_free(dev->alloc, d_grads, (size_t)p.total * sizeof(float));
-    ddk_free(dev->alloc, d_embed, (size_t)(V * H) * sizeof(float));
-    ddk_free(dev->alloc, d_head, (size_t)(V * H) * sizeof(float));
+    ddk_free(dev->alloc, d_embed, head_bytes);
+    ddk_free(dev->alloc, d_head, head_bytes);
     ddk_free(dev->alloc, d_features, (size_t)(p.nseq * S * LH) * sizeof(float));
     ddk_free(dev->alloc, d_teacher, (size_t)(p.nseq * S * H) * sizeof(float));
     free(ref), free(g_cpu), free(g_dev), free(start), free(hs_cpu), free(hs_dev);
+    free(embed16), free(lm_head16);
     free_problem(&p);
 }
 
@@ -245,6 +299,8 @@ static const step_case step_cases[] = {
     { "step fp32: teacher labels, CE only, full layer first", 0, 1, 0, 1000, 0, 0.0f, 0.0f },
     { "step bf16: data labels, KL + CAP, materialised", 1, 0, 1, 64, 0, 0.3f, 0.1f },
     { "step bf16: teacher labels, KL, tiled (50)", 0, 1, 1, 32, 50, 0.5f, 0.0f },
+    { "step bf16 head: data labels, KL + CAP, materialised", 1, 0, 2, 64, 0, 0.3f, 0.1f },
+    { "step bf16 head: teacher labels, KL, tiled (50)", 0, 1, 2, 32, 50, 0.5f, 0.0f },
 };
 
 /* A device budget the step cannot live within: -ENOMEM, the allocator back where it was; with
@@ -299,7 +355,8 @@ static char state_dir[] = "/tmp/ddtree_test_step_cuda.XXXXXX";
     "\"head_dim\": 8, \"intermediate_size\": 48, \"vocab_size\": 96},"                             \
     " \"drafter\": {\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 2," \
     " \"head_dim\": 8, \"intermediate_size\": 48, \"block_size\": 4,"                             \
-    " \"layer_types\": [\"sliding_attention\", \"full_attention\"], \"sliding_window\": 6},"       \
+    " \"layer_types\": [\"sliding_attention\", \"full_attention\"], \"sliding_window\": 6,"        \
+    " \"target_layer_ids\": [1, 2]},"                                                             \
     " \"train\": {\"steps\": 4, \"sequences_per_step\": 4, \"seq_len\": 24, \"max_anchors\": 4,"   \
     " \"heldout\": 4, \"noise_std\": 0.05, \"lr\": 0.003, \"seed\": 5},"                           \
     " \"loss\": {\"kl_weight\": 0.15, \"cap_weight\": 0.05, \"chunk\": 64},"                       \

@@ -20,7 +20,11 @@
  *     them with its own fp32 replica; no host target): the losses and the evaluation of the host
  *     target's run bit for bit, and rank 0's measured peak against the plan's co-located figures
  *     (10%), the host's (the held-out tokens alone) against the plan's; "auto" resolves to co-located on GPU ranks only, "same" / "host" with shards and
- *     unknown values are refused naming target.devices.
+ *     unknown values are refused naming target.devices;
+ *   - a split on CPU ranks (target.devices N: target ranks one step ahead, double-buffered): the
+ *     host run's losses and evaluation bit for bit (1 target rank for 2 drafter ranks, 3 for 1),
+ *     exact resume from a checkpoint taken with the next batch in flight, both kinds of rank's
+ *     measured peaks against the plan's (10%).
  * ctest: one line per case, a final "N passed, M failed".
  */
 #include "check.h"
@@ -43,7 +47,8 @@ static char state_dir[] = "/tmp/ddtree_test_trainer.XXXXXX";
     "\"head_dim\": 8, \"intermediate_size\": 48, \"vocab_size\": 96},"                             \
     " \"drafter\": {\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 2," \
     " \"head_dim\": 8, \"intermediate_size\": 48, \"block_size\": 4,"                             \
-    " \"layer_types\": [\"sliding_attention\", \"full_attention\"], \"sliding_window\": 6},"       \
+    " \"layer_types\": [\"sliding_attention\", \"full_attention\"], \"sliding_window\": 6,"        \
+    " \"target_layer_ids\": [1, 2]},"                                                             \
     " \"train\": {\"steps\": 6, \"sequences_per_step\": 4, \"seq_len\": 24, \"max_anchors\": 4,"   \
     " \"heldout\": 4, \"noise_std\": 0.05, \"lr\": 0.003, \"seed\": 5},"                           \
     " \"loss\": {\"kl_weight\": 0.15, \"cap_weight\": 0.05, \"chunk\": 64" extra "},"              \
@@ -367,7 +372,11 @@ static void test_config_errors(void)
         { "{\"target\": {\"devices\": \"gpu\"}}", "target.devices" },
         { "{\"target\": {\"devices\": \"Same\"}}", "target.devices" },
         { "{\"target\": {\"devices\": \"\"}}", "target.devices" },
-        { "{\"target\": {\"devices\": 3}}", "target.devices" },
+        { "{\"target\": {\"devices\": 0}}", "target.devices" },
+        { "{\"target\": {\"devices\": 65}}", "target.devices" },
+        { "{\"target\": {\"devices\": 1.5}}", "target.devices" },
+        { "{\"target\": {\"devices\": [\"cuda:1\"]}, \"devices\": \"cpu\"}", "target.devices" },
+        { "{\"target\": {\"kind\": \"shards\", \"path\": \"/x\", \"shards\": [\"/x/a\"], \"devices\": 2}}", "target.devices" },
         { "{\"target\": {\"devices\": null}}", "target.devices" },
         { "{\"target\": {\"devices\": [\"same\"]}}", "target.devices" },
         { "{\"target\": {\"kind\": \"shards\", \"path\": \"/x\", \"shards\": [\"/x/a\"], \"devices\": \"same\"}}", "target.devices" },
@@ -393,7 +402,7 @@ static void test_config_errors(void)
         { "{\"devices\": [\"cuda:2\", \"cuda:0\", \"cuda:2\"]}", "cuda:2 twice" },
         { "{\"cluster\": {\"unique_id\": \"@ID@0\"}}", "256" },
         { "{\"cluster\": {\"unique_id\": \"abc\", \"world_size\": 2}, \"devices\": 1}", "hex" },
-        { "{\"target\": {\"devices\": \"gpu\"}}", "\"auto\", \"host\", \"same\" or a list of GPUs" },
+        { "{\"target\": {\"devices\": \"gpu\"}}", "\"auto\", \"host\", \"same\", a list of GPUs [\"cuda:N\", ...] apart from devices' or a number of target ranks" },
         { "{\"target\": {\"kind\": \"shards\", \"path\": \"/x\", \"shards\": [\"/x/a\"], \"devices\": \"same\"}}",
           "no target at train time" },
     };
@@ -437,6 +446,7 @@ static void test_config_good(void)
         { "{\"target\": {\"devices\": \"same\"}}", DDT_TARGET_SAME, 1, 1 },
         { "{\"target\": {\"kind\": \"hf\", \"path\": \"/x\", \"devices\": \"same\"}, \"devices\": \"cpu\"}", DDT_TARGET_SAME, 1, 1 },
         { "{\"target\": {\"devices\": [\"cuda:2\"]}, \"devices\": [\"cuda:0\"]}", DDT_TARGET_SPLIT, 0, 0 },
+        { "{\"target\": {\"devices\": 2}}", DDT_TARGET_SPLIT, 0, 0 },
         { "{\"target\": {\"kind\": \"shards\", \"path\": \"/x\", \"shards\": [\"/x/a\"]}}", DDT_TARGET_AUTO, 0, 0 },
         { "{\"target\": {\"kind\": \"shards\", \"path\": \"/x\", \"shards\": [\"/x/a\"], \"devices\": \"auto\"}}", DDT_TARGET_AUTO, 0, 0 },
     };
@@ -606,6 +616,68 @@ static void test_config_devices(void)
         check(rc == 0 && (*cases[i].says ? strstr(d.note, cases[i].says) != NULL : !*d.note),
               "devices %s on %d GPUs: note '%s', want %s%s%s", cases[i].devices, cases[i].gpus, rc ? "" : d.note,
               *cases[i].says ? "one saying '" : "none", cases[i].says, *cases[i].says ? "'" : "");
+    }
+}
+
+/* A split's target ranks resolved on a node: a number takes the node's last GPUs the drafter
+ * leaves ("all": the drafter takes the rest, no more than sequences), or CPU target ranks beside
+ * CPU drafter ranks; named GPUs are kept; too many, a GPU the node lacks, or no NCCL: refused,
+ * naming target.devices. */
+static void test_split_devices(void)
+{
+    static const struct {
+        const char *json;
+        int gpus, rc, gpu, ranks, targets, ids[4], target_ids[4];
+        const char *says;
+        int single_gpu;
+    } cases[] = {
+        { "\"devices\": 5, \"target\": {\"devices\": 3}, \"train\": {\"sequences_per_step\": 5}", 8, 0, 1, 5, 3,
+          { 0, 1, 2, 3 }, { 5, 6, 7 }, "", 0 },
+        { "\"devices\": \"all\", \"target\": {\"devices\": 3}, \"train\": {\"sequences_per_step\": 8}", 8, 0, 1, 5, 3,
+          { 0, 1, 2, 3 }, { 5, 6, 7 }, "", 0 },
+        { "\"devices\": \"all\", \"target\": {\"devices\": 2}", 8, 0, 1, 4, 2, { 0, 1, 2, 3 }, { 6, 7 }, "", 0 },
+        { "\"devices\": [\"cuda:0\", \"cuda:7\"], \"target\": {\"devices\": 2}", 8, 0, 1, 2, 2, { 0, 7 }, { 5, 6 }, "", 0 },
+        { "\"devices\": 1, \"target\": {\"devices\": [\"cuda:3\"]}", 8, 0, 1, 1, 1, { 0 }, { 3 }, "", 0 },
+        { "\"devices\": 2, \"target\": {\"devices\": 3}", 0, 0, 0, 2, 3, { 0 }, { 0 }, "", 0 },
+        { "\"devices\": \"cpu\", \"target\": {\"devices\": 1}", 8, 0, 0, 1, 1, { 0 }, { 0 }, "", 0 },
+        { "\"devices\": 2, \"target\": {\"devices\": 7}, \"train\": {\"sequences_per_step\": 8}", 8, -ENODEV, 0, 0, 0, { 0 }, { 0 },
+          "7 target GPUs asked for, and this node has 8 GPUs, 2 of them the drafter's", 0 },
+        { "\"devices\": \"all\", \"target\": {\"devices\": 8}, \"train\": {\"sequences_per_step\": 8}", 8, -ENODEV, 0, 0, 0, { 0 }, { 0 }, "8 target GPUs", 0 },
+        { "\"devices\": 1, \"target\": {\"devices\": [\"cuda:9\"]}", 8, -ENODEV, 0, 0, 0, { 0 }, { 0 }, "cuda:9", 0 },
+        { "\"devices\": 1, \"target\": {\"devices\": 1}", 8, -EINVAL, 0, 0, 0, { 0 }, { 0 }, "without it", 1 },
+        { "\"devices\": 4, \"target\": {\"devices\": 61}, \"train\": {\"sequences_per_step\": 64}", 0, -EINVAL, 0, 0, 0,
+          { 0 }, { 0 }, "at most 64 CPU ranks", 0 },
+        { "\"devices\": 1, \"target\": {\"devices\": 5}", 0, -EINVAL, 0, 0, 0, { 0 }, { 0 },
+          "5 target ranks but train.sequences_per_step is 4", 0 },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char json[1024];
+        snprintf(json, sizeof json, "{%s}", cases[i].json);
+        ddt_run_config c;
+        if (!parse_ok(json, &c))
+            continue;
+        ddt_devices d;
+        memset(&d, 0, sizeof d);
+        char err[512] = "", field[128] = "";
+        const ddt_node node = { .gpus = cases[i].gpus, .single_gpu = cases[i].single_gpu };
+        int rc = ddt_run_config_devices(&c, node, &d, err, sizeof err, field, sizeof field);
+        ddt_run_config_free(&c);
+        if (cases[i].rc) {
+            check(rc == cases[i].rc && strstr(err, cases[i].says) && !strcmp(field, "target.devices") &&
+                      !strncmp(err, "target.devices: ", 16),
+                  "%s on %d GPUs: rc %d, field '%s', '%s'; want %d and \"target.devices: ...%s...\"", cases[i].json,
+                  cases[i].gpus, rc, field, err, cases[i].rc, cases[i].says);
+            continue;
+        }
+        int same = rc == 0 && d.gpu == cases[i].gpu && d.ranks == cases[i].ranks && d.target_ranks == cases[i].targets &&
+                   !d.colocated;
+        for (int r = 0; same && d.gpu && r < d.ranks && r < 4; r++)
+            same = d.gpu_ids[r] == cases[i].ids[r];
+        for (int j = 0; same && d.gpu && j < d.target_ranks; j++)
+            same = d.target_gpu_ids[j] == cases[i].target_ids[j];
+        check(same, "%s on %d GPUs: rc %d (%s), gpu %d, ranks %d (%d %d ...), target ranks %d (%d %d ...)", cases[i].json,
+              cases[i].gpus, rc, err, d.gpu, d.ranks, d.gpu_ids[0], d.gpu_ids[1], d.target_ranks, d.target_gpu_ids[0],
+              d.target_gpu_ids[1]);
     }
 }
 
@@ -835,6 +907,99 @@ static void test_colocated_same_losses(void)
            ddt_acceptance_tau_chain(&acc[0]), ddt_acceptance_tau_chain(&acc[1]));
 }
 
+/* json with target.devices n: a split of n target ranks */
+static void with_split(const char *json, int n, char *out, size_t len)
+{
+    const char *at = strstr(json, "\"target\": {") + strlen("\"target\": {");
+    snprintf(out, len, "%.*s\"devices\": %d, %s", (int)(at - json), json, n, at);
+}
+
+/* A split on CPU ranks (target ranks with their own fp32 replicas, each sampling and prefilling
+ * its slice of a step's sequences one step ahead and copying the features into the drafter
+ * ranks' second batch slots): the losses and the evaluation of the host target's run bit for bit,
+ * with 1 target rank for 2 drafter ranks and with 3 for 1 (uneven slices of the 4 sequences), an
+ * evaluation between steps while the next batch is in flight. */
+static void test_split_losses(void)
+{
+    enum { STEPS = 4, RUNS = 4 };
+    /* host on 2 ranks, the split 1 -> 2; host on 1 rank, the split 3 -> 1 */
+    static const struct { int ranks, targets; } runs[RUNS] = { { 2, 0 }, { 2, 1 }, { 1, 0 }, { 1, 3 } };
+    double losses[RUNS][STEPS];
+    ddt_acceptance acc[RUNS];
+    for (int k = 0; k < RUNS; k++) {
+        char json[4096], err[1024] = "";
+        if (runs[k].targets)
+            with_split(TINY("2", ""), runs[k].targets, json, sizeof json);
+        else
+            with_place(TINY("2", ""), "host", json, sizeof json);
+        if (runs[k].ranks == 1)
+            memcpy(strstr(json, "\"devices\": 2,"), "\"devices\": 1,", strlen("\"devices\": 1,"));
+        ddt_trainer *t = open_run(json, NULL);
+        if (!t)
+            return;
+        const ddt_memory_plan *p = ddt_trainer_plan(t);
+        check(p->target.placement == (runs[k].targets ? DDT_PLACE_SPLIT : DDT_PLACE_HOST) &&
+                  p->target.devices == runs[k].targets,
+              "target.devices %d: placement %d, %lld target ranks", runs[k].targets, p->target.placement,
+              (long long)p->target.devices);
+        run_steps(t, 2, losses[k], NULL);
+        check(ddt_trainer_eval(t, &acc[k], err, sizeof err) == 0, "eval (%d target ranks): %s", runs[k].targets, err);
+        run_steps(t, STEPS - 2, losses[k] + 2, NULL);
+        ddt_trainer_close(t);
+    }
+    for (int k = 1; k < RUNS; k += 2) {
+        for (int i = 0; i < STEPS; i++)
+            check(losses[k][i] == losses[k - 1][i], "%d target rank(s) -> %d, step %d: %.9g, host %.9g (bit for bit)",
+                  runs[k].targets, runs[k].ranks, i + 1, losses[k][i], losses[k - 1][i]);
+        check(acc[k].blocks == acc[k - 1].blocks && acc[k].blocks > 0 &&
+                  ddt_acceptance_tau_chain(&acc[k]) == ddt_acceptance_tau_chain(&acc[k - 1]),
+              "eval: %d target rank(s) %lld blocks, tau %.9g; host %lld, %.9g", runs[k].targets,
+              (long long)acc[k].blocks, ddt_acceptance_tau_chain(&acc[k]), (long long)acc[k - 1].blocks,
+              ddt_acceptance_tau_chain(&acc[k - 1]));
+        printf("  # %d drafter rank(s): losses host %.9g .. %.9g, split from %d target rank(s) %.9g .. %.9g; tau %.6f\n",
+               runs[k].ranks, losses[k - 1][0], losses[k - 1][STEPS - 1], runs[k].targets, losses[k][0],
+               losses[k][STEPS - 1], ddt_acceptance_tau_chain(&acc[k]));
+    }
+}
+
+/* A split's checkpoint while the next batch is in flight records the cursor of the steps done:
+ * the resumed run repeats the uninterrupted one bit for bit */
+static void test_split_resume(void)
+{
+    char json[4096];
+    with_split(TINY("2", ""), 2, json, sizeof json);
+    check_resume(json, 3);
+}
+
+/* A split on CPU ranks: each drafter rank holds its drafter bytes and the second batch slot,
+ * reading target rank 0's fp32 head in place (no frozen head of its own); each target rank its
+ * replica, generator, prefill workspace and one sequence's send buffer. Both against the plan
+ * (10%). */
+static void test_plan_split_peak(void)
+{
+    char json[4096];
+    with_split(TINY("1", ""), 1, json, sizeof json);
+    const ddt_memory_plan *p;
+    ddt_trainer *t = one_step_run(json, &p);
+    if (!t)
+        return;
+    check(p->target.placement == DDT_PLACE_SPLIT && p->frozen_head == 0 && p->target.handoff == p->batch &&
+              p->target.send > 0 && p->target.weights > 0,
+          "split on CPU ranks: placement %d, frozen head %lld, hand-off %lld (batch %lld), send %lld", p->target.placement,
+          (long long)p->frozen_head, (long long)p->target.handoff, (long long)p->batch, (long long)p->target.send);
+    const double predicted = (double)p->peak, measured = (double)ddk_allocator_stats(ddk_allocator_cpu_rank(0)).peak,
+                 tpredicted = (double)p->target.peak,
+                 tmeasured = (double)ddk_allocator_stats(ddk_allocator_cpu_rank(1)).peak;
+    check(fabs(measured - predicted) <= 0.10 * predicted, "drafter rank 0's peak %.0f vs the plan's %.0f (%+.1f%%)",
+          measured, predicted, 100.0 * (measured - predicted) / predicted);
+    check(fabs(tmeasured - tpredicted) <= 0.10 * tpredicted, "target rank 0's peak %.0f vs the plan's %.0f (%+.1f%%)",
+          tmeasured, tpredicted, 100.0 * (tmeasured - tpredicted) / tpredicted);
+    printf("  # drafter rank: plan %.0f bytes, measured %.0f (%+.1f%%); target rank: plan %.0f, measured %.0f (%+.1f%%)\n",
+           predicted, measured, 100.0 * (measured - predicted) / predicted, tpredicted, tmeasured,
+           100.0 * (tmeasured - tpredicted) / tpredicted);
+    ddt_trainer_close(t);
+}
+
 /* A co-located CPU run's rank 0 holds the drafter's bytes, its replica and its generator (fp32
  * weights and one sequence's cache and sampling workspace held, its prefill's workspace before
  * the step, no frozen head of its own): its measured peak against the plan's SAME figure (10%).
@@ -880,6 +1045,7 @@ int main(void)
         { "run config errors name the field", test_config_errors },
         { "run configs: precision, devices, cluster parsed", test_config_good },
         { "devices resolved on 0, 1, 2, 8 GPUs: idle ranks, GPU head_dim", test_config_devices },
+        { "a split's target ranks resolved on 0 and 8 GPUs", test_split_devices },
         { "what a node cannot run is refused at open, naming the field", test_open_refuses },
         { "a GPU the node lacks fails at open, nothing left behind", test_missing_gpu },
         { "eval.blocks_per_sequence bounds the evaluated blocks", test_eval_blocks },
@@ -892,6 +1058,9 @@ int main(void)
         { "target.devices same on CPU ranks: the host run's losses bit for bit", test_colocated_same_losses },
         { "co-located generated data: exact resume from the trainer's cursor", test_colocated_resume },
         { "co-located plan vs rank 0's and the host's peaks", test_plan_colocated_peak },
+        { "a split on CPU ranks: the host run's losses and evaluation bit for bit", test_split_losses },
+        { "a split: exact resume with the next batch in flight", test_split_resume },
+        { "a split's plan vs the drafter and target ranks' peaks", test_plan_split_peak },
     };
     int passed = 0, failed = 0;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

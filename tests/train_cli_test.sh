@@ -45,7 +45,7 @@ fi
 for bad in 'overlap|"devices": ["cuda:0", "cuda:1"], "target": {"kind": "synthetic", "devices": ["cuda:1"]}|cuda:1, a drafter GPU too' \
            'cpu ranks|"devices": "cpu", "target": {"kind": "synthetic", "devices": ["cuda:0"]}|the drafter trains on CPU ranks' \
            'shards|"target": {"kind": "shards", "path": "/x", "shards": ["/x/a"], "devices": ["cuda:0"]}|no target at train time' \
-           'not a list|"target": {"kind": "synthetic", "devices": 3}|"same" or a list of GPUs'; do
+           'not a list|"target": {"kind": "synthetic", "devices": 0}|a list of GPUs ["cuda:N", ...] apart from devices'"'"' or a number of target ranks'; do
     IFS='|' read -r what body want <<<"$bad"
     printf '{"name": "bad", %s, "train": {"sequences_per_step": 2}}\n' "$body" >"$work/bad.json"
     out=$("$ddtreed" plan "$work/bad.json" 2>&1)
@@ -97,6 +97,26 @@ print("ok")
 PY
 )
 if [ "$out" = ok ]; then ok "records in ddtree.db"; else fail "records in ddtree.db" "$out"; fi
+
+# a split on CPU ranks (2 drafter ranks, 1 target rank one step ahead), paused and resumed: the
+# losses of the same run with the host's target, step for step
+for place in host split; do
+    devices='"host"'
+    [ $place = split ] && devices=1
+    sed -e 's/"kind": "synthetic",/"kind": "synthetic", "devices": '"$devices"',/' \
+        -e 's/"checkpoint": {/"devices": 2, "checkpoint": {/' "$work/run.json" >"$work/$place.json"
+    "$ddtreed" train "$work/$place.json" --state-dir "$work/$place" --stop-after 3 >/dev/null 2>&1 &&
+        "$ddtreed" train --resume "$work/$place" >"$work/$place.out" 2>&1 || cat "$work/$place.out"
+done
+out=$(/usr/bin/python3 - "$work/host/ddtree.db" "$work/split/ddtree.db" <<'PY' 2>&1
+import sqlite3, sys
+host, split = ([row for row in sqlite3.connect(db).execute("select step, loss from steps order by step")]
+               for db in sys.argv[1:])
+assert len(host) == 6 and host == split, (host, split)
+print("ok")
+PY
+)
+if [ "$out" = ok ]; then ok "a split run, paused and resumed: the host run's losses"; else fail "a split run, paused and resumed: the host run's losses" "$out"; fi
 
 echo '{"train": {"lr": "fast"}}' >"$work/bad.json"
 out=$("$ddtreed" train "$work/bad.json" --state-dir "$work/s2" 2>&1)

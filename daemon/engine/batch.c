@@ -97,3 +97,14 @@ uint64_t ddt_batch_seed(uint64_t run_seed, int64_t step, int64_t sequence, uint3
     h = ddk_rng_mix(h ^ ddk_rng_mix((uint64_t)purpose + 0xA54FF53A5F1D36F1ull));
     return h;
 }
+
+int64_t ddt_slice_first(int64_t n, int64_t parts, int64_t j)
+{
+    return j * (n / parts) + (j < n % parts ? j : n % parts);
+}
+
+int64_t ddt_slice_part(int64_t n, int64_t parts, int64_t i)
+{
+    const int64_t base = n / parts, extra = n % parts, big = extra * (base + 1);
+    return i < big ? i / (base + 1) : extra + (i - big) / base;   /* i >= big: base >= 1 */
+}

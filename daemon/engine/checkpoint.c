@@ -9,13 +9,16 @@
  * RUN_DIR/checkpoints/: ddt_checkpoint_latest skips them and the next write removes them.
  * state.json is written and read here only (ddt_checkpoint_meta); its drafter is the export's
  * config.json object, one table of keys (drafter_keys) for the export, the write and the read.
+ * state.json versions 2 and 1 (the first form) are read too: what their drafter did not say
+ * comes from its layer_types and, for max_position_embeddings, from the run config's target.
  *
  * Not here: several writers on one run directory (one trainer owns it), what the run config
- * in state.json says (run_config.c's; parsed here only to read the first form of state.json),
+ * in state.json says (run_config.c's; parsed here only to read the forms before version 3),
  * sharded or compressed exports (a drafter is a few GB at most), removing an export's
  * temporaries left by a crash (they sit next to a directory the user named, so nothing there
  * is deleted by pattern).
- * Tested by tests/test_checkpoint.c.
+ * Tested by tests/test_checkpoint.c, and by tests/export_loaders_check.py (an export read back
+ * as Hugging Face's Qwen3Config, SpecForge, vLLM, SGLang and z-lab read it).
  *
  * Legend: P floats in all parameters (the table's total), n entries of the parameter table.
  */
@@ -46,8 +49,9 @@ enum { CKPT_PATH_MAX = 4096, CKPT_NAME_MAX = 96 };
 /* state.json is kilobytes (the run config, the drafter's keys); the cap only stops a
  * corrupted file from being read whole. */
 #define CKPT_STATE_JSON_MAX (64u << 20)
-/* state.json's "version"; the first form had none (and "resolved" for "drafter") */
-enum { STATE_VERSION = 2 };
+/* state.json's "version"; the first form had none (and "resolved" for "drafter"), version 2's
+ * drafter lacked the keys of drafter_keys marked `since` 3 */
+enum { STATE_VERSION = 3 };
 
 static const char *const state_prefix[3] = { "param.", "adam_m.", "adam_v." };
 static const char step_tensor[] = "adam_step";
@@ -266,24 +270,39 @@ static void remove_stale_temporaries(const char *ckdir)
  * state.json) by drafter_from_json, both walking drafter_keys.
  */
 
-typedef enum { KEY_INT, KEY_FLOAT, KEY_TEXT, KEY_TEXTS, KEY_LAYER_TYPES, KEY_DFLASH, KEY_NULL, KEY_FALSE } key_kind;
+typedef enum {
+    KEY_INT, KEY_FLOAT, KEY_TEXT, KEY_TEXTS, KEY_LAYER_TYPES, KEY_DFLASH, KEY_NULL, KEY_FALSE,
+    KEY_USE_SLIDING,   /* true when a layer is sliding_attention, else false */
+    KEY_WINDOW,        /* sliding_window when a layer is sliding_attention, else null */
+} key_kind;
 
 typedef struct drafter_key {
     const char *key;
     key_kind kind;
     size_t offset;       /* KEY_INT: of an int64_t, KEY_FLOAT: of a float, in ddt_drafter_config */
     const char *text;    /* KEY_TEXT: the value; KEY_TEXTS: the list's one entry */
+    int since;           /* the state.json version whose drafter has it first (0: all) */
 } drafter_key;
 
-#define INT_KEY(name, field) { name, KEY_INT, offsetof(ddt_drafter_config, field), NULL }
-#define FLOAT_KEY(name, field) { name, KEY_FLOAT, offsetof(ddt_drafter_config, field), NULL }
+#define INT_KEY(name, field) { name, KEY_INT, offsetof(ddt_drafter_config, field), NULL, 0 }
+#define FLOAT_KEY(name, field) { name, KEY_FLOAT, offsetof(ddt_drafter_config, field), NULL, 0 }
 
-/* In the order written (num_hidden_layers before layer_types, which it sizes); integers in
- * [0, 2^53], their ranges ddt_drafter_config_check's. A key added here changes state.json's
- * form: bump STATE_VERSION and keep reading the one before. */
+/* In the order written (num_hidden_layers before layer_types, which it sizes, and layer_types
+ * before use_sliding_window and sliding_window, which it decides); integers in [0, 2^53], their
+ * ranges ddt_drafter_config_check's. A key added here changes state.json's form: bump
+ * STATE_VERSION, mark the key `since` it, and keep reading the one before.
+ * The keys of version 3 are what the loaders need beyond SPEC.md section 2's: Hugging Face's
+ * Qwen3Config (transformers src/transformers/models/qwen3/configuration_qwen3.py) sets
+ * sliding_window to None unless use_sliding_window is true, and then SpecForge
+ * (specforge/modeling/draft/dflash.py resolve_dflash_attention_layout), vLLM
+ * (vllm/model_executor/models/qwen3_dflash.py _resolve_layer_attention) and SGLang
+ * (python/sglang/srt/speculative/dflash_utils.py get_dflash_attention_sliding_window_size)
+ * refuse a sliding_attention layer; z-lab's MLX loader (dflash/model_mlx.py load_draft)
+ * requires max_position_embeddings, vLLM and SGLang size RoPE by it (32768 when missing);
+ * torch_dtype is the transformers 4 name of the weights' dtype, dtype the transformers 5 one. */
 static const drafter_key drafter_keys[] = {
-    { "architectures", KEY_TEXTS, 0, "DFlashDraftModel" },
-    { "model_type", KEY_TEXT, 0, "qwen3" },
+    { "architectures", KEY_TEXTS, 0, "DFlashDraftModel", 0 },
+    { "model_type", KEY_TEXT, 0, "qwen3", 0 },
     INT_KEY("hidden_size", hidden),
     INT_KEY("num_hidden_layers", layers),
     INT_KEY("num_attention_heads", heads),
@@ -292,21 +311,33 @@ static const drafter_key drafter_keys[] = {
     INT_KEY("intermediate_size", intermediate),
     FLOAT_KEY("rms_norm_eps", rms_norm_eps),
     FLOAT_KEY("rope_theta", rope_theta),
-    { "layer_types", KEY_LAYER_TYPES, 0, NULL },
-    INT_KEY("sliding_window", sliding_window),
+    { "layer_types", KEY_LAYER_TYPES, 0, NULL, 0 },
+    { "use_sliding_window", KEY_USE_SLIDING, 0, NULL, 3 },
+    { "sliding_window", KEY_WINDOW, offsetof(ddt_drafter_config, sliding_window), NULL, 0 },
     INT_KEY("block_size", block_size),
     INT_KEY("num_target_layers", num_target_layers),
-    { "dflash_config", KEY_DFLASH, 0, NULL },
-    { "rope_scaling", KEY_NULL, 0, NULL },
-    { "tie_word_embeddings", KEY_FALSE, 0, NULL },
-    { "attention_bias", KEY_FALSE, 0, NULL },
-    { "hidden_act", KEY_TEXT, 0, "silu" },
+    { "dflash_config", KEY_DFLASH, 0, NULL, 0 },
+    { "rope_scaling", KEY_NULL, 0, NULL, 0 },
+    { "tie_word_embeddings", KEY_FALSE, 0, NULL, 0 },
+    { "attention_bias", KEY_FALSE, 0, NULL, 0 },
+    { "hidden_act", KEY_TEXT, 0, "silu", 0 },
     INT_KEY("vocab_size", vocab),
+    { "max_position_embeddings", KEY_INT, offsetof(ddt_drafter_config, max_positions), NULL, 3 },
+    { "torch_dtype", KEY_TEXT, 0, "bfloat16", 3 },
+    { "dtype", KEY_TEXT, 0, "bfloat16", 3 },
 };
 enum { DRAFTER_KEYS = sizeof drafter_keys / sizeof drafter_keys[0] };
 static const char *const dflash_keys[] = { "mask_token_id", "target_layer_ids", NULL };   /* in order */
 /* integers a JSON number (a double) holds exactly */
 static const int64_t json_int_max = (int64_t)1 << 53;
+
+static int any_sliding(const ddt_drafter_config *c)
+{
+    int any = 0;
+    for (int64_t i = 0; i < c->layers && i < DDT_MAX_LAYERS; i++)
+        any |= c->sliding[i];
+    return any;
+}
 
 /* The shortest decimal that reads back as x, as the double a JSON reader gets from it (cJSON
  * prints that double with those digits): rms_norm_eps 1e-6f is written 1e-06, not
@@ -342,6 +373,10 @@ static cJSON *drafter_value(const ddt_drafter_config *c, const drafter_key *k)
         return cJSON_CreateNull();
     case KEY_FALSE:
         return cJSON_CreateFalse();
+    case KEY_USE_SLIDING:
+        return cJSON_CreateBool(any_sliding(c));
+    case KEY_WINDOW:
+        return any_sliding(c) ? cJSON_CreateNumber((double)*(const int64_t *)field) : cJSON_CreateNull();
     case KEY_LAYER_TYPES:
         ok = (v = cJSON_CreateArray()) != NULL;
         for (int64_t i = 0; ok && i < c->layers; i++)
@@ -464,6 +499,15 @@ static int read_drafter_key(const ddt_json_ctx *j, const cJSON *o, const drafter
         return cJSON_IsNull(v) ? 0 : ddt_json_fail(j, k->key, "must be null");
     case KEY_FALSE:
         return cJSON_IsFalse(v) ? 0 : ddt_json_fail(j, k->key, "must be false");
+    case KEY_USE_SLIDING:
+        if (!cJSON_IsBool(v) || cJSON_IsTrue(v) != any_sliding(d))
+            return ddt_json_fail(j, k->key, "must be true when a layer is sliding_attention, false otherwise");
+        return 0;
+    case KEY_WINDOW:   /* null only without a sliding layer; version 2 wrote a number always */
+        if (cJSON_IsNull(v) && !any_sliding(d))
+            return 0;
+        return cJSON_IsNull(v) ? ddt_json_fail(j, k->key, "must be a number with a sliding_attention layer")
+                               : ddt_json_int(j, o, k->key, 0, json_int_max, 0, 0, (int64_t *)field);
     case KEY_LAYER_TYPES:
         if (!cJSON_IsArray(v) || cJSON_GetArraySize(v) != d->layers)
             return ddt_json_fail(j, k->key, "must be a list of num_hidden_layers strings");
@@ -495,28 +539,44 @@ static const drafter_key *find_drafter_key(const char *key)
     return NULL;
 }
 
-/* d checked as a whole (ddt_drafter_config_check): 0, or -EINVAL with err = "WHERE: why" */
+/* What an export needs of c: ddt_drafter_config_check's rules and a max_positions resolved.
+ * 0, or -EINVAL with why. */
+static int export_check(const ddt_drafter_config *c, char *why, size_t why_len)
+{
+    int rc = ddt_drafter_config_check(c, why, why_len);
+    if (!rc && (c->max_positions < 1 || c->max_positions > json_int_max))
+        rc = ddt_fail(why, why_len, -EINVAL, "max_position_embeddings must be in [1, 2^53] (got %lld: the target's, "
+                      "set when the run config is resolved)", (long long)c->max_positions);
+    return rc;
+}
+
+/* d checked as a whole (export_check): 0, or -EINVAL with err = "WHERE: why" */
 static int check_drafter(const ddt_json_ctx *j, const ddt_drafter_config *d)
 {
     char why[512];
-    if (ddt_drafter_config_check(d, why, sizeof why))
+    if (export_check(d, why, sizeof why))
         return ddt_fail(j->err, j->err_len, -EINVAL, "%s: %s", j->path, why);
     return 0;
 }
 
-/* The export's config.json object o into *c: every key of drafter_keys present with its type
- * (the fixed ones with their value), no other, and the whole passing ddt_drafter_config_check.
- * j->path says where o is. 0, or -EINVAL with err = "WHERE: key what"; *c untouched then. */
-static int drafter_from_json(const ddt_json_ctx *j, const cJSON *o, ddt_drafter_config *c)
+/* The export's config.json object o, as state.json `version` holds it, into *c: every key of
+ * drafter_keys of that version present with its type (the fixed ones with their value), no
+ * other, and the whole passing export_check. A key newer than the version may be absent: then
+ * max_position_embeddings is max_positions, the others follow from layer_types. j->path says
+ * where o is. 0, or -EINVAL with err = "WHERE: key what"; *c untouched then. */
+static int drafter_from_json(const ddt_json_ctx *j, const cJSON *o, int64_t version, int64_t max_positions,
+                             ddt_drafter_config *c)
 {
     ddt_drafter_config d;
     memset(&d, 0, sizeof d);
+    d.max_positions = max_positions;
     int rc = 0;
     for (const cJSON *item = o->child; !rc && item; item = item->next)
         if (!find_drafter_key(item->string))
             rc = ddt_json_fail(j, item->string, "is not a key of the export's config.json");
     for (int i = 0; !rc && i < DRAFTER_KEYS; i++)
-        rc = read_drafter_key(j, o, &drafter_keys[i], &d);
+        if (drafter_keys[i].since <= version || cJSON_GetObjectItemCaseSensitive(o, drafter_keys[i].key))
+            rc = read_drafter_key(j, o, &drafter_keys[i], &d);
     if (!rc && !(rc = check_drafter(j, &d)))
         *c = d;
     return rc;
@@ -573,7 +633,7 @@ static int check_meta(const ddt_checkpoint_meta *m, char *err, size_t err_len)
     /* the drafter as the reader will see it: what it would refuse is refused now */
     ddt_drafter_config back;
     cJSON *o = drafter_json(&m->drafter);
-    int rc = o ? drafter_from_json(&(ddt_json_ctx){ "checkpoint: drafter", err, err_len }, o, &back)
+    int rc = o ? drafter_from_json(&(ddt_json_ctx){ "checkpoint: drafter", err, err_len }, o, STATE_VERSION, 0, &back)
                : ddt_fail(err, err_len, -ENOMEM, "checkpoint: out of memory");
     cJSON_Delete(o);
     return rc;
@@ -596,6 +656,21 @@ static char *meta_text(const ddt_checkpoint_meta *m)
     return json_text(o);
 }
 
+/* What the forms before version 3 did not say, max_position_embeddings: the run config's
+ * target's (ddt_run_config_max_positions), as the trainer resolves it. */
+static int config_max_positions(const ddt_json_ctx *j, const char *config, int64_t *out)
+{
+    ddt_run_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    char why[1024], field[160];
+    int rc = 0;
+    if (ddt_run_config_parse(config, strlen(config), &cfg, why, sizeof why, field, sizeof field) ||
+        ddt_run_config_max_positions(&cfg, out, why, sizeof why))
+        rc = ddt_fail(j->err, j->err_len, -EINVAL, "%s: config: %s", j->path, why);
+    ddt_run_config_free(&cfg);
+    return rc;
+}
+
 /* The first form's drafter: the run config's drafter (parsed from `config`), completed by
  * root's "resolved" object. */
 static int first_form_drafter(const ddt_json_ctx *j, const cJSON *root, const char *config, ddt_drafter_config *d)
@@ -615,6 +690,8 @@ static int first_form_drafter(const ddt_json_ctx *j, const cJSON *root, const ch
         rc = ddt_fail(j->err, j->err_len, -EINVAL, "%s: config: %s", j->path, why);
     *d = cfg.drafter;
     ddt_run_config_free(&cfg);
+    if (!rc)
+        rc = config_max_positions(j, config, &d->max_positions);
     for (int i = 0; !rc && i < 3; i++)   /* hidden_size, vocab_size, num_target_layers */
         rc = read_drafter_key(&r, resolved, find_drafter_key(resolved_keys[i]), d);
     if (!rc)
@@ -638,8 +715,8 @@ int ddt_checkpoint_read_meta(const char *ckpt_dir, ddt_checkpoint_meta *meta, ch
     int64_t version = 1;   /* the first form had no "version" */
     int rc = 0;
     if (cJSON_GetObjectItemCaseSensitive(root, "version") &&
-        ddt_json_int(&j, root, "version", STATE_VERSION, STATE_VERSION, 0, 0, &version))
-        rc = ddt_json_fail(&j, "version", "must be 2 (this build reads that and the first form, without one)");
+        ddt_json_int(&j, root, "version", 2, STATE_VERSION, 0, 0, &version))
+        rc = ddt_json_fail(&j, "version", "must be 2 or 3 (this build reads those and the first form, without one)");
     if (!rc)
         rc = ddt_json_only(&j, root, version == 1 ? first_state_keys : state_keys);
     const char *run_id = NULL, *config = NULL;
@@ -650,11 +727,13 @@ int ddt_checkpoint_read_meta(const char *ckpt_dir, ddt_checkpoint_meta *meta, ch
     if (!rc)
         rc = text_key(&j, root, "config", &config);
     const cJSON *drafter = NULL;
+    int64_t max_positions = 0;   /* version 2's drafter does not say it */
     if (!rc && version == 1)
         rc = first_form_drafter(&j, root, config, &m.drafter);
-    else if (!rc && !(rc = object_key(&j, root, "drafter", &drafter))) {
+    else if (!rc && !(rc = object_key(&j, root, "drafter", &drafter)) &&
+             !(rc = version < STATE_VERSION ? config_max_positions(&j, config, &max_positions) : 0)) {
         snprintf(where, sizeof where, "%s: drafter", path);
-        rc = drafter_from_json(&(ddt_json_ctx){ where, err, err_len }, drafter, &m.drafter);
+        rc = drafter_from_json(&(ddt_json_ctx){ where, err, err_len }, drafter, version, max_positions, &m.drafter);
     }
     if (!rc && !(m.config_json = strdup(config)))
         rc = ddt_fail(err, err_len, -ENOMEM, "%s: out of memory", path);
@@ -990,7 +1069,7 @@ int ddt_export_write(const char *out_dir, const ddt_drafter_config *c, const flo
     if (!out_dir || !out_dir[0] || !c || !params)
         return ddt_fail(err, err_len, -EINVAL, "export: a required argument is NULL or empty");
     char why[512];
-    if (ddt_drafter_config_check(c, why, sizeof why))
+    if (export_check(c, why, sizeof why))
         return ddt_fail(err, err_len, -EINVAL, "%s: the drafter configuration: %s", out_dir, why);
     char out[CKPT_PATH_MAX], parent[CKPT_PATH_MAX], tmp[CKPT_PATH_MAX], aside[CKPT_PATH_MAX],
         longest[CKPT_PATH_MAX];

@@ -8,7 +8,7 @@
  * written under a temporary name, every file fsynced, then renamed (and the parent fsynced),
  * so a crash leaves either the whole checkpoint or none. Only the newest `keep` remain.
  * The export is a serving directory: config.json (architectures DFlashDraftModel, the keys of
- * SPEC.md section 5) and model.safetensors in BF16 with exactly the parameter names. A
+ * SPEC.md section 5, docs/formats.md) and model.safetensors in BF16 with exactly the parameter names. A
  * checkpoint holds all an export needs: ddt_checkpoint_export makes one without a trainer.
  * Tested by tests/test_checkpoint.c.
  */
@@ -46,8 +46,10 @@ int ddt_checkpoint_latest(const char *run_dir, int64_t *step, char *path, size_t
 
 /* CKPT_DIR/state.json into meta (the caller frees it with ddt_checkpoint_meta_free). Every key
  * is checked: a missing, mistyped or unknown one is -EINVAL with err naming the file and the
- * key. The form before state.json had a "version" (a "resolved" object beside the run config)
- * is read too. On failure meta is left as it was. */
+ * key. Versions 2 (its drafter without use_sliding_window, max_position_embeddings, torch_dtype
+ * and dtype: max_position_embeddings then comes from the run config's target) and the form
+ * before state.json had a "version" (a "resolved" object beside the run config) are read too.
+ * On failure meta is left as it was. */
 int ddt_checkpoint_read_meta(const char *ckpt_dir, ddt_checkpoint_meta *meta, char *err, size_t err_len);
 
 /* Reads a checkpoint's tensors into params and, unless adam is NULL, adam (sized by the table
@@ -57,7 +59,8 @@ int ddt_checkpoint_read_meta(const char *ckpt_dir, ddt_checkpoint_meta *meta, ch
 int ddt_checkpoint_read(const char *ckpt_dir, const ddt_drafter_config *c, float *params,
                         ddt_adamw_state *adam, ddt_checkpoint_meta *meta, char *err, size_t err_len);
 
-/* The serving export of params into out_dir (created; replaced atomically if present). */
+/* The serving export of params into out_dir (created; replaced atomically if present); c must
+ * have its max_positions (ddt_run_config_resolve sets it). */
 int ddt_export_write(const char *out_dir, const ddt_drafter_config *c, const float *params,
                      char *err, size_t err_len);
 

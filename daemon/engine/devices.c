@@ -145,29 +145,64 @@ static int drafter_devices(const ddt_run_config *c, ddt_node node, ddt_devices *
     return 0;
 }
 
-/* target.devices beside the drafter's GPUs in out: a split's target GPUs are this node's, apart
- * from the drafter's; under "all" the drafter takes the GPUs the target leaves */
+/* target.devices beside the drafter's ranks in out: a split's target ranks. GPUs named are this
+ * node's, apart from the drafter's; a number of them on GPU ranks is the node's last N GPUs the
+ * drafter does not take; on CPU ranks, N CPU ranks after the drafter's. Under "all" the drafter
+ * takes the GPUs the target leaves. */
 static int target_devices(const ddt_run_config *c, ddt_node node, ddt_devices *out, char *err, size_t err_len,
                           char *field, size_t field_len)
 {
     const int n = c->target_devices_count;
     if (n == 0)
         return 0;
-    /* run_config.c refused a split with shards, CPU ranks, a cluster, or a devices list it overlaps */
-    for (int i = 0; i < n; i++)
+    /* run_config.c refused a split with shards, a cluster, GPUs named beside devices "cpu", or a
+     * devices list they overlap */
+    for (int i = 0; c->target_named && i < n; i++)
         if (c->target_gpu_ids[i] >= node.gpus)
             return devices_fail(-ENODEV, err, err_len, field, field_len, "target.devices",
                                 "cuda:%d is not a GPU of this node (it has %d%s)", c->target_gpu_ids[i], node.gpus,
                                 node.gpus ? "" : ": none, or this ddtreed was built without CUDA");
+    if (n > c->sequences_per_step)   /* an idle one would hold a whole replica for nothing */
+        return devices_fail(-EINVAL, err, err_len, field, field_len, "target.devices",
+                            "%d target ranks but train.sequences_per_step is %lld: each computes one sequence "
+                            "of a step at least; give at most %lld", n, (long long)c->sequences_per_step,
+                            (long long)c->sequences_per_step);
+    out->target_ranks = n;
+    if (!out->gpu) {   /* CPU target ranks beside CPU drafter ranks */
+        if (out->ranks + n > DDT_MAX_RANKS)
+            return devices_fail(-EINVAL, err, err_len, field, field_len, "target.devices",
+                                "%d target ranks beside %d drafter ranks: at most %d CPU ranks in all", n, out->ranks,
+                                DDT_MAX_RANKS);
+        return 0;
+    }
     if (node.single_gpu)
         return devices_fail(-EINVAL, err, err_len, field, field_len, "target.devices",
                             "a split sends features over NCCL, and this ddtreed was built without it");
+    if (!c->target_named) {   /* the node's last n GPUs that the drafter's list or count leaves */
+        int taken[DDT_MAX_RANKS] = { 0 }, got = 0;
+        for (int r = 0; c->devices_kind != DDT_DEVICES_ALL && r < out->ranks; r++)
+            taken[out->gpu_ids[r]] = 1;
+        for (int g = node.gpus - 1; g >= 0 && got < n; g--)
+            if (!taken[g])
+                got++;
+        if (got < n || (c->devices_kind == DDT_DEVICES_ALL && n >= node.gpus))
+            return devices_fail(-ENODEV, err, err_len, field, field_len, "target.devices",
+                                "%d target GPUs asked for, and this node has %d GPUs, %d of them the drafter's%s", n,
+                                node.gpus, c->devices_kind == DDT_DEVICES_ALL ? 1 : out->ranks,
+                                c->devices_kind == DDT_DEVICES_ALL ? " at least" : " (devices)");
+        got = 0;
+        for (int g = node.gpus - 1; g >= 0 && got < n; g--)
+            if (!taken[g])
+                out->target_gpu_ids[n - 1 - got++] = g;
+    } else {
+        memcpy(out->target_gpu_ids, c->target_gpu_ids, (size_t)n * sizeof *out->target_gpu_ids);
+    }
     if (c->devices_kind == DDT_DEVICES_ALL) {   /* the GPUs the target leaves, as many as sequences */
         int ranks = 0;
         for (int g = 0; g < node.gpus && ranks < c->sequences_per_step && ranks < DDT_MAX_RANKS; g++) {
             int taken = 0;
             for (int i = 0; i < n; i++)
-                taken |= c->target_gpu_ids[i] == g;
+                taken |= out->target_gpu_ids[i] == g;
             if (!taken)
                 out->gpu_ids[ranks++] = g;
         }
@@ -179,7 +214,7 @@ static int target_devices(const ddt_run_config *c, ddt_node node, ddt_devices *o
     }
     for (int r = 0; r < out->ranks; r++)   /* devices N: GPUs 0..N-1 */
         for (int i = 0; i < n; i++)
-            if (out->gpu_ids[r] == c->target_gpu_ids[i])
+            if (out->gpu_ids[r] == out->target_gpu_ids[i])
                 return devices_fail(-EINVAL, err, err_len, field, field_len, "target.devices",
                                     "cuda:%d is a drafter GPU too (devices %lld takes cuda:0..%lld): a split's "
                                     "target GPUs are apart from the drafter's", out->gpu_ids[r],

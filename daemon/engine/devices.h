@@ -21,6 +21,9 @@ typedef struct ddt_devices {
     int gpu;                        /* 1: the ranks are GPUs; 0: CPU ranks */
     int ranks;                      /* this daemon's */
     int32_t gpu_ids[DDT_MAX_RANKS]; /* gpu: the GPU ordinal of each rank */
+    int target_ranks;               /* a split's target ranks (0: none): GPUs target_gpu_ids when
+                                       gpu, else CPU ranks after the drafter's */
+    int32_t target_gpu_ids[DDT_MAX_RANKS];
     int colocated;                  /* 1: every rank runs its own replica of the target on its own
                                        backend (ddt_devices_colocated); 0: the source's host target,
                                        a split, or no target (shards) */

@@ -320,7 +320,8 @@ static void carve(arena *a, const ddt_drafter_config *c, const ddt_batch *b, int
  */
 
 /* The step's product: be->matmul, or be->matmul_bf16 when loss.bf16_products asks for bf16
- * operands (train.precision "bf16": the tensor cores' product; fp32 accumulation either way). */
+ * operands (train.precision "bf16": the tensor cores' product; fp32 accumulation either way) or
+ * the head is bf16 (drafter.h, ddt_head). */
 typedef void (*product_fn)(const ddk_backend *be, int trans_a, int trans_b, int64_t m, int64_t n,
                            int64_t k, float alpha, const float *a, int64_t lda, const float *b,
                            int64_t ldb, float beta, float *c, int64_t ldc);
@@ -629,8 +630,8 @@ int ddt_drafter_step(const ddk_backend *be, const ddt_drafter_config *c,
     p.vocab = c->vocab;
     const int data_labels = !lc->ce_target_teacher;
     const int uses_teacher = b->teacher_hidden && ddk_loss_uses_teacher(&p, data_labels);
-    if (head->bf16)   /* the loss reads an fp32 head */
-        return -ENOTSUP;
+    p.head_bf16 = head->bf16 != 0;  /* the loss reads a bf16 head in place ... */
+    p.bf16_products |= p.head_bf16; /* ... with bf16 operands, and so does the whole step */
 
     seq_acts *seqs = calloc((size_t)b->nseq, sizeof *seqs);   /* pointers into the arena */
     if (!seqs)

@@ -32,6 +32,8 @@ typedef struct ddt_drafter_config {
     int32_t target_layer_ids[DDT_MAX_TAPS];
     int32_t mask_token_id;
     int64_t num_target_layers;              /* of the target (export's num_target_layers) */
+    int64_t max_positions;                  /* the target's max_position_embeddings (the export's;
+                                               0 = not resolved, refused by the export) */
 } ddt_drafter_config;
 
 /* Checks ranges and relations (nh % nkv, d even, ids...): 0, or -EINVAL with err naming the
@@ -106,7 +108,11 @@ int ddt_batch_check(const ddt_drafter_config *c, const ddt_batch *b, const ddt_l
 /* The target's frozen embed_tokens and lm_head (V, H each, one pointer twice when tied) as the
  * drafter reads them, in the backend's memory: fp32, or (bf16 1) bf16 bit patterns (uint16_t,
  * ddk_bf16.h), a GPU replica's weights in place as stored, read through the bf16 ops
- * (embedding_w16 and the loss's bf16 head, whose products are bf16 then). */
+ * (embedding_w16, and the loss's head_bf16, whose products take bf16 operands). With a bf16 head
+ * ddt_drafter_step runs as with loss.bf16_products = 1 whatever the config says: every product of
+ * the step, the drafter's own included, takes bf16 operands (a step with bf16 logits and fp32
+ * layer products would be a third precision for no gain: an fp32 step needs an fp32 head).
+ * ddt_drafter_forward keeps its fp32 products (it reads only embed from the head). */
 typedef struct ddt_head {
     const void *embed, *lm_head;
     int bf16;

@@ -177,6 +177,14 @@ static int32_t sample(ddt_generator *g, const ddt_generate_params *p, uint64_t *
 int ddt_generate(ddt_generator *g, const ddt_generate_params *p, uint64_t seed,
                  const int32_t *prompt, int64_t P, int64_t S, int32_t *tokens, float *hidden)
 {
+    return ddt_generate_until(g, p, seed, prompt, P, S, -1, tokens, hidden, NULL);
+}
+
+int ddt_generate_until(ddt_generator *g, const ddt_generate_params *p, uint64_t seed, const int32_t *prompt,
+                       int64_t P, int64_t S, int32_t stop, int32_t *tokens, float *hidden, int64_t *len)
+{
+    if (len)
+        *len = S;
     ddt_target_cache *c = &g->tc;
     const int64_t H = c->m->hidden, V = c->m->vocab;
     if (!prompt)
@@ -216,12 +224,18 @@ int ddt_generate(ddt_generator *g, const ddt_generate_params *p, uint64_t seed,
             ddt_target_logits(c->be, c->m, last, 1, g->logits);
         }
         tokens[t] = sample(g, p, &rng);
-        if (t + 1 < S || hidden) {
+        const int stopped = tokens[t] == stop;
+        if ((t + 1 < S && !stopped) || hidden) {
             float *out = hidden ? hidden + t * H : g->hidden;
             int rc = ddt_target_decode(c, tokens[t], NULL, 0, NULL, out, NULL);
             if (rc)
                 return rc;
             last = out;
+        }
+        if (stopped) {
+            if (len)
+                *len = t + 1;
+            break;
         }
     }
     return 0;

@@ -5,12 +5,15 @@
  * O(S^2), not the O(S^3) of re-running the full forward per token.
  * Sampling: logits = final_norm(h) lm_head^T; temperature 0 is greedy (argmax, ties: lowest
  * id); otherwise softmax(logits / temperature) restricted to the nucleus (the fewest most
- * likely tokens whose probability reaches top_p; ties ordered by id). A sequence depends
+ * likely tokens whose probability reaches top_p; ties ordered by id). A stop token (the
+ * regeneration of chat data's assistant turns: `<|im_end|>`) ends a sequence early; the tokens
+ * up to it are those the same call without a stop gives. A sequence depends
  * only on (target, seed, prompt, length, temperature, top_p): never on what was generated
  * before or on threads (nor on the backend, for an fp32 target on any CPU backend: the same ops). Not here: batching several sequences per step (a BLAS may sum a row
  * differently in a taller product, which would make tokens depend on the batch).
  * Tested by tests/test_source.c (decode hidden == full forward's, greedy == argmax of the
- * full forward's logits, determinism, top_p -> 0 == greedy) and tests/train_qwen35_test.sh.
+ * full forward's logits, determinism, top_p -> 0 == greedy, the stop token) and
+ * tests/train_qwen35_test.sh.
  *
  * Legend: S tokens, P prompt tokens, H hidden, V vocabulary, C rows per prefill chunk.
  */
@@ -69,5 +72,11 @@ void ddt_generator_free(ddt_generator *g);
  * 0, or -EINVAL (S outside [1, max_len], a prompt token outside [0, V), bad params). */
 int ddt_generate(ddt_generator *g, const ddt_generate_params *p, uint64_t seed,
                  const int32_t *prompt, int64_t P, int64_t S, int32_t *tokens, float *hidden);
+
+/* ddt_generate, ending right after the first sampled token equal to stop (-1: none): *len (NULL:
+ * not wanted) is the tokens written, P + the sampled ones with the stop, <= S; tokens (and
+ * hidden) past it are untouched. tokens[0 .. *len) are ddt_generate's for the same arguments. */
+int ddt_generate_until(ddt_generator *g, const ddt_generate_params *p, uint64_t seed, const int32_t *prompt,
+                       int64_t P, int64_t S, int32_t stop, int32_t *tokens, float *hidden, int64_t *len);
 
 #endif

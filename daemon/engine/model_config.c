@@ -1,6 +1,7 @@
 /* model_config.c: config.json of drafters (export format) and dense targets, read with cJSON
- * as untrusted input: types and ranges checked before narrowing, errors naming the field.
- * Tested by tests/test_engine.c.
+ * as untrusted input: types and ranges checked before narrowing, errors naming the field; and a
+ * target's max_position_embeddings for the export.
+ * Tested by tests/test_engine.c and tests/test_checkpoint.c.
  */
 #include "model_config.h"
 #include "json_fields.h"
@@ -11,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 char *ddt_read_text_file(const char *path, size_t max_bytes, char *err, size_t err_len)
 {
@@ -53,6 +55,30 @@ static cJSON *parse_config(const char *dir, void *config, size_t config_bytes, c
 
 /* ------------------------------------------------------------------------------------------ */
 
+/* The keys an export carries for Hugging Face's Qwen3Config and the servers, each optional:
+ * use_sliding_window a bool, and not false with a sliding_attention layer (Qwen3Config sets
+ * sliding_window to None unless it is true: transformers' models/qwen3/configuration_qwen3.py);
+ * torch_dtype and dtype strings. c's layer_types read. */
+static int serving_keys(const ddt_json_ctx *j, const cJSON *root, const ddt_drafter_config *c)
+{
+    const cJSON *use = cJSON_GetObjectItemCaseSensitive(root, "use_sliding_window");
+    if (use && !cJSON_IsBool(use))
+        return ddt_json_fail(j, "use_sliding_window", "must be true or false");
+    int any_sliding = 0;
+    for (int64_t i = 0; i < c->layers; i++)
+        any_sliding |= c->sliding[i];
+    if (cJSON_IsFalse(use) && any_sliding)
+        return ddt_json_fail(j, "use_sliding_window", "is false but a layer is sliding_attention: Hugging Face's "
+                             "Qwen3Config then drops sliding_window and the servers refuse the drafter (make it true)");
+    static const char *const dtype_keys[] = { "torch_dtype", "dtype" };
+    for (int k = 0; k < 2; k++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, dtype_keys[k]);
+        if (v && !cJSON_IsNull(v) && !cJSON_IsString(v))
+            return ddt_json_fail(j, dtype_keys[k], "must be a string (e.g. \"bfloat16\")");
+    }
+    return 0;
+}
+
 int ddt_drafter_config_load(const char *dir, ddt_drafter_config *c, char *err, size_t err_len)
 {
     char path[4096];
@@ -87,6 +113,8 @@ int ddt_drafter_config_load(const char *dir, ddt_drafter_config *c, char *err, s
             }
         }
     }
+    if (!rc) rc = ddt_json_int(&j, root, "max_position_embeddings", 1, (int64_t)1 << 53, 1, 0, &c->max_positions);
+    if (!rc) rc = serving_keys(&j, root, c);
     const cJSON *dflash = cJSON_GetObjectItemCaseSensitive(root, "dflash_config");
     if (!rc && !cJSON_IsObject(dflash))
         rc = ddt_json_fail(&j, "dflash_config", "must be an object with target_layer_ids and mask_token_id");
@@ -270,6 +298,35 @@ int ddt_qwen35_config_load(const char *dir, ddt_qwen35_config *c, char *err, siz
         if (strncmp(rest, "text_config", 11))
             snprintf(err, err_len, "%s: text_config.%s", path, rest);
     }
+    cJSON_Delete(root);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * The target's max_position_embeddings (the export repeats it: SPEC.md section 5)
+ */
+
+int ddt_target_max_positions(const char *dir, int64_t *out, char *err, size_t err_len)
+{
+    char path[4096];
+    *out = DDT_MAX_POSITIONS_DEFAULT;
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (access(path, F_OK) != 0)
+        return 0;
+    cJSON *root = ddt_json_parse_file(path, 1 << 20, err, err_len);
+    if (!root)
+        return -EINVAL;
+    ddt_json_ctx j = { path, err, err_len };
+    const cJSON *text = cJSON_GetObjectItemCaseSensitive(root, "text_config");
+    const char *field = "max_position_embeddings";
+    const cJSON *at = root;
+    if (!cJSON_GetObjectItemCaseSensitive(root, field) && cJSON_IsObject(text)) {
+        at = text;
+        field = "text_config.max_position_embeddings";
+    }
+    int rc = ddt_json_int(&j, at, "max_position_embeddings", 1, (int64_t)1 << 53, 1, DDT_MAX_POSITIONS_DEFAULT, out);
+    if (rc && at == text)   /* named with its path */
+        rc = ddt_json_fail(&j, field, "must be an integer in [1, 2^53]");
     cJSON_Delete(root);
     return rc;
 }

@@ -2,7 +2,9 @@
  * drafter's export format (SPEC.md section 5), the dense targets (llama, qwen3; section 3) and
  * the Qwen3.5 / Qwen3.6 hybrid targets (qwen3_5; section 3.1).
  * Every missing, mistyped or out-of-range field is an error naming the file and the field.
- * Tested by tests/test_engine.c and, through the tools, by the oracle tests.
+ * Also the target's max_position_embeddings, which the drafter's export repeats.
+ * Tested by tests/test_engine.c, tests/test_checkpoint.c and, through the tools, by the oracle
+ * tests.
  */
 #ifndef DDT_MODEL_CONFIG_H
 #define DDT_MODEL_CONFIG_H
@@ -13,6 +15,11 @@
 #include <stdint.h>
 
 enum { DDT_MAX_TARGET_LAYERS = 256 };
+/* max_position_embeddings where the target does not say it (a synthetic target, a config.json
+ * without the key, shards whose target.path has no config.json): Hugging Face's Qwen3Config
+ * default, and what vLLM (qwen3_dflash.py reads config.max_position_embeddings through
+ * Qwen3Config) and SGLang (models/dflash.py, getattr(..., 32768)) assume when it is missing. */
+enum { DDT_MAX_POSITIONS_DEFAULT = 32768 };
 
 typedef struct ddt_target_config {
     int qwen3;                /* model_type "qwen3" (per-head q_norm / k_norm); else "llama" */
@@ -40,11 +47,21 @@ typedef struct ddt_qwen35_config {
 /* The whole file, NUL-terminated, at most max_bytes: NULL with err on failure (free() it). */
 char *ddt_read_text_file(const char *path, size_t max_bytes, char *err, size_t err_len);
 
-/* DIR/config.json. 0, or -EINVAL / -errno with err = "PATH: field: what is wrong". */
+/* DIR/config.json. 0, or -EINVAL / -errno with err = "PATH: field: what is wrong".
+ * The drafter's: the keys of SPEC.md section 5; use_sliding_window, max_position_embeddings
+ * (c->max_positions, 0 when absent), torch_dtype and dtype may be absent (exports written before
+ * them, other trainers'), but use_sliding_window false with a sliding_attention layer is refused
+ * (Hugging Face's Qwen3Config would drop sliding_window, and the servers refuse the drafter). */
 int ddt_drafter_config_load(const char *dir, ddt_drafter_config *c, char *err, size_t err_len);
 int ddt_target_config_load(const char *dir, ddt_target_config *c, char *err, size_t err_len);
 /* DIR/config.json of model_type qwen3_5 (fields in text_config of model_type qwen3_5_text) or
  * qwen3_5_text (fields at the top). Same errors: "PATH: field is missing" for a field it lacks. */
 int ddt_qwen35_config_load(const char *dir, ddt_qwen35_config *c, char *err, size_t err_len);
+
+/* A target directory's max_position_embeddings (DIR/config.json's, else its text_config's, as
+ * Qwen3.5 / Qwen3.6 keep it): DDT_MAX_POSITIONS_DEFAULT when the file or the key is absent.
+ * 0, or -EINVAL with err naming the file and the field when it is there but not an integer in
+ * [1, 2^53] (or the file is not JSON). */
+int ddt_target_max_positions(const char *dir, int64_t *out, char *err, size_t err_len);
 
 #endif

@@ -35,8 +35,8 @@ static int64_t bf16_weight_bytes(const ddt_run_config *c, const ddt_target_footp
     return f->stored_bytes == 2 ? f->stored_weight_bytes : f->fp32_bytes / 2;
 }
 
-/* The target's bytes where it runs, for a placement (HOST, SAME or SPLIT with `devices` GPUs)
- * on ranks that are GPUs (gpu) or CPU ranks */
+/* The target's bytes where it runs, for a placement (HOST, SAME or SPLIT with `devices` target
+ * ranks) on ranks that are GPUs (gpu) or CPU ranks */
 static void target_bytes(const ddt_run_config *c, const ddt_target_footprint *f, ddt_placement placement,
                          int64_t devices, int gpu, ddt_target_plan *t)
 {
@@ -44,23 +44,26 @@ static void target_bytes(const ddt_run_config *c, const ddt_target_footprint *f,
     memset(t, 0, sizeof *t);
     t->placement = placement;
     t->devices = placement == DDT_PLACE_SPLIT ? devices : 0;
-    t->weights = placement == DDT_PLACE_HOST ? f->fp32_bytes
-                 : placement == DDT_PLACE_SAME ? (gpu ? bf16_weight_bytes(c, f) : f->fp32_bytes)
-                                               : f->stored_weight_bytes;
+    t->weights = placement != DDT_PLACE_HOST && gpu ? bf16_weight_bytes(c, f) : f->fp32_bytes;
     /* the host's source runs its loader and its held-out worker, each with a generator; a rank
-     * (SAME) prefills its own sequences one at a time and, generating, samples them with its one
-     * generator (rank 0's makes the held-out ones between steps) */
+     * (SAME, or a SPLIT's target rank) prefills its own sequences one at a time and, generating,
+     * samples them with its one generator (rank 0's, or target rank 0's, makes the held-out ones
+     * between steps); a target rank sends from one sequence's features and teacher */
     const int threads = placement == DDT_PLACE_HOST ? 2 : 1;
     t->workspace = threads * f->prefill_bytes;
     t->cache = generating ? threads * f->cache_bytes : 0;
+    if (placement == DDT_PLACE_SPLIT) {
+        const int teacher = c->ce_target_teacher || c->kl_weight > 0.0f;
+        t->send = c->seq_len * (c->drafter.taps + (teacher ? 1 : 0)) * f->hidden * (int64_t)sizeof(float);
+    }
     ddt_source_config src;
     ddt_run_config_source(c, &src);
-    src.tokens_only = placement == DDT_PLACE_SAME;
-    if (placement == DDT_PLACE_HOST || (placement == DDT_PLACE_SAME && !generating))
+    src.tokens_only = placement == DDT_PLACE_SAME || placement == DDT_PLACE_SPLIT;
+    if (placement == DDT_PLACE_HOST || (src.tokens_only && !generating))
         t->queue = ddt_source_queue_bytes(&src, f->hidden);
-    /* SAME: no host target at all; a token file's source keeps its token queue, generated data
-     * has no source, only the held-out tokens kept once sampled */
-    if (placement == DDT_PLACE_SAME)
+    /* SAME, SPLIT: no host target at all; a token file's source keeps its token queue, generated
+     * data has no source, only the held-out tokens kept once sampled */
+    if (src.tokens_only)
         t->host = generating ? ddt_source_heldout_token_bytes(&src) : t->queue;
 }
 
@@ -68,9 +71,10 @@ static void target_bytes(const ddt_run_config *c, const ddt_target_footprint *f,
  * t places it: SAME adds its weights and, generating, its generator (cache and workspace, opened
  * with the replica) to what the device holds throughout and its forward (run by the rank before
  * its step, never during it) beside the step's transient bytes; a CPU rank
- * then reads embed_tokens / lm_head in its fp32 replica, a GPU keeps an fp32 copy (the loss
- * reads fp32 only). SPLIT adds the two feature batches the hand-off keeps in flight, and a copy
- * of the head in the stored type. */
+ * reads its replica's embed_tokens / lm_head in place (fp32 on a CPU rank, bf16 on a GPU).
+ * SPLIT adds the second batch slot the target ranks fill while the step trains on the first
+ * (double-buffered); a CPU rank reads target rank 0's fp32 head in place, a GPU keeps a bf16
+ * copy. */
 static void fill(const ddt_run_config *c, int tied_head, int64_t chunk, int64_t tile, const ddt_target_footprint *f,
                  ddt_target_plan *t, ddt_memory_plan *p)
 {
@@ -87,8 +91,8 @@ static void fill(const ddt_run_config *c, int tied_head, int64_t chunk, int64_t 
     p->weights = total * F;
     p->gradients = (micro < nseq ? 2 : 1) * total * F;
     p->optimizer = 2 * total * F;
-    p->frozen_head = placement == DDT_PLACE_SAME && !p->gpu ? 0
-                     : (tied_head ? 1 : 2) * V * H * (placement == DDT_PLACE_SPLIT ? f->stored_bytes : F);
+    p->frozen_head = placement == DDT_PLACE_SAME || (placement == DDT_PLACE_SPLIT && !p->gpu) ? 0
+                     : (tied_head ? 1 : 2) * V * H * (placement == DDT_PLACE_SPLIT ? 2 : F);
     p->batch = nseq * c->seq_len * ((d->taps + (uses_teacher ? 1 : 0)) * H * F + 5) +
                nseq * c->max_anchors * 5;
     p->activations = (int64_t)ddt_drafter_step_bytes(d, micro, c->seq_len, c->max_anchors, uses_teacher);
@@ -113,9 +117,9 @@ static void fill(const ddt_run_config *c, int tied_head, int64_t chunk, int64_t 
         if (t->workspace > transient)
             transient = t->workspace;
     } else if (placement == DDT_PLACE_SPLIT) {
-        t->handoff = 2 * p->batch;
+        t->handoff = p->batch;
         held += t->handoff;
-        t->peak = t->weights + t->workspace + t->cache + t->handoff;
+        t->peak = t->weights + t->workspace + t->cache + t->send;
     } else if (placement == DDT_PLACE_HOST) {
         t->peak = t->weights + t->workspace + t->cache + t->queue;
     }
@@ -164,7 +168,8 @@ int ddt_plan(const ddt_run_config *c, int64_t budget, int tied_head, const ddt_t
         return 0;
     }
     if (!gpu || (!colocated && c->target_devices_count == 0)) {   /* CPU ranks, or "host" */
-        target_bytes(c, f, colocated ? DDT_PLACE_SAME : DDT_PLACE_HOST, 0, gpu, &t);
+        target_bytes(c, f, c->target_devices_count ? DDT_PLACE_SPLIT : colocated ? DDT_PLACE_SAME : DDT_PLACE_HOST,
+                     c->target_devices_count, gpu, &t);
         p->fits = fit_chunk(c, tied_head, f, &t, p);
         p->target = t;
         return 0;
@@ -215,10 +220,10 @@ int ddt_plan(const ddt_run_config *c, int64_t budget, int tied_head, const ddt_t
     }
     if (p->target.peak > p->budget && p->budget && p->target.placement == DDT_PLACE_SPLIT) {
         p->fits = 0;
-        snprintf(p->why, sizeof p->why, "one target GPU needs %.1f GB (weights %.1f GB as %s, a prefill's %.2f GB, "
-                 "generator %.2f GB, hand-off %.2f GB) against a budget of %.1f GB: no placement fits; a target "
+        snprintf(p->why, sizeof p->why, "one target GPU needs %.1f GB (weights %.1f GB in bf16, a prefill's %.2f GB, "
+                 "generator %.2f GB, send buffer %.2f GB) against a budget of %.1f GB: no placement fits; a target "
                  "split over several GPUs by layers is not built", p->target.peak / 1e9, p->target.weights / 1e9,
-                 f->dtype, p->target.workspace / 1e9, p->target.cache / 1e9, p->target.handoff / 1e9,
+                 p->target.workspace / 1e9, p->target.cache / 1e9, p->target.send / 1e9,
                  p->budget / 1e9);
     }
     return 0;
@@ -244,15 +249,18 @@ void ddt_plan_print(const ddt_run_config *c, const ddt_memory_plan *p, FILE *out
     fprintf(out, "  one logits tensor: %lld x %lld x 2 B = %.2f GB in bf16 (%.2f GB in fp32); "
             "a naive KL holds three\n", (long long)p->positions, (long long)d->vocab,
             2.0 * p->positions * d->vocab / 1e9, 4.0 * p->positions * d->vocab / 1e9);
+    const int head16 = p->gpu && (p->target.placement == DDT_PLACE_SAME || p->target.placement == DDT_PLACE_SPLIT);
     fprintf(out, "  matrix products %s; weights, moments, activations and statistics in fp32\n",
-            c->bf16 ? "with bf16 operands on the tensor cores (train.precision bf16)" : "in fp32");
+            c->bf16 ? "with bf16 operands on the tensor cores (train.precision bf16)"
+            : head16 ? "with bf16 operands on the tensor cores (the loss reads the target's bf16 head)" : "in fp32");
     row(out, "weights", p->weights, p->peak, "fp32 master weights");
     row(out, "gradients", p->gradients, p->peak, c->grad_accum > 1 ? "fp32, and one micro-batch's" : "fp32");
     row(out, "optimizer state", p->optimizer, p->peak, "AdamW m and v, fp32");
     row(out, "frozen target head", p->frozen_head, p->peak,
         p->target.placement == DDT_PLACE_SAME && !p->gpu ? "none: the rank reads its fp32 replica's embed_tokens and lm_head in place"
-        : p->target.placement == DDT_PLACE_SAME ? "embed_tokens and lm_head, an fp32 copy per GPU (the loss reads fp32; the replica's bf16 head is not read in place yet)"
-        : p->target.placement == DDT_PLACE_SPLIT ? "embed_tokens and lm_head, in the stored type"
+        : p->target.placement == DDT_PLACE_SAME ? "none: the rank reads its bf16 replica's embed_tokens and lm_head in place"
+        : p->target.placement == DDT_PLACE_SPLIT && !p->gpu ? "none: the rank reads target rank 0's fp32 replica's embed_tokens and lm_head in place"
+        : p->target.placement == DDT_PLACE_SPLIT ? "embed_tokens and lm_head, a bf16 copy per GPU (the loss reads it as stored)"
                                                  : "embed_tokens and lm_head, fp32");
     row(out, "batch", p->batch, p->peak, "features, teacher hidden, tokens");
     row(out, "activations", p->activations, p->peak, "kept from forward for backward");
@@ -273,24 +281,25 @@ void ddt_plan_print(const ddt_run_config *c, const ddt_memory_plan *p, FILE *out
         row(out, "generator (co-located)", t->cache, p->peak, "the replica's decoding cache of one sequence and "
             "the sampling workspace (each rank samples its own sequences)");
     if (t->placement == DDT_PLACE_SPLIT)
-        row(out, "feature hand-off", t->handoff, p->peak, "two batches in flight (double-buffered)");
+        row(out, "feature hand-off", t->handoff, p->peak, "the next step's batch, filled by the target ranks during "
+            "this one's (double-buffered)");
     row(out, "predicted peak", p->peak, p->peak, "");
     if (t->placement == DDT_PLACE_HOST || t->placement == DDT_PLACE_SPLIT) {
         if (t->placement == DDT_PLACE_HOST)
             fprintf(out, "the target, in host memory (fp32, shared by the ranks):\n");
         else
-            fprintf(out, "each of %lld target GPU(s)%s:\n", (long long)t->devices,
+            fprintf(out, "each of %lld target %s%s:\n", (long long)t->devices, p->gpu ? "GPU(s)" : "CPU rank(s)",
                     t->proposed ? " (proposed: co-location does not fit)" : "");
-        row(out, "target weights", t->weights, t->peak, t->placement == DDT_PLACE_HOST ? "fp32" : "the stored type");
+        row(out, "target weights", t->weights, t->peak, t->placement == DDT_PLACE_HOST || !p->gpu ? "fp32" : "bf16");
         row(out, "target prefill", t->workspace, t->peak, t->placement == DDT_PLACE_HOST ? "two sequences' forward workspace (the loader and the held-out worker), fp32" : "one sequence's forward workspace, fp32");
         row(out, "generator", t->cache, t->peak, t->cache ? (t->placement == DDT_PLACE_HOST ? "the cache and workspace of the loader's and the held-out worker's" : "one generating sequence's cache and workspace") : "none: a token file");
         if (t->placement == DDT_PLACE_HOST)
             row(out, "sequence queue", t->queue, t->peak, "the source's buffers of features and teacher states");
         if (t->placement == DDT_PLACE_SPLIT)
-            row(out, "feature hand-off", t->handoff, t->peak, "two batches in flight");
+            row(out, "send buffer", t->send, t->peak, "one sequence's features and teacher, sent as the next is computed");
         row(out, "target peak", t->peak, t->peak, "");
     }
-    if (t->placement == DDT_PLACE_SAME) {
+    if (t->placement == DDT_PLACE_SAME || t->placement == DDT_PLACE_SPLIT) {
         const int generating = c->target_kind == DDT_SOURCE_SYNTHETIC || !*c->target_tokens;
         if (generating) {
             fprintf(out, "the host, beside the replicas (no host target: the ranks sample the data):\n");
@@ -302,8 +311,7 @@ void ddt_plan_print(const ddt_run_config *c, const ddt_memory_plan *p, FILE *out
     }
     if (t->placement == DDT_PLACE_SPLIT || (t->placement == DDT_PLACE_SAME && p->gpu))
         fprintf(out, "  target: %.0f%% of a step's matrix FLOPs%s%s\n", 100.0 * t->flops_share,
-                t->proposed ? "; the split proposed gives it that share of the node's GPUs" : "",
-                t->placement == DDT_PLACE_SPLIT ? "\n  (the placement's plan: this ddtreed refuses a split at start)" : "");
+                t->proposed ? "; the split proposed gives it that share of the node's GPUs" : "", "");
     if (p->budget)
         fprintf(out, "  budget %.3f GB: %s\n", p->budget / 1e9,
                 p->fits ? "fits" : "does NOT fit even at the smallest chunk and vocab_tile tried");
@@ -348,6 +356,7 @@ char *ddt_plan_json(const ddt_run_config *c, const ddt_memory_plan *p, const cha
         cJSON_AddNumberToObject(j, "queue", (double)t->queue);
         cJSON_AddNumberToObject(j, "host", (double)t->host);
         cJSON_AddNumberToObject(j, "handoff", (double)t->handoff);
+        cJSON_AddNumberToObject(j, "send", (double)t->send);
         cJSON_AddNumberToObject(j, "peak_bytes", (double)t->peak);
         cJSON_AddNumberToObject(j, "flops_share", t->flops_share);
     }

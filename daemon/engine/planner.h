@@ -51,7 +51,8 @@ typedef enum ddt_placement {
                           default; GPU ranks with target.devices "host") */
     DDT_PLACE_SAME,    /* a replica on each drafter rank: bf16 on a GPU, fp32 on a CPU rank
                           (target.devices "same"; "auto" on GPU ranks) */
-    DDT_PLACE_SPLIT    /* GPU ranks: replicas on target GPUs, features sent to drafter GPUs */
+    DDT_PLACE_SPLIT    /* replicas on target ranks apart from the drafter's (GPUs, or CPU ranks),
+                          features handed to the drafter ranks */
 } ddt_placement;
 
 /* The target's part of a plan: bytes where it runs (HOST: the host; SAME: on each drafter rank,
@@ -60,9 +61,9 @@ typedef enum ddt_placement {
 typedef struct ddt_target_plan {
     ddt_placement placement;
     int proposed;              /* SPLIT: the planner's proposal (co-location does not fit) */
-    int64_t devices;           /* SPLIT: target GPUs; else 0 */
-    int64_t weights;           /* HOST, SAME on CPU ranks: fp32; SAME on GPUs: bf16 (what the replica
-                                  is opened as); SPLIT: the checkpoint's stored type */
+    int64_t devices;           /* SPLIT: target ranks; else 0 */
+    int64_t weights;           /* HOST, and SAME or SPLIT on CPU ranks: fp32; SAME or SPLIT on GPUs:
+                                  bf16 (what the replica is opened as) */
     int64_t workspace;         /* the prefills at once (HOST: two threads; else one) */
     int64_t cache;             /* generating: the generators' caches and workspaces (HOST: the
                                   loader's and the held-out worker's; SPLIT: one; SAME: the rank's
@@ -71,9 +72,10 @@ typedef struct ddt_target_plan {
     int64_t queue;             /* HOST, SAME with a token file: the source's sequence buffers
                                   (ddt_source_queue_bytes; SAME: tokens and masks only); SAME
                                   generating: 0 (no source) */
-    int64_t host;              /* SAME: what stays on the host: the token file's queue, or,
+    int64_t host;              /* SAME, SPLIT: what stays on the host: the token file's queue, or,
                                   generating, the held-out tokens (no host target either way) */
-    int64_t handoff;           /* SPLIT: two feature batches in flight per side (double-buffered) */
+    int64_t handoff;           /* SPLIT: a drafter rank's second batch slot (double-buffered) */
+    int64_t send;              /* SPLIT: a target rank's buffers of one sequence */
     int64_t peak;              /* HOST and SPLIT: the sum; SAME: 0 (in the drafter's peak) */
     double flops_share;        /* the target's share of a step's matrix FLOPs (0..1) */
 } ddt_target_plan;

@@ -33,8 +33,13 @@ typedef enum ddt_target_place {
     DDT_TARGET_AUTO,      /* "auto" (the default): SAME on GPU ranks, HOST on CPU ranks */
     DDT_TARGET_HOST,      /* "host": one fp32 target on the host CPU, in the source's loader */
     DDT_TARGET_SAME,      /* "same": a replica on every drafter rank's own backend (co-located) */
-    DDT_TARGET_SPLIT      /* ["cuda:N", ...]: target GPUs apart from the drafter's (target_gpu_ids) */
+    DDT_TARGET_SPLIT      /* ["cuda:N", ...]: target GPUs apart from the drafter's (target_gpu_ids);
+                             or N: N target ranks (GPUs devices.c picks, or CPU ranks) */
 } ddt_target_place;
+
+/* What "target.data.kind" asked for; AUTO resolves at parse: chat with target.data.files, tokens
+ * with target.tokens, else generate. */
+typedef enum ddt_data_kind { DDT_DATA_AUTO, DDT_DATA_GENERATE, DDT_DATA_TOKENS, DDT_DATA_CHAT } ddt_data_kind;
 
 typedef struct ddt_run_config {
     char name[DDT_RUN_NAME];
@@ -46,7 +51,15 @@ typedef struct ddt_run_config {
     int shard_count;
     char (*shards)[DDT_RUN_PATH];          /* shards: (shard_count) files, malloc'd */
     ddt_target_config synthetic;           /* synthetic: the target's shape */
-    float temperature, top_p;              /* generation of target data */
+    float temperature, top_p;              /* generation of target data, and regeneration */
+    /* target.data: chat data (SPEC.md section 8), read by source_chat.c */
+    int data_kind;                         /* ddt_data_kind, resolved (never AUTO after parse) */
+    int chat_file_count;
+    char chat_files[DDT_MAX_CHAT_FILES][DDT_RUN_PATH];
+    int chat_template;                     /* ddt_chat_template: qwen3, qwen3.5, qwen3.6 */
+    char system_prompt[DDT_CHAT_SYSTEM_PROMPT_MAX];
+    int train_only_last_turn, drop_reasoning, regenerate;
+    int64_t max_new_tokens;                /* regeneration's cap on the answer (0: seq_len) */
 
     /* drafter (hidden_size and vocab come from the target) */
     ddt_drafter_config drafter;
@@ -72,7 +85,8 @@ typedef struct ddt_run_config {
     ddt_devices_kind devices_kind;
     int32_t gpu_ids[DDT_MAX_RANKS];        /* DDT_DEVICES_LIST: the GPUs, ranks of them */
     ddt_target_place target_place;         /* target.devices */
-    int target_devices_count;              /* DDT_TARGET_SPLIT: the GPUs in target_gpu_ids; else 0 */
+    int target_devices_count;              /* DDT_TARGET_SPLIT: its target ranks; else 0 */
+    int target_named;                      /* DDT_TARGET_SPLIT: 1 they are the GPUs target_gpu_ids */
     int32_t target_gpu_ids[DDT_MAX_RANKS];
     char cluster_id[260];                  /* cluster.unique_id: "" = this daemon alone */
     int64_t cluster_world, cluster_first;  /* cluster.world_size (0 = alone), cluster.first_rank */
@@ -91,9 +105,15 @@ int ddt_run_config_parse(const char *json, size_t len, ddt_run_config *c, char *
 void ddt_run_config_free(ddt_run_config *c);
 
 /* Completes what depends on the target (hidden size, vocab, layers): drafter.hidden, vocab,
- * default taps and mask token; then checks the drafter. 0 or -EINVAL with err. */
+ * default taps (refused when "auto" would repeat a layer), mask token and max_positions
+ * (ddt_run_config_max_positions); then checks the drafter. 0 or -EINVAL with err. */
 int ddt_run_config_resolve(ddt_run_config *c, int64_t target_hidden, int64_t target_vocab,
                            int64_t target_layers, char *err, size_t err_len);
+
+/* The max_position_embeddings the export repeats: target.path's config.json's (hf, shards;
+ * ddt_target_max_positions), DDT_MAX_POSITIONS_DEFAULT for a synthetic target or where the
+ * directory does not say it. 0, or -EINVAL with err when the file says it wrongly. */
+int ddt_run_config_max_positions(const ddt_run_config *c, int64_t *out, char *err, size_t err_len);
 
 /* The target's hidden size, vocabulary, layers and tied head: hf from its config.json;
  * shards from the first shard's metadata when it can be read; otherwise (synthetic, or shards

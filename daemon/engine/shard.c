@@ -257,13 +257,21 @@ int ddt_shard_tokens_open(const char *path, int64_t vocab, ddt_shard_tokens *out
     out->input_ids = ddt_tensor_load(&f, &want_ids, &out->ids_bytes, err, err_len);
     if (out->input_ids)
         out->offsets = ddt_tensor_load(&f, &want_offsets, &out->offsets_bytes, err, err_len);
-    ddt_st_close(&f);
     rc = out->offsets ? 0 : -EINVAL;
+    if (!rc && ddt_st_find(&f, tensors[T_LOSS_MASK].name)) {   /* optional: absent, every token is trained */
+        int64_t mask_dims[1] = { ids_dims[0] };
+        const ddt_tensor_want want_mask = { tensors[T_LOSS_MASK].name, DDT_U8, 1, mask_dims };
+        out->loss_mask = ddt_tensor_load(&f, &want_mask, &out->mask_bytes, err, err_len);
+        rc = out->loss_mask ? 0 : -EINVAL;
+    }
+    ddt_st_close(&f);
     if (!rc) {
         out->total = ids_dims[0];
         out->nseq = offsets_dims[0] - 1;
         rc = check_tokens(path, out->input_ids, out->offsets, out->nseq, out->total, vocab, err, err_len);
     }
+    if (!rc && out->loss_mask)
+        rc = check_mask(path, out->loss_mask, out->total, err, err_len);
     if (rc)
         ddt_shard_tokens_close(out);
     return rc;
@@ -273,20 +281,27 @@ void ddt_shard_tokens_close(ddt_shard_tokens *t)
 {
     ddk_free(ddk_allocator_cpu(), t->input_ids, t->ids_bytes);
     ddk_free(ddk_allocator_cpu(), t->offsets, t->offsets_bytes);
+    ddk_free(ddk_allocator_cpu(), t->loss_mask, t->mask_bytes);
     memset(t, 0, sizeof *t);
 }
 
 int ddt_shard_tokens_write(const char *path, const int32_t *input_ids, int64_t total, const int64_t *offsets,
-                           int64_t nseq, int64_t vocab, char *err, size_t err_len)
+                           int64_t nseq, const uint8_t *loss_mask, int64_t vocab, char *err, size_t err_len)
 {
     int rc = check_tokens(path, input_ids, offsets, nseq, total, vocab, err, err_len);
+    if (!rc && loss_mask)
+        rc = check_mask(path, loss_mask, total, err, err_len);
     if (rc)
         return rc;
-    const ddt_st_entry entries[] = {
+    const ddt_st_entry entries[] = {   /* the shard's order: input_ids, loss_mask, offsets */
         { tensors[T_INPUT_IDS].name, DDT_I32, 1, { total }, input_ids },
+        { tensors[T_LOSS_MASK].name, DDT_U8, 1, { total }, loss_mask },
         { tensors[T_OFFSETS].name, DDT_I64, 1, { nseq + 1 }, offsets },
     };
-    return ddt_st_write(path, entries, 2, NULL, NULL, 0, err, err_len);
+    if (loss_mask)
+        return ddt_st_write(path, entries, 3, NULL, NULL, 0, err, err_len);
+    const ddt_st_entry plain[] = { entries[0], entries[2] };
+    return ddt_st_write(path, plain, 2, NULL, NULL, 0, err, err_len);
 }
 
 /* ------------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 /* shard.h: the two data files of SPEC.md section 4 (docs/formats.md), each with its one home
  * here, read with every rule checked and written under the same rules:
- *   token file:    input_ids I32 [Ttot] and offsets I64 [nseq+1] (`target.tokens`,
- *                  `ddtreed features --tokens`): the sequences, back to back;
+ *   token file:    input_ids I32 [Ttot], offsets I64 [nseq+1] and, optionally, loss_mask U8
+ *                  [Ttot] (0 or 1; absent: all 1) (`target.tokens`, `ddtreed features
+ *                  --tokens`, written by `ddtreed tokenize`): the sequences, back to back;
  *   feature shard: the same with loss_mask U8 [Ttot] (0 or 1), features BF16|F16|F32
  *                  [Ttot, L_t*H], teacher_hidden (optional) BF16|F16|F32 [Ttot, H] and the
  *                  string __metadata__ format, version, hidden_size, target_layer_ids (a JSON
@@ -55,7 +56,8 @@ typedef struct ddt_shard_tokens {
     int64_t total, nseq;   /* Ttot, nseq */
     int32_t *input_ids;    /* (Ttot): aligned copies from ddk_allocator_cpu() */
     int64_t *offsets;      /* (nseq + 1) */
-    size_t ids_bytes, offsets_bytes;
+    uint8_t *loss_mask;    /* (Ttot), or NULL when the file has none (every token trained) */
+    size_t ids_bytes, offsets_bytes, mask_bytes;
 } ddt_shard_tokens;
 
 /* Reads the token file path (ids in [0, vocab)). 0, or a negative errno with err (nothing
@@ -64,11 +66,12 @@ int ddt_shard_tokens_open(const char *path, int64_t vocab, ddt_shard_tokens *out
                           size_t err_len);
 void ddt_shard_tokens_close(ddt_shard_tokens *t);   /* a zeroed one is a no-op */
 
-/* Writes a token file (atomically): input_ids (total), offsets (nseq + 1), after the same
- * checks; on failure nothing is written. 0, or a negative errno with err. */
+/* Writes a token file (atomically): input_ids (total), offsets (nseq + 1) and loss_mask
+ * (total; NULL: none written), after the same checks; on failure nothing is written. 0, or a
+ * negative errno with err. */
 int ddt_shard_tokens_write(const char *path, const int32_t *input_ids, int64_t total,
-                           const int64_t *offsets, int64_t nseq, int64_t vocab, char *err,
-                           size_t err_len);
+                           const int64_t *offsets, int64_t nseq, const uint8_t *loss_mask,
+                           int64_t vocab, char *err, size_t err_len);
 
 /* ------------------------------------------------------------------------------------------
  * Feature shards

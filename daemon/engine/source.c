@@ -14,7 +14,7 @@
  * and masks alone and ddt_source_target_features does nothing (the trainer's ranks prefill).
  * ddt_source_check: open's rules alone, for a co-located trainer that opens no source for
  * generated data (its ranks sample with ddt_source_generate).
- * Tested by tests/test_source.c.
+ * Tested by tests/test_source.c and, for chat data, tests/chat_train_test.sh.
  *
  * Legend: S tokens of a sequence, H hidden, L_t taps, V vocabulary, N slots.
  */
@@ -33,7 +33,8 @@
  */
 
 /* The implementations, in the order they are asked whether they serve a config. */
-static const ddt_source_ops *const implementations[] = { &ddt_source_generated, &ddt_source_listed };
+static const ddt_source_ops *const implementations[] = { &ddt_source_generated, &ddt_source_listed,
+                                                         &ddt_source_chat };
 
 typedef enum slot_state { SLOT_FREE, SLOT_WRITING, SLOT_READY, SLOT_HELD } slot_state;
 
@@ -213,6 +214,11 @@ int ddt_source_heldout(ddt_source *s, int64_t i, ddt_sequence *out, char *err, s
     if (!rc)
         *out = sl->seq;
     return rc;
+}
+
+int ddt_source_next_note(ddt_source *s, char *out, size_t len)
+{
+    return s->ops->next_note ? s->ops->next_note(&s->b, out, len) : 0;
 }
 
 /* ------------------------------------------------------------------------------------------

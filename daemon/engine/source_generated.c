@@ -1,6 +1,7 @@
 /* source_generated.c: the generated implementation of source_impl.h (target.kind synthetic, or
- * hf without a token file): the target samples every sequence with its cache (generate.h,
- * through target.h's interface), then its forward gives the features and the teacher.
+ * hf with neither a token file nor chat files): the target samples every sequence with its
+ * cache (generate.h, through target.h's interface), then its forward gives the features and
+ * the teacher.
  * Training sequence i is sampled with seed ddt_generate_seed(seed, i, "train"), held-out i with
  * (seed, i, "heldout"): the two streams are disjoint and each sequence a pure function of the
  * config and its index.
@@ -28,7 +29,8 @@ typedef struct generated {
 
 static int accepts(const ddt_source_config *c)
 {
-    return c->kind == DDT_SOURCE_SYNTHETIC || (c->kind == DDT_SOURCE_HF && !c->tokens_file[0]);
+    return c->kind == DDT_SOURCE_SYNTHETIC ||
+           (c->kind == DDT_SOURCE_HF && !c->tokens_file[0] && !c->chat_file_count);
 }
 
 int ddt_source_generates(const ddt_source_config *c)

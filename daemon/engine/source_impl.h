@@ -5,7 +5,9 @@
  *   ddt_source_generated (source_generated.c): the target samples every sequence with its KV
  *       cache (target.kind synthetic, or hf without a token file);
  *   ddt_source_listed (source_listed.c): the usable sequences of files, shuffled per epoch
- *       (hf with a token file, features from the target; or feature shards).
+ *       (hf with a token file, features from the target; or feature shards);
+ *   ddt_source_chat (source_chat.c): JSON Lines conversations, tokenized (or regenerated) in
+ *       the loader, shuffled per epoch (hf with chat files).
  * The common part picks the first implementation that accepts a config and never looks at
  * the kind itself. Every sequence an implementation makes is a pure function of (config,
  * cursor) or (config, held-out index): the common part relies on it to run ahead and seek.
@@ -54,9 +56,11 @@ typedef struct ddt_source_ops {
                  size_t err_len);
     /* held-out sequence i in [0, n_heldout) into q, on the caller's thread */
     int (*heldout)(ddt_source_base *b, void *w, int64_t i, ddt_sequence *q, char *err, size_t err_len);
+    /* ddt_source_next_note's, from any thread; NULL: never any */
+    int (*next_note)(ddt_source_base *b, char *out, size_t len);
 } ddt_source_ops;
 
-extern const ddt_source_ops ddt_source_generated, ddt_source_listed;
+extern const ddt_source_ops ddt_source_generated, ddt_source_listed, ddt_source_chat;
 
 /* ------------------------------------------------------------------------------------------
  * What both implementations share (source.c)

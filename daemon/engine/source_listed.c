@@ -4,9 +4,14 @@
  *           the tokens alone, the target never opened: its shape from config.json);
  *   shards: tokens, loss mask, features and teacher as the shards hold them, and the target's
  *           frozen head from its directory (ddt_target_load_head).
- * The usable sequences (>= DDT_SHARD_MIN_TRAINED tokens, cut to seq_len) in file order, the
+ * The usable sequences in file order (cut to seq_len, at least one anchor left in them: two
+ * consecutive tokens of loss mask 1; a token file without a loss_mask trains every token), the
  * last `heldout` of them kept apart; training cursor c is item perm_e[c mod n] of epoch
  * e = c / n, perm_e a Fisher-Yates shuffle seeded by ddt_generate_seed(seed, e, "epoch").
+ * Every sequence handed out is seq_len tokens: a shorter one is padded with id 0 at loss mask
+ * 0 (features and teacher 0 from shards; the target's own from its forward), which no anchor,
+ * weight or acceptance label reaches (anchors need mask 1, and a block sees only the context
+ * before its anchor).
  * Tested through source.h by tests/test_source.c.
  *
  * Legend: S tokens of a sequence.
@@ -82,14 +87,25 @@ static int shape(const ddt_source_config *c, int64_t *hidden, int64_t *vocab, in
  * Opening
  */
 
-/* the usable sequences of a checked file (offsets (nseq + 1), shard id sh) appended to the
- * items, all counted as training for now */
+/* whether rows [a, a + n) of mask (NULL: all ones) hold an anchor: two consecutive ones */
+static int has_anchor(const uint8_t *mask, int64_t a, int64_t n)
+{
+    if (!mask)
+        return n >= DDT_SHARD_MIN_TRAINED;
+    for (int64_t p = a; p + 1 < a + n; p++)
+        if (mask[p] && mask[p + 1])
+            return 1;
+    return 0;
+}
+
+/* the usable sequences of a checked file (offsets (nseq + 1), loss mask (Ttot) or NULL, shard
+ * id sh) appended to the items, all counted as training for now */
 static int add_items(const ddt_source_base *b, listed *l, const char *path, const int64_t *offsets, int64_t nseq,
-                     int32_t sh, int64_t *capacity, char *err, size_t err_len)
+                     const uint8_t *mask, int32_t sh, int64_t *capacity, char *err, size_t err_len)
 {
     for (int64_t q = 0; q < nseq; q++) {
         const int64_t a = offsets[q], e = offsets[q + 1];
-        if (e - a < DDT_SHARD_MIN_TRAINED)
+        if (!has_anchor(mask, a, e - a < b->cfg.seq_len ? e - a : b->cfg.seq_len))
             continue;
         if (l->n_train == *capacity) {
             int64_t cap = *capacity ? 2 * *capacity : 1024;
@@ -108,9 +124,9 @@ static int add_items(const ddt_source_base *b, listed *l, const char *path, cons
 static int reserve_heldout(ddt_source_base *b, listed *l, const char *what, char *err, size_t err_len)
 {
     if (l->n_train < b->cfg.heldout + 1)
-        return ddt_fail(err, err_len, -EINVAL, "%s: %lld usable sequences (>= %d tokens) are too few for %lld "
-                        "held-out and at least one training sequence", what, (long long)l->n_train,
-                        DDT_SHARD_MIN_TRAINED, (long long)b->cfg.heldout);
+        return ddt_fail(err, err_len, -EINVAL, "%s: %lld usable sequences (two consecutive trained tokens in "
+                        "their first seq_len) are too few for %lld held-out and at least one training sequence",
+                        what, (long long)l->n_train, (long long)b->cfg.heldout);
     b->n_heldout = b->cfg.heldout;
     l->n_train -= b->n_heldout;
     return 0;
@@ -133,7 +149,8 @@ static int open_token_file(ddt_source_base *b, listed *l, const ddt_source_confi
     int64_t capacity = 0;
     rc = ddt_shard_tokens_open(path, b->V, &l->tokens, err, err_len);
     if (!rc)
-        rc = add_items(b, l, path, l->tokens.offsets, l->tokens.nseq, 0, &capacity, err, err_len);
+        rc = add_items(b, l, path, l->tokens.offsets, l->tokens.nseq, l->tokens.loss_mask, 0, &capacity, err,
+                       err_len);
     return rc ? rc : reserve_heldout(b, l, path, err, err_len);
 }
 
@@ -159,7 +176,8 @@ static int open_shards(ddt_source_base *b, listed *l, const ddt_source_config *c
         ddt_shard *sh = &l->shards[i];
         rc = ddt_shard_open(l->shard_paths[i], &want, c->want_teacher, sh, err, err_len);
         if (!rc)
-            rc = add_items(b, l, l->shard_paths[i], sh->offsets, sh->nseq, i, &capacity, err, err_len);
+            rc = add_items(b, l, l->shard_paths[i], sh->offsets, sh->nseq, sh->loss_mask->data, i, &capacity, err,
+                           err_len);
     }
     return rc ? rc : reserve_heldout(b, l, "shards", err, err_len);
 }
@@ -237,19 +255,30 @@ static void shuffle(const ddt_source_base *b, const listed *l, shuffler *sh, int
     sh->epoch = epoch;
 }
 
-/* item `index` into q */
+/* item `index` into q, padded to seq_len */
 static int fill_item(const ddt_source_base *b, const listed *l, int64_t index, ddt_sequence *q, char *err,
                      size_t err_len)
 {
     const item *it = &l->items[index];
-    q->S = it->S;
+    const int64_t S = b->cfg.seq_len, n = it->S, pad = S - n;
+    q->S = S;
+    memset(q->input_ids + n, 0, (size_t)pad * sizeof(int32_t));
+    memset(q->loss_mask + n, 0, (size_t)pad);
     if (!l->from_shards) {
-        memcpy(q->input_ids, l->tokens.input_ids + it->start, (size_t)it->S * sizeof(int32_t));
-        memset(q->loss_mask, 1, (size_t)it->S);
+        memcpy(q->input_ids, l->tokens.input_ids + it->start, (size_t)n * sizeof(int32_t));
+        if (l->tokens.loss_mask)
+            memcpy(q->loss_mask, l->tokens.loss_mask + it->start, (size_t)n);
+        else
+            memset(q->loss_mask, 1, (size_t)n);
         return ddt_source_target_features(b, &l->target, q, err, err_len);
     }
-    ddt_shard_rows(&l->shards[it->shard], it->start, it->S, q->input_ids, q->loss_mask, q->features,
-                   b->cfg.want_teacher ? q->teacher_hidden : NULL);
+    const int teacher = b->cfg.want_teacher;
+    const int64_t F = b->cfg.n_taps * b->H;
+    ddt_shard_rows(&l->shards[it->shard], it->start, n, q->input_ids, q->loss_mask, q->features,
+                   teacher ? q->teacher_hidden : NULL);
+    memset(q->features + n * F, 0, (size_t)(pad * F) * sizeof(float));
+    if (teacher)
+        memset(q->teacher_hidden + n * b->H, 0, (size_t)(pad * b->H) * sizeof(float));
     return 0;
 }
 

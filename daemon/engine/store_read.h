@@ -27,6 +27,19 @@ void ddt_store_free_runs(ddt_run_row *rows, int count);
 int ddt_store_read_steps(const char *db_path, const char *run_id, int64_t after, int64_t limit,
                          int csv, char **text, size_t *len, char *err, size_t err_len);
 
+/* The same JSON for the whole history after `after` thinned to at most max_points + 1 steps
+ * (max_points 1..10000): the first, every k-th step number after it (k = ceil((last - first + 1)
+ * / max_points); fewer where steps are missing) and the last, so that a chart of a 100,000-step run stays light; the caller asks
+ * for the recent window in full with ddt_store_read_steps. */
+int ddt_store_read_steps_sampled(const char *db_path, const char *run_id, int64_t after, int64_t max_points,
+                                 char **text, size_t *len, char *err, size_t err_len);
+
+/* Evals of run_id with step > after, ascending: {"evals": [{"step": .., "tau_chain": .., "tau_tree":
+ * {..}, "acc": [..], ...}]}: every column of the evals table but run_id, a *_json column parsed,
+ * under its name without the suffix (so a later column, e.g. tau_spec, comes without a change). */
+int ddt_store_read_evals(const char *db_path, const char *run_id, int64_t after, char **text, size_t *len,
+                         char *err, size_t err_len);
+
 /* Events of run_id with id > after_id, at most limit, ascending:
  * {"events": [{"id": .., "ts_ms": .., "kind": "..", "detail": <the detail_json as JSON>}]} */
 int ddt_store_read_events(const char *db_path, const char *run_id, int64_t after_id,

@@ -388,6 +388,11 @@ void ddt_target_head_free(ddt_target_head *h)
     memset(h, 0, sizeof *h);
 }
 
+/* Python's int(round(1 + (i * span) / (n - 1))) on the same doubles: rint rounds half to even
+ * in the default rounding mode, as round() does (z-lab dflash/model.py, SpecForge
+ * specforge/modeling/draft/dflash.py and SGLang python/sglang/srt/speculative/dflash_utils.py
+ * build_target_layer_ids). lround rounds halves away from zero: N = 7, n = 3 would give
+ * [1, 3, 4] where they give [1, 2, 4]. */
 void ddt_target_default_taps(int64_t target_layers, int64_t drafter_layers, int32_t *ids)
 {
     if (drafter_layers == 1) {
@@ -395,7 +400,7 @@ void ddt_target_default_taps(int64_t target_layers, int64_t drafter_layers, int3
         return;
     }
     for (int64_t i = 0; i < drafter_layers; i++)
-        ids[i] = (int32_t)lround(1.0 + (double)i * (double)(target_layers - 4) / (double)(drafter_layers - 1));
+        ids[i] = (int32_t)rint(1.0 + (double)(i * (target_layers - 4)) / (double)(drafter_layers - 1));
 }
 
 /* ------------------------------------------------------------------------------------------

@@ -144,7 +144,7 @@ struct ddt_target_model {
     int64_t hidden, vocab, layers;        /* H, V, L */
     int tie_word_embeddings;
     /* (V, H) each, fp32 host memory: the implementation's own tensors for a CPU fp32 target;
-     * NULL for a bf16 or a GPU target, whose head ddt_target_head_copy gives */
+     * NULL for a bf16 or a GPU target (embed_stored / lm_head_stored below) */
     const float *embed_tokens, *lm_head;
     void *impl;                           /* the implementation's (ddt_target, ddt_qwen35) */
     const ddk_backend *be;                /* where the weights are: the backend to run it on */

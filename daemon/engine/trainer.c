@@ -33,11 +33,15 @@
  *     the cursor the source would have (sequences handed out; checkpointed and restored the
  *     same way). Rank 0's replica computes the held-out features of an evaluation and, for
  *     generated data, samples the held-out tokens ("heldout" stream; kept once sampled, as the
- *     source keeps them). A CPU rank reads its replica's fp32 embed_tokens / lm_head in place; a
- *     GPU keeps an fp32 copy (the loss reads fp32) from rank 0's replica (ddt_target_head_copy,
- *     freed once uploaded). On CPU ranks the same arithmetic runs on another CPU backend: the
- *     tokens, the losses and the evaluation are the host run's bit for bit. Not here: decoding
- *     several sequences per step (a rank samples its sequences one after another).
+ *     source keeps them). A rank reads its replica's embed_tokens / lm_head in place: fp32 on a
+ *     CPU rank, bf16 on a GPU (the loss's bf16 head). On CPU ranks the same arithmetic runs on
+ *     another CPU backend: the tokens, the losses and the evaluation are the host run's bit for
+ *     bit. Not here: decoding several sequences per step (a rank samples its sequences one after
+ *     another);
+ *   - a split (a GPU list or a number): target ranks of their own (split.c) fill the drafter
+ *     ranks' second batch slots with the next step's batch while the drafter trains on the
+ *     first (split_batch); the drafter reads target rank 0's head: in place on CPU ranks, a bf16
+ *     copy on each GPU. On CPU ranks the host run's losses bit for bit.
  * Tested by tests/test_trainer.c (CPU ranks) and tests/test_step_cuda.c (a GPU's step against
  * the CPU's; skipped without a GPU).
  */
@@ -51,6 +55,7 @@
 #include "optimizer.h"
 #include "generate.h"
 #include "source.h"
+#include "split.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -71,6 +76,18 @@ enum { MAX_RANKS = DDT_MAX_RANKS, CHUNK_FLOOR = 16, TILE_FLOOR = 256, SEED_ANCHO
  * sums of loss, ce, kl and cap, the counted and correct positions (exact below 2^24). */
 enum { R_WEIGHT, R_LOSS, R_CE, R_KL, R_CAP, R_COUNTED, R_CORRECT, REDUCED };
 
+enum { AHEAD_NONE, AHEAD_RUNNING, AHEAD_DONE };
+
+/* A rank's slice of one step's batch */
+typedef struct rank_batch {
+    int32_t *input_ids;           /* (nseq, S) */
+    uint8_t *loss_mask;           /* (nseq, S) */
+    int32_t *anchors;             /* (nseq, A) */
+    uint8_t *keep;                /* (nseq, A) */
+    float *features;              /* (nseq, S, L_t*H) */
+    float *teacher;               /* (nseq, S, H), or NULL */
+} rank_batch;
+
 typedef struct rank_state {
     const ddk_backend *be;
     int gpu;                      /* the GPU ordinal, or -1: a CPU rank */
@@ -80,24 +97,25 @@ typedef struct rank_state {
     /* GPU ranks: the replica of the weights, the moments and the target's head on the GPU
      * (CPU ranks read the trainer's) */
     float *params, *m, *v;        /* (total) each */
-    float *own_embed, *own_lm_head;   /* (V, H) each, a GPU's copies; one buffer when tied */
+    void *own_embed, *own_lm_head;    /* (V, H) each, a GPU's copies (fp32, or bf16 in a split);
+                                         one buffer when tied */
+    size_t head_bytes;            /* of each copy */
     ddt_target_model replica;     /* co-located: the rank's own target on be (ops NULL: none) */
     ddt_generator gen;            /* co-located generated data: its decoder over replica (else zeroed) */
     int64_t tokens_for;           /* the batch cursor whose tokens input_ids holds (-1: none): a
                                      retried step does not sample them again */
-    const float *embed, *lm_head; /* what the rank's step reads: its copies, or the trainer's */
+    const void *embed, *lm_head;  /* what the rank's step reads: its copies, its replica's, or the
+                                     trainer's (ddt_head: fp32, or bf16 when head_bf16) */
+    int head_bf16;
     ddt_drafter_weights w;        /* bound to the weights this rank's step reads */
     /* the rank's slice of the batch: the index arrays in host memory (batch_block: the rank's
      * allocator for a CPU rank, malloc for a GPU rank); the features in the rank's memory (in
      * batch_block too on a CPU rank, in dev_batch_block on a GPU, copied there through the
      * pinned staging block, laid out as dev_batch_block) */
     int64_t nseq, first;          /* sequences, index of the first in the global batch */
-    int32_t *input_ids;           /* (nseq, S) */
-    uint8_t *loss_mask;           /* (nseq, S) */
-    int32_t *anchors;             /* (nseq, A) */
-    uint8_t *keep;                /* (nseq, A) */
-    float *features;              /* (nseq, S, L_t*H) */
-    float *teacher;               /* (nseq, S, H), or NULL */
+    rank_batch b;                 /* the step's */
+    rank_batch ahead;             /* a split's second slot: the next step's, filled by the target
+                                     ranks while the drafter trains on b (else unused) */
     float *staged_features;       /* GPU: (nseq, S, L_t*H) in staging, pinned host memory */
     float *staged_teacher;        /* GPU: (nseq, S, H) in staging, or NULL */
     size_t batch_bytes, dev_batch_bytes;
@@ -122,12 +140,18 @@ struct ddt_trainer {
                                      meaning), checkpointed as the source's is */
     int64_t batch_cursor;         /* generates: the cursor at the current step's first sequence */
     ddt_heldout_tokens held;      /* generates: the held-out tokens, sampled once each */
-    const float *embed, *lm_head; /* (V, H), the source's (host), or rank 0's replica's head (co-located
-                                     CPU ranks; GPUs: head's until uploaded, then NULL) */
+    const void *embed, *lm_head;  /* (V, H): the source's (host, fp32), or a replica's (replica_head) */
+    int head_bf16;                /* they are bf16 (GPUs co-located or split) */
+    uint16_t *head16;             /* a split's GPUs: target rank 0's bf16 head on the host, freed once
+                                     every drafter GPU has its copy */
     int tied;                     /* embed_tokens is lm_head */
     int colocated;                /* every rank prefills its own sequences with its replica */
-    ddt_target_head head;         /* co-located GPUs without the source's head: rank 0's replica's,
-                                     fp32 on the host, freed once every GPU has its copy */
+    ddt_split *split;             /* a split's target ranks (else NULL) */
+    int target_ranks;             /* theirs (ddt_devices.target_ranks), known before they open */
+    int ahead;                    /* a split's next batch: AHEAD_NONE, _RUNNING or _DONE (ahead_rc) */
+    int ahead_rc;
+    char ahead_err[600];
+    ddt_split_dest *dest;         /* (sequences_per_step): where the split's batch goes */
     ddt_param table[DDT_MAX_PARAMS];
     int param_count;
     int64_t total;
@@ -175,37 +199,30 @@ static int make_dir(const char *path, char *err, size_t err_len)
     return 0;
 }
 
-/* The first sequence of global rank g's slice of a step's s sequences over world <= s ranks:
- * s / world each, and one more for each of the first s % world ranks. */
-static int64_t slice_first(int64_t s, int64_t world, int64_t g)
-{
-    return g * (s / world) + (g < s % world ? g : s % world);
-}
-
-/* The global rank whose slice holds sequence i of the step (slice_first's inverse). */
-static int64_t slice_rank(int64_t s, int64_t world, int64_t i)
-{
-    const int64_t base = s / world, extra = s % world, big = extra * (base + 1);
-    return i < big ? i / (base + 1) : extra + (i - big) / base;   /* i >= big: base >= 1 */
-}
-
-/* The rank's slice of the batch in its blocks: the index arrays in batch_block, the features
- * after them there (a CPU rank) or in dev_batch_block (a GPU). */
-static void carve_batch(rank_state *rs, int64_t n, int64_t S, int64_t A, int64_t LH, int64_t H,
+/* The rank's slice of the batch in its blocks, for `slots` batches (a split's two): the index
+ * arrays in batch_block, the features after them there (a CPU rank) or in dev_batch_block (a GPU). */
+static void carve_batch(rank_state *rs, int slots, int64_t n, int64_t S, int64_t A, int64_t LH, int64_t H,
                         int teacher)
 {
+    rank_batch *const b[2] = { &rs->b, &rs->ahead };
     char *p = rs->batch_block;
-    rs->input_ids = (int32_t *)p;
-    p += (size_t)(n * S) * sizeof(int32_t);
-    rs->anchors = (int32_t *)p;
-    p += (size_t)(n * A) * sizeof(int32_t);
-    rs->loss_mask = (uint8_t *)p;
-    p += (size_t)(n * S);
-    rs->keep = (uint8_t *)p;
-    p += (size_t)(n * A);
-    float *f = rs->dev_batch_block ? rs->dev_batch_block : (float *)(p + (64 - (uintptr_t)p % 64) % 64);
-    rs->features = f;
-    rs->teacher = teacher ? f + n * S * LH : NULL;
+    for (int k = 0; k < slots; k++) {
+        b[k]->input_ids = (int32_t *)p;
+        p += (size_t)(n * S) * sizeof(int32_t);
+        b[k]->anchors = (int32_t *)p;
+        p += (size_t)(n * A) * sizeof(int32_t);
+        b[k]->loss_mask = (uint8_t *)p;
+        p += (size_t)(n * S);
+        b[k]->keep = (uint8_t *)p;
+        p += (size_t)(n * A);
+        p += (64 - (uintptr_t)p % 64) % 64;   /* the next slot's, or the features', alignment */
+    }
+    float *f = rs->dev_batch_block ? rs->dev_batch_block : (float *)p;
+    for (int k = 0; k < slots; k++) {
+        b[k]->features = f;
+        b[k]->teacher = teacher ? f + n * S * LH : NULL;
+        f += n * S * (LH + (teacher ? H : 0));
+    }
     if (rs->staging) {
         rs->staged_features = rs->staging;
         rs->staged_teacher = teacher ? rs->staged_features + n * S * LH : NULL;
@@ -213,25 +230,12 @@ static void carve_batch(rank_state *rs, int64_t n, int64_t S, int64_t A, int64_t
 }
 
 /* Rank rs's own replica of the target on its backend (co-located): fp32 on a CPU rank (its
- * weights on the rank's allocator), bf16 on a GPU; the synthetic target from the seed the
- * source's is made from, so both have the same weights. Generated data: its generator too. */
+ * weights on the rank's allocator), bf16 on a GPU; generated data: its generator too. */
 static int open_replica(ddt_trainer *t, rank_state *rs, int r, char *err, size_t err_len)
 {
-    const ddt_run_config *c = &t->cfg;
-    const ddt_target_options o = { .be = rs->be, .bf16 = rs->gpu >= 0 };
     char why[900];
-    int rc = c->target_kind == DDT_SOURCE_SYNTHETIC
-                 ? ddt_target_open_synthetic_with(&c->synthetic, ddt_generate_seed(c->seed, 0, "target"), &o,
-                                                  &rs->replica, why, sizeof why)
-                 : ddt_target_open_with(c->target_path, &o, &rs->replica, why, sizeof why);
-    if (!rc && (rs->replica.hidden != c->drafter.hidden || rs->replica.vocab != c->drafter.vocab)) {
-        snprintf(why, sizeof why, "its shape (hidden %lld, vocab %lld) is not the drafter's (%lld, %lld)",
-                 (long long)rs->replica.hidden, (long long)rs->replica.vocab, (long long)c->drafter.hidden,
-                 (long long)c->drafter.vocab);
-        rc = -EINVAL;
-    }
-    if (!rc && t->generates)   /* its own generator: the cache of one sequence and the workspace */
-        rc = ddt_generator_open(&rs->gen, rs->be, &rs->replica, c->seq_len, why, sizeof why);
+    int rc = ddt_replica_open(&t->cfg, rs->be, rs->gpu >= 0, &rs->replica, t->generates ? &rs->gen : NULL, why,
+                              sizeof why);
     if (rc)
         snprintf(err, err_len, "rank %d (%s:%d): its replica of the target (target.devices co-located): %s%s", r,
                  rs->be->name, rs->gpu >= 0 ? rs->gpu : r, why,
@@ -239,12 +243,16 @@ static int open_replica(ddt_trainer *t, rank_state *rs, int r, char *err, size_t
     return rc;
 }
 
-/* The head the ranks read when co-located: a CPU rank its own replica's (rank 0's is the
- * trainer's, for the plan); GPUs an fp32 copy of rank 0's replica's (no host target has one:
- * a co-located run opens none). */
-static int colocated_head(ddt_trainer *t, char *err, size_t err_len)
+/* The head the ranks read when co-located or split (no host target has one: such a run opens
+ * none), into t->embed / lm_head (rank 0's replica's is the trainer's, for the plan):
+ *   - CPU ranks: a replica's fp32 head in place (each co-located rank its own; in a split,
+ *     target rank 0's);
+ *   - co-located GPUs: each rank its own replica's bf16 head in place (t's: rank 0's);
+ *   - a split's GPUs: target rank 0's bf16 head brought to the host (head16), for alloc_ranks
+ *     to upload to every drafter GPU, then freed. */
+static int replica_head(ddt_trainer *t, char *err, size_t err_len)
 {
-    const ddt_target_model *m = &t->rank[0].replica;
+    const ddt_target_model *m = t->split ? ddt_split_replica(t->split) : &t->rank[0].replica;
     if (!t->gpu) {
         t->embed = m->embed_tokens;
         t->lm_head = m->lm_head;
@@ -252,24 +260,36 @@ static int colocated_head(ddt_trainer *t, char *err, size_t err_len)
             return ddt_fail(err, err_len, -EINVAL, "rank 0: its replica of the target has no fp32 head on the host");
         return 0;
     }
-    if (t->embed)
+    if (!m->bf16)   /* a GPU's replica is opened bf16 (ddt_replica_open) */
+        return ddt_fail(err, err_len, -EINVAL, "the target's GPU replica holds no bf16 head");
+    t->head_bf16 = 1;
+    t->embed = m->embed_stored;
+    t->lm_head = m->lm_head_stored;
+    if (t->colocated)
         return 0;
-    int rc = ddt_target_head_copy(m, &t->head, err, err_len);
-    if (!rc) {
-        t->embed = t->head.embed_tokens;
-        t->lm_head = t->head.lm_head;
-    }
-    return rc;
+    const size_t bytes = (size_t)(m->vocab * m->hidden) * sizeof(uint16_t);
+    const int tied = m->embed_stored == m->lm_head_stored;
+    if (!(t->head16 = malloc(tied ? bytes : 2 * bytes)))
+        return ddt_fail(err, err_len, -ENOMEM, "no host memory for the target's head (%.2f GB in bf16)",
+                        (tied ? 1 : 2) * bytes / 1e9);
+    m->be->copy(m->be, t->head16, m->lm_head_stored, bytes);
+    if (!tied)
+        m->be->copy(m->be, t->head16 + m->vocab * m->hidden, m->embed_stored, bytes);
+    m->be->synchronize(m->be);
+    t->lm_head = t->head16;
+    t->embed = tied ? t->head16 : t->head16 + m->vocab * m->hidden;
+    return 0;
 }
 
-static int alloc_ranks(ddt_trainer *t, const int32_t *gpu_ids, char *err, size_t err_len)
+static int alloc_ranks(ddt_trainer *t, const ddt_devices *dev, char *err, size_t err_len)
 {
+    const int32_t *gpu_ids = dev->gpu_ids;
     const ddt_run_config *c = &t->cfg;
     const ddt_drafter_config *d = &c->drafter;
     const int64_t S = c->seq_len, A = c->max_anchors, LH = d->taps * d->hidden, H = d->hidden,
                   V = d->vocab, steps = c->sequences_per_step, g = t->first_rank;
     const int teacher = c->ce_target_teacher || c->kl_weight > 0.0f;
-    const size_t bytes = (size_t)t->total * sizeof(float), head = (size_t)(V * H) * sizeof(float);
+    const size_t bytes = (size_t)t->total * sizeof(float);
     for (int r = 0; r < t->ranks; r++) {   /* the backends, and the replicas on them */
         rank_state *rs = &t->rank[r];
         rs->t = t;
@@ -287,20 +307,32 @@ static int alloc_ranks(ddt_trainer *t, const int32_t *gpu_ids, char *err, size_t
         if (rc)
             return rc;
     }
-    int rc = t->colocated ? colocated_head(t, err, err_len) : 0;
+    int rc = 0;
+    if (t->target_ranks) {   /* the split's target ranks, handing off to these */
+        const ddk_backend *be[MAX_RANKS];
+        for (int r = 0; r < t->ranks; r++)
+            be[r] = t->rank[r].be;
+        rc = ddt_split_open(&t->cfg, dev, be, t->ranks, t->generates, &t->split, err, err_len);
+        if (!rc && !(t->dest = calloc((size_t)c->sequences_per_step, sizeof *t->dest)))
+            rc = ddt_fail(err, err_len, -ENOMEM, "no memory for the split's batch");
+    }
+    if (!rc && (t->colocated || t->split))
+        rc = replica_head(t, err, err_len);
     if (rc)
         return rc;
+    const int slots = t->split ? 2 : 1;
     t->tied = t->embed == t->lm_head;
     const int tied = t->tied;
+    const size_t head = (size_t)(V * H) * (t->head_bf16 ? sizeof(uint16_t) : sizeof(float));
     for (int r = 0; r < t->ranks; r++) {
         rank_state *rs = &t->rank[r];
-        rs->first = slice_first(steps, t->world, g + r);
-        rs->nseq = slice_first(steps, t->world, g + r + 1) - rs->first;   /* >= 1 */
+        rs->first = ddt_slice_first(steps, t->world, g + r);
+        rs->nseq = ddt_slice_first(steps, t->world, g + r + 1) - rs->first;   /* >= 1 */
         ddk_allocator *a = rs->be->alloc;
         const int64_t n = rs->nseq > 0 ? rs->nseq : 1;
         const size_t features = (size_t)(n * S) * (size_t)(LH + (teacher ? H : 0)) * sizeof(float),
                      index = (size_t)(n * S) * (sizeof(int32_t) + 1) + (size_t)(n * A) * (sizeof(int32_t) + 1) + 64;
-        rs->batch_bytes = index + (t->gpu ? 0 : features);
+        rs->batch_bytes = (size_t)slots * (index + (t->gpu ? 0 : features));
         rs->grads = ddk_malloc(a, bytes + (t->gpu ? REDUCED * sizeof(float) : 0));
         int ok = rs->grads != NULL;
         if (c->grad_accum > 1 && rs->nseq > 1)
@@ -309,21 +341,28 @@ static int alloc_ranks(ddt_trainer *t, const int32_t *gpu_ids, char *err, size_t
             /* the staging block is allocated once: the rank's slice, hence its size, is the
              * same every step; a co-located GPU needs none (its replica writes its features) */
             rs->batch_block = malloc(rs->batch_bytes);
-            rs->dev_batch_bytes = features;
-            if (!t->colocated)
+            rs->dev_batch_bytes = (size_t)slots * features;
+            if (!t->colocated && !t->split)
                 ok &= (rs->staging = ddk_host_alloc_pinned(features)) != NULL;
-            ok &= rs->batch_block && (rs->dev_batch_block = ddk_malloc(a, features)) != NULL;
+            ok &= rs->batch_block && (rs->dev_batch_block = ddk_malloc(a, rs->dev_batch_bytes)) != NULL;
             ok &= (rs->params = ddk_malloc(a, bytes)) && (rs->m = ddk_malloc(a, bytes)) &&
-                  (rs->v = ddk_malloc(a, bytes)) && (rs->own_lm_head = ddk_malloc(a, head)) &&
-                  (tied || (rs->own_embed = ddk_malloc(a, head)));
-            if (ok) {
-                rs->be->copy(rs->be, rs->own_lm_head, t->lm_head, head);
-                if (!tied)
-                    rs->be->copy(rs->be, rs->own_embed, t->embed, head);
-                rs->be->synchronize(rs->be);
+                  (rs->v = ddk_malloc(a, bytes)) != NULL;
+            if (t->colocated) {   /* its replica's bf16 head, in place */
+                rs->embed = rs->replica.embed_stored;
+                rs->lm_head = rs->replica.lm_head_stored;
+            } else {              /* its copy: the host target's fp32 head, or a split's bf16 one */
+                rs->head_bytes = head;
+                ok &= (rs->own_lm_head = ddk_malloc(a, head)) && (tied || (rs->own_embed = ddk_malloc(a, head)));
+                if (ok) {
+                    rs->be->copy(rs->be, rs->own_lm_head, t->lm_head, head);
+                    if (!tied)
+                        rs->be->copy(rs->be, rs->own_embed, t->embed, head);
+                    rs->be->synchronize(rs->be);
+                }
+                rs->lm_head = rs->own_lm_head;
+                rs->embed = tied ? rs->own_lm_head : rs->own_embed;
             }
-            rs->lm_head = rs->own_lm_head;
-            rs->embed = tied ? rs->own_lm_head : rs->own_embed;
+            rs->head_bf16 = t->head_bf16;
         } else {
             ok &= (rs->batch_block = ddk_malloc(a, rs->batch_bytes)) != NULL;
             rs->embed = t->colocated ? rs->replica.embed_tokens : t->embed;   /* in place */
@@ -336,10 +375,11 @@ static int alloc_ranks(ddt_trainer *t, const int32_t *gpu_ids, char *err, size_t
         }
         ddt_drafter_bind(d, rs->micro_grads ? rs->micro_grads : rs->grads, &rs->step_grads);
         ddt_drafter_bind(d, t->gpu ? rs->params : t->params, &rs->w);
-        carve_batch(rs, n, S, A, LH, H, teacher);
+        carve_batch(rs, slots, n, S, A, LH, H, teacher);
     }
-    if (t->head.weights) {   /* every GPU has its copy: the host's goes */
-        ddt_target_head_free(&t->head);
+    if (t->head16) {   /* every GPU has its copy: the host's goes */
+        free(t->head16);
+        t->head16 = NULL;
         t->embed = t->lm_head = NULL;
     }
     return 0;
@@ -371,10 +411,18 @@ static void pull_weights(ddt_trainer *t)
     rs->be->synchronize(rs->be);
 }
 
+/* The data's cursor after the steps done: the source's or the generated one's, less a split's
+ * next batch taken already */
+static int64_t done_cursor(const ddt_trainer *t)
+{
+    const int64_t cursor = t->source ? ddt_source_cursor(t->source) : t->cursor;
+    return cursor - (t->ahead != AHEAD_NONE ? t->cfg.sequences_per_step : 0);
+}
+
 /* what state.json holds: where the run stands (config_json stays the trainer's) */
 static ddt_checkpoint_meta checkpoint_meta(const ddt_trainer *t)
 {
-    ddt_checkpoint_meta m = { .step = t->step, .cursor = t->source ? ddt_source_cursor(t->source) : t->cursor,
+    ddt_checkpoint_meta m = { .step = t->step, .cursor = done_cursor(t),
                               .chunk = t->chunk,
                               .vocab_tile = t->vocab_tile, .config_json = t->config_json,
                               .drafter = t->cfg.drafter };
@@ -461,10 +509,6 @@ int ddt_trainer_open_parsed(const ddt_run_config *config, const char *config_jso
                             int resume, ddt_store *store, ddt_trainer **out, char *err,
                             size_t err_len)
 {
-    if (config->target_devices_count)
-        return ddt_fail(err, err_len, -ENOTSUP, "target.devices: a split placement is planned (`ddtreed plan`) "
-                        "but this ddtreed does not run it yet: leave target.devices out (\"auto\"), or give \"same\" "
-                        "(co-located) or \"host\"");
     ddt_trainer *t = calloc(1, sizeof *t);
     if (!t) {
         snprintf(err, err_len, "no memory for a trainer");
@@ -479,7 +523,6 @@ int ddt_trainer_open_parsed(const ddt_run_config *config, const char *config_jso
      * a product's bits may depend on that: the same run would not repeat itself bit for bit. */
     ddk_cpu_set_threads(1);
     char path[2100], ckpt[2400] = "";
-    int32_t gpu_ids[MAX_RANKS];
     const ddt_devices dev = *ranks;
     snprintf(path, sizeof path, "%s/runs", state_dir);
     int rc = make_dir(state_dir, err, err_len);
@@ -514,8 +557,8 @@ int ddt_trainer_open_parsed(const ddt_run_config *config, const char *config_jso
             rc = ddt_run_config_resolve(c, hidden, vocab, layers, err, err_len);
         ddt_source_config sc;
         ddt_run_config_source(c, &sc);
-        sc.tokens_only = dev.colocated;   /* the ranks compute the features */
-        t->generates = dev.colocated && ddt_source_generates(&sc);   /* ... and sample the tokens */
+        sc.tokens_only = dev.colocated || dev.target_ranks;   /* the ranks compute the features */
+        t->generates = sc.tokens_only && ddt_source_generates(&sc);   /* ... and sample the tokens */
         if (!rc && t->generates) {   /* no source: the data's rules, and the held-out tokens' room */
             rc = ddt_source_check(&sc, hidden, layers, err, err_len);
             t->data = sc;
@@ -532,13 +575,13 @@ int ddt_trainer_open_parsed(const ddt_run_config *config, const char *config_jso
         }
     }
     if (!rc) {
-        t->embed = t->source ? ddt_source_embed(t->source) : NULL;   /* co-located: colocated_head */
+        t->embed = t->source ? ddt_source_embed(t->source) : NULL;   /* co-located, split: replica_head */
         t->lm_head = t->source ? ddt_source_lm_head(t->source) : NULL;
         t->param_count = ddt_drafter_param_table(&t->cfg.drafter, t->table, &t->total);
         t->gpu = dev.gpu;
         t->colocated = dev.colocated;
+        t->target_ranks = dev.target_ranks;
         t->ranks = dev.ranks;
-        memcpy(gpu_ids, dev.gpu_ids, sizeof gpu_ids);
         snprintf(t->devices_note, sizeof t->devices_note, "%s", dev.note);
     }
     if (!rc) {
@@ -559,7 +602,7 @@ int ddt_trainer_open_parsed(const ddt_run_config *config, const char *config_jso
         }
     }
     if (!rc)
-        rc = alloc_ranks(t, gpu_ids, err, err_len);
+        rc = alloc_ranks(t, &dev, err, err_len);
     if (!rc && t->gpu && t->world > 1) {
         int32_t devices[MAX_RANKS];
         for (int r = 0; r < t->ranks; r++)
@@ -615,9 +658,10 @@ void ddt_trainer_close(ddt_trainer *t)
 {
     if (!t)
         return;
-    size_t bytes = (size_t)t->total * sizeof(float),
-           head = (size_t)(t->cfg.drafter.vocab * t->cfg.drafter.hidden) * sizeof(float);
+    size_t bytes = (size_t)t->total * sizeof(float);
     ddk_comm_destroy(t->comm);
+    ddt_split_close(t->split);   /* waits for a batch in flight into the ranks' buffers */
+    free(t->dest);
     for (int r = 0; r < t->ranks; r++) {
         rank_state *rs = &t->rank[r];
         if (!rs->be)
@@ -633,8 +677,8 @@ void ddt_trainer_close(ddt_trainer *t)
             ddk_free(a, rs->params, bytes);
             ddk_free(a, rs->m, bytes);
             ddk_free(a, rs->v, bytes);
-            ddk_free(a, rs->own_lm_head, head);
-            ddk_free(a, rs->own_embed, head);
+            ddk_free(a, rs->own_lm_head, rs->head_bytes);
+            ddk_free(a, rs->own_embed, rs->head_bytes);
         } else {
             ddk_free(a, rs->batch_block, rs->batch_bytes);
         }
@@ -646,7 +690,7 @@ void ddt_trainer_close(ddt_trainer *t)
     ddk_free(a0, t->params, bytes);
     ddk_free(a0, t->adam.m, bytes);
     ddk_free(a0, t->adam.v, bytes);
-    ddt_target_head_free(&t->head);
+    free(t->head16);
     ddt_heldout_tokens_free(&t->held);
     if (t->source)
         ddt_source_close(t->source);
@@ -686,16 +730,16 @@ static int prefill_slice(rank_state *rs)
         char err[256];   /* the generator's errors are its errno (a bad length: a programming error) */
         for (int64_t i = 0; i < rs->nseq; i++) {
             int rc = ddt_source_generate(&t->data, &rs->gen, 0, t->batch_cursor + rs->first + i,
-                                         rs->input_ids + i * S, NULL, err, sizeof err);
+                                         rs->b.input_ids + i * S, NULL, err, sizeof err);
             if (rc)
                 return rc;
         }
         rs->tokens_for = t->batch_cursor;
     }
     for (int64_t i = 0; i < rs->nseq; i++) {
-        float *features = rs->features + i * S * LH;
-        int rc = ddt_target_prefill(be, &rs->replica, rs->input_ids + i * S, S, c->drafter.target_layer_ids,
-                                    (int)c->drafter.taps, features, rs->teacher ? rs->teacher + i * S * H : NULL,
+        float *features = rs->b.features + i * S * LH;
+        int rc = ddt_target_prefill(be, &rs->replica, rs->b.input_ids + i * S, S, c->drafter.target_layer_ids,
+                                    (int)c->drafter.taps, features, rs->b.teacher ? rs->b.teacher + i * S * H : NULL,
                                     NULL);
         if (rc)
             return rc;
@@ -722,8 +766,8 @@ static void *rank_main(void *arg)
     ddt_drafter_weights *g = &rs->step_grads;
     const ddk_backend *be = rs->be;
     const size_t gbytes = (size_t)t->total * sizeof(float);
-    const ddt_head head = { rs->embed, rs->lm_head, 0 };
-    const float *features = rs->features, *teacher = rs->teacher;
+    const ddt_head head = { rs->embed, rs->lm_head, rs->head_bf16 };
+    const float *features = rs->b.features, *teacher = rs->b.teacher;
     be->zero(be, rs->grads, gbytes);
     ddt_loss_config lc = { .gamma = c->gamma, .ce_target_teacher = c->ce_target_teacher,
                            .loss = { .chunk = t->chunk, .vocab_tile = t->vocab_tile,
@@ -735,9 +779,9 @@ static void *rank_main(void *arg)
     rs->rc = t->colocated ? prefill_slice(rs) : 0;
     for (int64_t first = 0; first < rs->nseq && rs->rc == 0; first += micro) {
         const int64_t n = rs->nseq - first < micro ? rs->nseq - first : micro;
-        ddt_batch b = { n, S, A, rs->input_ids + first * S, rs->loss_mask + first * S,
+        ddt_batch b = { n, S, A, rs->b.input_ids + first * S, rs->b.loss_mask + first * S,
                         features + first * S * LH, teacher ? teacher + first * S * H : NULL,
-                        rs->anchors + first * A, rs->keep + first * A };
+                        rs->b.anchors + first * A, rs->b.keep + first * A };
         ddk_loss_result r = { 0 };
         if (accumulate)
             be->zero(be, target, gbytes);
@@ -766,8 +810,115 @@ static void *rank_main(void *arg)
     return NULL;
 }
 
+/* ------------------------------------------------------------------------------------------
+ * A split: the target ranks fill the drafter ranks' second slots (ahead) with the next step's
+ * batch while the drafter trains on the first (b); the slots swap at the next step. The batch of
+ * step k is the host path's (load_batch): sequence gi from cursor + gi, its anchors and noise
+ * from (seed, k, gi), so a split run on CPU ranks repeats a host-target run bit for bit. The
+ * data taken ahead is not the steps' yet: checkpoints record the cursor without it
+ * (done_cursor), and a batch dropped gives it back (split_rewind).
+ */
+
+/* the data's cursor := cursor (a batch dropped, or taken halfway) */
+static int split_rewind(ddt_trainer *t, int64_t cursor)
+{
+    if (t->generates) {
+        t->cursor = cursor;
+        return 0;
+    }
+    return ddt_source_seek(t->source, cursor);
+}
+
+/* Step `step`'s batch (0-based: run when t->step == step) into the ranks' slots (ahead or b) and
+ * t->dest: the source's tokens and masks, or generated data's indices (the target ranks sample
+ * the tokens, the masks are all ones); the anchors; where each sequence's features go. Takes
+ * the batch's data (the source's next sequences, or the generated cursor's). */
+static int split_prepare(ddt_trainer *t, int ahead, int64_t step, char *err, size_t err_len)
+{
+    const ddt_run_config *c = &t->cfg;
+    const int64_t S = c->seq_len, A = c->max_anchors, H = c->drafter.hidden, LH = c->drafter.taps * H;
+    const int64_t first = t->cursor;
+    if (t->generates)
+        t->cursor += c->sequences_per_step;
+    for (int64_t gi = 0; gi < c->sequences_per_step; gi++) {
+        const int r = (int)ddt_slice_part(c->sequences_per_step, t->world, gi);   /* a split is one daemon's */
+        rank_state *rs = &t->rank[r];
+        rank_batch *b = ahead ? &rs->ahead : &rs->b;
+        const int64_t i = gi - rs->first;
+        if (t->generates) {
+            memset(b->loss_mask + i * S, 1, (size_t)S);
+        } else {
+            ddt_sequence q;
+            int rc = ddt_source_next(t->source, &q, err, err_len);
+            if (!rc && q.S != S)
+                rc = ddt_fail(err, err_len, -EINVAL, "the source gave a sequence of %lld tokens, not seq_len %lld",
+                              (long long)q.S, (long long)S);
+            if (rc)
+                return rc;
+            memcpy(b->input_ids + i * S, q.input_ids, (size_t)S * sizeof(int32_t));
+            memcpy(b->loss_mask + i * S, q.loss_mask, (size_t)S);
+        }
+        ddt_sample_anchors(b->loss_mask + i * S, S, A, ddt_batch_seed(c->seed, step, gi, SEED_ANCHORS),
+                           b->anchors + i * A, b->keep + i * A);
+        t->dest[gi] = (ddt_split_dest){ .drafter = r, .tokens = b->input_ids + i * S,
+                                        .features = b->features + i * S * LH,
+                                        .teacher = b->teacher ? b->teacher + i * S * H : NULL,
+                                        .sample = t->generates, .index = first + gi, .noise = 1,
+                                        .noise_seed = ddt_batch_seed(c->seed, step, gi, SEED_NOISE) };
+    }
+    return 0;
+}
+
+/* The batch in flight waited for: its answer in ahead_rc / ahead_err */
+static void split_settle(ddt_trainer *t)
+{
+    if (t->ahead != AHEAD_RUNNING)
+        return;
+    t->ahead_rc = ddt_split_wait(t->split, t->ahead_err, sizeof t->ahead_err);
+    t->ahead = AHEAD_DONE;
+}
+
+/* This step's batch in the ranks' b slots (the one made ahead, else made now), then the next
+ * step's started into their ahead slots unless this is the run's last step. A batch that failed
+ * ahead fails this step with its error, its data given back; so does one made now. */
+static int split_batch(ddt_trainer *t, char *err, size_t err_len)
+{
+    const ddt_run_config *c = &t->cfg;
+    split_settle(t);
+    const int64_t cursor = done_cursor(t);
+    int rc = 0;
+    if (t->ahead == AHEAD_DONE) {
+        t->ahead = AHEAD_NONE;
+        if ((rc = t->ahead_rc))
+            snprintf(err, err_len, "%s", t->ahead_err);
+        for (int r = 0; r < t->ranks && !rc; r++) {
+            rank_batch b = t->rank[r].b;
+            t->rank[r].b = t->rank[r].ahead;
+            t->rank[r].ahead = b;
+        }
+    } else if (!(rc = split_prepare(t, 0, t->step, err, err_len))) {
+        ddt_split_start(t->split, t->dest, c->sequences_per_step);
+        rc = ddt_split_wait(t->split, err, err_len);
+    }
+    if (rc) {
+        split_rewind(t, cursor);
+        return rc;
+    }
+    if (t->step + 1 >= c->steps)
+        return 0;
+    const int64_t next = done_cursor(t);
+    char why[512];   /* the next step reports it, when it makes its batch again */
+    if (split_prepare(t, 1, t->step + 1, why, sizeof why)) {
+        split_rewind(t, next);
+        return 0;
+    }
+    ddt_split_start(t->split, t->dest, c->sequences_per_step);
+    t->ahead = AHEAD_RUNNING;
+    return 0;
+}
+
 /* The global batch's sequences into the ranks' buffers, anchors and noise seeded per sequence.
- * Global rank g's slice is sequences [slice_first(g), slice_first(g + 1)); the slices of other
+ * Global rank g's slice is sequences [ddt_slice_first(g), ddt_slice_first(g + 1)); the slices of other
  * daemons' ranks are read and dropped, so every daemon's cursor stays the same. Features go
  * to the rank's memory (its GPU's), where the rank's backend adds their noise.
  *
@@ -788,16 +939,18 @@ static int load_batch(ddt_trainer *t, char *err, size_t err_len)
 {
     const ddt_run_config *c = &t->cfg;
     const int64_t S = c->seq_len, A = c->max_anchors, H = c->drafter.hidden, LH = c->drafter.taps * H;
+    if (t->split)
+        return split_batch(t, err, err_len);
     if (t->generates) {   /* the ranks sample the tokens; the masks are all ones, the anchors theirs */
         t->batch_cursor = t->cursor;
         t->cursor += c->sequences_per_step;   /* every daemon's sequences, as the source's next would */
         for (int r = 0; r < t->ranks; r++) {
             rank_state *rs = &t->rank[r];
-            memset(rs->loss_mask, 1, (size_t)(rs->nseq * S));
+            memset(rs->b.loss_mask, 1, (size_t)(rs->nseq * S));
             for (int64_t i = 0; i < rs->nseq; i++)
-                ddt_sample_anchors(rs->loss_mask + i * S, S, A,
+                ddt_sample_anchors(rs->b.loss_mask + i * S, S, A,
                                    ddt_batch_seed(c->seed, t->step, rs->first + i, SEED_ANCHORS),
-                                   rs->anchors + i * A, rs->keep + i * A);
+                                   rs->b.anchors + i * A, rs->b.keep + i * A);
         }
         return 0;
     }
@@ -813,7 +966,7 @@ static int load_batch(ddt_trainer *t, char *err, size_t err_len)
                      (long long)q.S, (long long)S);
             return -EINVAL;
         }
-        const int64_t r = slice_rank(c->sequences_per_step, t->world, gi) - t->first_rank;
+        const int64_t r = ddt_slice_part(c->sequences_per_step, t->world, gi) - t->first_rank;
         if (r < 0 || r >= t->ranks)
             continue;   /* another daemon's */
         rank_state *rs = &t->rank[r];
@@ -824,22 +977,22 @@ static int load_batch(ddt_trainer *t, char *err, size_t err_len)
         if (rs->staging) {
             memcpy(rs->staged_features + i * S * LH, q.features, fbytes);
             features = rs->staged_features + i * S * LH;
-            if (rs->teacher) {
+            if (rs->b.teacher) {
                 memcpy(rs->staged_teacher + i * S * H, q.teacher_hidden, tbytes);
                 teacher = rs->staged_teacher + i * S * H;
             }
         }
-        memcpy(rs->input_ids + i * S, q.input_ids, (size_t)S * sizeof(int32_t));
-        memcpy(rs->loss_mask + i * S, q.loss_mask, (size_t)S);
+        memcpy(rs->b.input_ids + i * S, q.input_ids, (size_t)S * sizeof(int32_t));
+        memcpy(rs->b.loss_mask + i * S, q.loss_mask, (size_t)S);
         if (!t->colocated) {
-            be->copy(be, rs->features + i * S * LH, features, fbytes);
-            if (rs->teacher)
-                be->copy(be, rs->teacher + i * S * H, teacher, tbytes);
-            be->uniform_noise(be, rs->features + i * S * LH, S * LH, c->noise_std,
+            be->copy(be, rs->b.features + i * S * LH, features, fbytes);
+            if (rs->b.teacher)
+                be->copy(be, rs->b.teacher + i * S * H, teacher, tbytes);
+            be->uniform_noise(be, rs->b.features + i * S * LH, S * LH, c->noise_std,
                               ddt_batch_seed(c->seed, t->step, gi, SEED_NOISE));
         }
-        ddt_sample_anchors(rs->loss_mask + i * S, S, A, ddt_batch_seed(c->seed, t->step, gi, SEED_ANCHORS),
-                           rs->anchors + i * A, rs->keep + i * A);
+        ddt_sample_anchors(rs->b.loss_mask + i * S, S, A, ddt_batch_seed(c->seed, t->step, gi, SEED_ANCHORS),
+                           rs->b.anchors + i * A, rs->b.keep + i * A);
         if (!rs->staging)
             be->synchronize(be);   /* q's buffers are the source's again at its next call */
     }
@@ -967,7 +1120,12 @@ int ddt_trainer_step(ddt_trainer *t, ddt_step_record *rec, char *err, size_t err
 {
     const ddt_run_config *c = &t->cfg;
     double t0 = ddt_mono_s();
+    if (t->split)   /* their figures: this step's batch, or the wait for it, and the next one's */
+        ddt_split_reset_peaks(t->split);
     int rc = load_batch(t, err, err_len);
+    for (char note[2048]; t->source && ddt_source_next_note(t->source, note, sizeof note);)   /* chat lines skipped */
+        if (t->store)
+            ddt_store_event(t->store, t->run_id, ddt_wall_ms(), "data_skipped", note);
     if (rc)
         return rc;
     for (int r = 0; r < t->ranks; r++)
@@ -1184,6 +1342,16 @@ static void argmax_rows(const float *logits, int64_t rows, int64_t V, int32_t *o
     }
 }
 
+/* logits (rows, V) = x (rows, H) lm_head^T, fp32 or on the bf16 head as it is stored */
+static void head_logits(const ddk_backend *be, const ddt_head *head, int64_t rows, int64_t V, int64_t H,
+                        const float *x, float *logits)
+{
+    if (head->bf16)
+        be->matmul_w16(be, rows, V, H, 1.0f, x, H, head->lm_head, H, 0.0f, logits, V);
+    else
+        be->matmul(be, 0, 1, rows, V, H, 1.0f, x, H, head->lm_head, H, 0.0f, logits, V);
+}
+
 int ddt_trainer_eval(ddt_trainer *t, ddt_acceptance *acc, char *err, size_t err_len)
 {
     const ddt_run_config *c = &t->cfg;
@@ -1193,8 +1361,10 @@ int ddt_trainer_eval(ddt_trainer *t, ddt_acceptance *acc, char *err, size_t err_
     const int64_t S = c->seq_len, A = c->max_anchors < c->eval_blocks ? c->max_anchors : c->eval_blocks,
                   B = d->block_size, H = d->hidden, V = d->vocab, LH = d->taps * H;
     rank_state *rs = &t->rank[0];   /* rank 0 evaluates, on its device */
+    if (t->split)
+        split_settle(t);   /* target rank 0 is free: the next step's batch waits in ahead */
     const ddk_backend *be = rs->be;
-    const float *embed = rs->embed, *lm_head = rs->lm_head;
+    const ddt_head head = { rs->embed, rs->lm_head, rs->head_bf16 };
     ddt_acceptance_init(acc, c->tree_budgets, c->n_budgets);
     int64_t n = c->eval_sequences < c->heldout ? c->eval_sequences : c->heldout;
     size_t hs_bytes = (size_t)(A * B * H) * sizeof(float), logit_bytes = (size_t)(B * V) * sizeof(float);
@@ -1210,10 +1380,11 @@ int ddt_trainer_eval(ddt_trainer *t, ddt_acceptance *acc, char *err, size_t err_
         ddt_sequence q;
         if (t->generates) {   /* rank 0's generator samples held-out i once, as the source would */
             int32_t *tokens;
-            if ((rc = ddt_heldout_tokens_get(&t->held, &t->data, &rs->gen, i, &tokens, err, err_len)))
+            ddt_generator *gen = t->split ? ddt_split_generator(t->split) : &rs->gen;   /* target rank 0's */
+            if ((rc = ddt_heldout_tokens_get(&t->held, &t->data, gen, i, &tokens, err, err_len)))
                 break;
-            memset(rs->loss_mask, 1, (size_t)S);   /* free between steps, as its features are */
-            q = (ddt_sequence){ .S = S, .input_ids = tokens, .loss_mask = rs->loss_mask };
+            memset(rs->b.loss_mask, 1, (size_t)S);   /* free between steps, as its features are */
+            q = (ddt_sequence){ .S = S, .input_ids = tokens, .loss_mask = rs->b.loss_mask };
         } else if ((rc = ddt_source_heldout(t->source, i, &q, err, err_len))) {
             break;
         }
@@ -1223,21 +1394,29 @@ int ddt_trainer_eval(ddt_trainer *t, ddt_acceptance *acc, char *err, size_t err_
         const float *features = q.features, *th = q.teacher_hidden;
         if (t->colocated) {
             if ((rc = ddt_target_prefill(be, &rs->replica, q.input_ids, q.S < S ? q.S : S, c->drafter.target_layer_ids,
-                                         (int)d->taps, rs->features, rs->teacher, NULL))) {
+                                         (int)d->taps, rs->b.features, rs->b.teacher, NULL))) {
                 snprintf(err, err_len, "the evaluation's target forward (rank 0's replica) failed: %s", strerror(-rc));
                 break;
             }
-            features = rs->features;
-            th = rs->teacher;
+            features = rs->b.features;
+            th = rs->b.teacher;
+        } else if (t->split) {   /* target rank 0 hands them to rank 0, as a step's */
+            ddt_split_dest dest = { .drafter = 0, .tokens = q.input_ids, .features = rs->b.features,
+                                    .teacher = rs->b.teacher };
+            ddt_split_start(t->split, &dest, 1);
+            if ((rc = ddt_split_wait(t->split, err, err_len)))
+                break;
+            features = rs->b.features;
+            th = rs->b.teacher;
         } else if (rs->gpu >= 0) {
-            be->copy(be, rs->features, q.features, (size_t)(S * LH) * sizeof(float));
-            if (th && rs->teacher)
-                be->copy(be, rs->teacher, th, (size_t)(S * H) * sizeof(float));
-            features = rs->features;
-            th = th ? rs->teacher : NULL;
+            be->copy(be, rs->b.features, q.features, (size_t)(S * LH) * sizeof(float));
+            if (th && rs->b.teacher)
+                be->copy(be, rs->b.teacher, th, (size_t)(S * H) * sizeof(float));
+            features = rs->b.features;
+            th = th ? rs->b.teacher : NULL;
         }
         ddt_batch b = { 1, S, A, q.input_ids, q.loss_mask, features, NULL, anchors, keep };
-        if ((rc = ddt_drafter_forward(be, d, &rs->w, &(ddt_head){ embed, lm_head, 0 }, &b, hs))) {
+        if ((rc = ddt_drafter_forward(be, d, &rs->w, &head, &b, hs))) {
             snprintf(err, err_len, "the evaluation's forward failed: %s", strerror(-rc));
             break;
         }
@@ -1249,7 +1428,7 @@ int ddt_trainer_eval(ddt_trainer *t, ddt_acceptance *acc, char *err, size_t err_
              * th[a_j + k - 1]: rows a_j .. a_j + rows - 1, one product per block. */
             const int64_t rows = S - anchors[j] < slots - 1 ? S - anchors[j] : slots - 1;
             if (teacher_labels && rows > 0) {
-                be->matmul(be, 0, 1, rows, V, H, 1.0f, th + anchors[j] * H, H, lm_head, H, 0.0f, logits_dev, V);
+                head_logits(be, &head, rows, V, H, th + anchors[j] * H, logits_dev);
                 be->copy(be, logits, logits_dev, (size_t)(rows * V) * sizeof(float));
                 be->synchronize(be);
                 argmax_rows(logits, rows, V, greedy);
@@ -1260,7 +1439,7 @@ int ddt_trainer_eval(ddt_trainer *t, ddt_acceptance *acc, char *err, size_t err_
                 if (teacher_labels && labels[k] >= 0)
                     labels[k] = greedy[k - 1];
             }
-            be->matmul(be, 0, 1, B, V, H, 1.0f, hs + j * B * H, H, lm_head, H, 0.0f, logits_dev, V);
+            head_logits(be, &head, B, V, H, hs + j * B * H, logits_dev);
             be->copy(be, logits, logits_dev, logit_bytes);
             be->synchronize(be);
             ddt_acceptance_add_block(acc, logits, B, V, labels);

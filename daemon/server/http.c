@@ -17,7 +17,9 @@
  * threads, one per listener, so it may run on two threads at once.
  *
  * The token is needed on TCP whenever one is configured (compared in constant time); the Unix
- * socket needs none, its file mode guards it. Responses are counted per status code (atomics)
+ * socket needs none, its file mode guards it. A TCP request without it that belongs to the web
+ * view (a path under /ui, or a Cookie) goes to the handler marked unauthenticated, body and all
+ * (the login form's token is in it); any other is 401 here. Responses are counted per status code (atomics)
  * for /metrics. MHD's own messages become single log lines "<4>http: libmicrohttpd: ...".
  *
  * Not here: routing and JSON bodies of the API (the API module's handler), TLS (put a proxy in
@@ -66,6 +68,7 @@ typedef struct listener {
     struct ddt_http_server *server;
     struct MHD_Daemon *daemon;
     int is_tcp;
+    int loopback;      /* TCP on a loopback address */
     int quiesced_fd;   /* the listen socket MHD_quiesce_daemon handed back, closed after stop */
 } listener;
 
@@ -183,6 +186,7 @@ typedef struct request_state {
     size_t len, capacity;
     int too_large;     /* the rest of the upload is discarded, the answer is 413 */
     int unauthorized;  /* TCP without the right token: the upload is discarded, 401 */
+    int unauthenticated;   /* ... but the web view's: the handler decides */
 } request_state;
 
 /* a == b over b's length in time that does not depend on where they differ */
@@ -270,6 +274,20 @@ static enum MHD_Result add_query(void *cls, enum MHD_ValueKind kind, const char 
     return MHD_YES;
 }
 
+/* an HTML page's: its scripts and styles from the daemon only, never framed (clickjacking),
+ * never cached (it holds the CSRF token), no Referer to elsewhere (same-origin: "no-referrer"
+ * would make the browser send "Origin: null", refused) */
+static int add_page_headers(struct MHD_Response *r)
+{
+    return MHD_add_response_header(r, "Content-Security-Policy",
+                                   "default-src 'none'; script-src 'self'; style-src 'self'; "
+                                   "img-src 'self' data:; connect-src 'self'; form-action 'self'; "
+                                   "base-uri 'none'; frame-ancestors 'none'") == MHD_YES &&
+           MHD_add_response_header(r, "X-Frame-Options", "DENY") == MHD_YES &&
+           MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store") == MHD_YES &&
+           MHD_add_response_header(r, "Referrer-Policy", "same-origin") == MHD_YES;
+}
+
 /* queues res (its body is handed to MHD, or freed), counts its status */
 static enum MHD_Result send_response(ddt_http_server *s, struct MHD_Connection *conn,
                                      ddt_http_response *res, int close_after)
@@ -292,6 +310,12 @@ static enum MHD_Result send_response(ddt_http_server *s, struct MHD_Connection *
         ok = MHD_add_response_header(r, MHD_HTTP_HEADER_LOCATION, res->location) == MHD_YES;
     if (ok && res->allow[0])
         ok = MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, res->allow) == MHD_YES;
+    if (ok && res->set_cookie[0])
+        ok = MHD_add_response_header(r, MHD_HTTP_HEADER_SET_COOKIE, res->set_cookie) == MHD_YES;
+    if (ok)
+        ok = MHD_add_response_header(r, "X-Content-Type-Options", "nosniff") == MHD_YES;
+    if (ok && res->content_type && !strncmp(res->content_type, "text/html", 9))
+        ok = add_page_headers(r);
     if (ok && res->status == 401)
         ok = MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer") == MHD_YES;
     if (ok && close_after)
@@ -317,8 +341,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         if (!st)
             return MHD_NO;
         *req_cls = st;
-        if (l->is_tcp && s->token && !authorized(s, conn))
-            st->unauthorized = 1;
+        if (l->is_tcp && s->token && !authorized(s, conn)) {
+            int web = !strcmp(url, "/ui") || !strncmp(url, "/ui/", 4) ||
+                      MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_COOKIE);
+            st->unauthenticated = web;
+            st->unauthorized = !web;
+        }
         const char *length = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
                                                          MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (length && strtoull(length, NULL, 10) > DDT_HTTP_MAX_BODY)
@@ -351,6 +379,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     req.path = url;
     req.body = st->body ? st->body : "";
     req.body_len = st->len;
+    req.via = !l->is_tcp ? DDT_HTTP_VIA_UNIX : l->loopback ? DDT_HTTP_VIA_LOOPBACK : DDT_HTTP_VIA_TCP;
+    req.unauthenticated = st->unauthenticated;
+    req.host = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST);
+    req.origin = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_ORIGIN);
+    req.cookie = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_COOKIE);
+    req.sec_fetch_site = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Sec-Fetch-Site");
+    req.csrf = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "X-DDTree-CSRF");
     query_fill q = {&req, 0};
     MHD_get_connection_values(conn, MHD_GET_ARGUMENT_KIND, add_query, &q);
     if (q.overflow) {
@@ -638,8 +673,8 @@ int ddt_http_start(const ddt_http_config *c, ddt_http_handler handler, void *ctx
     s->handler = handler;
     s->ctx = ctx;
     pthread_mutex_init(&s->log_lock, NULL);
-    s->unix_listener = (listener){s, NULL, 0, -1};
-    s->tcp_listener = (listener){s, NULL, 1, -1};
+    s->unix_listener = (listener){s, NULL, 0, 0, -1};
+    s->tcp_listener = (listener){s, NULL, 1, loopback, -1};
     for (int j = 0; j <= STATUS_MAX - STATUS_MIN; j++)
         atomic_init(&s->counts[j], 0);
     int rc = 0;

@@ -4,7 +4,12 @@
  * whole body is in: it is a plain function of (request) -> (response), which is what the API
  * module implements and the fuzz target drives without a socket. Connection timeouts and
  * limits are always set. TCP on a non-loopback address requires a bearer token (compared in
- * constant time); a missing or wrong token is 401 before the handler runs.
+ * constant time); a missing or wrong token is 401 before the handler runs, except for the web
+ * view's requests (a path under /ui, or one carrying a Cookie), which reach the handler marked
+ * `unauthenticated`: it answers them (a login form, its session cookie) or refuses them
+ * (daemon/ui_access.h). The browser's headers that the handler needs to tell a page of its own
+ * from another site's (Host, Origin, Cookie, Sec-Fetch-Site, X-DDTree-CSRF) come with the
+ * request; an HTML answer carries a Content-Security-Policy and is never framed or cached.
  * Tested by tests/api_e2e.py (the real daemon and client) and tests/test_http.c.
  */
 #ifndef DDT_HTTP_H
@@ -15,6 +20,13 @@
 
 enum { DDT_HTTP_MAX_QUERY = 8, DDT_HTTP_MAX_BODY = 1 << 20 };
 
+/* the listener a request came through */
+typedef enum ddt_http_via {
+    DDT_HTTP_VIA_UNIX = 0,   /* the control socket (its file mode guards it) */
+    DDT_HTTP_VIA_LOOPBACK,   /* TCP on a loopback address */
+    DDT_HTTP_VIA_TCP,        /* TCP on any other address */
+} ddt_http_via;
+
 typedef struct ddt_http_request {
     const char *method;                          /* "GET", "POST", ... */
     const char *path;                            /* "/runs/ID/pause", without the query */
@@ -23,6 +35,9 @@ typedef struct ddt_http_request {
     const char *query_values[DDT_HTTP_MAX_QUERY];
     const char *body;                            /* NUL-terminated copy, body_len bytes */
     size_t body_len;
+    ddt_http_via via;
+    int unauthenticated;     /* the listener wants the token and the request has none that matches */
+    const char *host, *origin, *cookie, *sec_fetch_site, *csrf;   /* headers; NULL when absent */
 } ddt_http_request;
 
 typedef struct ddt_http_response {
@@ -32,6 +47,7 @@ typedef struct ddt_http_response {
     const char *content_type;   /* a static string; NULL: application/json */
     char location[256];         /* a Location header when not empty */
     char allow[64];             /* an Allow header (405) when not empty */
+    char set_cookie[192];       /* a Set-Cookie header when not empty */
 } ddt_http_response;
 
 typedef void (*ddt_http_handler)(void *ctx, const ddt_http_request *req, ddt_http_response *res);

@@ -46,6 +46,7 @@ static ddk_backend cpu_backend = {
     .matmul = cpu_matmul,
     .matmul_bf16 = ddk_cpu_matmul_bf16,
     .matmul_w16 = ddk_cpu_matmul_w16,
+    .matmul_w16_nn = ddk_cpu_matmul_w16_nn,
     .loss = ddk_cpu_loss,
     .zero = cpu_zero,
     .copy = cpu_copy,
@@ -115,7 +116,7 @@ void ddk_cpu_set_threads(int threads)
 }
 
 int ddk_loss_cpu(const ddk_loss_params *p, const float *student_hidden,
-                 const float *teacher_hidden, const float *lm_head, const int32_t *labels,
+                 const float *teacher_hidden, const void *lm_head, const int32_t *labels,
                  const float *weights, float *grad_student, float *per_position,
                  ddk_loss_result *out)
 {

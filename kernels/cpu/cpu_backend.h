@@ -6,7 +6,7 @@
 
 /* The loss of SPEC.md section 1 (loss_cpu.c); contract of ddk_loss_cpu. */
 int ddk_cpu_loss(const ddk_backend *be, const ddk_loss_params *p,
-                 const float *student_hidden, const float *teacher_hidden, const float *lm_head,
+                 const float *student_hidden, const float *teacher_hidden, const void *lm_head,
                  const int32_t *labels, const float *weights,
                  float *grad_student, float *per_position, ddk_loss_result *out);
 
@@ -70,5 +70,8 @@ void ddk_cpu_matmul_bf16(const ddk_backend *be, int trans_a, int trans_b, int64_
 void ddk_cpu_matmul_w16(const ddk_backend *be, int64_t m, int64_t n, int64_t k, float alpha,
                         const float *a, int64_t lda, const uint16_t *w, int64_t ldw, float beta,
                         float *c, int64_t ldc);
+void ddk_cpu_matmul_w16_nn(const ddk_backend *be, int64_t m, int64_t n, int64_t k, float alpha,
+                           const float *a, int64_t lda, const uint16_t *w, int64_t ldw, float beta,
+                           float *c, int64_t ldc);
 
 #endif

@@ -13,11 +13,22 @@
  * in place, and one product g W accumulates d loss / d hs. 1 - p_y is carried as the sum over
  * v != y, so p_y -> 1 loses nothing to cancellation.
  *
+ * Speed: the products are the floor; the rest (one argmax pass per logit row, one pass of
+ * exponential sums, one pass forming g) runs 8 lanes wide, ddk_expf8 and ddk_vargmax. On a
+ * 2-core AVX2 machine (tests/bench/loss_vs_torch.py, n 2048, H 256, V 16000, chunk 512, one
+ * thread) the whole-vocabulary loss is ~1.05x its three products' CPU time, was 2.1x with
+ * scalar exps; docs/memory.md has the figures.
+ *
  * Deliberately not here: threads of our own (the BLAS's pool runs the products, which are
- * almost all of the time), bf16 storage (the CUDA backend's job). bf16_products rounds the
- * products' operands to bf16 (be->matmul_bf16), the reference for the GPU's tensor cores.
+ * almost all of the time), bf16 activations (the CUDA backend's job). bf16_products rounds the
+ * products' operands to bf16 (be->matmul_bf16), the reference for the GPU's tensor cores; a bf16
+ * head (head_bf16, the frozen target's lm_head as a GPU holds it) is read in place through
+ * be->matmul_w16 (logits) and be->matmul_w16_nn (gradient), which widen it a panel at a time:
+ * the same bits as bf16_products on the head widened to fp32, and the same workspace.
  * Tested by tests/test_loss.c (float64 C reference, finite differences, chunk/tile
- * invariance, budgets) and tests/loss_torch_check.py (PyTorch autograd).
+ * invariance, budgets, the bf16 head bit for bit against the widened one, rows wider than a
+ * sum block, logits of +-200, the 8-lane kernels against the scalar exp) and
+ * tests/loss_torch_check.py (PyTorch autograd).
  *
  * Legend: n positions, H hidden, V vocabulary, m rows of the current chunk, w tile width.
  */
@@ -33,10 +44,12 @@
 /* One call's constants. */
 typedef struct loss_run {
     const ddk_backend *be;
-    /* the products: be->matmul, or be->matmul_bf16 when p->bf16_products */
+    /* the products on an fp32 head: be->matmul, or be->matmul_bf16 when p->bf16_products */
     void (*product)(const ddk_backend *be, int trans_a, int trans_b, int64_t m, int64_t n,
                     int64_t k, float alpha, const float *a, int64_t lda, const float *b,
                     int64_t ldb, float beta, float *c, int64_t ldc);
+    const float *head32;      /* lm_head (V, H) fp32, or NULL ... */
+    const uint16_t *head16;   /* ... when it is bf16 (p->head_bf16): be->matmul_w16 / _nn */
     int64_t H;
     float alpha, T, invT, lambda, invTc;
     int kl;          /* the KL term is computed (alpha > 0; the teacher is then present) */
@@ -48,49 +61,84 @@ typedef struct loss_run {
 
 /* ------------------------------------------------------------------------------------------
  * Statistics of one tile row. The kernels are instantiated per term combination so that each
- * loop is branch-free and vectorised (a generic loop would compute every exp for every term).
+ * loop is branch-free (a generic loop would compute every exp for every term), and written on
+ * ddk_vmath.h's 8-lane vectors: GCC does not vectorise ddk_expf in a `#pragma omp simd` loop
+ * on AVX2, and scalar exps were half the loss's time there (ddk_vmath.h says why).
  */
 
 typedef struct tile_sums {
     double s, rest, sT, c, cd, t, td;   /* as in ddk_loss_row, for this tile only */
 } tile_sums;
 
-enum { SUM_BLOCK = 512 };   /* float lanes sum SUM_BLOCK columns, then merge into double */
+/* 8 float lanes sum SUM_BLOCK columns, then merge into double */
+enum { LANES = 8, SUM_BLOCK = 512 };
+
+static const ddk_i8 lane_index = { 0, 1, 2, 3, 4, 5, 6, 7 };
+
+/* x[0 .. count) in the first lanes, 0 in the others (count <= LANES): a row's last columns */
+static inline ddk_f8 load_tail(const float *x, int64_t count)
+{
+    float v[LANES] = { 0 };
+    memcpy(v, x, (size_t)count * sizeof(float));
+    return ddk_f8_load(v);
+}
+
+typedef struct lane_sums {
+    ddk_f8 s, rest, sT, c, cd, t, td;
+} lane_sums;
+
+/* Adds 8 columns (zs, zt: their logits) to the lane sums. keep: the lanes that count (all
+ * but a row's padding); rest leaves out the lane whose column minus the label's is 0. */
+static inline __attribute__((always_inline)) void
+lane_sums_add(lane_sums *a, ddk_f8 zs, ddk_f8 zt, ddk_i8 keep, ddk_i8 from_label, float s_max,
+              float t_max, float invT, float invTc, const int kl, const int kl_scaled,
+              const int cap_scaled)
+{
+    const ddk_f8 zero = ddk_f8_splat(0.0f);
+    ddk_f8 d = zs - s_max;                                /* <= 0 */
+    ddk_f8 e = ddk_f8_select(keep, ddk_expf8(d), zero);
+    a->s += e;
+    a->rest += ddk_f8_select(from_label == 0, zero, e);
+    if (kl_scaled)
+        a->sT += ddk_f8_select(keep, ddk_expf8(d * invT), zero);
+    ddk_f8 dc = cap_scaled ? d * invTc : d;
+    ddk_f8 ec = cap_scaled ? ddk_f8_select(keep, ddk_expf8(dc), zero) : e;
+    a->c += ec;
+    a->cd += ec * dc;
+    if (kl) {
+        ddk_f8 et = ddk_f8_select(keep, ddk_expf8((zt - t_max) * invT), zero);
+        a->t += et;
+        a->td += et * ((zt - zs) * invT);
+    }
+}
 
 static inline __attribute__((always_inline)) tile_sums
 tile_sums_impl(const float *zs, const float *zt, int64_t w, float s_max, float t_max,
                int64_t label_col, float invT, float invTc, const int kl, const int kl_scaled,
                const int cap_scaled)
 {
+    const ddk_i8 all = { -1, -1, -1, -1, -1, -1, -1, -1 };
+    const ddk_f8 zero = ddk_f8_splat(0.0f);
     tile_sums out = { 0, 0, 0, 0, 0, 0, 0 };
     for (int64_t b0 = 0; b0 < w; b0 += SUM_BLOCK) {
         const int64_t b1 = w - b0 < SUM_BLOCK ? w : b0 + SUM_BLOCK;
-        float s = 0, rest = 0, sT = 0, c = 0, cd = 0, t = 0, td = 0;
-#pragma omp simd reduction(+ : s, rest, sT, c, cd, t, td)
-        for (int64_t v = b0; v < b1; v++) {
-            float d = zs[v] - s_max;             /* <= 0 */
-            float e = ddk_expf(d);
-            s += e;
-            rest += v == label_col ? 0.0f : e;
-            if (kl_scaled)
-                sT += ddk_expf(d * invT);
-            float dc = cap_scaled ? d * invTc : d;
-            float ec = cap_scaled ? ddk_expf(dc) : e;
-            c += ec;
-            cd += ec * dc;
-            if (kl) {
-                float et = ddk_expf((zt[v] - t_max) * invT);
-                t += et;
-                td += et * ((zt[v] - zs[v]) * invT);
-            }
-        }
-        out.s += s;
-        out.rest += rest;
-        out.sT += sT;
-        out.c += c;
-        out.cd += cd;
-        out.t += t;
-        out.td += td;
+        lane_sums a = { zero, zero, zero, zero, zero, zero, zero };
+        ddk_i8 from_label = lane_index + (int32_t)(b0 - label_col);   /* column - label_col */
+        int64_t v = b0;
+        for (; v + LANES <= b1; v += LANES, from_label += LANES)
+            lane_sums_add(&a, ddk_f8_load(zs + v), kl ? ddk_f8_load(zt + v) : zero, all,
+                          from_label, s_max, t_max, invT, invTc, kl, kl_scaled, cap_scaled);
+        if (v < b1)
+            lane_sums_add(&a, load_tail(zs + v, b1 - v), kl ? load_tail(zt + v, b1 - v) : zero,
+                          lane_index < (int32_t)(b1 - v), from_label, s_max, t_max, invT, invTc,
+                          kl, kl_scaled, cap_scaled);
+        out.s += ddk_f8_sum(a.s);
+        out.rest += ddk_f8_sum(a.rest);
+        out.sT += ddk_f8_sum(a.sT);
+        out.c += ddk_f8_sum(a.c);
+        out.cd += ddk_f8_sum(a.cd);
+        out.t += ddk_f8_sum(a.t);
+        out.td += ddk_f8_sum(a.td);
     }
     return out;
 }
@@ -130,20 +178,22 @@ static void row_stats_tile(const loss_run *k, tile_sums_fn sums, ddk_loss_row *r
                            const float *zs, const float *zt, int64_t off, int64_t w)
 {
     int first = r->s_arg < 0;
-    float tile_s_max = ddk_vmax(zs, w);
+    float tile_s_max;
+    int64_t tile_s_arg = ddk_vargmax(zs, w, &tile_s_max);
     float s_max = first || tile_s_max > r->s_max ? tile_s_max : r->s_max;
     if (first || tile_s_max > r->s_max)              /* strictly: earlier tiles keep ties */
-        r->s_arg = (int32_t)(off + ddk_first_index(zs, w, tile_s_max));
+        r->s_arg = (int32_t)(off + tile_s_arg);
 
     int64_t label_col = -1;                          /* the label's column in this tile */
     float t_max = r->t_max;
     if (zt) {
-        float tile_t_max = ddk_vmax(zt, w);
+        float tile_t_max;
+        int64_t tile_t_arg = ddk_vargmax(zt, w, &tile_t_max);
         int moved = first || tile_t_max > r->t_max;
         if (moved)
             t_max = tile_t_max;
         if (!k->given_labels && moved)
-            label_col = ddk_first_index(zt, w, tile_t_max);
+            label_col = tile_t_arg;
     }
     if (k->given_labels && r->label >= off && r->label < off + w)
         label_col = r->label - off;
@@ -226,25 +276,38 @@ typedef struct grad_coeffs {
     float invT, invTc;
 } grad_coeffs;
 
+/* g of columns v .. v+8 (z, zt: their logits) */
+static inline __attribute__((always_inline)) ddk_f8
+grad_lanes(ddk_f8 z, ddk_f8 zt, const grad_coeffs *g, const int kl, const int kl_scaled,
+           const int cap)
+{
+    ddk_f8 d = z - g->s_max;
+    ddk_f8 gv = g->a * ddk_expf8(d);
+    if (kl_scaled)
+        gv += g->b * ddk_expf8(d * g->invT);
+    if (kl)
+        gv -= g->bt * ddk_expf8((zt - g->t_max) * g->invT);
+    if (cap) {
+        ddk_f8 dc = d * g->invTc;
+        gv += g->kc * ddk_expf8(dc) * (dc + g->cap_shift);
+    }
+    return gv;
+}
+
 static inline __attribute__((always_inline)) void
 grad_tile_impl(float *z, const float *zt, int64_t w, const grad_coeffs *g, const int kl,
                const int kl_scaled, const int cap)
 {
-    const float s_max = g->s_max, t_max = g->t_max, a = g->a, b = g->b, bt = g->bt,
-                kc = g->kc, cap_shift = g->cap_shift, invT = g->invT, invTc = g->invTc;
-#pragma omp simd
-    for (int64_t v = 0; v < w; v++) {
-        float d = z[v] - s_max;
-        float gv = a * ddk_expf(d);
-        if (kl_scaled)
-            gv += b * ddk_expf(d * invT);
-        if (kl)
-            gv -= bt * ddk_expf((zt[v] - t_max) * invT);
-        if (cap) {
-            float dc = d * invTc;
-            gv += kc * ddk_expf(dc) * (dc + cap_shift);
-        }
-        z[v] = gv;
+    const ddk_f8 zero = ddk_f8_splat(0.0f);
+    int64_t v = 0;
+    for (; v + LANES <= w; v += LANES)
+        ddk_f8_store(z + v, grad_lanes(ddk_f8_load(z + v), kl ? ddk_f8_load(zt + v) : zero, g,
+                                       kl, kl_scaled, cap));
+    if (v < w) {
+        float tail[LANES];
+        ddk_f8_store(tail, grad_lanes(load_tail(z + v, w - v), kl ? load_tail(zt + v, w - v) : zero,
+                                      g, kl, kl_scaled, cap));
+        memcpy(z + v, tail, (size_t)(w - v) * sizeof(float));
     }
 }
 
@@ -314,16 +377,31 @@ static float grad_at_label(const loss_run *k, const ddk_loss_row *r, float zt_la
  */
 
 /* z (m, w) = x (m, H) . W[off .. off+w) (w, H)^T */
-static void tile_logits(const loss_run *k, const float *x, int64_t m, const float *lm_head,
-                        int64_t off, int64_t w, float *z)
+static void tile_logits(const loss_run *k, const float *x, int64_t m, int64_t off, int64_t w,
+                        float *z)
 {
-    k->product(k->be, 0, 1, m, w, k->H, 1.0f, x, k->H, lm_head + off * k->H, k->H, 0.0f, z, w);
+    const int64_t H = k->H;
+    if (k->head16)
+        k->be->matmul_w16(k->be, m, w, H, 1.0f, x, H, k->head16 + off * H, H, 0.0f, z, w);
+    else
+        k->product(k->be, 0, 1, m, w, H, 1.0f, x, H, k->head32 + off * H, H, 0.0f, z, w);
+}
+
+/* dhs (m, H) = g (m, w) . W[off .. off+w) (w, H) + beta dhs */
+static void tile_grad(const loss_run *k, const float *g, int64_t m, int64_t off, int64_t w,
+                      float beta, float *dhs)
+{
+    const int64_t H = k->H;
+    if (k->head16)
+        k->be->matmul_w16_nn(k->be, m, H, w, 1.0f, g, w, k->head16 + off * H, H, beta, dhs, H);
+    else
+        k->product(k->be, 0, 0, m, H, w, 1.0f, g, w, k->head32 + off * H, H, beta, dhs, H);
 }
 
 int ddk_cpu_loss(const ddk_backend *be, const ddk_loss_params *p,
                  const float *student_hidden,  /* (n, H) */
                  const float *teacher_hidden,  /* (n, H) or NULL */
-                 const float *lm_head,         /* (V, H) */
+                 const void *lm_head,          /* (V, H): float, or uint16_t bf16 (p->head_bf16) */
                  const int32_t *labels,        /* (n) or NULL */
                  const float *weights,         /* (n) or NULL */
                  float *grad_student,          /* (n, H) or NULL */
@@ -367,6 +445,8 @@ int ddk_cpu_loss(const ddk_backend *be, const ddk_loss_params *p,
     loss_run k = {
         .be = be,
         .product = p->bf16_products ? be->matmul_bf16 : be->matmul,
+        .head32 = p->head_bf16 ? NULL : lm_head,
+        .head16 = p->head_bf16 ? lm_head : NULL,
         .H = H,
         .alpha = p->kl_weight,
         .T = p->kl_temperature,
@@ -394,9 +474,9 @@ int ddk_cpu_loss(const ddk_backend *be, const ddk_loss_params *p,
 
         for (int64_t off = 0; off < V; off += width) {
             const int64_t w = V - off < width ? V - off : width;
-            tile_logits(&k, hs, m, lm_head, off, w, zs);
+            tile_logits(&k, hs, m, off, w, zs);
             if (zt)
-                tile_logits(&k, ht, m, lm_head, off, w, zt);
+                tile_logits(&k, ht, m, off, w, zt);
             for (int64_t r = 0; r < m; r++)
                 if (!rows[r].ignored)
                     row_stats_tile(&k, sums, &rows[r], zs + r * w, zt ? zt + r * w : NULL, off, w);
@@ -426,9 +506,9 @@ int ddk_cpu_loss(const ddk_backend *be, const ddk_loss_params *p,
         for (int64_t off = 0; off < V; off += width) {
             const int64_t w = V - off < width ? V - off : width;
             if (tiled) {
-                tile_logits(&k, hs, m, lm_head, off, w, zs);
+                tile_logits(&k, hs, m, off, w, zs);
                 if (k.kl)
-                    tile_logits(&k, ht, m, lm_head, off, w, zt);
+                    tile_logits(&k, ht, m, off, w, zt);
             }
             for (int64_t r = 0; r < m; r++) {
                 const ddk_loss_row *row = &rows[r];
@@ -444,9 +524,7 @@ int ddk_cpu_loss(const ddk_backend *be, const ddk_loss_params *p,
                 if (row->label >= off && row->label < off + w)
                     g[row->label - off] = grad_at_label(&k, row, zt_label);
             }
-            /* dhs (m, H) (+)= g (m, w) . W[off .. off+w) (w, H) */
-            k.product(be, 0, 0, m, H, w, 1.0f, zs, w, lm_head + off * H, H,
-                       off == 0 ? 0.0f : 1.0f, dhs, H);
+            tile_grad(&k, zs, m, off, w, off == 0 ? 0.0f : 1.0f, dhs);   /* accumulated over tiles */
         }
     }
     ddk_free(be->alloc, workspace, shape.workspace_bytes);

@@ -1,8 +1,9 @@
 /* vector_cpu.c: the CPU backend's whole-buffer ops (sum of squares, axpby, the AdamW update,
  * the features' uniform noise)
  * and its bf16 products (matmul with both operands rounded to bf16, the reference for the GPU's
- * tensor-core product, and matmul_w16, the same product against bf16 weights as stored: one
- * emulation, bf16_panels, so the two agree bit for bit). Contracts in ddk.h (struct ddk_backend).
+ * tensor-core product, and matmul_w16 / matmul_w16_nn, the same product against bf16 weights as
+ * stored, transposed or not: one emulation, bf16_panels, so they agree bit for bit). Contracts
+ * in ddk.h (struct ddk_backend).
  *
  * sumsq keeps eight float64 lanes (gcc vectorises them; no -ffast-math, so the order is fixed
  * by count alone); adamw is one float32 loop that gcc vectorises at -O3 because this file is
@@ -10,7 +11,8 @@
  * to libm; v >= 0, so errno would never be set anyway). matmul_bf16 rounds op(a) and op(b) to
  * bf16 (round to nearest even) in panels of PANEL columns of k, so its scratch is
  * (m + n) x PANEL floats whatever k is, and accumulates the panels' fp32 products in c;
- * matmul_w16 widens its W panel instead of rounding it (exact), never all of W at once.
+ * matmul_w16 (W^T) and matmul_w16_nn (W) widen their W panel instead of rounding it (exact),
+ * never all of W at once.
  *
  * Tested by tests/test_ops.c (against plain loops and a float64 product of rounded operands)
  * and tests/test_optimizer.c (the update, through the trainer's optimiser).
@@ -92,8 +94,9 @@ enum { PANEL = 256 };
 
 /* The bf16 product's one emulation: op(a) (m, k) and op(b) (k, n) rounded to bf16 PANEL columns
  * of k at a time, each panel's fp32 product accumulated in c. The second operand is b (fp32,
- * rounded here) or, when w is not NULL, w (n, k) bf16 with row stride ldw (widened, exact:
- * trans_b = 1 implied), so that matmul_w16 is matmul_bf16 bit for bit. */
+ * rounded here) or, when w is not NULL, op(w) with w bf16 (n, k) when trans_b, (k, n) when not,
+ * row stride ldw (widened, exact), so that matmul_w16 and matmul_w16_nn are matmul_bf16 bit for
+ * bit. */
 static void bf16_panels(const ddk_backend *be, int trans_a, int trans_b, int64_t m, int64_t n,
                         int64_t k, float alpha, const float *a, int64_t lda, const float *b,
                         int64_t ldb, const uint16_t *w, int64_t ldw, float beta, float *c,
@@ -111,7 +114,7 @@ static void bf16_panels(const ddk_backend *be, int trans_a, int trans_b, int64_t
         if (w)
             for (int64_t p = 0; p < kb; p++)
                 for (int64_t j = 0; j < n; j++)
-                    bp[p * n + j] = ddk_bf16_to_f32(w[j * ldw + k0 + p]);
+                    bp[p * n + j] = ddk_bf16_to_f32(trans_b ? w[j * ldw + k0 + p] : w[(k0 + p) * ldw + j]);
         else
             for (int64_t p = 0; p < kb; p++)
                 for (int64_t j = 0; j < n; j++)
@@ -135,17 +138,38 @@ void ddk_cpu_matmul_bf16(const ddk_backend *be, int trans_a, int trans_b, int64_
     bf16_panels(be, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, NULL, 0, beta, c, ldc);
 }
 
+/* c (m, n) = beta c for a product over k = 0 (0 for beta = 0, whatever c held: BLAS's rule) */
+static void scale_only(int64_t m, int64_t n, float beta, float *c, int64_t ldc)
+{
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++)
+            c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
+}
+
+/* matmul_w16 (trans_w 1: W (n, k)) and matmul_w16_nn (trans_w 0: W (k, n)) */
+static void matmul_w16_op(const ddk_backend *be, int trans_w, int64_t m, int64_t n, int64_t k,
+                          float alpha, const float *a, int64_t lda, const uint16_t *w, int64_t ldw,
+                          float beta, float *c, int64_t ldc)
+{
+    if (m == 0 || n == 0)
+        return;   /* c is empty */
+    if (k == 0) {   /* nothing to sum */
+        scale_only(m, n, beta, c, ldc);
+        return;
+    }
+    bf16_panels(be, 0, trans_w, m, n, k, alpha, a, lda, NULL, 0, w, ldw, beta, c, ldc);
+}
+
 void ddk_cpu_matmul_w16(const ddk_backend *be, int64_t m, int64_t n, int64_t k, float alpha,
                         const float *a, int64_t lda, const uint16_t *w, int64_t ldw, float beta,
                         float *c, int64_t ldc)
 {
-    if (m == 0 || n == 0)
-        return;   /* c is empty */
-    if (k == 0) {   /* nothing to sum: c = beta c (0 for beta = 0, whatever c held: BLAS's rule) */
-        for (int64_t i = 0; i < m; i++)
-            for (int64_t j = 0; j < n; j++)
-                c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
-        return;
-    }
-    bf16_panels(be, 0, 1, m, n, k, alpha, a, lda, NULL, 0, w, ldw, beta, c, ldc);
+    matmul_w16_op(be, 1, m, n, k, alpha, a, lda, w, ldw, beta, c, ldc);
+}
+
+void ddk_cpu_matmul_w16_nn(const ddk_backend *be, int64_t m, int64_t n, int64_t k, float alpha,
+                           const float *a, int64_t lda, const uint16_t *w, int64_t ldw, float beta,
+                           float *c, int64_t ldc)
+{
+    matmul_w16_op(be, 0, m, n, k, alpha, a, lda, w, ldw, beta, c, ldc);
 }

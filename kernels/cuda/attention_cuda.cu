@@ -1,5 +1,5 @@
 /* attention_cuda.cu: DFlash block attention (forward and backward) and plain causal attention on
- * the GPU (contracts in ddk.h, struct ddk_backend; SPEC.md section 2 step 4, section 3),
+ * the GPU, fp32 SIMT kernels (contracts in ddk.h, struct ddk_backend; SPEC.md section 2 step 4, section 3),
  * flash-style: no mask and no score matrix ever exists, memory is the inputs and outputs only.
  *
  * A first, plainly correct version (speed later, each step measured; CONVENTIONS.md):
@@ -53,7 +53,14 @@
  * lse = 0 (forward) and contribute nothing (backward). A = 0 or T = 0: nothing to do.
  * Calls return when the kernels are queued on the backend's stream (backend_cuda.cu).
  *
- * Tested by tests/test_backend_ops.c against the CPU backend (skipped without a GPU).
+ * Since the tensor-core kernels (attention_flash.cu) arrived these are the fallback and the
+ * "before" of the benchmark: they run when DDTREE_CUDA_ATTENTION=simt (or
+ * ddk_cuda_set_attention_kernels) asks for them, on a GPU below sm_80, or for a shape the flash
+ * kernels refuse (ddk.h, ddk_cuda_attention_kernels); the checks and the entry points below are
+ * shared by both.
+ *
+ * Tested by tests/test_backend_ops.c against the CPU backend (skipped without a GPU), with both
+ * kernel sets.
  *
  * Legend: S context rows, A blocks, B block size, nh query heads, nkv kv heads, G = nh / nkv,
  * d head dim, W window, R rows (warps) of a thread block, n keys of the current tile.
@@ -531,6 +538,19 @@ static int dflash_inputs(const ddk_attention_shape *shape, const float *q, const
     return 0;
 }
 
+/* The tensor-core kernels (attention_flash.cu) unless DDTREE_CUDA_ATTENTION or
+ * ddk_cuda_set_attention_kernels asked for these, or be's GPU is older than sm_80 (ddk.h) */
+static int use_flash(const ddk_backend *be)
+{
+    if (ddk_cuda_attention_kernels() == DDK_CUDA_ATTENTION_SIMT)
+        return 0;
+    int device = 0, major = 0;
+    ddk_cuda_stream(be);   /* be's GPU current */
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    return major >= 8;
+}
+
 int ddk_cuda_dflash_attention(const ddk_backend *be, const ddk_attention_shape *shape,
                               const float *q, const float *k, const float *v,
                               const int32_t *anchors, const uint8_t *keep, float *out, float *lse)
@@ -539,6 +559,11 @@ int ddk_cuda_dflash_attention(const ddk_backend *be, const ddk_attention_shape *
     int rc = dflash_inputs(shape, q, k, v, anchors, keep, &p);
     if (rc)
         return rc > 0 ? 0 : rc;
+    if (use_flash(be)) {
+        rc = ddk_cuda_flash_dflash(be, shape, q, k, v, anchors, keep, out, lse);
+        if (rc != -ENOTSUP)
+            return rc;
+    }
     p.y = out;
     p.lse = lse;
     return dflash_launch(be, shape, p, 0);
@@ -554,6 +579,12 @@ int ddk_cuda_dflash_attention_backward(const ddk_backend *be, const ddk_attentio
     int rc = dflash_inputs(shape, q, k, v, anchors, keep, &p);
     if (rc)
         return rc > 0 ? 0 : rc;
+    if (use_flash(be)) {
+        rc = ddk_cuda_flash_dflash_backward(be, shape, q, k, v, anchors, keep, out, lse, dout, dq,
+                                            dk, dv);
+        if (rc != -ENOTSUP)
+            return rc;
+    }
     p.out = out;
     p.lse_in = lse;
     p.dout = dout;
@@ -576,6 +607,11 @@ int ddk_cuda_causal_attention(const ddk_backend *be, const ddk_attention_shape *
         return -EINVAL;
     if (T == 0)
         return 0;
+    if (use_flash(be)) {
+        const int rc = ddk_cuda_flash_causal(be, shape, q, k, v, out);
+        if (rc != -ENOTSUP)
+            return rc;
+    }
     attn_params p = {};
     p.q = q;
     p.k = k;

@@ -1,8 +1,9 @@
 /* backend_cuda.cu: the CUDA backend table of GPU d (ddk.h, struct ddk_backend): its stream, its
  * cuBLAS handle, memory (zero, copy, copy_rows, synchronize) and the matrix products (fp32, bf16
- * on the tensor cores, and matmul_w16 against the target's bf16 weights as stored). The
- * elementwise and normalisation kernels are in ops_cuda.cu, the whole-buffer ones (sumsq, axpby,
- * adamw, uniform_noise) in vector_cuda.cu.
+ * on the tensor cores, and matmul_w16 / matmul_w16_nn against the target's bf16 weights as
+ * stored, W transposed or not; their panel loop ddk_cuda_w16_product serves the loss's bf16 head
+ * too). The elementwise and normalisation kernels are in ops_cuda.cu, the whole-buffer ones
+ * (sumsq, axpby, adamw, uniform_noise) in vector_cuda.cu.
  *
  * Ordering (what callers rely on):
  *   - Each GPU has ONE stream (non-blocking, created on first use). Every op of this backend,
@@ -51,8 +52,9 @@
 enum { DDK_CUDA_MAX_GPUS = 64 };   /* device_cuda.cu's limit */
 
 /* rmsnorm_backward's per-slice dg partials: 4 MiB bounds the slices at 2^20 / d (ops_cuda.cu);
- * sumsq's block partials take 8 KiB of it (vector_cuda.cu), the loss's chunk sums 40 bytes a
- * chunk (loss_cuda.cu), matmul_w16 its bf16 panel of a (2^21 values) */
+ * sumsq's block partials take 8 KiB of it (vector_cuda.cu), the loss its first half for chunk
+ * sums (40 bytes a chunk) and the second for its bf16 operand panel (loss_cuda.cu), matmul_w16
+ * and matmul_w16_nn all of it for their bf16 panel of a (2^21 values) */
 static const size_t scratch_floats = DDK_CUDA_SCRATCH_FLOATS;
 /* cuBLAS's workspace, given to it (cublasSetWorkspace) instead of its own lazy allocation:
  * 32 MiB, what NVIDIA recommends for Hopper and Blackwell */
@@ -254,48 +256,76 @@ static void cuda_matmul_bf16(const ddk_backend *be, int trans_a, int trans_b, in
                               CUBLAS_GEMM_DEFAULT));
 }
 
-/* c (m, n) = alpha bf16(a) W^T + beta c, W (n, k) bf16 as stored. cuBLAS takes both operands
+/* c (m, n) = alpha bf16(a) op(W) + beta c with W bf16 as stored: op(W) = W^T, W (n, k), when
+ * trans_w (matmul_w16); W itself, W (k, n), when not (matmul_w16_nn). cuBLAS takes both operands
  * of a product in one type, so a is rounded to bf16 first (round to nearest even, as the CPU),
- * into the backend's scratch: panels of up to 2^21 values, `rows` rows of a k-panel at a time
- * (whole k up to 2^21 columns, rows a multiple of 128 when there are that many, so cuBLAS's
- * tiles are not cut), each panel then one cublasGemmEx with bf16 operands, fp32 accumulation
- * and fp32 c (CUBLAS_COMPUTE_32F). The products of bf16 values are exact in fp32, so GPU and CPU
- * differ by their fp32 sums' order alone. Panels along k (only past 2^21 columns) accumulate
- * into c with beta 1, as the CPU's do. The scratch stays locked until the last product is
- * queued; stream order keeps each panel's rounding behind the previous product. */
-static void cuda_matmul_w16(const ddk_backend *be, int64_t m, int64_t n, int64_t k, float alpha,
-                            const float *a, int64_t lda, const uint16_t *w, int64_t ldw,
-                            float beta, float *c, int64_t ldc)
+ * into panel (rows, ld_panel), part of the backend's scratch that the caller holds locked:
+ * `rows` rows of a kp-column k-panel at a time, ld_panel = kp rounded up to 8 (16-byte rows for
+ * the tensor cores), rows x ld_panel within the panel. Each panel is then one cublasGemmEx with
+ * bf16 operands, fp32 accumulation and fp32 c (CUBLAS_COMPUTE_32F). The products of bf16 values
+ * are exact in fp32, so GPU and CPU differ by their fp32 sums' order alone. Panels along k
+ * accumulate into c with beta 1, as the CPU's do; stream order keeps each panel's rounding
+ * behind the previous product. m, n, k >= 1. */
+void ddk_cuda_w16_product(const ddk_backend *be, int trans_w, int64_t m, int64_t n, int64_t k,
+                          float alpha, const float *a, int64_t lda, const uint16_t *w,
+                          int64_t ldw, float beta, float *c, int64_t ldc, uint16_t *panel,
+                          int64_t rows, int64_t kp)
+{
+    cublasHandle_t handle = cuda_cublas(be);
+    const int64_t ld_panel = (kp + 7) / 8 * 8;
+    for (int64_t k0 = 0; k0 < k; k0 += kp) {
+        const int64_t kb = k - k0 < kp ? k - k0 : kp;
+        const float beta_panel = k0 == 0 ? beta : 1.0f;
+        /* column-major, W read as W^T (n, k) with OP_T, or as itself (n, k) with OP_N */
+        const uint16_t *wk = trans_w ? w + k0 : w + k0 * ldw;
+        for (int64_t m0 = 0; m0 < m; m0 += rows) {
+            const int64_t mb = m - m0 < rows ? m - m0 : rows;
+            ddk_cuda_round_bf16_rows(be, a + m0 * lda + k0, lda, mb, kb, panel, ld_panel);
+            CUBLAS_CHECK(cublasGemmEx(handle, trans_w ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N,
+                                      to_int(n), to_int(mb), to_int(kb), &alpha, wk, CUDA_R_16BF,
+                                      to_int(ldw), panel, CUDA_R_16BF, to_int(ld_panel),
+                                      &beta_panel, c + m0 * ldc, CUDA_R_32F, to_int(ldc),
+                                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        }
+    }
+}
+
+/* matmul_w16 and matmul_w16_nn: the whole scratch is the panel (2^21 values), whole k up to
+ * 2^21 columns (k-panels only past that), rows a multiple of 128 when there are that many, so
+ * cuBLAS's tiles are not cut. The scratch stays locked until the last product is queued. */
+static void cuda_matmul_w16_op(const ddk_backend *be, int trans_w, int64_t m, int64_t n, int64_t k,
+                               float alpha, const float *a, int64_t lda, const uint16_t *w,
+                               int64_t ldw, float beta, float *c, int64_t ldc)
 {
     if (m == 0 || n == 0)
         return;
-    cublasHandle_t handle = cuda_cublas(be);
     if (k == 0) {   /* nothing to sum: c = beta c (BLAS's rule: 0 for beta = 0, whatever c held) */
-        CUBLAS_CHECK(cublasSgemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, to_int(n), to_int(m), 0, &alpha,
-                                 a, 1, a, 1, &beta, c, to_int(ldc)));
+        CUBLAS_CHECK(cublasSgemm(cuda_cublas(be), CUBLAS_OP_T, CUBLAS_OP_N, to_int(n), to_int(m), 0,
+                                 &alpha, a, 1, a, 1, &beta, c, to_int(ldc)));
         return;
     }
     const int64_t capacity = 2 * (int64_t)scratch_floats;          /* bf16 values in the scratch */
     const int64_t kp = k < capacity ? k : capacity;                /* columns of a k-panel */
-    const int64_t ld_panel = (kp + 7) / 8 * 8;                     /* 16-byte rows for the tensor cores */
-    int64_t rows = capacity / ld_panel;
+    int64_t rows = capacity / ((kp + 7) / 8 * 8);
     rows = rows >= 128 ? rows / 128 * 128 : rows;
     rows = rows < m ? rows : m;
-    uint16_t *panel = (uint16_t *)ddk_cuda_scratch_lock(be);      /* (rows, ld_panel) */
-    for (int64_t k0 = 0; k0 < k; k0 += kp) {
-        const int64_t kb = k - k0 < kp ? k - k0 : kp;
-        const float beta_panel = k0 == 0 ? beta : 1.0f;
-        for (int64_t m0 = 0; m0 < m; m0 += rows) {
-            const int64_t mb = m - m0 < rows ? m - m0 : rows;
-            ddk_cuda_round_bf16_rows(be, a + m0 * lda + k0, lda, mb, kb, panel, ld_panel);
-            CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, to_int(n), to_int(mb),
-                                      to_int(kb), &alpha, w + k0, CUDA_R_16BF, to_int(ldw), panel,
-                                      CUDA_R_16BF, to_int(ld_panel), &beta_panel, c + m0 * ldc,
-                                      CUDA_R_32F, to_int(ldc), CUBLAS_COMPUTE_32F,
-                                      CUBLAS_GEMM_DEFAULT));
-        }
-    }
+    uint16_t *panel = (uint16_t *)ddk_cuda_scratch_lock(be);
+    ddk_cuda_w16_product(be, trans_w, m, n, k, alpha, a, lda, w, ldw, beta, c, ldc, panel, rows, kp);
     ddk_cuda_scratch_unlock(be);
+}
+
+static void cuda_matmul_w16(const ddk_backend *be, int64_t m, int64_t n, int64_t k, float alpha,
+                            const float *a, int64_t lda, const uint16_t *w, int64_t ldw,
+                            float beta, float *c, int64_t ldc)
+{
+    cuda_matmul_w16_op(be, 1, m, n, k, alpha, a, lda, w, ldw, beta, c, ldc);
+}
+
+static void cuda_matmul_w16_nn(const ddk_backend *be, int64_t m, int64_t n, int64_t k, float alpha,
+                               const float *a, int64_t lda, const uint16_t *w, int64_t ldw,
+                               float beta, float *c, int64_t ldc)
+{
+    cuda_matmul_w16_op(be, 0, m, n, k, alpha, a, lda, w, ldw, beta, c, ldc);
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -314,6 +344,7 @@ static void backends_init(void)
         cb->table.matmul = cuda_matmul;
         cb->table.matmul_bf16 = cuda_matmul_bf16;
         cb->table.matmul_w16 = cuda_matmul_w16;
+        cb->table.matmul_w16_nn = cuda_matmul_w16_nn;
         cb->table.loss = ddk_cuda_loss;
         cb->table.zero = cuda_zero;
         cb->table.copy = cuda_copy;

@@ -3,7 +3,7 @@
  * one GPU per run). Every call says -ENOSYS and why, so a caller (the daemon's POST
  * /nccl/unique-id: 501; the run config's check of a multi-GPU run) can tell the user. A CUDA build
  * with NCCL compiles comm_nccl.cu instead.
- * Tested by tests/test_comm.c (its -ENOSYS branch).
+ * The same for the GPU link (ddk_link_*). Tested by tests/test_comm.c (its -ENOSYS branch).
  */
 #include "ddk.h"
 #include "comm_internal.h"
@@ -46,5 +46,27 @@ int ddk_comm_allreduce_sum(ddk_comm *c, float *const *bufs, int64_t count, char 
 }
 
 void ddk_comm_destroy(ddk_comm *c)
+{
+}
+
+int ddk_link_init(int n, const int *devices, ddk_link **out, char *err, size_t err_len)
+{
+    if (out)
+        *out = NULL;
+    return ddk_comm_error(-ENOSYS, err, err_len, "%s", no_nccl);
+}
+
+int ddk_link_send(ddk_link *l, int from, int to, const void *src, void *dst, size_t bytes, char *err,
+                  size_t err_len)
+{
+    return ddk_comm_error(-ENOSYS, err, err_len, "%s", no_nccl);
+}
+
+int ddk_link_fence(ddk_link *l, int to, char *err, size_t err_len)
+{
+    return ddk_comm_error(-ENOSYS, err, err_len, "%s", no_nccl);
+}
+
+void ddk_link_destroy(ddk_link *l)
 {
 }

@@ -46,9 +46,16 @@ void ddk_cuda_adamw(const ddk_backend *be, float *w, float *g, float *m, float *
                     const ddk_adamw_scalars *s);
 void ddk_cuda_uniform_noise(const ddk_backend *be, float *x, int64_t count, float sigma, uint64_t seed);
 
+/* backend_cuda.cu: matmul_w16's (trans_w 1) and matmul_w16_nn's (trans_w 0) panel loop on a
+ * panel of rows x ceil8(kp) bf16 values in scratch the caller holds locked (contract there) */
+void ddk_cuda_w16_product(const ddk_backend *be, int trans_w, int64_t m, int64_t n, int64_t k,
+                          float alpha, const float *a, int64_t lda, const uint16_t *w,
+                          int64_t ldw, float beta, float *c, int64_t ldc, uint16_t *panel,
+                          int64_t rows, int64_t kp);
+
 /* loss_cuda.cu: the backend's loss (contract of ddk_loss_cpu) */
 int ddk_cuda_loss(const ddk_backend *be, const ddk_loss_params *p, const float *student_hidden,
-                  const float *teacher_hidden, const float *lm_head, const int32_t *labels,
+                  const float *teacher_hidden, const void *lm_head, const int32_t *labels,
                   const float *weights, float *grad_student, float *per_position,
                   ddk_loss_result *out);
 /* attention_cuda.cu */
@@ -62,6 +69,19 @@ int ddk_cuda_dflash_attention_backward(const ddk_backend *be, const ddk_attentio
                                        float *dq, float *dk, float *dv);
 int ddk_cuda_causal_attention(const ddk_backend *be, const ddk_attention_shape *shape,
                               const float *q, const float *k, const float *v, float *out);
+/* attention_flash.cu: the tensor-core kernels of the same contracts, on a shape attention_cuda.cu
+ * has checked (A >= 1 or T >= 1); 0 when queued, -ENOTSUP (nothing queued) when the shape or
+ * the GPU is not theirs: the caller runs the SIMT kernels */
+int ddk_cuda_flash_dflash(const ddk_backend *be, const ddk_attention_shape *shape, const float *q,
+                          const float *k, const float *v, const int32_t *anchors,
+                          const uint8_t *keep, float *out, float *lse);
+int ddk_cuda_flash_dflash_backward(const ddk_backend *be, const ddk_attention_shape *shape,
+                                   const float *q, const float *k, const float *v,
+                                   const int32_t *anchors, const uint8_t *keep, const float *out,
+                                   const float *lse, const float *dout, float *dq, float *dk,
+                                   float *dv);
+int ddk_cuda_flash_causal(const ddk_backend *be, const ddk_attention_shape *shape, const float *q,
+                          const float *k, const float *v, float *out);
 /* target_cuda.cu: the frozen target's bf16 gather and element-wise steps, and matmul_w16's
  * operand rounding: dst (rows, ld_dst) bf16 bits = src (rows, cols) (row stride ld_src) rounded
  * to nearest even, queued on be's stream (columns past cols of dst untouched) */

@@ -8,7 +8,9 @@
  *   1. rows_init_kernel: the chunk's ddk_loss_row statistics (loss_internal.h) from labels and
  *      weights;
  *   2. per tile: the logits by cuBLAS (be->matmul: cublasSgemm, fp32, never TF32; with
- *      bf16_products every product here is be->matmul_bf16, the tensor cores'), then
+ *      bf16_products every product here is be->matmul_bf16, the tensor cores'; with a bf16
+ *      head, head_bf16, the head is read in place and the hidden states are rounded to bf16
+ *      into the scratch's panel half, ddk_cuda_w16_product, bf16 tensor cores), then
  *      stats_kernel, one block per row: tile max / argmax (lowest index on ties) and the seven
  *      shifted sums in float per thread and per warp (shuffles), the warps' partial sums added
  *      in double in warp order, then thread 0 merges the tile into the row in double with the
@@ -22,7 +24,8 @@
  *      grad_tile (which is float per logit too, with the same float coefficients: so the two
  *      differ by expf's rounding only, ~1e-7 relative, far inside tol_loss_grad), the label's
  *      element being the value stored; then d hs (+)= g W by cuBLAS (fp32 accumulation over
- *      tiles: beta = 1 after the first);
+ *      tiles: beta = 1 after the first; with a bf16 head g is rounded into the panel, W read
+ *      not transposed in place: matmul_w16_nn's product);
  *   4. reduce_kernel: one block adds the chunk's weighted terms in double in a fixed tree order
  *      and writes them at index c of an array of chunk sums in the backend's scratch; after the
  *      last chunk ONE copy brings the array to the host, which adds the chunks in order. So the
@@ -44,23 +47,28 @@
  * exchange no rule of validity exists twice. -EINVAL and -ENOMEM return with nothing written.
  *
  * Workspace: exactly ddk_loss_workspace_bytes (same layout as the CPU's: rows, student logits,
- * teacher logits when used), from be->alloc; -ENOMEM when refused, before anything is written.
- * The workspace has no room that outlives a chunk (its rounding leaves < 64 bytes, often 0), so
- * the chunk sums, ceil(n / chunk) x 40 bytes, go to the backend's scratch (cuda_backend.h: 4 MiB
- * made with the stream, outside the accounting allocator, so no allocation and no failure;
- * held under its lock from before the first chunk until the last copy is queued). It holds
- * 104,857 chunks; a call with more copies each full batch of them on (the result is the same,
- * it is only more copies). The host holds the same ceil(n / chunk) x 40 bytes (malloc).
+ * teacher logits when used), from be->alloc, with an fp32 or a bf16 head; -ENOMEM when refused,
+ * before anything is written. The workspace has no room that outlives a chunk (its rounding
+ * leaves < 64 bytes, often 0), so the chunk sums, ceil(n / chunk) x 40 bytes, go to the
+ * backend's scratch (cuda_backend.h: 4 MiB made with the stream, outside the accounting
+ * allocator, so no allocation and no failure; held under its lock from before the first chunk
+ * until the last copy is queued). Its first half holds 52,428 chunks' sums; a call with more
+ * copies each full batch of them on (the result is the same, it is only more copies). Its
+ * second half is the bf16 head's operand panel (2^20 values: up to PANEL_ROWS rows of a
+ * 2^20 / rows column k-panel; be->matmul_w16 cannot be called here, it would take the lock the
+ * loss holds). The host holds the same ceil(n / chunk) x 40 bytes (malloc).
  *
  * Synchronisation: the call returns with its work done (out is a host struct): it waits on the
  * stream once for labels / weights and once at the end, after the one copy of the chunk sums
  * (to pageable memory, which waits as well: nothing is left to overlap with at that point).
  *
- * Deliberately not here: bf16 tensors in memory, fusion of the softmax into the products,
+ * Deliberately not here: bf16 activations in memory (the head's panel is the only bf16 copy of
+ * one: a product's operand, rounded panel by panel), fusion of the softmax into the products,
  * templated kernels per term combination (the flags are block-uniform branches). Each is to buy a
  * measured speed-up.
  *
- * Tested by tests/test_backend_ops.c (loss cases against ddk_loss_cpu; skipped without a GPU).
+ * Tested by tests/test_backend_ops.c (loss cases against ddk_loss_cpu, fp32 and bf16 heads) and
+ * tests/test_step_cuda.c (the drafter's step, bf16 head included); skipped without a GPU.
  *
  * Legend: n positions, H hidden, V vocabulary, m rows of the current chunk, w tile width.
  */
@@ -490,6 +498,58 @@ __global__ static void reduce_kernel(const ddk_loss_row *rows, int64_t m, const 
 }
 
 /* ------------------------------------------------------------------------------------------
+ * The products against the head (V, H), tile by tile (loss_cpu.c's tile_logits and tile_grad)
+ */
+
+/* the bf16 head's operand panel: at most this many rows (a multiple of 128: cuBLAS's tiles are
+ * not cut), the k-panel as wide as the rest of the panel allows */
+static const int64_t PANEL_ROWS = 512;
+
+typedef struct head_products {
+    const ddk_backend *be;
+    decltype(ddk_backend::matmul) product;   /* an fp32 head: be->matmul, or matmul_bf16 */
+    const float *head32;                     /* (V, H) fp32, or NULL ... */
+    const uint16_t *head16;                  /* ... when bf16 (head_bf16), read in place */
+    uint16_t *panel;                         /* (panel_values) bf16: the scratch's second half */
+    int64_t panel_values;
+    int64_t H;
+} head_products;
+
+/* ddk_cuda_w16_product on the loss's panel: rows and k-panel width for an (m, k) operand */
+static void w16_product(const head_products &h, int trans_w, int64_t m, int64_t n, int64_t k,
+                        const float *a, int64_t lda, const uint16_t *w, float beta, float *c,
+                        int64_t ldc)
+{
+    const int64_t rows = m < PANEL_ROWS ? m : PANEL_ROWS;
+    const int64_t room = h.panel_values / rows / 8 * 8;   /* >= 2048: whole 16-byte rows */
+    const int64_t kp = k < room ? k : room;
+    ddk_cuda_w16_product(h.be, trans_w, m, n, k, 1.0f, a, lda, w, h.H, beta, c, ldc, h.panel,
+                         rows, kp);   /* W's rows are the head's: stride H */
+}
+
+/* z (m, w) = x (m, H) . W[off .. off+w) (w, H)^T */
+static void tile_logits(const head_products &h, const float *x, int64_t m, int64_t off,
+                        int64_t w, float *z)
+{
+    const int64_t H = h.H;
+    if (h.head16)
+        w16_product(h, 1, m, w, H, x, H, h.head16 + off * H, 0.0f, z, w);
+    else
+        h.product(h.be, 0, 1, m, w, H, 1.0f, x, H, h.head32 + off * H, H, 0.0f, z, w);
+}
+
+/* dhs (m, H) = g (m, w) . W[off .. off+w) (w, H) + beta dhs */
+static void tile_grad(const head_products &h, const float *g, int64_t m, int64_t off, int64_t w,
+                      float beta, float *dhs)
+{
+    const int64_t H = h.H;
+    if (h.head16)
+        w16_product(h, 0, m, H, w, g, w, h.head16 + off * H, beta, dhs, H);
+    else
+        h.product(h.be, 0, 0, m, H, w, 1.0f, g, w, h.head32 + off * H, H, beta, dhs, H);
+}
+
+/* ------------------------------------------------------------------------------------------
  * The call
  */
 
@@ -499,7 +559,7 @@ static unsigned grid_rows(int64_t m)
 }
 
 int ddk_cuda_loss(const ddk_backend *be, const ddk_loss_params *p, const float *student_hidden,
-                  const float *teacher_hidden, const float *lm_head, const int32_t *labels,
+                  const float *teacher_hidden, const void *lm_head, const int32_t *labels,
                   const float *weights, float *grad_student, float *per_position,
                   ddk_loss_result *out)
 {
@@ -587,12 +647,21 @@ int ddk_cuda_loss(const ddk_backend *be, const ddk_loss_params *p, const float *
     k.given_labels = labels != NULL;
     const int64_t width = shape.width;
     const int tiled = width < V;
-    /* the chunks' sums: (scratch_chunks, NTERMS) in the backend's scratch (see the header) */
-    const int64_t scratch_chunks =
-        (int64_t)(DDK_CUDA_SCRATCH_FLOATS * sizeof(float) / (NTERMS * sizeof(double)));
-    double *chunk_sums = (double *)ddk_cuda_scratch_lock(be);
+    /* the scratch (see the header): the chunks' sums (scratch_chunks, NTERMS) in its first half,
+     * the bf16 head's operand panel in its second */
+    const size_t half_bytes = DDK_CUDA_SCRATCH_FLOATS * sizeof(float) / 2;
+    const int64_t scratch_chunks = (int64_t)(half_bytes / (NTERMS * sizeof(double)));
+    float *scratch = ddk_cuda_scratch_lock(be);
+    double *chunk_sums = (double *)scratch;
     /* every product of the call: the logits and the gradient */
-    const decltype(be->matmul) product = p->bf16_products ? be->matmul_bf16 : be->matmul;
+    head_products h;
+    h.be = be;
+    h.product = p->bf16_products ? be->matmul_bf16 : be->matmul;
+    h.head32 = p->head_bf16 ? NULL : (const float *)lm_head;
+    h.head16 = p->head_bf16 ? (const uint16_t *)lm_head : NULL;
+    h.panel = (uint16_t *)((char *)scratch + half_bytes);
+    h.panel_values = (int64_t)(half_bytes / sizeof(uint16_t));
+    h.H = H;
 
     for (int64_t r0 = 0, c = 0; r0 < n; r0 += shape.chunk, c++) {
         const int64_t m = n - r0 < shape.chunk ? n - r0 : shape.chunk;
@@ -605,9 +674,9 @@ int ddk_cuda_loss(const ddk_backend *be, const ddk_loss_params *p, const float *
 
         for (int64_t off = 0; off < V; off += width) {
             const int64_t w = V - off < width ? V - off : width;
-            product(be, 0, 1, m, w, H, 1.0f, hs, H, lm_head + off * H, H, 0.0f, zs, w);
+            tile_logits(h, hs, m, off, w, zs);
             if (zt)
-                product(be, 0, 1, m, w, H, 1.0f, ht, H, lm_head + off * H, H, 0.0f, zt, w);
+                tile_logits(h, ht, m, off, w, zt);
             stats_kernel<<<grid_rows(m), THREADS, 0, stream>>>(
                 rows, m, zs, zt, off, w, k, off + w >= V, wc, weight_sum,
                 per_position ? per_position + r0 : NULL);
@@ -619,23 +688,20 @@ int ddk_cuda_loss(const ddk_backend *be, const ddk_loss_params *p, const float *
             for (int64_t off = 0; off < V; off += width) {
                 const int64_t w = V - off < width ? V - off : width;
                 if (tiled) {
-                    product(be, 0, 1, m, w, H, 1.0f, hs, H, lm_head + off * H, H, 0.0f, zs, w);
+                    tile_logits(h, hs, m, off, w, zs);
                     if (k.kl)
-                        product(be, 0, 1, m, w, H, 1.0f, ht, H, lm_head + off * H, H, 0.0f, zt,
-                                w);
+                        tile_logits(h, ht, m, off, w, zt);
                 }
                 const int64_t col_blocks = (w + THREADS - 1) / THREADS;
                 dim3 grid((unsigned)(col_blocks < 1024 ? col_blocks : 1024), grid_rows(m));
                 grad_kernel<<<grid, THREADS, 0, stream>>>(rows, m, zs, k.kl ? zt : NULL, off, w, k);
                 LAUNCH_CHECK();
-                /* dhs (m, H) (+)= g (m, w) . W[off .. off+w) (w, H) */
-                product(be, 0, 0, m, H, w, 1.0f, zs, w, lm_head + off * H, H,
-                        off == 0 ? 0.0f : 1.0f, dhs, H);
+                tile_grad(h, zs, m, off, w, off == 0 ? 0.0f : 1.0f, dhs);   /* over tiles */
             }
         }
 
         /* the chunk's sums at index c (of the scratch's batch), to the host after the last
-         * chunk: one copy (or one per full batch, past 104,857 chunks) */
+         * chunk: one copy (or one per full batch, past 52,428 chunks) */
         const int64_t slot = c % scratch_chunks;
         reduce_kernel<<<1, THREADS, 0, stream>>>(rows, m, wc, k, chunk_sums + slot * NTERMS);
         LAUNCH_CHECK();

@@ -100,6 +100,27 @@ typedef struct ddk_device_info {
  * backend). The CPU backend has no such limit. */
 enum { DDK_CUDA_MAX_HEAD_DIM = 256 };
 
+/* Which kernels the CUDA backend's dflash_attention, dflash_attention_backward and
+ * causal_attention run:
+ *   DDK_CUDA_ATTENTION_FLASH: tensor-core flash attention (attention_flash.cu): bf16 operands
+ *     rounded from the fp32 inputs, fp32 softmax statistics and sums, mma.sync on sm_80 and
+ *     later; a backward without atomics (a key-major pass for dk, dv, a query-major one for dq),
+ *     so its results are the same bits at every call with the same inputs on the same GPU: GPU
+ *     training steps are reproducible. A shape it does not take (d > 256, more than 2^30 keys)
+ *     or a GPU below sm_80 runs the SIMT kernels instead.
+ *   DDK_CUDA_ATTENTION_SIMT: the first fp32 kernels (attention_cuda.cu): one warp per query
+ *     row on the CUDA cores, dk and dv summed with float atomics (not reproducible bit for bit),
+ *     kept for the before/after benchmark.
+ *   DDK_CUDA_ATTENTION_AUTO: flash on sm_80 and later, else SIMT. The default.
+ * The environment variable DDTREE_CUDA_ATTENTION=simt|flash|auto, read once at the first
+ * attention call, chooses; ddk_cuda_set_attention_kernels(kind) overrides it for the process (a
+ * negative kind returns to the environment's choice) and ddk_cuda_attention_kernels() says which
+ * is in force (AUTO, SIMT or FLASH, before a GPU's capability is applied). Neither kernel takes
+ * workspace from the accounting allocator (ddk_attention_workspace_bytes is the CPU's). */
+enum { DDK_CUDA_ATTENTION_AUTO = 0, DDK_CUDA_ATTENTION_SIMT = 1, DDK_CUDA_ATTENTION_FLASH = 2 };
+DDK_API void ddk_cuda_set_attention_kernels(int kind);
+DDK_API int ddk_cuda_attention_kernels(void);
+
 /* 1 when this libddk has the CUDA backend compiled in. */
 DDK_API int ddk_has_cuda(void);
 /* GPUs visible to this process: 0 without CUDA, a driver or a device. */
@@ -117,8 +138,9 @@ DDK_API ddk_allocator *ddk_allocator_cuda(int device);
  * or frees a host buffer given to copy, only after ddk_cuda_synchronize(device) (or the
  * backend's synchronize). Every op of the CPU backend is there, in fp32 storage, with bf16
  * tensor-core products where asked (matmul_bf16, the loss's bf16_products) and bf16 weights
- * where the op says so (matmul_w16, embedding_w16: the frozen target's); the loss and sumsq
- * return with their work done (their results are on the host). */
+ * where the op says so (matmul_w16, matmul_w16_nn, embedding_w16, the loss's head_bf16: the
+ * frozen target's); the loss and sumsq return with their work done (their results are on the
+ * host). */
 DDK_API const struct ddk_backend *ddk_backend_cuda(int device);
 /* Waits until every op queued on GPU `device`'s backend is done; a fault of one of them aborts
  * the process here with CUDA's message. Nothing to do without such a GPU. */
@@ -180,6 +202,35 @@ DDK_API int ddk_comm_allreduce_sum(ddk_comm *c, float *const *bufs, int64_t coun
 DDK_API void ddk_comm_destroy(ddk_comm *c);
 
 /* ------------------------------------------------------------------------------------------
+ * Copies between the GPUs of this process over NCCL send/recv (a split placement's hand-off
+ * of the target's features to the drafter's ranks)
+ *
+ * A link joins n GPUs, devices[0..n) (its members 0..n-1), with a stream of its own on each,
+ * beside the backend's: a copy runs beside the compute queued on both GPUs, ordered against it
+ * by events, never by the host waiting.
+ */
+
+typedef struct ddk_link ddk_link;
+
+/* 0, -EINVAL (n < 2, a device twice or not a GPU of this process: err says which), -ENOSYS (no
+ * NCCL), -ENOMEM, or -EIO (NCCL's or CUDA's message). */
+DDK_API int ddk_link_init(int n, const int *devices, ddk_link **out, char *err, size_t err_len);
+/* Queues a copy of bytes from src (member from's GPU) to dst (member to's): it starts after the
+ * ops queued on from's backend stream before the call, and from's backend stream runs nothing
+ * queued after the call before the copy has read src (src may be rewritten then). dst is
+ * written beside to's backend stream: ddk_link_fence orders to's compute after it. Several
+ * threads may send at once (a lock serialises the NCCL calls). 0; -EINVAL (bad members,
+ * from == to, NULL buffers); -EIO with err, after which the link is aborted and only destroy
+ * is allowed. */
+DDK_API int ddk_link_send(ddk_link *l, int from, int to, const void *src, void *dst, size_t bytes, char *err,
+                          size_t err_len);
+/* Member to's backend stream runs nothing queued after the call before every copy into to
+ * queued before it is done (dst written). Returns at once. 0, -EINVAL, or -EIO as above. */
+DDK_API int ddk_link_fence(ddk_link *l, int to, char *err, size_t err_len);
+/* Frees the link (NULL: nothing); nothing may be in flight (the callers synchronised). */
+DDK_API void ddk_link_destroy(ddk_link *l);
+
+/* ------------------------------------------------------------------------------------------
  * The loss (SPEC.md section 1)
  */
 
@@ -193,6 +244,11 @@ typedef struct ddk_loss_params {
     float cap_temperature;      /* Tc > 0 */
     int bf16_products;          /* 1: the logit and gradient products take their operands rounded
                                    to bf16 (backend->matmul_bf16); statistics stay fp32 */
+    int head_bf16;              /* 1: lm_head is (V, H) bf16 bit patterns (uint16_t), read in
+                                   place; every product with it takes bf16 operands (as
+                                   bf16_products, which must then be 1: -EINVAL otherwise),
+                                   through backend->matmul_w16 and matmul_w16_nn: the same bits
+                                   as bf16_products on the head widened to fp32 (exact) */
 } ddk_loss_params;
 
 typedef struct ddk_loss_result {
@@ -207,7 +263,7 @@ typedef struct ddk_loss_result {
 DDK_API int ddk_loss_cpu(const ddk_loss_params *p,
                          const float *student_hidden,  /* (n, H) */
                          const float *teacher_hidden,  /* (n, H), or NULL: then labels are required and kl_weight must be 0 */
-                         const float *lm_head,         /* (V, H) */
+                         const void *lm_head,          /* (V, H): float, or uint16_t bf16 with head_bf16 */
                          const int32_t *labels,        /* (n), or NULL: the teacher's argmax; < 0 means ignored */
                          const float *weights,         /* (n), or NULL: all 1 */
                          float *grad_student,          /* (n, H), or NULL; overwritten with d loss / d student_hidden */
@@ -222,7 +278,8 @@ static inline int ddk_loss_uses_teacher(const ddk_loss_params *p, int has_labels
 
 /* Bytes of workspace the loss allocates for these parameters (uses_teacher as above):
  * the chunk's logit buffers (student, and teacher when used) of chunk x V floats, or
- * chunk x vocab_tile when tiled, plus per-position softmax statistics.
+ * chunk x vocab_tile when tiled, plus per-position softmax statistics; the same with an fp32
+ * or a bf16 head (head_bf16: the bf16 operands are rounded in the backend's own scratch).
  * -EINVAL when the parameters are invalid. The planner predicts memory with this. */
 DDK_API int64_t ddk_loss_workspace_bytes(const ddk_loss_params *p, int uses_teacher);
 
@@ -289,9 +346,23 @@ struct ddk_backend {
                        const float *a, int64_t lda, const uint16_t *w, int64_t ldw, float beta,
                        float *c, int64_t ldc);
 
-    /* The loss of SPEC.md section 1 on this backend's memory; contract of ddk_loss_cpu. */
+    /* matmul_w16 with W not transposed: c (m, n) = alpha a W + beta c with W (k, n) bf16
+     * (uint16_t bit patterns; row stride ldw), a (m, k) fp32 (row stride lda) rounded to bf16
+     * (round to nearest even), fp32 accumulation and output c (m, n) (row stride ldc): the
+     * backward of matmul_w16's product with respect to a (da = dc W), the loss's gradient
+     * d hs = g lm_head. Exactly matmul_bf16 (trans_a 0, trans_b 0) of a and W widened to fp32:
+     * on the CPU bit for bit, widening W 256 rows (of k) at a time (scratch (m + n) x 256
+     * floats, never all of W). beta = 0 ignores c's contents (even NaN); k = 0 leaves
+     * c = beta c. CUDA: as matmul_w16 (a rounded into the backend's scratch in panels, bf16
+     * tensor cores, fp32 accumulation: cuBLAS CUBLAS_COMPUTE_32F); no allocation. */
+    void (*matmul_w16_nn)(const ddk_backend *be, int64_t m, int64_t n, int64_t k, float alpha,
+                          const float *a, int64_t lda, const uint16_t *w, int64_t ldw, float beta,
+                          float *c, int64_t ldc);
+
+    /* The loss of SPEC.md section 1 on this backend's memory; contract of ddk_loss_cpu
+     * (lm_head float, or uint16_t bf16 with p->head_bf16). */
     int (*loss)(const ddk_backend *be, const ddk_loss_params *p,
-                const float *student_hidden, const float *teacher_hidden, const float *lm_head,
+                const float *student_hidden, const float *teacher_hidden, const void *lm_head,
                 const int32_t *labels, const float *weights,
                 float *grad_student, float *per_position, ddk_loss_result *out);
 

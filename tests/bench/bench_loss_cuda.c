@@ -6,7 +6,7 @@
  * finite.
  *
  *   bench_loss_cuda [--n N] [--hidden H] [--vocab V] [--chunk C] [--tile T] [--reps R]
- *                   [--kl-weight A] [--cap-weight L] [--bf16 0|1] [--ceiling 0|1] [--json]
+ *                   [--kl-weight A] [--cap-weight L] [--bf16 0|1|2] [--ceiling 0|1] [--json]
  *
  * It prints a table, then one JSON line (--json: the JSON line alone).
  *
@@ -17,7 +17,10 @@
  * --bf16 1 (default) sets ddk_loss_params.bf16_products: the logit and gradient products take
  * their operands rounded to bf16 on the tensor cores (the backend's matmul_bf16, cuBLAS
  * CUBLAS_COMPUTE_32F_FAST_16BF), fp32 accumulation; storage and softmax statistics stay fp32.
- * The JSON's "dtype" says "bf16-products"; --bf16 0 is the all-fp32 loss ("fp32").
+ * The JSON's "dtype" says "bf16-products"; --bf16 0 is the all-fp32 loss ("fp32"). --bf16 2
+ * ("bf16-head") holds the head W as bf16 (as a GPU's target replica does) and the loss reads it
+ * in place (ddk_loss_params.head_bf16, with bf16_products): the hidden states and g are rounded
+ * in the backend's scratch panel by panel, bf16 tensor cores (CUBLAS_COMPUTE_32F).
  *
  * What it measures, and how:
  *   - inputs hs, ht (n, H), W (V, H) and grad (n, H) live in device memory from
@@ -53,6 +56,7 @@
  */
 #include "bench_util.h"
 #include "ddk.h"
+#include "ddk_bf16.h"
 #include "ddk_rng.h"
 
 #include <math.h>
@@ -76,6 +80,12 @@ typedef struct bench_args {
     float kl_weight, cap_weight;
 } bench_args;
 
+/* the JSON's "dtype" of --bf16 0, 1, 2 */
+static const char *dtype_name(int bf16)
+{
+    return bf16 == 2 ? "bf16-head" : bf16 ? "bf16-products" : "fp32";
+}
+
 static int parse_args(int argc, char **argv, bench_args *a)
 {
     *a = (bench_args){ .n = 24576, .hidden = 5120, .vocab = 248320, .chunk = 4096, .tile = 8192,
@@ -92,8 +102,8 @@ static int parse_args(int argc, char **argv, bench_args *a)
         fprintf(stderr, "bench_loss_cuda: --n, --hidden, --vocab, --chunk, --tile and --reps must be >= 1\n");
         return -1;
     }
-    if ((a->bf16 != 0 && a->bf16 != 1) || (a->ceiling != 0 && a->ceiling != 1)) {
-        fprintf(stderr, "bench_loss_cuda: --bf16 and --ceiling take 0 or 1\n");
+    if (a->bf16 < 0 || a->bf16 > 2 || (a->ceiling != 0 && a->ceiling != 1)) {
+        fprintf(stderr, "bench_loss_cuda: --bf16 takes 0, 1 or 2 (a bf16 head), --ceiling 0 or 1\n");
         return -1;
     }
     if (a->reps > MAX_REPS)
@@ -133,6 +143,21 @@ static void fill_device(float *dst, int64_t count, float std, float *slice, uint
     }
 }
 
+/* dst (count) bf16 on the GPU := uniform values of standard deviation std rounded to bf16, one host
+ * slice at a time (the slice's floats hold twice as many bf16 values) */
+static void fill_device_bf16(uint16_t *dst, int64_t count, float std, float *slice, uint64_t *rng)
+{
+    const float half_width = std * 1.7320508f;
+    uint16_t *h = (uint16_t *)(void *)slice;
+    for (int64_t off = 0; off < count; off += 2 * SLICE) {
+        int64_t m = count - off < 2 * SLICE ? count - off : 2 * SLICE;
+        for (int64_t i = 0; i < m; i++)
+            h[i] = ddk_f32_to_bf16(half_width * ((float)(ddk_rng_next(rng) >> 40) * 0x1.0p-23f - 1.0f));
+        be->copy(be, dst + off, h, (size_t)m * sizeof(uint16_t));
+        ddk_cuda_synchronize(0);
+    }
+}
+
 typedef struct mode_figures {
     int64_t tile;
     double median, min;        /* seconds */
@@ -142,13 +167,14 @@ typedef struct mode_figures {
     ddk_loss_result result;
 } mode_figures;
 
+/* W (V, H): fp32, or bf16 with --bf16 2 */
 static int time_loss(const bench_args *a, int64_t tile, const float *hs, const float *ht,
-                     const float *W, float *grad, mode_figures *f)
+                     const void *W, float *grad, mode_figures *f)
 {
     ddk_loss_params p = { .n = a->n, .hidden = a->hidden, .vocab = a->vocab, .chunk = a->chunk,
                           .vocab_tile = tile, .kl_weight = a->kl_weight, .kl_temperature = 1.0f,
                           .cap_weight = a->cap_weight, .cap_temperature = 1.0f,
-                          .bf16_products = a->bf16 };
+                          .bf16_products = a->bf16 != 0, .head_bf16 = a->bf16 == 2 };
     double t[MAX_REPS];
     f->tile = tile;
     f->flop = (tile > 0 && tile < a->vocab ? 5.0 : 3.0) * 2.0 * (double)a->n * a->vocab * a->hidden;
@@ -395,7 +421,7 @@ int main(int argc, char **argv)
         return 2;
     if (!ddk_has_cuda() || ddk_cuda_device_count() == 0) {
         printf("SKIPPED: no GPU (%s)\n", ddk_has_cuda() ? "none visible" : "libddk built without CUDA");
-        printf("{\"impl\":\"ddtree-cuda\",\"skipped\":\"no GPU\",\"dtype\":\"%s\"}\n", a.bf16 ? "bf16-products" : "fp32");
+        printf("{\"impl\":\"ddtree-cuda\",\"skipped\":\"no GPU\",\"dtype\":\"%s\"}\n", dtype_name(a.bf16));
         return 77;
     }
     be = ddk_backend_cuda(0);
@@ -408,7 +434,7 @@ int main(int argc, char **argv)
     memset(&info, 0, sizeof info);
     if (ddk_cuda_device_info(0, &info) != 0)
         snprintf(info.name, sizeof info.name, "cuda:0");
-    const char *dtype = a.bf16 ? "bf16-products" : "fp32";
+    const char *dtype = dtype_name(a.bf16);
 
     int64_t n = a.n, H = a.hidden, V = a.vocab;
     float *slice = malloc((size_t)SLICE * sizeof(float));
@@ -425,11 +451,21 @@ int main(int argc, char **argv)
     fill_device(hs, n * H, 1.0f, slice, &rng);
     fill_device(ht, n * H, 1.0f, slice, &rng);
     fill_device(W, V * H, 2.0f / sqrtf((float)H), slice, &rng);
+    uint16_t *W16 = NULL;   /* (V, H) bf16, --bf16 2 */
+    if (a.bf16 == 2) {
+        W16 = ddk_malloc(gpu, (size_t)(V * H) * sizeof(uint16_t));
+        if (!W16) {
+            fprintf(stderr, "bench_loss_cuda: cannot allocate the bf16 head (%.3f GB) on cuda:0\n", V * H * 2.0 / 1e9);
+            return 1;
+        }
+        fill_device_bf16(W16, V * H, 2.0f / sqrtf((float)H), slice, &rng);
+    }
+    const void *head = W16 ? (const void *)W16 : W;
     t_fill = bench_now_s() - t_fill;
     size_t inputs_bytes = ddk_allocator_stats(gpu).current;
 
     mode_figures m[2];
-    if (time_loss(&a, 0, hs, ht, W, grad, &m[0]) || time_loss(&a, a.tile, hs, ht, W, grad, &m[1]))
+    if (time_loss(&a, 0, hs, ht, head, grad, &m[0]) || time_loss(&a, a.tile, hs, ht, head, grad, &m[1]))
         return 1;
 
     ceiling ceil_fp32 = { .key = "fp32", .what = "the backend's matmul (cublasSgemm, no TF32)", .status = "not run" };
@@ -464,7 +500,8 @@ int main(int argc, char **argv)
                "kl_weight %.3g, cap_weight %.3g, labels the teacher's argmax, %s, median of %d\n",
                info.name, info.compute_capability, (long long)n, (long long)H, (long long)V,
                (long long)a.chunk, a.kl_weight, a.cap_weight,
-               a.bf16 ? "bf16 products (operands rounded to bf16, fp32 accumulation and statistics)" : "fp32",
+               a.bf16 == 2 ? "a bf16 head read in place, bf16 products (fp32 accumulation and statistics)"
+               : a.bf16 ? "bf16 products (operands rounded to bf16, fp32 accumulation and statistics)" : "fp32",
                a.reps);
         printf("  inputs %.2f GB on the GPU, filled in %.1f s (host slices of %lld MB)\n",
                inputs_bytes / 1e9, t_fill, (long long)(SLICE * 4 >> 20));
@@ -496,10 +533,10 @@ int main(int argc, char **argv)
         }
     }
 
-    printf("{\"impl\":\"ddtree-cuda\",\"device\":\"%s\",\"sm\":%d,\"dtype\":\"%s\",\"bf16_products\":%d,"
+    printf("{\"impl\":\"ddtree-cuda\",\"device\":\"%s\",\"sm\":%d,\"dtype\":\"%s\",\"bf16_products\":%d,\"head_bf16\":%d,"
            "\"n\":%lld,\"hidden\":%lld,\"vocab\":%lld,\"chunk\":%lld,\"tile\":%lld,\"reps\":%d,"
            "\"kl_weight\":%.9g,\"cap_weight\":%.9g,\"inputs_bytes\":%zu,\"fill_seconds\":%.3f",
-           info.name, info.compute_capability, dtype, a.bf16, (long long)n, (long long)H, (long long)V,
+           info.name, info.compute_capability, dtype, a.bf16 != 0, a.bf16 == 2, (long long)n, (long long)H, (long long)V,
            (long long)a.chunk, (long long)a.tile, a.reps, a.kl_weight, a.cap_weight, inputs_bytes, t_fill);
     for (int i = 0; i < 2; i++) {
         const double tf = m[i].flop / m[i].median / 1e12;
@@ -524,6 +561,7 @@ int main(int argc, char **argv)
     ddk_free(gpu, hs, (size_t)(n * H) * sizeof(float));
     ddk_free(gpu, ht, (size_t)(n * H) * sizeof(float));
     ddk_free(gpu, W, (size_t)(V * H) * sizeof(float));
+    ddk_free(gpu, W16, (size_t)(V * H) * sizeof(uint16_t));
     ddk_free(gpu, grad, (size_t)(n * H) * sizeof(float));
     free(slice);
     return 0;

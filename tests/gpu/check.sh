@@ -22,7 +22,9 @@
 #   3. ddtreed train examples/tiny.json on the GPU ("devices": "all"), 200 steps: the daemon's
 #      own foreground run, with its records;
 #   4. bench_loss_cuda at the seed's settings (24,576 x 5,120 x 248,320, chunk 1024, bf16
-#      products) with its three matmul ceilings; bench_step_cuda at the Qwen3.6-27B drafter
+#      products) with its three matmul ceilings; bench_attention_cuda (the drafter's attention
+#      at the seed's shape, forward + backward, SIMT and flash kernels side by side, and the
+#      target's causal prefill, against the bf16 GEMM ceiling); bench_step_cuda at the Qwen3.6-27B drafter
 #      shape (bf16 products); the seed's PyTorch loss and step beside them (bf16); the target's
 #      prefill at the Qwen3.6-27B shape (bench_qwen35 --cuda, bf16 weights resident) beside
 #      transformers' Qwen3_5TextModel (target_transformers_gpu.py), each with its product ceiling;
@@ -234,6 +236,16 @@ if [ "$FAILED" = 0 ]; then
         # --- 4. the seed's loss and step, ddtree beside PyTorch, bf16 -------------------------
         bench_step loss-seed-bf16 "bench_loss_cuda seed settings (chunk 1024, bf16 products)" 90 \
             "$B/bin/bench_loss_cuda" --chunk 1024 --bf16 1 --reps 2
+        bench_step loss-seed-head16 "bench_loss_cuda seed settings, the target's bf16 head read in place (co-located)" 90 \
+            "$B/bin/bench_loss_cuda" --chunk 1024 --bf16 2 --reps 2
+        # the drafter's attention at the seed's shape, SIMT (before) and flash (after) kernels side
+        # by side, against the bf16 GEMM ceiling (a bundle made before it existed lacks it)
+        if [ -x "$B/bin/bench_attention_cuda" ]; then
+            bench_step attention-seed "bench_attention_cuda seed shape, SIMT and flash kernels" 60 \
+                "$B/bin/bench_attention_cuda" --reps 2
+        else
+            STEPS+=("bench_attention_cuda|not in the bundle (tests/gpu/bundle.sh BINARIES)|0")
+        fi
         bench_step step-bf16 "bench_step_cuda Qwen3.6-27B drafter, bf16 products" 150 \
             "$B/bin/bench_step_cuda" --bf16 1 --reps 2
         bench_step loss-torch-bf16 "torch loss, seed scale, bf16 (the seed's precision)" 90 \

@@ -57,7 +57,10 @@ def is_target(r):   # qwen35_transformers.py's lines, and what stands in their p
 def is_prefill(r):   # bench_qwen35 --cuda's and target_transformers_gpu.py's lines (tag prefill-*)
     return r.get("impl") in ("ddtree-cuda-target", "transformers-qwen3_5") or str(r.get("tag", "")).startswith("prefill")
 
-loss_rows = [r for r in rows if not is_step(r) and not is_target(r) and not is_prefill(r)
+def is_attention(r):   # bench_attention_cuda's line (tag attention-*)
+    return r.get("impl") == "ddtree-cuda-attention" or str(r.get("tag", "")).startswith("attention")
+
+loss_rows = [r for r in rows if not is_step(r) and not is_target(r) and not is_prefill(r) and not is_attention(r)
              and (r.get("impl") in ("ddtree-cuda", "torch-gpu") or absent(r))]
 step_rows = [r for r in rows if is_step(r)]
 cuda = [r for r in rows if r.get("impl") == "ddtree-cuda" and not absent(r)]
@@ -277,3 +280,33 @@ if ours and theirs and all(isinstance(x.get("prefill_s_64_layers"), (int, float)
     print()
     print(f"- ddtree's prefill against transformers', same run: {ratio:.2f}x ({'met' if ratio >= 3 else 'not met'}: >= 3x); "
           f"of its ceiling: {pct(ours[0].get('tflops'), ours[0].get('ceiling_tflops'))} (goal 60%)")
+
+# --- the drafter's attention: SIMT (before) and flash (after) kernels, one run -------------
+print()
+print("## Attention (bench_attention_cuda)")
+print()
+print("DFlash forward + backward at the seed's shape (FLOP: 4 d per visible pair forward, 10 d backward), and the "
+      "target's causal prefill; \"of ceiling\": the flash rate against the bf16 GEMM ceiling (goal >= 40%).")
+print()
+print("| run | GPU | shape S / A / B / heads / d | simt fwd+bwd ms | simt TFLOP/s | flash fwd+bwd ms | flash TFLOP/s "
+      "| flash / simt | ceiling | of ceiling | causal simt / flash TFLOP/s |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+attention_rows = [r for r in rows if is_attention(r)]
+for r in attention_rows:
+    tag = r.get("tag", "?")
+    try:
+        if absent(r):
+            print(f"| {tag} | {why(r)} | - | - | - | - | - | - | - | - | - |")
+            continue
+        shape = f"{r.get('S')} / {r.get('A')} / {r.get('B')} / {r.get('nh')}:{r.get('nkv')} / {r.get('d')}"
+        simt_ms = (r.get("simt_fwd_ms") or 0) + (r.get("simt_bwd_ms") or 0)
+        flash_ms = (r.get("flash_fwd_ms") or 0) + (r.get("flash_bwd_ms") or 0)
+        print(f"| {tag} | {r.get('gpu', '?')} sm_{r.get('sm', '?')} | {shape} | {num(simt_ms, '.1f')} "
+              f"| {num(r.get('simt_tflops'), '.1f')} | {num(flash_ms, '.1f')} | {num(r.get('flash_tflops'), '.1f')} "
+              f"| {num(r.get('flash_over_simt'), '.1f')}x | {num(r.get('ceiling_tflops'), '.1f')} "
+              f"| {pct(r.get('flash_tflops'), r.get('ceiling_tflops'))} "
+              f"| {num(r.get('causal_simt_tflops'), '.1f')} / {num(r.get('causal_flash_tflops'), '.1f')} |")
+    except Exception as exc:
+        print(f"| {tag} | unreadable line: {exc!r} | - | - | - | - | - | - | - | - | - |")
+if not attention_rows:
+    print("| - | no attention line | - | - | - | - | - | - | - | - | - |")

@@ -1,0 +1,213 @@
+/* link_nccl.cu: copies between the GPUs of this process over NCCL send/recv (ddk.h, ddk_link_*):
+ * the split placement's hand-off of the target's features from its GPUs to the drafter's.
+ *
+ * One communicator per member from ncclCommInitAll (one process, no unique id). Each member
+ * has a stream of its own beside its backend's, where its sends and receives run, so a copy
+ * overlaps the compute queued on both GPUs; events order them: a send waits for what the
+ * sender's backend queued before it (the features it sends), the sender's backend waits for
+ * the send before what it queues next (which may rewrite the buffer), and a fence makes the
+ * receiver's backend wait for every receive queued into it. The host never waits.
+ * A send and its receive are one NCCL group, issued by the calling thread under the link's
+ * lock: a communicator is one thread's at a time, and several target ranks (threads) send.
+ * Copies into one member run in the order they were queued (its one stream).
+ *
+ * Built only with CUDA and NCCL (comm_none.c otherwise). Tested by tests/test_comm.c: argument
+ * checks without a GPU; a copy between two GPUs and its ordering against both backends with
+ * two (skipped with fewer).
+ */
+#include "ddk.h"
+#include "comm_internal.h"
+#include "cuda_backend.h"
+
+#include <cuda_runtime.h>
+#include <errno.h>
+#include <nccl.h>
+#include <pthread.h>
+#include <stdlib.h>
+
+enum { LINK_MAX = 64 };   /* device_cuda.cu's limit on the GPUs of a process */
+
+struct link_member {
+    int device;
+    ncclComm_t nccl;             /* NULL once aborted */
+    const ddk_backend *be;       /* ddk_backend_cuda(device) */
+    cudaStream_t stream;         /* the link's, on device */
+    cudaEvent_t queued, sent, received;
+};
+
+struct ddk_link {
+    int n, aborted;
+    pthread_mutex_t lock;
+    link_member m[LINK_MAX];
+};
+
+static void abort_link(ddk_link *l)
+{
+    for (int i = 0; i < l->n; i++)
+        if (l->m[i].nccl) {
+            ncclCommAbort(l->m[i].nccl);
+            l->m[i].nccl = NULL;
+        }
+    l->aborted = 1;
+}
+
+static const char link_advice[] =
+    "the link is aborted: the run stops; NCCL_DEBUG=INFO says more (NCCL_P2P_DISABLE=1 falls back "
+    "from NVLink/PCIe peer copies to host memory)";
+
+static int link_fail_nccl(ddk_link *l, const char *what, ncclResult_t r, char *err, size_t err_len)
+{
+    ddk_comm_error(-EIO, err, err_len, "%s failed: %s; %s", what, ncclGetErrorString(r), link_advice);
+    abort_link(l);
+    return -EIO;
+}
+
+static int link_fail_cuda(ddk_link *l, const char *what, int device, cudaError_t e, char *err, size_t err_len)
+{
+    ddk_comm_error(-EIO, err, err_len, "%s on cuda:%d failed: %s; %s", what, device, cudaGetErrorString(e),
+                   link_advice);
+    abort_link(l);
+    return -EIO;
+}
+
+extern "C" void ddk_link_destroy(ddk_link *l)
+{
+    if (!l)
+        return;
+    abort_link(l);   /* nothing in flight: abort only frees, without a collective */
+    for (int i = 0; i < l->n; i++) {
+        link_member *m = &l->m[i];
+        if (!m->stream)
+            continue;
+        cudaSetDevice(m->device);
+        cudaEventDestroy(m->queued);
+        cudaEventDestroy(m->sent);
+        cudaEventDestroy(m->received);
+        cudaStreamDestroy(m->stream);
+    }
+    pthread_mutex_destroy(&l->lock);
+    free(l);
+}
+
+extern "C" int ddk_link_init(int n, const int *devices, ddk_link **out, char *err, size_t err_len)
+{
+    if (!out)
+        return ddk_comm_error(-EINVAL, err, err_len, "out must point to where the link goes");
+    *out = NULL;
+    const int gpus = ddk_cuda_device_count();
+    if (n < 2 || n > LINK_MAX || !devices)
+        return ddk_comm_error(-EINVAL, err, err_len, "a link joins 2 to %d GPUs, got %d", LINK_MAX, n);
+    for (int i = 0; i < n; i++) {
+        if (devices[i] < 0 || devices[i] >= gpus)
+            return ddk_comm_error(-EINVAL, err, err_len, "devices[%d] = %d: no such GPU (this process sees %d)", i,
+                                  devices[i], gpus);
+        for (int j = 0; j < i; j++)
+            if (devices[j] == devices[i])
+                return ddk_comm_error(-EINVAL, err, err_len, "devices[%d] and devices[%d] are both cuda:%d", j, i,
+                                      devices[i]);
+    }
+    ddk_link *l = (ddk_link *)calloc(1, sizeof *l);
+    if (!l)
+        return ddk_comm_error(-ENOMEM, err, err_len, "no host memory for a link");
+    pthread_mutex_init(&l->lock, NULL);
+    l->n = n;
+    for (int i = 0; i < n; i++) {
+        link_member *m = &l->m[i];
+        m->device = devices[i];
+        if (!(m->be = ddk_backend_cuda(devices[i]))) {
+            ddk_link_destroy(l);
+            return ddk_comm_error(-ENOMEM, err, err_len, "cuda:%d has no memory left for its stream and scratch",
+                                  devices[i]);
+        }
+        cudaError_t e = cudaSetDevice(m->device);
+        if (e == cudaSuccess)
+            e = cudaStreamCreateWithFlags(&m->stream, cudaStreamNonBlocking);
+        if (e == cudaSuccess)
+            e = cudaEventCreateWithFlags(&m->queued, cudaEventDisableTiming);
+        if (e == cudaSuccess)
+            e = cudaEventCreateWithFlags(&m->sent, cudaEventDisableTiming);
+        if (e == cudaSuccess)
+            e = cudaEventCreateWithFlags(&m->received, cudaEventDisableTiming);
+        if (e != cudaSuccess) {
+            int rc = link_fail_cuda(l, "the link's stream and events", m->device, e, err, err_len);
+            ddk_link_destroy(l);
+            return rc;
+        }
+    }
+    ncclComm_t comms[LINK_MAX];
+    ncclResult_t r = ncclCommInitAll(comms, n, devices);
+    if (r != ncclSuccess) {
+        ddk_comm_error(-EIO, err, err_len, "ncclCommInitAll over %d GPUs failed: %s (NCCL_DEBUG=INFO says more)", n,
+                       ncclGetErrorString(r));
+        ddk_link_destroy(l);
+        return -EIO;
+    }
+    for (int i = 0; i < n; i++)
+        l->m[i].nccl = comms[i];
+    *out = l;
+    return 0;
+}
+
+/* 0 when l may be used for members a and b, else -EINVAL / -EIO with err */
+static int check_members(const ddk_link *l, int a, int b, char *err, size_t err_len)
+{
+    if (!l || a < 0 || a >= l->n || b < 0 || b >= l->n)
+        return ddk_comm_error(-EINVAL, err, err_len, "link members %d and %d: the link has %d", a, b, l ? l->n : 0);
+    if (l->aborted)
+        return ddk_comm_error(-EIO, err, err_len, "the link was aborted after an earlier error: destroy it");
+    return 0;
+}
+
+extern "C" int ddk_link_send(ddk_link *l, int from, int to, const void *src, void *dst, size_t bytes, char *err,
+                             size_t err_len)
+{
+    int rc = check_members(l, from, to, err, err_len);
+    if (rc)
+        return rc;
+    if (from == to || !src || !dst)
+        return ddk_comm_error(-EINVAL, err, err_len, "a link copy needs two members and two buffers");
+    if (bytes == 0)
+        return 0;
+    pthread_mutex_lock(&l->lock);
+    link_member *a = &l->m[from], *b = &l->m[to];
+    cudaStream_t compute = ddk_cuda_stream(a->be);   /* also makes a's GPU current */
+    cudaError_t e = cudaEventRecord(a->queued, compute);
+    if (e == cudaSuccess)
+        e = cudaStreamWaitEvent(a->stream, a->queued, 0);
+    ncclResult_t r = ncclSuccess;
+    if (e == cudaSuccess) {
+        r = ncclGroupStart();
+        if (r == ncclSuccess)
+            r = ncclSend(src, bytes, ncclChar, to, a->nccl, a->stream);
+        if (r == ncclSuccess)
+            r = ncclRecv(dst, bytes, ncclChar, from, b->nccl, b->stream);
+        ncclResult_t end = ncclGroupEnd();
+        r = r != ncclSuccess ? r : end;
+    }
+    if (e == cudaSuccess && r == ncclSuccess && (e = cudaSetDevice(a->device)) == cudaSuccess &&
+        (e = cudaEventRecord(a->sent, a->stream)) == cudaSuccess)
+        e = cudaStreamWaitEvent(compute, a->sent, 0);
+    if (e != cudaSuccess)
+        rc = link_fail_cuda(l, "the link copy's ordering", a->device, e, err, err_len);
+    else if (r != ncclSuccess)
+        rc = link_fail_nccl(l, "ncclSend/ncclRecv", r, err, err_len);
+    pthread_mutex_unlock(&l->lock);
+    return rc;
+}
+
+extern "C" int ddk_link_fence(ddk_link *l, int to, char *err, size_t err_len)
+{
+    int rc = check_members(l, to, to, err, err_len);
+    if (rc)
+        return rc;
+    pthread_mutex_lock(&l->lock);
+    link_member *b = &l->m[to];
+    cudaStream_t compute = ddk_cuda_stream(b->be);
+    cudaError_t e = cudaEventRecord(b->received, b->stream);
+    if (e == cudaSuccess)
+        e = cudaStreamWaitEvent(compute, b->received, 0);
+    if (e != cudaSuccess)
+        rc = link_fail_cuda(l, "the link's fence", b->device, e, err, err_len);
+    pthread_mutex_unlock(&l->lock);
+    return rc;
+}
