@@ -16,8 +16,8 @@
  * Speed: the products are the floor; the rest (one argmax pass per logit row, one pass of
  * exponential sums, one pass forming g) runs 8 lanes wide, ddk_expf8 and ddk_vargmax. On a
  * 2-core AVX2 machine (tests/bench/loss_vs_torch.py, n 2048, H 256, V 16000, chunk 512, one
- * thread) the whole-vocabulary loss is ~1.05x its three products' CPU time, was 2.1x with
- * scalar exps; docs/memory.md has the figures.
+ * thread) the whole-vocabulary loss takes 1.00-1.14x its three products' CPU time, 2.2-2.4x
+ * with scalar exps before; docs/memory.md has the figures.
  *
  * Deliberately not here: threads of our own (the BLAS's pool runs the products, which are
  * almost all of the time), bf16 activations (the CUDA backend's job). bf16_products rounds the

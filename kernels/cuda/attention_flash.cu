@@ -33,14 +33,17 @@
  *   - Work order: blocks with later anchors (more context) and the first context key tiles (seen
  *     by the most blocks) are launched first.
  * Resources per thread block (shared bytes at the largest R, formulas in *_smem below; registers
- * from ptxas -v, CUDA 13.0, sm_90, no spills; blocks per SM on H100/H200: 227 KiB, 64 K registers):
- *   forward  d 64: 192 thr, 164 reg: 2 blocks; d 128: 192 thr, 166 reg, 61,952 B: 2 blocks
- *            (12 warps); d 256: 256 thr, 238 reg, 104,960 B: 1 block (8 warps)
- *   dq       d 64: 192 thr, 168 reg: 2;   d 128: 192 thr, 238 reg, 106,240 B: 1 block (6 warps)
- *            d 256: 128 thr, 242 reg, 122,368 B: 1 block
- *   dk / dv  d 64: 128 thr, 150 reg, 56,832 B; d 128: 128 thr, 235 reg, 108,032 B: 2 blocks
- *            (8 warps); d 256: 128 thr, 242 reg, 109,312 B: 2 blocks
- * (sm_100: the same within 8 registers; the forward at d 128 spills 8 bytes there.)
+ * from ptxas -v, CUDA 13.0, sm_90 / sm_100, no stack frame and no spill in any instance; blocks
+ * per SM on H100/H200: 227 KiB of shared memory, 64 K registers):
+ *   forward  d 64: 192 threads, 166 / 168 registers, 2 blocks; d 128: 192 threads, 167 / 163,
+ *            61,952 B: 2 blocks (12 warps); d 256: 256 threads, 238 / 244, 104,960 B: 1 (8 warps)
+ *   dq       d 64: 192 threads, 166 / 168: 2; d 128: 192 threads, 238 / 254, 106,240 B: 1 block
+ *            (6 warps: two would cap it at 168 registers and spill); d 256: 128 threads,
+ *            242 / 242, 122,368 B: 1
+ *   dk / dv  128 threads: d 64 151 / 166, 56,832 B; d 128 239 / 240, 108,032 B: 2 blocks
+ *            (8 warps); d 256 241 / 238, 109,312 B: 2 blocks
+ * The loops along d are unrolled by 2 only: fully unrolled, the nine instances for two archs
+ * added 4 MB to libddk.so and the GPU bundle passed its 60 MiB cap.
  *
  * Head dims: instances for D = 64, 128, 256; a head dim d <= D runs on the smallest D >= d with
  * the columns past d zero (exact: they add nothing to a score and are never stored). Refused
@@ -80,7 +83,7 @@ constexpr int PAD = 8;          /* bf16 of padding per shared row */
 constexpr int fwd_max_rows(int D) { return D == 256 ? MAX_ROWS : 96; }
 constexpr int dq_max_rows(int D) { return D == 256 ? 64 : 96; }
 /* blocks per SM the dq kernel's registers must allow: 2 at D 64 (166 registers); at D 128 two
- * would cap it at 168 and spill (216 bytes, ptxas on sm_90), so one (240 registers) */
+ * would cap it at 168 and spill (216 bytes, ptxas on sm_90), so one (238 registers) */
 constexpr int dq_min_blocks(int D) { return D == 64 ? 2 : 1; }
 
 struct flash_params {
@@ -351,7 +354,7 @@ __global__ void __launch_bounds__(fwd_max_rows(D) * 2, D == 256 ? 1 : 2) flash_f
 #pragma unroll
             for (int nt = 0; nt < KT / 8; nt++)
                 s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-#pragma unroll
+#pragma unroll 2   /* along d: smem addresses only, so a short loop (code size: the bundle's cap) */
             for (int kk = 0; kk < D / 16; kk++) {
                 uint32_t a[4];
                 frag_a(a, sQ, LDQ, warp * 16, kk * 16, g, t4);
@@ -515,7 +518,7 @@ __global__ void __launch_bounds__(dq_max_rows(D) * 2, dq_min_blocks(D)) flash_dq
 #pragma unroll
                 for (int e = 0; e < 4; e++)
                     s[nt][e] = dp[nt][e] = 0.0f;
-#pragma unroll
+#pragma unroll 2   /* along d: smem addresses only, so a short loop (code size: the bundle's cap) */
             for (int kk = 0; kk < D / 16; kk++) {
                 uint32_t a[4], ao[4];
                 frag_a(a, sQ, LDQ, warp * 16, kk * 16, g, t4);
@@ -680,7 +683,7 @@ __global__ void __launch_bounds__(NKG * NSPLIT * 32, 2) flash_dkv_kernel(flash_p
 #pragma unroll
                     for (int e = 0; e < 4; e++)
                         st[nt][e] = dpt[nt][e] = 0.0f;
-#pragma unroll
+#pragma unroll 2
                 for (int kk = 0; kk < D / 16; kk++) {
                     uint32_t ak[4], av[4];
                     frag_a(ak, sK, LDQ, kg * 16, kk * 16, g, t4);

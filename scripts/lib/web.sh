@@ -12,6 +12,7 @@ DDTREE_WEB_DIR="$DDTREE_ROOT/build-web"
 # returns 0: ddtreed then builds without uPlot (its /ui answers 503 saying how to install it) and
 # the browser test is skipped.
 ddtree_web_install() {
+    ddtree_node   # common.sh: Debian's nodejs and npm when there are none
     if [ ! -x /usr/bin/chromium ]; then
         # ddtree_install exits on failure: in a subshell, so that a missing package source only skips
         if ! ( ddtree_install chromium ); then
