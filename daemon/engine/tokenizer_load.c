@@ -5,9 +5,9 @@
  * Tested by tests/test_tokenizer.c (the refusals on hand-made files; the real Qwen3 file).
  */
 #include "tokenizer_impl.h"
-#include "json_fields.h"
 
 #include "errors.h"
+#include "model_config.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -568,9 +568,23 @@ static int load(loader *ld, const cJSON *root)
 ddt_tokenizer *ddt_tokenizer_open(const char *path, char *err, size_t err_len)
 {
     pthread_once(&onig_once, onig_start);
-    cJSON *root = ddt_json_parse_file(path, max_file_bytes, err, err_len);
-    if (!root)
+    /* not ddt_json_parse_file: its duplicate-key check is quadratic in an object's keys, and a
+     * vocabulary has 150,000 of them */
+    char *text = ddt_read_text_file(path, max_file_bytes, err, err_len);
+    if (!text)
         return NULL;
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(text, strlen(text) + 1, &end, 1);
+    if (!root || !cJSON_IsObject(root)) {
+        if (root)
+            ddt_fail_path(err, err_len, -EINVAL, path, "must hold a JSON object");
+        else
+            ddt_fail_path(err, err_len, -EINVAL, path, "invalid JSON near byte %ld", (long)(end ? end - text : 0));
+        cJSON_Delete(root);
+        free(text);
+        return NULL;
+    }
+    free(text);
     loader ld = {.path = path, .err = err, .err_len = err_len};
     byte_level_alphabet(&ld);
     ld.t = calloc(1, sizeof *ld.t);

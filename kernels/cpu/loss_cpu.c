@@ -276,7 +276,7 @@ typedef struct grad_coeffs {
     float invT, invTc;
 } grad_coeffs;
 
-/* g of columns v .. v+8 (z, zt: their logits) */
+/* g of 8 columns (z, zt: their logits) */
 static inline __attribute__((always_inline)) ddk_f8
 grad_lanes(ddk_f8 z, ddk_f8 zt, const grad_coeffs *g, const int kl, const int kl_scaled,
            const int cap)
