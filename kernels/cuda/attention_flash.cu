@@ -157,6 +157,28 @@ __device__ __forceinline__ void frag_b(uint32_t b[2], const uint16_t *s, int ld,
     b[1] = ld32(p + 8);
 }
 
+/* acc (16 x D, this warp's C fragments) += S B: S (16 x KT) this warp's C fragments of a
+ * previous product (those of key columns 16 kk.. are the A fragment of k-step kk, rounded to
+ * bf16), B (KT x D) from an [n][k] bf16 tile (frag_b) */
+template <int KT, int D>
+__device__ __forceinline__ void mma_c_as_a(float (*acc)[4], const float (*s)[4], const uint16_t *sB, int ld,
+                                           int g, int t4)
+{
+#pragma unroll
+    for (int kk = 0; kk < KT / 16; kk++) {
+        const uint32_t a0 = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
+        const uint32_t a1 = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
+        const uint32_t a2 = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        const uint32_t a3 = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+        for (int nt = 0; nt < D / 8; nt++) {
+            uint32_t b[2];
+            frag_b(b, sB, ld, nt * 8, kk * 16, g, t4);
+            mma16816(acc[nt], a0, a1, a2, a3, b[0], b[1]);
+        }
+    }
+}
+
 __device__ __forceinline__ float quad_max(float x)
 {
     x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
@@ -406,20 +428,8 @@ __global__ void __launch_bounds__(fwd_max_rows(D) * 2, D == 256 ? 1 : 2) flash_f
                 acc[nt][2] *= alpha_b;
                 acc[nt][3] *= alpha_b;
             }
-            /* acc += p v: p's C fragments of key columns 16 kk.. are the A fragment of k-step kk */
-#pragma unroll
-            for (int kk = 0; kk < KT / 16; kk++) {
-                const uint32_t a0 = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
-                const uint32_t a1 = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
-                const uint32_t a2 = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-                const uint32_t a3 = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-#pragma unroll
-                for (int nt = 0; nt < D / 8; nt++) {
-                    uint32_t b[2];
-                    frag_b(b, sVt, LDV, nt * 8, kk * 16, g, t4);
-                    mma16816(acc[nt], a0, a1, a2, a3, b[0], b[1]);
-                }
-            }
+            /* acc += p v */
+            mma_c_as_a<KT, D>(acc, s, sVt, LDV, g, t4);
         }
     }
     l_a = quad_sum(l_a);
@@ -543,19 +553,7 @@ __global__ void __launch_bounds__(dq_max_rows(D) * 2, dq_min_blocks(D)) flash_dq
                     s[nt][e] = pe * (dp[nt][e] - (e < 2 ? D_a : D_b));
                 }
             /* dq += ds k */
-#pragma unroll
-            for (int kk = 0; kk < KT / 16; kk++) {
-                const uint32_t a0 = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
-                const uint32_t a1 = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
-                const uint32_t a2 = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-                const uint32_t a3 = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-#pragma unroll
-                for (int nt = 0; nt < D / 8; nt++) {
-                    uint32_t b[2];
-                    frag_b(b, sKt, LDT, nt * 8, kk * 16, g, t4);
-                    mma16816(acc[nt], a0, a1, a2, a3, b[0], b[1]);
-                }
-            }
+            mma_c_as_a<KT, D>(acc, s, sKt, LDT, g, t4);
         }
     }
 #pragma unroll
