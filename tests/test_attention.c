@@ -1,5 +1,6 @@
-/* test_attention.c: the CPU backend's DFlash attention (forward, backward) and causal attention
- * (SPEC.md section 2 step 4, section 3; contracts in ddk.h, struct ddk_backend).
+/* test_attention.c: the CPU backend's DFlash attention (forward, backward), causal attention and
+ * tree attention (SPEC.md section 2 step 4, sections 3 and 7; contracts in ddk.h, struct
+ * ddk_backend).
  *
  * What it checks:
  *   - a table of DFlash cases against a float64 reference that builds the explicit dense
@@ -16,6 +17,10 @@
  *   - the backward against central finite differences of sum(out * R) in float32, through the
  *     library's own forward (checks the gradient formulas independently of the reference);
  *   - causal attention against a float64 reference, T not a multiple of the key tile;
+ *   - tree attention against a float64 reference of the tree's mask (random trees, parents in
+ *     [-1, i); GQA 2, 4 and 1; no cache and a cache past a key tile; paths longer than a key
+ *     tile), a chain tree against causal attention (1e-5), and its refusals (bad parents, N
+ *     outside [1, S], bad heads or d: -EINVAL, nothing written);
  *   - the CUDA flash kernels' row rules (kernels/cuda/attention_rows.h, compiled here for the
  *     CPU): the keys each DFlash and causal query row sees, key by key against reference_mask's
  *     SPEC.md rules, and their bounds nondecreasing in the row (the kernels' tile ranges);
@@ -25,7 +30,7 @@
  *
  * ctest: exit 0 when every case passes; one line per case; a final "N passed, M failed".
  * Legend: S context rows, A anchors (blocks), B block size, nh query heads, nkv kv heads,
- * G = nh / nkv, d head dim, W sliding window (0: full), T causal length.
+ * G = nh / nkv, d head dim, W sliding window (0: full), T causal length, N tree nodes.
  * q (A*B, nh, d); k, v (S + A*B, nkv, d); out (A*B, nh, d); lse (A*B, nh).
  */
 #include "ddk.h"
@@ -459,6 +464,166 @@ static void test_causal(void)
 }
 
 /* ------------------------------------------------------------------------------------------
+ * Tree attention: N nodes, the last N of S keys; node i sees the S - N cached keys and its root
+ * path (i, parents[i], ..., while >= 0). q (N, nh, d); k, v (S, nkv, d); out (N, nh, d).
+ */
+
+enum { TREE_RANDOM, TREE_DEEP };   /* parents uniform in [-1, i); or 31 in 32 i - 1 (long paths) */
+
+/* parents (N) of a random tree, each in [-1, i) */
+static void random_parents(int32_t *parents, int64_t N, int shape, uint64_t *rng)
+{
+    for (int64_t i = 0; i < N; i++) {
+        if (shape == TREE_DEEP && i > 0 && ddk_rng_next(rng) % 32 != 0)
+            parents[i] = (int32_t)(i - 1);
+        else
+            parents[i] = (int32_t)((int64_t)(ddk_rng_next(rng) % (uint64_t)(i + 1)) - 1);
+    }
+}
+
+/* q, k, v of a tree case, q in [-2, 2) (peaked and flat softmaxes), k, v in [-1, 1) */
+static void tree_inputs(int64_t N, int64_t S, int64_t nh, int64_t nkv, int64_t d, uint64_t *rng,
+                        float **q, float **k, float **v)
+{
+    *q = xcalloc((size_t)(N * nh * d), sizeof(float));
+    *k = xcalloc((size_t)(S * nkv * d), sizeof(float));
+    *v = xcalloc((size_t)(S * nkv * d), sizeof(float));
+    for (int64_t i = 0; i < N * nh * d; i++)
+        (*q)[i] = 2.0f * rng_sym(rng);
+    for (int64_t i = 0; i < S * nkv * d; i++) {
+        (*k)[i] = rng_sym(rng);
+        (*v)[i] = rng_sym(rng);
+    }
+}
+
+static void test_tree_case(int64_t N, int64_t P, int64_t nh, int64_t nkv, int64_t d, int shape,
+                           uint64_t seed)
+{
+    const ddk_backend *be = ddk_backend_cpu();
+    const int64_t S = P + N;
+    const ddk_attention_shape sh = { .S = S, .nh = nh, .nkv = nkv, .d = d, .q_rows = N };
+    uint64_t rng = seed;
+    int32_t *parents = xcalloc((size_t)N, sizeof(int32_t));
+    random_parents(parents, N, shape, &rng);
+    float *q, *k, *v;
+    tree_inputs(N, S, nh, nkv, d, &rng, &q, &k, &v);
+    /* the dense mask (N, S), straight from the rule: the cache, then the nodes of the path */
+    unsigned char *mask = xcalloc((size_t)(N * S), 1);
+    int64_t depth = 0;
+    for (int64_t i = 0; i < N; i++) {
+        for (int64_t t = 0; t < P; t++)
+            mask[i * S + t] = 1;
+        int64_t len = 0;
+        for (int64_t j = i; j >= 0; j = parents[j], len++)
+            mask[i * S + P + j] = 1;
+        depth = len > depth ? len : depth;
+    }
+    double *ref = xcalloc((size_t)(N * nh * d), sizeof(double));
+    reference_attention(N, S, nh, nkv, d, q, k, v, mask, ref, NULL, NULL, NULL, NULL, NULL);
+    float *out = sentinel_floats(N * nh * d);
+    int rc = be->tree_attention(be, &sh, q, k, v, parents, out);
+    check(rc == 0, "N=%lld P=%lld: returned %d", (long long)N, (long long)P, rc);
+    check(guard_intact(out, N * nh * d), "N=%lld P=%lld: wrote past the end of out", (long long)N,
+          (long long)P);
+    double e = normalised_error(out, ref, N * nh * d);
+    check(e <= out_tol,
+          "N=%lld P=%lld nh=%lld nkv=%lld d=%lld depth=%lld: normalised error %.3g > %.3g",
+          (long long)N, (long long)P, (long long)nh, (long long)nkv, (long long)d,
+          (long long)depth, e, out_tol);
+    if (shape == TREE_DEEP && N > 100)   /* the CPU's path tiles are 64 nodes */
+        check(depth > 64, "N=%lld: the deep tree's longest path is %lld, not past a key tile",
+              (long long)N, (long long)depth);
+    free(parents), free(q), free(k), free(v), free(mask), free(ref), free(out);
+}
+
+static void test_tree(void)
+{
+    test_tree_case(1, 0, 4, 2, 16, TREE_RANDOM, 21);      /* the root alone: no cache */
+    test_tree_case(1, 5, 4, 2, 16, TREE_RANDOM, 22);      /* a decoding step's one node */
+    test_tree_case(17, 0, 4, 2, 16, TREE_RANDOM, 23);     /* S - N = 0 */
+    test_tree_case(33, 100, 4, 2, 16, TREE_RANDOM, 24);   /* cache past a key tile */
+    test_tree_case(200, 300, 4, 2, 16, TREE_RANDOM, 25);  /* several query groups */
+    test_tree_case(150, 70, 4, 2, 16, TREE_DEEP, 26);     /* paths past a key tile of nodes */
+    test_tree_case(40, 9, 8, 2, 64, TREE_RANDOM, 27);     /* G = 4, d 64 */
+    test_tree_case(30, 0, 3, 3, 5, TREE_DEEP, 28);        /* G = 1, odd d */
+}
+
+/* a chain (parents[i] = i - 1) is causal attention of its N rows over the same S keys */
+static void test_tree_chain(void)
+{
+    static const int64_t shapes[][5] = {   /* N, P, nh, nkv, d */
+        { 1, 0, 4, 2, 16 }, { 20, 0, 4, 2, 16 }, { 20, 45, 4, 2, 16 }, { 150, 37, 4, 2, 16 },
+        { 64, 200, 8, 2, 64 },
+    };
+    const ddk_backend *be = ddk_backend_cpu();
+    for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; c++) {
+        const int64_t N = shapes[c][0], S = shapes[c][1] + N, nh = shapes[c][2],
+                      nkv = shapes[c][3], d = shapes[c][4];
+        const ddk_attention_shape sh = { .S = S, .nh = nh, .nkv = nkv, .d = d, .q_rows = N };
+        uint64_t rng = 31 + c;
+        float *q, *k, *v;
+        tree_inputs(N, S, nh, nkv, d, &rng, &q, &k, &v);
+        int32_t *parents = xcalloc((size_t)N, sizeof(int32_t));
+        for (int64_t i = 0; i < N; i++)
+            parents[i] = (int32_t)(i - 1);
+        float *tree = sentinel_floats(N * nh * d), *causal = sentinel_floats(N * nh * d);
+        int rt = be->tree_attention(be, &sh, q, k, v, parents, tree);
+        int rc = be->causal_attention(be, &sh, q, k, v, causal);
+        check(rt == 0 && rc == 0, "N=%lld S=%lld: tree returned %d, causal %d", (long long)N,
+              (long long)S, rt, rc);
+        /* the same keys and weights, summed in another order (the path tile walks the nodes
+         * from the leaf up): float rounding only, ~1e-7 of out's scale */
+        double worst = 0.0;
+        for (int64_t i = 0; i < N * nh * d; i++)
+            worst = fmax(worst, fabs((double)tree[i] - causal[i]));
+        check(worst <= 1e-5, "N=%lld S=%lld: chain differs from causal by %.3g > 1e-5",
+              (long long)N, (long long)S, worst);
+        free(q), free(k), free(v), free(parents), free(tree), free(causal);
+    }
+}
+
+/* refusals: -EINVAL, nothing written */
+static void test_tree_einval(void)
+{
+    const ddk_backend *be = ddk_backend_cpu();
+    const int64_t N = 6, S = 10, nh = 4, nkv = 2, d = 16;
+    uint64_t rng = 41;
+    float *q, *k, *v;
+    tree_inputs(N, S, nh, nkv, d, &rng, &q, &k, &v);
+    const int32_t good[6] = { -1, 0, 0, 1, 3, 2 };
+    static const struct { int at; int32_t parent; const char *what; } bad_parents[] = {
+        { 3, 3, "a node its own parent" }, { 4, 5, "a parent after its child" },
+        { 2, -2, "a parent below -1" },   { 0, 0, "the first node with a parent" },
+        { 5, INT32_MAX, "a parent past N" },
+    };
+    float *out = sentinel_floats(N * nh * d);
+    const ddk_attention_shape sh = { .S = S, .nh = nh, .nkv = nkv, .d = d, .q_rows = N };
+    for (size_t c = 0; c < sizeof bad_parents / sizeof bad_parents[0]; c++) {
+        int32_t parents[6];
+        memcpy(parents, good, sizeof parents);
+        parents[bad_parents[c].at] = bad_parents[c].parent;
+        int rc = be->tree_attention(be, &sh, q, k, v, parents, out);
+        check(rc == -EINVAL, "%s: returned %d, not -EINVAL", bad_parents[c].what, rc);
+    }
+    static const struct { int64_t S, nh, nkv, d, q_rows; const char *what; } bad_shapes[] = {
+        { 10, 4, 2, 16, 0, "N = 0" },       { 5, 4, 2, 16, 6, "N > S" },
+        { 10, 3, 2, 16, 6, "nh % nkv != 0" }, { 10, 4, 0, 16, 6, "nkv = 0" },
+        { 10, 4, 2, 0, 6, "d = 0" },
+    };
+    for (size_t c = 0; c < sizeof bad_shapes / sizeof bad_shapes[0]; c++) {
+        const ddk_attention_shape b = { .S = bad_shapes[c].S, .nh = bad_shapes[c].nh,
+                                        .nkv = bad_shapes[c].nkv, .d = bad_shapes[c].d,
+                                        .q_rows = bad_shapes[c].q_rows };
+        int rc = be->tree_attention(be, &b, q, k, v, good, out);
+        check(rc == -EINVAL, "%s: returned %d, not -EINVAL", bad_shapes[c].what, rc);
+    }
+    check(all_sentinel(out, N * nh * d + guard_words), "a refused call wrote out");
+    int rc = be->tree_attention(be, &sh, q, k, v, good, out);
+    check(rc == 0, "the good tree after the refusals returned %d", rc);
+    free(q), free(k), free(v), free(out);
+}
+
+/* ------------------------------------------------------------------------------------------
  * Budgets, bad shapes, workspace size
  */
 
@@ -487,6 +652,11 @@ static void test_budget(void)
     rc = be->causal_attention(be, &causal, x.q, x.k, x.v, out);
     check(rc == -ENOMEM, "causal over budget returned %d, not -ENOMEM", rc);
     check(all_sentinel(out, n_out + guard_words), "causal over budget wrote out");
+    const ddk_attention_shape tree = { .S = 10, .nh = c.nh, .nkv = c.nkv, .d = c.d, .q_rows = 4 };
+    const int32_t parents[4] = { -1, 0, 0, 2 };
+    rc = be->tree_attention(be, &tree, x.q, x.k, x.v, parents, out);
+    check(rc == -ENOMEM, "tree over budget returned %d, not -ENOMEM", rc);
+    check(all_sentinel(out, n_out + guard_words), "tree over budget wrote out");
     ddk_allocator_set_budget(a, 0);
     rc = be->dflash_attention(be, &x.sh, x.q, x.k, x.v, x.anchors, x.keep, out, lse);
     check(rc == 0, "forward after the budget is lifted returned %d", rc);
@@ -603,7 +773,8 @@ static void test_flash_row_rules(void)
 int main(void)
 {
     const ddk_backend *be = ddk_backend_cpu();
-    if (!be->dflash_attention || !be->dflash_attention_backward || !be->causal_attention) {
+    if (!be->dflash_attention || !be->dflash_attention_backward || !be->causal_attention ||
+        !be->tree_attention) {
         printf("the CPU backend has no attention ops\n0 passed, 1 failed\n");
         return 1;
     }
@@ -616,6 +787,9 @@ int main(void)
     static const test_case cases[] = {
         { "dflash backward vs finite differences (float32)", test_finite_differences },
         { "causal attention vs reference", test_causal },
+        { "tree attention vs reference (random trees, GQA, cache and none)", test_tree },
+        { "tree attention of a chain = causal attention", test_tree_chain },
+        { "tree attention refusals: -EINVAL, nothing written", test_tree_einval },
         { "budget: -ENOMEM, nothing written", test_budget },
         { "bad shapes: -EINVAL, nothing written", test_bad_shapes },
         { "workspace independent of S and A", test_workspace_scaling },

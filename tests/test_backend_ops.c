@@ -26,7 +26,9 @@
  * weights as stored, W transposed or not: across scratch panels of rows and of k, k = 0),
  * embedding_w16 and copy_rows (exact;
  * copy_rows also from the host), l2norm_heads, sigmoid_mul and delta_gates (also in place) and
- * causal attention over a cache (q_rows 1, 5, S, 0 of S keys; q_rows > S refused), each reported
+ * causal attention over a cache (q_rows 1, 5, S, 0 of S keys; q_rows > S refused), tree
+ * attention (random and deep trees, with and without a cache; a node its own parent: -EINVAL on
+ * the CPU, NaN rows on the GPU), each reported
  * "SKIPPED: OP not implemented on CUDA yet" should a table leave it NULL. The backward of each op is checked against finite differences
  * by tests/test_ops.c on the CPU; here the GPU has to match the CPU.
  *
@@ -1795,6 +1797,67 @@ static void case_causal_cached(int64_t S, int64_t q_rows, int64_t nh, int64_t nk
     end_case(case_name);
 }
 
+/* tree attention (the DDTree verify) of N nodes over P cached keys, parents random in [-1, i)
+ * (deep: 31 in 32 are i - 1, paths of ~N nodes); the CUDA kernel has no flash variant, so
+ * tol_attn_fwd's reason holds (fp32 online softmax both sides, keys in other orders). Then the
+ * node 3 of the same tree made its own parent: the CPU refuses it (-EINVAL); the GPU cannot check
+ * parents on the host, so it writes NaN into the rows whose path reaches the bad parent and must
+ * neither read past parents (the guards) nor hang */
+static void case_tree_attention(int64_t N, int64_t P, int64_t nh, int64_t nkv, int64_t d, int deep)
+{
+    snprintf(case_name, sizeof case_name, "tree_attention N=%lld P=%lld nh=%lld nkv=%lld d=%lld%s",
+             (long long)N, (long long)P, (long long)nh, (long long)nkv, (long long)d,
+             deep ? " deep" : "");
+    const int64_t S = P + N, nq = N * nh * d, nk = S * nkv * d;
+    const ddk_attention_shape sh = { .S = S, .nh = nh, .nkv = nkv, .d = d, .q_rows = N };
+    int32_t *parents = host((size_t)N * sizeof(int32_t));
+    for (int64_t i = 0; i < N; i++)
+        parents[i] = deep && i > 0 && rng_below(32) != 0 ? (int32_t)(i - 1)
+                                                         : (int32_t)(rng_below(i + 1) - 1);
+    float *q = host_floats(nq), *k = host_floats(nk), *v = host_floats(nk);
+    fill_uniform(q, nq, -2.0, 2.0);
+    fill_uniform(k, nk, -2.0, 2.0);
+    fill_uniform(v, nk, -1.0, 1.0);
+    float *out = host_floats(nq);
+    check(cpu->tree_attention(cpu, &sh, q, k, v, parents, out) == 0, "cpu tree");
+    float *q_dev = dev_floats(q, nq, "q"), *k_dev = dev_floats(k, nk, "k"),
+          *v_dev = dev_floats(v, nk, "v"), *out_dev = dev_floats(NULL, nq, "out");
+    int32_t *parents_dev = dev_buffer(parents, (size_t)N * sizeof(int32_t), "parents");
+    int rc = dev->tree_attention(dev, &sh, q_dev, k_dev, v_dev, parents_dev, out_dev);
+    check(rc == 0, "tree returned %d", rc);
+    expect_close("out", download(out_dev, nq), out, nq, tol_attn_fwd);
+    const ddk_attention_shape bad = { .S = S, .nh = nh, .nkv = nkv, .d = d, .q_rows = S + 1 };
+    rc = dev->tree_attention(dev, &bad, q_dev, k_dev, v_dev, parents_dev, out_dev);
+    check(rc == -EINVAL, "q_rows = S + 1: rc %d, not -EINVAL", rc);
+    if (N > 3) {
+        int32_t *looped = host((size_t)N * sizeof(int32_t));
+        memcpy(looped, parents, (size_t)N * sizeof(int32_t));
+        looped[3] = 3;
+        int32_t *looped_dev = dev_buffer(looped, (size_t)N * sizeof(int32_t), "parents (bad)");
+        float *bad_dev = dev_floats(NULL, nq, "out (bad tree)");
+        rc = dev->tree_attention(dev, &sh, q_dev, k_dev, v_dev, looped_dev, bad_dev);
+        if (dev == cpu) {   /* self-check */
+            check(rc == -EINVAL, "a node its own parent: rc %d, not -EINVAL", rc);
+        } else {
+            check(rc == 0, "a node its own parent: rc %d (the GPU cannot see it)", rc);
+            const float *got = download(bad_dev, nq);
+            int64_t wrong = 0;
+            for (int64_t i = 0; i < N; i++) {
+                int reaches = 0;   /* does node i's path pass node 3? */
+                for (int64_t j = i; j >= 0 && !reaches; j = j == 3 ? -1 : looped[j])
+                    reaches = j == 3;
+                for (int64_t e = 0; e < nh * d; e++) {
+                    const float x = got[i * nh * d + e], want = out[i * nh * d + e];
+                    wrong += reaches ? !isnan(x) : !(fabsf(x - want) <= 1e-3f);
+                }
+            }
+            check(wrong == 0, "a node its own parent: %lld values not NaN where the path reaches "
+                  "it or far from the good tree's elsewhere", (long long)wrong);
+        }
+    }
+    end_case(case_name);
+}
+
 static void run_target_cases(uint64_t *seq)
 {
 #define NEXT_T() (rng_state = 0x5eed0000u + *seq, misalign = ((*seq)++ % 2) * 4)
@@ -1862,6 +1925,22 @@ static void run_target_cases(uint64_t *seq)
         for (size_t i = 0; i < sizeof cached / sizeof cached[0]; i++) {
             NEXT_T();
             case_causal_cached(cached[i][0], cached[i][1], cached[i][2], cached[i][3], cached[i][4]);
+        }
+    /* (N, P, nh, nkv, d, deep): the root alone, no cache; a small tree; a cache past the key
+     * chunks; the seed's heads over a long cache; d not a multiple of 32 with G = 1; the widest
+     * head with paths of ~150 nodes (past the 32-key chunks); one warp's worth of nodes, deep */
+    static const int64_t tree[][6] = { { 1, 0, 4, 2, 16, 0 }, { 17, 0, 4, 2, 16, 0 },
+                                       { 33, 100, 4, 2, 16, 0 }, { 64, 4000, 32, 8, 128, 0 },
+                                       { 200, 300, 4, 4, 100, 0 },
+                                       { 150, 70, 2, 1, DDK_CUDA_MAX_HEAD_DIM, 1 },
+                                       { 32, 5, 8, 2, 64, 1 } };
+    check(dev->tree_attention != NULL, "tree_attention is NULL");
+    case_done("tree_attention table");
+    if (dev->tree_attention)
+        for (size_t i = 0; i < sizeof tree / sizeof tree[0]; i++) {
+            NEXT_T();
+            case_tree_attention(tree[i][0], tree[i][1], tree[i][2], tree[i][3], tree[i][4],
+                                (int)tree[i][5]);
         }
 #undef NEXT_T
 }

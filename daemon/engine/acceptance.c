@@ -280,12 +280,68 @@ static int64_t possible_nodes(int64_t B, int64_t Kmax, int64_t cap)
     return total < cap ? total : cap;
 }
 
-void ddt_acceptance_add_block(ddt_acceptance *a, const float *logits, int64_t B, int64_t V,
-                              const int32_t *labels)
+/* One block's working set, one allocation (widest members first): the ranks of slots 1..B-1
+ * and the tree of up to N nodes over them */
+typedef struct block_ranks {
+    double *logp;       /* (B-1, Kmax) */
+    int32_t *tokens;    /* (B-1, Kmax) */
+    tree_build tree;    /* nodes (N), heap (N + 1) */
+    int64_t Kmax;
+    char *base;
+} block_ranks;
+
+/* ranks of logits (B, V) rows 1..B-1, Kmax = min(K, V) each, room for a tree of N nodes */
+static void block_ranks_open(block_ranks *r, const float *logits, int64_t B, int64_t V, int64_t K, int64_t N)
+{
+    const int64_t S = B - 1, Kmax = K < V ? K : V;
+    const size_t logp_bytes = (size_t)(S * Kmax) * sizeof(double),
+                 node_bytes = (size_t)N * sizeof(tree_node),
+                 heap_bytes = (size_t)(N + 1) * sizeof(candidate),
+                 rank_bytes = (size_t)Kmax * sizeof(ranked),
+                 token_bytes = (size_t)(S * Kmax) * sizeof(int32_t);
+    char *base = malloc(logp_bytes + node_bytes + heap_bytes + rank_bytes + token_bytes);
+    if (!base)
+        ddk_fatal(__FILE__, __LINE__, "out of memory for a block of %lld slots and %lld ranks", (long long)B,
+                  (long long)Kmax);
+    *r = (block_ranks){ .logp = (double *)base, .Kmax = Kmax, .base = base };
+    r->tree.nodes = (tree_node *)(base + logp_bytes);
+    r->tree.heap = (candidate *)(base + logp_bytes + node_bytes);
+    ranked *scratch = (ranked *)(base + logp_bytes + node_bytes + heap_bytes);
+    r->tokens = (int32_t *)(base + logp_bytes + node_bytes + heap_bytes + rank_bytes);
+    for (int64_t k = 1; k < B; k++)
+        rank_row(logits + k * V, V, Kmax, scratch, r->tokens + (k - 1) * Kmax, r->logp + (k - 1) * Kmax);
+}
+
+/* the block's B and V checked: the programming errors of the file's comment */
+static void check_block(int64_t B, int64_t V)
 {
     if (B < 1 || B > DDT_MAX_SLOTS || V < 1 || V > INT32_MAX)
         ddk_fatal(__FILE__, __LINE__, "block of %lld slots over %lld tokens: slots in [1, %d], tokens in "
                          "[1, 2^31)", (long long)B, (long long)V, (int)DDT_MAX_SLOTS);
+}
+
+int64_t ddt_tree_draft(const float *logits, int64_t B, int64_t V, int64_t K, int32_t *tokens, int32_t *parents)
+{
+    check_block(B, V);
+    if (K < 1 || K > INT32_MAX)
+        ddk_fatal(__FILE__, __LINE__, "node budget %lld outside [1, 2^31)", (long long)K);
+    if (B < 2)
+        return 0;
+    const int64_t N = possible_nodes(B, K < V ? K : V, K);
+    block_ranks r;
+    block_ranks_open(&r, logits, B, V, K, N);
+    build_tree(&r.tree, N, B, r.Kmax, r.tokens, r.logp);
+    for (int64_t i = 0; i < r.tree.n; i++)
+        tokens[i] = r.tree.nodes[i].token, parents[i] = r.tree.nodes[i].parent;
+    const int64_t n = r.tree.n;
+    free(r.base);
+    return n;
+}
+
+void ddt_acceptance_add_block(ddt_acceptance *a, const float *logits, int64_t B, int64_t V,
+                              const int32_t *labels)
+{
+    check_block(B, V);
     for (int64_t k = 1; k < B; k++)
         if (labels[k] >= V)
             ddk_fatal(__FILE__, __LINE__, "label %d at slot %lld is outside the vocabulary of %lld",
@@ -296,31 +352,14 @@ void ddt_acceptance_add_block(ddt_acceptance *a, const float *logits, int64_t B,
     int64_t max_budget = 1;   /* the argmax is needed even without a tree */
     for (int i = 0; i < a->n_budgets; i++)
         max_budget = a->budgets[i] > max_budget ? a->budgets[i] : max_budget;
-    const int64_t S = B - 1;                                   /* slots 1..B-1 */
     const int64_t Kmax = max_budget < V ? max_budget : V;
     const int64_t N = a->n_budgets > 0 ? possible_nodes(B, Kmax, max_budget) : 0;
     if (N > INT32_MAX)
         ddk_fatal(__FILE__, __LINE__, "a tree of %lld nodes: node budgets are below 2^31", (long long)N);
-
-    /* one allocation, widest members first */
-    const size_t logp_bytes = (size_t)(S * Kmax) * sizeof(double),
-                 node_bytes = (size_t)N * sizeof(tree_node),
-                 heap_bytes = (size_t)(N + 1) * sizeof(candidate),
-                 rank_bytes = (size_t)Kmax * sizeof(ranked),
-                 token_bytes = (size_t)(S * Kmax) * sizeof(int32_t);
-    char *base = malloc(logp_bytes + node_bytes + heap_bytes + rank_bytes + token_bytes);
-    if (!base)
-        ddk_fatal(__FILE__, __LINE__, "out of memory for a block of %lld slots and %lld ranks", (long long)B,
-                         (long long)Kmax);
-    double *logp = (double *)base;                                    /* (S, Kmax) */
-    tree_build tree = { .nodes = (tree_node *)(base + logp_bytes) };  /* (N) */
-    tree.heap = (candidate *)(base + logp_bytes + node_bytes);        /* (N + 1) */
-    ranked *scratch = (ranked *)(base + logp_bytes + node_bytes + heap_bytes);   /* (Kmax) */
-    int32_t *tokens = (int32_t *)(base + logp_bytes + node_bytes + heap_bytes + rank_bytes);
-                                                                      /* (S, Kmax) */
-
-    for (int64_t k = 1; k < B; k++)
-        rank_row(logits + k * V, V, Kmax, scratch, tokens + (k - 1) * Kmax, logp + (k - 1) * Kmax);
+    block_ranks r;
+    block_ranks_open(&r, logits, B, V, max_budget, N);
+    const int32_t *tokens = r.tokens;
+    tree_build tree = r.tree;
 
     a->blocks++;
     int chain_open = 1;
@@ -339,7 +378,7 @@ void ddt_acceptance_add_block(ddt_acceptance *a, const float *logits, int64_t B,
     a->chain_sum += (double)chain;
 
     if (N > 0) {
-        build_tree(&tree, N, B, Kmax, tokens, logp);
+        build_tree(&tree, N, B, Kmax, tokens, r.logp);
         /* walk the whole tree once; node indices grow along a path (a parent is popped before
          * its children), so budget K accepts the leading path nodes with index < K */
         int64_t path[DDT_MAX_SLOTS];
@@ -361,7 +400,7 @@ void ddt_acceptance_add_block(ddt_acceptance *a, const float *logits, int64_t B,
             a->tree_sum[i] += (double)accepted;
         }
     }
-    free(base);
+    free(r.base);
 }
 
 /* ------------------------------------------------------------------------------------------

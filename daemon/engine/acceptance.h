@@ -1,7 +1,8 @@
 /* acceptance.h: what users want from a drafter (SPEC.md section 6), from its per-slot
  * distributions over held-out blocks: acc_k, the chain acceptance length tau_chain and the
  * DDTree acceptance length tau_tree(K) for node budgets K (best-first tree over the per-slot
- * top-K log-probabilities, walked along the labels).
+ * top-K log-probabilities, walked along the labels); and that tree itself, the draft DDTree
+ * speculative decoding verifies (speculate.h).
  * Tested by tests/test_acceptance.c (hand-made distributions with known answers).
  */
 #ifndef DDT_ACCEPTANCE_H
@@ -28,6 +29,12 @@ void ddt_acceptance_init(ddt_acceptance *a, const int64_t *budgets, int n_budget
  * A block whose slot-1 label is invalid is not counted. */
 void ddt_acceptance_add_block(ddt_acceptance *a, const float *logits, int64_t B, int64_t V,
                               const int32_t *labels);
+
+/* The DDTree draft of one block (SPEC.md 6 and 7): the first K nodes (fewer when the block
+ * holds fewer) of the best-first tree over the per-slot distributions logits (B, V) (row 0 unused),
+ * the tree ddt_acceptance_add_block walks: tokens (K), parents (K) (-1: a child of the root, the
+ * anchor's token; else an index < i: a parent comes before its children). Returns the nodes. */
+int64_t ddt_tree_draft(const float *logits, int64_t B, int64_t V, int64_t K, int32_t *tokens, int32_t *parents);
 
 /* Results: acc_k = slot_correct[k] / slot_count[k]; tau_chain = 1 + chain_sum / blocks;
  * tau_tree[i] = 1 + tree_sum[i] / blocks (all 1 when no block was counted). */

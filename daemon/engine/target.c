@@ -421,16 +421,20 @@ void ddt_target_embed(const ddk_backend *be, int w16, const void *table, const i
         be->embedding(be, table, ids, rows, H, out);
 }
 
-void ddt_target_put_ids(const ddk_backend *be, const int32_t *tokens, int64_t n, int64_t p0, int32_t *dst)
+void ddt_target_put_ids(const ddk_backend *be, const int32_t *tokens, int64_t n, int64_t p0, const int32_t *parents,
+                        int32_t *dst)
 {
-    int32_t *host = ddt_target_host_backend(be) ? dst : malloc((size_t)(2 * n) * sizeof *host);
+    const int64_t count = (parents ? 3 : 2) * n;
+    int32_t *host = ddt_target_host_backend(be) ? dst : malloc((size_t)count * sizeof *host);
     if (!host)
         ddk_fatal(__FILE__, __LINE__, "no host memory for %lld token ids", (long long)n);
     memcpy(host, tokens, (size_t)n * sizeof *host);
-    for (int64_t i = 0; i < n; i++)
-        host[n + i] = (int32_t)(p0 + i);
+    for (int64_t i = 0; i < n; i++)   /* a tree node's position: p0 + its depth (its parent's + 1) */
+        host[n + i] = (int32_t)(parents ? (parents[i] < 0 ? p0 : host[n + parents[i]] + 1) : p0 + i);
+    if (parents)
+        memcpy(host + 2 * n, parents, (size_t)n * sizeof *host);
     if (host != dst) {
-        be->copy(be, dst, host, (size_t)(2 * n) * sizeof *host);
+        be->copy(be, dst, host, (size_t)count * sizeof *host);
         be->synchronize(be);   /* before the host buffer goes */
         free(host);
     }
@@ -553,7 +557,7 @@ int ddt_target_forward(const ddk_backend *be, const ddt_target *t, const int32_t
     float *u = x + T * H, *q = u + T * H, *attn = q + T * qd, *k = attn + T * qd,
           *v = k + T * kvd, *gate = v + T * kvd, *up = gate + T * I;
     int32_t *ids = (int32_t *)(up + T * I), *pos = ids + T;   /* (T) tokens, (T) positions */
-    ddt_target_put_ids(be, tokens, T, 0, ids);
+    ddt_target_put_ids(be, tokens, T, 0, NULL, ids);
 
     ddt_target_embed(be, w16, t->embed_tokens, ids, T, H, x);
     int rc = 0;
@@ -607,7 +611,7 @@ static const ddt_target_ops dense_ops = {
     .cache_open = ddt_dense_cache_open,
     .cache_close = ddt_dense_cache_close,
     .extend = ddt_dense_extend,
-    .verify = ddt_dense_extend,   /* a KV cache feeds a verify block as it extends (target_dense_cache.h) */
+    .verify = ddt_dense_verify,
     .rollback = ddt_dense_rollback,
 };
 
@@ -771,12 +775,17 @@ int ddt_target_cache_open(const ddk_backend *be, const ddt_target_model *m, int6
     if (!m->ops->cache_open)
         return ddt_fail(err, err_len, -ENOTSUP, "a %s target has no decoding cache behind the target interface",
                         m->model_type);
-    if (max_len < 1 || max_block < 1)
-        return ddt_fail(err, err_len, -EINVAL, "target cache: max_len %lld and max_block %lld must be >= 1",
-                        (long long)max_len, (long long)max_block);
+    if (max_len < 1 || max_block < 1 || max_block > max_len)
+        return ddt_fail(err, err_len, -EINVAL, "target cache: max_len %lld and max_block %lld must be >= 1, "
+                        "max_block <= max_len", (long long)max_len, (long long)max_block);
+    if (!(c->parents = malloc((size_t)max_block * sizeof *c->parents)))
+        return ddt_fail(err, err_len, -ENOMEM, "no memory for a target cache of %lld positions", (long long)max_len);
     int rc = m->ops->cache_open(be, m, max_len, max_block, &c->impl);
-    if (rc)
+    if (rc) {
+        free(c->parents);
+        c->parents = NULL;
         return ddt_fail(err, err_len, rc, "target cache of %lld positions: %s", (long long)max_len, strerror(-rc));
+    }
     c->be = be, c->m = m, c->max_len = max_len, c->max_block = max_block;
     return 0;
 }
@@ -785,6 +794,7 @@ void ddt_target_cache_close(ddt_target_cache *c)
 {
     if (c->impl)
         c->m->ops->cache_close(c->be, c->m, c->impl);
+    free(c->parents);
     memset(c, 0, sizeof *c);
 }
 
@@ -813,26 +823,66 @@ int ddt_target_decode(ddt_target_cache *c, int32_t token, const int32_t *tap_ids
     return ddt_target_extend(c, &token, 1, tap_ids, n_taps, features, final_hidden, logits);
 }
 
+/* a chain (parents NULL) or a tree of n rows pending after len: what verify and verify_tree share */
+static int verify_rows(ddt_target_cache *c, const int32_t *tokens, const int32_t *parents, int64_t n,
+                       const int32_t *tap_ids, int n_taps, float *features, float *final_hidden, float *logits)
+{
+    if (c->pending || n < 1 || n > c->max_block || c->len + n > c->max_len || (logits && !final_hidden))
+        return -EINVAL;
+    for (int64_t i = 0; parents && i < n; i++)
+        if (parents[i] < -1 || parents[i] >= i)
+            return -EINVAL;
+    int rc = c->m->ops->verify(c->be, c->m, c->impl, c->len, tokens, n, parents, tap_ids, n_taps, features,
+                               final_hidden);
+    if (rc)
+        return rc;
+    for (int64_t i = 0; i < n; i++)
+        c->parents[i] = parents ? parents[i] : (int32_t)(i - 1);
+    c->pending = n;
+    if (logits)
+        ddt_target_logits(c->be, c->m, final_hidden, n, logits);
+    return 0;
+}
+
 int ddt_target_verify(ddt_target_cache *c, const int32_t *tokens, int64_t B, const int32_t *tap_ids, int n_taps,
                       float *features, float *final_hidden, float *logits)
 {
-    if (c->pending || B < 1 || B > c->max_block || c->len + B > c->max_len || (logits && !final_hidden))
-        return -EINVAL;
-    int rc = c->m->ops->verify(c->be, c->m, c->impl, c->len, tokens, B, tap_ids, n_taps, features, final_hidden);
-    if (rc)
-        return rc;
-    c->pending = B;
-    if (logits)
-        ddt_target_logits(c->be, c->m, final_hidden, B, logits);
-    return 0;
+    return verify_rows(c, tokens, NULL, B, tap_ids, n_taps, features, final_hidden, logits);
+}
+
+int ddt_target_verify_tree(ddt_target_cache *c, const int32_t *tokens, const int32_t *parents, int64_t n,
+                           const int32_t *tap_ids, int n_taps, float *features, float *final_hidden, float *logits)
+{
+    if (!c->be->tree_attention)
+        return -ENOTSUP;
+    return verify_rows(c, tokens, parents, n, tap_ids, n_taps, features, final_hidden, logits);
 }
 
 int ddt_target_rollback(ddt_target_cache *c, int64_t accepted)
 {
     if (!c->pending || accepted < 0 || accepted > c->pending)
         return -EINVAL;
-    c->m->ops->rollback(c->m, c->impl, c->len, accepted);
+    for (int64_t k = 0; k < accepted; k++)   /* a chain's first ones: a tree's rows are not a chain */
+        if (c->parents[k] != k - 1)
+            return -EINVAL;
+    c->m->ops->rollback(c->m, c->impl, c->len, NULL, accepted);
     c->len += accepted;
+    c->pending = 0;
+    return 0;
+}
+
+int ddt_target_rollback_path(ddt_target_cache *c, const int32_t *path, int64_t n)
+{
+    if (!c->pending || n < 0 || n > c->pending)
+        return -EINVAL;
+    int chain = 1;
+    for (int64_t k = 0; k < n; k++) {
+        if (path[k] < 0 || path[k] >= c->pending || c->parents[path[k]] != (k ? path[k - 1] : -1))
+            return -EINVAL;
+        chain = chain && path[k] == k;
+    }
+    c->m->ops->rollback(c->m, c->impl, c->len, chain ? NULL : path, n);
+    c->len += n;
     c->pending = 0;
     return 0;
 }

@@ -123,19 +123,25 @@ typedef struct ddt_target_ops {
     void (*free)(ddt_target_model *m);
     /* The cache (SPEC.md 3.1 'Decoding with a cache'), through ddt_target_cache below; NULL where
      * an implementation has none (both of today's have one: target_dense_cache.c, target_qwen35.c).
-     * cache_open: a cache for max_len positions and verify blocks of up to max_block tokens.
-     * extend: n tokens at positions p0 .. p0+n-1 committed to the cache (a prefill: p0 = 0, or a
-     * decode step: n = 1). verify: B tokens at p0 .. p0+B-1 fed but pending, until rollback
-     * keeps `accepted` of them (0 .. B) as if only those had been fed. The outputs, per fed row,
-     * are prefill's. */
+     * cache_open: a cache for max_len positions and verify blocks (chains or trees) of up to
+     * max_block tokens. extend: n tokens at positions p0 .. p0+n-1 committed to the cache (a
+     * prefill: p0 = 0, or a decode step: n = 1). verify: n tokens fed but pending: a chain
+     * (parents NULL) at p0 .. p0+n-1, or a tree (SPEC.md 7, DDTree): parents (n, host memory),
+     * parents[i] in [-1, i), token i at position p0 + its depth (a parent of -1: depth 0), seeing
+     * the cache and its own ancestors only; then rollback keeps `accepted` of them as if only
+     * those had been fed at p0 .. p0+accepted-1: the first ones of a chain (path NULL), or the
+     * root path path[0 .. accepted) of a tree (path[0]'s parent -1, path[k]'s parent path[k-1]).
+     * The outputs, per fed row, are prefill's (a tree node's: those of the sequence of its root
+     * path). */
     int (*cache_open)(const ddk_backend *be, const ddt_target_model *m, int64_t max_len, int64_t max_block,
                       void **cache);
     void (*cache_close)(const ddk_backend *be, const ddt_target_model *m, void *cache);
     int (*extend)(const ddk_backend *be, const ddt_target_model *m, void *cache, int64_t p0, const int32_t *tokens,
                   int64_t n, const int32_t *tap_ids, int n_taps, float *features, float *final_hidden);
     int (*verify)(const ddk_backend *be, const ddt_target_model *m, void *cache, int64_t p0, const int32_t *tokens,
-                  int64_t B, const int32_t *tap_ids, int n_taps, float *features, float *final_hidden);
-    void (*rollback)(const ddt_target_model *m, void *cache, int64_t p0, int64_t accepted);
+                  int64_t n, const int32_t *parents, const int32_t *tap_ids, int n_taps, float *features,
+                  float *final_hidden);
+    void (*rollback)(const ddt_target_model *m, void *cache, int64_t p0, const int32_t *path, int64_t accepted);
 } ddt_target_ops;
 
 struct ddt_target_model {
@@ -193,6 +199,7 @@ typedef struct ddt_target_cache {
     int64_t max_len, max_block;
     int64_t len;       /* positions committed */
     int64_t pending;   /* tokens of the last verify block, 0 after rollback */
+    int32_t *parents;  /* (max_block) host: the pending tree's, or a chain's (i - 1) */
 } ddt_target_cache;
 
 /* 0, -ENOTSUP (m's ops have no cache), -EINVAL (max_len or max_block < 1, or the implementation
@@ -212,9 +219,19 @@ int ddt_target_decode(ddt_target_cache *c, int32_t token, const int32_t *tap_ids
 /* B tokens after len, pending (B <= max_block); -EINVAL as extend's, or B > max_block */
 int ddt_target_verify(ddt_target_cache *c, const int32_t *tokens, int64_t B, const int32_t *tap_ids, int n_taps,
                       float *features, float *final_hidden, float *logits);
-/* keeps accepted (0 .. pending) of the verify block: the cache as if only they had been fed.
+/* A tree of n nodes after len, pending (n <= max_block): parents (n, host) as ops->verify's, node
+ * i at position len + its depth, seeing the cache and its ancestors (one target call: the
+ * attention through the backend's tree_attention). -EINVAL as verify's, or a parent outside
+ * [-1, i). */
+int ddt_target_verify_tree(ddt_target_cache *c, const int32_t *tokens, const int32_t *parents, int64_t n,
+                           const int32_t *tap_ids, int n_taps, float *features, float *final_hidden, float *logits);
+/* keeps accepted (0 .. pending) of a chain's verify block: the cache as if only they had been fed.
  * -EINVAL without a pending block or accepted outside 0 .. pending. */
 int ddt_target_rollback(ddt_target_cache *c, int64_t accepted);
+/* keeps the root path path[0 .. n) of a pending tree (a chain's: path[k] = k), as if only those
+ * tokens had been fed. -EINVAL without a pending block, or a path that is not one of the
+ * verified tree's (ddt_target_verify_tree keeps its parents to check it). */
+int ddt_target_rollback_path(ddt_target_cache *c, const int32_t *path, int64_t n);
 
 /* hidden size, vocabulary, layers and tie of DIR/config.json, any model_type ddt_target_open
  * takes; the outputs untouched on failure */

@@ -3,8 +3,11 @@
  * RoPE) and values of every position fed. One code path processes n new rows at positions
  * p0 .. p0+n-1 against the cache of positions < p0 + n, C rows at a time (so a long prefill's
  * products and workspace stay bounded); a decode step is one row. Taps and the final-normed
- * hidden state per fed row are ddt_target_forward's. A verify block is fed like an extend: the
- * keys of rejected rows are simply overwritten later, so rollback has nothing to do.
+ * hidden state per fed row are ddt_target_forward's. A chain's verify block is fed like an
+ * extend: the keys of rejected rows are simply overwritten later, so rollback has nothing to do.
+ * A tree's (DDTree, SPEC.md 7) is fed in one pass (the workspace is max(C, max_block) rows tall):
+ * node i's key and value at row p0 + i, RoPE at p0 + its depth, the attention the backend's
+ * tree_attention; its rollback moves the accepted path's keys and values to p0, p0 + 1, ...
  * Every step is a backend op, as in ddt_target_forward (so both give the same rows up to the
  * order of float sums, and it runs on a GPU): the products (ddt_target_linear), the attention of
  * the new rows over the cache (causal_attention with q_rows). On an fp32 CPU target (m->fast)
@@ -13,7 +16,8 @@
  * stories260K (64 x 256 tokens, temperature 1, one core) that took generation from 3.4k
  * tokens/s (BLAS sgemm with m = 1, libm expf) to 23k tokens/s.
  * Not here: batching sequences (a BLAS may sum a row differently in a taller product).
- * Tested by tests/test_source.c (prefill == extend in pieces == decode == verify, rollback,
+ * Tested by tests/test_source.c (prefill == extend in pieces == decode == verify, rollback, a
+ * tree's every root path == that path verified as a chain, the path rollback,
  * llama and qwen3, GQA, fp32 fast, generic and bf16; generation through it) and
  * tests/test_target_cuda.c (on a GPU).
  *
@@ -26,29 +30,30 @@
 #include <math.h>
 #include <stdlib.h>
 
-enum { DENSE_ROWS = 64 };   /* C: one pass's matrix products are this tall at most */
+enum { DENSE_ROWS = 64 };   /* C: an extend's pass is this tall at most (a tree's: max_block) */
 
 /* The cache of one sequence and the workspace of a pass, one allocation */
 typedef struct dense_cache {
+    const ddk_backend *be; /* the one it was opened on (rollback's) */
     int64_t max_len;
+    int64_t rows;          /* max(C, max_block): the workspace's rows */
     float *kv;             /* per layer: keys (max_len, nkv*d) then values (max_len, nkv*d) */
     float *x, *u;          /* (C, H) residual stream, normed input */
     float *q, *attn;       /* (C, nh*d) */
     float *gate, *up;      /* (C, I) */
     float *scores;         /* (max_len) one query's attention weights (the CPU fast path's) */
-    int32_t *ids;          /* (C) tokens then (C) positions of the rows of a pass */
+    int32_t *ids;          /* (rows) tokens, (rows) positions, (rows) a tree's parents, of a pass */
     void *block;
     size_t block_bytes;
 } dense_cache;
 
 int64_t ddt_target_cache_bytes(const ddt_target_config *c, int64_t max_len, int64_t max_block)
 {
-    (void)max_block;   /* a verify block is fed C rows at a time, as an extend */
     const int64_t H = c->hidden, qd = c->heads * c->head_dim, kvd = c->kv_heads * c->head_dim,
-                  I = c->intermediate, C = DENSE_ROWS;
-    /* floats: kv, x, u, q, attn, gate, up, scores; then ids (tokens, positions) */
+                  I = c->intermediate, C = max_block > DENSE_ROWS ? max_block : DENSE_ROWS;
+    /* floats: kv, x, u, q, attn, gate, up, scores; then ids (tokens, positions, parents) */
     const int64_t floats = 2 * c->layers * max_len * kvd + 2 * C * H + 2 * C * qd + 2 * C * I + max_len;
-    return floats * (int64_t)sizeof(float) + 2 * C * (int64_t)sizeof(int32_t);
+    return floats * (int64_t)sizeof(float) + 3 * C * (int64_t)sizeof(int32_t);
 }
 
 int ddt_dense_cache_open(const ddk_backend *be, const ddt_target_model *m, int64_t max_len, int64_t max_block,
@@ -56,7 +61,7 @@ int ddt_dense_cache_open(const ddk_backend *be, const ddt_target_model *m, int64
 {
     const ddt_target_config *c = &((const ddt_target *)m->impl)->cfg;
     const int64_t H = c->hidden, qd = c->heads * c->head_dim, kvd = c->kv_heads * c->head_dim,
-                  I = c->intermediate, C = DENSE_ROWS;
+                  I = c->intermediate, C = max_block > DENSE_ROWS ? max_block : DENSE_ROWS;
     if (c->head_dim > 1024 || c->head_dim % 2)
         return -EINVAL;
     dense_cache *dc = calloc(1, sizeof *dc);
@@ -68,7 +73,8 @@ int ddt_dense_cache_open(const ddk_backend *be, const ddt_target_model *m, int64
         free(dc);
         return -ENOMEM;
     }
-    dc->max_len = max_len;
+    dc->be = be, dc->max_len = max_len;
+    dc->rows = C;
     dc->kv = dc->block;
     dc->x = dc->kv + 2 * c->layers * max_len * kvd;
     dc->u = dc->x + C * H;
@@ -90,9 +96,26 @@ void ddt_dense_cache_close(const ddk_backend *be, const ddt_target_model *m, voi
     free(dc);
 }
 
-void ddt_dense_rollback(const ddt_target_model *m, void *cache, int64_t p0, int64_t accepted)
+void ddt_target_kv_compact(const ddk_backend *be, float *keys, float *values, int64_t kvd, int64_t p0,
+                           const int32_t *path, int64_t n)
 {
-    (void)m, (void)cache, (void)p0, (void)accepted;
+    const size_t row = (size_t)kvd * sizeof(float);
+    for (int64_t k = 0; k < n; k++)
+        if (path[k] != k) {
+            be->copy(be, keys + (p0 + k) * kvd, keys + (p0 + path[k]) * kvd, row);
+            be->copy(be, values + (p0 + k) * kvd, values + (p0 + path[k]) * kvd, row);
+        }
+}
+
+void ddt_dense_rollback(const ddt_target_model *m, void *cache, int64_t p0, const int32_t *path, int64_t accepted)
+{
+    const ddt_target *t = m->impl;
+    const dense_cache *dc = cache;
+    const int64_t kvd = t->cfg.kv_heads * t->cfg.head_dim;
+    for (int64_t l = 0; path && l < t->cfg.layers; l++) {
+        float *keys = dc->kv + 2 * l * dc->max_len * kvd;
+        ddt_target_kv_compact(dc->be, keys, keys + dc->max_len * kvd, kvd, p0, path, accepted);
+    }
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -228,13 +251,15 @@ __attribute__((noinline)) static void cached_attention(const ddt_target_config *
     }
 }
 
-/* tokens (n) at positions p0 .. p0+n-1 (n <= C): their keys and values into the cache, their
- * taps into features (n, n_taps*H) and final-normed hidden states into final_hidden (n, H),
- * each when not NULL. The attention: the fast plain-C loop on an fp32 CPU target (m->fast),
- * else the backend's causal_attention of n query rows over the cache's p0 + n keys. */
+/* tokens (n) at positions p0 .. p0+n-1 (n <= rows), or a tree's (parents, host: positions p0 +
+ * depth): their keys and values into the cache at rows p0 .., their taps into features (n,
+ * n_taps*H) and final-normed hidden states into final_hidden (n, H), each when not NULL. The
+ * attention: a chain's, the fast plain-C loop on an fp32 CPU target (m->fast), else the
+ * backend's causal_attention of n query rows over the cache's p0 + n keys; a tree's, the
+ * backend's tree_attention. */
 static int forward_rows(const ddk_backend *be, const ddt_target_model *m, dense_cache *dc, int64_t p0,
-                        const int32_t *tokens, int64_t n, const int32_t *tap_ids, int n_taps, float *features,
-                        float *final_hidden)
+                        const int32_t *tokens, int64_t n, const int32_t *parents, const int32_t *tap_ids,
+                        int n_taps, float *features, float *final_hidden)
 {
     const ddt_target *t = m->impl;
     const ddt_target_config *c = &t->cfg;
@@ -242,8 +267,8 @@ static int forward_rows(const ddk_backend *be, const ddt_target_model *m, dense_
                   qd = nh * d, kvd = nkv * d, I = c->intermediate;
     const int w16 = t->bf16, fast = m->fast;
     float *x = dc->x, *u = dc->u, *q = dc->q, *attn = dc->attn, *gate = dc->gate, *up = dc->up;
-    const int32_t *pos = dc->ids + n;   /* put_ids: n tokens, then their n positions */
-    ddt_target_put_ids(be, tokens, n, p0, dc->ids);
+    const int32_t *pos = dc->ids + n, *tree = parents ? dc->ids + 2 * n : NULL;   /* put_ids' layout */
+    ddt_target_put_ids(be, tokens, n, p0, parents, dc->ids);
 
     ddt_target_embed(be, w16, t->embed_tokens, dc->ids, n, H, x);
     for (int64_t l = 0; l < c->layers; l++) {
@@ -261,7 +286,12 @@ static int forward_rows(const ddk_backend *be, const ddt_target_model *m, dense_
         }
         be->rope(be, q, pos, n, nh, d, c->rope_theta, 0);
         be->rope(be, k, pos, n, nkv, d, c->rope_theta, 0);
-        if (fast) {
+        if (tree) {
+            ddk_attention_shape shape = { .S = p0 + n, .nh = nh, .nkv = nkv, .d = d, .q_rows = n };
+            int rc = be->tree_attention(be, &shape, q, keys, values, tree, attn);
+            if (rc)
+                return rc;
+        } else if (fast) {
             cached_attention(c, dc, keys, values, p0, n);
         } else {
             ddk_attention_shape shape = { .S = p0 + n, .nh = nh, .nkv = nkv, .d = d, .q_rows = n };
@@ -291,8 +321,23 @@ int ddt_dense_extend(const ddk_backend *be, const ddt_target_model *m, void *cac
     int rc = 0;
     for (int64_t r = 0; r < n && rc == 0; r += DENSE_ROWS) {
         const int64_t rows = n - r < DENSE_ROWS ? n - r : DENSE_ROWS;
-        rc = forward_rows(be, m, cache, p0 + r, tokens + r, rows, tap_ids, n_taps,
+        rc = forward_rows(be, m, cache, p0 + r, tokens + r, rows, NULL, tap_ids, n_taps,
                           features ? features + r * n_taps * H : NULL, final_hidden ? final_hidden + r * H : NULL);
     }
     return rc;
+}
+
+int ddt_dense_verify(const ddk_backend *be, const ddt_target_model *m, void *cache, int64_t p0,
+                     const int32_t *tokens, int64_t n, const int32_t *parents, const int32_t *tap_ids, int n_taps,
+                     float *features, float *final_hidden)
+{
+    const ddt_target *t = m->impl;
+    if (!parents)
+        return ddt_dense_extend(be, m, cache, p0, tokens, n, tap_ids, n_taps, features, final_hidden);
+    for (int i = 0; i < n_taps; i++)
+        if (tap_ids[i] < 0 || tap_ids[i] >= t->cfg.layers)
+            return -EINVAL;
+    if (n > ((dense_cache *)cache)->rows)
+        return -EINVAL;
+    return forward_rows(be, m, cache, p0, tokens, n, parents, tap_ids, n_taps, features, final_hidden);
 }

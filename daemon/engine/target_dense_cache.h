@@ -16,13 +16,23 @@
 int ddt_dense_cache_open(const ddk_backend *be, const ddt_target_model *m, int64_t max_len, int64_t max_block,
                          void **cache);
 void ddt_dense_cache_close(const ddk_backend *be, const ddt_target_model *m, void *cache);
-/* extend and verify alike: a KV cache's pending rows are written where committed ones would be,
- * and the rows past the accepted ones are overwritten by what is fed next */
+/* n rows committed at p0 (extend), or pending (verify: a chain written where committed rows
+ * would be, rows past the accepted ones overwritten by what is fed next; a tree in one pass,
+ * node i's key and value at row p0 + i until rollback moves the accepted path's to p0 .. ) */
 int ddt_dense_extend(const ddk_backend *be, const ddt_target_model *m, void *cache, int64_t p0,
                      const int32_t *tokens, int64_t n, const int32_t *tap_ids, int n_taps, float *features,
                      float *final_hidden);
-/* nothing to undo: ddt_target_rollback's len + accepted is the whole of it */
-void ddt_dense_rollback(const ddt_target_model *m, void *cache, int64_t p0, int64_t accepted);
+int ddt_dense_verify(const ddk_backend *be, const ddt_target_model *m, void *cache, int64_t p0,
+                     const int32_t *tokens, int64_t n, const int32_t *parents, const int32_t *tap_ids, int n_taps,
+                     float *features, float *final_hidden);
+/* a chain: nothing to undo (ddt_target_rollback's len + accepted is the whole of it); a tree's
+ * path: its keys and values moved to rows p0 .. p0+accepted-1 */
+void ddt_dense_rollback(const ddt_target_model *m, void *cache, int64_t p0, const int32_t *path, int64_t accepted);
+/* the keys and values (rows of kvd floats, max_len rows each) of one layer's cache: rows p0 +
+ * path[k] moved to p0 + k (path ascending, path[k] >= k: no row is overwritten before it is
+ * read), backend copies; what both targets' tree rollbacks share */
+void ddt_target_kv_compact(const ddk_backend *be, float *keys, float *values, int64_t kvd, int64_t p0,
+                           const int32_t *path, int64_t n);
 
 /* ------------------------------------------------------------------------------------------
  * What both targets share (target.c): products, embedding and loading on any backend
@@ -40,9 +50,12 @@ void ddt_target_linear(const ddk_backend *be, int w16, int fast, int64_t n, int6
 /* out (rows, H) = table[ids] with table (V, H) stored as w16 says, ids (rows) in be's memory */
 void ddt_target_embed(const ddk_backend *be, int w16, const void *table, const int32_t *ids, int64_t rows,
                       int64_t H, float *out);
-/* dst (2n int32, be's memory) = tokens (n, host), then p0 .. p0+n-1: the embedding's ids and
- * RoPE's positions of n rows; returns when host memory given to the copy may be reused */
-void ddt_target_put_ids(const ddk_backend *be, const int32_t *tokens, int64_t n, int64_t p0, int32_t *dst);
+/* dst (be's memory) = tokens (n, host), then their positions: the embedding's ids and RoPE's
+ * positions of n rows (2n int32): p0 .. p0+n-1 for a chain (parents NULL); for a tree (parents
+ * (n, host) as ops->verify's) p0 + each node's depth, then the parents themselves (3n int32: the
+ * tree attention's); returns when host memory given to the copy may be reused */
+void ddt_target_put_ids(const ddk_backend *be, const int32_t *tokens, int64_t n, int64_t p0, const int32_t *parents,
+                        int32_t *dst);
 
 /* One tensor as the loaders write it: its values (the checkpoint's, or seeded N(0, std^2), or
  * all `fill`), + add (RMSNorm1p's folded 1), row-major (rows, cols), stored fp32 or bf16 */

@@ -383,10 +383,14 @@ static int q35_has_ops(const ddk_backend *be, int w16)
            (!w16 || (be->matmul_w16 && be->embedding_w16));
 }
 
-/* The cache of one sequence: one allocation, carved per layer. A verify block of B rows keeps,
- * per DeltaNet layer, its B pre-convolution qkv rows and the state after each of its positions,
- * so a rollback to any accepted count is two copies; the attention rows past the accepted ones
- * are simply overwritten later (truncation). */
+/* The cache of one sequence: one allocation, carved per layer. A verify block of B rows (a
+ * chain, or a tree's nodes) keeps, per DeltaNet layer, its B pre-convolution qkv rows and the
+ * state after each of its rows (a tree node's: after its root path), so a rollback to any
+ * accepted count is two copies (a tree's path: its qkv rows gathered, its attention keys and
+ * values moved to p0 ..); the attention rows past the accepted ones are simply overwritten
+ * later (truncation). Per tree node, at the Qwen3.6-27B shape (48 DeltaNet layers, 48 value
+ * heads of 128 x 128 fp32, Cc = 10,240): 48 x (786,432 + 10,240) floats = 153 MB, so a tree
+ * of K = 32 nodes and its root holds 5.0 GB (the planner counts max_block = K + 1 of it). */
 typedef struct q35_cache {
     const ddk_backend *be;                       /* the one it was opened on (rollback's) */
     int64_t max_len, max_block;
@@ -442,10 +446,11 @@ static int q35_fast(const ddk_backend *be, const ddt_qwen35 *t)
 
 /* x (T, H) += the gated attention of u (T, H) at positions pos (p0 ..); with a cache, its keys
  * and values join the cached ones at p0 and the rows attend over all of them (causal_attention
- * with q_rows = T over p0 + T keys). scratch: the forward's area. */
+ * with q_rows = T over p0 + T keys), or, for a tree (tree: its parents (T), be's memory), over
+ * the cache and their ancestors (tree_attention). scratch: the forward's area. */
 static int full_attention(const ddk_backend *be, const ddt_qwen35 *t, const ddt_qwen35_layer *L,
-                          const float *u, const int32_t *pos, int64_t T, q35_cache *cache, int64_t l, int64_t p0,
-                          float *scratch, float *x)
+                          const float *u, const int32_t *pos, const int32_t *tree, int64_t T, q35_cache *cache,
+                          int64_t l, int64_t p0, float *scratch, float *x)
 {
     const ddt_qwen35_config *c = &t->cfg;
     const int64_t H = c->hidden, nh = c->heads, nkv = c->kv_heads, hd = c->head_dim, qd = nh * hd,
@@ -465,7 +470,10 @@ static int full_attention(const ddk_backend *be, const ddt_qwen35 *t, const ddt_
     if (cache) {
         be->copy(be, cache->keys[l] + p0 * kvd, k, (size_t)(T * kvd) * sizeof(float));
         be->copy(be, cache->values[l] + p0 * kvd, v, (size_t)(T * kvd) * sizeof(float));
-        if (q35_fast(be, t)) {
+        if (tree) {   /* a tree's nodes see the cache and their own ancestors */
+            ddk_attention_shape shape = { .S = p0 + T, .nh = nh, .nkv = nkv, .d = hd, .q_rows = T };
+            rc = be->tree_attention(be, &shape, q, cache->keys[l], cache->values[l], tree, attn);
+        } else if (q35_fast(be, t)) {
             cached_attention(c, q, cache->keys[l], cache->values[l], p0, T, attn + T * qd, attn);
         } else {
             ddk_attention_shape shape = { .S = p0 + T, .nh = nh, .nkv = nkv, .d = hd, .q_rows = T };
@@ -497,13 +505,28 @@ static void conv_window_advance(const ddk_backend *be, float *window, const floa
     be->copy(be, window + (w - n) * Cc, rows, (size_t)(n * Cc) * sizeof(float));
 }
 
+/* window (K-1, Cc) = the K-1 pre-conv qkv rows before tree node r on its root path, oldest
+ * first: its ancestors' rows of qkv (T, Cc) nearest last, then, above the root, the committed
+ * window's newest rows; backend copies */
+static void tree_window(const ddk_backend *be, const float *committed, const float *qkv, const int32_t *parents,
+                        int64_t r, int64_t K, int64_t Cc, float *window)
+{
+    const size_t row = (size_t)Cc * sizeof(float);
+    int64_t slot = K - 2, at = parents[r];
+    for (; slot >= 0 && at >= 0; slot--, at = parents[at])
+        be->copy(be, window + slot * Cc, qkv + at * Cc, row);
+    if (slot >= 0)   /* the committed window's newest slot + 1 rows */
+        be->copy(be, window, committed + (K - 2 - slot) * Cc, (size_t)(slot + 1) * row);
+}
+
 /* x (T, H) += the Gated DeltaNet of u (T, H). Without a cache: from a zero state, the core
  * chunked. Committed to one: from its conv window and state, which advance (chunked for a
  * prefill, the recurrence for a decode step). Pending: the recurrence token by token from a
- * copy of its state, each position's state and the qkv rows kept for rollback. scratch: the
- * forward's area. */
+ * copy of its state (a tree's node from its parent's: parents (T), host memory), each node's
+ * state and the qkv rows kept for rollback. scratch: the forward's area. */
 static int deltanet(const ddk_backend *be, const ddt_qwen35 *t, const ddt_qwen35_layer *L, const float *u,
-                    int64_t T, q35_cache *cache, q35_mode mode, int64_t l, float *scratch, float *x)
+                    int64_t T, q35_cache *cache, q35_mode mode, const int32_t *parents, int64_t l, float *scratch,
+                    float *x)
 {
     const ddt_qwen35_config *c = &t->cfg;
     const int64_t H = c->hidden, nk = c->key_heads, nv = c->value_heads, dk = c->key_head_dim,
@@ -516,7 +539,13 @@ static int deltanet(const ddk_backend *be, const ddt_qwen35 *t, const ddt_qwen35
     ddt_target_linear(be, w16, 0, T, Cv, H, u, L->in_proj_z, 0, z);
     ddt_target_linear(be, w16, 0, T, nv, H, u, L->in_proj_b, 0, beta);
     ddt_target_linear(be, w16, 0, T, nv, H, u, L->in_proj_a, 0, g);
-    be->conv1d_silu(be, qkv, L->conv1d, cache ? cache->conv[l] : NULL, T, Cc, K, act);   /* NULL: zero before t = 0 */
+    if (parents)   /* a tree: each node's window is its own path's */
+        for (int64_t r = 0; r < T; r++) {
+            tree_window(be, cache->conv[l], qkv, parents, r, K, Cc, cache->window);
+            be->conv1d_silu(be, qkv + r * Cc, L->conv1d, cache->window, 1, Cc, K, act + r * Cc);
+        }
+    else
+        be->conv1d_silu(be, qkv, L->conv1d, cache ? cache->conv[l] : NULL, T, Cc, K, act);   /* NULL: zero before t = 0 */
     if (mode == Q35_COMMIT)
         conv_window_advance(be, cache->conv[l], qkv, T, K, Cc, cache->window);
     else if (mode == Q35_PENDING)
@@ -528,9 +557,12 @@ static int deltanet(const ddk_backend *be, const ddt_qwen35 *t, const ddt_qwen35
     const int64_t S = nv * dk * dv;
     int rc = 0;
     if (mode == Q35_PENDING) {
-        be->copy(be, state, cache->state[l], (size_t)S * sizeof(float));
         ddk_delta_shape shape = { .T = 1, .nk = nk, .nv = nv, .dk = dk, .dv = dv, .chunk = 0 };
         for (int64_t r = 0; r < T && rc == 0; r++) {
+            const int64_t from = parents ? parents[r] : r - 1;   /* the state after its parent */
+            if (r == 0 || from != r - 1)
+                be->copy(be, state, from < 0 ? cache->state[l] : cache->block_state[l] + from * S,
+                         (size_t)S * sizeof(float));
             rc = be->gated_delta(be, &shape, qh + r * Ck, kh + r * Ck, v + r * Cv, beta + r * nv, g + r * nv, state,
                                  o + r * Cv);
             be->copy(be, cache->block_state[l] + r * S, state, (size_t)S * sizeof(float));
@@ -574,15 +606,15 @@ static int64_t rows_area(const ddt_qwen35_config *c, int64_t p0, int64_t T)
 
 int64_t ddt_qwen35_rows_bytes(const ddt_qwen35_config *c, int64_t p0, int64_t T)
 {
-    /* x, u (T, H), the area, tokens and pos (T) */
-    return (2 * T * c->hidden + rows_area(c, p0, T)) * (int64_t)sizeof(float) + 2 * T * (int64_t)sizeof(int32_t);
+    /* x, u (T, H), the area, tokens, positions and a tree's parents (T) */
+    return (2 * T * c->hidden + rows_area(c, p0, T)) * (int64_t)sizeof(float) + 3 * T * (int64_t)sizeof(int32_t);
 }
 
-/* T rows at positions p0 .. p0+T-1, fed as mode says (p0 = 0 without a cache); the outputs as
- * ddt_qwen35_forward's */
+/* T rows at positions p0 .. p0+T-1, fed as mode says (p0 = 0 without a cache), or a pending
+ * tree's (parents (T), host memory: positions p0 + depth); the outputs as ddt_qwen35_forward's */
 static int q35_rows(const ddk_backend *be, const ddt_qwen35 *t, q35_cache *cache, q35_mode mode, int64_t p0,
-                    const int32_t *tokens, int64_t T, const int32_t *tap_ids, int n_taps, float *features,
-                    float *final_hidden)
+                    const int32_t *tokens, int64_t T, const int32_t *parents, const int32_t *tap_ids, int n_taps,
+                    float *features, float *final_hidden)
 {
     const ddt_qwen35_config *c = &t->cfg;
     const int64_t H = c->hidden, I = c->intermediate;
@@ -599,7 +631,8 @@ static int q35_rows(const ddk_backend *be, const ddt_qwen35 *t, q35_cache *cache
         return -ENOMEM;
     float *u = x + T * H, *scratch = u + T * H, *gate = scratch, *up = gate + T * I;
     int32_t *ids = (int32_t *)(scratch + area), *pos = ids + T;   /* (T) tokens, (T) positions */
-    ddt_target_put_ids(be, tokens, T, p0, ids);
+    const int32_t *tree = parents ? ids + 2 * T : NULL;          /* (T) parents, be's memory */
+    ddt_target_put_ids(be, tokens, T, p0, parents, ids);
 
     if (cache && p0 == 0)
         q35_cache_start(be, t, cache);
@@ -608,8 +641,8 @@ static int q35_rows(const ddk_backend *be, const ddt_qwen35 *t, q35_cache *cache
     for (int64_t l = 0; l < c->layers && rc == 0; l++) {
         const ddt_qwen35_layer *L = &t->layer[l];
         be->rmsnorm(be, x, L->input_layernorm, T, H, c->rms_norm_eps, u, NULL);
-        rc = c->full_attention[l] ? full_attention(be, t, L, u, pos, T, cache, l, p0, scratch, x)
-                                  : deltanet(be, t, L, u, T, cache, mode, l, scratch, x);
+        rc = c->full_attention[l] ? full_attention(be, t, L, u, pos, tree, T, cache, l, p0, scratch, x)
+                                  : deltanet(be, t, L, u, T, cache, mode, parents, l, scratch, x);
         if (rc)
             break;
         be->rmsnorm(be, x, L->post_attention_layernorm, T, H, c->rms_norm_eps, u, NULL);
@@ -625,7 +658,7 @@ static int q35_rows(const ddk_backend *be, const ddt_qwen35 *t, q35_cache *cache
 int ddt_qwen35_forward(const ddk_backend *be, const ddt_qwen35 *t, const int32_t *tokens, int64_t T,
                        const int32_t *tap_ids, int n_taps, float *features, float *final_hidden)
 {
-    return q35_rows(be, t, NULL, Q35_NO_CACHE, 0, tokens, T, tap_ids, n_taps, features, final_hidden);
+    return q35_rows(be, t, NULL, Q35_NO_CACHE, 0, tokens, T, NULL, tap_ids, n_taps, features, final_hidden);
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -699,29 +732,39 @@ static int q35_extend(const ddk_backend *be, const ddt_target_model *m, void *ca
                       const int32_t *tokens, int64_t n, const int32_t *tap_ids, int n_taps, float *features,
                       float *final_hidden)
 {
-    return q35_rows(be, m->impl, cache, Q35_COMMIT, p0, tokens, n, tap_ids, n_taps, features, final_hidden);
+    return q35_rows(be, m->impl, cache, Q35_COMMIT, p0, tokens, n, NULL, tap_ids, n_taps, features, final_hidden);
 }
 
 static int q35_verify(const ddk_backend *be, const ddt_target_model *m, void *cache, int64_t p0,
-                      const int32_t *tokens, int64_t B, const int32_t *tap_ids, int n_taps, float *features,
-                      float *final_hidden)
+                      const int32_t *tokens, int64_t n, const int32_t *parents, const int32_t *tap_ids, int n_taps,
+                      float *features, float *final_hidden)
 {
-    return q35_rows(be, m->impl, cache, Q35_PENDING, p0, tokens, B, tap_ids, n_taps, features, final_hidden);
+    if (n > ((q35_cache *)cache)->max_block)
+        return -EINVAL;
+    return q35_rows(be, m->impl, cache, Q35_PENDING, p0, tokens, n, parents, tap_ids, n_taps, features,
+                    final_hidden);
 }
 
-/* the state after the last accepted position, the window advanced over the accepted qkv rows:
- * copies on the cache's backend */
-static void q35_rollback(const ddt_target_model *m, void *cache, int64_t p0, int64_t accepted)
+/* the state after the last accepted node, the window advanced over the accepted qkv rows (a
+ * tree's path: its rows gathered first, in place), the attention layers' keys and values of a
+ * tree's path moved to p0 ..: copies on the cache's backend */
+static void q35_rollback(const ddt_target_model *m, void *cache, int64_t p0, const int32_t *path, int64_t accepted)
 {
-    (void)p0;
     const ddt_qwen35_config *c = &((const ddt_qwen35 *)m->impl)->cfg;
     q35_cache *q = cache;
     const ddk_backend *be = q->be;
     const int64_t Cc = 2 * c->key_heads * c->key_head_dim + c->value_heads * c->value_head_dim,
-                  S = c->value_heads * c->key_head_dim * c->value_head_dim;
+                  S = c->value_heads * c->key_head_dim * c->value_head_dim, kvd = c->kv_heads * c->head_dim;
     for (int64_t l = 0; accepted > 0 && l < c->layers; l++)
-        if (!c->full_attention[l]) {
-            be->copy(be, q->state[l], q->block_state[l] + (accepted - 1) * S, (size_t)S * sizeof(float));
+        if (c->full_attention[l]) {
+            if (path)
+                ddt_target_kv_compact(be, q->keys[l], q->values[l], kvd, p0, path, accepted);
+        } else {
+            const int64_t last = path ? path[accepted - 1] : accepted - 1;
+            be->copy(be, q->state[l], q->block_state[l] + last * S, (size_t)S * sizeof(float));
+            for (int64_t k = 0; path && k < accepted; k++)   /* path[k] >= k: ascending is safe */
+                if (path[k] != k)
+                    be->copy(be, q->block_qkv[l] + k * Cc, q->block_qkv[l] + path[k] * Cc, (size_t)Cc * sizeof(float));
             conv_window_advance(be, q->conv[l], q->block_qkv[l], accepted, c->conv_kernel, Cc, q->window);
         }
 }

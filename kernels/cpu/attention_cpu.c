@@ -1,5 +1,6 @@
-/* attention_cpu.c: DFlash block attention (forward and backward) and plain causal attention
- * on the CPU (SPEC.md section 2 step 4, section 3), flash-style.
+/* attention_cpu.c: DFlash block attention (forward and backward), plain causal attention and
+ * tree attention (the DDTree verify, forward only) on the CPU (SPEC.md section 2 step 4,
+ * sections 3 and 7), flash-style.
  *
  * No mask and no score matrix ever exists for a whole sequence. The queries are taken in
  * groups (consecutive kept blocks, or consecutive positions for causal attention, times the
@@ -10,7 +11,9 @@
  * simply not used, and the rows that see a tile at all form a contiguous run of the group
  * (anchors are sorted), so each tile is one matrix product over that run. A DFlash group makes
  * two passes: the context keys, then each block's own keys; causal attention's one pass, whose
- * queries may be the last q_rows of S positions (a cached step: only their ranges move).
+ * queries may be the last q_rows of S positions (a cached step: only their ranges move). Tree
+ * attention makes causal attention's pass over the cache, then gathers each node's root path
+ * (not a range) a tile at a time (path_tile).
  * Forward keeps a running max, sum and rescaled accumulator per row (online softmax) and ends
  * with out = acc / sum and lse = max + log(sum); the backward recomputes each tile's probabilities from lse
  * (p = exp(s - lse)) and follows the standard flash backward with D = rowsum(dout * out).
@@ -24,10 +27,13 @@
  * speed: an unsorted group makes the run of rows per tile longer, its extra rows use nothing.
  * Anchors are clamped to [0, S]; padded blocks' anchors are never read.
  * Tested by tests/test_attention.c (float64 dense-mask reference, finite differences, guard
- * words, budgets); benchmarked against a dense-mask implementation by tests/bench/bench_attention.c.
+ * words, budgets; tree attention against a float64 reference of the tree's mask and, on a
+ * chain, against causal attention); benchmarked against a dense-mask implementation by
+ * tests/bench/bench_attention.c.
  *
  * Legend: S context rows, A anchors (blocks), B block size, nh query heads, nkv kv heads,
- * G = nh / nkv query heads per kv head, d head dim, R rows of a query group, n keys of a tile.
+ * G = nh / nkv query heads per kv head, d head dim, R rows of a query group, n keys of a tile,
+ * N tree nodes (their keys the last N of S), P = S - N cached keys before them.
  * Row-major; q (A*B, nh, d); k, v (S + A*B, nkv, d); a kv head's key rows have stride nkv*d.
  */
 #include "ddk.h"
@@ -507,6 +513,125 @@ int ddk_cpu_causal_attention(const ddk_backend *be, const ddk_attention_shape *s
                 const float inv = 1.0f / g.l[r];
                 const float *ar = g.acc + r * d;                                   /* (d) */
                 float *yr = out + ((t_first + r / G) * nh + gk * G + r % G) * d;   /* (d) */
+#pragma omp simd
+                for (int64_t i = 0; i < d; i++)
+                    yr[i] = ar[i] * inv;
+            }
+        }
+    }
+    workspace_put(be, &ws);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Tree attention (the target's DDTree verify): N node rows, the last N of S key positions, after
+ * P = S - N cached keys. Every node sees the whole cache, one contiguous range for all of them,
+ * so the cache pass is causal attention's with [lo, hi) = [0, P) for every row of a group
+ * (same groups: row r = (i - i_first) * G + hh). The root path of node i (i, parents[i], ...)
+ * is not a range: its keys are gathered, KEY_TILE at a time, and each of the node's G rows
+ * continues its online softmax over them (path_tile). Paths are short (a tree of a few hundred
+ * nodes), the cache long, so the BLAS tiles carry the bulk.
+ */
+
+/* Row r of g over the gathered key rows keys[0..n) (n <= KEY_TILE): the online-softmax update
+ * of forward_tile, with scores from one dot product per key. g->s is free after the cache pass. */
+static void path_tile(attn_group *g, int64_t r, const int64_t *keys, int64_t n)
+{
+    const int64_t d = g->d;
+    const float *qr = g->q + r * d;   /* (d) */
+    float *ar = g->acc + r * d;       /* (d) */
+    float *sr = g->s + r * KEY_TILE;  /* (n) the row's scores, then probabilities */
+    for (int64_t c = 0; c < n; c++) {
+        const float *kr = g->k + keys[c] * g->ldk;   /* (d) */
+        float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+        for (int64_t i = 0; i < d; i++)
+            s += qr[i] * kr[i];
+        sr[c] = g->scale * s;
+    }
+    const float m_old = g->m[r], m_new = fmaxf(m_old, ddk_vmax(sr, n));
+    const float rescale = expf(m_old - m_new);   /* m_old = -inf (no cache): 0 */
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t c = 0; c < n; c++) {
+        float p = ddk_expf(sr[c] - m_new);
+        sr[c] = p;
+        sum += p;
+    }
+    g->l[r] = g->l[r] * rescale + sum;
+    g->m[r] = m_new;
+    if (rescale != 1.0f) {
+#pragma omp simd
+        for (int64_t i = 0; i < d; i++)
+            ar[i] *= rescale;
+    }
+    for (int64_t c = 0; c < n; c++) {
+        const float p = sr[c], *vr = g->v + keys[c] * g->ldk;   /* (d) */
+#pragma omp simd
+        for (int64_t i = 0; i < d; i++)
+            ar[i] += p * vr[i];
+    }
+}
+
+/* The G rows of node i (rows r0 .. r0 + G - 1 of g) over the node's root path, P the first node
+ * key row; parents checked by the caller, so the walk ends (each step goes to a smaller node). */
+static void path_pass(attn_group *g, int64_t r0, int64_t G, int64_t i, int64_t P,
+                      const int32_t *parents)
+{
+    int64_t keys[KEY_TILE];   /* key rows of the next part of the path */
+    int64_t n = 0;
+    for (int64_t node = i; node >= 0; node = parents[node]) {
+        keys[n++] = P + node;
+        if (n == KEY_TILE || parents[node] < 0) {
+            for (int64_t hh = 0; hh < G; hh++)
+                path_tile(g, r0 + hh, keys, n);
+            n = 0;
+        }
+    }
+}
+
+int ddk_cpu_tree_attention(const ddk_backend *be, const ddk_attention_shape *shape,
+                           const float *q, const float *k, const float *v, const int32_t *parents,
+                           float *out)
+{
+    if (!(shape->nh >= 1 && shape->nkv >= 1 && shape->nh % shape->nkv == 0 && shape->d >= 1 &&
+          shape->q_rows >= 1 && shape->q_rows <= shape->S))
+        return -EINVAL;
+    const int64_t N = shape->q_rows, P = shape->S - N;
+    for (int64_t i = 0; i < N; i++)
+        if (parents[i] < -1 || parents[i] >= i)
+            return -EINVAL;   /* a parent must come before its child: a tree, and walks end */
+    const int64_t nh = shape->nh, nkv = shape->nkv, d = shape->d;
+    const int64_t G = nh / nkv, per_group = max64(1, group_rows(d) / G);
+    attn_group g = { .R = per_group * G, .d = d, .scale = (float)(1.0 / sqrt((double)d)),
+                     .ldk = nkv * d };
+    attn_workspace ws;
+    if (workspace_get(be, &g, g.R, d, 0, &ws))
+        return -ENOMEM;
+
+    for (int64_t i_first = 0; i_first < N; i_first += per_group) {
+        const int64_t np = min64(per_group, N - i_first), R = np * G;
+        for (int64_t gk = 0; gk < nkv; gk++) {
+            g.R = R;
+            g.k = k + gk * d;
+            g.v = v + gk * d;
+            for (int64_t j = 0; j < np; j++) {
+                memcpy(g.q + j * G * d, q + ((i_first + j) * nh + gk * G) * d,
+                       (size_t)(G * d) * sizeof *g.q);
+                for (int64_t hh = 0; hh < G; hh++) {
+                    g.lo[j * G + hh] = 0;
+                    g.hi[j * G + hh] = P;
+                }
+            }
+            forward_begin(&g);
+            group_pass(&g, 0, R, 0);   /* the cache; nothing when P = 0 */
+            for (int64_t j = 0; j < np; j++)
+                path_pass(&g, j * G, G, i_first + j, P, parents);
+            /* every node sees itself, so l > 0 */
+            for (int64_t r = 0; r < R; r++) {
+                const float inv = 1.0f / g.l[r];
+                const float *ar = g.acc + r * d;                                   /* (d) */
+                float *yr = out + ((i_first + r / G) * nh + gk * G + r % G) * d;   /* (d) */
 #pragma omp simd
                 for (int64_t i = 0; i < d; i++)
                     yr[i] = ar[i] * inv;

@@ -66,6 +66,7 @@ static ddk_backend cpu_backend = {
     .dflash_attention = ddk_cpu_dflash_attention,
     .dflash_attention_backward = ddk_cpu_dflash_attention_backward,
     .causal_attention = ddk_cpu_causal_attention,
+    .tree_attention = ddk_cpu_tree_attention,
     .conv1d_silu = ddk_cpu_conv1d_silu,
     .gated_rmsnorm = ddk_cpu_gated_rmsnorm,
     .rope_partial = ddk_cpu_rope_partial,

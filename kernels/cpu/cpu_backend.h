@@ -27,7 +27,7 @@ void ddk_cpu_embedding(const ddk_backend *be, const float *table, const int32_t 
 void ddk_cpu_embedding_w16(const ddk_backend *be, const uint16_t *table, const int32_t *tokens,
                            int64_t rows, int64_t H, float *out);
 
-/* DFlash attention and causal attention (attention_cpu.c); contracts in ddk.h. */
+/* DFlash, causal and tree attention (attention_cpu.c); contracts in ddk.h. */
 int ddk_cpu_dflash_attention(const ddk_backend *be, const ddk_attention_shape *shape,
                              const float *q, const float *k, const float *v,
                              const int32_t *anchors, const uint8_t *keep, float *out, float *lse);
@@ -38,6 +38,9 @@ int ddk_cpu_dflash_attention_backward(const ddk_backend *be, const ddk_attention
                                       float *dq, float *dk, float *dv);
 int ddk_cpu_causal_attention(const ddk_backend *be, const ddk_attention_shape *shape,
                              const float *q, const float *k, const float *v, float *out);
+int ddk_cpu_tree_attention(const ddk_backend *be, const ddk_attention_shape *shape,
+                           const float *q, const float *k, const float *v, const int32_t *parents,
+                           float *out);
 
 /* The Qwen3.5 target's ops (norm_cpu.c, rope_cpu.c, deltanet_cpu.c); contracts in ddk.h. */
 void ddk_cpu_gated_rmsnorm(const ddk_backend *be, const float *x, const float *z, const float *w,

@@ -1,6 +1,8 @@
-/* attention_cuda.cu: DFlash block attention (forward and backward) and plain causal attention on
- * the GPU, fp32 SIMT kernels (contracts in ddk.h, struct ddk_backend; SPEC.md section 2 step 4, section 3),
- * flash-style: no mask and no score matrix ever exists, memory is the inputs and outputs only.
+/* attention_cuda.cu: DFlash block attention (forward and backward), plain causal attention and
+ * tree attention (the DDTree verify, forward only) on the GPU, fp32 SIMT kernels (contracts in
+ * ddk.h, struct ddk_backend; SPEC.md section 2 step 4, sections 3 and 7), flash-style: no mask
+ * and no score matrix ever exists, memory is the inputs and outputs only. Tree attention has its
+ * own kernel and its own notes at the end of the file; what follows describes the other two.
  *
  * A first, plainly correct version (speed later, each step measured; CONVENTIONS.md):
  *
@@ -60,10 +62,11 @@
  * shared by both.
  *
  * Tested by tests/test_backend_ops.c against the CPU backend (skipped without a GPU), with both
- * kernel sets.
+ * kernel sets (tree attention, which has one kernel, once).
  *
  * Legend: S context rows, A blocks, B block size, nh query heads, nkv kv heads, G = nh / nkv,
- * d head dim, W window, R rows (warps) of a thread block, n keys of the current tile.
+ * d head dim, W window, R rows (warps) of a thread block, n keys of the current tile; tree
+ * attention: N nodes, the last N of S keys, P = S - N cached keys before them, L a path's length.
  */
 #include "ddk.h"
 #include "cuda_backend.h"
@@ -627,4 +630,198 @@ int ddk_cuda_causal_attention(const ddk_backend *be, const ddk_attention_shape *
     p.causal = 1;
     p.scale = (float)(1.0 / sqrt((double)shape->d));
     return launch(be, p, dim3((unsigned)blocks, (unsigned)shape->nh, 1), warps, 0);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Tree attention (the target's DDTree verify), forward only: N node rows, the last N of S keys,
+ * after P = S - N cached ones; node i sees the cache and its root path. One thread block per
+ * (node i, query head h), TREE_WARPS warps:
+ *   1. thread 0 walks the path i, parents[i], ... (parents in device memory) into shared memory,
+ *      at most N steps (parents[j] < j makes it at most i + 1). A parent outside [-1, j) ends
+ *      the walk and the row is written as NaN: the CPU refuses such a tree with -EINVAL, this
+ *      side cannot see the parents without a copy and a synchronisation, and a NaN row is loud.
+ *   2. the block's keys are c = 0 .. P + L - 1 (L the path's length), key c at row c < P ? c :
+ *      P + path[c - P]. Warp w takes the chunks of 32 keys w, w + warps, ...: each score is a
+ *      dot product over d by the whole warp (lane l holds q elements l, l + 32, ..., coalesced
+ *      key reads) reduced by shuffles, lane c keeping key c's; then the online softmax of the
+ *      kernels above, per warp (running max m, sum l, accumulator in registers).
+ *   3. the warps' (m, l, acc) are combined through shared memory: M = max m_w,
+ *      out = sum_w acc_w exp(m_w - M) / sum_w l_w exp(m_w - M). A warp that saw no key has
+ *      m = -inf, l = 0, acc = 0 and adds nothing; some warp saw node i itself, so M is finite.
+ * Plainly correct, not tuned: no key tiles in shared memory, nor tensor cores. out (N, nh, d) fp32.
+ */
+
+enum { TREE_WARPS = 8 };
+
+typedef struct tree_params {
+    const float *q, *k, *v;    /* q (N, nh, d); k, v (S, nkv, d) */
+    const int32_t *parents;    /* (N), device memory */
+    float *y;                  /* out (N, nh, d) */
+    int64_t N, P, nh, nkv, d;  /* P = S - N cached keys */
+    float scale;
+} tree_params;
+
+template <int NC>
+__global__ void __launch_bounds__(TREE_WARPS * 32) tree_forward_kernel(tree_params p)
+{
+    /* dynamic only (tree_smem): a static __shared__ would count against the opt-in limit the
+     * launch gives the dynamic part */
+    extern __shared__ float smem[];
+    const int lane = (int)(threadIdx.x % 32), warp = (int)(threadIdx.x / 32);
+    const int warps = (int)(blockDim.x / 32);
+    const int d = (int)p.d;   /* d <= MAX_D (heads_ok) */
+    const int64_t i = blockIdx.x, h = blockIdx.y, hk = h / (p.nh / p.nkv);
+    int *walk = (int *)smem;               /* (2) the path's length, 1 if a parent was bad */
+    float *wm = smem + 2, *wl = wm + warps;   /* (warps) each warp's running max and sum */
+    float *wacc = wl + warps;              /* (warps, d) each warp's accumulator */
+    int *path = (int *)(wacc + warps * d); /* (N) node indices of the root path, i first */
+    const int64_t row_at = (i * p.nh + h) * d;   /* the row's offset in q and out (N, nh, d) */
+
+    if (threadIdx.x == 0) {
+        int len = 0, bad = 0;
+        for (int64_t node = i; node >= 0 && len < p.N;) {
+            path[len++] = (int)node;
+            const int64_t parent = p.parents[node];
+            if (parent < -1 || parent >= node) {
+                bad = 1;
+                break;
+            }
+            node = parent;
+        }
+        walk[0] = len;
+        walk[1] = bad;
+    }
+    __syncthreads();
+    const int path_len = walk[0];
+    if (walk[1]) {   /* block-uniform */
+        for (int idx = (int)threadIdx.x; idx < d; idx += (int)blockDim.x)
+            p.y[row_at + idx] = NAN;
+        return;
+    }
+
+    float qreg[NC], acc[NC], m = -INFINITY, l = 0.0f;
+#pragma unroll
+    for (int cc = 0; cc < NC; cc++) {
+        const int e = lane + 32 * cc;
+        qreg[cc] = e < d ? p.q[row_at + e] : 0.0f;
+        acc[cc] = 0.0f;
+    }
+    const int64_t keys = p.P + path_len;
+    for (int64_t c0 = (int64_t)warp * 32; c0 < keys; c0 += (int64_t)warps * 32) {
+        const int n = (int)imin(32, keys - c0);
+        /* lane c's key row (lanes >= n: unused) */
+        const int64_t c = c0 + lane;
+        const int64_t key = c < p.P ? c : lane < n ? p.P + path[c - p.P] : 0;
+        float s_mine = -INFINITY;
+        for (int j = 0; j < n; j++) {
+            const int64_t kj = __shfl_sync(0xffffffffu, key, j);
+            const float *kr = p.k + (kj * p.nkv + hk) * d;   /* (d) */
+            float part = 0.0f;
+#pragma unroll
+            for (int cc = 0; cc < NC; cc++) {
+                const int e = lane + 32 * cc;
+                if (e < d)
+                    part = fmaf(qreg[cc], kr[e], part);
+            }
+            const float s = p.scale * warp_sum(part);
+            if (lane == j)
+                s_mine = s;
+        }
+        const float m_new = fmaxf(m, warp_max(s_mine));   /* finite: n >= 1 */
+        const float pl = lane < n ? expf(s_mine - m_new) : 0.0f;
+        const float rescale = expf(m - m_new);           /* m = -inf first: 0 */
+        l = l * rescale + warp_sum(pl);
+        m = m_new;
+#pragma unroll
+        for (int cc = 0; cc < NC; cc++)
+            acc[cc] *= rescale;
+        for (int j = 0; j < n; j++) {
+            const float pj = __shfl_sync(0xffffffffu, pl, j);
+            const int64_t kj = __shfl_sync(0xffffffffu, key, j);
+            const float *vr = p.v + (kj * p.nkv + hk) * d;   /* (d) */
+#pragma unroll
+            for (int cc = 0; cc < NC; cc++) {
+                const int e = lane + 32 * cc;
+                if (e < d)
+                    acc[cc] = fmaf(pj, vr[e], acc[cc]);
+            }
+        }
+    }
+
+    if (lane == 0) {
+        wm[warp] = m;
+        wl[warp] = l;
+    }
+#pragma unroll
+    for (int cc = 0; cc < NC; cc++) {
+        const int e = lane + 32 * cc;
+        if (e < d)
+            wacc[warp * d + e] = acc[cc];
+    }
+    __syncthreads();
+    float M = -INFINITY;
+    for (int w = 0; w < warps; w++)
+        M = fmaxf(M, wm[w]);
+    float L = 0.0f;
+    for (int w = 0; w < warps; w++)
+        L += wl[w] * expf(wm[w] - M);   /* a warp without keys: 0 * 0 */
+    const float inv = 1.0f / L;
+    for (int e = (int)threadIdx.x; e < d; e += (int)blockDim.x) {
+        float o = 0.0f;
+        for (int w = 0; w < warps; w++)
+            o = fmaf(wacc[w * d + e], expf(wm[w] - M), o);
+        p.y[row_at + e] = o * inv;
+    }
+}
+
+static size_t tree_smem(int64_t warps, int64_t d, int64_t N)
+{
+    return (size_t)(2 + 2 * warps + warps * d) * sizeof(float) + (size_t)N * sizeof(int);
+}
+
+typedef void (*tree_kernel)(tree_params);
+
+static tree_kernel tree_kernel_for(int64_t d)
+{
+    if (d <= 32)
+        return tree_forward_kernel<1>;
+    if (d <= 64)
+        return tree_forward_kernel<2>;
+    if (d <= 128)
+        return tree_forward_kernel<4>;
+    return tree_forward_kernel<8>;
+}
+
+int ddk_cuda_tree_attention(const ddk_backend *be, const ddk_attention_shape *shape,
+                            const float *q, const float *k, const float *v, const int32_t *parents,
+                            float *out)
+{
+    if (!heads_ok(shape) || shape->q_rows < 1 || shape->q_rows > shape->S ||
+        shape->q_rows > INT32_MAX)
+        return -EINVAL;
+    cudaStream_t stream = ddk_cuda_stream(be);   /* also makes be's GPU current */
+    const size_t smem = tree_smem(TREE_WARPS, shape->d, shape->q_rows), limit = smem_limit();
+    if (smem > limit)   /* a tree of some 50,000 nodes on H100/H200 */
+        return -EINVAL;
+    tree_kernel kernel = tree_kernel_for(shape->d);
+    /* the limit, not this call's need, so that a concurrent launch never lowers it */
+    if (smem > 48 * 1024)
+        CUDA_CHECK(cudaFuncSetAttribute((const void *)kernel,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)limit));
+    tree_params p = {};
+    p.q = q;
+    p.k = k;
+    p.v = v;
+    p.parents = parents;
+    p.y = out;
+    p.N = shape->q_rows;
+    p.P = shape->S - shape->q_rows;
+    p.nh = shape->nh;
+    p.nkv = shape->nkv;
+    p.d = shape->d;
+    p.scale = (float)(1.0 / sqrt((double)shape->d));
+    const dim3 grid((unsigned)p.N, (unsigned)p.nh, 1);
+    kernel<<<grid, TREE_WARPS * 32, smem, stream>>>(p);
+    CUDA_CHECK(cudaGetLastError());
+    return 0;
 }

@@ -24,8 +24,8 @@
  *     set-up reports out of memory (ddk_backend_cuda returns NULL, errno ENOMEM); no op allocates
  *     except the loss's workspace, whose refusal the loss returns as -ENOMEM.
  *
- * The loss is in loss_cuda.cu. DFlash attention (forward and backward) and causal attention
- * are in attention_cuda.cu. The Qwen3.5 target's DeltaNet core (gated_delta) is in
+ * The loss is in loss_cuda.cu. DFlash attention (forward and backward), causal attention and
+ * tree attention are in attention_cuda.cu. The Qwen3.5 target's DeltaNet core (gated_delta) is in
  * deltanet_cuda.cu, its conv1d + silu, gated RMSNorm and partial RoPE in ops_cuda.cu, its bf16
  * embedding gather, l2 norms, gates and output gate in target_cuda.cu.
  *
@@ -364,6 +364,7 @@ static void backends_init(void)
         cb->table.dflash_attention = ddk_cuda_dflash_attention;
         cb->table.dflash_attention_backward = ddk_cuda_dflash_attention_backward;
         cb->table.causal_attention = ddk_cuda_causal_attention;
+        cb->table.tree_attention = ddk_cuda_tree_attention;
         cb->table.conv1d_silu = ddk_cuda_conv1d_silu;
         cb->table.gated_rmsnorm = ddk_cuda_gated_rmsnorm;
         cb->table.rope_partial = ddk_cuda_rope_partial;

@@ -69,6 +69,9 @@ int ddk_cuda_dflash_attention_backward(const ddk_backend *be, const ddk_attentio
                                        float *dq, float *dk, float *dv);
 int ddk_cuda_causal_attention(const ddk_backend *be, const ddk_attention_shape *shape,
                               const float *q, const float *k, const float *v, float *out);
+int ddk_cuda_tree_attention(const ddk_backend *be, const ddk_attention_shape *shape,
+                            const float *q, const float *k, const float *v, const int32_t *parents,
+                            float *out);
 /* attention_flash.cu: the tensor-core kernels of the same contracts, on a shape attention_cuda.cu
  * has checked (A >= 1 or T >= 1); 0 when queued, -ENOTSUP (nothing queued) when the shape or
  * the GPU is not theirs: the caller runs the SIMT kernels */

@@ -459,6 +459,17 @@ struct ddk_backend {
      * -ENOMEM (the CPU's workspace, ddk_causal_attention_workspace_bytes). */
     int (*causal_attention)(const ddk_backend *be, const ddk_attention_shape *shape,
                             const float *q, const float *k, const float *v, float *out);
+    /* Tree attention (the target's DDTree verify, SPEC.md section 7), forward only: N =
+     * shape->q_rows query rows, the nodes of a tree, over S key positions whose last N are the
+     * nodes themselves (node j's key and value at row S - N + j): q (N, nh, d), k, v (S, nkv, d).
+     * Node i sees the S - N cached keys and the nodes of its own root path: i, parents[i],
+     * parents[parents[i]], ... (a parent of -1 ends the path); parents (N) int32 in the backend's
+     * memory, parents[i] in [-1, i). out (N, nh, d). Query head h reads kv head h / (nh / nkv);
+     * scale 1/sqrt(d). A, B, window unused. A chain (parents[i] = i - 1) is causal_attention's
+     * q_rows = N call to rounding. 0, -EINVAL (bad heads or d, N outside [1, S], or a parent
+     * outside [-1, i) where the backend checks it: the CPU) or -ENOMEM. */
+    int (*tree_attention)(const ddk_backend *be, const ddk_attention_shape *shape, const float *q,
+                          const float *k, const float *v, const int32_t *parents, float *out);
 
     /* ---- the Qwen3.5 / Qwen3.6 target's ops (SPEC.md section 3.1), forward only: the target
      * is frozen. NULL on a backend that does not have them (the CPU and CUDA backends have all

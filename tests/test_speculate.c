@@ -1,0 +1,375 @@
+/* test_speculate.c: speculative decoding (daemon/engine/speculate.c, SPEC.md section 7) and
+ * the target interface's tree verify under it (target.c, target_dense_cache.c,
+ * target_qwen35.c).
+ * - tree verify: every node of a random tree gives the rows the same tokens give verified as a
+ *   chain (its root path), on dense llama / qwen3 targets (fp32 fast, generic, bf16) and the
+ *   tiny Qwen3.5 target (DeltaNet state and conv window along each path); rolling back to a
+ *   path leaves the cache as extending by that path's tokens would; a path that is not one is
+ *   refused;
+ * - lossless: chain and trees (budgets below, at and above B - 1) generate exactly plain greedy
+ *   decoding's tokens for random drafters on a dense synthetic target, the tiny Qwen3.5 target
+ *   and stories260K (the last two from ../shared: skipped when absent); 1 <= tau <= B; a stop
+ *   token ends all three alike;
+ * - bad input: a drafter that does not fit the target, a prompt too long, a budget above the
+ *   cap, a token outside the vocabulary.
+ */
+#include "check.h"
+#include "drafter.h"
+#include "speculate.h"
+#include "target.h"
+
+#include <errno.h>
+
+#ifndef DDTREE_SHARED_MODELS
+#define DDTREE_SHARED_MODELS "../shared/models"
+#endif
+
+enum { TAPS = 2, PROMPT = 5, NODES = 12 };
+
+static ddt_target_config dense_config(int qwen3, int64_t vocab)
+{
+    return (ddt_target_config){ .qwen3 = qwen3, .hidden = 24, .layers = 3, .heads = 4, .kv_heads = 2,
+                                .head_dim = 10, .intermediate = 36, .vocab = vocab, .rms_norm_eps = 1e-6f,
+                                .rope_theta = 10000.0f };
+}
+
+static uint64_t rng_next(uint64_t *s)
+{
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return *s >> 33;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Tree verify on the target interface
+ */
+
+typedef struct rows {
+    float *features, *hidden;   /* (n, TAPS H), (n, H) host */
+} rows;
+
+static rows rows_alloc(const ddt_target_model *m, int64_t n)
+{
+    return (rows){ xcalloc((size_t)(n * TAPS * m->hidden), sizeof(float)),
+                   xcalloc((size_t)(n * m->hidden), sizeof(float)) };
+}
+
+static void rows_free(rows *r)
+{
+    free(r->features), free(r->hidden);
+}
+
+/* path (returned length) = node i's root path, root first */
+static int64_t root_path(const int32_t *parents, int64_t i, int32_t *path)
+{
+    int32_t rev[NODES];
+    int64_t n = 0;
+    for (int64_t at = i; at >= 0; at = parents[at])
+        rev[n++] = (int32_t)at;
+    for (int64_t k = 0; k < n; k++)
+        path[k] = rev[n - 1 - k];
+    return n;
+}
+
+/* m's cache on the CPU: every tree node's rows == its root path's as a chain; a path rollback
+ * == extending by its tokens; non-paths refused */
+static void tree_case(const char *what, const ddt_target_model *m, double tol)
+{
+    const ddk_backend *be = ddk_backend_cpu();
+    const int32_t taps[TAPS] = { 0, (int32_t)(m->layers - 1) };
+    const int64_t H = m->hidden, LH = TAPS * H;
+    char err[512];
+    ddt_target_cache c;
+    check(ddt_target_cache_open(be, m, 64, NODES, &c, err, sizeof err) == 0, "%s: cache: %s", what, err);
+    uint64_t seed = 7;
+    int32_t prompt[PROMPT], tokens[NODES], parents[NODES], path[NODES], path_tokens[NODES];
+    for (int i = 0; i < PROMPT; i++)
+        prompt[i] = (int32_t)(rng_next(&seed) % (uint64_t)m->vocab);
+    for (int i = 0; i < NODES; i++) {   /* one root, then a random parent before each node */
+        tokens[i] = (int32_t)(rng_next(&seed) % (uint64_t)m->vocab);
+        parents[i] = i == 0 ? -1 : (int32_t)(rng_next(&seed) % (uint64_t)i);
+    }
+    parents[5] = 4, parents[4] = 3, parents[3] = 1, parents[2] = 0, parents[1] = 0;   /* a path of depth 5 */
+    rows tree = rows_alloc(m, NODES), chain = rows_alloc(m, NODES), a = rows_alloc(m, 1), b = rows_alloc(m, 1);
+    check(ddt_target_extend(&c, prompt, PROMPT, NULL, 0, NULL, NULL, NULL) == 0 &&
+              ddt_target_verify_tree(&c, tokens, parents, NODES, taps, TAPS, tree.features, tree.hidden, NULL) == 0,
+          "%s: tree verify", what);
+    check(ddt_target_rollback(&c, 3) == -EINVAL, "%s: a chain rollback of a tree that is no chain there", what);
+    const int32_t bad[2] = { 1, 3 };   /* node 1 is not a child of the cache */
+    check(ddt_target_rollback_path(&c, bad, 2) == -EINVAL, "%s: a path not from the root accepted", what);
+    double worst = 0;
+    for (int64_t i = 0; i < NODES; i++) {
+        const int64_t n = root_path(parents, i, path);
+        for (int64_t k = 0; k < n; k++)
+            path_tokens[k] = tokens[path[k]];
+        ddt_target_cache_reset(&c);
+        check(ddt_target_extend(&c, prompt, PROMPT, NULL, 0, NULL, NULL, NULL) == 0 &&
+                  ddt_target_verify(&c, path_tokens, n, taps, TAPS, chain.features, chain.hidden, NULL) == 0,
+              "%s: chain verify of node %lld's path", what, (long long)i);
+        double e = normalised_error_ff(tree.hidden + i * H, chain.hidden + (n - 1) * H, H);
+        double f = normalised_error_ff(tree.features + i * LH, chain.features + (n - 1) * LH, LH);
+        worst = e > worst ? e : worst;
+        worst = f > worst ? f : worst;
+    }
+    check(worst < tol, "%s: tree rows differ from their paths' chain rows by %.3g", what, worst);
+
+    /* roll back to node 5's path (depth 5), then one decode == extend by the path, decode */
+    const int64_t n = root_path(parents, 5, path);
+    for (int64_t k = 0; k < n; k++)
+        path_tokens[k] = tokens[path[k]];
+    ddt_target_cache_reset(&c);
+    check(ddt_target_extend(&c, prompt, PROMPT, NULL, 0, NULL, NULL, NULL) == 0 &&
+              ddt_target_verify_tree(&c, tokens, parents, NODES, NULL, 0, NULL, NULL, NULL) == 0 &&
+              ddt_target_rollback_path(&c, path, n) == 0 && c.len == PROMPT + n &&
+              ddt_target_decode(&c, 3, taps, TAPS, a.features, a.hidden, NULL) == 0,
+          "%s: tree, path rollback, decode", what);
+    ddt_target_cache_reset(&c);
+    check(ddt_target_extend(&c, prompt, PROMPT, NULL, 0, NULL, NULL, NULL) == 0 &&
+              ddt_target_extend(&c, path_tokens, n, NULL, 0, NULL, NULL, NULL) == 0 &&
+              ddt_target_decode(&c, 3, taps, TAPS, b.features, b.hidden, NULL) == 0,
+          "%s: extend by the path, decode", what);
+    double e = normalised_error_ff(a.hidden, b.hidden, H), f = normalised_error_ff(a.features, b.features, LH);
+    check(e < tol && f < tol, "%s: after the path rollback the cache differs from the path extended: %.3g %.3g",
+          what, e, f);
+    rows_free(&tree), rows_free(&chain), rows_free(&a), rows_free(&b);
+    ddt_target_cache_close(&c);
+}
+
+static void test_tree_dense(void)
+{
+    char err[512];
+    for (int variant = 0; variant < 4; variant++) {   /* llama fast, qwen3 fast, qwen3 generic, qwen3 bf16 */
+        const ddt_target_config cfg = dense_config(variant > 0, 32);
+        const ddt_target_options o = { .generic = variant == 2, .bf16 = variant == 3 };
+        ddt_target_model m;
+        check(ddt_target_open_synthetic_with(&cfg, 17, &o, &m, err, sizeof err) == 0, "synthetic: %s", err);
+        static const char *names[] = { "llama fp32", "qwen3 fp32", "qwen3 generic", "qwen3 bf16" };
+        tree_case(names[variant], &m, 2e-5);
+        ddt_target_close(&m);
+    }
+}
+
+static int open_shared(const char *sub, ddt_target_model *m)
+{
+    char dir[1024], cfg[1100], err[512];
+    snprintf(dir, sizeof dir, "%s/%s", DDTREE_SHARED_MODELS, sub);
+    snprintf(cfg, sizeof cfg, "%s/config.json", dir);
+    FILE *f = fopen(cfg, "r");
+    if (!f) {
+        printf("  skipped: %s is not there (../shared)\n", cfg);
+        return 0;
+    }
+    fclose(f);
+    int rc = ddt_target_open(dir, m, err, sizeof err);
+    check(rc == 0, "%s: %s", dir, err);
+    return rc == 0;
+}
+
+static void test_tree_qwen35(void)
+{
+    ddt_target_model m;
+    if (!open_shared("qwen35-tiny/text-only", &m))
+        return;
+    tree_case("qwen3_5 tiny", &m, 2e-5);
+    ddt_target_close(&m);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Speculative decoding
+ */
+
+/* a drafter of n layers and block B for target m, tapping its first and last layers */
+static ddt_drafter_config drafter_for(const ddt_target_model *m, int64_t layers, int64_t B)
+{
+    ddt_drafter_config c = { .hidden = m->hidden, .layers = layers, .heads = 2, .kv_heads = 1,
+                             .head_dim = m->hidden / 2, .intermediate = 2 * m->hidden, .vocab = m->vocab,
+                             .block_size = B, .sliding_window = 0, .rms_norm_eps = 1e-6f, .rope_theta = 10000.0f,
+                             .taps = TAPS, .mask_token_id = (int32_t)(m->vocab - 1),
+                             .num_target_layers = m->layers, .max_positions = 4096 };
+    c.target_layer_ids[0] = 0;
+    c.target_layer_ids[1] = (int32_t)(m->layers - 1);
+    return c;
+}
+
+/* random weights, scaled by gain (a larger gain: sharper, more confident drafts) */
+static float *drafter_weights(const ddt_drafter_config *c, uint64_t seed, float gain, ddt_drafter_weights *w)
+{
+    ddt_param params[DDT_MAX_PARAMS];
+    int64_t total;
+    const int count = ddt_drafter_param_table(c, params, &total);
+    float *base = xcalloc((size_t)total, sizeof(float));
+    ddt_drafter_init(c, base, seed);
+    for (int i = 0; i < count; i++)
+        for (int64_t j = 0; !params[i].is_norm && j < params[i].numel; j++)
+            base[params[i].offset + j] *= gain;
+    ddt_drafter_bind(c, base, w);
+    return base;
+}
+
+/* prompts decoded every way with a random drafter: greedy-equal, 1 <= tau <= B */
+static void lossless_case(const char *what, const ddt_target_model *m, int64_t B, float gain, int32_t stop)
+{
+    const ddk_backend *be = ddk_backend_cpu();
+    const ddt_drafter_config dc = drafter_for(m, 2, B);
+    ddt_drafter_weights w;
+    float *base = drafter_weights(&dc, 23, gain, &w);
+    const ddt_speculate_params p = { .gen_len = 40, .n_budgets = 3, .budgets = { 3, B - 1, 16 }, .stop = stop };
+    char err[512];
+    ddt_speculator *s;
+    check(ddt_speculator_open(&s, be, m, &dc, 16, 40, 16, err, sizeof err) == 0, "%s: open: %s", what, err);
+    ddt_speculate_totals t;
+    ddt_speculate_totals_init(&t, &p);
+    uint64_t seed = 99;
+    int64_t stopped = 0;
+    for (int prompt_i = 0; prompt_i < 6 && s; prompt_i++) {
+        int32_t prompt[16];
+        const int64_t P = 1 + (int64_t)(rng_next(&seed) % 16);
+        for (int64_t i = 0; i < P; i++)
+            prompt[i] = (int32_t)(rng_next(&seed) % (uint64_t)(m->vocab - 1));
+        ddt_speculate_prompt_result r;
+        check(ddt_speculate_prompt(s, &w, &p, prompt, P, &r, err, sizeof err) == 0, "%s: prompt %d: %s", what,
+              prompt_i, err);
+        check(r.equal, "%s: prompt %d (%lld tokens): speculative decoding differs from greedy", what, prompt_i,
+              (long long)P);
+        check(r.greedy.n >= 1 && r.greedy.n <= p.gen_len && (r.greedy.n == p.gen_len ||
+              r.greedy.tokens[r.greedy.n - 1] == stop), "%s: greedy generated %lld", what, (long long)r.greedy.n);
+        stopped += r.greedy.n < p.gen_len;
+        for (int i = -1; i < p.n_budgets; i++) {
+            const ddt_speculate_run *x = i < 0 ? &r.chain : &r.tree[i];
+            check(x->n <= 1 || (x->calls >= 1 && (double)(x->n - 1) <= (double)(B * x->calls)),
+                  "%s: %lld tokens in %lld calls of block %lld", what, (long long)x->n, (long long)x->calls,
+                  (long long)B);
+        }
+        ddt_speculate_totals_add(&t, &r);
+    }
+    const double tau = ddt_speculate_tau(&t);
+    check(tau >= 1.0 && tau <= (double)B, "%s: tau_spec %.3f outside [1, %lld]", what, tau, (long long)B);
+    for (int i = 0; i < p.n_budgets; i++) {
+        const double tt = ddt_speculate_tau_tree(&t, i);
+        check(tt >= 1.0 && tt <= (double)B, "%s: tau_spec_tree(%lld) %.3f outside [1, B]", what,
+              (long long)p.budgets[i], tt);
+    }
+    check(t.mismatched == 0 && t.prompts == 6, "%s: %lld of %lld prompts not greedy-equal", what,
+          (long long)t.mismatched, (long long)t.prompts);
+    if (stop >= 0)
+        check(stopped > 0, "%s: the stop token %d never ended a sequence (pick another)", what, (int)stop);
+    printf("  %s: tau_spec %.3f, tau_spec_tree(3, %lld, 16) %.3f %.3f %.3f\n", what, tau, (long long)B - 1,
+           ddt_speculate_tau_tree(&t, 0), ddt_speculate_tau_tree(&t, 1), ddt_speculate_tau_tree(&t, 2));
+    ddt_speculator_close(s);
+    free(base);
+}
+
+static void test_lossless_dense(void)
+{
+    char err[512];
+    for (int variant = 0; variant < 3; variant++) {   /* llama, qwen3, qwen3 bf16 */
+        const ddt_target_config cfg = dense_config(variant > 0, 32);
+        const ddt_target_options o = { .bf16 = variant == 2 };
+        ddt_target_model m;
+        check(ddt_target_open_synthetic_with(&cfg, 29, &o, &m, err, sizeof err) == 0, "synthetic: %s", err);
+        static const char *names[] = { "llama", "qwen3", "qwen3 bf16" };
+        lossless_case(names[variant], &m, 4, 1.0f, -1);
+        lossless_case(names[variant], &m, 6, 30.0f, -1);
+        ddt_target_close(&m);
+    }
+}
+
+static void test_lossless_stop(void)
+{
+    char err[512];
+    const ddt_target_config cfg = dense_config(1, 32);
+    ddt_target_model m;
+    check(ddt_target_open_synthetic(&cfg, 29, &m, err, sizeof err) == 0, "synthetic: %s", err);
+    lossless_case("qwen3, stop token 5", &m, 4, 30.0f, 5);
+    ddt_target_close(&m);
+}
+
+static void test_lossless_qwen35(void)
+{
+    ddt_target_model m;
+    if (!open_shared("qwen35-tiny/text-only", &m))
+        return;
+    lossless_case("qwen3_5 tiny", &m, 4, 1.0f, -1);
+    lossless_case("qwen3_5 tiny", &m, 8, 30.0f, -1);
+    ddt_target_close(&m);
+}
+
+static void test_lossless_stories(void)
+{
+    ddt_target_model m;
+    if (!open_shared("stories260k", &m))
+        return;
+    lossless_case("stories260K", &m, 4, 1.0f, -1);
+    lossless_case("stories260K", &m, 8, 30.0f, -1);
+    ddt_target_close(&m);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Bad input
+ */
+
+static void test_bad_input(void)
+{
+    const ddk_backend *be = ddk_backend_cpu();
+    char err[512];
+    const ddt_target_config cfg = dense_config(1, 32);
+    ddt_target_model m;
+    check(ddt_target_open_synthetic(&cfg, 3, &m, err, sizeof err) == 0, "synthetic: %s", err);
+    ddt_speculator *s;
+    ddt_drafter_config dc = drafter_for(&m, 1, 4);
+    dc.hidden = 16;
+    check(ddt_speculator_open(&s, be, &m, &dc, 8, 8, 4, err, sizeof err) == -EINVAL && strstr(err, "hidden_size"),
+          "a drafter of another hidden size: %s", err);
+    dc = drafter_for(&m, 1, 4);
+    dc.vocab = 64;
+    check(ddt_speculator_open(&s, be, &m, &dc, 8, 8, 4, err, sizeof err) == -EINVAL && strstr(err, "vocab_size"),
+          "a drafter of another vocabulary: %s", err);
+    dc = drafter_for(&m, 1, 4);
+    dc.target_layer_ids[1] = 3;
+    check(ddt_speculator_open(&s, be, &m, &dc, 8, 8, 4, err, sizeof err) == -EINVAL &&
+              strstr(err, "target_layer_ids[1]"), "a tap past the target's layers: %s", err);
+    dc = drafter_for(&m, 1, 4);
+    dc.num_target_layers = 5;
+    check(ddt_speculator_open(&s, be, &m, &dc, 8, 8, 4, err, sizeof err) == -EINVAL &&
+              strstr(err, "num_target_layers"), "a drafter for a target of other depth: %s", err);
+
+    dc = drafter_for(&m, 1, 4);
+    ddt_drafter_weights w;
+    float *base = drafter_weights(&dc, 1, 1.0f, &w);
+    check(ddt_speculator_open(&s, be, &m, &dc, 8, 8, 4, err, sizeof err) == 0, "open: %s", err);
+    int32_t prompt[9] = { 1, 2, 3, 4, 5, 6, 7, 8, 9 };
+    ddt_speculate_params p = { .gen_len = 8, .n_budgets = 1, .budgets = { 4 }, .stop = -1 };
+    ddt_speculate_prompt_result r;
+    check(ddt_speculate_prompt(s, &w, &p, prompt, 9, &r, err, sizeof err) == -EINVAL && strstr(err, "prompt of 9"),
+          "a prompt longer than the speculator's: %s", err);
+    p.budgets[0] = 5;
+    check(ddt_speculate_prompt(s, &w, &p, prompt, 4, &r, err, sizeof err) == -EINVAL && strstr(err, "planned cap"),
+          "a budget above the cap: %s", err);
+    p.budgets[0] = 4;
+    p.gen_len = 9;
+    check(ddt_speculate_prompt(s, &w, &p, prompt, 4, &r, err, sizeof err) == -EINVAL && strstr(err, "gen_len 9"),
+          "gen_len above the speculator's: %s", err);
+    p.gen_len = 8;
+    prompt[2] = 32;
+    check(ddt_speculate_prompt(s, &w, &p, prompt, 4, &r, err, sizeof err) == -EINVAL && strstr(err, "token 2"),
+          "a token outside the vocabulary: %s", err);
+    prompt[2] = 3;
+    check(ddt_speculate_prompt(s, &w, &p, prompt, 4, &r, err, sizeof err) == 0 && r.equal, "a good prompt: %s", err);
+    ddt_speculator_close(s);
+    free(base);
+    ddt_target_close(&m);
+}
+
+int main(void)
+{
+    static const test_case cases[] = {
+        { "tree verify == chain per root path, path rollback (dense)", test_tree_dense },
+        { "tree verify == chain per root path, path rollback (qwen3_5 tiny)", test_tree_qwen35 },
+        { "lossless: chain and trees == greedy (dense synthetic)", test_lossless_dense },
+        { "lossless with a stop token", test_lossless_stop },
+        { "lossless (qwen3_5 tiny)", test_lossless_qwen35 },
+        { "lossless (stories260K)", test_lossless_stories },
+        { "bad input refused", test_bad_input },
+    };
+    run_cases(cases, sizeof cases / sizeof cases[0]);
+    return cases_summary();
+}
