@@ -467,6 +467,38 @@ int ddk_cpu_dflash_attention_backward(const ddk_backend *be, const ddk_attention
  * r = (t - t_first) * G + hh, query head gk*G + hh; query t sees keys [0, p0 + t].
  */
 
+/* g's rows for kv head gk: the G query heads of rows first .. first+np-1 of q (T, nh, d), each
+ * row i seeing keys [0, hi0 + hi_step * i) of k, v (S, nkv, d) */
+static void group_load(attn_group *g, const float *q, const float *k, const float *v, int64_t first, int64_t np,
+                       int64_t nh, int64_t gk, int64_t G, int64_t hi0, int64_t hi_step)
+{
+    const int64_t d = g->d;
+    g->R = np * G;
+    g->k = k + gk * d;
+    g->v = v + gk * d;
+    for (int64_t i = 0; i < np; i++) {
+        memcpy(g->q + i * G * d, q + ((first + i) * nh + gk * G) * d, (size_t)(G * d) * sizeof *g->q);
+        for (int64_t hh = 0; hh < G; hh++) {
+            g->lo[i * G + hh] = 0;
+            g->hi[i * G + hh] = hi0 + hi_step * i;
+        }
+    }
+}
+
+/* out (T, nh, d) rows first .. of kv head gk's G query heads = g's accumulators / their sums */
+static void group_store(const attn_group *g, float *out, int64_t first, int64_t R, int64_t nh, int64_t gk, int64_t G)
+{
+    const int64_t d = g->d;
+    for (int64_t r = 0; r < R; r++) {
+        const float inv = 1.0f / g->l[r];
+        const float *ar = g->acc + r * d;                                 /* (d) */
+        float *yr = out + ((first + r / G) * nh + gk * G + r % G) * d;    /* (d) */
+#pragma omp simd
+        for (int64_t i = 0; i < d; i++)
+            yr[i] = ar[i] * inv;
+    }
+}
+
 int64_t ddk_causal_attention_workspace_bytes(int64_t nh, int64_t nkv, int64_t d)
 {
     if (nh < 1 || nkv < 1 || nh % nkv || d < 1)
@@ -496,27 +528,10 @@ int ddk_cpu_causal_attention(const ddk_backend *be, const ddk_attention_shape *s
     for (int64_t t_first = 0; t_first < T; t_first += per_group) {
         const int64_t np = min64(per_group, T - t_first), R = np * G;
         for (int64_t gk = 0; gk < nkv; gk++) {
-            g.R = R;
-            g.k = k + gk * d;
-            g.v = v + gk * d;
-            for (int64_t i = 0; i < np; i++) {
-                memcpy(g.q + i * G * d, q + ((t_first + i) * nh + gk * G) * d,
-                       (size_t)(G * d) * sizeof *g.q);
-                for (int64_t hh = 0; hh < G; hh++) {
-                    g.lo[i * G + hh] = 0;
-                    g.hi[i * G + hh] = p0 + t_first + i + 1;
-                }
-            }
+            group_load(&g, q, k, v, t_first, np, nh, gk, G, p0 + t_first + 1, 1);
             forward_begin(&g);
             group_pass(&g, 0, R, 0);
-            for (int64_t r = 0; r < R; r++) {
-                const float inv = 1.0f / g.l[r];
-                const float *ar = g.acc + r * d;                                   /* (d) */
-                float *yr = out + ((t_first + r / G) * nh + gk * G + r % G) * d;   /* (d) */
-#pragma omp simd
-                for (int64_t i = 0; i < d; i++)
-                    yr[i] = ar[i] * inv;
-            }
+            group_store(&g, out, t_first, R, nh, gk, G);
         }
     }
     workspace_put(be, &ws);
@@ -612,30 +627,12 @@ int ddk_cpu_tree_attention(const ddk_backend *be, const ddk_attention_shape *sha
     for (int64_t i_first = 0; i_first < N; i_first += per_group) {
         const int64_t np = min64(per_group, N - i_first), R = np * G;
         for (int64_t gk = 0; gk < nkv; gk++) {
-            g.R = R;
-            g.k = k + gk * d;
-            g.v = v + gk * d;
-            for (int64_t j = 0; j < np; j++) {
-                memcpy(g.q + j * G * d, q + ((i_first + j) * nh + gk * G) * d,
-                       (size_t)(G * d) * sizeof *g.q);
-                for (int64_t hh = 0; hh < G; hh++) {
-                    g.lo[j * G + hh] = 0;
-                    g.hi[j * G + hh] = P;
-                }
-            }
+            group_load(&g, q, k, v, i_first, np, nh, gk, G, P, 0);
             forward_begin(&g);
             group_pass(&g, 0, R, 0);   /* the cache; nothing when P = 0 */
             for (int64_t j = 0; j < np; j++)
                 path_pass(&g, j * G, G, i_first + j, P, parents);
-            /* every node sees itself, so l > 0 */
-            for (int64_t r = 0; r < R; r++) {
-                const float inv = 1.0f / g.l[r];
-                const float *ar = g.acc + r * d;                                   /* (d) */
-                float *yr = out + ((i_first + r / G) * nh + gk * G + r % G) * d;   /* (d) */
-#pragma omp simd
-                for (int64_t i = 0; i < d; i++)
-                    yr[i] = ar[i] * inv;
-            }
+            group_store(&g, out, i_first, R, nh, gk, G);   /* every node sees itself, so l > 0 */
         }
     }
     workspace_put(be, &ws);
