@@ -5,10 +5,10 @@
  *   ddtreed step --drafter DIR --head FILE --batch FILE --loss FILE --out FILE
  *                [--chunk N] [--vocab-tile M]
  */
+#include "checkpoint.h"
 #include "commands.h"
 #include "drafter.h"
 #include "json_fields.h"
-#include "model_config.h"
 #include "safetensors.h"
 #include "tensor_load.h"
 
@@ -27,7 +27,7 @@ typedef struct step_inputs {
     ddt_param params[DDT_MAX_PARAMS];
     int param_count;
     int64_t param_total;
-    float *weights;               /* (param_total) */
+    float *weights;               /* (param_total): ddt_export_read's, free() */
     float *grads;                 /* (param_total) */
     float *embed, *lm_head;       /* (V, H) each */
     int32_t *input_ids;           /* (nseq, S) */
@@ -56,6 +56,7 @@ static void free_inputs(step_inputs *in)
 {
     for (int i = 0; i < in->owned_count; i++)
         ddk_free(ddk_allocator_cpu(), in->owned[i], in->owned_bytes[i]);
+    free(in->weights);
 }
 
 static void *load(step_inputs *in, const ddt_st_file *f, const char *name, ddt_dtype kind,
@@ -66,49 +67,20 @@ static void *load(step_inputs *in, const ddt_st_file *f, const char *name, ddt_d
     return keep_owned(in, ddt_tensor_load(f, &want, &bytes, err, err_len), bytes);
 }
 
-/* DIR: config.json + model.safetensors holding exactly the parameter table's tensors. */
+/* DIR: the export format, read by its owner (checkpoint.c); the gradients beside it */
 static int load_drafter(step_inputs *in, const char *dir, char *err, size_t err_len)
 {
-    int rc = ddt_drafter_config_load(dir, &in->cfg, err, err_len);
+    int rc = ddt_export_read(dir, &in->cfg, &in->weights, err, err_len);
     if (rc)
         return rc;
     in->param_count = ddt_drafter_param_table(&in->cfg, in->params, &in->param_total);
     size_t bytes = (size_t)in->param_total * sizeof(float);
-    in->weights = keep_owned(in, ddk_malloc(ddk_allocator_cpu(), bytes), bytes);
     in->grads = keep_owned(in, ddk_malloc(ddk_allocator_cpu(), bytes), bytes);
-    if (!in->weights || !in->grads) {
-        snprintf(err, err_len, "no memory for %lld drafter parameters", (long long)in->param_total);
+    if (!in->grads) {
+        snprintf(err, err_len, "no memory for %lld drafter gradients", (long long)in->param_total);
         return -ENOMEM;
     }
-    char path[4096];
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    ddt_st_file f;
-    if ((rc = ddt_st_open(path, &f, err, err_len)))
-        return rc;
-    for (int i = 0; i < in->param_count && rc == 0; i++) {
-        const ddt_param *p = &in->params[i];
-        int64_t dims[2] = { p->shape[0], p->shape[1] };
-        ddt_tensor_want want = { p->name, DDT_F32, p->ndim, dims };
-        const ddt_st_tensor *t = ddt_st_find(&f, p->name);
-        if (!t) {
-            snprintf(err, err_len, "%.900s: tensor '%s' is missing", path, p->name);
-            rc = -EINVAL;
-        } else if (!(rc = ddt_tensor_check(t, path, &want, err, err_len))) {
-            ddt_st_to_f32(t, in->weights + p->offset);
-        }
-    }
-    for (int i = 0; i < f.count && rc == 0 && f.count != in->param_count; i++) {
-        int known = 0;
-        for (int k = 0; k < in->param_count && !known; k++)
-            known = !strcmp(f.tensors[i].name, in->params[k].name);
-        if (!known) {
-            snprintf(err, err_len, "%.900s: tensor '%s' is not a parameter of this drafter (config.json)",
-                     path, f.tensors[i].name);
-            rc = -EINVAL;
-        }
-    }
-    ddt_st_close(&f);
-    return rc;
+    return 0;
 }
 
 static int load_head(step_inputs *in, const char *path, char *err, size_t err_len)

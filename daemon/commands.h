@@ -13,6 +13,7 @@ int ddt_cmd_tokenize(int argc, char **argv);
 int ddt_cmd_train(int argc, char **argv);
 int ddt_cmd_plan(int argc, char **argv);
 int ddt_cmd_export(int argc, char **argv);
+int ddt_cmd_speculate(int argc, char **argv);
 int ddt_cmd_serve(int argc, char **argv);
 
 #endif

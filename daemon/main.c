@@ -19,6 +19,7 @@
     "  train     one run in the foreground (or --resume one)\n"                               \
     "  plan      the memory plan of a run config\n"                                           \
     "  export    the serving export of a run's checkpoint\n"                                 \
+    "  speculate speculative decoding of a target with a drafter export (tau_spec, lossless)\n" \
     "  --version\n"
 
 int main(int argc, char **argv)
@@ -49,6 +50,8 @@ int main(int argc, char **argv)
         return ddt_cmd_plan(argc - 1, argv + 1);
     if (!strcmp(argv[1], "export"))
         return ddt_cmd_export(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "speculate"))
+        return ddt_cmd_speculate(argc - 1, argv + 1);
     fprintf(stderr, "ddtreed: unknown command '%s'\n" USAGE, argv[1]);
     return 2;
 }

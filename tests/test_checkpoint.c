@@ -8,7 +8,9 @@
  * layer slides; max_position_embeddings; torch_dtype and dtype bfloat16) and reads back to an
  * equal configuration, its model.safetensors holds exactly the table's names in BF16 =
  * bf16(params) with format pt; an export without max_position_embeddings is refused; an export
- * replaces the previous one; errors for missing directories. state.json: a missing, mistyped or
+ * replaces the previous one; errors for missing directories; an export read back
+ * (ddt_export_read) gives the configuration and bf16(params) bit for bit, and refuses a missing
+ * or foreign tensor naming the file and the tensor. state.json: a missing, mistyped or
  * unknown key (drafter keys among them) is refused naming the file and the key; the export's
  * config.json is its drafter's form; version 2 (without the serving keys) reads, its
  * max_position_embeddings from the run config's target. A tiny trainer run: its checkpoint
@@ -620,6 +622,89 @@ static void test_export(void)
     fixture_free(f);
 }
 
+/* dir/model.safetensors rewritten from src's tensors without `drop` (NULL: none) and with an
+ * extra F32 tensor `extra` (NULL: none) */
+static void rewrite_export_tensors(const char *src, const char *dir, const char *drop, const char *extra)
+{
+    char path[1024], err[1024] = "";
+    snprintf(path, sizeof path, "%s/model.safetensors", src);
+    ddt_st_file st;
+    if (ddt_st_open(path, &st, err, sizeof err)) {
+        check(0, "%s does not open: %s", path, err);
+        return;
+    }
+    ddt_st_entry *e = xcalloc((size_t)st.count + 1, sizeof *e);
+    static const float one = 1.0f;
+    int n = 0;
+    for (int i = 0; i < st.count; i++) {
+        const ddt_st_tensor *t = &st.tensors[i];
+        if (drop && !strcmp(t->name, drop))
+            continue;
+        e[n] = (ddt_st_entry){ .name = t->name, .dtype = t->dtype, .ndim = t->ndim, .data = t->data };
+        memcpy(e[n++].shape, t->shape, sizeof e[0].shape);
+    }
+    if (extra)
+        e[n++] = (ddt_st_entry){ .name = extra, .dtype = DDT_F32, .ndim = 1, .shape = { 1 }, .data = &one };
+    static const char *const keys[] = { "format" }, *const values[] = { "pt" };
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    check(ddt_st_write(path, e, n, keys, values, 1, err, sizeof err) == 0, "rewrite %s: %s", path, err);
+    free(e);
+    ddt_st_close(&st);
+}
+
+/* ddt_export_read: config.json to an equal configuration, the weights bf16(params) widened, bit
+ * for bit (NaN, inf, -0 included); a missing tensor, one beside the table's, or no
+ * model.safetensors refused naming the file and the tensor, *params NULL */
+static void test_export_read(void)
+{
+    char dir[512], out[600], bad[600], path[1024], err[1024] = "";
+    new_dir("export_read", dir, sizeof dir);
+    fixture *f = fixture_new(83);
+    snprintf(out, sizeof out, "%s/drafter", dir);
+    check(ddt_export_write(out, &f->c, f->params, err, sizeof err) == 0, "export: %s", err);
+    ddt_drafter_config back;
+    float *params = NULL, sentinel = 0;
+    int rc = ddt_export_read(out, &back, &params, err, sizeof err);
+    check(rc == 0 && params != NULL, "export read: %d %s", rc, err);
+    if (rc == 0) {
+        check(configs_equal(&back, &f->c), "the export reads back to another configuration");
+        int64_t wrong = 0;
+        for (int64_t j = 0; j < f->total; j++) {
+            const uint32_t want = (uint32_t)ddt_f32_to_bf16(f->params[j]) << 16;
+            uint32_t got;
+            memcpy(&got, &params[j], sizeof got);
+            wrong += got != want;
+        }
+        check(wrong == 0, "%lld weights read back differ from bf16(params)", (long long)wrong);
+        check(((uintptr_t)params & 63) == 0, "the weights are not 64-byte aligned");
+    }
+    free(params);
+
+    /* the export's tensors, one left out / one too many */
+    static const struct { const char *drop, *extra, *want; } cases[] = {
+        { "layers.1.mlp.up_proj.weight", NULL, "tensor 'layers.1.mlp.up_proj.weight' is missing" },
+        { NULL, "lm_head.weight", "tensor 'lm_head.weight' is not a parameter of this drafter" },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(bad, sizeof bad, "%s/bad%zu", dir, i);
+        check(ddt_export_write(bad, &f->c, f->params, err, sizeof err) == 0, "export: %s", err);
+        rewrite_export_tensors(out, bad, cases[i].drop, cases[i].extra);
+        params = &sentinel;   /* must come back NULL */
+        err[0] = '\0';
+        rc = ddt_export_read(bad, &back, &params, err, sizeof err);
+        snprintf(path, sizeof path, "%s/model.safetensors: %s", bad, cases[i].want);
+        check(rc == -EINVAL && params == NULL && strstr(err, path), "%s: %d '%s', expected '%s'",
+              cases[i].want, rc, err, path);
+    }
+    snprintf(path, sizeof path, "%s/bad0/model.safetensors", dir);
+    unlink(path);
+    snprintf(bad, sizeof bad, "%s/bad0", dir);
+    params = &sentinel;
+    rc = ddt_export_read(bad, &back, &params, err, sizeof err);
+    check(rc != 0 && params == NULL && strstr(err, path), "no model.safetensors: %d '%s'", rc, err);
+    fixture_free(f);
+}
+
 /* out/config.json's key, parsed (the caller deletes *doc) */
 static const cJSON *export_key(const char *out, const char *key, cJSON **doc)
 {
@@ -1065,6 +1150,7 @@ int main(void)
         { "export", test_export },
         { "export_without_sliding", test_export_without_sliding },
         { "export_replaces", test_export_replaces },
+        { "export_read", test_export_read },
         { "state_json_refuses", test_meta_refuses },
         { "export_from_checkpoint", test_export_from_checkpoint },
     };

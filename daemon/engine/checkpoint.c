@@ -9,6 +9,8 @@
  * RUN_DIR/checkpoints/: ddt_checkpoint_latest skips them and the next write removes them.
  * state.json is written and read here only (ddt_checkpoint_meta); its drafter is the export's
  * config.json object, one table of keys (drafter_keys) for the export, the write and the read.
+ * An export is read back here too (ddt_export_read: model_config.c's reader of config.json, the
+ * tensors by the parameter table), so one file owns the export format both ways.
  * state.json versions 2 and 1 (the first form) are read too: what their drafter did not say
  * comes from its layer_types and, for max_position_embeddings, from the run config's target.
  *
@@ -28,6 +30,7 @@
 #include "model_config.h"
 #include "run_config.h"
 #include "safetensors.h"
+#include "tensor_load.h"
 
 #include <cjson/cJSON.h>
 
@@ -1103,6 +1106,71 @@ int ddt_export_write(const char *out_dir, const ddt_drafter_config *c, const flo
         rc = install_dir(tmp, out, aside, parent, err, err_len);
     if (rc != 0)
         remove_tree(tmp);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * An export read back: config.json by model_config.c's reader, the tensors by the table
+ */
+
+/* f's tensors into params (P): every one of the table's present and as its row says, none
+ * beside them */
+static int export_tensors(const ddt_st_file *f, const char *path, const ddt_param *table, int n, float *params,
+                          char *err, size_t err_len)
+{
+    int rc = 0;
+    for (int i = 0; i < n && rc == 0; i++) {
+        const ddt_param *p = &table[i];
+        int64_t dims[2] = { p->shape[0], p->shape[1] };
+        const ddt_tensor_want want = { p->name, DDT_F32, p->ndim, dims };
+        const ddt_st_tensor *t = ddt_st_find(f, p->name);
+        if (!t)
+            rc = ddt_fail(err, err_len, -EINVAL, "%.900s: tensor '%s' is missing", path, p->name);
+        else if (!(rc = ddt_tensor_check(t, path, &want, err, err_len)))
+            ddt_st_to_f32(t, params + p->offset);
+    }
+    for (int i = 0; i < f->count && rc == 0; i++) {
+        int known = 0;
+        for (int k = 0; k < n && !known; k++)
+            known = !strcmp(f->tensors[i].name, table[k].name);
+        if (!known)
+            rc = ddt_fail(err, err_len, -EINVAL,
+                          "%.900s: tensor '%s' is not a parameter of this drafter (config.json)", path,
+                          f->tensors[i].name);
+    }
+    return rc;
+}
+
+int ddt_export_read(const char *dir, ddt_drafter_config *c, float **params, char *err, size_t err_len)
+{
+    if (!dir || !c || !params)
+        return ddt_fail(err, err_len, -EINVAL, "export read: a required argument is NULL");
+    *params = NULL;
+    int rc = ddt_drafter_config_load(dir, c, err, err_len);
+    if (rc != 0)
+        return rc;
+    char path[CKPT_PATH_MAX];
+    if (path_join(path, sizeof path, "%s/model.safetensors", dir))
+        return ddt_fail(err, err_len, -ENAMETOOLONG, "%s: path too long for an export", dir);
+    ddt_param *table;
+    int64_t total;
+    const int n = param_table(c, &table, &total);
+    void *base = NULL;   /* (P) */
+    if (n < 0 || posix_memalign(&base, 64, (size_t)total * sizeof(float) + 1) != 0) {
+        free(table);
+        return ddt_fail(err, err_len, -ENOMEM, "%s: out of memory for %lld drafter parameters", dir,
+                        n < 0 ? 0LL : (long long)total);
+    }
+    ddt_st_file f;
+    if ((rc = ddt_st_open(path, &f, err, err_len)) == 0) {
+        rc = export_tensors(&f, path, table, n, base, err, err_len);
+        ddt_st_close(&f);
+    }
+    free(table);
+    if (rc != 0)
+        free(base);
+    else
+        *params = base;
     return rc;
 }
 

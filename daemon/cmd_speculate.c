@@ -1,0 +1,448 @@
+/* cmd_speculate.c: `ddtreed speculate`: speculative decoding of a target with a drafter export,
+ * read as a serving stack reads it (SPEC.md section 7): every prompt decoded by plain greedy
+ * decoding of the target, by the drafter's chain (one block verified per target call) and by
+ * the DDTree tree of each --tree budget, and the acceptance a server would see, tau_spec and
+ * tau_spec_tree(K), with the greedy-equality verdict (the contract: speculative decoding is
+ * lossless, so a mismatch is a bug and the exit status is 1).
+ *
+ *   ddtreed speculate --target DIR --drafter EXPORT_DIR --prompts FILE [--gen-len N]
+ *                     [--prompt-len P] [--prompts-max K] [--tree K[,K2...]] [--stop ID]
+ *                     [--out FILE.json] [--device cpu|cuda:N] [--weights fp32|bf16]
+ *
+ * The work is engine/speculate.h's; this file reads and checks the inputs (the drafter against
+ * the target field by field, each prompt against the target's context), and writes the result
+ * as JSON: one summary line on stdout (the result without its per-prompt list), the whole of it
+ * in --out (docs/formats.md, "Speculative decoding results").
+ * Not here: sampling (greedy only, as the contract is stated), chat prompts (a token file from
+ * `ddtreed tokenize` gives them, each conversation cut where its prompt should end).
+ * Tested by tests/speculate_cli_test.sh (a tiny llama target written by the test, stories260K
+ * when ../shared is present; the bad inputs).
+ */
+#include "checkpoint.h"
+#include "commands.h"
+#include "errors.h"
+#include "shard.h"
+#include "speculate.h"
+#include "target.h"
+
+#include <cjson/cJSON.h>
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define SPECULATE_USAGE                                                                                 \
+    "usage: ddtreed speculate --target DIR --drafter EXPORT_DIR --prompts FILE [--gen-len N]\n"         \
+    "                         [--prompt-len P] [--prompts-max K] [--tree K[,K2...]] [--stop ID]\n"      \
+    "                         [--out FILE.json] [--device cpu|cuda:N] [--weights fp32|bf16]\n"          \
+    "  --prompts: a token file (input_ids I32, offsets I64), each sequence a prompt (its first\n"       \
+    "  --prompt-len tokens when given); --gen-len: tokens generated per prompt (64); --tree: the\n"     \
+    "  tree budgets K (nodes; the largest sizes the speculator); --stop: an end token id\n"
+
+enum { SPEC_GEN_LEN_DEFAULT = 64, SPEC_MAX_BUDGET = DDT_MAX_SLOTS * DDT_MAX_SLOTS };
+
+typedef struct spec_args {
+    const char *target, *drafter, *prompts, *out, *device, *weights;
+    int64_t gen_len, prompt_len, prompts_max, stop;   /* prompt_len, prompts_max 0: all; stop -1: none */
+    int n_budgets;
+    int64_t budgets[DDT_MAX_BUDGETS];
+} spec_args;
+
+/* "4,16": 1 to DDT_MAX_BUDGETS budgets in [1, SPEC_MAX_BUDGET]; 0, or -1 with why */
+static int parse_budgets(const char *text, spec_args *a, char *why, size_t why_len)
+{
+    a->n_budgets = 0;
+    const char *p = text;
+    while (*p) {
+        char *end;
+        long long v = strtoll(p, &end, 10);
+        if (end == p || (*end && *end != ',')) {
+            snprintf(why, why_len, "--tree wants comma-separated node budgets, got '%s'", text);
+            return -1;
+        }
+        if (v < 1 || v > SPEC_MAX_BUDGET) {
+            snprintf(why, why_len, "--tree: %lld is not a node budget in [1, %d] (the tree's cap)", v,
+                     SPEC_MAX_BUDGET);
+            return -1;
+        }
+        if (a->n_budgets == DDT_MAX_BUDGETS) {
+            snprintf(why, why_len, "--tree: at most %d budgets", DDT_MAX_BUDGETS);
+            return -1;
+        }
+        a->budgets[a->n_budgets++] = v;
+        p = *end ? end + 1 : end;
+    }
+    if (a->n_budgets == 0) {
+        snprintf(why, why_len, "--tree wants at least one node budget");
+        return -1;
+    }
+    return 0;
+}
+
+/* 0, 2 (usage: the sentence printed), or -1 for --help (printed) */
+static int parse_args(int argc, char **argv, spec_args *a)
+{
+    *a = (spec_args){ .device = "cpu", .gen_len = SPEC_GEN_LEN_DEFAULT, .stop = -1 };
+    char why[256] = "";
+    for (int i = 1; i < argc && !why[0]; i++) {
+        const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(k, "--help")) {
+            fputs(SPECULATE_USAGE, stdout);
+            return -1;
+        }
+        const char **slot = !strcmp(k, "--target") ? &a->target : !strcmp(k, "--drafter") ? &a->drafter
+                          : !strcmp(k, "--prompts") ? &a->prompts : !strcmp(k, "--out") ? &a->out
+                          : !strcmp(k, "--device") ? &a->device : !strcmp(k, "--weights") ? &a->weights : NULL;
+        int64_t *number = !strcmp(k, "--gen-len") ? &a->gen_len : !strcmp(k, "--prompt-len") ? &a->prompt_len
+                        : !strcmp(k, "--prompts-max") ? &a->prompts_max : !strcmp(k, "--stop") ? &a->stop : NULL;
+        const int tree = !strcmp(k, "--tree");
+        if ((!slot && !number && !tree) || !v) {
+            snprintf(why, sizeof why, "%s %s", k, v ? "is not an option" : "needs a value");
+        } else if (slot) {
+            *slot = v;
+        } else if (tree) {
+            parse_budgets(v, a, why, sizeof why);
+        } else if (ddt_parse_count(v, number) || (number != &a->stop && *number < 1) ||
+                   (number == &a->stop && *number > INT32_MAX)) {
+            snprintf(why, sizeof why, "%s wants a %s integer, got '%s'", k,
+                     number == &a->stop ? "token id (non-negative)" : "positive", v);
+        }
+        i++;
+    }
+    if (!why[0] && (!a->target || !a->drafter || !a->prompts))
+        snprintf(why, sizeof why, "--target, --drafter and --prompts are required");
+    if (!why[0] && a->weights && strcmp(a->weights, "fp32") && strcmp(a->weights, "bf16"))
+        snprintf(why, sizeof why, "--weights is fp32 or bf16, got '%s'", a->weights);
+    if (why[0]) {
+        fprintf(stderr, "ddtreed speculate: %s\n" SPECULATE_USAGE, why);
+        return 2;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * The inputs checked against each other: every refusal names the file and the field
+ */
+
+/* What speculate.h's speculator_open checks too, said here with both files named. */
+static int check_drafter(const spec_args *a, const ddt_drafter_config *dc, const ddt_target_model *m, char *err,
+                         size_t err_len)
+{
+    if (dc->hidden != m->hidden)
+        return ddt_fail(err, err_len, -EINVAL,
+                        "%s/config.json: hidden_size %lld does not match the target's %lld (%s/config.json)",
+                        a->drafter, (long long)dc->hidden, (long long)m->hidden, a->target);
+    if (dc->vocab != m->vocab)
+        return ddt_fail(err, err_len, -EINVAL,
+                        "%s/config.json: vocab_size %lld does not match the target's %lld (%s/config.json)",
+                        a->drafter, (long long)dc->vocab, (long long)m->vocab, a->target);
+    if (dc->num_target_layers && dc->num_target_layers != m->layers)
+        return ddt_fail(err, err_len, -EINVAL,
+                        "%s/config.json: num_target_layers %lld does not match the target's %lld layers "
+                        "(%s/config.json num_hidden_layers)",
+                        a->drafter, (long long)dc->num_target_layers, (long long)m->layers, a->target);
+    for (int64_t i = 0; i < dc->taps; i++)
+        if (dc->target_layer_ids[i] >= m->layers)
+            return ddt_fail(err, err_len, -EINVAL,
+                            "%s/config.json: dflash_config.target_layer_ids: %d is not a layer of the target "
+                            "(0 .. %lld, %s/config.json)",
+                            a->drafter, dc->target_layer_ids[i], (long long)m->layers - 1, a->target);
+    if (dc->block_size > DDT_MAX_SLOTS)
+        return ddt_fail(err, err_len, -EINVAL, "%s/config.json: block_size %lld: speculation drafts at most %d slots",
+                        a->drafter, (long long)dc->block_size, (int)DDT_MAX_SLOTS);
+    if (dc->mask_token_id >= m->vocab)
+        return ddt_fail(err, err_len, -EINVAL,
+                        "%s/config.json: dflash_config.mask_token_id %d is outside the target's vocabulary "
+                        "of %lld (%s/config.json)",
+                        a->drafter, dc->mask_token_id, (long long)m->vocab, a->target);
+    return 0;
+}
+
+/* One prompt: sequence s of the token file, its first prompt_len tokens. */
+typedef struct spec_prompt {
+    const int32_t *ids;   /* (P) into the token file's input_ids */
+    int64_t P;
+} spec_prompt;
+
+/* The prompts (K of them) out of tf; every one non-empty and, with gen_len tokens after it,
+ * within the target's context ctx */
+static int pick_prompts(const spec_args *a, const ddt_shard_tokens *tf, int64_t ctx, spec_prompt *prompts,
+                        int64_t K, int64_t *longest, char *err, size_t err_len)
+{
+    *longest = 1;
+    for (int64_t s = 0; s < K; s++) {
+        const int64_t len = tf->offsets[s + 1] - tf->offsets[s];
+        const int64_t P = a->prompt_len && len > a->prompt_len ? a->prompt_len : len;
+        if (P < 1)
+            return ddt_fail(err, err_len, -EINVAL, "%s: prompt %lld (sequence %lld) is empty: a prompt needs a token",
+                            a->prompts, (long long)s, (long long)s);
+        if (P > ctx)
+            return ddt_fail(err, err_len, -EINVAL,
+                            "%s: prompt %lld has %lld tokens, longer than the target's context of %lld "
+                            "(%s/config.json max_position_embeddings; --prompt-len cuts prompts)",
+                            a->prompts, (long long)s, (long long)P, (long long)ctx, a->target);
+        if (P + a->gen_len > ctx)
+            return ddt_fail(err, err_len, -EINVAL,
+                            "%s: prompt %lld's %lld tokens and --gen-len %lld pass the target's context of %lld "
+                            "(%s/config.json max_position_embeddings)",
+                            a->prompts, (long long)s, (long long)P, (long long)a->gen_len, (long long)ctx, a->target);
+        prompts[s] = (spec_prompt){ tf->input_ids + tf->offsets[s], P };
+        *longest = P > *longest ? P : *longest;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * The result as JSON (docs/formats.md)
+ */
+
+static cJSON *ids_json(const int32_t *ids, int64_t n)
+{
+    cJSON *arr = cJSON_CreateArray();
+    for (int64_t i = 0; arr && i < n; i++)
+        cJSON_AddItemToArray(arr, cJSON_CreateNumber(ids[i]));
+    return arr;
+}
+
+static double per_second(int64_t tokens, double seconds)
+{
+    return seconds > 0 ? (double)tokens / seconds : 0.0;
+}
+
+/* {"K": value} over the budgets */
+static cJSON *budget_object(const ddt_speculate_totals *t, const double *values)
+{
+    cJSON *o = cJSON_CreateObject();
+    for (int i = 0; o && i < t->n_budgets; i++) {
+        char key[24];
+        snprintf(key, sizeof key, "%lld", (long long)t->budgets[i]);
+        cJSON_AddNumberToObject(o, key, values[i]);
+    }
+    return o;
+}
+
+/* everything but the per-prompt list; chain_n, tree_n: tokens each way generated in all */
+static cJSON *summary_json(const spec_args *a, const ddt_drafter_config *dc, const ddt_speculate_totals *t,
+                           int64_t chain_n, const int64_t *tree_n)
+{
+    double tau_tree[DDT_MAX_BUDGETS], calls_tree[DDT_MAX_BUDGETS], tps_tree[DDT_MAX_BUDGETS];
+    for (int i = 0; i < t->n_budgets; i++) {
+        tau_tree[i] = ddt_speculate_tau_tree(t, i);
+        calls_tree[i] = (double)t->tree_calls[i];
+        tps_tree[i] = per_second(tree_n[i], t->tree_seconds[i]);
+    }
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "tau_spec", ddt_speculate_tau(t));
+    cJSON_AddItemToObject(o, "tau_spec_tree", budget_object(t, tau_tree));
+    cJSON *calls = cJSON_AddObjectToObject(o, "calls");
+    cJSON_AddNumberToObject(calls, "chain", (double)t->chain_calls);
+    cJSON_AddItemToObject(calls, "tree", budget_object(t, calls_tree));
+    cJSON *tps = cJSON_AddObjectToObject(o, "tokens_per_s");
+    cJSON_AddNumberToObject(tps, "greedy", per_second(t->generated, t->greedy_seconds));
+    cJSON_AddNumberToObject(tps, "chain", per_second(chain_n, t->chain_seconds));
+    cJSON_AddItemToObject(tps, "tree", budget_object(t, tps_tree));
+    cJSON_AddBoolToObject(o, "greedy_equal", t->mismatched == 0);
+    cJSON_AddNumberToObject(o, "prompt_count", (double)t->prompts);
+    cJSON_AddNumberToObject(o, "generated", (double)t->generated);
+    cJSON_AddStringToObject(o, "target", a->target);
+    cJSON_AddStringToObject(o, "drafter", a->drafter);
+    cJSON_AddStringToObject(o, "device", a->device);
+    cJSON_AddNumberToObject(o, "gen_len", (double)a->gen_len);
+    cJSON_AddNumberToObject(o, "block_size", (double)dc->block_size);
+    return o;
+}
+
+static cJSON *prompt_json(const ddt_speculate_params *p, const ddt_speculate_prompt_result *r, int64_t P)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "prompt_len", (double)P);
+    cJSON_AddItemToObject(o, "generated", ids_json(r->greedy.tokens, r->greedy.n));
+    cJSON_AddBoolToObject(o, "equal", r->equal);
+    cJSON *calls = cJSON_AddObjectToObject(o, "calls");
+    cJSON_AddNumberToObject(calls, "chain", (double)r->chain.calls);
+    cJSON *tree = cJSON_AddObjectToObject(calls, "tree");
+    for (int i = 0; i < p->n_budgets; i++) {
+        char key[24];
+        snprintf(key, sizeof key, "%lld", (long long)p->budgets[i]);
+        cJSON_AddNumberToObject(tree, key, (double)r->tree[i].calls);
+    }
+    return o;
+}
+
+static int write_json(const char *path, const cJSON *o, char *err, size_t err_len)
+{
+    char *text = cJSON_Print(o);
+    FILE *f = text ? fopen(path, "w") : NULL;
+    int rc = 0;
+    if (!text)
+        rc = ddt_fail(err, err_len, -ENOMEM, "%s: out of memory for the result", path);
+    else if (!f)
+        rc = ddt_fail(err, err_len, -errno, "%s: cannot write: %s", path, strerror(errno));
+    else if (fputs(text, f) < 0 || fputc('\n', f) < 0 || fclose(f) != 0)
+        rc = ddt_fail(err, err_len, -EIO, "%s: write failed", path);
+    if (rc && f)
+        fclose(f);
+    free(text);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * The command
+ */
+
+/* The backend of --device: 0, or 1 with the sentence printed */
+static int pick_backend(const spec_args *a, const ddk_backend **be, long *gpu)
+{
+    char *end = NULL;
+    *gpu = !strncmp(a->device, "cuda:", 5) && a->device[5] >= '0' && a->device[5] <= '9'
+               ? strtol(a->device + 5, &end, 10) : -1;
+    if (strcmp(a->device, "cpu") && (*gpu < 0 || *end)) {
+        fprintf(stderr, "ddtreed speculate: --device is cpu or cuda:N, got '%s'\n" SPECULATE_USAGE, a->device);
+        return 2;
+    }
+    *be = *gpu < 0 ? ddk_backend_cpu() : ddk_backend_cuda((int)*gpu);
+    if (!*be) {
+        fprintf(stderr, "ddtreed speculate: --device %s: no such GPU here (%d GPU(s)%s), or no memory on it for "
+                "the backend's set-up\n", a->device, ddk_cuda_device_count(),
+                ddk_has_cuda() ? "" : ": this ddtreed was built without CUDA");
+        return 1;
+    }
+    return 0;
+}
+
+int ddt_cmd_speculate(int argc, char **argv)
+{
+    spec_args a;
+    int status = parse_args(argc, argv, &a);
+    if (status)
+        return status < 0 ? 0 : status;
+    const ddk_backend *be;
+    long gpu;
+    if ((status = pick_backend(&a, &be, &gpu)))
+        return status;
+
+    char err[1536] = "";
+    const ddt_target_options o = { .be = be, .bf16 = a.weights ? !strcmp(a.weights, "bf16") : gpu >= 0 };
+    ddt_target_model m = { 0 };
+    ddt_drafter_config dc;
+    float *host_params = NULL;                      /* (P) ddt_export_read's */
+    float *params = NULL;                           /* (P) be's memory */
+    size_t param_bytes = 0;
+    ddt_shard_tokens tf = { 0 };
+    spec_prompt *prompts = NULL;                    /* (K) */
+    ddt_speculator *s = NULL;
+    cJSON *result = NULL, *prompt_list = NULL;
+    int64_t ctx = 0, K = 0, longest = 1, mismatch_first = -1;
+    int target_open = 0;
+
+    int rc = ddt_target_open_with(a.target, &o, &m, err, sizeof err);
+    target_open = rc == 0;
+    if (!rc) rc = ddt_target_max_positions(a.target, &ctx, err, sizeof err);
+    /* the configuration against the target first (a wrong hidden_size is said as such, not as
+     * the tensor shapes it implies), then the whole export */
+    if (!rc) rc = ddt_drafter_config_load(a.drafter, &dc, err, sizeof err);
+    if (!rc) rc = check_drafter(&a, &dc, &m, err, sizeof err);
+    if (!rc) rc = ddt_export_read(a.drafter, &dc, &host_params, err, sizeof err);
+    if (!rc && a.stop >= m.vocab)
+        rc = ddt_fail(err, sizeof err, -EINVAL,
+                      "--stop %lld is outside the target's vocabulary of %lld (%s/config.json)", (long long)a.stop,
+                      (long long)m.vocab, a.target);
+    if (!rc) rc = ddt_shard_tokens_open(a.prompts, m.vocab, &tf, err, sizeof err);
+    if (!rc) {
+        K = a.prompts_max && a.prompts_max < tf.nseq ? a.prompts_max : tf.nseq;
+        prompts = calloc((size_t)K + 1, sizeof *prompts);
+        rc = prompts ? pick_prompts(&a, &tf, ctx, prompts, K, &longest, err, sizeof err)
+                     : ddt_fail(err, sizeof err, -ENOMEM, "out of memory for %lld prompts", (long long)K);
+    }
+    /* the drafter's weights in the backend's memory, as the speculator reads them */
+    if (!rc) {
+        ddt_param *table = malloc(DDT_MAX_PARAMS * sizeof *table);
+        int64_t total = 0;
+        if (table)
+            ddt_drafter_param_table(&dc, table, &total);
+        free(table);
+        param_bytes = (size_t)total * sizeof(float);
+        params = table ? ddk_malloc(be->alloc, param_bytes) : NULL;
+        if (!params)
+            rc = ddt_fail(err, sizeof err, -ENOMEM, "no memory on %s for the drafter's %lld parameters", a.device,
+                          (long long)total);
+        else {
+            be->copy(be, params, host_params, param_bytes);
+            be->synchronize(be);
+        }
+    }
+    int64_t max_budget = 0;
+    for (int i = 0; i < a.n_budgets; i++)
+        max_budget = a.budgets[i] > max_budget ? a.budgets[i] : max_budget;   /* the planned cap */
+    if (!rc) {
+        char why[1024] = "";
+        rc = ddt_speculator_open(&s, be, &m, &dc, longest, a.gen_len, max_budget, why, sizeof why);
+        if (rc)
+            ddt_fail(err, sizeof err, rc, "%s with %s: %s", a.target, a.drafter, why[0] ? why : strerror(-rc));
+    }
+
+    ddt_speculate_params p = { .gen_len = a.gen_len, .n_budgets = a.n_budgets, .stop = (int32_t)a.stop };
+    memcpy(p.budgets, a.budgets, sizeof p.budgets);
+    ddt_speculate_totals totals;
+    ddt_speculate_totals_init(&totals, &p);
+    int64_t chain_n = 0, tree_n[DDT_MAX_BUDGETS] = { 0 };
+    prompt_list = rc ? NULL : cJSON_CreateArray();
+    if (!rc && !prompt_list)
+        rc = ddt_fail(err, sizeof err, -ENOMEM, "out of memory for the result");
+    if (!rc) {
+        ddt_drafter_weights w;
+        ddt_drafter_bind(&dc, params, &w);
+        for (int64_t i = 0; i < K && !rc; i++) {
+            ddt_speculate_prompt_result r;
+            char why[1024] = "";
+            rc = ddt_speculate_prompt(s, &w, &p, prompts[i].ids, prompts[i].P, &r, why, sizeof why);
+            if (rc) {
+                ddt_fail(err, sizeof err, rc, "%s: prompt %lld: %s", a.prompts, (long long)i,
+                         why[0] ? why : strerror(-rc));
+                break;
+            }
+            ddt_speculate_totals_add(&totals, &r);
+            chain_n += r.chain.n;
+            for (int k = 0; k < p.n_budgets; k++)
+                tree_n[k] += r.tree[k].n;
+            if (!r.equal && mismatch_first < 0)
+                mismatch_first = i;
+            cJSON_AddItemToArray(prompt_list, prompt_json(&p, &r, prompts[i].P));
+        }
+    }
+    if (!rc) {
+        result = summary_json(&a, &dc, &totals, chain_n, tree_n);
+        char *line = cJSON_PrintUnformatted(result);   /* the summary, before the prompts join it */
+        if (line)
+            printf("%s\n", line);
+        free(line);
+        cJSON_AddItemToObject(result, "prompts", prompt_list);
+        prompt_list = NULL;
+        if (a.out)
+            rc = write_json(a.out, result, err, sizeof err);
+    }
+
+    cJSON_Delete(result);
+    cJSON_Delete(prompt_list);
+    if (s)
+        ddt_speculator_close(s);
+    if (params)
+        ddk_free(be->alloc, params, param_bytes);
+    free(host_params);
+    free(prompts);
+    ddt_shard_tokens_close(&tf);
+    if (target_open)
+        ddt_target_close(&m);
+    if (rc) {
+        fprintf(stderr, "ddtreed speculate: %s\n", err);
+        return 1;
+    }
+    if (mismatch_first >= 0) {
+        fprintf(stderr, "ddtreed speculate: %lld of %lld prompts (the first: prompt %lld) were not decoded exactly "
+                "as plain greedy decoding: speculative decoding must be lossless, so this is a bug\n",
+                (long long)totals.mismatched, (long long)totals.prompts, (long long)mismatch_first);
+        return 1;
+    }
+    return 0;
+}
