@@ -10,6 +10,8 @@
  *   decoding's tokens for random drafters on a dense synthetic target, the tiny Qwen3.5 target
  *   and stories260K (the last two from ../shared: skipped when absent); 1 <= tau <= B; a stop
  *   token ends all three alike;
+ * - faithful: the chain's calls are exactly the walk of the teacher-forced chain lengths (SPEC.md
+ *   6) over the greedy sequence it generated (a call at p yields tau(p) tokens);
  * - bad input: a drafter that does not fit the target, a prompt too long, a budget above the
  *   cap, a token outside the vocabulary.
  */
@@ -304,6 +306,99 @@ static void test_lossless_stories(void)
 }
 
 /* ------------------------------------------------------------------------------------------
+ * Faithfulness: the chain's calls are the walk of teacher-forced chain lengths
+ */
+
+/* On the greedy sequence seq (P prompt tokens, then G generated), the teacher-forced chain length
+ * at every anchor p in [P, P+G-2] (SPEC.md 6: 1 + the leading slots whose drafter argmax equals
+ * seq[p + k], features from one prefill of the whole sequence), walked as decoding walks it:
+ * a call at p yields tau(p) tokens and the next call is at p + tau(p). Its calls are the
+ * chain's verification calls exactly (up to float near-ties: none in these cases). */
+static int64_t walked_calls(const ddt_target_model *m, const ddt_drafter_config *dc, const ddt_drafter_weights *w,
+                            const int32_t *seq, int64_t P, int64_t G)
+{
+    const ddk_backend *be = ddk_backend_cpu();
+    const int64_t S = P + G, A = G - 1, B = dc->block_size, H = m->hidden, V = m->vocab;
+    float *features = xcalloc((size_t)(S * dc->taps * H), sizeof(float)), *hs = xcalloc((size_t)(A * B * H), sizeof(float)),
+          *logits = xcalloc((size_t)(B * V), sizeof(float));
+    int32_t *anchors = xcalloc((size_t)A, sizeof(int32_t)), *tau = xcalloc((size_t)S, sizeof(int32_t));
+    uint8_t *keep = xcalloc((size_t)A, 1), *mask = xcalloc((size_t)S, 1);
+    memset(keep, 1, (size_t)A);
+    memset(mask, 1, (size_t)S);
+    for (int64_t j = 0; j < A; j++)
+        anchors[j] = (int32_t)(P + j);
+    check(ddt_target_prefill(be, m, seq, S, dc->target_layer_ids, (int)dc->taps, features, NULL, NULL) == 0,
+          "teacher-forced prefill");
+    const ddt_head head = { m->embed_stored, m->lm_head_stored, m->bf16 };
+    ddt_batch b = { 1, S, A, seq, mask, features, NULL, anchors, keep };
+    check(ddt_drafter_forward(be, dc, w, &head, &b, hs) == 0, "teacher-forced drafter forward");
+    for (int64_t j = 0; j < A; j++) {
+        ddt_target_logits(be, m, hs + j * B * H, B, logits);
+        int64_t n = 1;
+        for (int64_t k = 1; k < B && P + j + k < S; k++, n++) {
+            int64_t best = 0;   /* the argmax, ties to the lowest id */
+            for (int64_t v = 1; v < V; v++)
+                best = logits[k * V + v] > logits[k * V + best] ? v : best;
+            if (best != seq[P + j + k])
+                break;
+        }
+        tau[P + j] = (int32_t)n;
+    }
+    int64_t calls = 0;
+    for (int64_t p = P, generated = 1; generated < G; calls++) {
+        generated += tau[p];
+        p += tau[p];
+    }
+    free(features), free(hs), free(logits), free(anchors), free(tau), free(keep), free(mask);
+    return calls;
+}
+
+/* accepts: some call must accept a draft (a random drafter on a random 512-token target rarely does) */
+static void faithful_case(const char *what, const ddt_target_model *m, int64_t B, float gain, int accepts)
+{
+    const ddt_drafter_config dc = drafter_for(m, 2, B);
+    ddt_drafter_weights w;
+    float *base = drafter_weights(&dc, 31, gain, &w);
+    enum { G = 48 };
+    const ddt_speculate_params p = { .gen_len = G, .stop = -1 };
+    char err[512];
+    ddt_speculator *s;
+    check(ddt_speculator_open(&s, ddk_backend_cpu(), m, &dc, 8, G, 0, err, sizeof err) == 0, "%s: %s", what, err);
+    uint64_t seed = 5;
+    int64_t multi = 0;
+    for (int prompt_i = 0; prompt_i < 4 && s; prompt_i++) {
+        int32_t seq[8 + G];
+        const int64_t P = 1 + (int64_t)(rng_next(&seed) % 8);
+        for (int64_t i = 0; i < P; i++)
+            seq[i] = (int32_t)(rng_next(&seed) % (uint64_t)(m->vocab - 1));
+        ddt_speculate_prompt_result r;
+        check(ddt_speculate_prompt(s, &w, &p, seq, P, &r, err, sizeof err) == 0 && r.equal, "%s: %s", what, err);
+        memcpy(seq + P, r.greedy.tokens, (size_t)G * sizeof(int32_t));
+        const int64_t walked = walked_calls(m, &dc, &w, seq, P, G);
+        check(walked == r.chain.calls, "%s: prompt %d: %lld chain calls, the teacher-forced walk takes %lld", what,
+              prompt_i, (long long)r.chain.calls, (long long)walked);
+        multi += r.chain.calls < G - 1;   /* some call accepted a draft: the walk is not trivial */
+    }
+    check(multi > 0 || !accepts, "%s: no call accepted a draft: pick a sharper drafter", what);
+    ddt_speculator_close(s);
+    free(base);
+}
+
+static void test_faithful(void)
+{
+    char err[512];
+    const ddt_target_config cfg = dense_config(1, 32);
+    ddt_target_model m;
+    check(ddt_target_open_synthetic(&cfg, 29, &m, err, sizeof err) == 0, "synthetic: %s", err);
+    faithful_case("qwen3", &m, 6, 30.0f, 1);
+    ddt_target_close(&m);
+    if (open_shared("qwen35-tiny/text-only", &m)) {
+        faithful_case("qwen3_5 tiny", &m, 4, 30.0f, 0);
+        ddt_target_close(&m);
+    }
+}
+
+/* ------------------------------------------------------------------------------------------
  * Bad input
  */
 
@@ -368,6 +463,7 @@ int main(void)
         { "lossless with a stop token", test_lossless_stop },
         { "lossless (qwen3_5 tiny)", test_lossless_qwen35 },
         { "lossless (stories260K)", test_lossless_stories },
+        { "faithful: chain calls == the walk of teacher-forced chain lengths", test_faithful },
         { "bad input refused", test_bad_input },
     };
     run_cases(cases, sizeof cases / sizeof cases[0]);
