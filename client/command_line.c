@@ -183,6 +183,18 @@ static int ddc_check_value(const ddc_command *command, int k, ddc_value *value)
                                    option->name);
         return 0;
     }
+    case DDC_OPT_COUNTS: {
+        int n = 0;
+        for (const char *at = text;; at = end + 1) {
+            errno = 0;
+            long long budget = strtoll(at, &end, 10);
+            if (errno || *at < '0' || *at > '9' || end == at || budget < 1 || ++n > 8 || (*end && *end != ','))
+                return ddc_usage_error("%s: %s wants 1 to 8 positive integers separated by commas, not '%s'",
+                                       command->name, option->name, text);
+            if (!*end)
+                return 0;
+        }
+    }
     case DDC_OPT_FLAG:
         return 0;
     }

@@ -272,6 +272,24 @@ static int ddc_print_run(const ddc_ctx *ctx, const ddc_args *args, const char *p
                                      tau_budget->string, ddc_fmt_real(tau_budget, 4).s);
     }
     ddc_show_line("tau tree:", used ? tau_tree : "-");
+    /* speculative decoding (SPEC.md 7): tau_spec and tau_spec_tree, the same form */
+    ddc_show_line("tau spec:", ddc_fmt_real(ddc_get(run, "tau_spec"), 4).s);
+    char tau_spec_tree[256] = "";
+    used = 0;
+    cJSON_ArrayForEach(tau_budget, ddc_object(ddc_get(run, "tau_spec_tree"))) {
+        if (tau_budget->string && used < sizeof tau_spec_tree)
+            used += (size_t)snprintf(tau_spec_tree + used, sizeof tau_spec_tree - used, "%s%s: %s", used ? ", " : "",
+                                     tau_budget->string, ddc_fmt_real(tau_budget, 4).s);
+    }
+    ddc_show_line("tau spec tree:", used ? tau_spec_tree : "-");
+    const cJSON *spec = ddc_object(ddc_get(run, "speculative"));
+    if (spec) {   /* its step, prompts, verdict and cost */
+        const cJSON *equal = ddc_get(spec, "greedy_equal");
+        ddc_show_line("speculative:", ddc_textf("step %s, %s prompts, %s, %s s", ddc_fmt_count(ddc_get(spec, "step")).s,
+                                                ddc_fmt_count(ddc_get(spec, "prompts")).s,
+                                                cJSON_IsFalse(equal) ? "NOT greedy-equal (a bug)" : "greedy-equal",
+                                                ddc_fmt_real(ddc_get(spec, "seconds"), 3).s).s);
+    }
     ddc_show_line("tokens/s:", ddc_fmt_thousands(ddc_get(run, "tokens_per_s")).s);
     ddc_show_line("positions/s:", ddc_fmt_thousands(ddc_get(run, "positions_per_s")).s);
 
@@ -315,7 +333,7 @@ static int ddc_cmd_show(ddc_ctx *ctx, const ddc_args *args)
 }
 
 /* ---------------------------------------------------------------------------------------------
- * pause, resume, cancel, rechunk, export: POSTs to one run */
+ * pause, resume, cancel, rechunk, speculate, export: POSTs to one run */
 
 /* path is "/<action>" */
 static int ddc_print_requested(const ddc_ctx *ctx, const ddc_args *args, const char *path, const cJSON *root,
@@ -368,6 +386,33 @@ static int ddc_cmd_rechunk(ddc_ctx *ctx, const ddc_args *args)
         return rc;
     printf("run %s: rechunk applies from step %s\n", args->operand,
            ddc_fmt_count(ddc_get(root, "applies_from_step")).s);
+    cJSON_Delete(root);
+    return 0;
+}
+
+enum { DDC_SPECULATE_STEP, DDC_SPECULATE_PROMPTS, DDC_SPECULATE_GEN_LEN, DDC_SPECULATE_TREE }; /* its options */
+
+/* POST /runs/{id}/speculate: {"step", "prompts", "gen_len", "tree_budgets"} of what was given */
+static int ddc_cmd_speculate(ddc_ctx *ctx, const ddc_args *args)
+{
+    static const char *const keys[] = { "step", "prompts", "gen_len" };
+    char body[512] = "{";
+    size_t used = 1;
+    for (int k = DDC_SPECULATE_STEP; k <= DDC_SPECULATE_GEN_LEN; k++)
+        if (args->option[k].given)
+            used += (size_t)snprintf(body + used, sizeof body - used, "%s\"%s\":%lld", used > 1 ? "," : "", keys[k],
+                                     args->option[k].count);
+    if (args->option[DDC_SPECULATE_TREE].given)   /* "8,32" (checked: integers and commas) */
+        used += (size_t)snprintf(body + used, sizeof body - used, "%s\"tree_budgets\":[%s]", used > 1 ? "," : "",
+                                 args->option[DDC_SPECULATE_TREE].text);
+    snprintf(body + used, sizeof body - used, "}");
+    cJSON *root;
+    int rc = ddc_run_request(ctx, "POST", args->operand, "/speculate", body, strlen(body), &root, NULL);
+    if (rc || !root)
+        return rc;
+    printf("run %s: speculative evaluation of the %s weights requested (step %s); its result lands in "
+           "`ddtreectl show`\n", args->operand, ddc_string(ddc_get(root, "weights")) ? ddc_string(ddc_get(root, "weights")) : "live",
+           ddc_fmt_count(ddc_get(root, "step")).s);
     cJSON_Delete(root);
     return 0;
 }
@@ -544,6 +589,13 @@ const ddc_command ddc_commands[] = {
      .options = {[DDC_RECHUNK_CHUNK] = {.name = "--chunk", .kind = DDC_OPT_COUNT, .value_name = "N"},
                  [DDC_RECHUNK_VOCAB_TILE] = {.name = "--vocab-tile", .kind = DDC_OPT_COUNT, .value_name = "M"}},
      .help = "change the loss chunking from the next step"},
+    {.name = "speculate", .operand = DDC_OPERAND_RUN_ID, .run = ddc_cmd_speculate,
+     .options = {[DDC_SPECULATE_STEP] = {.name = "--step", .kind = DDC_OPT_COUNT, .value_name = "N"},
+                 [DDC_SPECULATE_PROMPTS] = {.name = "--prompts", .kind = DDC_OPT_COUNT, .value_name = "K"},
+                 [DDC_SPECULATE_GEN_LEN] = {.name = "--gen-len", .kind = DDC_OPT_COUNT, .value_name = "G"},
+                 [DDC_SPECULATE_TREE] = {.name = "--tree", .kind = DDC_OPT_COUNTS, .value_name = "K1,K2"}},
+     .help = "speculative decoding of held-out prompts (SPEC.md 7) with the\n"
+             "live weights or checkpoint N's, at the next step boundary"},
     {.name = "plan", .operand = DDC_OPERAND_FILE, .run = ddc_cmd_plan,
      .help = "the memory plan of a run config, without starting it"},
     {.name = "steps", .operand = DDC_OPERAND_RUN_ID, .run = ddc_cmd_steps,

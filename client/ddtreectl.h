@@ -134,13 +134,14 @@ int ddc_run_path(const char *id, const char *suffix, char *path);
  * usage text, and every command's arguments: at most one operand and the command's options, in
  * any order, plus --json, --quiet (-q) and --help (-h), which every command understands. */
 
-enum { DDC_MAX_OPTIONS = 3 };
+enum { DDC_MAX_OPTIONS = 4 };
 
 typedef enum ddc_option_kind {
     DDC_OPT_FLAG,    /* no value */
     DDC_OPT_COUNT,   /* a non-negative integer */
     DDC_OPT_SECONDS, /* a time in [min, max] seconds, default_value when not given */
     DDC_OPT_STATE,   /* a run state's name, for a query (the daemon judges it) */
+    DDC_OPT_COUNTS,  /* a comma-separated list of 1 to 8 positive integers ("8,32") */
 } ddc_option_kind;
 
 typedef struct ddc_option {

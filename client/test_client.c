@@ -168,6 +168,7 @@ static void test_usage(void)
         "\n  pause ID | resume ID | cancel ID\n",
         "\n  rechunk ID [--chunk N] [--vocab-tile M]\n                                 change the loss chunking",
         "\n  steps ID [--csv] [--after S] [--limit N]\n                                 per-step records",
+        "\n  speculate ID [--step N] [--prompts K] [--gen-len G] [--tree K1,K2]\n",
         "\n  nccl-id                        a new NCCL unique id",
         "\n  --socket PATH   the control socket",
     };
@@ -233,6 +234,11 @@ static void test_arguments(void)
     CHECK(parse("start run.json --quiet", &ctx, &args, said, sizeof said) == 0 && args.option[0].given,
           "start's own --quiet: %s", said);
 
+    CHECK(parse("speculate r1 --step 200 --tree 8,32 --gen-len=16", &ctx, &args, said, sizeof said) == 0, "%s", said);
+    CHECK(args.option[0].given && args.option[0].count == 200 && !args.option[1].given, "speculate --step");
+    CHECK(args.option[2].given && args.option[2].count == 16, "speculate --gen-len");
+    CHECK(args.option[3].given && !strcmp(args.option[3].text, "8,32"), "speculate --tree");
+
     CHECK(parse("show r1 --help", &ctx, &args, said, sizeof said) == 0 && args.help, "--help");
     CHECK(parse("runs --state=running", &ctx, &args, said, sizeof said) == 0, "%s", said);
     CHECK_TEXT(args.option[0].text, "running");
@@ -243,6 +249,12 @@ static void test_arguments(void)
         {"steps r1 --after x", "ddtreectl: steps: --after wants a non-negative integer, not 'x'"},
         {"rechunk r1 --chunk -1", "ddtreectl: rechunk: --chunk wants a non-negative integer, not '-1'"},
         {"rechunk r1 --vocab-tile", "ddtreectl: rechunk: --vocab-tile wants a value"},
+        /* --tree: positive integers and commas only (the text goes into the JSON body as is) */
+        {"speculate r1 --tree 8,,32", "ddtreectl: speculate: --tree wants 1 to 8 positive integers separated by commas, not '8,,32'"},
+        {"speculate r1 --tree +8", "ddtreectl: speculate: --tree wants 1 to 8 positive integers separated by commas, not '+8'"},
+        {"speculate r1 --tree 0", "ddtreectl: speculate: --tree wants 1 to 8 positive integers separated by commas, not '0'"},
+        {"speculate r1 --tree 8,", "ddtreectl: speculate: --tree wants 1 to 8 positive integers separated by commas, not '8,'"},
+        {"speculate r1 --tree 1,2,3,4,5,6,7,8,9", "ddtreectl: speculate: --tree wants 1 to 8 positive integers separated by commas, not '1,2,3,4,5,6,7,8,9'"},
         {"watch r1 --interval 0.01", "ddtreectl: watch: --interval wants seconds between 0.05 and 3600, not '0.01'"},
         {"watch r1 --interval 1x", "ddtreectl: watch: --interval wants seconds between 0.05 and 3600, not '1x'"},
         {"runs --state=", "ddtreectl: runs: --state wants a run state (queued, running, paused, ...)"},

@@ -116,8 +116,8 @@ static double ddc_eta_s(const ddc_history *h, const cJSON *run, double step, dou
     return ms_per_step > 0 ? (max_steps - step) * ms_per_step / 1000 : -1;
 }
 
-/* "step 120/1500  loss 5.12  12,345 tok/s  peak 10.1 MB  ETA 1m10s" (+ the state when it is not
- * running) */
+/* "step 120/1500  loss 5.12  12,345 tok/s  peak 10.1 MB  ETA 1m10s" (+ "  tau_spec 3.12" once a
+ * speculative evaluation was made, + the state when it is not running) */
 static void ddc_progress_text(const cJSON *run, const ddc_history *h, char *out, size_t out_len)
 {
     const char *state = ddc_string(ddc_get(run, "state"));
@@ -129,6 +129,9 @@ static void ddc_progress_text(const cJSON *run, const ddc_history *h, char *out,
     int n = snprintf(out, out_len, "step %s  loss %s  %s tok/s  peak %s  ETA %s", ddc_step_of_max(run).s,
                      ddc_fmt_fixed_width_real(ddc_get(run, "loss"), 3).s, ddc_fmt_thousands(ddc_get(run, "tokens_per_s")).s,
                      ddc_fmt_bytes(cJSON_IsNumber(peak) ? peak : ddc_get(peak, "max")).s, ddc_duration_text(eta).s);
+    const cJSON *tau_spec = ddc_get(run, "tau_spec");   /* eval.speculative's, once there is one */
+    if (cJSON_IsNumber(tau_spec) && n > 0 && (size_t)n < out_len)
+        n += snprintf(out + n, out_len - (size_t)n, "  tau_spec %s", ddc_fmt_real(tau_spec, 3).s);
     if ((!state || strcmp(state, "running")) && n > 0 && (size_t)n < out_len)
         snprintf(out + n, out_len - (size_t)n, "  [%s]", state ? state : "-");
 }

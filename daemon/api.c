@@ -134,17 +134,19 @@ static void post_control(ddt_api *a, const char *id, const char *verb, const ddt
     static const struct { const char *verb; ddt_run_action action; } verbs[] = {
         { "pause", DDT_RUN_PAUSE }, { "resume", DDT_RUN_RESUME }, { "cancel", DDT_RUN_CANCEL },
         { "rechunk", DDT_RUN_RECHUNK }, { "checkpoint", DDT_RUN_CHECKPOINT }, { "export", DDT_RUN_EXPORT },
+        { "speculate", DDT_RUN_SPECULATE },
     };
     int v = -1;
     for (size_t i = 0; i < sizeof verbs / sizeof verbs[0] && v < 0; i++)
         if (!strcmp(verb, verbs[i].verb))
             v = (int)i;
     if (v < 0) {
-        ddt_http_error(res, 404, "not_found", NULL, "no action %s (pause, resume, cancel, rechunk, checkpoint, export)", verb);
+        ddt_http_error(res, 404, "not_found", NULL, "no action %s (pause, resume, cancel, rechunk, checkpoint, export, speculate)", verb);
         return;
     }
     cJSON *body = NULL;
-    if (verbs[v].action == DDT_RUN_RECHUNK) {
+    /* speculate's body is optional (every field is): none is {} */
+    if (verbs[v].action == DDT_RUN_RECHUNK || (verbs[v].action == DDT_RUN_SPECULATE && req->body_len > 0)) {
         const char *end = NULL;
         body = cJSON_ParseWithLengthOpts(req->body, req->body_len + 1, &end, 1);
         if (!body) {

@@ -237,6 +237,15 @@ int ddt_cmd_train(int argc, char **argv)
                 tau_start = ddt_acceptance_tau_chain(&acc);
             print_eval(&acc, ddt_trainer_step_count(t), stderr);
         }
+        if (o.speculated) {   /* eval.speculative: the acceptance a server sees (SPEC.md 7) */
+            fprintf(stderr, "speculative at step %lld: tau_spec %.3f", (long long)ddt_trainer_step_count(t),
+                    ddt_speculate_tau(&o.spec));
+            for (int i = 0; i < o.spec.n_budgets; i++)
+                fprintf(stderr, ", tau_spec_tree(%lld) %.3f", (long long)o.spec.budgets[i],
+                        ddt_speculate_tau_tree(&o.spec, i));
+            fprintf(stderr, " (%lld prompts%s)\n", (long long)o.spec.prompts,
+                    o.spec.mismatched ? ", NOT greedy-equal: a bug" : ", greedy-equal");
+        }
         if (*o.warning)
             fprintf(stderr, "%sddtreed train: %s\n", tty ? "\n" : "", o.warning);
     }

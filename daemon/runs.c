@@ -29,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 typedef struct run {
@@ -50,6 +51,13 @@ typedef struct run {
     int n_budgets;
     int64_t budgets[DDT_MAX_EVAL_BUDGETS];
     double tau_tree[DDT_MAX_EVAL_BUDGETS];
+    /* the newest speculative evaluation (SPEC.md 7: eval.speculative or POST .../speculate) */
+    double tau_spec;                    /* < 0 until one */
+    int n_spec_budgets;
+    int64_t spec_budgets[DDT_MAX_EVAL_BUDGETS];
+    double tau_spec_tree[DDT_MAX_EVAL_BUDGETS];
+    int64_t spec_step, spec_prompts, spec_mismatched;
+    double spec_seconds;
     int64_t chunk, vocab_tile;
     /* the worker */
     int has_thread, thread_done, resume;
@@ -57,7 +65,8 @@ typedef struct run {
     pthread_t thread;
     double last_progress_s;             /* monotonic time of its last step or control */
     /* requests, applied at the next step boundary */
-    int want_pause, want_resume, want_cancel, want_checkpoint, want_export;
+    int want_pause, want_resume, want_cancel, want_checkpoint, want_export, want_spec;
+    ddt_trainer_spec_request spec_request;   /* want_spec's */
     int64_t want_chunk, want_tile;      /* -1: none */
     struct ddt_runs *owner;
 } run;
@@ -252,6 +261,46 @@ static void record_eval(run *u, const ddt_acceptance *a)
     }
 }
 
+static void record_spec(run *u, int64_t step, const ddt_speculate_totals *t)
+{
+    u->tau_spec = ddt_speculate_tau(t);
+    u->n_spec_budgets = t->n_budgets;
+    for (int i = 0; i < t->n_budgets; i++) {
+        u->spec_budgets[i] = t->budgets[i];
+        u->tau_spec_tree[i] = ddt_speculate_tau_tree(t, i);
+    }
+    u->spec_step = step;
+    u->spec_prompts = t->prompts;
+    u->spec_mismatched = t->mismatched;
+    u->spec_seconds = t->greedy_seconds + t->chain_seconds;
+    for (int i = 0; i < t->n_budgets; i++)
+        u->spec_seconds += t->tree_seconds[i];
+}
+
+/* POST /runs/{id}/speculate, outside the lock: 0 with the totals, or logged and an error event */
+static int speculate_now(ddt_runs *r, run *u, ddt_trainer *t, const ddt_trainer_spec_request *q,
+                         ddt_speculate_totals *out)
+{
+    char err[1024];
+    int rc = ddt_trainer_speculate(t, q, out, err, sizeof err);
+    if (!rc)
+        return 0;
+    ddt_log(DDT_LOG_ERR, "run=%s speculative evaluation failed: %s", u->id, err);
+    if (r->store) {
+        cJSON *d = cJSON_CreateObject();
+        char message[1200];
+        snprintf(message, sizeof message, "the speculative evaluation (POST speculate) failed: %s", err);
+        cJSON_AddNumberToObject(d, "step", (double)(q->step >= 0 ? q->step : ddt_trainer_step_count(t)));
+        cJSON_AddStringToObject(d, "message", message);
+        char *detail = cJSON_PrintUnformatted(d);
+        if (detail)
+            ddt_store_event(r->store, u->id, ddt_wall_ms(), "error", detail);
+        free(detail);
+        cJSON_Delete(d);
+    }
+    return rc;
+}
+
 /* A checkpoint asked for (always), or the one of a stop (ddt_trainer_hold), outside the lock */
 static void checkpoint(run *u, ddt_trainer *t, int always)
 {
@@ -316,21 +365,28 @@ static void *worker_main(void *arg)
             u->vocab_tile = u->want_tile >= 0 ? u->want_tile : u->vocab_tile;
             u->want_chunk = u->want_tile = -1;
         }
-        int want_ckpt = u->want_checkpoint, want_export = u->want_export, pause = u->want_pause;
-        u->want_checkpoint = u->want_export = 0;
+        int want_ckpt = u->want_checkpoint, want_export = u->want_export, pause = u->want_pause,
+            want_spec = u->want_spec;
+        const ddt_trainer_spec_request spec_request = u->spec_request;
+        u->want_checkpoint = u->want_export = u->want_spec = 0;
         unlock(r);
         if (want_ckpt || pause)
             checkpoint(u, t, want_ckpt);
         if (want_export)
             export_now(u, t);
+        ddt_speculate_totals spec;
+        int spec_done = want_spec && speculate_now(r, u, t, &spec_request, &spec) == 0;
         pthread_mutex_lock(&r->lock);
         note_checkpoint(u, t);
+        if (spec_done)
+            record_spec(u, spec_request.step >= 0 ? spec_request.step : ddt_trainer_step_count(t), &spec);
         if (pause) {
             u->want_pause = 0;
             if (u->state != DDT_RUN_PAUSED)
                 set_state(r, u, DDT_RUN_PAUSED, NULL);
             settle(r);
-            while (!u->want_resume && !u->want_cancel && !r->closing && !u->want_checkpoint && !u->want_export)
+            while (!u->want_resume && !u->want_cancel && !r->closing && !u->want_checkpoint && !u->want_export &&
+                   !u->want_spec)
                 pthread_cond_wait(&r->wake, &r->lock);
             if (u->want_resume) {
                 u->want_resume = 0;
@@ -338,7 +394,7 @@ static void *worker_main(void *arg)
             } else if (r->closing && !u->want_cancel) {
                 break;   /* it stays paused (checkpointed): a restart leaves it to the user */
             } else if (!u->want_cancel && !r->closing) {
-                u->want_pause = 1;   /* a checkpoint or export while paused: do it, stay paused */
+                u->want_pause = 1;   /* a checkpoint, export or speculation while paused: do it, stay paused */
             }
             continue;
         }
@@ -366,6 +422,8 @@ static void *worker_main(void *arg)
             record_step(r, u, &o.rec);
         if (o.evaluated)
             record_eval(u, &o.acceptance);
+        if (o.speculated)
+            record_spec(u, ddt_trainer_step_count(t), &o.spec);
     }
 done:
     unlock(r);
@@ -391,7 +449,7 @@ static run *new_run(ddt_runs *r, const char *id, const char *config_json, size_t
     }
     snprintf(u->id, sizeof u->id, "%s", id);
     u->owner = r;
-    u->tau_chain = -1;
+    u->tau_chain = u->tau_spec = -1;
     u->started_ms = u->finished_ms = u->last_checkpoint_step = -1;
     u->want_chunk = u->want_tile = -1;
     return u;
@@ -620,6 +678,74 @@ static cJSON *state_reply(ddt_run_state s)
     return o;
 }
 
+/* an integer member of a control body in [lo, hi] */
+static int body_integer(const cJSON *item, double lo, double hi, int64_t *out, char *err, size_t err_len,
+                        char *field, size_t field_len)
+{
+    double v = cJSON_IsNumber(item) ? item->valuedouble : NAN;
+    if (!(v == floor(v)) || v < lo || v > hi) {
+        snprintf(field, field_len, "%s", item->string);
+        snprintf(err, err_len, "%s must be an integer in [%.0f, %.0f]", item->string, lo, hi);
+        return -EINVAL;
+    }
+    *out = (int64_t)v;
+    return 0;
+}
+
+/* POST /runs/{id}/speculate's body {"step": N?, "prompts": K?, "gen_len": G?, "tree_budgets": [..]?}
+ * against the run's speculator caps (ddt_run_config_spec_caps): 0 with q, or -EINVAL */
+static int parse_speculate(const cJSON *body, const ddt_run_config *c, ddt_trainer_spec_request *q, char *err,
+                           size_t err_len, char *field, size_t field_len)
+{
+    int64_t max_prompts, max_gen, max_budget;
+    ddt_run_config_spec_caps(c, &max_prompts, &max_gen, &max_budget);
+    *q = (ddt_trainer_spec_request){ .step = -1, .n_budgets = -1 };
+    if (body && !cJSON_IsObject(body)) {
+        snprintf(err, err_len, "the body must be a JSON object {\"step\": N, \"prompts\": K, \"gen_len\": G, "
+                 "\"tree_budgets\": [..]} (each may be omitted)");
+        return -EINVAL;
+    }
+    for (const cJSON *item = body ? body->child : NULL; item; item = item->next) {
+        int rc = 0;
+        if (!strcmp(item->string, "step")) {
+            rc = body_integer(item, 0, 9.0e15, &q->step, err, err_len, field, field_len);
+        } else if (!strcmp(item->string, "prompts")) {
+            rc = body_integer(item, 1, (double)max_prompts, &q->prompts, err, err_len, field, field_len);
+        } else if (!strcmp(item->string, "gen_len")) {
+            rc = body_integer(item, 1, (double)max_gen, &q->gen_len, err, err_len, field, field_len);
+        } else if (!strcmp(item->string, "tree_budgets")) {
+            int n = cJSON_IsArray(item) ? cJSON_GetArraySize(item) : -1;
+            if (n < 0 || n > DDT_MAX_BUDGETS) {
+                snprintf(field, field_len, "tree_budgets");
+                snprintf(err, err_len, "tree_budgets must be a list of at most %d node budgets", DDT_MAX_BUDGETS);
+                return -EINVAL;
+            }
+            q->n_budgets = n;
+            for (int i = 0; i < n && !rc; i++) {
+                const cJSON *k = cJSON_GetArrayItem(item, i);
+                double v = cJSON_IsNumber(k) ? k->valuedouble : NAN;
+                if (!(v == floor(v)) || v < 1 || v > (double)max_budget) {
+                    snprintf(field, field_len, "tree_budgets");
+                    snprintf(err, err_len, "tree_budgets entries must be integers in [1, %lld]: the speculator's "
+                             "trees are planned for at most %lld nodes (the largest of "
+                             "eval.speculative.tree_budgets%s)", (long long)max_budget, (long long)max_budget,
+                             c->spec ? "" : ", [8, 32] without it");
+                    rc = -EINVAL;
+                } else {
+                    q->budgets[i] = (int64_t)v;
+                }
+            }
+        } else {
+            snprintf(field, field_len, "%s", item->string);
+            snprintf(err, err_len, "%s is not a speculate field (step, prompts, gen_len, tree_budgets)", item->string);
+            rc = -EINVAL;
+        }
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
 int ddt_runs_control(ddt_runs *r, const char *id, ddt_run_action action, const cJSON *body,
                      cJSON **reply, int *status, char *err, size_t err_len, char *field,
                      size_t field_len)
@@ -726,6 +852,65 @@ int ddt_runs_control(ddt_runs *r, const char *id, ddt_run_action action, const c
         *reply = cJSON_CreateObject();
         cJSON_AddNumberToObject(*reply, "applies_from_step", (double)(u->step + (u->state == DDT_RUN_PAUSED ? 0 : 1)));
         break;
+    case DDT_RUN_SPECULATE: {
+        /* the worker holds the target and the speculator: a run without one is refused */
+        if (!live || (u->state != DDT_RUN_RUNNING && u->state != DDT_RUN_PAUSING && u->state != DDT_RUN_PAUSED)) {
+            snprintf(err, err_len, "cannot speculate on run %s: it is %s and has no worker holding its target; "
+                     "run `ddtreed speculate` on its export", u->id, ddt_run_state_name(u->state));
+            rc = -EBUSY;
+            break;
+        }
+        if (u->config.target_kind == DDT_SOURCE_SHARDS || u->devices.target_ranks ||
+            (u->devices.gpu && !u->devices.colocated)) {   /* no target beside rank 0's drafter */
+            snprintf(err, err_len, "cannot speculate on run %s: its target is not beside rank 0's drafter (%s); run "
+                     "`ddtreed speculate` on its export", u->id,
+                     u->config.target_kind == DDT_SOURCE_SHARDS ? "a shards run has none at train time"
+                     : u->devices.target_ranks ? "a split puts it on other devices"
+                                               : "GPU ranks with target.devices \"host\"");
+            rc = -EBUSY;
+            break;
+        }
+        if (u->want_spec) {
+            snprintf(err, err_len, "run %s already has a speculative evaluation waiting for the next step boundary",
+                     u->id);
+            rc = -EBUSY;
+            break;
+        }
+        ddt_trainer_spec_request q;
+        if ((rc = parse_speculate(body, &u->config, &q, err, err_len, field, field_len)))
+            break;
+        if (q.step == u->step && u->state == DDT_RUN_PAUSED)
+            q.step = -1;   /* the live weights are that step's */
+        if (q.step >= 0) {
+            char dir[2300];
+            struct stat st;
+            snprintf(dir, sizeof dir, "%s/runs/%s/checkpoints/step-%08lld", r->state_dir, u->id, (long long)q.step);
+            if (stat(dir, &st) != 0) {
+                snprintf(field, field_len, "step");
+                if (q.step == u->step)   /* running: the weights move on before the next boundary */
+                    snprintf(err, err_len, "step %lld has no kept checkpoint and the run is training past it: "
+                             "leave step out for the live weights at the next step boundary, or pause the run "
+                             "first", (long long)q.step);
+                else
+                    snprintf(err, err_len, "step %lld has no kept checkpoint (the newest is %lld; checkpoint.keep "
+                             "keeps the newest); leave step out for the live weights", (long long)q.step,
+                             (long long)u->last_checkpoint_step);
+                rc = -EINVAL;
+                break;
+            }
+        }
+        u->spec_request = q;
+        u->want_spec = 1;
+        pthread_cond_broadcast(&r->wake);
+        *reply = cJSON_CreateObject();
+        cJSON_AddStringToObject(*reply, "weights", q.step >= 0 ? "checkpoint" : "live");
+        if (q.step >= 0)
+            cJSON_AddNumberToObject(*reply, "step", (double)q.step);
+        else   /* the live weights at the next step boundary */
+            cJSON_AddNumberToObject(*reply, "step",
+                                    (double)(u->step + (u->state == DDT_RUN_PAUSED ? 0 : 1)));
+        break;
+    }
     case DDT_RUN_EXPORT: {
         char dir[2200];
         snprintf(dir, sizeof dir, "%s/runs/%s/export", r->state_dir, u->id);
@@ -790,6 +975,22 @@ static cJSON *run_json(const run *u)
         char k[24];
         snprintf(k, sizeof k, "%lld", (long long)u->budgets[i]);
         cJSON_AddNumberToObject(tree, k, u->tau_tree[i]);
+    }
+    add_number_or_null(o, "tau_spec", u->tau_spec >= 0, u->tau_spec);
+    cJSON *spec_tree = cJSON_AddObjectToObject(o, "tau_spec_tree");
+    for (int i = 0; i < u->n_spec_budgets && u->tau_spec >= 0; i++) {
+        char k[24];
+        snprintf(k, sizeof k, "%lld", (long long)u->spec_budgets[i]);
+        cJSON_AddNumberToObject(spec_tree, k, u->tau_spec_tree[i]);
+    }
+    if (u->tau_spec >= 0) {   /* the newest speculative evaluation's step, prompts, verdict, cost */
+        cJSON *spec = cJSON_AddObjectToObject(o, "speculative");
+        cJSON_AddNumberToObject(spec, "step", (double)u->spec_step);
+        cJSON_AddNumberToObject(spec, "prompts", (double)u->spec_prompts);
+        cJSON_AddBoolToObject(spec, "greedy_equal", u->spec_mismatched == 0);
+        cJSON_AddNumberToObject(spec, "seconds", u->spec_seconds);
+    } else {
+        cJSON_AddNullToObject(o, "speculative");
     }
     add_number_or_null(o, "tokens_per_s", has, s->tokens_per_s);
     add_number_or_null(o, "positions_per_s", has, s->positions_per_s);
@@ -904,6 +1105,12 @@ void ddt_runs_metrics(ddt_runs *r, ddt_metrics_snapshot *m)
         for (int b = 0; b < x->n_budgets; b++) {
             x->budgets[b] = u->budgets[b];
             x->tau_tree[b] = u->tau_tree[b];
+        }
+        x->tau_spec = u->tau_spec;
+        x->n_spec_budgets = u->n_spec_budgets < DDT_METRICS_MAX_BUDGETS ? u->n_spec_budgets : DDT_METRICS_MAX_BUDGETS;
+        for (int b = 0; b < x->n_spec_budgets; b++) {
+            x->spec_budgets[b] = u->spec_budgets[b];
+            x->tau_spec_tree[b] = u->tau_spec_tree[b];
         }
         x->oom_recoveries = u->oom_recoveries;
     }

@@ -1,6 +1,6 @@
 /* runs.h: the run manager of ddtreed: the queue, one worker thread per training run (the
  * trainer's loop), the state machine of API.md (run_state.h: its table and diagram), controls
- * applied at step boundaries (pause, resume, cancel, rechunk, checkpoint, export) and recorded
+ * applied at step boundaries (pause, resume, cancel, rechunk, checkpoint, export, speculate) and recorded
  * as events, the snapshots the HTTP handlers read, and crash recovery: at start, runs the
  * daemon stopped under (or was killed under) are marked interrupted and resumed from their
  * newest checkpoint.
@@ -19,7 +19,8 @@
 #include <stdint.h>
 
 typedef enum ddt_run_action {
-    DDT_RUN_PAUSE, DDT_RUN_RESUME, DDT_RUN_CANCEL, DDT_RUN_RECHUNK, DDT_RUN_CHECKPOINT, DDT_RUN_EXPORT
+    DDT_RUN_PAUSE, DDT_RUN_RESUME, DDT_RUN_CANCEL, DDT_RUN_RECHUNK, DDT_RUN_CHECKPOINT, DDT_RUN_EXPORT,
+    DDT_RUN_SPECULATE   /* body {"step": N?, "prompts": K?, "gen_len": G?, "tree_budgets": [..]?}: SPEC.md 7 */
 } ddt_run_action;
 
 typedef struct ddt_runs ddt_runs;

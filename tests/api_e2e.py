@@ -19,6 +19,9 @@ Cases:
   8 concurrency     16 threads x 100 scrapes while a run trains: no error; slowdown printed
   9 daemon_vs_foreground  one config through POST /runs and through `ddtreed train`: the same
                     steps (bit for bit), evals, checkpoints, events and runs row
+ 10 speculate       eval.speculative: tau_spec in GET /runs/ID, the evals rows and /metrics;
+                    POST /runs/ID/speculate of the live weights and a checkpoint's, its refusals,
+                    ddtreectl speculate
 
 Output: "ok   NAME" or "FAIL NAME" with indented details, then "N passed, M failed".
 Exit 0 all passed, 1 a failure, 77 skipped (ddtreed, ddtreectl or prometheus_client missing;
@@ -46,7 +49,7 @@ import traceback
 STATES = ["queued", "running", "pausing", "paused", "completed", "failed", "cancelled", "interrupted"]
 TOKEN = "e2e-secret-token-5f1c"
 RUN_FIELDS = ["id", "name", "state", "step", "max_steps", "loss", "ce", "kl", "cap", "acc", "tau_chain",
-              "tokens_per_s", "positions_per_s", "peak_memory_bytes", "chunk", "vocab_tile",
+              "tau_spec", "tau_spec_tree", "speculative", "tokens_per_s", "positions_per_s", "peak_memory_bytes", "chunk", "vocab_tile",
               "last_checkpoint_step", "error"]
 SLOW = 1.0  # timeouts scale (the sanitizer build is several times slower)
 
@@ -1233,6 +1236,92 @@ def case_daemon_vs_foreground(t, env):
     t.check(seq == want, "--stop-after 4 then --resume: events %s, want %s" % (seq, want))
 
 
+# ------------------------------------------------------------------------------------------
+# 10. speculative decoding in training (SPEC.md section 7)
+
+def case_speculate(t, env):
+    d = Daemon(env, t).start()
+    c = d.unix
+    cfg = run_config(LONG, name="spec")
+    cfg["eval"]["speculative"] = {"prompts": 2, "prompt_len": 8, "gen_len": 6, "tree_budgets": [3, 8]}
+    rid = d.submit(cfg)
+    run = d.wait_run(rid, "a speculative evaluation", lambda x: isinstance(x.get("tau_spec"), (int, float)), 30)
+    B = cfg["drafter"]["block_size"]
+    t.check(1 <= run["tau_spec"] <= B, "tau_spec %r outside [1, %d]" % (run["tau_spec"], B))
+    tree = run.get("tau_spec_tree") or {}
+    t.check(sorted(tree) == ["3", "8"] and all(v >= run["tau_spec"] - 1e-9 for v in tree.values()),
+            "tau_spec_tree %r (budgets 3, 8 >= B-1: never below the chain)" % tree)
+    spec = run.get("speculative") or {}
+    t.check(spec.get("greedy_equal") is True and spec.get("prompts") == 2 and spec.get("seconds", 0) > 0,
+            "speculative %r" % spec)
+    r = c.get("/metrics")
+    types, samples = parse_metrics(t, r.text)
+    t.check(find(samples, "ddtree_run_acceptance_length", run=rid, kind="spec")
+            and find(samples, "ddtree_run_acceptance_length", run=rid, kind="spec_tree", budget="8"),
+            "/metrics lacks kind=spec / spec_tree for %s" % rid)
+    rows = db_query(d.db, "SELECT step, tau_chain, tau_spec, spec_json FROM evals WHERE run_id = ? ORDER BY step",
+                    (rid,))
+    t.check(rows and rows[0][0] == 0 and rows[0][1] is not None and rows[0][2] is not None,
+            "the step-0 evals row lacks tau_chain or tau_spec: %s" % rows[:2])
+
+    # refusals: 400 naming the field, nothing queued
+    d.wait_run(rid, "a checkpoint", lambda x: (x.get("last_checkpoint_step") or 0) >= 5, 30)
+    for what, body, field in [("a budget above the planned cap", {"tree_budgets": [9]}, "tree_budgets"),
+                              ("more prompts than planned", {"prompts": 3}, "prompts"),
+                              ("a longer generation than planned", {"gen_len": 7}, "gen_len"),
+                              ("an unknown key", {"prompt": 1}, "prompt"),
+                              ("a step without a kept checkpoint", {"step": 3}, "step"),
+                              ("a budget that is no integer", {"tree_budgets": ["8"]}, "tree_budgets")]:
+        check_error(t, "POST speculate with %s" % what, c.post("/runs/%s/speculate" % rid, body), 400, field)
+    check_error(t, "POST speculate with an array", c.post("/runs/%s/speculate" % rid, [1]), 400)
+
+    # the live weights of a paused run, at its step
+    c.post("/runs/%s/pause" % rid)
+    run = d.wait_state(rid, "paused")
+    s1 = run["step"]
+    r = c.post("/runs/%s/speculate" % rid, {"prompts": 1, "gen_len": 4, "tree_budgets": [8]})
+    t.check(r.status == 202 and r.json().get("weights") == "live" and r.json().get("step") == s1,
+            "POST speculate (live, paused at %d): %r" % (s1, r))
+    run = d.wait_run(rid, "the requested speculation", lambda x: (x.get("speculative") or {}).get("step") == s1
+                     and x["speculative"].get("prompts") == 1, 20)
+    t.check(run["state"] == "paused" and run["step"] == s1, "after a speculation while paused: %s at %d"
+            % (run["state"], run["step"]))
+    t.check(sorted(run.get("tau_spec_tree") or {}) == ["8"], "tau_spec_tree of the request: %r" % run.get("tau_spec_tree"))
+    # a kept checkpoint's weights, through ddtreectl
+    ckpt = [row[0] for row in db_query(d.db, "SELECT step FROM checkpoints WHERE run_id = ? ORDER BY step", (rid,))]
+    k = [s for s in ckpt if s != s1 and os.path.isdir(os.path.join(d.state_dir, "runs", rid, "checkpoints",
+                                                                      "step-%08d" % s))]
+    if t.check(k, "no kept checkpoint apart from the paused step's: %s" % ckpt) and env.ddtreectl:
+        res = env.ctl(["--socket", d.socket, "speculate", rid, "--step", str(k[0]), "--prompts", "2", "--tree", "3,8"])
+        t.check(res.returncode == 0 and "checkpoint" in res.stdout, "ddtreectl speculate --step %d: exit %s %s"
+                % (k[0], res.returncode, res.out))
+        # (a step of the evaluations' cadence has the live weights' row first: wait for the request's)
+        ok = wait_for(lambda: db_query(d.db, "SELECT spec_json FROM evals WHERE run_id = ? AND step = ? AND "
+                                       "json_extract(spec_json, '$.weights') = 'checkpoint'", (rid, k[0])), 20)
+        row = db_query(d.db, "SELECT tau_spec, spec_json FROM evals WHERE run_id = ? AND step = ?", (rid, k[0]))
+        detail = json.loads(row[0][1]) if ok and row and row[0][1] else {}
+        t.check(detail.get("weights") == "checkpoint" and detail.get("prompts") == 2 and 1 <= row[0][0] <= B,
+                "the checkpoint's evals row at step %d: %s" % (k[0], row))
+    lossless = [e for e in d.events(rid) if e["kind"] == "error"]
+    t.check(not lossless, "error events: %s" % [e["detail"] for e in lossless])
+    c.post("/runs/%s/cancel" % rid)
+    d.wait_state(rid, "cancelled")
+    check_error(t, "POST speculate on a cancelled run", c.post("/runs/%s/speculate" % rid, {}), 409)
+    # a split (one CPU target rank beside the drafter's): its target is not beside rank 0
+    split = run_config(LONG, name="split")
+    split["devices"] = "cpu"
+    split["target"]["devices"] = 1
+    sid = d.submit(split)
+    d.wait_state(sid, "running", min_step=1)
+    r = c.post("/runs/%s/speculate" % sid, {})
+    check_error(t, "POST speculate on a split run", r, 409)
+    t.check("split" in r.text, "the refusal of a split run does not say why: %s" % short(r.text))
+    c.post("/runs/%s/cancel" % sid)
+    d.wait_state(sid, "cancelled")
+    d.stop()
+
+
+
 CASES = [
     ("unix_routes", case_unix_routes, False),
     ("tcp_token", case_tcp_token, False),
@@ -1243,6 +1332,7 @@ CASES = [
     ("ddtreectl", case_ddtreectl, True),
     ("concurrency", case_concurrency, False),
     ("daemon_vs_foreground", case_daemon_vs_foreground, False),
+    ("speculate", case_speculate, False),
 ]
 
 

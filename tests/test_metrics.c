@@ -39,6 +39,12 @@ static ddt_metrics_snapshot make_snapshot(void)
     r->tau_tree[0] = 2.25;
     r->budgets[1] = 64;
     r->tau_tree[1] = 3.0;
+    r->tau_spec = 1.5;   /* speculative decoding (SPEC.md 7) */
+    r->n_spec_budgets = 2;
+    r->spec_budgets[0] = 8;
+    r->tau_spec_tree[0] = 2.0;
+    r->spec_budgets[1] = 32;
+    r->tau_spec_tree[1] = 2.5;
     r->oom_recoveries = 3;
 
     r = &test_runs[1];
@@ -152,6 +158,9 @@ static void test_samples(void)
     expect_line("ddtree_run_acceptance_length{run=\"r1\",kind=\"chain\"} 1.75");
     expect_line("ddtree_run_acceptance_length{run=\"r1\",kind=\"tree\",budget=\"16\"} 2.25");
     expect_line("ddtree_run_acceptance_length{run=\"r1\",kind=\"tree\",budget=\"64\"} 3");
+    expect_line("ddtree_run_acceptance_length{run=\"r1\",kind=\"spec\"} 1.5");
+    expect_line("ddtree_run_acceptance_length{run=\"r1\",kind=\"spec_tree\",budget=\"8\"} 2");
+    expect_line("ddtree_run_acceptance_length{run=\"r1\",kind=\"spec_tree\",budget=\"32\"} 2.5");
     expect_line("ddtree_oom_recoveries_total{run=\"r1\"} 3");
     expect_line("ddtree_device_memory_used_bytes{device=\"cpu:0\"} 1000");
     expect_line("ddtree_device_memory_peak_bytes{device=\"cpu:0\"} 4096");
@@ -187,7 +196,7 @@ static void test_escaping_and_numbers(void)
     /* 1/3 needs 16 digits to read back as the same double */
     expect_line("ddtree_run_loss{run=\"a\\\"b\\\\c\\nd\",term=\"cap\"} 0.3333333333333333");
     check(strstr(rendered, "ddtree_run_acceptance_length{run=\"a\\\"b") == NULL,
-          "a run never evaluated has acceptance samples");
+          "a run never evaluated has acceptance samples (its zeroed tau_spec among them)");
     /* the raw newline of the id never reaches the text: every line is a comment or a sample */
     for (const char *line = rendered; *line;) {
         const char *end = strchr(line, '\n');

@@ -2,7 +2,9 @@
  *
  * A fresh database gets the newest user_version, WAL, and every table and column of API.md;
  * reopening changes nothing; a database of a newer ddtreed is refused byte for byte untouched;
- * a missing parent directory is an error that says so. Writes: 10,000 step records from 4
+ * a missing parent directory is an error that says so; a version-1 database (before the
+ * speculative columns) is migrated keeping its rows, and the teacher-forced and speculative
+ * columns of one evals row are written without touching each other. Writes: 10,000 step records from 4
  * threads (more than the queue holds, so producers block) are all there after a flush, with
  * their step_devices rows; events, evals and checkpoints read back as written; run create
  * (duplicate: -EEXIST), update (optional fields left alone) and a checkpoint's update (the
@@ -213,7 +215,8 @@ static const table_spec api_tables[] = {
                  "tokens", "positions", "step_ms", "tokens_per_s", "positions_per_s", "peak_bytes",
                  "chunk", "vocab_tile", NULL } },
     { "step_devices", { "run_id", "step", "device", "peak_bytes", "step_ms", NULL } },
-    { "evals", { "run_id", "step", "tau_chain", "tau_tree_json", "acc_json", NULL } },
+    { "evals", { "run_id", "step", "tau_chain", "tau_tree_json", "acc_json", "tau_spec", "tau_spec_tree_json",
+                 "spec_json", NULL } },
     { "events", { "id", "run_id", "ts_ms", "kind", "detail_json", NULL } },
     { "checkpoints", { "run_id", "step", "path", "bytes", "ts_ms", NULL } },
 };
@@ -526,6 +529,49 @@ static void test_events_evals_checkpoints(void)
     ddt_store_close(s);
 }
 
+/* the embedded migrations (cmake/embed_schema.cmake) */
+extern const char *const ddt_schema_sql[];
+
+static void test_migrate_speculative(void)
+{
+    char path[256];
+    db_path(path, sizeof path, "v1.db");
+    sqlite3 *db = NULL;
+    int ok = sqlite3_open(path, &db) == SQLITE_OK &&
+             sqlite3_exec(db, ddt_schema_sql[0], NULL, NULL, NULL) == SQLITE_OK &&
+             sqlite3_exec(db, "PRAGMA user_version = 1;"
+                          "INSERT INTO runs (id, name, state, config_json, created_ms, updated_ms, step, max_steps)"
+                          " VALUES ('r', 'r', 'running', '{}', 1, 1, 10, 100);"
+                          "INSERT INTO evals (run_id, step, tau_chain, tau_tree_json, acc_json)"
+                          " VALUES ('r', 10, 2.5, '{\"16\": 3}', '{}');", NULL, NULL, NULL) == SQLITE_OK;
+    check(ok, "a version-1 fixture: %s", db ? sqlite3_errmsg(db) : "?");
+    sqlite3_close(db);
+    if (!ok)
+        return;
+    ddt_store *s = open_store(path);
+    if (!s)
+        return;
+    ddt_store_eval_spec(s, "r", 10, 1.75, "{\"8\": 2}", "{\"prompts\": 3}");   /* beside step 10's tau_chain */
+    ddt_store_eval_spec(s, "r", 20, 1.5, "{}", "{}");                         /* a row of its own */
+    ddt_store_eval(s, "r", 20, 2.75, "{}", "{}");                             /* leaves its tau_spec */
+    check(ddt_store_flush(s) == 0, "flush failed");
+    db = open_reader(path);
+    if (db) {
+        char text[128];
+        check(query_int(db, "PRAGMA user_version") == ddt_store_schema_version() && ddt_store_schema_version() >= 2,
+              "user_version %lld", (long long)query_int(db, "PRAGMA user_version"));
+        check(query_int(db, "SELECT count(*) FROM evals WHERE step = 10 AND tau_chain = 2.5 AND tau_spec = 1.75") == 1,
+              "step 10: the old row with its tau_chain and the new tau_spec");
+        query_text(db, "SELECT tau_tree_json || tau_spec_tree_json || spec_json FROM evals WHERE step = 10", text,
+                   sizeof text);
+        check(!strcmp(text, "{\"16\": 3}{\"8\": 2}{\"prompts\": 3}"), "step 10's texts: %s", text);
+        check(query_int(db, "SELECT count(*) FROM evals WHERE step = 20 AND tau_chain = 2.75 AND tau_spec = 1.5") == 1,
+              "step 20: both writes kept");
+        sqlite3_close(db);
+    }
+    ddt_store_close(s);
+}
+
 static void test_run_create_duplicate(void)
 {
     char path[256];
@@ -749,6 +795,7 @@ int main(void)
     scratch_dir(tmp_dir);
     static const test_case cases[] = {
         { "fresh database: newest user_version, API.md's tables and columns", test_fresh_schema },
+        { "a version-1 database migrated: speculative columns, rows kept, upserts apart", test_migrate_speculative },
         { "journal_mode is WAL", test_wal_mode },
         { "reopening is idempotent", test_reopen_idempotent },
         { "a database of a newer ddtreed is refused and left untouched", test_future_version_refused },

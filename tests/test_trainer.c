@@ -24,12 +24,20 @@
  *   - a split on CPU ranks (target.devices N: target ranks one step ahead, double-buffered): the
  *     host run's losses and evaluation bit for bit (1 target rank for 2 drafter ranks, 3 for 1),
  *     exact resume from a checkpoint taken with the next batch in flight, both kinds of rank's
- *     measured peaks against the plan's (10%).
+ *     measured peaks against the plan's (10%);
+ *   - eval.speculative (SPEC.md 7): refused where it cannot run, naming the field; on the host
+ *     target and co-located on CPU ranks every prompt greedy-equal, 1 <= tau_spec <= B, every
+ *     tree of K >= B-1 nodes at least the chain, the two placements' figures equal, the evals row
+ *     holding tau_spec beside tau_chain; every_evals skips evaluations; a kept checkpoint's
+ *     weights give what the live ones gave at its step; requests beyond the caps are refused.
  * ctest: one line per case, a final "N passed, M failed".
  */
 #include "check.h"
 #include "trainer.h"
+#include "store_read.h"
 #include "ddk.h"
+
+#include <cjson/cJSON.h>
 
 #include <dirent.h>
 #include <errno.h>
@@ -1034,6 +1042,230 @@ static void test_plan_colocated_peak(void)
     ddt_trainer_close(t);
 }
 
+
+/* ------------------------------------------------------------------------------------------
+ * eval.speculative
+ */
+
+/* TINY with "speculative": spec in its eval object */
+static void with_spec(const char *json, const char *spec, char *out, size_t len)
+{
+    const char *at = strstr(json, "\"eval\": {") + strlen("\"eval\": {");
+    snprintf(out, len, "%.*s\"speculative\": %s, %s", (int)(at - json), json, spec, at);
+}
+
+static void test_spec_config(void)
+{
+    static const struct { const char *spec, *field; } cases[] = {
+        { "3", "eval.speculative" },
+        { "{\"prompts\": 0}", "eval.speculative.prompts" },
+        { "{\"prompt_len\": 24}", "eval.speculative.prompt_len" },   /* train.seq_len 24 */
+        { "{\"gen_len\": 1.5}", "eval.speculative.gen_len" },
+        { "{\"tree_budgets\": [0]}", "eval.speculative.tree_budgets" },
+        { "{\"tree_budgets\": [1, 2, 3, 4, 5, 6, 7, 8, 9]}", "eval.speculative.tree_budgets" },
+        { "{\"tree_budgets\": [65537]}", "eval.speculative.tree_budgets" },
+        { "{\"every_evals\": 0}", "eval.speculative.every_evals" },
+        { "{}", "eval.speculative.prompt_len" },   /* the default 64 is not below train.seq_len 24 */
+        { "{\"temperature\": 1}", "eval.speculative.temperature" },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char json[4096], err[512], field[128];
+        ddt_run_config c;
+        with_spec(TINY("1", ""), cases[i].spec, json, sizeof json);
+        int rc = ddt_run_config_parse(json, strlen(json), &c, err, sizeof err, field, sizeof field);
+        check(rc == -EINVAL && !strcmp(field, cases[i].field), "%s: rc %d field \"%s\" (want %s): %s", cases[i].spec,
+              rc, field, cases[i].field, err);
+    }
+    /* where it cannot run: the placement's sentence names the field */
+    char json[4096], split[4096], err[512], field[128];
+    ddt_run_config c;
+    with_spec(TINY("1", ""), "{\"prompt_len\": 10}", json, sizeof json);   /* the default 64 is train.seq_len's 24 and more */
+    const char *at = strstr(json, "\"target\": {") + strlen("\"target\": {");
+    snprintf(split, sizeof split, "%.*s\"devices\": 1, %s", (int)(at - json), json, at);
+    int rc = ddt_run_config_parse(split, strlen(split), &c, err, sizeof err, field, sizeof field);
+    check(rc == -EINVAL && !strcmp(field, "eval.speculative") && strstr(err, "split"), "a split: %d %s: %s", rc,
+          field, err);
+    const char *shards = "{\"target\": {\"kind\": \"shards\", \"path\": \"/x\", \"shards\": [\"/x/a.safetensors\"]},"
+                         " \"eval\": {\"speculative\": {}}}";
+    rc = ddt_run_config_parse(shards, strlen(shards), &c, err, sizeof err, field, sizeof field);
+    check(rc == -EINVAL && !strcmp(field, "eval.speculative") && strstr(err, "shards"), "shards: %d %s: %s", rc,
+          field, err);
+    /* no held-out sequences: no prompts */
+    char none[4096];
+    const char *h = strstr(json, "\"heldout\": 4");
+    snprintf(none, sizeof none, "%.*s\"heldout\": 0%s", (int)(h - json), json, h + strlen("\"heldout\": 4"));
+    rc = ddt_run_config_parse(none, strlen(none), &c, err, sizeof err, field, sizeof field);
+    check(rc == -EINVAL && !strcmp(field, "eval.speculative") && strstr(err, "train.heldout"), "heldout 0: %d %s: %s",
+          rc, field, err);
+    /* the defaults, and absence */
+    check(ddt_run_config_parse(json, strlen(json), &c, err, sizeof err, field, sizeof field) == 0, "defaults: %s", err);
+    check(c.spec == 1 && c.spec_prompts == 8 && c.spec_prompt_len == 10 && c.spec_gen_len == 64 &&
+              c.spec_n_budgets == 2 && c.spec_budgets[0] == 8 && c.spec_budgets[1] == 32 && c.spec_every_evals == 1,
+          "defaults: %d %lld %lld %lld %d", c.spec, (long long)c.spec_prompts, (long long)c.spec_prompt_len,
+          (long long)c.spec_gen_len, c.spec_n_budgets);
+    ddt_run_config_free(&c);
+    const char *tiny = TINY("1", "");
+    check(ddt_run_config_parse(tiny, strlen(tiny), &c, err, sizeof err, field, sizeof field) == 0 && c.spec == 0,
+          "absent: spec %d", c.spec);
+    ddt_run_config_free(&c);
+}
+
+/* the run's evals rows (GET /runs/{id}/evals), parsed */
+static cJSON *read_evals(const char *db, const char *id)
+{
+    char *text = NULL, err[512];
+    size_t len = 0;
+    int rc = ddt_store_read_evals(db, id, -1, &text, &len, err, sizeof err);
+    check(rc == 0, "read evals: %s", err);
+    cJSON *o = rc == 0 ? cJSON_Parse(text) : NULL;
+    free(text);
+    return o;
+}
+
+/* one run with eval.speculative: the baseline (step 0) and 2 steps, evaluations every step */
+static void spec_run(const char *place, ddt_speculate_totals *at0, ddt_speculate_totals *at1, int *speculated)
+{
+    char base[4096], json[4096], placed[4096], db[512], err[1024], field[128];
+    ddt_speculate_totals live1;
+    memset(&live1, 0, sizeof live1);
+    with_spec(TINY("1", ""), "{\"prompts\": 3, \"prompt_len\": 10, \"gen_len\": 12, \"tree_budgets\": [2, 3, 8], "
+              "\"every_evals\": 2}", base, sizeof base);
+    /* eval.every_steps 1 (the eval object's own every_steps) */
+    const char *at = strstr(base, "\"eval\": {");
+    const char *e = strstr(at, "\"every_steps\": 100");
+    snprintf(json, sizeof json, "%.*s\"every_steps\": 1%s", (int)(e - base), base, e + strlen("\"every_steps\": 100"));
+    if (place)
+        with_place(json, place, placed, sizeof placed);
+    else
+        snprintf(placed, sizeof placed, "%s", json);
+    snprintf(db, sizeof db, "%s/spec-%s.db", state_dir, place ? place : "host");
+    ddt_store *store = NULL;
+    if (ddt_store_open(db, &store, err, sizeof err)) {
+        check(0, "store: %s", err);
+        return;
+    }
+    ddt_trainer *t = NULL;
+    int rc = ddt_trainer_open(placed, strlen(placed), state_dir, NULL, 0, store, &t, err, sizeof err, field,
+                              sizeof field);
+    check(rc == 0, "open (%s): %s", place ? place : "host", err);
+    for (int k = 0; rc == 0 && k < 3; k++) {   /* evaluations 0, 1, 2: every_evals 2 speculates on 0 and 2 */
+        ddt_trainer_outcome o;
+        rc = ddt_trainer_advance(t, &o, err, sizeof err);
+        check(rc == 0 && !*o.warning, "advance %d: %s %s", k, err, o.warning);
+        speculated[k] = o.speculated;
+        if (k == 0)
+            *at0 = o.spec;
+        if (k == 1 && (rc = ddt_trainer_checkpoint(t, err, sizeof err)))   /* step 1's weights, kept */
+            check(0, "checkpoint: %s", err);
+        if (k == 1 && rc == 0) {   /* and step 1's live weights on request, for the checkpoint's below */
+            ddt_trainer_spec_request live = { .step = -1, .n_budgets = -1 };
+            check((rc = ddt_trainer_speculate(t, &live, &live1, err, sizeof err)) == 0, "live at 1: %s", err);
+        }
+    }
+    /* step 1 was not speculated (every_evals 2): its checkpoint's weights now, at step 2 */
+    ddt_trainer_spec_request q = { .step = 1, .n_budgets = -1 };
+    if (rc == 0)
+        check(ddt_trainer_speculate(t, &q, at1, err, sizeof err) == 0, "speculate at checkpoint 1: %s", err);
+    /* the checkpoint's weights decode as the live ones did at its step */
+    int same_as_live = at1->chain_tokens == live1.chain_tokens && at1->chain_calls == live1.chain_calls;
+    for (int i = 0; i < at1->n_budgets; i++)
+        same_as_live &= at1->tree_tokens[i] == live1.tree_tokens[i] && at1->tree_calls[i] == live1.tree_calls[i];
+    check(rc == 0 && same_as_live && live1.prompts == 3, "checkpoint 1 vs live at 1: %lld/%lld vs %lld/%lld",
+          (long long)at1->chain_tokens, (long long)at1->chain_calls, (long long)live1.chain_tokens,
+          (long long)live1.chain_calls);
+    /* beyond the caps, or no such checkpoint: refused */
+    ddt_speculate_totals no;
+    ddt_trainer_spec_request bad[] = { { .step = -1, .n_budgets = 1, .budgets = { 9 } },
+                                       { .step = -1, .n_budgets = -1, .gen_len = 13 },
+                                       { .step = -1, .n_budgets = -1, .prompts = 4 },
+                                       { .step = 7, .n_budgets = -1 } };
+    const int want[] = { -EINVAL, -EINVAL, -EINVAL, -ENOENT };
+    for (int i = 0; rc == 0 && i < 4; i++) {
+        int got = ddt_trainer_speculate(t, &bad[i], &no, err, sizeof err);
+        check(got == want[i], "bad request %d: %d (want %d): %s", i, got, want[i], err);
+    }
+    char id[64];
+    snprintf(id, sizeof id, "%s", t ? ddt_trainer_run_id(t) : "");
+    ddt_trainer_close(t);
+    ddt_store_close(store);   /* commits what was queued */
+    cJSON *root = rc == 0 ? read_evals(db, id) : NULL;
+    const cJSON *evals = cJSON_GetObjectItemCaseSensitive(root, "evals");
+    check(cJSON_GetArraySize(evals) == 3, "%d evals rows (want steps 0, 1, 2)", cJSON_GetArraySize(evals));
+    for (int k = 0; k < cJSON_GetArraySize(evals); k++) {
+        const cJSON *row = cJSON_GetArrayItem(evals, k);
+        const cJSON *tau = cJSON_GetObjectItemCaseSensitive(row, "tau_spec");
+        const cJSON *tree = cJSON_GetObjectItemCaseSensitive(row, "tau_spec_tree");
+        const cJSON *spec = cJSON_GetObjectItemCaseSensitive(row, "spec");
+        /* every row speculated: 0 and 2 by the cadence, 1 by the request on its checkpoint */
+        check(cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(row, "tau_chain")), "row %d lost its tau_chain", k);
+        check(cJSON_IsNumber(tau) && tau->valuedouble >= 1 && tau->valuedouble <= 4, "row %d tau_spec", k);
+        check(cJSON_GetArraySize(tree) == 3 && cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(tree, "8")),
+              "row %d tau_spec_tree", k);
+        check(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(spec, "greedy_equal")) &&
+                  cJSON_GetObjectItemCaseSensitive(spec, "prompts")->valuedouble == 3 &&
+                  cJSON_GetObjectItemCaseSensitive(spec, "seconds")->valuedouble > 0,
+              "row %d spec", k);
+        check(!strcmp(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(spec, "weights")), k == 1 ? "checkpoint" : "live"),
+              "row %d weights", k);
+    }
+    cJSON_Delete(root);
+}
+
+static void check_spec_totals(const ddt_speculate_totals *s, const char *what)
+{
+    const double tau = ddt_speculate_tau(s);
+    check(s->prompts == 3 && s->mismatched == 0, "%s: %lld prompts, %lld not greedy-equal", what,
+          (long long)s->prompts, (long long)s->mismatched);
+    check(s->generated == 3 * 12, "%s: %lld generated (want 3 x 12)", what, (long long)s->generated);
+    check(tau >= 1 && tau <= 4, "%s: tau_spec %.4f outside [1, B = 4]", what, tau);
+    for (int i = 1; i < 3; i++)   /* budgets 3 and 8 >= B - 1: the chain is in the tree */
+        check(ddt_speculate_tau_tree(s, i) >= tau, "%s: tau_spec_tree(%lld) %.4f below the chain's %.4f", what,
+              (long long)s->budgets[i], ddt_speculate_tau_tree(s, i), tau);
+}
+
+static void test_spec_eval(void)
+{
+    ddt_speculate_totals host[2], same[2];
+    int spec_host[3] = { 0 }, spec_same[3] = { 0 };
+    spec_run(NULL, &host[0], &host[1], spec_host);
+    spec_run("same", &same[0], &same[1], spec_same);
+    check(spec_host[0] && !spec_host[1] && spec_host[2], "every_evals 2: speculated %d %d %d (want 1 0 1)",
+          spec_host[0], spec_host[1], spec_host[2]);
+    printf("  # tau_spec host %.4f (tree 2 %.4f, 3 %.4f, 8 %.4f), same %.4f; checkpoint 1 %.4f\n",
+           ddt_speculate_tau(&host[0]), ddt_speculate_tau_tree(&host[0], 0), ddt_speculate_tau_tree(&host[0], 1),
+           ddt_speculate_tau_tree(&host[0], 2), ddt_speculate_tau(&same[0]), ddt_speculate_tau(&host[1]));
+    check_spec_totals(&host[0], "host, step 0");
+    check_spec_totals(&host[1], "host, checkpoint 1");
+    check_spec_totals(&same[0], "same, step 0");
+    /* the co-located fp32 replica is the host target on another CPU backend: the same decoding */
+    check(host[0].chain_tokens == same[0].chain_tokens && host[0].chain_calls == same[0].chain_calls &&
+              host[1].chain_calls == same[1].chain_calls,
+          "host vs same: %lld/%lld vs %lld/%lld", (long long)host[0].chain_tokens, (long long)host[0].chain_calls,
+          (long long)same[0].chain_tokens, (long long)same[0].chain_calls);
+}
+
+/* without eval.speculative: no speculation at the cadence, one on request with the defaults */
+static void test_spec_lazy(void)
+{
+    ddt_trainer *t = open_run(TINY("1", ""), NULL);
+    if (!t)
+        return;
+    char err[1024];
+    ddt_trainer_outcome o;
+    check(ddt_trainer_advance(t, &o, err, sizeof err) == 0 && o.evaluated && !o.speculated, "baseline: %s", err);
+    ddt_speculate_totals s;
+    ddt_trainer_spec_request q = { .step = -1, .n_budgets = 1, .budgets = { 32 }, .gen_len = 5 };
+    check(ddt_trainer_speculate(t, &q, &s, err, sizeof err) == 0, "speculate: %s", err);
+    /* the defaults: min(8, train.heldout 4) prompts */
+    check(s.prompts == 4 && s.mismatched == 0 && s.generated == 4 * 5 && s.n_budgets == 1 &&
+              ddt_speculate_tau_tree(&s, 0) >= ddt_speculate_tau(&s),
+          "lazy: %lld prompts, %lld generated, %lld mismatched", (long long)s.prompts, (long long)s.generated,
+          (long long)s.mismatched);
+    q.budgets[0] = 33;   /* above the default cap, 32 */
+    check(ddt_trainer_speculate(t, &q, &s, err, sizeof err) == -EINVAL && strstr(err, "tree_budgets"), "33: %s", err);
+    ddt_trainer_close(t);
+}
+
 int main(void)
 {
     if (!mkdtemp(state_dir)) {
@@ -1049,6 +1281,9 @@ int main(void)
         { "what a node cannot run is refused at open, naming the field", test_open_refuses },
         { "a GPU the node lacks fails at open, nothing left behind", test_missing_gpu },
         { "eval.blocks_per_sequence bounds the evaluated blocks", test_eval_blocks },
+        { "eval.speculative: refused where it cannot run, defaults", test_spec_config },
+        { "eval.speculative: lossless, 1 <= tau <= B, tree >= chain, rows, checkpoints", test_spec_eval },
+        { "speculation on request without eval.speculative", test_spec_lazy },
         { "train.precision bf16: close to fp32, not identical", test_bf16_run },
         { "exact resume", test_exact_resume },
         { "1 rank vs 2 ranks vs 3 ranks vs 2 micro-batches", test_ranks },

@@ -36,6 +36,9 @@ typedef enum field_type {
                          target_devices_count, target_gpu_ids) */
     F_BYTES,        /* memory.budget_bytes: null (0) or a positive integer, at offset */
     F_CHAT_FILES,   /* target.data.files: JSON Lines paths (chat_files, chat_file_count) */
+    F_SECTION,      /* eval.speculative: an optional object whose presence means something: the int
+                       at offset := 1, its keys are the table's fields under its path */
+    F_SPEC_BUDGETS, /* eval.speculative.tree_budgets (spec_budgets, spec_n_budgets) */
 } field_type;
 
 typedef struct config_field {
@@ -142,6 +145,22 @@ static const config_field fields[] = {
     { "eval.blocks_per_sequence", F_INT, OFF(eval_blocks), 64, 1, 1 << 20, NULL, 0,
       "blocks (anchors) drawn per held-out sequence, at most train.max_anchors" },
     { "eval.tree_budgets", F_BUDGETS, 0, 0, 0, 0, NULL, 0, "DDTree node budgets K (default [16, 64])" },
+    { "eval.speculative", F_SECTION, OFF(spec), 0, 0, 0, NULL, 0,
+      "speculative decoding on held-out prompts (SPEC.md section 7) at teacher-forced evaluations: absent, none; "
+      "{} takes the defaults below. Each prompt is the first prompt_len tokens of a held-out sequence, for every "
+      "kind of data (chat data too: not a conversation cut at its last assistant turn). Needs the target on rank 0 "
+      "at train time: refused for target.kind \"shards\" and for a split target.devices" },
+    { "eval.speculative.prompts", F_INT, OFF(spec_prompts), 8, 1, 1 << 20, NULL, 0,
+      "held-out prompts decoded (one a held-out sequence: train.heldout of them at most, fewer when it is smaller)" },
+    { "eval.speculative.prompt_len", F_INT, OFF(spec_prompt_len), 64, 1, 1 << 24, NULL, 0,
+      "P: tokens of each prompt (the first P of held-out sequence i), < train.seq_len" },
+    { "eval.speculative.gen_len", F_INT, OFF(spec_gen_len), 64, 1, 1 << 24, NULL, 0,
+      "G: tokens generated after each prompt; P + G + block_size must fit the target's context" },
+    { "eval.speculative.tree_budgets", F_SPEC_BUDGETS, 0, 0, 0, 0, NULL, 0,
+      "DDTree node budgets K of the tree decoding (default [8, 32]; [] the chain only); the largest is the "
+      "planned cap of POST /runs/{id}/speculate" },
+    { "eval.speculative.every_evals", F_INT, OFF(spec_every_evals), 1, 1, 1 << 20, NULL, 0,
+      "on every E-th teacher-forced evaluation (the step-0 baseline is the first)" },
 };
 enum { FIELD_COUNT = sizeof fields / sizeof fields[0] };
 
@@ -347,17 +366,48 @@ static void default_layer_ids(ddt_run_config *c, const config_field *f)
     c->taps_auto = 1;
 }
 
-static int parse_budgets(const parse_ctx *p, const config_field *f, const cJSON *v)
+/* a list of at most 8 node budgets in [1, hi] into out, n_out */
+static int parse_budget_list(const parse_ctx *p, const config_field *f, const cJSON *v, double hi,
+                             const char *rule, int64_t *out, int *n_out)
 {
-    ddt_run_config *c = p->c;
     const int n = array_size(v);
     if (n < 0 || n > DDT_MAX_EVAL_BUDGETS)
         return fail(p, f->path, "must be a list of at most %s node budgets", "8");
-    int rc = parse_integers(p, f, v, n, 1, 65536, "integers in [1, 65536]", c->tree_budgets, 1);
+    int rc = parse_integers(p, f, v, n, 1, hi, rule, out, 1);
     if (rc)
         return rc;
-    c->n_budgets = n;
+    *n_out = n;
     return 0;
+}
+
+static int parse_budgets(const parse_ctx *p, const config_field *f, const cJSON *v)
+{
+    return parse_budget_list(p, f, v, 65536, "integers in [1, 65536]", p->c->tree_budgets, &p->c->n_budgets);
+}
+
+/* the speculator's tree: at most DDT_MAX_SLOTS^2 nodes (speculate.h) */
+static int parse_spec_budgets(const parse_ctx *p, const config_field *f, const cJSON *v)
+{
+    return parse_budget_list(p, f, v, 65536, "integers in [1, 65536] (the speculator's tree cap, 256^2)",
+                             p->c->spec_budgets, &p->c->spec_n_budgets);
+}
+
+static void default_spec_budgets(ddt_run_config *c, const config_field *f)
+{
+    (void)f;
+    c->spec_n_budgets = 2;
+    c->spec_budgets[0] = 8;
+    c->spec_budgets[1] = 32;
+}
+
+static int parse_object(const parse_ctx *p, const cJSON *obj, const char *prefix);
+
+static int parse_section(const parse_ctx *p, const config_field *f, const cJSON *v)
+{
+    if (!cJSON_IsObject(v))
+        return fail(p, f->path, "must be %s", "an object (leave it out for none)");
+    *(int *)((char *)p->c + f->offset) = 1;
+    return parse_object(p, v, f->path);
 }
 
 static void default_budgets(ddt_run_config *c, const config_field *f)
@@ -485,6 +535,8 @@ static const field_kind kinds[] = {
     [F_TARGET_DEVICES] = { "list", parse_target_devices, NULL },
     [F_BYTES] = { "list", parse_bytes, NULL },
     [F_CHAT_FILES] = { "list", parse_chat_files, NULL },
+    [F_SECTION] = { "object", parse_section, NULL },
+    [F_SPEC_BUDGETS] = { "list", parse_spec_budgets, default_spec_budgets },
 };
 
 static void apply_defaults(ddt_run_config *c)
@@ -553,6 +605,28 @@ static int check_data(const parse_ctx *p)
     return 0;
 }
 
+/* eval.speculative against the rest: where it cannot run, refused now, in words */
+static int check_speculative(const parse_ctx *p)
+{
+    const ddt_run_config *c = p->c;
+    if (!c->spec)
+        return 0;
+    if (c->target_kind == DDT_SOURCE_SHARDS)
+        return fail(p, "eval.speculative", "needs the target at train time, but %s",
+                    "a shards run has none (its features are in the shards): leave it out and run `ddtreed "
+                    "speculate` on the export");
+    if (c->target_place == DDT_TARGET_SPLIT)
+        return fail(p, "eval.speculative", "needs the target beside rank 0's drafter, but %s",
+                    "a split target.devices puts it on other devices: use \"same\" (co-located) or \"host\" on "
+                    "CPU ranks, or leave it out and run `ddtreed speculate` on the export");
+    if (c->spec_prompt_len >= c->seq_len)
+        return fail(p, "eval.speculative.prompt_len", "must be < %s",
+                    "train.seq_len (a prompt is the first prompt_len tokens of a held-out sequence)");
+    if (c->heldout < 1)
+        return fail(p, "eval.speculative", "needs held-out prompts: %s", "train.heldout must be >= 1");
+    return 0;
+}
+
 /* Relations between fields, after parsing. */
 static int check_relations(const parse_ctx *p)
 {
@@ -615,7 +689,7 @@ static int check_relations(const parse_ctx *p)
     if (c->cluster_world && c->devices_kind != DDT_DEVICES_LIST && c->devices_kind != DDT_DEVICES_COUNT)
         return fail(p, "devices", "must name the GPUs (a count or [\"cuda:N\", ...]) with %s",
                     "a cluster section: the ranks must be known before the run starts");
-    return 0;
+    return check_speculative(p);
 }
 
 int ddt_run_config_parse(const char *json, size_t len, ddt_run_config *c, char *err,
@@ -721,6 +795,13 @@ int ddt_run_config_resolve(ddt_run_config *c, int64_t target_hidden, int64_t tar
     int rc = ddt_run_config_max_positions(c, &d->max_positions, err, err_len);
     if (rc)
         return rc;
+    if (c->spec && c->spec_prompt_len + c->spec_gen_len + d->block_size > d->max_positions) {
+        snprintf(err, err_len, "eval.speculative.gen_len: prompt_len %lld + gen_len %lld + block_size %lld is beyond "
+                 "the target's context (max_position_embeddings %lld): shorten the prompts or the generation",
+                 (long long)c->spec_prompt_len, (long long)c->spec_gen_len, (long long)d->block_size,
+                 (long long)d->max_positions);
+        return -EINVAL;
+    }
     d->mask_token_id = (int32_t)(c->mask_token_id < 0 ? target_vocab - 1 : c->mask_token_id);
     char why[512];
     if (ddt_drafter_config_check(d, why, sizeof why)) {
@@ -782,6 +863,22 @@ void ddt_run_config_source(const ddt_run_config *c, ddt_source_config *s)
         s->regenerate = c->regenerate;
         s->max_new_tokens = c->max_new_tokens;
     }
+}
+
+int64_t ddt_run_config_spec_max_budget(const ddt_run_config *c)
+{
+    int64_t k = 0;
+    for (int i = 0; i < c->spec_n_budgets; i++)
+        k = c->spec_budgets[i] > k ? c->spec_budgets[i] : k;
+    return k;
+}
+
+void ddt_run_config_spec_caps(const ddt_run_config *c, int64_t *prompts, int64_t *gen_len, int64_t *max_budget)
+{
+    const int64_t n = c->spec ? c->spec_prompts : 8;
+    *prompts = n < c->heldout ? n : c->heldout;
+    *gen_len = c->spec ? c->spec_gen_len : 64;
+    *max_budget = c->spec ? ddt_run_config_spec_max_budget(c) : 32;
 }
 
 void ddt_run_config_print_reference(FILE *out)

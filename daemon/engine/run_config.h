@@ -95,6 +95,11 @@ typedef struct ddt_run_config {
     int64_t eval_every, eval_sequences, eval_blocks;
     int n_budgets;
     int64_t tree_budgets[DDT_MAX_EVAL_BUDGETS];
+    /* eval.speculative (SPEC.md section 7): absent (spec 0) = no speculative evaluation */
+    int spec;                              /* 1: the object was given */
+    int64_t spec_prompts, spec_prompt_len, spec_gen_len, spec_every_evals;
+    int spec_n_budgets;
+    int64_t spec_budgets[DDT_MAX_EVAL_BUDGETS];
 } ddt_run_config;
 
 /* Parses and validates a run config (JSON text of len bytes). 0; -EBADMSG when the text is not
@@ -124,6 +129,13 @@ int ddt_run_config_target_shape(const ddt_run_config *c, int64_t *hidden, int64_
 
 /* The source configuration of a run (shards point into c). */
 void ddt_run_config_source(const ddt_run_config *c, ddt_source_config *s);
+
+/* The largest of eval.speculative.tree_budgets (0: none): the speculator's planned cap. */
+int64_t ddt_run_config_spec_max_budget(const ddt_run_config *c);
+/* What a speculative evaluation of the run may ask for (POST /runs/{id}/speculate): prompts
+ * (eval.speculative.prompts, at most train.heldout), gen_len and the largest tree budget, as
+ * eval.speculative sets them, or without it the defaults 8, 64 and 32 ([8, 32]). */
+void ddt_run_config_spec_caps(const ddt_run_config *c, int64_t *prompts, int64_t *gen_len, int64_t *max_budget);
 
 /* Markdown table of every field (path, type, default, bounds, help): the reference docs. */
 void ddt_run_config_print_reference(FILE *out);

@@ -251,6 +251,7 @@ int ddt_source_use_target(ddt_source_base *b, const ddt_target_model *t, const c
 {
     b->embed = t->embed_tokens;
     b->lm_head = t->lm_head;
+    b->target = t;
     return ddt_source_use_shape(b, t->hidden, t->vocab, t->layers, what, err, err_len);
 }
 
@@ -399,6 +400,11 @@ void ddt_source_close(ddt_source *s)
     pthread_cond_destroy(&s->wake);
     pthread_mutex_destroy(&s->lock);
     free(s);
+}
+
+const ddt_target_model *ddt_source_target(const ddt_source *s)
+{
+    return s->b.target;
 }
 
 const float *ddt_source_embed(const ddt_source *s)

@@ -103,6 +103,10 @@ int ddt_source_target_shape(const ddt_source_config *c, int64_t *hidden, int64_t
 const float *ddt_source_embed(const ddt_source *s);
 const float *ddt_source_lm_head(const ddt_source *s);
 int64_t ddt_source_vocab(const ddt_source *s);
+/* The source's own loaded target (synthetic, hf with its target: fp32 on the CPU), or NULL (shards,
+ * a token file read tokens_only). Its weights are read-only: another thread may run it on any CPU
+ * backend with its own cache (the trainer's speculative evaluation) while the loader uses it. */
+const ddt_target_model *ddt_source_target(const ddt_source *s);
 /* The target's number of layers (0 when unknown: shards) */
 int64_t ddt_source_target_layers(const ddt_source *s);
 

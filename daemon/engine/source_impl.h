@@ -29,6 +29,7 @@ typedef struct ddt_source_base {
     int64_t V, target_layers;     /* target_layers 0: unknown (shards) */
     int64_t n_heldout;
     const float *embed, *lm_head; /* (V, H), the implementation's */
+    const ddt_target_model *target; /* the implementation's loaded target (ddt_source_use_target), or NULL */
     void *data;                   /* the implementation's state */
 } ddt_source_base;
 

@@ -111,9 +111,10 @@ typedef struct store_item {
             int64_t ts_ms;
         } event;
         struct {
-            char *run_id, *tau_tree_json, *acc_json;   /* owned copies */
+            char *run_id, *tau_tree_json, *acc_json;   /* owned copies; spec: tau_spec_tree_json, spec_json */
             int64_t step;
-            double tau_chain;
+            double tau_chain;                          /* spec: tau_spec */
+            int spec;                                  /* 1: the speculative columns (ddt_store_eval_spec) */
         } eval;
         struct {
             char *run_id, *path;   /* owned copies */
@@ -165,6 +166,7 @@ enum {
     STMT_STEP_DEVICE,
     STMT_EVENT,
     STMT_EVAL,
+    STMT_EVAL_SPEC,
     STMT_CHECKPOINT,
     STMT_RUN_CREATE,
     STMT_RUN_UPDATE,
@@ -185,9 +187,16 @@ static const char *const stmt_sql[STMT_COUNT] = {
         "INSERT OR REPLACE INTO step_devices (run_id, step, device, peak_bytes, step_ms)"
         " VALUES (?1, ?2, ?3, ?4, ?5)",
     [STMT_EVENT] = "INSERT INTO events (run_id, ts_ms, kind, detail_json) VALUES (?1, ?2, ?3, ?4)",
+    /* the teacher-forced columns and the speculative ones of one step's row, each written
+     * without touching the other's (a speculation posted at a step evaluated before) */
     [STMT_EVAL] =
-        "INSERT OR REPLACE INTO evals (run_id, step, tau_chain, tau_tree_json, acc_json)"
-        " VALUES (?1, ?2, ?3, ?4, ?5)",
+        "INSERT INTO evals (run_id, step, tau_chain, tau_tree_json, acc_json) VALUES (?1, ?2, ?3, ?4, ?5)"
+        " ON CONFLICT (run_id, step) DO UPDATE SET tau_chain = excluded.tau_chain,"
+        " tau_tree_json = excluded.tau_tree_json, acc_json = excluded.acc_json",
+    [STMT_EVAL_SPEC] =
+        "INSERT INTO evals (run_id, step, tau_spec, tau_spec_tree_json, spec_json) VALUES (?1, ?2, ?3, ?4, ?5)"
+        " ON CONFLICT (run_id, step) DO UPDATE SET tau_spec = excluded.tau_spec,"
+        " tau_spec_tree_json = excluded.tau_spec_tree_json, spec_json = excluded.spec_json",
     [STMT_CHECKPOINT] =
         "INSERT OR REPLACE INTO checkpoints (run_id, step, path, bytes, ts_ms)"
         " VALUES (?1, ?2, ?3, ?4, ?5)",
@@ -435,7 +444,8 @@ static int write_item(ddt_store *s, const store_item *item, int *result)
                        text_value(item->event.detail_json ? item->event.detail_json : "{}"));
         break;
     case ITEM_EVAL:
-        rc = RUN_BOUND(s, STMT_EVAL, text_value(item->eval.run_id), int_value(item->eval.step),
+        rc = RUN_BOUND(s, item->eval.spec ? STMT_EVAL_SPEC : STMT_EVAL, text_value(item->eval.run_id),
+                       int_value(item->eval.step),
                        double_value(item->eval.tau_chain), text_value(item->eval.tau_tree_json),
                        text_value(item->eval.acc_json));
         break;
@@ -706,6 +716,18 @@ void ddt_store_eval(ddt_store *s, const char *run_id, int64_t step, double tau_c
     enqueue_copied(s, &item, run_id,
                    copy_text(&item.eval.run_id, run_id) || copy_text(&item.eval.tau_tree_json, tau_tree_json) ||
                        copy_text(&item.eval.acc_json, acc_json));
+}
+
+void ddt_store_eval_spec(ddt_store *s, const char *run_id, int64_t step, double tau_spec,
+                         const char *tau_spec_tree_json, const char *spec_json)
+{
+    store_item item = { .kind = ITEM_EVAL };
+    item.eval.spec = 1;
+    item.eval.step = step;
+    item.eval.tau_chain = tau_spec;
+    enqueue_copied(s, &item, run_id,
+                   copy_text(&item.eval.run_id, run_id) || copy_text(&item.eval.tau_tree_json, tau_spec_tree_json) ||
+                       copy_text(&item.eval.acc_json, spec_json));
 }
 
 void ddt_store_checkpoint(ddt_store *s, const char *run_id, int64_t step, const char *path,

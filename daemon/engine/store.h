@@ -46,6 +46,11 @@ void ddt_store_event(ddt_store *s, const char *run_id, int64_t ts_ms, const char
                      const char *detail_json);
 void ddt_store_eval(ddt_store *s, const char *run_id, int64_t step, double tau_chain,
                     const char *tau_tree_json, const char *acc_json);
+/* the speculative columns of the step's evals row (SPEC.md 7: tau_spec, tau_spec_tree_json
+ * {"K": tau}, spec_json: prompts, gen_len, mismatched, seconds ...); ddt_store_eval leaves them
+ * as they are and this the teacher-forced ones */
+void ddt_store_eval_spec(ddt_store *s, const char *run_id, int64_t step, double tau_spec,
+                         const char *tau_spec_tree_json, const char *spec_json);
 void ddt_store_checkpoint(ddt_store *s, const char *run_id, int64_t step, const char *path,
                           int64_t bytes, int64_t ts_ms);
 

@@ -42,8 +42,14 @@
  *     ranks' second batch slots with the next step's batch while the drafter trains on the
  *     first (split_batch); the drafter reads target rank 0's head: in place on CPU ranks, a bf16
  *     copy on each GPU. On CPU ranks the host run's losses bit for bit.
+ * Speculative decoding (eval.speculative, POST /runs/{id}/speculate; SPEC.md section 7): rank 0
+ * speculates with its own weights (or a checkpoint's, brought to its memory) over the target
+ * beside it: its co-located replica, or on CPU ranks the source's host target (read-only; the
+ * speculator keeps its own cache, so the loader thread may use the target meanwhile). Its
+ * speculator is opened once, at open with eval.speculative, else at the first request. Not
+ * here: a split's target (on other devices) and GPU ranks with a host target.
  * Tested by tests/test_trainer.c (CPU ranks) and tests/test_step_cuda.c (a GPU's step against
- * the CPU's; skipped without a GPU).
+ * the CPU's; skipped without a GPU); the speculative path on a GPU is not tested here.
  */
 #include "ddt_time.h"
 #include "trainer.h"
@@ -170,6 +176,11 @@ struct ddt_trainer {
     ddt_memory_plan plan;
     int baseline_done;            /* the step-0 evaluation of a new run (ddt_trainer_advance) */
     int64_t checkpoint_step;      /* the step of this trainer's newest checkpoint; -1: none yet */
+    /* speculative decoding (eval.speculative, POST /runs/{id}/speculate): rank 0's speculator
+     * over the target beside it, opened once (at open with eval.speculative, else on first use) */
+    ddt_speculator *spec;
+    const ddt_target_model *spec_target;   /* rank 0's replica, or the source's host target */
+    int64_t spec_prompts, spec_prompt_len, spec_gen_len, spec_max_budget;   /* its caps */
 };
 
 static void event(ddt_trainer *t, const char *kind, const char *fmt, ...)
@@ -504,6 +515,8 @@ int ddt_trainer_open(const char *config_json, size_t len, const char *state_dir,
     return rc;
 }
 
+static int open_speculator(ddt_trainer *t, char *err, size_t err_len);
+
 int ddt_trainer_open_parsed(const ddt_run_config *config, const char *config_json,
                             const ddt_devices *ranks, const char *state_dir, const char *run_id,
                             int resume, ddt_store *store, ddt_trainer **out, char *err,
@@ -630,6 +643,8 @@ int ddt_trainer_open_parsed(const ddt_run_config *config, const char *config_jso
         if (!rc)
             rc = plan(t, 0, &t->plan, err, err_len);
     }
+    if (!rc && t->cfg.spec)
+        rc = open_speculator(t, err, err_len);
     if (!rc && store && !resume) {
         rc = ddt_store_run_create(store, t->run_id, t->cfg.name, t->config_json, t->cfg.steps, ddt_wall_ms());
         rc = rc == -EEXIST ? 0 : rc;   /* the daemon creates the row when it queues the run */
@@ -658,6 +673,7 @@ void ddt_trainer_close(ddt_trainer *t)
 {
     if (!t)
         return;
+    ddt_speculator_close(t->spec);   /* before rank 0's replica, whose cache it holds */
     size_t bytes = (size_t)t->total * sizeof(float);
     ddk_comm_destroy(t->comm);
     ddt_split_close(t->split);   /* waits for a batch in flight into the ranks' buffers */
@@ -1275,7 +1291,7 @@ int ddt_trainer_advance(ddt_trainer *t, ddt_trainer_outcome *o, char *err, size_
 {
     const ddt_run_config *c = &t->cfg;
     char why[1024];
-    o->done = o->stepped = o->evaluated = o->checkpointed = 0;
+    o->done = o->stepped = o->evaluated = o->checkpointed = o->speculated = 0;
     o->warning[0] = '\0';
     if (t->step >= c->steps) {
         o->done = 1;
@@ -1294,6 +1310,16 @@ int ddt_trainer_advance(ddt_trainer *t, ddt_trainer_outcome *o, char *err, size_
             o->evaluated = 1;
         else
             error_event(t, o, "the evaluation", why);
+        /* the k-th evaluation (k = ceil(step / every_steps): 0 the baseline, the same k after a
+         * resume) speculates on every E-th */
+        const int64_t k = (t->step + c->eval_every - 1) / c->eval_every;
+        if (c->spec && k % c->spec_every_evals == 0) {
+            const ddt_trainer_spec_request q = { .step = -1, .n_budgets = -1 };
+            if (ddt_trainer_speculate(t, &q, &o->spec, why, sizeof why) == 0)
+                o->speculated = 1;
+            else
+                error_event(t, o, "the speculative evaluation", why);
+        }
     }
     if (!baseline && t->step % c->checkpoint_every == 0 && t->step < c->steps) {
         if (ddt_trainer_checkpoint(t, why, sizeof why) == 0)
@@ -1467,3 +1493,198 @@ int ddt_trainer_eval(ddt_trainer *t, ddt_acceptance *acc, char *err, size_t err_
     return rc;
 }
 
+
+/* ------------------------------------------------------------------------------------------
+ * Speculative decoding on held-out prompts (SPEC.md section 7)
+ */
+
+static int open_speculator(ddt_trainer *t, char *err, size_t err_len)
+{
+    const ddt_run_config *c = &t->cfg;
+    rank_state *rs = &t->rank[0];
+    if (t->split || c->target_place == DDT_TARGET_SPLIT)
+        return ddt_fail(err, err_len, -ENOTSUP, "eval.speculative: the target is on a split's own devices, not "
+                        "beside rank 0's drafter: run `ddtreed speculate` on an export instead");
+    if (t->colocated)
+        t->spec_target = &rs->replica;
+    else if (t->source && !t->gpu)
+        t->spec_target = ddt_source_target(t->source);   /* the host target: CPU ranks read host memory */
+    if (!t->spec_target || !t->spec_target->ops)
+        return ddt_fail(err, err_len, -ENOTSUP, "eval.speculative: no target beside rank 0's drafter (%s)",
+                        t->gpu ? "GPU ranks with target.devices \"host\": use \"same\" (co-located)"
+                               : "a token file read without its target, or feature shards");
+    ddt_run_config_spec_caps(c, &t->spec_prompts, &t->spec_gen_len, &t->spec_max_budget);
+    t->spec_prompt_len = c->spec ? c->spec_prompt_len : (c->seq_len - 1 < 64 ? c->seq_len - 1 : 64);
+    if (t->spec_prompt_len + t->spec_gen_len + c->drafter.block_size > c->drafter.max_positions)
+        return ddt_fail(err, err_len, -EINVAL, "eval.speculative: prompt_len %lld + gen_len %lld + block_size is "
+                        "beyond the target's context (%lld)", (long long)t->spec_prompt_len,
+                        (long long)t->spec_gen_len, (long long)c->drafter.max_positions);
+    char why[900];
+    int rc = ddt_speculator_open(&t->spec, rs->be, t->spec_target, &c->drafter, t->spec_prompt_len, t->spec_gen_len,
+                                 t->spec_max_budget, why, sizeof why);
+    if (rc)
+        return ddt_fail(err, err_len, rc, "eval.speculative: rank 0's speculator (%lld prompt + %lld generated "
+                        "tokens, trees of %lld nodes, %.3f GB): %s", (long long)t->spec_prompt_len,
+                        (long long)t->spec_gen_len, (long long)t->spec_max_budget,
+                        ddt_speculator_bytes(t->spec_target, &c->drafter, t->spec_prompt_len, t->spec_gen_len,
+                                             t->spec_max_budget) / 1e9, why);
+    return 0;
+}
+
+/* Held-out sequence i's first P tokens (fewer: a shorter sequence) into *tokens, *n: the
+ * evaluation's stream (generated: rank 0's generator samples it once; else the source's) */
+static int spec_prompt(ddt_trainer *t, int64_t i, int64_t P, const int32_t **tokens, int64_t *n, char *err,
+                       size_t err_len)
+{
+    if (t->generates) {
+        int32_t *row;
+        int rc = ddt_heldout_tokens_get(&t->held, &t->data, &t->rank[0].gen, i, &row, err, err_len);
+        *tokens = row;
+        *n = P;
+        return rc;
+    }
+    ddt_sequence q;
+    int rc = ddt_source_heldout(t->source, i, &q, err, err_len);
+    *tokens = q.input_ids;
+    *n = q.S < P ? q.S : P;
+    return rc;
+}
+
+/* {"K": value, ...} of the budgets */
+static cJSON *budget_object(const ddt_speculate_totals *tot, const double *v)
+{
+    cJSON *o = cJSON_CreateObject();
+    for (int i = 0; o && i < tot->n_budgets; i++) {
+        char k[24];
+        snprintf(k, sizeof k, "%lld", (long long)tot->budgets[i]);
+        cJSON_AddNumberToObject(o, k, v[i]);
+    }
+    return o;
+}
+
+static void store_spec(ddt_trainer *t, int64_t step, const ddt_speculate_totals *tot, int64_t prompt_len,
+                       int64_t gen_len, double seconds, int live)
+{
+    double tau_tree[DDT_MAX_BUDGETS];
+    for (int i = 0; i < tot->n_budgets; i++)
+        tau_tree[i] = ddt_speculate_tau_tree(tot, i);
+    cJSON *tree = budget_object(tot, tau_tree), *d = cJSON_CreateObject();
+    cJSON_AddNumberToObject(d, "prompts", (double)tot->prompts);
+    cJSON_AddNumberToObject(d, "prompt_len", (double)prompt_len);
+    cJSON_AddNumberToObject(d, "gen_len", (double)gen_len);
+    cJSON_AddNumberToObject(d, "generated", (double)tot->generated);
+    cJSON_AddNumberToObject(d, "mismatched", (double)tot->mismatched);
+    cJSON_AddBoolToObject(d, "greedy_equal", tot->mismatched == 0);
+    cJSON_AddNumberToObject(d, "chain_calls", (double)tot->chain_calls);
+    cJSON_AddNumberToObject(d, "seconds", seconds);
+    cJSON_AddNumberToObject(d, "greedy_seconds", tot->greedy_seconds);
+    cJSON_AddNumberToObject(d, "chain_seconds", tot->chain_seconds);
+    cJSON_AddItemToObject(d, "tree_seconds", budget_object(tot, tot->tree_seconds));
+    cJSON_AddStringToObject(d, "weights", live ? "live" : "checkpoint");
+    char *tree_text = cJSON_PrintUnformatted(tree), *detail = cJSON_PrintUnformatted(d);
+    if (tree_text && detail)
+        ddt_store_eval_spec(t->store, t->run_id, step, ddt_speculate_tau(tot), tree_text, detail);
+    free(tree_text);
+    free(detail);
+    cJSON_Delete(tree);
+    cJSON_Delete(d);
+}
+
+int ddt_trainer_speculate(ddt_trainer *t, const ddt_trainer_spec_request *q, ddt_speculate_totals *out, char *err,
+                          size_t err_len)
+{
+    const ddt_run_config *c = &t->cfg;
+    rank_state *rs = &t->rank[0];
+    int rc = t->spec ? 0 : open_speculator(t, err, err_len);
+    if (rc)
+        return rc;
+    ddt_speculate_params p = { .gen_len = q->gen_len > 0 ? q->gen_len : t->spec_gen_len, .stop = -1 };
+    const int64_t prompts = q->prompts > 0 ? q->prompts : t->spec_prompts;
+    if (q->n_budgets > DDT_MAX_BUDGETS)
+        return ddt_fail(err, err_len, -EINVAL, "tree_budgets: at most %d", DDT_MAX_BUDGETS);
+    if (q->n_budgets >= 0) {
+        p.n_budgets = q->n_budgets;
+        memcpy(p.budgets, q->budgets, sizeof(int64_t) * (size_t)q->n_budgets);
+    } else if (c->spec) {
+        p.n_budgets = c->spec_n_budgets;
+        memcpy(p.budgets, c->spec_budgets, sizeof(int64_t) * (size_t)c->spec_n_budgets);
+    } else {
+        p.n_budgets = 2;
+        p.budgets[0] = 8;
+        p.budgets[1] = 32;
+    }
+    if (prompts > t->spec_prompts)
+        return ddt_fail(err, err_len, -EINVAL, "prompts: at most %lld (the speculator's, eval.speculative.prompts "
+                        "and train.heldout)", (long long)t->spec_prompts);
+    if (p.gen_len > t->spec_gen_len)
+        return ddt_fail(err, err_len, -EINVAL, "gen_len: at most %lld (the speculator's, eval.speculative.gen_len)",
+                        (long long)t->spec_gen_len);
+    for (int i = 0; i < p.n_budgets; i++)
+        if (p.budgets[i] < 1 || p.budgets[i] > t->spec_max_budget)
+            return ddt_fail(err, err_len, -EINVAL, "tree_budgets: %lld is outside [1, %lld] (the planned cap, the "
+                            "largest of eval.speculative.tree_budgets)", (long long)p.budgets[i],
+                            (long long)t->spec_max_budget);
+    /* the weights: rank 0's live ones, or a kept checkpoint's brought to rank 0's memory */
+    const int live = q->step < 0 || q->step == t->step;
+    const int64_t step = live ? t->step : q->step;
+    const size_t bytes = (size_t)t->total * sizeof(float);
+    float *host = NULL, *dev = NULL;
+    ddt_drafter_weights w = rs->w;
+    if (!live) {
+        char dir[2200];
+        struct stat st;
+        snprintf(dir, sizeof dir, "%s/checkpoints/step-%08lld", t->run_dir, (long long)step);
+        if (stat(dir, &st) != 0)
+            return ddt_fail(err, err_len, -ENOENT, "step: no kept checkpoint of step %lld (checkpoint.keep keeps "
+                            "the newest)", (long long)step);
+        if (!(host = malloc(bytes)))
+            return ddt_fail(err, err_len, -ENOMEM, "no host memory for the checkpoint's weights");
+        rc = ddt_checkpoint_read(dir, &c->drafter, host, NULL, NULL, err, err_len);
+        if (!rc && rs->gpu >= 0) {
+            if (!(dev = ddk_malloc(rs->be->alloc, bytes)))
+                rc = ddt_fail(err, err_len, -ENOMEM, "no memory on rank 0 for the checkpoint's weights");
+            else {
+                rs->be->copy(rs->be, dev, host, bytes);
+                rs->be->synchronize(rs->be);
+            }
+        }
+        if (rc) {
+            free(host);
+            return rc;
+        }
+        ddt_drafter_bind(&c->drafter, dev ? dev : host, &w);
+    }
+    const double t0 = ddt_mono_s();
+    ddt_speculate_totals_init(out, &p);
+    for (int64_t i = 0; i < prompts && rc == 0; i++) {
+        const int32_t *tokens;
+        int64_t n;
+        ddt_speculate_prompt_result r;
+        if ((rc = spec_prompt(t, i, t->spec_prompt_len, &tokens, &n, err, err_len)))
+            break;
+        if ((rc = ddt_speculate_prompt(t->spec, &w, &p, tokens, n, &r, err, err_len)))
+            break;
+        ddt_speculate_totals_add(out, &r);
+        if (!r.equal && t->store) {   /* a bug: speculative decoding is lossless (SPEC.md 7) */
+            cJSON *d = cJSON_CreateObject();
+            char message[300];
+            snprintf(message, sizeof message, "speculative decoding of held-out prompt %lld at step %lld was not "
+                     "equal to greedy decoding (a bug: it is lossless)", (long long)i, (long long)step);
+            cJSON_AddNumberToObject(d, "step", (double)step);
+            cJSON_AddNumberToObject(d, "prompt", (double)i);
+            cJSON_AddStringToObject(d, "message", message);
+            char *detail = cJSON_PrintUnformatted(d);
+            if (detail)
+                ddt_store_event(t->store, t->run_id, ddt_wall_ms(), "error", detail);
+            free(detail);
+            cJSON_Delete(d);
+        }
+    }
+    const double seconds = ddt_mono_s() - t0;
+    if (dev)
+        ddk_free(rs->be->alloc, dev, bytes);
+    free(host);
+    if (rc == 0 && t->store)
+        store_spec(t, step, out, t->spec_prompt_len, p.gen_len, seconds, live);
+    return rc;
+}

@@ -14,6 +14,7 @@
 #include "acceptance.h"
 #include "planner.h"
 #include "run_config.h"
+#include "speculate.h"
 #include "store.h"
 
 #include <stddef.h>
@@ -62,6 +63,25 @@ int ddt_trainer_rechunk(ddt_trainer *t, int64_t chunk, int64_t vocab_tile, char 
 int ddt_trainer_checkpoint(ddt_trainer *t, char *err, size_t err_len);
 /* acceptance on the held-out sequences (recorded as an eval when a store is attached) */
 int ddt_trainer_eval(ddt_trainer *t, ddt_acceptance *out, char *err, size_t err_len);
+/* Speculative decoding (SPEC.md section 7) of held-out prompts (the first
+ * eval.speculative.prompt_len tokens of held-out sequence i) with rank 0's weights and the target
+ * beside them (the co-located replica, or the host target on CPU ranks), recorded in the evals
+ * row of the step (tau_spec, tau_spec_tree_json, spec_json) when a store is attached; a prompt
+ * that is not greedy-equal is an "error" event naming it (a bug: the decoding is lossless).
+ * q: step < 0 or the trainer's step: the live weights; else the kept checkpoint of that step;
+ * prompts, gen_len (0: the config's, or the defaults 8 / 64 without eval.speculative) and the
+ * budgets (n_budgets < 0: the config's), each at most what the speculator was opened for
+ * (prompts at most train.heldout). The speculator is opened on first use when the config has no
+ * eval.speculative. 0, or -EINVAL (err: the request's field at fault), -ENOENT (no checkpoint of
+ * that step), -ENOTSUP (no target beside rank 0), the decoding's error. */
+typedef struct ddt_trainer_spec_request {
+    int64_t step;                          /* < 0: the live weights */
+    int64_t prompts, gen_len;              /* 0: the config's */
+    int n_budgets;                         /* < 0: the config's */
+    int64_t budgets[DDT_MAX_BUDGETS];
+} ddt_trainer_spec_request;
+int ddt_trainer_speculate(ddt_trainer *t, const ddt_trainer_spec_request *q, ddt_speculate_totals *out, char *err,
+                          size_t err_len);
 /* the serving export of the current weights into out_dir (recorded as an export event) */
 int ddt_trainer_export(ddt_trainer *t, const char *out_dir, char *err, size_t err_len);
 
@@ -74,7 +94,8 @@ int ddt_trainer_export(ddt_trainer *t, const char *out_dir, char *err, size_t er
  *
  * Each advance does the next thing due: a new run's baseline evaluation (at step 0, before
  * any step), or one step and then, after step s, the evaluation when s % eval.every_steps == 0
- * or s == train.steps, and the checkpoint when s % checkpoint.every_steps == 0 and
+ * or s == train.steps (with eval.speculative, the speculative one after it on every E-th: the
+ * k-th evaluation, k = ceil(s / eval.every_steps), when k % E == 0), and the checkpoint when s % checkpoint.every_steps == 0 and
  * s < train.steps (the last one is finish's). A due evaluation or checkpoint that fails is an
  * "error" event and a warning in the outcome; the run goes on. The callers own the run's
  * state (run_state.h) and the controls. */
@@ -85,6 +106,8 @@ typedef struct ddt_trainer_outcome {
     int evaluated;                /* acceptance holds the evaluation at the trainer's step */
     ddt_acceptance acceptance;
     int checkpointed;             /* a checkpoint of this step was written */
+    int speculated;               /* spec holds the speculative evaluation (eval.speculative) at the step */
+    ddt_speculate_totals spec;
     char warning[1024];           /* "" or the evaluation or checkpoint that failed, and why */
 } ddt_trainer_outcome;
 

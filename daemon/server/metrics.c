@@ -201,7 +201,7 @@ char *ddt_metrics_render(const ddt_metrics_snapshot *m, size_t *len)
     }
 
     family(&t, "ddtree_run_acceptance_length", "gauge",
-           "Mean accepted length of the last evaluation: a chain, or a tree of budget nodes.");
+           "Mean accepted length of the last evaluation: teacher-forced (chain, tree of budget nodes) or speculative decoding (spec, spec_tree: tokens per target call).");
     for (int r = 0; r < runs; r++) {
         const ddt_metrics_run *run = &m->runs[r];
         if (run->tau_chain >= 0) {   /* < 0 or NaN: no evaluation yet */
@@ -218,6 +218,21 @@ char *ddt_metrics_render(const ddt_metrics_snapshot *m, size_t *len)
             label(&t, "kind", "tree");
             label(&t, "budget", budget);
             end_double(&t, run->tau_tree[b]);
+        }
+        if (run->tau_spec > 0) {   /* speculative decoding on held-out prompts (SPEC.md 7) */
+            sample(&t, "ddtree_run_acceptance_length", "run", run->id);
+            label(&t, "kind", "spec");
+            end_double(&t, run->tau_spec);
+        }
+        for (int b = 0; run->tau_spec > 0 && b < clamp(run->n_spec_budgets, DDT_METRICS_MAX_BUDGETS); b++) {
+            if (!(run->tau_spec_tree[b] >= 0))
+                continue;
+            char budget[24];
+            snprintf(budget, sizeof budget, "%" PRId64, run->spec_budgets[b]);
+            sample(&t, "ddtree_run_acceptance_length", "run", run->id);
+            label(&t, "kind", "spec_tree");
+            label(&t, "budget", budget);
+            end_double(&t, run->tau_spec_tree[b]);
         }
     }
 

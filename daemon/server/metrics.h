@@ -26,6 +26,10 @@ typedef struct ddt_metrics_run {
     int n_budgets;
     int64_t budgets[DDT_METRICS_MAX_BUDGETS];
     double tau_tree[DDT_METRICS_MAX_BUDGETS];
+    double tau_spec;                                /* <= 0 (zeroed): no speculative evaluation yet; >= 1 (SPEC.md 7) */
+    int n_spec_budgets;
+    int64_t spec_budgets[DDT_METRICS_MAX_BUDGETS];
+    double tau_spec_tree[DDT_METRICS_MAX_BUDGETS];
     uint64_t oom_recoveries;
 } ddt_metrics_run;
 
