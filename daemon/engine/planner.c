@@ -10,6 +10,7 @@
  */
 #include "planner.h"
 #include "errors.h"
+#include "speculate.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -44,6 +45,7 @@ static void target_bytes(const ddt_run_config *c, const ddt_target_footprint *f,
     memset(t, 0, sizeof *t);
     t->placement = placement;
     t->devices = placement == DDT_PLACE_SPLIT ? devices : 0;
+    t->speculator = placement == DDT_PLACE_SPLIT ? 0 : f->speculator_bytes;   /* a split refuses it */
     t->weights = placement != DDT_PLACE_HOST && gpu ? bf16_weight_bytes(c, f) : f->fp32_bytes;
     /* the host's source runs its loader and its held-out worker, each with a generator; a rank
      * (SAME, or a SPLIT's target rank) prefills its own sequences one at a time and, generating,
@@ -112,6 +114,8 @@ static void fill(const ddt_run_config *c, int tied_head, int64_t chunk, int64_t 
     int64_t held = p->weights + p->gradients + p->optimizer + p->frozen_head + p->batch,
             transient = p->activations + (p->loss_workspace > p->attention_workspace ? p->loss_workspace
                                                                                      : p->attention_workspace);
+    if (placement == DDT_PLACE_SAME || placement == DDT_PLACE_HOST)
+        held += t->speculator;   /* rank 0's, opened with the trainer */
     if (placement == DDT_PLACE_SAME) {
         held += t->weights + t->cache;
         if (t->workspace > transient)
@@ -280,6 +284,10 @@ void ddt_plan_print(const ddt_run_config *c, const ddt_memory_plan *p, FILE *out
     if (t->placement == DDT_PLACE_SAME && t->cache)
         row(out, "generator (co-located)", t->cache, p->peak, "the replica's decoding cache of one sequence and "
             "the sampling workspace (each rank samples its own sequences)");
+    if (t->speculator)
+        row(out, "speculator", t->speculator, p->peak, "eval.speculative on rank 0: the target's cache of "
+            "prompt_len + gen_len + max(B, K + 1) positions (a qwen3_5 target's DeltaNet state per tree node) "
+            "and the drafter's block");
     if (t->placement == DDT_PLACE_SPLIT)
         row(out, "feature hand-off", t->handoff, p->peak, "the next step's batch, filled by the target ranks during "
             "this one's (double-buffered)");
@@ -353,6 +361,7 @@ char *ddt_plan_json(const ddt_run_config *c, const ddt_memory_plan *p, const cha
         cJSON_AddNumberToObject(j, "weights", (double)t->weights);
         cJSON_AddNumberToObject(j, "prefill", (double)t->workspace);
         cJSON_AddNumberToObject(j, "cache", (double)t->cache);
+        cJSON_AddNumberToObject(j, "speculator", (double)t->speculator);
         cJSON_AddNumberToObject(j, "queue", (double)t->queue);
         cJSON_AddNumberToObject(j, "host", (double)t->host);
         cJSON_AddNumberToObject(j, "handoff", (double)t->handoff);
@@ -367,10 +376,19 @@ char *ddt_plan_json(const ddt_run_config *c, const ddt_memory_plan *p, const cha
 
 int ddt_run_footprint(const ddt_run_config *c, ddt_target_footprint *f, char *err, size_t err_len)
 {
+    int64_t max_len = 0, max_block = 0, rest = 0;
+    if (c->spec)
+        rest = ddt_speculator_workspace_bytes(&c->drafter, c->spec_prompt_len, c->spec_gen_len,
+                                              ddt_run_config_spec_max_budget(c), &max_len, &max_block);
+    int rc = 0;
     if (c->target_kind == DDT_SOURCE_HF)
-        return ddt_target_footprint_load(c->target_path, c->seq_len, f, err, err_len);
-    ddt_target_footprint_dense(&c->synthetic, (int)sizeof(float), c->seq_len, f);   /* made in fp32 */
-    return 0;
+        rc = ddt_target_footprint_load(c->target_path, c->seq_len, f, err, err_len);
+    else
+        ddt_target_footprint_dense(&c->synthetic, (int)sizeof(float), c->seq_len, f);   /* made in fp32 */
+    if (rc == 0 && c->spec)
+        rc = ddt_target_footprint_speculator(c->target_kind == DDT_SOURCE_HF ? c->target_path : NULL,
+                                             &c->synthetic, max_len, max_block, rest, f, err, err_len);
+    return rc;
 }
 
 int ddt_plan_config(ddt_run_config *c, ddt_node node, int64_t budget, ddt_memory_plan *plan, char *note,

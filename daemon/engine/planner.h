@@ -29,6 +29,10 @@ typedef struct ddt_target_footprint {
     int64_t prefill_bytes;     /* the forward's fp32 workspace for one sequence of seq_len tokens */
     int64_t cache_bytes;       /* one generator's: its cache of seq_len positions and its workspace */
     double prefill_flops;      /* the matrix products of one seq_len prefill */
+    int64_t speculator_bytes;  /* eval.speculative's speculator on rank 0's device (its cache of
+                                  prompt_len + gen_len + max(B, K + 1) positions, verify blocks of
+                                  max(B, K + 1) for the largest budget K, and its workspace); 0:
+                                  none (ddt_run_footprint sets it) */
 } ddt_target_footprint;
 
 /* DIR/config.json (llama, qwen3, qwen3_5) planned for sequences of T tokens. 0, or the config
@@ -38,6 +42,13 @@ int ddt_target_footprint_load(const char *dir, int64_t T, ddt_target_footprint *
 void ddt_target_footprint_dense(const ddt_target_config *c, int stored_bytes, int64_t T, ddt_target_footprint *f);
 /* a Qwen3.5 target of shape c; 0 or -ENOMEM (counting its weights) */
 int ddt_target_footprint_qwen35(const ddt_qwen35_config *c, int stored_bytes, int64_t T, ddt_target_footprint *f);
+
+/* f->speculator_bytes = rest + the cache of the target (DIR/config.json, or the synthetic shape
+ * when dir is NULL) for max_len positions and verify blocks of max_block. 0 or the config
+ * loader's error. */
+int ddt_target_footprint_speculator(const char *dir, const ddt_target_config *synthetic, int64_t max_len,
+                                    int64_t max_block, int64_t rest, ddt_target_footprint *f, char *err,
+                                    size_t err_len);
 
 /* The footprint of c's target (target.kind hf or synthetic; not shards): the hf directory's
  * config.json, or the synthetic target's shape. 0, or -EINVAL with err. */
@@ -65,6 +76,8 @@ typedef struct ddt_target_plan {
     int64_t weights;           /* HOST, and SAME or SPLIT on CPU ranks: fp32; SAME or SPLIT on GPUs:
                                   bf16 (what the replica is opened as) */
     int64_t workspace;         /* the prefills at once (HOST: two threads; else one) */
+    int64_t speculator;        /* eval.speculative: the speculator (footprint's speculator_bytes),
+                                  on rank 0's device, counted in the drafter's peak */
     int64_t cache;             /* generating: the generators' caches and workspaces (HOST: the
                                   loader's and the held-out worker's; SPLIT: one; SAME: the rank's
                                   one, over its replica, counted in the drafter's peak); token

@@ -59,26 +59,31 @@ static int64_t spec_max_block(const ddt_drafter_config *dc, int64_t max_budget)
 }
 
 /* floats of the device workspace beside the cache */
-static int64_t device_floats(const ddt_target_model *m, const ddt_drafter_config *dc, int64_t max_prompt,
+static int64_t device_floats(int64_t H, int64_t V, const ddt_drafter_config *dc, int64_t max_prompt,
                              int64_t max_len, int64_t max_block)
 {
-    const int64_t H = m->hidden, LH = dc->taps * H, V = m->vocab;
+    const int64_t LH = dc->taps * H;
     return max_len * LH + max_block * LH + max_of(max_prompt, max_block) * H + max_block * V +
            dc->block_size * H;
+}
+
+int64_t ddt_speculator_workspace_bytes(const ddt_drafter_config *dc, int64_t max_prompt, int64_t max_gen,
+                                       int64_t max_budget, int64_t *max_len, int64_t *max_block)
+{
+    *max_block = spec_max_block(dc, max_budget);
+    *max_len = max_prompt + max_gen + *max_block;
+    return device_floats(dc->hidden, dc->vocab, dc, max_prompt, *max_len, *max_block) * (int64_t)sizeof(float) +
+           (int64_t)ddt_drafter_step_bytes(dc, 1, *max_len, 1, 0);
 }
 
 int64_t ddt_speculator_bytes(const ddt_target_model *m, const ddt_drafter_config *dc, int64_t max_prompt,
                              int64_t max_gen, int64_t max_budget)
 {
-    const int64_t max_block = spec_max_block(dc, max_budget), max_len = max_prompt + max_gen + max_block,
-                  S = max_len, A = 1;
-    int64_t cache;
+    int64_t max_len, max_block;
+    const int64_t rest = ddt_speculator_workspace_bytes(dc, max_prompt, max_gen, max_budget, &max_len, &max_block);
     if (!strcmp(m->ops->name, "qwen3_5"))
-        cache = ddt_qwen35_cache_bytes(&((const ddt_qwen35 *)m->impl)->cfg, max_len, max_block);
-    else
-        cache = ddt_target_cache_bytes(&((const ddt_target *)m->impl)->cfg, max_len, max_block);
-    return cache + device_floats(m, dc, max_prompt, max_len, max_block) * (int64_t)sizeof(float) +
-           (int64_t)ddt_drafter_step_bytes(dc, 1, S, A, 0);
+        return rest + ddt_qwen35_cache_bytes(&((const ddt_qwen35 *)m->impl)->cfg, max_len, max_block);
+    return rest + ddt_target_cache_bytes(&((const ddt_target *)m->impl)->cfg, max_len, max_block);
 }
 
 /* -EINVAL with err unless the drafter dc fits target m and the sizes are in range */
@@ -133,7 +138,7 @@ int ddt_speculator_open(ddt_speculator **out, const ddk_backend *be, const ddt_t
         free(s);
         return rc;
     }
-    s->dev_bytes = (size_t)device_floats(m, dc, max_prompt, max_len, max_block) * sizeof(float);
+    s->dev_bytes = (size_t)device_floats(H, V, dc, max_prompt, max_len, max_block) * sizeof(float);
     s->dev_block = ddk_malloc(be->alloc, s->dev_bytes);
     const size_t host_bytes = (size_t)(max_block * V) * sizeof(float) + (size_t)max_len * (sizeof(int32_t) + 1) +
                               (size_t)((2 + DDT_MAX_BUDGETS) * max_gen + 4 * max_block) * sizeof(int32_t) + 16;

@@ -84,9 +84,14 @@ int ddt_speculator_open(ddt_speculator **out, const ddk_backend *be, const ddt_t
                         char *err, size_t err_len);
 void ddt_speculator_close(ddt_speculator *s);
 /* bytes a speculator of these sizes allocates on be (the target's cache included; the drafter's
- * forward workspace of one block over max_prompt + max_gen context rows too): the planner's */
+ * forward workspace of one block over max_prompt + max_gen context rows too) */
 int64_t ddt_speculator_bytes(const ddt_target_model *m, const ddt_drafter_config *dc, int64_t max_prompt,
                              int64_t max_gen, int64_t max_budget);
+/* ... all but the target's cache, and the cache's sizes: max_len positions, verify blocks of
+ * max_block (what the planner adds to rank 0's device from the target's config alone,
+ * target_footprint.c) */
+int64_t ddt_speculator_workspace_bytes(const ddt_drafter_config *dc, int64_t max_prompt, int64_t max_gen,
+                                       int64_t max_budget, int64_t *max_len, int64_t *max_block);
 
 /* One prompt (P tokens in [0, V), 1 <= P <= max_prompt) decoded greedily, by the chain and by
  * the tree of each of p's budgets, with drafter weights w (be's memory, dc's table). 0, or

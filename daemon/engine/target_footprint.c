@@ -1,7 +1,7 @@
 /* target_footprint.c: what a target costs a run, from its config.json alone (planner.h's
  * ddt_target_footprint): its weights (elements, and the bytes the loaders allocate for them
  * in fp32 and in the stored type), one prefill's workspace, one generating sequence's cache and the prefill's matrix
- * FLOPs. The workspace and cache figures are the implementations' own arithmetic (with the
+ * FLOPs, and eval.speculative's speculator (its cache from the same arithmetic). The workspace and cache figures are the implementations' own arithmetic (with the
  * CPU causal attention's workspace, ddk_causal_attention_workspace_bytes; the DeltaNet core's
  * few kilobytes of scratch are left out) (target.c's
  * ddt_target_rows_bytes / ddt_target_cache_bytes, target_qwen35.c's ddt_qwen35_*), so the plan
@@ -120,4 +120,23 @@ int ddt_target_footprint_load(const char *dir, int64_t T, ddt_target_footprint *
     }
     snprintf(f->dtype, sizeof f->dtype, "%s", dtype);
     return 0;
+}
+
+int ddt_target_footprint_speculator(const char *dir, const ddt_target_config *synthetic, int64_t max_len,
+                                    int64_t max_block, int64_t rest, ddt_target_footprint *f, char *err,
+                                    size_t err_len)
+{
+    int rc = 0;
+    if (!dir) {
+        f->speculator_bytes = rest + ddt_target_cache_bytes(synthetic, max_len, max_block);
+    } else if (!strcmp(f->model_type, "qwen3_5")) {
+        ddt_qwen35_config c;
+        if ((rc = ddt_qwen35_config_load(dir, &c, err, err_len)) == 0)
+            f->speculator_bytes = rest + ddt_qwen35_cache_bytes(&c, max_len, max_block);
+    } else {
+        ddt_target_config c;
+        if ((rc = ddt_target_config_load(dir, &c, err, err_len)) == 0)
+            f->speculator_bytes = rest + ddt_target_cache_bytes(&c, max_len, max_block);
+    }
+    return rc;
 }
