@@ -210,18 +210,6 @@ static double per_second(int64_t tokens, double seconds)
     return seconds > 0 ? (double)tokens / seconds : 0.0;
 }
 
-/* {"K": value} over the budgets */
-static cJSON *budget_object(const ddt_speculate_totals *t, const double *values)
-{
-    cJSON *o = cJSON_CreateObject();
-    for (int i = 0; o && i < t->n_budgets; i++) {
-        char key[24];
-        snprintf(key, sizeof key, "%lld", (long long)t->budgets[i]);
-        cJSON_AddNumberToObject(o, key, values[i]);
-    }
-    return o;
-}
-
 /* everything but the per-prompt list; chain_n, tree_n: tokens each way generated in all */
 static cJSON *summary_json(const spec_args *a, const ddt_drafter_config *dc, const ddt_speculate_totals *t,
                            int64_t chain_n, const int64_t *tree_n)
@@ -234,14 +222,14 @@ static cJSON *summary_json(const spec_args *a, const ddt_drafter_config *dc, con
     }
     cJSON *o = cJSON_CreateObject();
     cJSON_AddNumberToObject(o, "tau_spec", ddt_speculate_tau(t));
-    cJSON_AddItemToObject(o, "tau_spec_tree", budget_object(t, tau_tree));
+    cJSON_AddItemToObject(o, "tau_spec_tree", ddt_speculate_budgets_json(t, tau_tree));
     cJSON *calls = cJSON_AddObjectToObject(o, "calls");
     cJSON_AddNumberToObject(calls, "chain", (double)t->chain_calls);
-    cJSON_AddItemToObject(calls, "tree", budget_object(t, calls_tree));
+    cJSON_AddItemToObject(calls, "tree", ddt_speculate_budgets_json(t, calls_tree));
     cJSON *tps = cJSON_AddObjectToObject(o, "tokens_per_s");
     cJSON_AddNumberToObject(tps, "greedy", per_second(t->generated, t->greedy_seconds));
     cJSON_AddNumberToObject(tps, "chain", per_second(chain_n, t->chain_seconds));
-    cJSON_AddItemToObject(tps, "tree", budget_object(t, tps_tree));
+    cJSON_AddItemToObject(tps, "tree", ddt_speculate_budgets_json(t, tps_tree));
     cJSON_AddBoolToObject(o, "greedy_equal", t->mismatched == 0);
     cJSON_AddNumberToObject(o, "prompt_count", (double)t->prompts);
     cJSON_AddNumberToObject(o, "generated", (double)t->generated);

@@ -20,6 +20,7 @@
 #include "errors.h"
 #include "target_qwen35.h"
 
+#include <cjson/cJSON.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -416,4 +417,15 @@ double ddt_speculate_tau(const ddt_speculate_totals *t)
 double ddt_speculate_tau_tree(const ddt_speculate_totals *t, int i)
 {
     return t->tree_calls[i] > 0 ? (double)t->tree_tokens[i] / (double)t->tree_calls[i] : 1.0;
+}
+
+cJSON *ddt_speculate_budgets_json(const ddt_speculate_totals *t, const double *values)
+{
+    cJSON *o = cJSON_CreateObject();
+    for (int i = 0; o && i < t->n_budgets; i++) {
+        char key[24];
+        snprintf(key, sizeof key, "%lld", (long long)t->budgets[i]);
+        cJSON_AddNumberToObject(o, key, values[i]);
+    }
+    return o;
 }

@@ -69,6 +69,9 @@ void ddt_speculate_totals_add(ddt_speculate_totals *t, const ddt_speculate_promp
 /* tau_spec = chain_tokens / chain_calls; tau_spec_tree(budget i) likewise (1 with no call) */
 double ddt_speculate_tau(const ddt_speculate_totals *t);
 double ddt_speculate_tau_tree(const ddt_speculate_totals *t, int i);
+/* {"K": values[i], ...} over t's budgets (a cJSON object; NULL without memory): the JSON of the
+ * per-budget figures `ddtreed speculate` prints and the evals row stores */
+struct cJSON *ddt_speculate_budgets_json(const ddt_speculate_totals *t, const double *values);
 
 typedef struct ddt_speculator ddt_speculator;
 

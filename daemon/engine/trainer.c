@@ -1550,25 +1550,13 @@ static int spec_prompt(ddt_trainer *t, int64_t i, int64_t P, const int32_t **tok
     return rc;
 }
 
-/* {"K": value, ...} of the budgets */
-static cJSON *budget_object(const ddt_speculate_totals *tot, const double *v)
-{
-    cJSON *o = cJSON_CreateObject();
-    for (int i = 0; o && i < tot->n_budgets; i++) {
-        char k[24];
-        snprintf(k, sizeof k, "%lld", (long long)tot->budgets[i]);
-        cJSON_AddNumberToObject(o, k, v[i]);
-    }
-    return o;
-}
-
 static void store_spec(ddt_trainer *t, int64_t step, const ddt_speculate_totals *tot, int64_t prompt_len,
                        int64_t gen_len, double seconds, int live)
 {
     double tau_tree[DDT_MAX_BUDGETS];
     for (int i = 0; i < tot->n_budgets; i++)
         tau_tree[i] = ddt_speculate_tau_tree(tot, i);
-    cJSON *tree = budget_object(tot, tau_tree), *d = cJSON_CreateObject();
+    cJSON *tree = ddt_speculate_budgets_json(tot, tau_tree), *d = cJSON_CreateObject();
     cJSON_AddNumberToObject(d, "prompts", (double)tot->prompts);
     cJSON_AddNumberToObject(d, "prompt_len", (double)prompt_len);
     cJSON_AddNumberToObject(d, "gen_len", (double)gen_len);
@@ -1579,7 +1567,7 @@ static void store_spec(ddt_trainer *t, int64_t step, const ddt_speculate_totals 
     cJSON_AddNumberToObject(d, "seconds", seconds);
     cJSON_AddNumberToObject(d, "greedy_seconds", tot->greedy_seconds);
     cJSON_AddNumberToObject(d, "chain_seconds", tot->chain_seconds);
-    cJSON_AddItemToObject(d, "tree_seconds", budget_object(tot, tot->tree_seconds));
+    cJSON_AddItemToObject(d, "tree_seconds", ddt_speculate_budgets_json(tot, tot->tree_seconds));
     cJSON_AddStringToObject(d, "weights", live ? "live" : "checkpoint");
     char *tree_text = cJSON_PrintUnformatted(tree), *detail = cJSON_PrintUnformatted(d);
     if (tree_text && detail)

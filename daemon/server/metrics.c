@@ -148,6 +148,22 @@ static int clamp(int n, int max)
     return n < 0 ? 0 : n > max ? max : n;
 }
 
+/* ddtree_run_acceptance_length{run, kind, budget} of n budgets; values < 0 or NaN: none yet */
+static void budget_samples(text *t, const char *run, const char *kind, int n, const int64_t *budgets,
+                           const double *values)
+{
+    for (int b = 0; b < n; b++) {
+        if (!(values[b] >= 0))
+            continue;
+        char budget[24];
+        snprintf(budget, sizeof budget, "%" PRId64, budgets[b]);
+        sample(t, "ddtree_run_acceptance_length", "run", run);
+        label(t, "kind", kind);
+        label(t, "budget", budget);
+        end_double(t, values[b]);
+    }
+}
+
 /* ------------------------------------------------------------------------------------------
  * The exposition
  */
@@ -209,31 +225,16 @@ char *ddt_metrics_render(const ddt_metrics_snapshot *m, size_t *len)
             label(&t, "kind", "chain");
             end_double(&t, run->tau_chain);
         }
-        for (int b = 0; b < clamp(run->n_budgets, DDT_METRICS_MAX_BUDGETS); b++) {
-            if (!(run->tau_tree[b] >= 0))
-                continue;
-            char budget[24];
-            snprintf(budget, sizeof budget, "%" PRId64, run->budgets[b]);
-            sample(&t, "ddtree_run_acceptance_length", "run", run->id);
-            label(&t, "kind", "tree");
-            label(&t, "budget", budget);
-            end_double(&t, run->tau_tree[b]);
-        }
+        budget_samples(&t, run->id, "tree", clamp(run->n_budgets, DDT_METRICS_MAX_BUDGETS), run->budgets,
+                       run->tau_tree);
         if (run->tau_spec > 0) {   /* speculative decoding on held-out prompts (SPEC.md 7) */
             sample(&t, "ddtree_run_acceptance_length", "run", run->id);
             label(&t, "kind", "spec");
             end_double(&t, run->tau_spec);
         }
-        for (int b = 0; run->tau_spec > 0 && b < clamp(run->n_spec_budgets, DDT_METRICS_MAX_BUDGETS); b++) {
-            if (!(run->tau_spec_tree[b] >= 0))
-                continue;
-            char budget[24];
-            snprintf(budget, sizeof budget, "%" PRId64, run->spec_budgets[b]);
-            sample(&t, "ddtree_run_acceptance_length", "run", run->id);
-            label(&t, "kind", "spec_tree");
-            label(&t, "budget", budget);
-            end_double(&t, run->tau_spec_tree[b]);
-        }
+        if (run->tau_spec > 0)
+            budget_samples(&t, run->id, "spec_tree", clamp(run->n_spec_budgets, DDT_METRICS_MAX_BUDGETS),
+                           run->spec_budgets, run->tau_spec_tree);
     }
 
     family(&t, "ddtree_device_memory_peak_bytes", "gauge",
