@@ -62,7 +62,12 @@ static void rows_free(rows *r)
  * the backend's memory and copied back. */
 typedef struct run {
     rows prefill, decode, verify;   /* T, T, B + 1 rows */
+    rows tree;                      /* a DDTree verify of TREE nodes, then (path rollback) a decode: TREE + 1 */
 } run;
+
+/* the tree: node i's parent (a root, two children, paths of depth 4 and 3), the path kept */
+enum { TREE = 6, TREE_PATH = 4 };
+static const int32_t tree_parents[TREE] = { -1, 0, 0, 1, 3, 2 }, tree_path[TREE_PATH] = { 0, 1, 3, 4 };
 
 static float *dev_floats(const ddk_backend *be, int64_t n)
 {
@@ -91,13 +96,14 @@ static int run_on(const ddk_backend *be, const ddt_target_model *m, const int32_
     const int64_t H = m->hidden, V = m->vocab, F = TAPS * H;
     float *d[3] = { dev_floats(be, T * F), dev_floats(be, T * H), dev_floats(be, T * V) };
     out->prefill = rows_alloc(m, T), out->decode = rows_alloc(m, T), out->verify = rows_alloc(m, B + 1);
+    out->tree = rows_alloc(m, TREE + 1);
     char err[512];
     int rc = ddt_target_prefill(be, m, tokens, T, taps, TAPS, d[0], d[1], d[2]);
     check(rc == 0, "%s prefill: %d", be->name, rc);
     if (rc == 0)
         fetch(be, m, d, T, &out->prefill, 0);
     ddt_target_cache c;
-    rc = rc ? rc : ddt_target_cache_open(be, m, T, B, &c, err, sizeof err);
+    rc = rc ? rc : ddt_target_cache_open(be, m, T, (int64_t)B > (int64_t)TREE ? B : TREE, &c, err, sizeof err);
     check(rc == 0, "%s cache: %d %s", be->name, rc, err);
     if (rc)
         goto done;
@@ -123,6 +129,19 @@ static int run_on(const ddk_backend *be, const ddt_target_model *m, const int32_
     if (rc == 0)
         fetch(be, m, d, 1, &out->verify, B);
     check(rc == 0, "%s verify %d, rollback to %d, decode: %d", be->name, B, ACCEPTED, rc);
+    ddt_target_cache_reset(&c);   /* the tree (tree_attention, per-node DeltaNet states), its path */
+    int32_t nodes[TREE];
+    for (int i = 0; i < TREE; i++)
+        nodes[i] = tokens[(P_VERIFY + 3 * i) % T];
+    rc = rc ? rc : ddt_target_extend(&c, tokens, P_VERIFY, NULL, 0, NULL, NULL, NULL);
+    rc = rc ? rc : ddt_target_verify_tree(&c, nodes, tree_parents, TREE, taps, TAPS, d[0], d[1], d[2]);
+    if (rc == 0)
+        fetch(be, m, d, TREE, &out->tree, 0);
+    rc = rc ? rc : ddt_target_rollback_path(&c, tree_path, TREE_PATH);
+    rc = rc ? rc : ddt_target_decode(&c, tokens[1], taps, TAPS, d[0], d[1], d[2]);
+    if (rc == 0)
+        fetch(be, m, d, 1, &out->tree, TREE);
+    check(rc == 0, "%s tree verify of %d, path rollback, decode: %d", be->name, TREE, rc);
     ddt_target_cache_close(&c);
 done:
     for (int i = 0; i < 3; i++)
@@ -132,7 +151,7 @@ done:
 
 static void free_run(run *r)
 {
-    rows_free(&r->prefill), rows_free(&r->decode), rows_free(&r->verify);
+    rows_free(&r->prefill), rows_free(&r->decode), rows_free(&r->verify), rows_free(&r->tree);
 }
 
 /* got against want, R rows of each output as one tensor; the worst into *worst */
@@ -169,6 +188,8 @@ static void compare_models(const ddt_target_model *m_dev, const ddt_target_model
         compare(m_cpu, &a.decode, &b.decode, T, what, &worst);
         snprintf(what, sizeof what, "%s %s vs cpu, verify %d, rollback to %d, decode", name, dev->name, B, ACCEPTED);
         compare(m_cpu, &a.verify, &b.verify, B + 1, what, &worst);
+        snprintf(what, sizeof what, "%s %s vs cpu, tree of %d, path rollback, decode", name, dev->name, TREE);
+        compare(m_cpu, &a.tree, &b.tree, TREE + 1, what, &worst);
         if (self_check)   /* the same ops on both sides */
             check(worst <= 1e-6, "self check: %s and cpu differ by %.3g", dev->name, worst);
         snprintf(what, sizeof what, "%s %s, extend + decode vs its own prefill", name, dev->name);
