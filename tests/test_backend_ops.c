@@ -594,6 +594,34 @@ static void case_copy_zero(size_t bytes)
  * Whole buffers: sumsq, axpby, adamw (the trainer's gradient reduction and optimiser)
  */
 
+/* the indices of the CPU's exactly: uniform rows with a planted tie for the maximum (the lower
+ * index wins), NaNs sprinkled (passed over), and last a row of only -inf and NaN (0) */
+static void case_argmax_rows(int64_t rows, int64_t n)
+{
+    snprintf(case_name, sizeof case_name, "argmax_rows rows=%lld n=%lld", (long long)rows, (long long)n);
+    float *x = host_floats(rows * n);
+    fill_uniform(x, rows * n, -4.0, 4.0);
+    for (int64_t r = 0; r < rows; r++) {
+        float *row = x + r * n;
+        row[(r * 7919) % n] = 9.0f, row[(r * 104729 + n / 2) % n] = 9.0f;   /* a tie (or one 9) */
+        row[(r * 31) % n] = NAN;
+        if (r == rows - 1 && rows > 1)
+            for (int64_t j = 0; j < n; j++)
+                row[j] = j % 3 ? -INFINITY : NAN;
+    }
+    int32_t *want = xcalloc((size_t)rows, sizeof(int32_t));
+    cpu->argmax_rows(cpu, x, rows, n, want);
+    const float *x_dev = dev_floats(x, rows * n, "x");
+    int32_t *out_dev = dev_buffer(NULL, (size_t)rows * sizeof(int32_t), "out"), *got = xcalloc((size_t)rows, sizeof(int32_t));
+    dev->argmax_rows(dev, x_dev, rows, n, out_dev);
+    dev->copy(dev, got, out_dev, (size_t)rows * sizeof(int32_t));
+    dev_sync();
+    expect_same("indices", got, want, (size_t)rows * sizeof(int32_t));
+    check(rows < 2 || want[rows - 1] == 0, "cpu: a row of -inf and NaN gave %d, not 0", (int)want[rows - 1]);
+    free(want), free(got);
+    end_case(case_name);
+}
+
 /* against the CPU's, relative; run twice: the same bits (the order depends on count alone);
  * x itself untouched */
 static void case_sumsq(int64_t count)
@@ -1942,6 +1970,14 @@ static void run_target_cases(uint64_t *seq)
             case_tree_attention(tree[i][0], tree[i][1], tree[i][2], tree[i][3], tree[i][4],
                                 (int)tree[i][5]);
         }
+    /* (rows, n): one element; odd; the tree's nodes over a small vocabulary; a block over the
+     * seed's vocabulary (248,320); the last row all -inf and NaN in each */
+    static const int64_t argmax[][2] = { { 1, 1 }, { 3, 7 }, { 33, 1000 }, { 24, 248320 }, { 5, 300 } };
+    check(dev->argmax_rows != NULL, "argmax_rows is NULL");
+    for (size_t i = 0; dev->argmax_rows && i < sizeof argmax / sizeof argmax[0]; i++) {
+        NEXT_T();
+        case_argmax_rows(argmax[i][0], argmax[i][1]);
+    }
 #undef NEXT_T
 }
 

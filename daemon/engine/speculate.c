@@ -6,8 +6,9 @@
  * token at its position `len` (the committed length), slots 1..B-1 mask_token_id, the context
  * the tapped features of rows 0 .. len-1, which the target's prefill and each verify's accepted
  * rows append (the rejected rows' features are dropped with them).
- * Argmax everywhere: logit descending, ties to the lowest id (ddk_vargmax), as generate.c's
- * greedy. Not here: batching prompts (a target's rows would then depend on the batch), sampling
+ * Argmax everywhere: logit descending, ties to the lowest id, as generate.c's greedy, on the
+ * device (the backend's argmax_rows: only the indices come back); a tree's draft reads the
+ * block's logits (B, V) back for its ranks. Not here: batching prompts (a target's rows would then depend on the batch), sampling
  * (speculation is greedy, so it must equal greedy decoding).
  * Tested by tests/test_speculate.c.
  *
@@ -15,7 +16,6 @@
  */
 #include "speculate.h"
 
-#include "ddk_vmath.h"
 #include "ddt_time.h"
 #include "errors.h"
 #include "target_qwen35.h"
@@ -38,6 +38,7 @@ struct ddt_speculator {
     float *hidden;         /* (max(max_prompt, max_block), H) final-normed, the prefill's or a call's */
     float *dev_logits;     /* (max_block, V) */
     float *hs;             /* (B, H) the drafter's block */
+    int32_t *dev_argmax;   /* (max_block) argmax_rows' */
     void *dev_block;
     size_t dev_bytes;
     /* host memory, one allocation */
@@ -65,7 +66,7 @@ static int64_t device_floats(int64_t H, int64_t V, const ddt_drafter_config *dc,
 {
     const int64_t LH = dc->taps * H;
     return max_len * LH + max_block * LH + max_of(max_prompt, max_block) * H + max_block * V +
-           dc->block_size * H;
+           dc->block_size * H + max_block;   /* the last: int32 argmaxes */
 }
 
 int64_t ddt_speculator_workspace_bytes(const ddt_drafter_config *dc, int64_t max_prompt, int64_t max_gen,
@@ -153,6 +154,7 @@ int ddt_speculator_open(ddt_speculator **out, const ddk_backend *be, const ddt_t
     s->hidden = s->node_features + max_block * LH;
     s->dev_logits = s->hidden + max_of(max_prompt, max_block) * H;
     s->hs = s->dev_logits + max_block * V;
+    s->dev_argmax = (int32_t *)(s->hs + dc->block_size * H);
     be->zero(be, s->features, (size_t)(max_len * LH) * sizeof(float));   /* rows past len: finite */
     s->logits = s->host_block;
     s->seq = (int32_t *)(s->logits + max_block * V);
@@ -182,16 +184,12 @@ void ddt_speculator_close(ddt_speculator *s)
  * One decode
  */
 
-/* s->argmax (n) = the argmax of each of the n rows of s->dev_logits, read back */
-static void read_argmax(ddt_speculator *s, int64_t n)
+/* out (n, host) = the argmax of each of the n rows of logits (n, V) on the device */
+static void read_argmax(ddt_speculator *s, const float *logits, int64_t n, int32_t *out)
 {
-    const int64_t V = s->m->vocab;
-    s->be->copy(s->be, s->logits, s->dev_logits, (size_t)(n * V) * sizeof(float));
+    s->be->argmax_rows(s->be, logits, n, s->m->vocab, s->dev_argmax);
+    s->be->copy(s->be, out, s->dev_argmax, (size_t)n * sizeof(int32_t));
     s->be->synchronize(s->be);
-    for (int64_t i = 0; i < n; i++) {
-        float max;
-        s->argmax[i] = (int32_t)ddk_vargmax(s->logits + i * V, V, &max);
-    }
 }
 
 /* the prefill of prompt (P) on the empty cache, its taps into s->features rows 0 .. P-1; the
@@ -205,14 +203,13 @@ static int prefill(ddt_speculator *s, const int32_t *prompt, int64_t P, int32_t 
     if (rc)
         return rc;
     ddt_target_logits(s->be, s->m, s->hidden + (P - 1) * s->m->hidden, 1, s->dev_logits);
-    read_argmax(s, 1);
-    *first = s->argmax[0];
+    read_argmax(s, s->dev_logits, 1, first);
     return 0;
 }
 
 /* the drafter's block after the committed len rows: slot 0 = seq[len] at position len; its
- * logits (B, V) into s->logits (host) */
-static int draft(ddt_speculator *s, const ddt_drafter_weights *w, int64_t len)
+ * logits (B, V) in s->dev_logits, and read back into s->logits (host) for a tree (ranks) */
+static int draft(ddt_speculator *s, const ddt_drafter_weights *w, int64_t len, int tree)
 {
     const ddt_drafter_config *dc = &s->dc;
     const int64_t B = dc->block_size, V = s->m->vocab;
@@ -224,8 +221,10 @@ static int draft(ddt_speculator *s, const ddt_drafter_weights *w, int64_t len)
     if (rc)
         return rc;
     ddt_target_logits(s->be, s->m, s->hs, B, s->dev_logits);
-    s->be->copy(s->be, s->logits, s->dev_logits, (size_t)(B * V) * sizeof(float));
-    s->be->synchronize(s->be);
+    if (tree) {
+        s->be->copy(s->be, s->logits, s->dev_logits, (size_t)(B * V) * sizeof(float));
+        s->be->synchronize(s->be);
+    }
     return 0;
 }
 
@@ -236,12 +235,10 @@ static int64_t draft_nodes(ddt_speculator *s, int64_t len, int64_t budget)
     const int64_t B = s->dc.block_size, V = s->m->vocab;
     s->node_tokens[0] = s->seq[len];
     s->node_parents[0] = -1;
-    if (budget == 0) {
-        for (int64_t k = 1; k < B; k++) {
-            float max;
-            s->node_tokens[k] = (int32_t)ddk_vargmax(s->logits + k * V, V, &max);
+    if (budget == 0) {   /* the argmax of slots 1..B-1, on the device */
+        read_argmax(s, s->dev_logits + V, B - 1, s->node_tokens + 1);
+        for (int64_t k = 1; k < B; k++)
             s->node_parents[k] = (int32_t)(k - 1);
-        }
         return B;
     }
     const int64_t n = ddt_tree_draft(s->logits, B, V, budget, s->node_tokens + 1, s->node_parents + 1);
@@ -286,10 +283,8 @@ static int decode_greedy(ddt_speculator *s, const ddt_speculate_params *p, const
     int32_t tok;
     int rc = prefill(s, prompt, P, &tok);
     while (rc == 0 && emit(r, out, p->gen_len, p->stop, tok)) {
-        if ((rc = ddt_target_decode(&s->tc, tok, NULL, 0, NULL, s->hidden, s->dev_logits)) == 0) {
-            read_argmax(s, 1);
-            tok = s->argmax[0];
-        }
+        if ((rc = ddt_target_decode(&s->tc, tok, NULL, 0, NULL, s->hidden, s->dev_logits)) == 0)
+            read_argmax(s, s->dev_logits, 1, &tok);
     }
     r->seconds = ddt_mono_s() - t0;
     return rc;
@@ -309,7 +304,7 @@ static int decode_speculative(ddt_speculator *s, const ddt_drafter_weights *w, c
     int64_t len = P;   /* committed; seq[len] is the last generated token, not yet fed */
     int going = rc == 0 && emit(r, out, G, p->stop, s->seq[P]);
     while (going) {
-        if ((rc = draft(s, w, len)))
+        if ((rc = draft(s, w, len, budget > 0)))
             break;
         const int64_t n = draft_nodes(s, len, budget);
         rc = budget ? ddt_target_verify_tree(&s->tc, s->node_tokens, s->node_parents, n, dc->target_layer_ids,
@@ -318,7 +313,7 @@ static int decode_speculative(ddt_speculator *s, const ddt_drafter_weights *w, c
                                         s->node_features, s->hidden, s->dev_logits);
         if (rc)
             break;
-        read_argmax(s, n);
+        read_argmax(s, s->dev_logits, n, s->argmax);
         int32_t bonus;
         const int64_t depth = accept(s, n, &bonus);
         if ((rc = budget ? ddt_target_rollback_path(&s->tc, s->path, depth) : ddt_target_rollback(&s->tc, depth)))

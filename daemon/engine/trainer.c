@@ -1356,18 +1356,6 @@ int ddt_trainer_finish(ddt_trainer *t, char *err, size_t err_len)
  * Acceptance on held-out sequences
  */
 
-/* The argmax of each of rows logit rows (rows, V) in host memory. */
-static void argmax_rows(const float *logits, int64_t rows, int64_t V, int32_t *out)
-{
-    for (int64_t r = 0; r < rows; r++) {
-        const float *z = logits + r * V;
-        int32_t best = 0;
-        for (int64_t v = 1; v < V; v++)
-            best = z[v] > z[best] ? (int32_t)v : best;
-        out[r] = best;
-    }
-}
-
 /* logits (rows, V) = x (rows, H) lm_head^T, fp32 or on the bf16 head as it is stored */
 static void head_logits(const ddk_backend *be, const ddt_head *head, int64_t rows, int64_t V, int64_t H,
                         const float *x, float *logits)
@@ -1397,9 +1385,10 @@ int ddt_trainer_eval(ddt_trainer *t, ddt_acceptance *acc, char *err, size_t err_
     float *hs = ddk_malloc(be->alloc, hs_bytes);               /* (A*B, H) */
     float *logits_dev = ddk_malloc(be->alloc, logit_bytes);    /* (B, V) */
     float *logits = malloc(logit_bytes);                        /* (B, V) host */
+    int32_t *greedy_dev = ddk_malloc(be->alloc, DDT_MAX_SLOTS * sizeof(int32_t));   /* (B - 1) */
     int32_t *anchors = malloc((size_t)A * sizeof(int32_t)), labels[DDT_MAX_SLOTS], greedy[DDT_MAX_SLOTS];
     uint8_t *keep = malloc((size_t)A);
-    int rc = hs && logits_dev && logits && anchors && keep ? 0 : -ENOMEM;
+    int rc = hs && logits_dev && logits && greedy_dev && anchors && keep ? 0 : -ENOMEM;
     if (rc)
         snprintf(err, err_len, "no memory for the acceptance evaluation");
     for (int64_t i = 0; i < n && rc == 0; i++) {
@@ -1455,9 +1444,9 @@ int ddt_trainer_eval(ddt_trainer *t, ddt_acceptance *acc, char *err, size_t err_
             const int64_t rows = S - anchors[j] < slots - 1 ? S - anchors[j] : slots - 1;
             if (teacher_labels && rows > 0) {
                 head_logits(be, &head, rows, V, H, th + anchors[j] * H, logits_dev);
-                be->copy(be, logits, logits_dev, (size_t)(rows * V) * sizeof(float));
+                be->argmax_rows(be, logits_dev, rows, V, greedy_dev);   /* only the indices come back */
+                be->copy(be, greedy, greedy_dev, (size_t)rows * sizeof(int32_t));
                 be->synchronize(be);
-                argmax_rows(logits, rows, V, greedy);
             }
             for (int64_t k = 0; k < slots; k++) {
                 int64_t p = anchors[j] + k;
@@ -1473,6 +1462,7 @@ int ddt_trainer_eval(ddt_trainer *t, ddt_acceptance *acc, char *err, size_t err_
     }
     ddk_free(be->alloc, hs, hs_bytes);
     ddk_free(be->alloc, logits_dev, logit_bytes);
+    ddk_free(be->alloc, greedy_dev, DDT_MAX_SLOTS * sizeof(int32_t));
     free(logits);
     free(anchors);
     free(keep);

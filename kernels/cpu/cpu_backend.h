@@ -62,6 +62,7 @@ void ddk_cpu_delta_gates(const ddk_backend *be, const float *b, const float *a, 
 /* Whole buffers and the bf16 products (vector_cpu.c); contracts in ddk.h. */
 void ddk_cpu_synchronize(const ddk_backend *be);
 double ddk_cpu_sumsq(const ddk_backend *be, const float *x, int64_t count);
+void ddk_cpu_argmax_rows(const ddk_backend *be, const float *x, int64_t rows, int64_t n, int32_t *out);
 void ddk_cpu_axpby(const ddk_backend *be, int64_t count, float alpha, const float *x, float beta,
                    float *y);
 void ddk_cpu_uniform_noise(const ddk_backend *be, float *x, int64_t count, float sigma, uint64_t seed);

@@ -1,5 +1,5 @@
 /* vector_cpu.c: the CPU backend's whole-buffer ops (sum of squares, axpby, the AdamW update,
- * the features' uniform noise)
+ * the features' uniform noise, the argmax of rows: ddk_vargmax's 8 lanes)
  * and its bf16 products (matmul with both operands rounded to bf16, the reference for the GPU's
  * tensor-core product, and matmul_w16 / matmul_w16_nn, the same product against bf16 weights as
  * stored, transposed or not: one emulation, bf16_panels, so they agree bit for bit). Contracts
@@ -20,6 +20,7 @@
 #include "ddk.h"
 #include "ddk_bf16.h"
 #include "ddk_rng.h"
+#include "ddk_vmath.h"
 #include "cpu_backend.h"
 
 #include <cblas.h>
@@ -45,6 +46,15 @@ double ddk_cpu_sumsq(const ddk_backend *be, const float *x, int64_t count)
     for (int k = 0; k < lanes; k++)
         sum += acc[k];
     return sum;
+}
+
+void ddk_cpu_argmax_rows(const ddk_backend *be, const float *x, int64_t rows, int64_t n, int32_t *out)
+{
+    (void)be;
+    for (int64_t r = 0; r < rows; r++) {
+        float max;
+        out[r] = (int32_t)ddk_vargmax(x + r * n, n, &max);
+    }
 }
 
 void ddk_cpu_axpby(const ddk_backend *be, int64_t count, float alpha, const float *x, float beta,

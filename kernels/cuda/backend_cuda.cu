@@ -351,6 +351,7 @@ static void backends_init(void)
         cb->table.copy_rows = cuda_copy_rows;
         cb->table.synchronize = cuda_synchronize;
         cb->table.sumsq = ddk_cuda_sumsq;
+        cb->table.argmax_rows = ddk_cuda_argmax_rows;
         cb->table.axpby = ddk_cuda_axpby;
         cb->table.adamw = ddk_cuda_adamw;
         cb->table.uniform_noise = ddk_cuda_uniform_noise;

@@ -40,6 +40,7 @@ void ddk_cuda_gated_rmsnorm(const ddk_backend *be, const float *x, const float *
                             int64_t rows, int64_t d, float eps, float *y);
 /* vector_cuda.cu */
 double ddk_cuda_sumsq(const ddk_backend *be, const float *x, int64_t count);
+void ddk_cuda_argmax_rows(const ddk_backend *be, const float *x, int64_t rows, int64_t n, int32_t *out);
 void ddk_cuda_axpby(const ddk_backend *be, int64_t count, float alpha, const float *x, float beta,
                     float *y);
 void ddk_cuda_adamw(const ddk_backend *be, float *w, float *g, float *m, float *v, int64_t count,

@@ -1,7 +1,8 @@
 /* vector_cuda.cu: the whole-buffer ops of the trainer's gradient reduction and optimiser on the
  * GPU (contracts in ddk.h, struct ddk_backend): sumsq (the gradient norm's sum of squares), axpby
  * (gradient accumulation and averaging), the per-element AdamW update and the features' uniform
- * noise (bit for bit the CPU's). Plain fp32 kernels
+ * noise (bit for bit the CPU's), and argmax_rows (the greedy argmax of logit rows, bit for bit the
+ * CPU's indices). Plain fp32 kernels
  * queued on the backend's stream (backend_cuda.cu), grid-stride with 64-bit indices: a count may
  * pass 2^31.
  *
@@ -32,6 +33,7 @@
 #include "ddk_rng.h"
 
 #include <cuda_runtime.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -123,6 +125,55 @@ double ddk_cuda_sumsq(const ddk_backend *be, const float *x, int64_t count)
     ddk_cuda_scratch_unlock(be);   /* all queued: the next holder's launches run after them */
     CUDA_CHECK(cudaStreamSynchronize(stream));
     return sum;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * argmax_rows: one block of THREADS per row. Each thread keeps the best (value, index) of its
+ * strided elements (a strictly larger value, in index order: -inf and NaN never win; index n
+ * stands for "none yet"), then a tree by shuffles and over the warps (a larger value, or an
+ * equal one at a lower index, wins): the first index of the row's largest value, as the CPU's ddk_vargmax.
+ */
+
+__device__ static void argmax_merge(float *v, int32_t *i, float v2, int32_t i2)
+{
+    if (v2 > *v || (v2 == *v && i2 < *i))
+        *v = v2, *i = i2;
+}
+
+__global__ static void argmax_rows_kernel(const float *x,   /* (rows, n) */
+                                          int64_t n, int32_t *out)   /* (rows) */
+{
+    __shared__ float warp_v[THREADS / 32];
+    __shared__ int32_t warp_i[THREADS / 32];
+    const float *row = x + (int64_t)blockIdx.x * n;
+    float best = -INFINITY;
+    int32_t at = (int32_t)n;
+    for (int64_t j = threadIdx.x; j < n; j += THREADS)   /* strictly larger: -inf and NaN never win */
+        if (row[j] > best)
+            best = row[j], at = (int32_t)j;
+    for (int offset = 16; offset > 0; offset /= 2)
+        argmax_merge(&best, &at, __shfl_xor_sync(0xffffffffu, best, offset),
+                     __shfl_xor_sync(0xffffffffu, at, offset));
+    if (threadIdx.x % 32 == 0)
+        warp_v[threadIdx.x / 32] = best, warp_i[threadIdx.x / 32] = at;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < THREADS / 32; w++)   /* thread 0 holds warp 0's */
+            argmax_merge(&best, &at, warp_v[w], warp_i[w]);
+        out[blockIdx.x] = at < n ? at : 0;   /* a row of NaNs and -infs: 0 */
+    }
+}
+
+void ddk_cuda_argmax_rows(const ddk_backend *be, const float *x, int64_t rows, int64_t n, int32_t *out)
+{
+    if (rows <= 0)
+        return;
+    if (rows > 0x7fffffff || n < 1 || n > 0x7fffffff)
+        ddk_fatal(__FILE__, __LINE__, "argmax_rows: %lld rows of %lld: rows and n in [1, 2^31)", (long long)rows,
+                  (long long)n);
+    cudaStream_t stream = ddk_cuda_stream(be);
+    argmax_rows_kernel<<<(unsigned)rows, THREADS, 0, stream>>>(x, n, out);
+    LAUNCH_CHECK();
 }
 
 /* ------------------------------------------------------------------------------------------

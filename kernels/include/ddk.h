@@ -379,6 +379,13 @@ struct ddk_backend {
     /* Returns when every op queued on this backend is done (the CPU's are done on return). */
     void (*synchronize)(const ddk_backend *be);
 
+    /* out (rows) int32 = the argmax of each row of x (rows, n), row stride n: the first index of
+     * the row's largest value (ties to the lowest index; NaNs passed over; a row of only NaNs
+     * and -infs gives 0); x and out in this backend's memory, 1 <= n < 2^31. Queued like the
+     * other ops. The greedy labels of an evaluation and speculative decoding's argmaxes: only
+     * the indices leave the device. */
+    void (*argmax_rows)(const ddk_backend *be, const float *x, int64_t rows, int64_t n, int32_t *out);
+
     /* ---- whole buffers: the trainer's gradient reduction and optimiser ---- */
     /* sum of x[i]^2 over count floats, accumulated in float64 in an order that depends on
      * count alone (the same result at every call); returns with the work done */
