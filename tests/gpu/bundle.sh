@@ -9,10 +9,12 @@
 # an existing build folder is used as it is configured, which is how tests/gpu/bundle_check.sh
 # reuses scripts/test's build), then fills DIR (emptied first):
 #   check.sh      the check (tests/gpu/check.sh), run as `bash DIR/check.sh`
+#   unpack.sh     lib/'s gzipped files back (tests/gpu/unpack.sh; check.sh runs it first)
 #   bin/          the GPU tests and benchmarks, ddtreed
 #   lib/          libddk and every shared library those ELFs load that the device machine lacks,
 #                 found with ldd (no hand-kept list); never glibc, libgcc, libstdc++, nor the
-#                 driver, CUDA runtime, cuBLAS or NCCL, which the machine has in its own versions
+#                 driver, CUDA runtime, cuBLAS or NCCL, which the machine has in its own versions;
+#                 every file over 1 MiB gzipped (libopenblas: 36 MB, 11 MB gzipped)
 #   py/           the PyTorch peers, qwen35_transformers.py with the oracle modules it imports
 #                 (st.py, cases.py, qwen35.py), the summary's renderer
 #   examples/     the run configs the check trains
@@ -28,7 +30,7 @@ DIR=$1
 BUILD=${2:-$ROOT/build-bundle}
 LIMIT_BYTES=$((60 * 1024 * 1024))
 BINARIES=(test_backend_ops test_cuda_device test_step_cuda test_target_cuda test_comm bench_loss_cuda bench_step_cuda
-          bench_qwen35 ddtreed)
+          bench_attention_cuda bench_qwen35 ddtreed)
 # the PyTorch peers (the loss, the step, transformers' Qwen3.5 prefill), the Qwen3.5 comparison with transformers and what it imports (the oracle's
 # safetensors reader, case counter and float64 Qwen3.5 forward), the summary's renderer
 PYTHON=(tests/gpu/loss_torch_gpu.py tests/gpu/step_torch_gpu.py tests/gpu/target_transformers_gpu.py
@@ -60,6 +62,7 @@ rm -rf "$DIR"
 mkdir -p "$DIR/bin" "$DIR/lib" "$DIR/py" "$DIR/examples" "$DIR/models"
 DIR=$(cd "$DIR" && pwd)
 install -m 0755 "$ROOT/tests/gpu/check.sh" "$DIR/check.sh"
+install -m 0755 "$ROOT/tests/gpu/unpack.sh" "$DIR/unpack.sh"
 for b in "${BINARIES[@]}"; do
     install -m 0755 "$BUILD/bin/$b" "$DIR/bin/$b"
 done
@@ -92,6 +95,7 @@ while :; do
 done
 # host symbols are not needed to run (device line info is in the fatbinary, kept by strip)
 strip --strip-unneeded "$DIR"/bin/* "$DIR"/lib/* 2>/dev/null || true
+find "$DIR/lib" -type f -size +1M -exec gzip -9 -n {} +   # unpack.sh undoes it on the device
 
 {
     echo "ddtree GPU bundle"

@@ -42,6 +42,9 @@ else
 fi
 
 # --- 2. complete: every library resolves into the bundle or to what the machine brings ------
+size=$(du -sb "$DIR" | cut -f1)   # as carried: its large libraries gzipped
+bash "$DIR/unpack.sh" && [ -z "$(ls "$DIR"/lib/*.gz 2>/dev/null)" ] && [ -x "$DIR/lib/libopenblas.so.0" ] &&
+    ok "unpack.sh restores the gzipped libraries" || fail "unpack.sh restores the gzipped libraries" "$(ls "$DIR/lib")"
 MACHINE_OWN='^(linux-vdso\.so\.1|/lib64/ld-linux-x86-64\.so\.2|ld-linux-x86-64\.so\.2|libc\.so\.6|libm\.so\.6|libdl\.so\.2|libpthread\.so\.0|librt\.so\.1|libgcc_s\.so\.1|libstdc\+\+\.so\.6|libcuda\.so\.1|libcudart\.so\.13|libcublas\.so\.13|libcublasLt\.so\.13|libnccl\.so\.2)$'
 bad=()
 elfs=0
@@ -68,10 +71,9 @@ fi
 carried=$(ls "$DIR/lib" | grep -E '^lib(cuda|cudart|cublas|cublasLt|nccl)\.so' || true)
 [ -z "$carried" ] && ok "the driver, CUDA runtime, cuBLAS and NCCL are not carried" ||
     fail "the driver, CUDA runtime, cuBLAS and NCCL are not carried" "$carried"
-size=$(du -sb "$DIR" | cut -f1)
 [ "$size" -le $((60 * 1024 * 1024)) ] && ok "the bundle is $((size / 1048576)) MiB (<= 60 MiB)" ||
     fail "the bundle is at most 60 MiB" "$size bytes"
-for f in check.sh MANIFEST py/summary.py py/loss_torch_gpu.py py/step_torch_gpu.py py/qwen35_transformers.py \
+for f in check.sh unpack.sh MANIFEST py/summary.py py/loss_torch_gpu.py py/step_torch_gpu.py py/qwen35_transformers.py \
          py/st.py py/cases.py py/qwen35.py examples/tiny.json; do
     [ -s "$DIR/$f" ] || fail "the bundle holds $f" "missing"
 done

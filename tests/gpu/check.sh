@@ -55,6 +55,7 @@ if [ ! -x "$HERE/bin/test_backend_ops" ]; then   # the source tree: bundle first
     exec bash "$ROOT/build-bundle/bundle/check.sh" "$@"
 fi
 B=$HERE                      # the bundle: bin/ lib/ py/ examples/ models/ MANIFEST
+bash "$B/unpack.sh" || { echo "check.sh: the bundle's libraries could not be unpacked (unpack.sh)" >&2; exit 1; }
 LOGS=${OUT:-/tmp/ddtree-gpu}
 mkdir -p "$LOGS"
 LOG=$LOGS/check.log
