@@ -954,6 +954,17 @@ static void add_number_or_null(cJSON *o, const char *key, int has, double v)
         cJSON_AddNullToObject(o, key);
 }
 
+/* o[key] = {"K": values[i], ...} over n budgets (n 0: {}) */
+static void add_budgets(cJSON *o, const char *key, int n, const int64_t *budgets, const double *values)
+{
+    cJSON *b = cJSON_AddObjectToObject(o, key);
+    for (int i = 0; i < n; i++) {
+        char k[24];
+        snprintf(k, sizeof k, "%lld", (long long)budgets[i]);
+        cJSON_AddNumberToObject(b, k, values[i]);
+    }
+}
+
 static cJSON *run_json(const run *u)
 {
     cJSON *o = cJSON_CreateObject();
@@ -970,19 +981,9 @@ static cJSON *run_json(const run *u)
     add_number_or_null(o, "cap", has, s->cap);
     add_number_or_null(o, "acc", has, s->acc);
     add_number_or_null(o, "tau_chain", u->tau_chain >= 0, u->tau_chain);
-    cJSON *tree = cJSON_AddObjectToObject(o, "tau_tree");
-    for (int i = 0; i < u->n_budgets && u->tau_chain >= 0; i++) {
-        char k[24];
-        snprintf(k, sizeof k, "%lld", (long long)u->budgets[i]);
-        cJSON_AddNumberToObject(tree, k, u->tau_tree[i]);
-    }
+    add_budgets(o, "tau_tree", u->tau_chain >= 0 ? u->n_budgets : 0, u->budgets, u->tau_tree);
     add_number_or_null(o, "tau_spec", u->tau_spec >= 0, u->tau_spec);
-    cJSON *spec_tree = cJSON_AddObjectToObject(o, "tau_spec_tree");
-    for (int i = 0; i < u->n_spec_budgets && u->tau_spec >= 0; i++) {
-        char k[24];
-        snprintf(k, sizeof k, "%lld", (long long)u->spec_budgets[i]);
-        cJSON_AddNumberToObject(spec_tree, k, u->tau_spec_tree[i]);
-    }
+    add_budgets(o, "tau_spec_tree", u->tau_spec >= 0 ? u->n_spec_budgets : 0, u->spec_budgets, u->tau_spec_tree);
     if (u->tau_spec >= 0) {   /* the newest speculative evaluation's step, prompts, verdict, cost */
         cJSON *spec = cJSON_AddObjectToObject(o, "speculative");
         cJSON_AddNumberToObject(spec, "step", (double)u->spec_step);

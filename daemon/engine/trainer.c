@@ -1267,24 +1267,33 @@ int ddt_trainer_export(ddt_trainer *t, const char *out_dir, char *err, size_t er
  * The cadence (trainer.h): what falls due at a step boundary
  */
 
-/* A due evaluation, checkpoint or export that failed: an "error" event (the message may be
- * long: cJSON escapes it, no fixed buffer cuts it) and, when o, the outcome's warning. */
-static void error_event(ddt_trainer *t, ddt_trainer_outcome *o, const char *what, const char *why)
+/* an "error" event {"step", ["prompt",] "message"} (prompt < 0: none; the message may be long:
+ * cJSON escapes it, no fixed buffer cuts it) */
+static void store_error(ddt_trainer *t, int64_t step, int64_t prompt, const char *message)
 {
-    if (o)
-        snprintf(o->warning, sizeof o->warning, "%s at step %lld failed: %.900s", what, (long long)t->step, why);
-    if (!t->store)
-        return;
     cJSON *d = cJSON_CreateObject();
-    char message[1100];
-    snprintf(message, sizeof message, "%s failed: %.1000s", what, why);
-    cJSON_AddNumberToObject(d, "step", (double)t->step);
+    cJSON_AddNumberToObject(d, "step", (double)step);
+    if (prompt >= 0)
+        cJSON_AddNumberToObject(d, "prompt", (double)prompt);
     cJSON_AddStringToObject(d, "message", message);
     char *detail = cJSON_PrintUnformatted(d);
     if (detail)
         ddt_store_event(t->store, t->run_id, ddt_wall_ms(), "error", detail);
     free(detail);
     cJSON_Delete(d);
+}
+
+/* A due evaluation, checkpoint or export that failed: an "error" event and, when o, the
+ * outcome's warning. */
+static void error_event(ddt_trainer *t, ddt_trainer_outcome *o, const char *what, const char *why)
+{
+    if (o)
+        snprintf(o->warning, sizeof o->warning, "%s at step %lld failed: %.900s", what, (long long)t->step, why);
+    if (!t->store)
+        return;
+    char message[1100];
+    snprintf(message, sizeof message, "%s failed: %.1000s", what, why);
+    store_error(t, t->step, -1, message);
 }
 
 int ddt_trainer_advance(ddt_trainer *t, ddt_trainer_outcome *o, char *err, size_t err_len)
@@ -1644,18 +1653,10 @@ int ddt_trainer_speculate(ddt_trainer *t, const ddt_trainer_spec_request *q, ddt
             break;
         ddt_speculate_totals_add(out, &r);
         if (!r.equal && t->store) {   /* a bug: speculative decoding is lossless (SPEC.md 7) */
-            cJSON *d = cJSON_CreateObject();
             char message[300];
             snprintf(message, sizeof message, "speculative decoding of held-out prompt %lld at step %lld was not "
                      "equal to greedy decoding (a bug: it is lossless)", (long long)i, (long long)step);
-            cJSON_AddNumberToObject(d, "step", (double)step);
-            cJSON_AddNumberToObject(d, "prompt", (double)i);
-            cJSON_AddStringToObject(d, "message", message);
-            char *detail = cJSON_PrintUnformatted(d);
-            if (detail)
-                ddt_store_event(t->store, t->run_id, ddt_wall_ms(), "error", detail);
-            free(detail);
-            cJSON_Delete(d);
+            store_error(t, step, i, message);
         }
     }
     const double seconds = ddt_mono_s() - t0;
