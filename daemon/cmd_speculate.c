@@ -5,20 +5,24 @@
  * tau_spec_tree(K), with the greedy-equality verdict (the contract: speculative decoding is
  * lossless, so a mismatch is a bug and the exit status is 1).
  *
- *   ddtreed speculate --target DIR --drafter EXPORT_DIR --prompts FILE [--gen-len N]
- *                     [--prompt-len P] [--prompts-max K] [--tree K[,K2...]] [--stop ID]
- *                     [--out FILE.json] [--device cpu|cuda:N] [--weights fp32|bf16]
+ *   ddtreed speculate --target DIR --drafter EXPORT_DIR (--prompts FILE | --chat FILE.jsonl
+ *                     --template qwen3|qwen3.5|qwen3.6) [--gen-len N] [--prompt-len P]
+ *                     [--prompts-max K] [--tree K[,K2...]] [--stop ID] [--out FILE.json]
+ *                     [--device cpu|cuda:N] [--weights fp32|bf16]
  *
  * The work is engine/speculate.h's; this file reads and checks the inputs (the drafter against
  * the target field by field, each prompt against the target's context), and writes the result
  * as JSON: one summary line on stdout (the result without its per-prompt list), the whole of it
  * in --out (docs/formats.md, "Speculative decoding results").
- * Not here: sampling (greedy only, as the contract is stated), chat prompts (a token file from
- * `ddtreed tokenize` gives them, each conversation cut where its prompt should end).
+ * Prompts: a token file's sequences, or --chat conversations each through its last user message
+ * and the generation prompt (what the chat source regenerates from), `<|im_end|>` the stop.
+ * Not here: sampling (greedy only, as the contract is stated).
  * Tested by tests/speculate_cli_test.sh (a tiny llama target written by the test, stories260K
- * when ../shared is present; the bad inputs).
+ * when ../shared is present; the bad inputs) and tests/chat_train_test.sh (--chat with the
+ * real Qwen3 tokenizer).
  */
 #include "checkpoint.h"
+#include "chat_tokens.h"
 #include "commands.h"
 #include "errors.h"
 #include "shard.h"
@@ -33,17 +37,21 @@
 #include <string.h>
 
 #define SPECULATE_USAGE                                                                                 \
-    "usage: ddtreed speculate --target DIR --drafter EXPORT_DIR --prompts FILE [--gen-len N]\n"         \
+    "usage: ddtreed speculate --target DIR --drafter EXPORT_DIR (--prompts FILE | --chat FILE.jsonl\n"   \
+    "                         --template qwen3|qwen3.5|qwen3.6) [--gen-len N]\n"                        \
     "                         [--prompt-len P] [--prompts-max K] [--tree K[,K2...]] [--stop ID]\n"      \
     "                         [--out FILE.json] [--device cpu|cuda:N] [--weights fp32|bf16]\n"          \
     "  --prompts: a token file (input_ids I32, offsets I64), each sequence a prompt (its first\n"       \
     "  --prompt-len tokens when given); --gen-len: tokens generated per prompt (64); --tree: the\n"     \
-    "  tree budgets K (nodes; the largest sizes the speculator); --stop: an end token id\n"
+    "  tree budgets K (nodes; the largest sizes the speculator); --stop: an end token id\n"            \
+    "  --chat: conversations, each decoded from its last user message and the generation prompt\n"   \
+    "  (TARGET/tokenizer.json, --template), stopping at <|im_end|> unless --stop says otherwise\n"
 
 enum { SPEC_GEN_LEN_DEFAULT = 64, SPEC_MAX_BUDGET = DDT_MAX_SLOTS * DDT_MAX_SLOTS };
 
 typedef struct spec_args {
     const char *target, *drafter, *prompts, *out, *device, *weights;
+    const char *chat, *template_name;   /* --chat FILE.jsonl and its --template, instead of --prompts */
     int64_t gen_len, prompt_len, prompts_max, stop;   /* prompt_len, prompts_max 0: all; stop -1: none */
     int n_budgets;
     int64_t budgets[DDT_MAX_BUDGETS];
@@ -93,6 +101,7 @@ static int parse_args(int argc, char **argv, spec_args *a)
         }
         const char **slot = !strcmp(k, "--target") ? &a->target : !strcmp(k, "--drafter") ? &a->drafter
                           : !strcmp(k, "--prompts") ? &a->prompts : !strcmp(k, "--out") ? &a->out
+                          : !strcmp(k, "--chat") ? &a->chat : !strcmp(k, "--template") ? &a->template_name
                           : !strcmp(k, "--device") ? &a->device : !strcmp(k, "--weights") ? &a->weights : NULL;
         int64_t *number = !strcmp(k, "--gen-len") ? &a->gen_len : !strcmp(k, "--prompt-len") ? &a->prompt_len
                         : !strcmp(k, "--prompts-max") ? &a->prompts_max : !strcmp(k, "--stop") ? &a->stop : NULL;
@@ -110,8 +119,13 @@ static int parse_args(int argc, char **argv, spec_args *a)
         }
         i++;
     }
-    if (!why[0] && (!a->target || !a->drafter || !a->prompts))
-        snprintf(why, sizeof why, "--target, --drafter and --prompts are required");
+    ddt_chat_template tmpl;
+    if (!why[0] && (!a->target || !a->drafter || !a->prompts == !a->chat))
+        snprintf(why, sizeof why, "--target, --drafter and one of --prompts and --chat are required");
+    else if (!why[0] && a->chat && (!a->template_name || ddt_chat_template_from_name(a->template_name, &tmpl)))
+        snprintf(why, sizeof why, "--chat needs --template qwen3, qwen3.5 or qwen3.6");
+    else if (!why[0] && !a->chat && a->template_name)
+        snprintf(why, sizeof why, "--template goes with --chat");
     if (!why[0] && a->weights && strcmp(a->weights, "fp32") && strcmp(a->weights, "bf16"))
         snprintf(why, sizeof why, "--weights is fp32 or bf16, got '%s'", a->weights);
     if (why[0]) {
@@ -176,21 +190,103 @@ static int pick_prompts(const spec_args *a, const ddt_shard_tokens *tf, int64_t 
         const int64_t P = a->prompt_len && len > a->prompt_len ? a->prompt_len : len;
         if (P < 1)
             return ddt_fail(err, err_len, -EINVAL, "%s: prompt %lld (sequence %lld) is empty: a prompt needs a token",
-                            a->prompts, (long long)s, (long long)s);
+                            a->prompts ? a->prompts : a->chat, (long long)s, (long long)s);
         if (P > ctx)
             return ddt_fail(err, err_len, -EINVAL,
                             "%s: prompt %lld has %lld tokens, longer than the target's context of %lld "
                             "(%s/config.json max_position_embeddings; --prompt-len cuts prompts)",
-                            a->prompts, (long long)s, (long long)P, (long long)ctx, a->target);
+                            a->prompts ? a->prompts : a->chat, (long long)s, (long long)P, (long long)ctx, a->target);
         if (P + a->gen_len > ctx)
             return ddt_fail(err, err_len, -EINVAL,
                             "%s: prompt %lld's %lld tokens and --gen-len %lld pass the target's context of %lld "
                             "(%s/config.json max_position_embeddings)",
-                            a->prompts, (long long)s, (long long)P, (long long)a->gen_len, (long long)ctx, a->target);
+                            a->prompts ? a->prompts : a->chat, (long long)s, (long long)P, (long long)a->gen_len, (long long)ctx, a->target);
         prompts[s] = (spec_prompt){ tf->input_ids + tf->offsets[s], P };
         *longest = P > *longest ? P : *longest;
     }
     return 0;
+}
+
+/* --chat: every conversation's prompt as the chat source regenerates from it
+ * (ddt_chat_tokens_prompt: through its last user message, then the generation prompt, SPEC.md
+ * sections 7 and 8), encoded with TARGET/tokenizer.json and --template, into tf as a token file
+ * would hold them; *im_end the end of an assistant turn. A refused line is skipped, named on
+ * stderr (as `ddtreed tokenize` does); none kept is an error. */
+static int chat_prompts(const spec_args *a, int64_t vocab, ddt_shard_tokens *tf, int32_t *im_end, char *err,
+                        size_t err_len)
+{
+    char path[4200], why[512];
+    snprintf(path, sizeof path, "%s/tokenizer.json", a->target);
+    ddt_chat_template tmpl = DDT_CHAT_TEMPLATE_QWEN3;
+    ddt_chat_template_from_name(a->template_name, &tmpl);   /* checked by parse_args */
+    ddt_tokenizer *tok = ddt_tokenizer_open(path, err, err_len);
+    if (!tok)
+        return -EINVAL;
+    ddt_chat_template_options opt = ddt_chat_template_defaults(tmpl);
+    ddt_chat_encoder e = { 0 };
+    ddt_chat_file f = { 0 };
+    int rc = ddt_chat_encoder_init(&e, tok, &opt, err, err_len) ? -EINVAL : 0;
+    if (!rc && ddt_tokenizer_vocab_size(tok) > vocab)
+        rc = ddt_fail(err, err_len, -EINVAL, "%s: the tokenizer's ids run to %lld, past the target's vocab_size "
+                      "%lld: the tokenizer is not this target's", path, (long long)ddt_tokenizer_vocab_size(tok) - 1,
+                      (long long)vocab);
+    if (!rc)
+        rc = ddt_chat_file_open(a->chat, &f, err, err_len);
+    ddt_token_ids ids = { 0 };
+    int64_t cap = 0, nseq_cap = 0;
+    for (int64_t i = 0; !rc && i < f.n_lines && (!a->prompts_max || tf->nseq < a->prompts_max); i++) {
+        size_t len;
+        const char *line = ddt_chat_file_line(&f, i, &len);
+        ddt_chat chat;
+        ddt_chat_refusal r = ddt_chat_parse_line(line, len, &chat, why, sizeof why);
+        if (r == DDT_CHAT_OK) {
+            r = ddt_chat_tokens_prompt(&e, &chat, &ids, why, sizeof why);
+            ddt_chat_free(&chat);
+        }
+        if (r != DDT_CHAT_OK) {
+            fprintf(stderr, "ddtreed speculate: %s line %lld skipped (%s): %s\n", a->chat, (long long)i + 1,
+                    ddt_chat_refusal_name(r), why);
+            continue;
+        }
+        const int64_t T = (int64_t)ids.count;
+        while (tf->total + T > cap || tf->nseq + 2 > nseq_cap) {   /* grow both, rarely */
+            cap = cap ? 2 * cap : 1 << 16;
+            nseq_cap = nseq_cap ? 2 * nseq_cap : 1024;
+        }
+        if (tf->ids_bytes < (size_t)cap * sizeof(int32_t) || tf->offsets_bytes < (size_t)nseq_cap * sizeof(int64_t)) {
+            int32_t *grown = ddk_malloc(ddk_allocator_cpu(), (size_t)cap * sizeof(int32_t));
+            int64_t *offsets = ddk_malloc(ddk_allocator_cpu(), (size_t)nseq_cap * sizeof(int64_t));
+            if (!grown || !offsets) {
+                ddk_free(ddk_allocator_cpu(), grown, (size_t)cap * sizeof(int32_t));
+                ddk_free(ddk_allocator_cpu(), offsets, (size_t)nseq_cap * sizeof(int64_t));
+                rc = ddt_fail(err, err_len, -ENOMEM, "out of memory for the prompts of %s", a->chat);
+                break;
+            }
+            if (tf->input_ids)
+                memcpy(grown, tf->input_ids, (size_t)tf->total * sizeof(int32_t));
+            if (tf->offsets)
+                memcpy(offsets, tf->offsets, (size_t)(tf->nseq + 1) * sizeof(int64_t));
+            else
+                offsets[0] = 0;
+            ddt_shard_tokens_close(tf);   /* the old copies (a zeroed one: nothing) */
+            int64_t total = tf->total, nseq = tf->nseq;
+            *tf = (ddt_shard_tokens){ .total = total, .nseq = nseq, .input_ids = grown, .offsets = offsets,
+                                      .ids_bytes = (size_t)cap * sizeof(int32_t),
+                                      .offsets_bytes = (size_t)nseq_cap * sizeof(int64_t) };
+        }
+        memcpy(tf->input_ids + tf->total, ids.ids, (size_t)T * sizeof(int32_t));
+        tf->total += T;
+        tf->offsets[++tf->nseq] = tf->total;
+    }
+    if (!rc && tf->nseq == 0)
+        rc = ddt_fail(err, err_len, -EINVAL, "%s: no conversation gave a prompt (every line was refused, above)",
+                      a->chat);
+    *im_end = e.im_end;
+    ddt_token_ids_free(&ids);
+    ddt_chat_file_close(&f);
+    ddt_chat_encoder_free(&e);
+    ddt_tokenizer_close(tok);
+    return rc;
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -336,7 +432,14 @@ int ddt_cmd_speculate(int argc, char **argv)
         rc = ddt_fail(err, sizeof err, -EINVAL,
                       "--stop %lld is outside the target's vocabulary of %lld (%s/config.json)", (long long)a.stop,
                       (long long)m.vocab, a.target);
-    if (!rc) rc = ddt_shard_tokens_open(a.prompts, m.vocab, &tf, err, sizeof err);
+    if (!rc && a.chat) {   /* conversations: <|im_end|> ends a generation unless --stop names another */
+        int32_t im_end = -1;
+        rc = chat_prompts(&a, m.vocab, &tf, &im_end, err, sizeof err);
+        if (a.stop < 0)
+            a.stop = im_end;
+    } else if (!rc) {
+        rc = ddt_shard_tokens_open(a.prompts, m.vocab, &tf, err, sizeof err);
+    }
     if (!rc) {
         K = a.prompts_max && a.prompts_max < tf.nseq ? a.prompts_max : tf.nseq;
         prompts = calloc((size_t)K + 1, sizeof *prompts);
@@ -386,7 +489,7 @@ int ddt_cmd_speculate(int argc, char **argv)
             char why[1024] = "";
             rc = ddt_speculate_prompt(s, &w, &p, prompts[i].ids, prompts[i].P, &r, why, sizeof why);
             if (rc) {
-                ddt_fail(err, sizeof err, rc, "%s: prompt %lld: %s", a.prompts, (long long)i,
+                ddt_fail(err, sizeof err, rc, "%s: prompt %lld: %s", a.prompts ? a.prompts : a.chat, (long long)i,
                          why[0] ? why : strerror(-rc));
                 break;
             }

@@ -8,6 +8,7 @@
 #   - refusals before anything is written: a tokenizer.json of another kind, a template whose
 #     control tokens the tokenizer lacks;
 #   - `ddtreed features` carries the loss mask into the shard;
+#   - `ddtreed speculate --chat` on the JSONL run's export (conversation prompts, <|im_end|>);
 #   - `ddtreed train` from the token file, from the JSONL directly (one epoch and more, so that
 #     every bad line is met: its data_skipped events name exactly those lines; paused and
 #     resumed, the same losses), on two ranks
@@ -276,6 +277,30 @@ print("ok" if noted == bad else "events %s, want %s" % (sorted(noted.items()), s
 PY
 )
 if [ "$events" = ok ]; then ok "train from the JSONL: data_skipped events name each bad line once, with its reason"; else fail "train from the JSONL: events" "$events"; fi
+
+# ddtreed speculate on that run's export, prompts from the conversations (SPEC.md 7: each through
+# its last user message, then the generation prompt; <|im_end|> ends a generation), bad lines skipped
+export_dir=$(ls -d "$work"/chat/runs/*/export 2>/dev/null | head -n 1)
+out=$("$ddtreed" speculate --target "$work/model" --drafter "$export_dir" --chat "$work/small.jsonl" --template qwen3 \
+      --prompts-max 4 --gen-len 12 --tree 3 --out "$work/spec.json" 2>&1)
+status=$?
+spec=$($py - "$work/spec.json" "$tokenizer" <<'PY' 2>&1
+import json, sys
+r = json.load(open(sys.argv[1]))
+im_end = next(t["id"] for t in json.load(open(sys.argv[2]))["added_tokens"] if t["content"] == "<|im_end|>")
+ps = r["prompts"]
+ok = r["greedy_equal"] and r["prompt_count"] == 4 and len(ps) == 4 and 1 <= r["tau_spec"] <= 4
+for p in ps:   # a prompt ends with the generation prompt "<|im_start|>assistant\n"; im_end only last
+    g = p["generated"]
+    ok = ok and p["prompt_len"] > 3 and 1 <= len(g) <= 12 and im_end not in g[:-1] and (len(g) == 12 or g[-1] == im_end)
+print("ok" if ok else "result %s" % json.dumps(r)[:600])
+PY
+)
+if [ $status -eq 0 ] && [ "$spec" = ok ]; then ok "speculate --chat: 4 conversations' prompts, greedy-equal, <|im_end|> stops"
+else fail "speculate --chat" "$out; $spec"; fi
+out=$("$ddtreed" speculate --target "$work/model" --drafter "$export_dir" --chat "$work/small.jsonl" 2>&1)
+if [ $? -eq 2 ] && grep -q -- "--chat needs --template" <<<"$out"; then ok "speculate --chat without --template: usage"
+else fail "speculate --chat without --template" "$out"; fi
 
 # paused at step 5 and resumed: the uninterrupted run's losses (every sequence a pure function of
 # the cursor, refused lines and all)

@@ -261,7 +261,7 @@ refused "a tree budget above the cap" 2 "${base[@]}" --drafter "$export" --tree 
     "--tree: 70000 is not a node budget in [1, 65536]"
 refused "a tree budget of 0" 2 "${base[@]}" --drafter "$export" --tree 0 -- "--tree: 0 is not a node budget"
 refused "no --target" 2 --drafter "$export" --prompts "$work/prompts.safetensors" -- \
-    "--target, --drafter and --prompts are required" "usage: ddtreed speculate"
+    "--target, --drafter and one of --prompts and --chat are required" "usage: ddtreed speculate"
 refused "an unknown option" 2 "${base[@]}" --drafter "$export" --fast 1 -- "--fast is not an option"
 refused "--gen-len not a number" 2 "${base[@]}" --drafter "$export" --gen-len many -- \
     "--gen-len wants a positive integer, got 'many'"
