@@ -8,7 +8,8 @@
 #   - refusals before anything is written: a tokenizer.json of another kind, a template whose
 #     control tokens the tokenizer lacks;
 #   - `ddtreed features` carries the loss mask into the shard;
-#   - `ddtreed speculate --chat` on the JSONL run's export (conversation prompts, <|im_end|>);
+#   - `ddtreed speculate --chat` on the JSONL run's export (conversation prompts, <|im_end|>),
+#     and eval.speculative on chat data (held-out conversations' prompts);
 #   - `ddtreed train` from the token file, from the JSONL directly (one epoch and more, so that
 #     every bad line is met: its data_skipped events name exactly those lines; paused and
 #     resumed, the same losses), on two ranks
@@ -301,6 +302,22 @@ else fail "speculate --chat" "$out; $spec"; fi
 out=$("$ddtreed" speculate --target "$work/model" --drafter "$export_dir" --chat "$work/small.jsonl" 2>&1)
 if [ $? -eq 2 ] && grep -q -- "--chat needs --template" <<<"$out"; then ok "speculate --chat without --template: usage"
 else fail "speculate --chat without --template" "$out"; fi
+# eval.speculative on chat data: held-out conversations' prompts (through the last user message)
+run_config chatspec "\"data\": {\"kind\": \"chat\", \"files\": [\"$work/small.jsonl\"], \"chat_template\": \"qwen3\"}" 2 2 2 |
+    $py -c 'import json, sys; c = json.load(sys.stdin); c["eval"]["speculative"] = {"prompts": 2, "prompt_len": 40,
+"gen_len": 8, "tree_budgets": [3]}; print(json.dumps(c))' >"$work/chatspec.json"
+out=$("$ddtreed" train "$work/chatspec.json" --state-dir "$work/chatspec" 2>&1)
+status=$?
+evals=$($py - "$work/chatspec/ddtree.db" <<'PY' 2>&1
+import json, sqlite3, sys
+rows = sqlite3.connect(sys.argv[1]).execute("select step, tau_spec, spec_json from evals order by step").fetchall()
+ok = len(rows) == 2 and all(1 <= r[1] <= 4 and json.loads(r[2])["greedy_equal"] and json.loads(r[2])["prompts"] == 2
+                            for r in rows)
+print("ok" if ok else "evals %s" % rows)
+PY
+)
+if [ $status -eq 0 ] && [ "$evals" = ok ]; then ok "eval.speculative on chat data: conversation prompts, greedy-equal"
+else fail "eval.speculative on chat data" "$out; $evals"; fi
 
 # paused at step 5 and resumed: the uninterrupted run's losses (every sequence a pure function of
 # the cursor, refused lines and all)

@@ -147,8 +147,9 @@ static const config_field fields[] = {
     { "eval.tree_budgets", F_BUDGETS, 0, 0, 0, 0, NULL, 0, "DDTree node budgets K (default [16, 64])" },
     { "eval.speculative", F_SECTION, OFF(spec), 0, 0, 0, NULL, 0,
       "speculative decoding on held-out prompts (SPEC.md section 7) at teacher-forced evaluations: absent, none; "
-      "{} takes the defaults below. Each prompt is the first prompt_len tokens of a held-out sequence, for every "
-      "kind of data (chat data too: not a conversation cut at its last assistant turn). Needs the target on rank 0 "
+      "{} takes the defaults below. Each prompt is the first prompt_len tokens of a held-out sequence; chat data: "
+      "the held-out conversation through its last user message, then the generation prompt (its last prompt_len "
+      "tokens when longer), <|im_end|> ending the answer. Needs the target on rank 0 "
       "at train time: refused for target.kind \"shards\" and for a split target.devices" },
     { "eval.speculative.prompts", F_INT, OFF(spec_prompts), 8, 1, 1 << 20, NULL, 0,
       "held-out prompts decoded (one a held-out sequence: train.heldout of them at most, fewer when it is smaller)" },

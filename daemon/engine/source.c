@@ -216,6 +216,17 @@ int ddt_source_heldout(ddt_source *s, int64_t i, ddt_sequence *out, char *err, s
     return rc;
 }
 
+int ddt_source_heldout_prompt(ddt_source *s, int64_t i, const int32_t **ids, int64_t *n, int32_t *stop, char *err,
+                              size_t err_len)
+{
+    if (!s->ops->heldout_prompt)
+        return -ENOTSUP;
+    if (i < 0 || i >= s->b.n_heldout)
+        return ddt_fail(err, err_len, -EINVAL, "held-out sequence %lld does not exist (the source keeps %lld)",
+                        (long long)i, (long long)s->b.n_heldout);
+    return s->ops->heldout_prompt(&s->b, s->heldout_worker, i, ids, n, stop, err, err_len);
+}
+
 int ddt_source_next_note(ddt_source *s, char *out, size_t len)
 {
     return s->ops->next_note ? s->ops->next_note(&s->b, out, len) : 0;

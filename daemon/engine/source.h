@@ -86,6 +86,11 @@ int64_t ddt_source_cursor(const ddt_source *s);
 int ddt_source_seek(ddt_source *s, int64_t cursor);
 /* Held-out sequence i in [0, heldout): always the same for the same config. */
 int ddt_source_heldout(ddt_source *s, int64_t i, ddt_sequence *out, char *err, size_t err_len);
+/* Held-out conversation i's prompt for speculative decoding (SPEC.md 7: through its last user
+ * message, then the generation prompt) into *ids, *n (valid until the next held-out call) and
+ * its end token (`<|im_end|>`) into *stop; -ENOTSUP when the data is not conversations. */
+int ddt_source_heldout_prompt(ddt_source *s, int64_t i, const int32_t **ids, int64_t *n, int32_t *stop, char *err,
+                              size_t err_len);
 /* The oldest note not yet taken, as the JSON detail of a run event (chat data: a conversation
  * skipped, {"file", "line", "reason", "message"}), into out (NUL-terminated, cut to len at a
  * character); 1, or 0 when there is none. Any thread. */

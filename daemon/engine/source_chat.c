@@ -448,6 +448,31 @@ static int heldout(ddt_source_base *b, void *w, int64_t i, ddt_sequence *q, char
                                                 "open and is not now", (long long)d->heldout_lines[i] + 1);
 }
 
+static int heldout_prompt(ddt_source_base *b, void *w, int64_t i, const int32_t **ids, int64_t *n, int32_t *stop,
+                          char *err, size_t err_len)
+{
+    const chat_source *d = b->data;
+    chat_worker *cw = w;
+    const int64_t g = d->heldout_lines[i];
+    const int k = file_of(d, g);
+    size_t len;
+    const char *line = ddt_chat_file_line(&d->files[k], g - d->first_line[k], &len);
+    char why[512];
+    ddt_chat chat;
+    ddt_chat_refusal r = ddt_chat_parse_line(line, len, &chat, why, sizeof why);
+    if (r == DDT_CHAT_OK) {
+        r = ddt_chat_tokens_prompt(&d->enc, &chat, &cw->prompt, why, sizeof why);
+        ddt_chat_free(&chat);
+    }
+    if (r != DDT_CHAT_OK)   /* it was usable when the held-out lines were chosen */
+        return ddt_fail(err, err_len, -EIO, "chat data: held-out line %lld gives no prompt: %s", (long long)g + 1,
+                        why);
+    *ids = cw->prompt.ids;
+    *n = (int64_t)cw->prompt.count;
+    *stop = d->enc.im_end;
+    return 0;
+}
+
 const ddt_source_ops ddt_source_chat = {
     .name = "chat",
     .accepts = accepts,
@@ -459,5 +484,6 @@ const ddt_source_ops ddt_source_chat = {
     .worker_close = worker_close,
     .train = train,
     .heldout = heldout,
+    .heldout_prompt = heldout_prompt,
     .next_note = next_note,
 };

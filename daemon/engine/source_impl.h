@@ -57,6 +57,11 @@ typedef struct ddt_source_ops {
                  size_t err_len);
     /* held-out sequence i in [0, n_heldout) into q, on the caller's thread */
     int (*heldout)(ddt_source_base *b, void *w, int64_t i, ddt_sequence *q, char *err, size_t err_len);
+    /* held-out sequence i's prompt (SPEC.md 7: the conversation through its last user message,
+     * then the generation prompt) into *ids, *n (w's memory, until its next call) and the end
+     * of an answer into *stop, on the caller's thread; NULL where the data has no conversations */
+    int (*heldout_prompt)(ddt_source_base *b, void *w, int64_t i, const int32_t **ids, int64_t *n, int32_t *stop,
+                          char *err, size_t err_len);
     /* ddt_source_next_note's, from any thread; NULL: never any */
     int (*next_note)(ddt_source_base *b, char *out, size_t len);
 } ddt_source_ops;

@@ -1530,11 +1530,23 @@ static int open_speculator(ddt_trainer *t, char *err, size_t err_len)
     return 0;
 }
 
-/* Held-out sequence i's first P tokens (fewer: a shorter sequence) into *tokens, *n: the
- * evaluation's stream (generated: rank 0's generator samples it once; else the source's) */
-static int spec_prompt(ddt_trainer *t, int64_t i, int64_t P, const int32_t **tokens, int64_t *n, char *err,
-                       size_t err_len)
+/* Held-out sequence i's prompt into *tokens, *n and its end token into *stop (-1: none): a
+ * conversation's (chat data: through its last user message, then the generation prompt; longer
+ * than P, its last P tokens, the generation prompt kept), else the sequence's first P tokens
+ * (fewer: a shorter sequence), from the evaluation's stream (generated: rank 0's generator
+ * samples it once; else the source's) */
+static int spec_prompt(ddt_trainer *t, int64_t i, int64_t P, const int32_t **tokens, int64_t *n, int32_t *stop,
+                       char *err, size_t err_len)
 {
+    *stop = -1;
+    if (!t->generates) {
+        int rc = ddt_source_heldout_prompt(t->source, i, tokens, n, stop, err, err_len);
+        if (rc != -ENOTSUP) {
+            if (rc == 0 && *n > P)
+                *tokens += *n - P, *n = P;
+            return rc;
+        }
+    }
     if (t->generates) {
         int32_t *row;
         int rc = ddt_heldout_tokens_get(&t->held, &t->data, &t->rank[0].gen, i, &row, err, err_len);
@@ -1647,7 +1659,7 @@ int ddt_trainer_speculate(ddt_trainer *t, const ddt_trainer_spec_request *q, ddt
         const int32_t *tokens;
         int64_t n;
         ddt_speculate_prompt_result r;
-        if ((rc = spec_prompt(t, i, t->spec_prompt_len, &tokens, &n, err, err_len)))
+        if ((rc = spec_prompt(t, i, t->spec_prompt_len, &tokens, &n, &p.stop, err, err_len)))
             break;
         if ((rc = ddt_speculate_prompt(t->spec, &w, &p, tokens, n, &r, err, err_len)))
             break;
