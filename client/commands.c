@@ -247,6 +247,19 @@ static void ddc_show_line(const char *key, const char *value)
     printf("%-17s %s\n", key, value);
 }
 
+/* run[key] {"16": 3.1, "64": 3.9} as the line "label 16: 3.1, 64: 3.9" ("-": none) */
+static void show_budgets(const cJSON *run, const char *key, const char *label)
+{
+    char text[256] = "";
+    const cJSON *budget;
+    size_t used = 0;
+    cJSON_ArrayForEach(budget, ddc_object(ddc_get(run, key))) {
+        if (budget->string && used < sizeof text)
+            used += (size_t)snprintf(text + used, sizeof text - used, "%s%s: %s", used ? ", " : "", budget->string,
+                                     ddc_fmt_real(budget, 4).s);
+    }
+    ddc_show_line(label, used ? text : "-");
+}
 static int ddc_print_run(const ddc_ctx *ctx, const ddc_args *args, const char *path, const cJSON *run,
                          long status)
 {
@@ -262,26 +275,10 @@ static int ddc_print_run(const ddc_ctx *ctx, const ddc_args *args, const char *p
     ddc_show_line("acc:", ddc_fmt_real(ddc_get(run, "acc"), 4).s);
     ddc_show_line("tau chain:", ddc_fmt_real(ddc_get(run, "tau_chain"), 4).s);
 
-    /* tau_tree: {"16": 3.1, "64": 3.9} -> "16: 3.1, 64: 3.9" */
-    char tau_tree[256] = "";
-    const cJSON *tau_budget;
-    size_t used = 0;
-    cJSON_ArrayForEach(tau_budget, ddc_object(ddc_get(run, "tau_tree"))) {
-        if (tau_budget->string && used < sizeof tau_tree)
-            used += (size_t)snprintf(tau_tree + used, sizeof tau_tree - used, "%s%s: %s", used ? ", " : "",
-                                     tau_budget->string, ddc_fmt_real(tau_budget, 4).s);
-    }
-    ddc_show_line("tau tree:", used ? tau_tree : "-");
+    show_budgets(run, "tau_tree", "tau tree:");
     /* speculative decoding (SPEC.md 7): tau_spec and tau_spec_tree, the same form */
     ddc_show_line("tau spec:", ddc_fmt_real(ddc_get(run, "tau_spec"), 4).s);
-    char tau_spec_tree[256] = "";
-    used = 0;
-    cJSON_ArrayForEach(tau_budget, ddc_object(ddc_get(run, "tau_spec_tree"))) {
-        if (tau_budget->string && used < sizeof tau_spec_tree)
-            used += (size_t)snprintf(tau_spec_tree + used, sizeof tau_spec_tree - used, "%s%s: %s", used ? ", " : "",
-                                     tau_budget->string, ddc_fmt_real(tau_budget, 4).s);
-    }
-    ddc_show_line("tau spec tree:", used ? tau_spec_tree : "-");
+    show_budgets(run, "tau_spec_tree", "tau spec tree:");
     const cJSON *spec = ddc_object(ddc_get(run, "speculative"));
     if (spec) {   /* its step, prompts, verdict and cost */
         const cJSON *equal = ddc_get(spec, "greedy_equal");
@@ -296,8 +293,8 @@ static int ddc_print_run(const ddc_ctx *ctx, const ddc_args *args, const char *p
     /* peak_memory_bytes: {"max": N, "devices": {"cpu:0": N}} -> "10.1 MB (cpu:0 10.1 MB)" */
     const cJSON *peak = ddc_get(run, "peak_memory_bytes");
     char peak_text[256];
-    used = (size_t)snprintf(peak_text, sizeof peak_text, "%s",
-                            ddc_fmt_bytes(cJSON_IsNumber(peak) ? peak : ddc_get(peak, "max")).s);
+    size_t used = (size_t)snprintf(peak_text, sizeof peak_text, "%s",
+                                   ddc_fmt_bytes(cJSON_IsNumber(peak) ? peak : ddc_get(peak, "max")).s);
     const cJSON *device;
     int first = 1;
     cJSON_ArrayForEach(device, ddc_object(ddc_get(peak, "devices"))) {

@@ -139,38 +139,13 @@ static int parse_args(int argc, char **argv, spec_args *a)
  * The inputs checked against each other: every refusal names the file and the field
  */
 
-/* What speculate.h's speculator_open checks too, said here with both files named. */
+/* ddt_speculate_check_drafter, said with both files named */
 static int check_drafter(const spec_args *a, const ddt_drafter_config *dc, const ddt_target_model *m, char *err,
                          size_t err_len)
 {
-    if (dc->hidden != m->hidden)
-        return ddt_fail(err, err_len, -EINVAL,
-                        "%s/config.json: hidden_size %lld does not match the target's %lld (%s/config.json)",
-                        a->drafter, (long long)dc->hidden, (long long)m->hidden, a->target);
-    if (dc->vocab != m->vocab)
-        return ddt_fail(err, err_len, -EINVAL,
-                        "%s/config.json: vocab_size %lld does not match the target's %lld (%s/config.json)",
-                        a->drafter, (long long)dc->vocab, (long long)m->vocab, a->target);
-    if (dc->num_target_layers && dc->num_target_layers != m->layers)
-        return ddt_fail(err, err_len, -EINVAL,
-                        "%s/config.json: num_target_layers %lld does not match the target's %lld layers "
-                        "(%s/config.json num_hidden_layers)",
-                        a->drafter, (long long)dc->num_target_layers, (long long)m->layers, a->target);
-    for (int64_t i = 0; i < dc->taps; i++)
-        if (dc->target_layer_ids[i] >= m->layers)
-            return ddt_fail(err, err_len, -EINVAL,
-                            "%s/config.json: dflash_config.target_layer_ids: %d is not a layer of the target "
-                            "(0 .. %lld, %s/config.json)",
-                            a->drafter, dc->target_layer_ids[i], (long long)m->layers - 1, a->target);
-    if (dc->block_size > DDT_MAX_SLOTS)
-        return ddt_fail(err, err_len, -EINVAL, "%s/config.json: block_size %lld: speculation drafts at most %d slots",
-                        a->drafter, (long long)dc->block_size, (int)DDT_MAX_SLOTS);
-    if (dc->mask_token_id >= m->vocab)
-        return ddt_fail(err, err_len, -EINVAL,
-                        "%s/config.json: dflash_config.mask_token_id %d is outside the target's vocabulary "
-                        "of %lld (%s/config.json)",
-                        a->drafter, dc->mask_token_id, (long long)m->vocab, a->target);
-    return 0;
+    char why[512];
+    int rc = ddt_speculate_check_drafter(m, dc, why, sizeof why);
+    return rc ? ddt_fail(err, err_len, rc, "%s/config.json: %s (%s/config.json)", a->drafter, why, a->target) : 0;
 }
 
 /* One prompt: sequence s of the token file, its first prompt_len tokens. */
@@ -233,8 +208,11 @@ static int chat_prompts(const spec_args *a, int64_t vocab, ddt_shard_tokens *tf,
     if (!rc)
         rc = ddt_chat_file_open(a->chat, &f, err, err_len);
     ddt_token_ids ids = { 0 };
-    int64_t cap = 0, nseq_cap = 0;
-    for (int64_t i = 0; !rc && i < f.n_lines && (!a->prompts_max || tf->nseq < a->prompts_max); i++) {
+    int32_t *all = NULL;         /* (total) every kept prompt back to back */
+    int64_t *offsets = calloc(1, sizeof *offsets), total = 0, nseq = 0;   /* (nseq + 1) */
+    if (!rc && !offsets)
+        rc = ddt_fail(err, err_len, -ENOMEM, "out of memory for the prompts of %s", a->chat);
+    for (int64_t i = 0; !rc && i < f.n_lines && (!a->prompts_max || nseq < a->prompts_max); i++) {
         size_t len;
         const char *line = ddt_chat_file_line(&f, i, &len);
         ddt_chat chat;
@@ -249,38 +227,37 @@ static int chat_prompts(const spec_args *a, int64_t vocab, ddt_shard_tokens *tf,
             continue;
         }
         const int64_t T = (int64_t)ids.count;
-        while (tf->total + T > cap || tf->nseq + 2 > nseq_cap) {   /* grow both, rarely */
-            cap = cap ? 2 * cap : 1 << 16;
-            nseq_cap = nseq_cap ? 2 * nseq_cap : 1024;
+        int32_t *grown = realloc(all, (size_t)(total + T) * sizeof *all);
+        int64_t *more = grown ? realloc(offsets, (size_t)(nseq + 2) * sizeof *offsets) : NULL;
+        if (grown)
+            all = grown;
+        if (!more) {
+            rc = ddt_fail(err, err_len, -ENOMEM, "out of memory for the prompts of %s", a->chat);
+            break;
         }
-        if (tf->ids_bytes < (size_t)cap * sizeof(int32_t) || tf->offsets_bytes < (size_t)nseq_cap * sizeof(int64_t)) {
-            int32_t *grown = ddk_malloc(ddk_allocator_cpu(), (size_t)cap * sizeof(int32_t));
-            int64_t *offsets = ddk_malloc(ddk_allocator_cpu(), (size_t)nseq_cap * sizeof(int64_t));
-            if (!grown || !offsets) {
-                ddk_free(ddk_allocator_cpu(), grown, (size_t)cap * sizeof(int32_t));
-                ddk_free(ddk_allocator_cpu(), offsets, (size_t)nseq_cap * sizeof(int64_t));
-                rc = ddt_fail(err, err_len, -ENOMEM, "out of memory for the prompts of %s", a->chat);
-                break;
-            }
-            if (tf->input_ids)
-                memcpy(grown, tf->input_ids, (size_t)tf->total * sizeof(int32_t));
-            if (tf->offsets)
-                memcpy(offsets, tf->offsets, (size_t)(tf->nseq + 1) * sizeof(int64_t));
-            else
-                offsets[0] = 0;
-            ddt_shard_tokens_close(tf);   /* the old copies (a zeroed one: nothing) */
-            int64_t total = tf->total, nseq = tf->nseq;
-            *tf = (ddt_shard_tokens){ .total = total, .nseq = nseq, .input_ids = grown, .offsets = offsets,
-                                      .ids_bytes = (size_t)cap * sizeof(int32_t),
-                                      .offsets_bytes = (size_t)nseq_cap * sizeof(int64_t) };
-        }
-        memcpy(tf->input_ids + tf->total, ids.ids, (size_t)T * sizeof(int32_t));
-        tf->total += T;
-        tf->offsets[++tf->nseq] = tf->total;
+        offsets = more;
+        memcpy(all + total, ids.ids, (size_t)T * sizeof *all);
+        total += T;
+        offsets[++nseq] = total;
     }
-    if (!rc && tf->nseq == 0)
+    if (!rc && nseq == 0)
         rc = ddt_fail(err, err_len, -EINVAL, "%s: no conversation gave a prompt (every line was refused, above)",
                       a->chat);
+    if (!rc) {   /* as a token file's: copies from the CPU allocator (ddt_shard_tokens_close frees them) */
+        *tf = (ddt_shard_tokens){ .total = total, .nseq = nseq, .ids_bytes = (size_t)total * sizeof(int32_t),
+                                  .offsets_bytes = (size_t)(nseq + 1) * sizeof(int64_t) };
+        tf->input_ids = ddk_malloc(ddk_allocator_cpu(), tf->ids_bytes);
+        tf->offsets = ddk_malloc(ddk_allocator_cpu(), tf->offsets_bytes);
+        if (tf->input_ids && tf->offsets) {
+            memcpy(tf->input_ids, all, tf->ids_bytes);
+            memcpy(tf->offsets, offsets, tf->offsets_bytes);
+        } else {
+            ddt_shard_tokens_close(tf);
+            rc = ddt_fail(err, err_len, -ENOMEM, "out of memory for the prompts of %s", a->chat);
+        }
+    }
+    free(all);
+    free(offsets);
     *im_end = e.im_end;
     ddt_token_ids_free(&ids);
     ddt_chat_file_close(&f);

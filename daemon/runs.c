@@ -29,7 +29,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 
 typedef struct run {
@@ -882,10 +881,9 @@ int ddt_runs_control(ddt_runs *r, const char *id, ddt_run_action action, const c
         if (q.step == u->step && u->state == DDT_RUN_PAUSED)
             q.step = -1;   /* the live weights are that step's */
         if (q.step >= 0) {
-            char dir[2300];
-            struct stat st;
-            snprintf(dir, sizeof dir, "%s/runs/%s/checkpoints/step-%08lld", r->state_dir, u->id, (long long)q.step);
-            if (stat(dir, &st) != 0) {
+            char run_dir[2200], dir[2300];
+            snprintf(run_dir, sizeof run_dir, "%s/runs/%s", r->state_dir, u->id);
+            if (ddt_checkpoint_find(run_dir, q.step, dir, sizeof dir)) {
                 snprintf(field, field_len, "step");
                 if (q.step == u->step)   /* running: the weights move on before the next boundary */
                     snprintf(err, err_len, "step %lld has no kept checkpoint and the run is training past it: "

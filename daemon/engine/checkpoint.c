@@ -1178,6 +1178,13 @@ int ddt_export_read(const char *dir, ddt_drafter_config *c, float **params, char
  * The export of a kept checkpoint: its state.json says the drafter, its tensors the weights
  */
 
+int ddt_checkpoint_find(const char *run_dir, int64_t step, char *path, size_t path_len)
+{
+    if (path_join(path, path_len, "%s/checkpoints/step-%08lld", run_dir, (long long)step))
+        return -ENAMETOOLONG;
+    return checkpoint_complete(path) ? 0 : -ENOENT;
+}
+
 int ddt_checkpoint_export(const char *run_dir, int64_t step, const char *out_dir, char *ckpt,
                           size_t ckpt_len, char *err, size_t err_len)
 {
@@ -1188,10 +1195,8 @@ int ddt_checkpoint_export(const char *run_dir, int64_t step, const char *out_dir
         rc = ddt_checkpoint_latest(run_dir, &step, ckpt, ckpt_len);
         if (rc == -ENOENT)
             return ddt_fail(err, err_len, rc, "%s has no complete checkpoint", run_dir);
-    } else if (path_join(ckpt, ckpt_len, "%s/checkpoints/step-%08lld", run_dir, (long long)step)) {
-        rc = -ENAMETOOLONG;
-    } else if (!checkpoint_complete(ckpt)) {
-        return ddt_fail(err, err_len, -ENOENT, "%s: no complete checkpoint of step %lld", ckpt, (long long)step);
+    } else if ((rc = ddt_checkpoint_find(run_dir, step, ckpt, ckpt_len)) == -ENOENT) {
+        return ddt_fail(err, err_len, rc, "%s: no complete checkpoint of step %lld", ckpt, (long long)step);
     }
     if (rc != 0)
         return ddt_fail(err, err_len, rc, "%s: the checkpoint's path: %s", run_dir, strerror(-rc));

@@ -45,6 +45,8 @@ int ddt_checkpoint_write(const char *run_dir, const ddt_checkpoint_meta *meta, c
 
 /* The newest complete checkpoint: 0 with *step and its path, -ENOENT when there is none. */
 int ddt_checkpoint_latest(const char *run_dir, int64_t *step, char *path, size_t path_len);
+/* The complete checkpoint of `step`: 0 with its path, -ENOENT when none is kept, -ENAMETOOLONG. */
+int ddt_checkpoint_find(const char *run_dir, int64_t step, char *path, size_t path_len);
 
 /* CKPT_DIR/state.json into meta (the caller frees it with ddt_checkpoint_meta_free). Every key
  * is checked: a missing, mistyped or unknown one is -EINVAL with err naming the file and the

@@ -876,10 +876,10 @@ int64_t ddt_run_config_spec_max_budget(const ddt_run_config *c)
 
 void ddt_run_config_spec_caps(const ddt_run_config *c, int64_t *prompts, int64_t *gen_len, int64_t *max_budget)
 {
-    const int64_t n = c->spec ? c->spec_prompts : 8;
-    *prompts = n < c->heldout ? n : c->heldout;
-    *gen_len = c->spec ? c->spec_gen_len : 64;
-    *max_budget = c->spec ? ddt_run_config_spec_max_budget(c) : 32;
+    /* without eval.speculative its fields hold the table's defaults all the same */
+    *prompts = c->spec_prompts < c->heldout ? c->spec_prompts : c->heldout;
+    *gen_len = c->spec_gen_len;
+    *max_budget = ddt_run_config_spec_max_budget(c);
 }
 
 void ddt_run_config_print_reference(FILE *out)

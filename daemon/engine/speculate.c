@@ -18,7 +18,6 @@
 
 #include "ddt_time.h"
 #include "errors.h"
-#include "target_qwen35.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -78,40 +77,41 @@ int64_t ddt_speculator_workspace_bytes(const ddt_drafter_config *dc, int64_t max
            (int64_t)ddt_drafter_step_bytes(dc, 1, *max_len, 1, 0);
 }
 
-int64_t ddt_speculator_bytes(const ddt_target_model *m, const ddt_drafter_config *dc, int64_t max_prompt,
-                             int64_t max_gen, int64_t max_budget)
+int ddt_speculate_check_drafter(const ddt_target_model *m, const ddt_drafter_config *dc, char *err, size_t err_len)
 {
-    int64_t max_len, max_block;
-    const int64_t rest = ddt_speculator_workspace_bytes(dc, max_prompt, max_gen, max_budget, &max_len, &max_block);
-    if (!strcmp(m->ops->name, "qwen3_5"))
-        return rest + ddt_qwen35_cache_bytes(&((const ddt_qwen35 *)m->impl)->cfg, max_len, max_block);
-    return rest + ddt_target_cache_bytes(&((const ddt_target *)m->impl)->cfg, max_len, max_block);
+    if (dc->hidden != m->hidden)
+        return ddt_fail(err, err_len, -EINVAL, "hidden_size %lld does not match the target's %lld",
+                        (long long)dc->hidden, (long long)m->hidden);
+    if (dc->vocab != m->vocab)
+        return ddt_fail(err, err_len, -EINVAL, "vocab_size %lld does not match the target's %lld",
+                        (long long)dc->vocab, (long long)m->vocab);
+    if (dc->num_target_layers && dc->num_target_layers != m->layers)
+        return ddt_fail(err, err_len, -EINVAL, "num_target_layers %lld does not match the target's %lld layers",
+                        (long long)dc->num_target_layers, (long long)m->layers);
+    for (int64_t i = 0; i < dc->taps; i++)
+        if (dc->target_layer_ids[i] < 0 || dc->target_layer_ids[i] >= m->layers)
+            return ddt_fail(err, err_len, -EINVAL, "dflash_config.target_layer_ids: %d is not a layer of the target "
+                            "(target_layer_ids[%lld]; the target's layers are 0 .. %lld)", (int)dc->target_layer_ids[i],
+                            (long long)i, (long long)m->layers - 1);
+    if (dc->block_size < 2)
+        return ddt_fail(err, err_len, -EINVAL, "block_size %lld: speculation drafts at least 2 slots",
+                        (long long)dc->block_size);
+    if (dc->block_size > DDT_MAX_SLOTS)
+        return ddt_fail(err, err_len, -EINVAL, "block_size %lld: speculation drafts at most %d slots",
+                        (long long)dc->block_size, (int)DDT_MAX_SLOTS);
+    if (dc->mask_token_id < 0 || dc->mask_token_id >= m->vocab)
+        return ddt_fail(err, err_len, -EINVAL, "dflash_config.mask_token_id %d is outside the target's vocabulary "
+                        "of %lld", (int)dc->mask_token_id, (long long)m->vocab);
+    return 0;
 }
 
 /* -EINVAL with err unless the drafter dc fits target m and the sizes are in range */
 static int check_fit(const ddt_target_model *m, const ddt_drafter_config *dc, int64_t max_prompt, int64_t max_gen,
                      int64_t max_budget, char *err, size_t err_len)
 {
-    if (dc->hidden != m->hidden)
-        return ddt_fail(err, err_len, -EINVAL, "the drafter's hidden_size %lld does not match the target's %lld",
-                        (long long)dc->hidden, (long long)m->hidden);
-    if (dc->vocab != m->vocab)
-        return ddt_fail(err, err_len, -EINVAL, "the drafter's vocab_size %lld does not match the target's %lld",
-                        (long long)dc->vocab, (long long)m->vocab);
-    if (dc->num_target_layers && dc->num_target_layers != m->layers)
-        return ddt_fail(err, err_len, -EINVAL, "the drafter's num_target_layers %lld does not match the target's "
-                        "%lld layers", (long long)dc->num_target_layers, (long long)m->layers);
-    for (int64_t i = 0; i < dc->taps; i++)
-        if (dc->target_layer_ids[i] < 0 || dc->target_layer_ids[i] >= m->layers)
-            return ddt_fail(err, err_len, -EINVAL, "the drafter's dflash_config.target_layer_ids[%lld] = %d is not "
-                            "a layer of the target (0 .. %lld)", (long long)i, (int)dc->target_layer_ids[i],
-                            (long long)m->layers - 1);
-    if (dc->block_size < 2 || dc->block_size > DDT_MAX_SLOTS)
-        return ddt_fail(err, err_len, -EINVAL, "block_size %lld: speculation drafts 2 .. %d slots",
-                        (long long)dc->block_size, (int)DDT_MAX_SLOTS);
-    if (dc->mask_token_id < 0 || dc->mask_token_id >= m->vocab)
-        return ddt_fail(err, err_len, -EINVAL, "the drafter's dflash_config.mask_token_id %d is outside the "
-                        "target's vocabulary of %lld", (int)dc->mask_token_id, (long long)m->vocab);
+    int rc = ddt_speculate_check_drafter(m, dc, err, err_len);
+    if (rc)
+        return rc;
     if (max_prompt < 1 || max_gen < 1)
         return ddt_fail(err, err_len, -EINVAL, "prompts of %lld tokens generating %lld: both must be >= 1",
                         (long long)max_prompt, (long long)max_gen);
@@ -143,7 +143,7 @@ int ddt_speculator_open(ddt_speculator **out, const ddk_backend *be, const ddt_t
     s->dev_bytes = (size_t)device_floats(H, V, dc, max_prompt, max_len, max_block) * sizeof(float);
     s->dev_block = ddk_malloc(be->alloc, s->dev_bytes);
     const size_t host_bytes = (size_t)(max_block * V) * sizeof(float) + (size_t)max_len * (sizeof(int32_t) + 1) +
-                              (size_t)((2 + DDT_MAX_BUDGETS) * max_gen + 4 * max_block) * sizeof(int32_t) + 16;
+                              (size_t)((2 + DDT_MAX_BUDGETS) * max_gen + 4 * max_block) * sizeof(int32_t);
     s->host_block = malloc(host_bytes);
     if (!s->dev_block || !s->host_block) {
         ddt_speculator_close(s);
@@ -316,7 +316,7 @@ static int decode_speculative(ddt_speculator *s, const ddt_drafter_weights *w, c
         read_argmax(s, s->dev_logits, n, s->argmax);
         int32_t bonus;
         const int64_t depth = accept(s, n, &bonus);
-        if ((rc = budget ? ddt_target_rollback_path(&s->tc, s->path, depth) : ddt_target_rollback(&s->tc, depth)))
+        if ((rc = ddt_target_rollback_path(&s->tc, s->path, depth)))   /* a chain's path: 0, 1, ... */
             break;
         for (int64_t k = 0; k < depth; k++)   /* the accepted rows' taps join the context */
             s->be->copy(s->be, s->features + (len + k) * LH, s->node_features + s->path[k] * LH, row);

@@ -75,24 +75,26 @@ struct cJSON *ddt_speculate_budgets_json(const ddt_speculate_totals *t, const do
 
 typedef struct ddt_speculator ddt_speculator;
 
+/* 0, or -EINVAL with err naming the drafter's config.json field that does not fit target m:
+ * hidden_size, vocab_size, num_target_layers, a dflash_config.target_layer_ids entry outside the
+ * target's layers, block_size outside [2, DDT_MAX_SLOTS], dflash_config.mask_token_id outside
+ * the vocabulary (ddt_speculator_open's first check) */
+int ddt_speculate_check_drafter(const ddt_target_model *m, const ddt_drafter_config *dc, char *err, size_t err_len);
+
 /* A speculator for target m on be (the backend m was opened on) and drafter configuration dc:
  * the target's cache for prompts of up to max_prompt tokens and G = max_gen tokens, trees of
  * up to max_budget nodes (0: the chain only), and the drafter's and the tree's workspace, all
  * allocated once. Refused (-EINVAL, err naming the field) when the drafter does not fit the
- * target: hidden size, vocabulary, a tap id outside the target's layers, the target's layer
- * count (dc->num_target_layers), max_budget above DDT_MAX_SLOTS^2 or the block size above
- * DDT_MAX_SLOTS; -ENOTSUP for a target without a cache; -ENOMEM. */
+ * target (ddt_speculate_check_drafter) or max_budget is above DDT_MAX_SLOTS^2; -ENOTSUP for a
+ * target without a cache; -ENOMEM. */
 int ddt_speculator_open(ddt_speculator **out, const ddk_backend *be, const ddt_target_model *m,
                         const ddt_drafter_config *dc, int64_t max_prompt, int64_t max_gen, int64_t max_budget,
                         char *err, size_t err_len);
 void ddt_speculator_close(ddt_speculator *s);
-/* bytes a speculator of these sizes allocates on be (the target's cache included; the drafter's
- * forward workspace of one block over max_prompt + max_gen context rows too) */
-int64_t ddt_speculator_bytes(const ddt_target_model *m, const ddt_drafter_config *dc, int64_t max_prompt,
-                             int64_t max_gen, int64_t max_budget);
-/* ... all but the target's cache, and the cache's sizes: max_len positions, verify blocks of
- * max_block (what the planner adds to rank 0's device from the target's config alone,
- * target_footprint.c) */
+/* bytes a speculator of these sizes allocates on its backend beside the target's cache (the
+ * drafter's forward workspace of one block over max_len context rows included), and that cache's
+ * sizes: max_len positions, verify blocks of max_block (the planner adds the cache from the
+ * target's config alone, target_footprint.c) */
 int64_t ddt_speculator_workspace_bytes(const ddt_drafter_config *dc, int64_t max_prompt, int64_t max_gen,
                                        int64_t max_budget, int64_t *max_len, int64_t *max_block);
 

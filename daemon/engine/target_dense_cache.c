@@ -256,7 +256,8 @@ __attribute__((noinline)) static void cached_attention(const ddt_target_config *
  * n_taps*H) and final-normed hidden states into final_hidden (n, H), each when not NULL. The
  * attention: a chain's, the fast plain-C loop on an fp32 CPU target (m->fast), else the
  * backend's causal_attention of n query rows over the cache's p0 + n keys; a tree's, the
- * backend's tree_attention. */
+ * backend's tree_attention. 0, -EINVAL (a tap id out of range: nothing written) or the
+ * attention's error. */
 static int forward_rows(const ddk_backend *be, const ddt_target_model *m, dense_cache *dc, int64_t p0,
                         const int32_t *tokens, int64_t n, const int32_t *parents, const int32_t *tap_ids,
                         int n_taps, float *features, float *final_hidden)
@@ -266,6 +267,9 @@ static int forward_rows(const ddk_backend *be, const ddt_target_model *m, dense_
     const int64_t H = c->hidden, nh = c->heads, nkv = c->kv_heads, d = c->head_dim,
                   qd = nh * d, kvd = nkv * d, I = c->intermediate;
     const int w16 = t->bf16, fast = m->fast;
+    for (int i = 0; i < n_taps; i++)
+        if (tap_ids[i] < 0 || tap_ids[i] >= c->layers)
+            return -EINVAL;
     float *x = dc->x, *u = dc->u, *q = dc->q, *attn = dc->attn, *gate = dc->gate, *up = dc->up;
     const int32_t *pos = dc->ids + n, *tree = parents ? dc->ids + 2 * n : NULL;   /* put_ids' layout */
     ddt_target_put_ids(be, tokens, n, p0, parents, dc->ids);
@@ -315,9 +319,6 @@ int ddt_dense_extend(const ddk_backend *be, const ddt_target_model *m, void *cac
 {
     const ddt_target *t = m->impl;
     const int64_t H = t->cfg.hidden;
-    for (int i = 0; i < n_taps; i++)
-        if (tap_ids[i] < 0 || tap_ids[i] >= t->cfg.layers)
-            return -EINVAL;
     int rc = 0;
     for (int64_t r = 0; r < n && rc == 0; r += DENSE_ROWS) {
         const int64_t rows = n - r < DENSE_ROWS ? n - r : DENSE_ROWS;
@@ -331,12 +332,8 @@ int ddt_dense_verify(const ddk_backend *be, const ddt_target_model *m, void *cac
                      const int32_t *tokens, int64_t n, const int32_t *parents, const int32_t *tap_ids, int n_taps,
                      float *features, float *final_hidden)
 {
-    const ddt_target *t = m->impl;
     if (!parents)
         return ddt_dense_extend(be, m, cache, p0, tokens, n, tap_ids, n_taps, features, final_hidden);
-    for (int i = 0; i < n_taps; i++)
-        if (tap_ids[i] < 0 || tap_ids[i] >= t->cfg.layers)
-            return -EINVAL;
     if (n > ((dense_cache *)cache)->rows)
         return -EINVAL;
     return forward_rows(be, m, cache, p0, tokens, n, parents, tap_ids, n_taps, features, final_hidden);

@@ -1513,7 +1513,8 @@ static int open_speculator(ddt_trainer *t, char *err, size_t err_len)
                         t->gpu ? "GPU ranks with target.devices \"host\": use \"same\" (co-located)"
                                : "a token file read without its target, or feature shards");
     ddt_run_config_spec_caps(c, &t->spec_prompts, &t->spec_gen_len, &t->spec_max_budget);
-    t->spec_prompt_len = c->spec ? c->spec_prompt_len : (c->seq_len - 1 < 64 ? c->seq_len - 1 : 64);
+    /* within train.seq_len (eval.speculative's own is checked to be; its default need not be) */
+    t->spec_prompt_len = c->spec_prompt_len < c->seq_len - 1 ? c->spec_prompt_len : c->seq_len - 1;
     if (t->spec_prompt_len + t->spec_gen_len + c->drafter.block_size > c->drafter.max_positions)
         return ddt_fail(err, err_len, -EINVAL, "eval.speculative: prompt_len %lld + gen_len %lld + block_size is "
                         "beyond the target's context (%lld)", (long long)t->spec_prompt_len,
@@ -1523,10 +1524,9 @@ static int open_speculator(ddt_trainer *t, char *err, size_t err_len)
                                  t->spec_max_budget, why, sizeof why);
     if (rc)
         return ddt_fail(err, err_len, rc, "eval.speculative: rank 0's speculator (%lld prompt + %lld generated "
-                        "tokens, trees of %lld nodes, %.3f GB): %s", (long long)t->spec_prompt_len,
-                        (long long)t->spec_gen_len, (long long)t->spec_max_budget,
-                        ddt_speculator_bytes(t->spec_target, &c->drafter, t->spec_prompt_len, t->spec_gen_len,
-                                             t->spec_max_budget) / 1e9, why);
+                        "tokens, trees of %lld nodes; its bytes: the `speculator` row of `ddtreed plan`): %s",
+                        (long long)t->spec_prompt_len, (long long)t->spec_gen_len, (long long)t->spec_max_budget,
+                        why);
     return 0;
 }
 
@@ -1539,14 +1539,6 @@ static int spec_prompt(ddt_trainer *t, int64_t i, int64_t P, const int32_t **tok
                        char *err, size_t err_len)
 {
     *stop = -1;
-    if (!t->generates) {
-        int rc = ddt_source_heldout_prompt(t->source, i, tokens, n, stop, err, err_len);
-        if (rc != -ENOTSUP) {
-            if (rc == 0 && *n > P)
-                *tokens += *n - P, *n = P;
-            return rc;
-        }
-    }
     if (t->generates) {
         int32_t *row;
         int rc = ddt_heldout_tokens_get(&t->held, &t->data, &t->rank[0].gen, i, &row, err, err_len);
@@ -1554,8 +1546,14 @@ static int spec_prompt(ddt_trainer *t, int64_t i, int64_t P, const int32_t **tok
         *n = P;
         return rc;
     }
+    int rc = ddt_source_heldout_prompt(t->source, i, tokens, n, stop, err, err_len);
+    if (rc != -ENOTSUP) {   /* conversations */
+        if (rc == 0 && *n > P)
+            *tokens += *n - P, *n = P;
+        return rc;
+    }
     ddt_sequence q;
-    int rc = ddt_source_heldout(t->source, i, &q, err, err_len);
+    rc = ddt_source_heldout(t->source, i, &q, err, err_len);
     *tokens = q.input_ids;
     *n = q.S < P ? q.S : P;
     return rc;
@@ -1601,17 +1599,9 @@ int ddt_trainer_speculate(ddt_trainer *t, const ddt_trainer_spec_request *q, ddt
     const int64_t prompts = q->prompts > 0 ? q->prompts : t->spec_prompts;
     if (q->n_budgets > DDT_MAX_BUDGETS)
         return ddt_fail(err, err_len, -EINVAL, "tree_budgets: at most %d", DDT_MAX_BUDGETS);
-    if (q->n_budgets >= 0) {
-        p.n_budgets = q->n_budgets;
-        memcpy(p.budgets, q->budgets, sizeof(int64_t) * (size_t)q->n_budgets);
-    } else if (c->spec) {
-        p.n_budgets = c->spec_n_budgets;
-        memcpy(p.budgets, c->spec_budgets, sizeof(int64_t) * (size_t)c->spec_n_budgets);
-    } else {
-        p.n_budgets = 2;
-        p.budgets[0] = 8;
-        p.budgets[1] = 32;
-    }
+    /* the request's budgets, else eval.speculative.tree_budgets (its default without the section) */
+    p.n_budgets = q->n_budgets >= 0 ? q->n_budgets : c->spec_n_budgets;
+    memcpy(p.budgets, q->n_budgets >= 0 ? q->budgets : c->spec_budgets, sizeof(int64_t) * (size_t)p.n_budgets);
     if (prompts > t->spec_prompts)
         return ddt_fail(err, err_len, -EINVAL, "prompts: at most %lld (the speculator's, eval.speculative.prompts "
                         "and train.heldout)", (long long)t->spec_prompts);
@@ -1631,9 +1621,7 @@ int ddt_trainer_speculate(ddt_trainer *t, const ddt_trainer_spec_request *q, ddt
     ddt_drafter_weights w = rs->w;
     if (!live) {
         char dir[2200];
-        struct stat st;
-        snprintf(dir, sizeof dir, "%s/checkpoints/step-%08lld", t->run_dir, (long long)step);
-        if (stat(dir, &st) != 0)
+        if (ddt_checkpoint_find(t->run_dir, step, dir, sizeof dir))
             return ddt_fail(err, err_len, -ENOENT, "step: no kept checkpoint of step %lld (checkpoint.keep keeps "
                             "the newest)", (long long)step);
         if (!(host = malloc(bytes)))
