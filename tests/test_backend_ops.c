@@ -18,19 +18,25 @@
  * products, a bf16 head read in place across the loss's panels of rows and of k, workspace =
  * ddk_loss_workspace_bytes, refusals with nothing written) and the
  * whole-buffer ops sumsq (run twice: the same bits), axpby (beta = 0 over NaN, in place), adamw
- * and uniform_noise (bit for bit the CPU's), with sumsq and axpby past 2^31 elements (2^24 in
- * self-check mode), and the Qwen3.5 target's forward-only ops (conv1d_silu with and without
- * history, gated_rmsnorm also in place, rope_partial with rd = d bit for bit the backend's own
- * rope, gated_delta's recurrence and chunked form, the chunked form also against the backend's
- * own recurrence, and its refusals), and the frozen target's matmul_w16 and matmul_w16_nn (bf16
+ * (its bf16 copy w16 bit for bit each side's new w rounded to nearest even; the update without
+ * the copy the same bits) and uniform_noise (bit for bit the CPU's), with sumsq and axpby past
+ * 2^31 elements (2^24 in self-check mode), and the Qwen3.5 target's forward-only ops
+ * (conv1d_silu with and without history, gated_rmsnorm also in place, rope_partial with rd = d
+ * bit for bit the backend's own rope, gated_delta's recurrence and chunked form, the chunked
+ * form also against the backend's own recurrence, and its refusals), and the frozen target's matmul_w16 and matmul_w16_nn (bf16
  * weights as stored, W transposed or not: across scratch panels of rows and of k, k = 0),
  * embedding_w16 and copy_rows (exact;
  * copy_rows also from the host), l2norm_heads, sigmoid_mul and delta_gates (also in place) and
  * causal attention over a cache (q_rows 1, 5, S, 0 of S keys; q_rows > S refused), tree
  * attention (random and deep trees, with and without a cache; a node its own parent: -EINVAL on
  * the CPU, NaN rows on the GPU), each reported
- * "SKIPPED: OP not implemented on CUDA yet" should a table leave it NULL. The backward of each op is checked against finite differences
- * by tests/test_ops.c on the CPU; here the GPU has to match the CPU.
+ * "SKIPPED: OP not implemented on CUDA yet" should a table leave it NULL; and the bf16 step's
+ * matmul_16 (both operands bf16 as stored, NaN padding never read: four transposes, odd shapes,
+ * beta 0 over NaN, past the CPU's 256-column panel, the drafter's products at a scaled-down
+ * width, 1000 x 130 x 5000, k = 0, an empty c) and round_bf16 (the CPU's bits at every non-NaN
+ * input: ties of either lsb, +-0, subnormals, +-inf, FLT_MAX and the overflow tie to inf, every
+ * high half; NaN stays NaN; counts 1 to 2^20 + 3). The backward of each op is checked against
+ * finite differences by tests/test_ops.c on the CPU; here the GPU has to match the CPU.
  *
  * Skipped (exit 77, "SKIPPED: no GPU") when libddk has no CUDA or the machine no GPU: never
  * reported as passed. DDTREE_BACKEND_OPS_SELF_CHECK=1 runs every case with the CPU backend in
@@ -204,6 +210,15 @@ static float *download(const float *p, int64_t count)
     return x;
 }
 
+/* count bf16 bit patterns at p (on the device under test) into a new host buffer */
+static uint16_t *download16(const uint16_t *p, int64_t count)
+{
+    uint16_t *x = host((size_t)count * sizeof(uint16_t));
+    dev->copy(dev, x, p, (size_t)count * sizeof(uint16_t));
+    dev_sync();
+    return x;
+}
+
 /* The end of a case: every GPU buffer's guards read back and checked, all freed, its line */
 static void end_case(const char *name)
 {
@@ -251,6 +266,8 @@ static int64_t rng_below(int64_t n)
 static void expect_close(const char *what, const float *got, const float *want, int64_t count,
                          double tol)
 {
+    if (count == 0)   /* nothing to compare (and the messages below read element 0) */
+        return;
     double num = 0.0, den = 0.0;
     int64_t worst = 0, nonfinite = 0, first_nonfinite = 0;
     for (int64_t i = 0; i < count; i++) {
@@ -281,6 +298,8 @@ static void expect_close(const char *what, const float *got, const float *want, 
 static void expect_close_scaled(const char *what, const float *got, const float *want,
                                 const float *scale, int64_t count, double tol)
 {
+    if (count == 0)   /* as expect_close */
+        return;
     double err = 0.0;
     int64_t worst = 0, nonfinite = 0;
     for (int64_t i = 0; i < count; i++) {
@@ -693,8 +712,19 @@ static void case_uniform_noise(int64_t count, float sigma, uint64_t seed)
     end_case(case_name);
 }
 
+/* how many of w16 (count) are not ddk_f32_to_bf16 of w (count): a bf16 copy's errors */
+static int64_t copy_errors(const uint16_t *w16, const float *w, int64_t count)
+{
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < count; i++)
+        wrong += w16[i] != ddk_f32_to_bf16(w[i]);
+    return wrong;
+}
+
 /* One update at step t = 3 (bias corrections well away from 1) with lr = 1e-2, so the update
- * shows above w's last bits; every 97th element has g = m = v = 0 (direction 0 / eps = 0). */
+ * shows above w's last bits; every 97th element has g = m = v = 0 (direction 0 / eps = 0). Both
+ * sides also write the bf16 copy w16 (from NaN bits): bit for bit ddk_f32_to_bf16 of their own
+ * new w; the device's update without the copy (w16 NULL) gives the same w, g, m, v bits. */
 static void case_adamw(int64_t count, float grad_scale, float weight_decay)
 {
     snprintf(case_name, sizeof case_name, "adamw count=%lld grad_scale=%g weight_decay=%g",
@@ -715,15 +745,35 @@ static void case_adamw(int64_t count, float grad_scale, float weight_decay)
         g0[i] = m0[i] = v0[i] = 0.0f;
     float *w = host_copy(w0, count), *g = host_copy(g0, count), *m = host_copy(m0, count),
           *v = host_copy(v0, count);
-    cpu->adamw(cpu, w, g, m, v, count, &sc);
+    uint16_t *w16 = host((size_t)count * sizeof(uint16_t));   /* (count) bf16 */
+    memset(w16, 0xff, (size_t)count * sizeof(uint16_t));
+    cpu->adamw(cpu, w, g, m, v, w16, count, &sc);
+    int64_t wrong = copy_errors(w16, w, count);
+    check(wrong == 0, "cpu: %lld of %lld bf16 copies are not the new w rounded to nearest even",
+          (long long)wrong, (long long)count);
 
     float *w_dev = dev_floats(w0, count, "w"), *g_dev = dev_floats(g0, count, "g"),
           *m_dev = dev_floats(m0, count, "m"), *v_dev = dev_floats(v0, count, "v");
-    dev->adamw(dev, w_dev, g_dev, m_dev, v_dev, count, &sc);
-    expect_close("w", download(w_dev, count), w, count, tol_adamw);
-    expect_same("g", download(g_dev, count), g, (size_t)count * sizeof(float));
-    expect_close("m", download(m_dev, count), m, count, tol_adamw);
-    expect_close("v", download(v_dev, count), v, count, tol_adamw);
+    uint16_t *w16_dev = dev_buffer(NULL, (size_t)count * sizeof(uint16_t), "w16");
+    dev->adamw(dev, w_dev, g_dev, m_dev, v_dev, w16_dev, count, &sc);
+    float *w_got = download(w_dev, count), *g_got = download(g_dev, count);
+    float *m_got = download(m_dev, count), *v_got = download(v_dev, count);
+    expect_close("w", w_got, w, count, tol_adamw);
+    expect_same("g", g_got, g, (size_t)count * sizeof(float));
+    expect_close("m", m_got, m, count, tol_adamw);
+    expect_close("v", v_got, v, count, tol_adamw);
+    wrong = copy_errors(download16(w16_dev, count), w_got, count);
+    check(wrong == 0, "%lld of %lld bf16 copies are not the device's new w rounded to nearest even",
+          (long long)wrong, (long long)count);
+
+    float *w2_dev = dev_floats(w0, count, "w (no copy)"), *g2_dev = dev_floats(g0, count, "g (no copy)"),
+          *m2_dev = dev_floats(m0, count, "m (no copy)"), *v2_dev = dev_floats(v0, count, "v (no copy)");
+    dev->adamw(dev, w2_dev, g2_dev, m2_dev, v2_dev, NULL, count, &sc);
+    const size_t bytes = (size_t)count * sizeof(float);
+    expect_same("w without the copy", download(w2_dev, count), w_got, bytes);
+    expect_same("g without the copy", download(g2_dev, count), g_got, bytes);
+    expect_same("m without the copy", download(m2_dev, count), m_got, bytes);
+    expect_same("v without the copy", download(v2_dev, count), v_got, bytes);
     end_case(case_name);
 }
 
@@ -1981,6 +2031,170 @@ static void run_target_cases(uint64_t *seq)
 #undef NEXT_T
 }
 
+/* ------------------------------------------------------------------------------------------
+ * The bf16 step's products (daemon/engine/drafter.c): matmul_16 on the weights' bf16 copies,
+ * against activations rounded once by round_bf16 (and the copies refreshed by adamw's w16, in
+ * case_adamw)
+ */
+
+/* x (rows, ld) bf16: random values in [-1, 1] in the first cols columns, NaN bits past them (a
+ * product that read its padding would show NaN in c) */
+static void bf16_values(uint16_t *x, int64_t rows, int64_t cols, int64_t ld)
+{
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t q = 0; q < ld; q++)
+            x[r * ld + q] = q < cols ? ddk_f32_to_bf16((float)(-1.0 + 2.0 * ddk_rng_uniform(&rng_state)))
+                                     : 0x7fc0u;
+}
+
+/* matmul_16: the same bf16 operands on both sides, as stored (nothing rounded anywhere), products
+ * exact in fp32: only the fp32 sums' order differs (cuBLAS's tiles, OpenBLAS's kernels over the
+ * CPU's 256-column panels), tol_matmul(k) as matmul_w16. beta = 0 starts c as NaN; c's padding
+ * must stay as it was. */
+static void case_matmul_16(const matmul_shape *s)
+{
+    snprintf(case_name, sizeof case_name, "matmul_16 %lldx%lldx%lld %c%c pad=%lld alpha=%g beta=%g",
+             (long long)s->m, (long long)s->n, (long long)s->k, s->trans_a ? 'T' : 'N',
+             s->trans_b ? 'T' : 'N', (long long)s->pad, (double)s->alpha, (double)s->beta);
+    /* a as stored: (m, k), or (k, m) when trans_a; b: (k, n), or (n, k) when trans_b */
+    const int64_t a_rows = s->trans_a ? s->k : s->m, a_cols = s->trans_a ? s->m : s->k;
+    const int64_t b_rows = s->trans_b ? s->n : s->k, b_cols = s->trans_b ? s->k : s->n;
+    const int64_t lda = a_cols + s->pad, ldb = b_cols + s->pad, ldc = s->n + s->pad;
+    const size_t a_bytes = (size_t)(a_rows * lda) * sizeof(uint16_t),
+                 b_bytes = (size_t)(b_rows * ldb) * sizeof(uint16_t);
+    uint16_t *a = host(a_bytes), *b = host(b_bytes);   /* bf16 */
+    float *c0 = host_floats(s->m * ldc);                /* c's start */
+    bf16_values(a, a_rows, a_cols, lda);
+    bf16_values(b, b_rows, b_cols, ldb);
+    fill_uniform(c0, s->m * ldc, -1.0, 1.0);
+    if (s->beta == 0.0f)
+        for (int64_t i = 0; i < s->m; i++)
+            for (int64_t j = 0; j < s->n; j++)
+                c0[i * ldc + j] = NAN;
+    float *c = host_copy(c0, s->m * ldc);
+    cpu->matmul_16(cpu, s->trans_a, s->trans_b, s->m, s->n, s->k, s->alpha, a, lda, b, ldb, s->beta,
+                   c, ldc);
+
+    uint16_t *a_dev = dev_buffer(a, a_bytes, "a"), *b_dev = dev_buffer(b, b_bytes, "b");
+    float *c_dev = dev_floats(c0, s->m * ldc, "c");
+    dev->matmul_16(dev, s->trans_a, s->trans_b, s->m, s->n, s->k, s->alpha, a_dev, lda, b_dev, ldb,
+                   s->beta, c_dev, ldc);
+    float *got = download(c_dev, s->m * ldc);
+    /* the (m, n) block by normalised error, the padding exactly as it started */
+    float *got_block = host_floats(s->m * s->n), *want_block = host_floats(s->m * s->n);
+    int64_t pad_changed = 0;
+    for (int64_t i = 0; i < s->m; i++) {
+        memcpy(got_block + i * s->n, got + i * ldc, (size_t)s->n * sizeof(float));
+        memcpy(want_block + i * s->n, c + i * ldc, (size_t)s->n * sizeof(float));
+        pad_changed += memcmp(got + i * ldc + s->n, c0 + i * ldc + s->n,
+                              (size_t)s->pad * sizeof(float)) != 0;
+    }
+    expect_close("c", got_block, want_block, s->m * s->n, tol_matmul(s->k));
+    check(pad_changed == 0, "c: the padding of %lld rows was written", (long long)pad_changed);
+    end_case(case_name);
+}
+
+/* (m, n, k, trans_a, trans_b, pad, alpha, beta): tiny; odd in all four transposes; beta 0 over
+ * NaN in all four; past the CPU's 256-column panel; the drafter's products at a scaled-down width
+ * (H 512, I 1536, 5 taps: LH 2560; S 1024 context rows, 256 block rows): the feature projection
+ * y = x fc^T and its dW = dy^T x, a gate projection, the down projection's dx = dy W and dW (beta
+ * 1: gradients add); a large-ish one with padding; k = 0 (c = beta c: 0 over NaN); an empty c */
+static const matmul_shape matmul16_shapes[] = {
+    { 1, 1, 1, 0, 0, 0, 1.0f, 0.0f },
+    { 3, 5, 7, 0, 0, 3, 0.5f, 0.25f },     { 3, 5, 7, 1, 0, 3, 0.5f, 0.25f },
+    { 3, 5, 7, 0, 1, 3, 0.5f, 0.25f },     { 3, 5, 7, 1, 1, 3, 0.5f, 0.25f },
+    { 17, 33, 65, 0, 0, 1, 1.0f, 0.0f },   { 17, 33, 65, 1, 0, 1, 1.0f, 0.0f },
+    { 17, 33, 65, 0, 1, 1, -1.0f, 0.0f },  { 17, 33, 65, 1, 1, 1, 0.75f, 0.0f },
+    { 5, 7, 300, 1, 1, 2, 0.75f, -1.5f },  { 9, 11, 700, 0, 1, 3, -1.0f, 0.5f },
+    { 1024, 512, 2560, 0, 1, 0, 1.0f, 0.0f },   /* fc: y = x W^T */
+    { 512, 2560, 1024, 1, 0, 0, 1.0f, 1.0f },   /* fc: dW += dy^T x */
+    { 256, 1536, 512, 0, 1, 0, 1.0f, 0.0f },    /* gate_proj: y = m W^T */
+    { 256, 1536, 512, 0, 0, 0, 1.0f, 1.0f },    /* down_proj: dx += dy W */
+    { 512, 1536, 256, 1, 0, 0, 1.0f, 1.0f },    /* down_proj: dW += dy^T x */
+    { 1000, 130, 5000, 0, 1, 5, 1.0f, 1.0f },   { 1000, 130, 5000, 1, 0, 3, 0.5f, 0.0f },
+    { 4, 3, 0, 0, 0, 2, 1.0f, 0.5f },      { 4, 3, 0, 1, 1, 2, 1.0f, 0.0f },
+    { 0, 5, 7, 0, 1, 1, 1.0f, 0.5f },      { 4, 0, 7, 1, 0, 2, 1.0f, 0.5f },
+};
+
+/* round_bf16: the CPU's bits (ddk_f32_to_bf16's, checked too) at every non-NaN input, a NaN at
+ * every NaN input (the GPU's NaN may be another one); y starts as NaN bits on the device, so an
+ * element left unwritten fails at any non-NaN input; x untouched. Inputs: the edges first, then
+ * high halves scattered over all 2^16 (every sign, exponent, subnormal, inf and NaN), each with
+ * 8 low halves: exact, a tie, either side of one, the smallest and largest, 2 random. */
+static const uint32_t round_edges[] = {
+    0x00000000u, 0x80000000u,              /* +0, -0 */
+    0x3f808000u, 0x3f818000u, 0xbf818000u, /* ties: an even lsb stays, an odd one goes up */
+    0x00000001u, 0x00008000u, 0x00018000u, /* subnormals: the smallest, ties of either lsb */
+    0x807fffffu,                           /* -(the largest subnormal): rounds to -normal */
+    0x7f800000u, 0xff800000u,              /* +-inf */
+    0x7f7fffffu, 0xff7fffffu, 0x7f7f8000u, /* +-FLT_MAX and the overflow tie: inf */
+    0x7f7f7fffu, 0x7f7e8000u,              /* just below it, a tie below it (even lsb) */
+    0x7fc00000u, 0x7f800001u, 0xff800001u, 0xffffffffu,   /* NaNs, two whose truncation is inf */
+};
+
+static void case_round_bf16(int64_t count)
+{
+    snprintf(case_name, sizeof case_name, "round_bf16 count=%lld", (long long)count);
+    static const uint16_t lows[] = { 0x0000u, 0x8000u, 0x7fffu, 0x8001u, 0x0001u, 0xffffu };
+    const int64_t edges = (int64_t)(sizeof round_edges / sizeof round_edges[0]);
+    float *x = host_floats(count);
+    for (int64_t i = 0; i < count; i++) {
+        if (i < edges) {
+            x[i] = ddk_f32_from_bits(round_edges[i]);
+            continue;
+        }
+        const int64_t j = i - edges;   /* the sweep's element: high half j / 8, low half j % 8 */
+        const uint32_t high = (uint32_t)((j / 8) * 40503) & 0xffffu;   /* an odd multiplier: all 2^16 */
+        const uint32_t low = j % 8 < 6 ? lows[j % 8] : (uint32_t)(ddk_rng_next(&rng_state) & 0xffffu);
+        x[i] = ddk_f32_from_bits((high << 16) | low);
+    }
+    uint16_t *want = host((size_t)count * sizeof(uint16_t));
+    cpu->round_bf16(cpu, x, count, want);
+
+    float *x_dev = dev_floats(x, count, "x");
+    uint16_t *y_dev = dev_buffer(NULL, (size_t)count * sizeof(uint16_t), "y");
+    dev->round_bf16(dev, x_dev, count, y_dev);
+    const uint16_t *got = download16(y_dev, count);
+    int64_t wrong = 0, cpu_wrong = 0, nan_lost = 0, first = -1;
+    for (int64_t i = 0; i < count; i++) {
+        if (isnan(x[i])) {
+            nan_lost += (got[i] & 0x7fffu) <= 0x7f80u || (want[i] & 0x7fffu) <= 0x7f80u;
+            continue;
+        }
+        cpu_wrong += want[i] != ddk_f32_to_bf16(x[i]);
+        if (got[i] != want[i] && wrong++ == 0)
+            first = i;
+    }
+    check(wrong == 0, "%lld of %lld values differ from the CPU's, first x = 0x%08x: gpu 0x%04x, cpu 0x%04x",
+          (long long)wrong, (long long)count, first < 0 ? 0u : ddk_f32_bits(x[first]),
+          first < 0 ? 0u : (unsigned)got[first], first < 0 ? 0u : (unsigned)want[first]);
+    check(cpu_wrong == 0, "cpu: %lld values not ddk_f32_to_bf16's bits", (long long)cpu_wrong);
+    check(nan_lost == 0, "%lld NaNs not NaN any more", (long long)nan_lost);
+    expect_same("x untouched", download(x_dev, count), x, (size_t)count * sizeof(float));
+    end_case(case_name);
+}
+
+/* every case of this section, reseeded like main's (seq continues its count) */
+static void run_bf16_copy_cases(uint64_t *seq)
+{
+    check(dev->matmul_16 != NULL && dev->round_bf16 != NULL, "matmul_16 or round_bf16 is NULL");
+    case_done("matmul_16 and round_bf16 table");
+    if (!dev->matmul_16 || !dev->round_bf16)
+        return;
+    for (size_t i = 0; i < sizeof matmul16_shapes / sizeof matmul16_shapes[0]; i++) {
+        rng_state = 0x5eed0000u + *seq;
+        misalign = (*seq)++ % 2 * 4;
+        case_matmul_16(&matmul16_shapes[i]);
+    }
+    static const int64_t round_counts[] = { 1, sizeof round_edges / sizeof round_edges[0], 1000,
+                                            (1 << 20) + 3 };
+    for (size_t i = 0; i < sizeof round_counts / sizeof round_counts[0]; i++) {
+        rng_state = 0x5eed0000u + *seq;
+        misalign = (*seq)++ % 2 * 4;
+        case_round_bf16(round_counts[i]);
+    }
+}
+
 int main(void)
 {
     const char *v = getenv("DDTREE_OPS_VERBOSE");
@@ -2095,6 +2309,7 @@ int main(void)
         run_attention_flash_cases(&again);
     }
     ddk_cuda_set_attention_kernels(-1);
+    run_bf16_copy_cases(&seq);   /* appended, so that the cases above keep their seeds */
 #undef NEXT_CASE
     return cases_summary();
 }

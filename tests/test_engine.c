@@ -3,10 +3,13 @@
  * for old exports), the drafter's parameter table (names, shapes, order of SPEC.md section 2),
  * initialisation, batch checks, the default target_layer_ids of SPEC.md section 3 (half to
  * even, a repeat refused by the resolve step), sliding_window >= block_size, the target's
- * max_position_embeddings as resolved, and the synthetic target.
+ * max_position_embeddings as resolved, the synthetic target, and the bf16 step with the weights'
+ * bf16 copy against the one without (the same bits on the CPU; the copy is what it reads).
  * ctest: one line per case, a final "N passed, M failed".
  */
 #include "check.h"
+#include "ddk_bf16.h"
+#include "ddk_rng.h"
 #include "drafter.h"
 #include "model_config.h"
 #include "run_config.h"
@@ -374,6 +377,106 @@ static void test_synthetic_target(void)
     ddt_target_free(&t);
 }
 
+/* The bf16 step with the weights' bf16 copy (w->bf16: be->round_bf16 + be->matmul_16) is the
+ * bf16 step without it (be->matmul_bf16 rounding both operands in every product) bit for bit on
+ * the CPU: loss and every gradient. And the copy is what it reads: a copy that is not the
+ * weights rounded (one matrix halved) changes the result. Sizes past the 256-column panel of
+ * the bf16 products (L_t*H = 3 x 96 = 288), two layers (sliding, full), KL and CAP on. */
+static void test_step_bf16_copies(void)
+{
+    ddt_drafter_config c = { .hidden = 96, .layers = 2, .heads = 4, .kv_heads = 2, .head_dim = 8,
+                             .intermediate = 40, .vocab = 300, .block_size = 4, .sliding_window = 5,
+                             .rms_norm_eps = 1e-6f, .rope_theta = 10000.0f, .taps = 3,
+                             .mask_token_id = 299, .num_target_layers = 6 };
+    c.sliding[0] = 1;
+    c.target_layer_ids[0] = 1, c.target_layer_ids[1] = 3, c.target_layer_ids[2] = 5;
+    char err[256];
+    check(ddt_drafter_config_check(&c, err, sizeof err) == 0, "config: %s", err);
+    const ddk_backend *cpu = ddk_backend_cpu();
+    ddt_param table[DDT_MAX_PARAMS];
+    int64_t total;
+    ddt_drafter_param_table(&c, table, &total);
+    enum { NSEQ = 2, S = 19, A = 3 };
+    const int64_t H = c.hidden, V = c.vocab, LH = c.taps * H;
+    float *params = malloc((size_t)total * sizeof(float));
+    float *g_plain = calloc((size_t)total, sizeof(float)), *g_copy = calloc((size_t)total, sizeof(float)),
+          *g_wrong = calloc((size_t)total, sizeof(float));
+    uint16_t *copy = malloc((size_t)total * sizeof(uint16_t));
+    float *embed = malloc((size_t)(V * H) * sizeof(float)), *head = malloc((size_t)(V * H) * sizeof(float));
+    float *features = malloc((size_t)(NSEQ * S * LH) * sizeof(float));
+    float *teacher = malloc((size_t)(NSEQ * S * H) * sizeof(float));
+    int32_t ids[NSEQ * S], anchors[NSEQ * A];
+    uint8_t mask[NSEQ * S], keep[NSEQ * A];
+    check(params && g_plain && g_copy && g_wrong && copy && embed && head && features && teacher,
+          "no memory");
+    ddt_drafter_init(&c, params, 7);
+    uint64_t rng = 99;
+    for (int64_t i = 0; i < V * H; i++) {
+        embed[i] = (float)(0.5 * ddk_rng_normal(&rng));
+        head[i] = (float)(0.1 * ddk_rng_normal(&rng));
+    }
+    for (int64_t i = 0; i < NSEQ * S * LH; i++)
+        features[i] = (float)ddk_rng_normal(&rng);
+    for (int64_t i = 0; i < NSEQ * S * H; i++)
+        teacher[i] = (float)ddk_rng_normal(&rng);
+    for (int64_t i = 0; i < NSEQ * S; i++) {
+        ids[i] = (int32_t)(ddk_rng_next(&rng) % (uint64_t)(V - 1));
+        mask[i] = i % 7 != 3;
+    }
+    for (int64_t s = 0; s < NSEQ; s++)
+        for (int64_t j = 0; j < A; j++) {
+            anchors[s * A + j] = (int32_t)(1 + j * 5 + s);
+            keep[s * A + j] = s == 0 || j < 2;   /* one padded block */
+        }
+    ddt_batch b = { NSEQ, S, A, ids, mask, features, teacher, anchors, keep };
+    ddt_loss_config lc = { .gamma = 4.0f, .ce_target_teacher = 1,
+                           .loss = { .chunk = 7, .kl_weight = 0.3f, .kl_temperature = 2.0f,
+                                     .cap_weight = 0.1f, .cap_temperature = 1.5f, .bf16_products = 1 } };
+    const ddt_head h = { embed, head, 0 };
+    ddt_drafter_weights w, g;
+    ddt_drafter_bind(&c, params, &w);
+    check(w.bf16 == NULL, "ddt_drafter_bind leaves no bf16 copy");
+    ddk_loss_result plain, copied, wrong;
+    ddt_drafter_bind(&c, g_plain, &g);
+    check(ddt_drafter_step(cpu, &c, &w, &g, &h, &b, &lc, &plain) == 0, "the bf16 step failed");
+
+    cpu->round_bf16(cpu, params, total, copy);
+    w.bf16 = copy;
+    ddt_drafter_bind(&c, g_copy, &g);
+    check(ddt_drafter_step(cpu, &c, &w, &g, &h, &b, &lc, &copied) == 0, "the bf16 step with copies failed");
+    check(isfinite(plain.loss) && plain.counted > 0, "loss %g over %lld positions", plain.loss,
+          (long long)plain.counted);
+    check(memcmp(&plain.loss, &copied.loss, sizeof plain.loss) == 0 && plain.ce == copied.ce &&
+              plain.kl == copied.kl && plain.cap == copied.cap && plain.correct == copied.correct,
+          "with copies the loss is %.17g, without %.17g: not the same bits", copied.loss, plain.loss);
+    int64_t differ = 0;
+    for (int64_t i = 0; i < total; i++)
+        differ += memcmp(&g_plain[i], &g_copy[i], sizeof(float)) != 0;
+    check(differ == 0, "%lld of %lld gradients differ with copies (bit for bit expected)",
+          (long long)differ, (long long)total);
+
+    /* a copy that is not the weights: the step must read it */
+    const ddt_param *q = &table[2 + 2];   /* layers.0.self_attn.q_proj.weight */
+    check(strcmp(q->name, "layers.0.self_attn.q_proj.weight") == 0, "table order: %s", q->name);
+    for (int64_t i = 0; i < q->numel; i++)
+        copy[q->offset + i] = ddk_f32_to_bf16(0.5f * params[q->offset + i]);
+    ddt_drafter_bind(&c, g_wrong, &g);
+    check(ddt_drafter_step(cpu, &c, &w, &g, &h, &b, &lc, &wrong) == 0, "the step failed");
+    check(wrong.loss != plain.loss, "a halved q_proj copy left the loss at %.17g: the copy is not read",
+          wrong.loss);
+    /* and without bf16 products the copy is ignored: the fp32 step */
+    lc.loss.bf16_products = 0;
+    ddk_loss_result fp32_a, fp32_b;
+    ddt_drafter_bind(&c, g_wrong, &g);
+    check(ddt_drafter_step(cpu, &c, &w, &g, &h, &b, &lc, &fp32_a) == 0, "the fp32 step failed");
+    w.bf16 = NULL;
+    check(ddt_drafter_step(cpu, &c, &w, &g, &h, &b, &lc, &fp32_b) == 0, "the fp32 step failed");
+    check(fp32_a.loss == fp32_b.loss && fp32_a.loss != plain.loss,
+          "the fp32 step read the bf16 copy (loss %.17g with it, %.17g without)", fp32_a.loss, fp32_b.loss);
+    free(params), free(g_plain), free(g_copy), free(g_wrong), free(copy), free(embed), free(head);
+    free(features), free(teacher);
+}
+
 int main(void)
 {
     if (!mkdtemp(tmpdir)) {
@@ -392,6 +495,7 @@ int main(void)
         { "the target's max_position_embeddings resolved", test_max_positions },
         { "the export's serving keys read", test_drafter_serving_keys },
         { "synthetic target", test_synthetic_target },
+        { "the bf16 step with the weights' bf16 copy: the same bits", test_step_bf16_copies },
     };
     run_cases(cases, sizeof cases / sizeof cases[0]);
     char path[256];

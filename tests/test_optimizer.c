@@ -6,6 +6,7 @@
  */
 #include "check.h"
 #include "optimizer.h"
+#include "ddk_bf16.h"
 #include "ddk_rng.h"
 
 #include <math.h>
@@ -184,6 +185,7 @@ static void run_against_reference(const ddt_adamw_config *c, const double *gradi
         w_ref[i] = w[i];
     }
     ddt_adamw_state state = { .step = 0, .m = m, .v = v };
+    uint16_t *w16 = xcalloc((size_t)total, sizeof(uint16_t));   /* the bf16 copy: every update's */
     int clipped_steps = 0;
     for (int s = 0; s < steps; s++) {
         for (int64_t i = 0; i < total; i++) {
@@ -191,7 +193,12 @@ static void run_against_reference(const ddt_adamw_config *c, const double *gradi
             g_ref[i] = g[i];
         }
         double lr = -1;
-        double norm = ddt_adamw_update(cpu, c, table, param_count, w, g, &state, &lr);
+        double norm = ddt_adamw_update(cpu, c, table, param_count, w, w16, g, &state, &lr);
+        int64_t copy_wrong = 0;
+        for (int64_t i = 0; i < total; i++)
+            copy_wrong += w16[i] != ddk_f32_to_bf16(w[i]);
+        check(copy_wrong == 0, "step %d: %lld bf16 copies are not the updated weights rounded", s,
+              (long long)copy_wrong);
         double norm_ref = reference_update(c, table, param_count, w_ref, m_ref, v_ref, g_ref, total, s);
         clipped_steps += c->grad_clip > 0 && norm_ref > c->grad_clip;
 
@@ -226,7 +233,7 @@ static void run_against_reference(const ddt_adamw_config *c, const double *gradi
     }
     check(clipped_steps == expect_clipped_steps, "%d steps clipped, the test meant %d", clipped_steps,
           expect_clipped_steps);
-    free(w), free(g), free(m), free(v), free(w_ref), free(g_ref), free(m_ref), free(v_ref);
+    free(w), free(w16), free(g), free(m), free(v), free(w_ref), free(g_ref), free(m_ref), free(v_ref);
 }
 
 /* gradient magnitudes that vary by step, so that clipping changes the direction of Adam's
@@ -263,7 +270,7 @@ static void test_clip_scales_grads(void)
     ddt_adamw_config c = default_config();
     c.grad_clip = 0.5;
     ddt_adamw_state state = { 0, m, v };
-    double norm = ddt_adamw_update(cpu, &c, table, param_count, w, g, &state, NULL);
+    double norm = ddt_adamw_update(cpu, &c, table, param_count, w, NULL, g, &state, NULL);
     check(fabs(norm - ddt_grad_norm(cpu, g0, total)) <= 1e-14 * norm, "returns the norm before clipping: %g", norm);
     double after = ddt_grad_norm(cpu, g, total);
     check(fabs(after - 0.5) <= 1e-6, "grads scaled in place to the clip norm: %.9g", after);
@@ -277,7 +284,7 @@ static void test_clip_scales_grads(void)
     for (int64_t i = 0; i < total; i++)
         g[i] = 1000 * g0[i];
     c.grad_clip = 0;
-    ddt_adamw_update(cpu, &c, table, param_count, w, g, &state, NULL);
+    ddt_adamw_update(cpu, &c, table, param_count, w, NULL, g, &state, NULL);
     int same = 1;
     for (int64_t i = 0; i < total; i++)
         same &= g[i] == 1000 * g0[i];
@@ -298,7 +305,7 @@ static void test_weight_decay_on_matrices_only(void)
     ddt_adamw_config c = default_config();
     ddt_adamw_state state = { 0, m, v };
     double lr = 0;
-    ddt_adamw_update(cpu, &c, table, param_count, w, g, &state, &lr);
+    ddt_adamw_update(cpu, &c, table, param_count, w, NULL, g, &state, &lr);
     int norms_unchanged = 1;
     double worst = 0;
     for (int p = 0; p < param_count; p++)
@@ -331,7 +338,7 @@ static void test_deterministic(void)
         for (int s = 0; s < 8; s++) {
             for (int64_t i = 0; i < total; i++)
                 g[i] = (float)(gradient_scales[s] * ddk_rng_normal(&rng));
-            ddt_adamw_update(cpu, &c, table, param_count, w, g, &state, NULL);
+            ddt_adamw_update(cpu, &c, table, param_count, w, NULL, g, &state, NULL);
         }
         runs[r][0] = w, runs[r][1] = m, runs[r][2] = v;
         free(g);
@@ -355,7 +362,7 @@ static void test_not_finite_changes_nothing(void)
     g[total / 2] = NAN;
     ddt_adamw_config c = default_config();
     ddt_adamw_state state = { 3, m, v };
-    double norm = ddt_adamw_update(cpu, &c, table, param_count, w, g, &state, NULL);
+    double norm = ddt_adamw_update(cpu, &c, table, param_count, w, NULL, g, &state, NULL);
     int same = 1;
     for (int64_t i = 0; i < total; i++)
         same &= w[i] == 0.25f && m[i] == 0.25f && v[i] == 0.25f;

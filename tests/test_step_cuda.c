@@ -6,11 +6,17 @@
  * padded block, sliding and full layers, KL and CAP on, data and teacher labels, the loss
  * materialised and tiled, fp32 and bf16 products (the CPU's bf16 product rounds its operands
  * as the tensor cores do), and a bf16 head (embed_tokens and lm_head as bf16 bit patterns, read
- * in place: the step then takes bf16 operands everywhere, though the config asks fp32).
+ * in place: the step then takes bf16 operands everywhere, though the config asks fp32), and bf16
+ * steps on the weights' bf16 copies (w.bf16: each side rounds its own weights with round_bf16,
+ * the device's from its own buffer; the products then read the copies and activations rounded
+ * once, matmul_16), with bf16 products or a bf16 head.
  * Compared: every figure of the loss result and each parameter's gradient by normalised error;
  * the forward's hidden states; with the bf16 head also the CPU's step against the CPU's step on
- * the widened fp32 head with bf16_products, bit for bit; an -ENOMEM under a device budget that
- * leaves the next step (budget lifted) equal to the CPU's.
+ * the widened fp32 head with bf16_products, bit for bit; with copies the device's copy against
+ * the CPU's (bit for bit), the CPU's step with copies against its step without them (bit for
+ * bit), the device's step with copies against the CPU's and against the device's own step
+ * without them (bf16's tolerances); an -ENOMEM under a device budget that leaves the next step
+ * (budget lifted) equal to the CPU's.
  * Run cases (a real GPU only): "cpu" against ["cuda:0"] (and ["cuda:0", "cuda:1"], the NCCL
  * all-reduce, when there are two GPUs) for 4 steps: losses, gradient norms, the acceptance
  * evaluation; an export and a checkpoint (rank 0's replica to the host) succeed.
@@ -172,7 +178,49 @@ typedef struct step_case {
     int bf16;   /* 1: bf16_products; 2: a bf16 head (embed, lm_head), the config's products fp32 */
     int64_t chunk, vocab_tile;
     float kl, cap;
+    int copies; /* 1 (with bf16): the weights' bf16 copies (w.bf16), each side rounding its own */
 } step_case;
+
+/* bf16 bit patterns at d (count, on the device under test) on the host */
+static uint16_t *download16(const uint16_t *d, int64_t count)
+{
+    uint16_t *x = xcalloc((size_t)count, sizeof(uint16_t));
+    dev->copy(dev, x, d, (size_t)count * sizeof(uint16_t));
+    dev->synchronize(dev);
+    return x;
+}
+
+/* A step's result got (its gradients g_got, over p's whole buffer) against another's, want and
+ * g_want (the reference, ref in the messages): every figure of the loss result and each
+ * parameter's gradient by normalised error, at fp32's or (bf16) bf16's tolerances */
+static void compare_steps(const problem *p, const char *ref, int bf16, const ddk_loss_result *got,
+                          const ddk_loss_result *want, const float *g_got, const float *g_want)
+{
+    const double tol = bf16 ? tol_bf16 : tol_fp32, tol_fig = bf16 ? tol_figures_bf16 : tol_figures_fp32;
+    check(got->counted == want->counted, "counted %lld, %s %lld", (long long)got->counted, ref,
+          (long long)want->counted);
+    check(max_rel(got->weight_sum, want->weight_sum) <= 1e-6, "weight_sum %.9g, %s %.9g", got->weight_sum,
+          ref, want->weight_sum);
+    check(max_rel(got->loss, want->loss) <= tol_fig, "loss %.9g, %s %.9g", got->loss, ref, want->loss);
+    check(max_rel(got->ce, want->ce) <= tol_fig, "ce %.9g, %s %.9g", got->ce, ref, want->ce);
+    check(fabs(got->kl - want->kl) <= tol_fig * fmax(fabs(want->kl), 1e-3), "kl %.9g, %s %.9g", got->kl, ref,
+          want->kl);
+    check(fabs(got->cap - want->cap) <= tol_fig * fmax(fabs(want->cap), 1e-3), "cap %.9g, %s %.9g", got->cap,
+          ref, want->cap);
+    /* argmax ties aside, the same positions are right: a near-tie between two logits may round
+     * to the other argmax on the GPU (another summation order, the tensor cores): fp32 +-1 */
+    check(llabs(got->correct - want->correct) <= (bf16 ? 2 : 1), "correct %lld, %s %lld",
+          (long long)got->correct, ref, (long long)want->correct);
+    double *g_ref = xcalloc((size_t)p->total, sizeof(double));
+    for (int i = 0; i < p->count; i++) {
+        const ddt_param *t = &p->table[i];
+        for (int64_t j = 0; j < t->numel; j++)
+            g_ref[j] = g_want[t->offset + j];
+        double e = normalised_error(g_got + t->offset, g_ref, t->numel);
+        check(e <= tol, "d %s: normalised error %.3g > %.1g (against the %s)", t->name, e, tol, ref);
+    }
+    free(g_ref);
+}
 
 /* The CPU's step on a bf16 head (its result want, its gradients g_head) against the CPU's step on
  * the widened head (p's embed and lm_head, rounded) with bf16_products: the same bits, the loss
@@ -194,6 +242,35 @@ static void check_widened_head(const problem *p, const ddt_batch *b, const ddt_l
     check(memcmp(g_wide, g_head, (size_t)p->total * sizeof(float)) == 0,
           "bf16 head: the gradients differ from the widened head's with bf16 products");
     free(g_wide);
+}
+
+/* The CPU's step with the weights' bf16 copies (made here by the CPU's round_bf16, into *w16) and
+ * its activations rounded once (matmul_16) against its step without them (want, g_want: every
+ * product's operands rounded by matmul_bf16): the same bits, the loss and every gradient (the
+ * same bf16 values meet in the same panels: drafter.h) */
+static void check_cpu_copies(const problem *p, const ddt_batch *b, const ddt_loss_config *lc,
+                             const ddt_head *head, const float *g_want, const ddk_loss_result *want,
+                             uint16_t **w16)
+{
+    *w16 = xcalloc((size_t)p->total, sizeof(uint16_t));
+    cpu->round_bf16(cpu, p->params, p->total, *w16);
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < p->total; i++)
+        wrong += (*w16)[i] != ddk_f32_to_bf16(p->params[i]);
+    check(wrong == 0, "cpu: %lld of %lld bf16 copies are not the weights rounded to nearest even",
+          (long long)wrong, (long long)p->total);
+    float *g_copies = xcalloc((size_t)p->total, sizeof(float));
+    ddt_drafter_weights w, g;
+    ddt_drafter_bind(&p->c, p->params, &w);
+    ddt_drafter_bind(&p->c, g_copies, &g);
+    w.bf16 = *w16;
+    ddk_loss_result r;
+    int rc = ddt_drafter_step(cpu, &p->c, &w, &g, head, b, lc, &r);
+    check(rc == 0, "the CPU step with bf16 copies failed: %d", rc);
+    check(memcmp(&r, want, sizeof r) == 0, "bf16 copies: loss %.17g, without them %.17g", r.loss, want->loss);
+    check(memcmp(g_copies, g_want, (size_t)p->total * sizeof(float)) == 0,
+          "bf16 copies: the gradients differ from the step's without them");
+    free(g_copies);
 }
 
 static void run_step_case(const step_case *sc)
@@ -227,6 +304,9 @@ static void run_step_case(const step_case *sc)
     check(ddt_drafter_forward(cpu, c, &w, &cpu_head, &b, hs_cpu) == 0, "the CPU forward failed");
     if (head16)
         check_widened_head(&p, &b, &lc, g_cpu, &want);
+    uint16_t *w16 = NULL;   /* (total) the CPU's bf16 copy of the weights */
+    if (sc->copies)
+        check_cpu_copies(&p, &b, &lc, &cpu_head, g_cpu, &want, &w16);
 
     /* the device: its own copies; gradients start from a value to check that they ADD */
     const size_t head_bytes = (size_t)(V * H) * (head16 ? sizeof(uint16_t) : sizeof(float));
@@ -245,6 +325,22 @@ static void run_step_case(const step_case *sc)
     ddt_batch db = b;
     db.features = d_features;
     db.teacher_hidden = teacher ? d_teacher : NULL;
+    /* copies: the device's own, rounded there from its weights (the trainer's, refreshed by
+     * adamw's w16), which must be the CPU's bits */
+    uint16_t *d_w16 = NULL;
+    if (sc->copies) {
+        d_w16 = ddk_malloc(dev->alloc, (size_t)p.total * sizeof(uint16_t));
+        if (!d_w16) {
+            fprintf(stderr, "no device memory for the %lld-value bf16 copy\n", (long long)p.total);
+            exit(2);
+        }
+        dev->round_bf16(dev, d_params, p.total, d_w16);
+        uint16_t *w16_dev = download16(d_w16, p.total);
+        check(memcmp(w16_dev, w16, (size_t)p.total * sizeof(uint16_t)) == 0,
+              "the device's bf16 copy of the weights differs from the CPU's");
+        free(w16_dev);
+        dw.bf16 = d_w16;
+    }
     ddk_loss_result got;
     /* fp32 cases on the fp32 attention (the flash kernels' operands are bf16: ~6e-3 alone) */
     ddk_cuda_set_attention_kernels(sc->bf16 ? DDK_CUDA_ATTENTION_AUTO : DDK_CUDA_ATTENTION_SIMT);
@@ -256,34 +352,35 @@ static void run_step_case(const step_case *sc)
     float *d_hs = ddk_malloc(dev->alloc, (size_t)(rows * H) * sizeof(float));
     check(ddt_drafter_forward(dev, c, &dw, &dev_head, &db, d_hs) == 0, "the device forward failed");
     float *hs_dev = download(d_hs, rows * H);
+    float *g_plain = NULL;   /* copies: the device's step without them, from the same start */
+    ddk_loss_result plain = { 0 };
+    if (sc->copies) {
+        ddt_drafter_weights pw = dw;
+        pw.bf16 = NULL;
+        dev->copy(dev, d_grads, start, (size_t)p.total * sizeof(float));
+        rc = ddt_drafter_step(dev, c, &pw, &dg, &dev_head, &db, &lc, &plain);
+        check(rc == 0, "the device step without copies failed: %d", rc);
+        g_plain = download(d_grads, p.total);
+        for (int64_t i = 0; i < p.total; i++)
+            g_plain[i] -= 0x1p-12f;
+    }
     ddk_cuda_set_attention_kernels(DDK_CUDA_ATTENTION_AUTO);
 
     /* a bf16 head (bf16 2) runs bf16 products: bf16's tolerances */
-    const double tol = sc->bf16 ? tol_bf16 : tol_fp32, tol_fig = sc->bf16 ? tol_figures_bf16 : tol_figures_fp32;
-    check(got.counted == want.counted, "counted %lld, CPU %lld", (long long)got.counted, (long long)want.counted);
-    check(max_rel(got.weight_sum, want.weight_sum) <= 1e-6, "weight_sum %.9g, CPU %.9g", got.weight_sum,
-          want.weight_sum);
-    check(max_rel(got.loss, want.loss) <= tol_fig, "loss %.9g, CPU %.9g", got.loss, want.loss);
-    check(max_rel(got.ce, want.ce) <= tol_fig, "ce %.9g, CPU %.9g", got.ce, want.ce);
-    check(fabs(got.kl - want.kl) <= tol_fig * fmax(fabs(want.kl), 1e-3), "kl %.9g, CPU %.9g", got.kl, want.kl);
-    check(fabs(got.cap - want.cap) <= tol_fig * fmax(fabs(want.cap), 1e-3), "cap %.9g, CPU %.9g", got.cap, want.cap);
-    /* argmax ties aside, the same positions are right: a near-tie between two logits may round
-     * to the other argmax on the GPU (another summation order, the tensor cores): fp32 +-1 */
-    check(llabs(got.correct - want.correct) <= (sc->bf16 ? 2 : 1), "correct %lld, CPU %lld",
-          (long long)got.correct, (long long)want.correct);
-    double *ref = xcalloc((size_t)(rows * H > p.total ? rows * H : p.total), sizeof(double));
-    for (int i = 0; i < p.count; i++) {
-        const ddt_param *t = &p.table[i];
-        for (int64_t j = 0; j < t->numel; j++)
-            ref[j] = g_cpu[t->offset + j];
-        double e = normalised_error(g_dev + t->offset, ref, t->numel);
-        check(e <= tol, "d %s: normalised error %.3g > %.1g", t->name, e, tol);
-    }
+    compare_steps(&p, "CPU", sc->bf16 != 0, &got, &want, g_dev, g_cpu);
+    /* with copies against without, both on the device: they differ only by how the operands
+     * reach bf16 (round_bf16's nearest even once, against cuBLAS's undocumented conversion inside
+     * each COMPUTE_32F_FAST_16BF product): tol_bf16's reason */
+    if (sc->copies)
+        compare_steps(&p, "device step without copies", 1, &got, &plain, g_dev, g_plain);
+    const double tol = sc->bf16 ? tol_bf16 : tol_fp32;
+    double *ref = xcalloc((size_t)(rows * H), sizeof(double));
     for (int64_t j = 0; j < rows * H; j++)
         ref[j] = hs_cpu[j];
     double e = normalised_error(hs_dev, ref, rows * H);
     check(e <= tol, "forward hs: normalised error %.3g > %.1g", e, tol);
 
+    ddk_free(dev->alloc, d_w16, (size_t)p.total * sizeof(uint16_t));
     ddk_free(dev->alloc, d_hs, (size_t)(rows * H) * sizeof(float));
     ddk_free(dev->alloc, d_params, (size_t)p.total * sizeof(float));
     ddk_free(dev->alloc, d_grads, (size_t)p.total * sizeof(float));
@@ -291,19 +388,22 @@ static void run_step_case(const step_case *sc)
     ddk_free(dev->alloc, d_head, head_bytes);
     ddk_free(dev->alloc, d_features, (size_t)(p.nseq * S * LH) * sizeof(float));
     ddk_free(dev->alloc, d_teacher, (size_t)(p.nseq * S * H) * sizeof(float));
-    free(ref), free(g_cpu), free(g_dev), free(start), free(hs_cpu), free(hs_dev);
-    free(embed16), free(lm_head16);
+    free(ref), free(g_cpu), free(g_dev), free(g_plain), free(start), free(hs_cpu), free(hs_dev);
+    free(embed16), free(lm_head16), free(w16);
     free_problem(&p);
 }
 
 static const step_case step_cases[] = {
-    { "step fp32: data labels, KL + CAP, materialised", 1, 0, 0, 64, 0, 0.3f, 0.1f },
-    { "step fp32: teacher labels, KL + CAP, tiled (64)", 1, 1, 0, 16, 64, 0.3f, 0.1f },
-    { "step fp32: teacher labels, CE only, full layer first", 0, 1, 0, 1000, 0, 0.0f, 0.0f },
-    { "step bf16: data labels, KL + CAP, materialised", 1, 0, 1, 64, 0, 0.3f, 0.1f },
-    { "step bf16: teacher labels, KL, tiled (50)", 0, 1, 1, 32, 50, 0.5f, 0.0f },
-    { "step bf16 head: data labels, KL + CAP, materialised", 1, 0, 2, 64, 0, 0.3f, 0.1f },
-    { "step bf16 head: teacher labels, KL, tiled (50)", 0, 1, 2, 32, 50, 0.5f, 0.0f },
+    { "step fp32: data labels, KL + CAP, materialised", 1, 0, 0, 64, 0, 0.3f, 0.1f, 0 },
+    { "step fp32: teacher labels, KL + CAP, tiled (64)", 1, 1, 0, 16, 64, 0.3f, 0.1f, 0 },
+    { "step fp32: teacher labels, CE only, full layer first", 0, 1, 0, 1000, 0, 0.0f, 0.0f, 0 },
+    { "step bf16: data labels, KL + CAP, materialised", 1, 0, 1, 64, 0, 0.3f, 0.1f, 0 },
+    { "step bf16: teacher labels, KL, tiled (50)", 0, 1, 1, 32, 50, 0.5f, 0.0f, 0 },
+    { "step bf16 head: data labels, KL + CAP, materialised", 1, 0, 2, 64, 0, 0.3f, 0.1f, 0 },
+    { "step bf16 head: teacher labels, KL, tiled (50)", 0, 1, 2, 32, 50, 0.5f, 0.0f, 0 },
+    { "step bf16 copies: data labels, KL + CAP, materialised", 1, 0, 1, 64, 0, 0.3f, 0.1f, 1 },
+    { "step bf16 copies: teacher labels, KL, tiled (50)", 0, 1, 1, 32, 50, 0.5f, 0.0f, 1 },
+    { "step bf16 head + copies: data labels, KL + CAP, materialised", 1, 0, 2, 64, 0, 0.3f, 0.1f, 1 },
 };
 
 /* A device budget the step cannot live within: -ENOMEM, the allocator back where it was; with

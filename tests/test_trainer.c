@@ -15,7 +15,8 @@
  *     is refused (also by ddt_trainer_open, before any step, on a machine without a GPU);
  *   - a GPU the node does not have ("cuda:N") fails at open, naming it, and leaves nothing
  *     that changes a later run;
- *   - train.precision "bf16": finite losses close to fp32's, not identical to them;
+ *   - train.precision "bf16": finite losses close to fp32's, not identical to them; its exact
+ *     resume (the weights' bf16 copy made again from the resumed weights);
  *   - target.devices "same" on CPU ranks (each rank samples its generated sequences and prefills
  *     them with its own fp32 replica; no host target): the losses and the evaluation of the host
  *     target's run bit for bit, and rank 0's measured peak against the plan's co-located figures
@@ -833,6 +834,9 @@ static void test_bf16_run(void)
     printf("  # step 1: fp32 %.9g, bf16 %.9g (%+.2e); step %d: %.9g, %.9g (%+.2e)\n", fp32[0], bf16[0],
            (bf16[0] - fp32[0]) / fp32[0], STEPS, fp32[STEPS - 1], bf16[STEPS - 1],
            (bf16[STEPS - 1] - fp32[STEPS - 1]) / fp32[STEPS - 1]);
+    /* the weights' bf16 copy is made again from the resumed weights (a stale or unrounded copy
+     * would change the resumed steps) */
+    check_resume(json, 2);
 }
 
 /* eval.blocks_per_sequence bounds the blocks an evaluation reads (each held-out sequence's

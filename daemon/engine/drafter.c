@@ -243,6 +243,7 @@ typedef struct step_memory {
     float *hs, *dhs;                  /* (nseq*AB, H) student hidden and its gradient */
     float *teacher;                   /* (nseq*AB, H) th[a_j + k - 1], or NULL */
     grad_scratch g;
+    uint16_t *x16, *dy16, *keep16;    /* a staged16 step's bf16 operands (products), else NULL */
 } step_memory;
 
 /* The index arrays: the arena's first bytes, carved the same way over a host buffer, where
@@ -262,8 +263,14 @@ static void carve_index(arena *a, const ddt_drafter_config *c, const ddt_batch *
     m->weights = TAKE(a, float, b->nseq * AB);
 }
 
+static int64_t max3(int64_t x, int64_t y, int64_t z)
+{
+    const int64_t xy = x > y ? x : y;
+    return xy > z ? xy : z;
+}
+
 static void carve(arena *a, const ddt_drafter_config *c, const ddt_batch *b, int uses_teacher,
-                  step_memory *m)
+                  int staged16, step_memory *m)
 {
     const int64_t H = c->hidden, qd = c->heads * c->head_dim, kvd = c->kv_heads * c->head_dim,
                   I = c->intermediate, S = b->S, AB = b->A * c->block_size, SAB = S + AB,
@@ -313,33 +320,81 @@ static void carve(arena *a, const ddt_drafter_config *c, const ddt_batch *b, int
     g->dk_pre = TAKE(a, float, SAB * kvd);
     g->dctx = TAKE(a, float, S * H);
     g->dxf = TAKE(a, float, S * H);
+    if (staged16) {   /* the largest operand of each role, over every product of a sequence */
+        m->x16 = TAKE(a, uint16_t, max3(S * c->taps * H, max3(S * H, AB * H, AB * qd), AB * I));
+        m->dy16 = TAKE(a, uint16_t, max3(max3(S * H, AB * H, AB * qd), AB * I, SAB * kvd));
+        m->keep16 = TAKE(a, uint16_t, AB * H);
+    }
 }
 
 /* ------------------------------------------------------------------------------------------
  * Linear layers: y (M, N) = x (M, K) W^T with W (N, K), the Hugging Face layout.
  */
 
-/* The step's product: be->matmul, or be->matmul_bf16 when loss.bf16_products asks for bf16
- * operands (train.precision "bf16": the tensor cores' product; fp32 accumulation either way) or
- * the head is bf16 (drafter.h, ddt_head). */
+/* The step's products. Without bf16 copies: be->matmul, or be->matmul_bf16 when
+ * loss.bf16_products asks for bf16 operands (train.precision "bf16": the tensor cores' product;
+ * fp32 accumulation either way) or the head is bf16 (drafter.h, ddt_head). With them (w->bf16
+ * and bf16 operands): be->matmul_16 on the weights' copy and on activations rounded once into
+ * the arena's staging buffers (be->round_bf16): x16 for a product's input, dy16 for a backward's
+ * output gradient (and the forward's context, constant over the layers), keep16 for an input
+ * that several products read (u: q, k, v; m: gate, up). */
 typedef void (*product_fn)(const ddk_backend *be, int trans_a, int trans_b, int64_t m, int64_t n,
                            int64_t k, float alpha, const float *a, int64_t lda, const float *b,
                            int64_t ldb, float beta, float *c, int64_t ldc);
 
-static void linear(const ddk_backend *be, product_fn mul, const float *x, int64_t M, int64_t K,
-                   const float *W, int64_t N, float beta, float *y)
+typedef struct products {
+    const ddk_backend *be;
+    product_fn mul;              /* without copies */
+    const float *base;           /* w->fc: the buffer the matrices point into */
+    const uint16_t *w16;         /* its bf16 copy (w->bf16), or NULL: then mul */
+    uint16_t *x16, *dy16, *keep16;   /* staging (step_memory's) */
+} products;
+
+/* x (count) rounded into buf when the products read bf16 copies; NULL (nothing done) otherwise */
+static const uint16_t *stage(const products *P, const float *x, int64_t count, uint16_t *buf)
 {
-    mul(be, 0, 1, M, N, K, 1.0f, x, K, W, K, beta, y, N);
+    if (!P->w16)
+        return NULL;
+    P->be->round_bf16(P->be, x, count, buf);
+    return buf;
 }
 
-/* dx (M, K) += dy W (when dx), dW (N, K) += dy^T x */
-static void linear_backward(const ddk_backend *be, product_fn mul, const float *x, int64_t M,
+static const uint16_t *weight16(const products *P, const float *W)
+{
+    return P->w16 + (W - P->base);
+}
+
+/* y (M, N) = x W^T + beta y; x16: x rounded already (stage), or NULL to round it here */
+static void linear(const products *P, const float *x, const uint16_t *x16, int64_t M, int64_t K,
+                   const float *W, int64_t N, float beta, float *y)
+{
+    if (!P->w16) {
+        P->mul(P->be, 0, 1, M, N, K, 1.0f, x, K, W, K, beta, y, N);
+        return;
+    }
+    if (!x16)
+        x16 = stage(P, x, M * K, P->x16);
+    P->be->matmul_16(P->be, 0, 1, M, N, K, 1.0f, x16, K, weight16(P, W), K, beta, y, N);
+}
+
+/* dx (M, K) += dy W (when dx), dW (N, K) += dy^T x; x16 as for linear */
+static void linear_backward(const products *P, const float *x, const uint16_t *x16, int64_t M,
                             int64_t K, const float *W, int64_t N, const float *dy, float *dx,
                             float *dW)
 {
+    const ddk_backend *be = P->be;
+    if (!P->w16) {
+        if (dx)
+            P->mul(be, 0, 0, M, K, N, 1.0f, dy, N, W, K, 1.0f, dx, K);
+        P->mul(be, 1, 0, N, K, M, 1.0f, dy, N, x, K, 1.0f, dW, K);
+        return;
+    }
+    const uint16_t *dy16 = stage(P, dy, M * N, P->dy16);
+    if (!x16)
+        x16 = stage(P, x, M * K, P->x16);
     if (dx)
-        mul(be, 0, 0, M, K, N, 1.0f, dy, N, W, K, 1.0f, dx, K);
-    mul(be, 1, 0, N, K, M, 1.0f, dy, N, x, K, 1.0f, dW, K);
+        be->matmul_16(be, 0, 0, M, K, N, 1.0f, dy16, N, weight16(P, W), K, 1.0f, dx, K);
+    be->matmul_16(be, 1, 0, N, K, M, 1.0f, dy16, N, x16, K, 1.0f, dW, K);
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -378,7 +433,7 @@ static void sequence_inputs(const ddt_drafter_config *c, const ddt_batch *b, int
     }
 }
 
-static int forward_sequence(const ddk_backend *be, product_fn mul, const ddt_drafter_config *c,
+static int forward_sequence(const ddk_backend *be, const products *P, const ddt_drafter_config *c,
                             const ddt_drafter_weights *w, const ddt_head *head, const ddt_batch *b,
                             int64_t s, seq_acts *q, const grad_scratch *t, float *hs)
 {
@@ -391,8 +446,9 @@ static int forward_sequence(const ddk_backend *be, product_fn mul, const ddt_dra
 
     /* context: C = RMSNorm(X fc^T; hidden_norm) (S, H) */
     const float *X = b->features + s * S * LH;   /* (S, L_t*H) */
-    linear(be, mul, X, S, LH, w->fc, H, 0.0f, q->xf);
+    linear(P, X, NULL, S, LH, w->fc, H, 0.0f, q->xf);
     be->rmsnorm(be, q->xf, w->hidden_norm, S, H, eps, q->ctx, q->rstd_ctx);
+    const uint16_t *ctx16 = stage(P, q->ctx, S * H, P->dy16);   /* for every layer's K, V */
 
     if (head->bf16)
         be->embedding_w16(be, head->embed, q->tokens, AB, H, q->h[0]);
@@ -403,17 +459,18 @@ static int forward_sequence(const ddk_backend *be, product_fn mul, const ddt_dra
         layer_acts *L = &q->layer[l];
         const float *h = q->h[l];
         be->rmsnorm(be, h, W->input_layernorm, AB, H, eps, u, L->rstd_u);
+        const uint16_t *u16 = stage(P, u, AB * H, P->keep16);
 
         /* Q for block rows; K, V over [C ; u] (the context gets no input_layernorm) */
-        linear(be, mul, u, AB, H, W->q_proj, qd, 0.0f, L->q_pre);
+        linear(P, u, u16, AB, H, W->q_proj, qd, 0.0f, L->q_pre);
         be->rmsnorm(be, L->q_pre, W->q_norm, AB * nh, d, eps, qr, L->rstd_q);
         be->rope(be, qr, q->pos + S, AB, nh, d, theta, 0);
-        linear(be, mul, q->ctx, S, H, W->k_proj, kvd, 0.0f, L->k_pre);
-        linear(be, mul, u, AB, H, W->k_proj, kvd, 0.0f, L->k_pre + S * kvd);
+        linear(P, q->ctx, ctx16, S, H, W->k_proj, kvd, 0.0f, L->k_pre);
+        linear(P, u, u16, AB, H, W->k_proj, kvd, 0.0f, L->k_pre + S * kvd);
         be->rmsnorm(be, L->k_pre, W->k_norm, SAB * nkv, d, eps, kr, L->rstd_k);
         be->rope(be, kr, q->pos, SAB, nkv, d, theta, 0);
-        linear(be, mul, q->ctx, S, H, W->v_proj, kvd, 0.0f, L->v);
-        linear(be, mul, u, AB, H, W->v_proj, kvd, 0.0f, L->v + S * kvd);
+        linear(P, q->ctx, ctx16, S, H, W->v_proj, kvd, 0.0f, L->v);
+        linear(P, u, u16, AB, H, W->v_proj, kvd, 0.0f, L->v + S * kvd);
 
         ddk_attention_shape shape = { .S = S, .A = A, .B = B, .nh = nh, .nkv = nkv, .d = d,
                                       .window = c->sliding[l] ? c->sliding_window : 0 };
@@ -422,14 +479,15 @@ static int forward_sequence(const ddk_backend *be, product_fn mul, const ddt_dra
         if (rc)
             return rc;
         be->copy(be, L->h_mid, h, (size_t)(AB * H) * sizeof(float));
-        linear(be, mul, L->attn, AB, qd, W->o_proj, H, 1.0f, L->h_mid);
+        linear(P, L->attn, NULL, AB, qd, W->o_proj, H, 1.0f, L->h_mid);
 
         be->rmsnorm(be, L->h_mid, W->post_attention_layernorm, AB, H, eps, m, L->rstd_m);
-        linear(be, mul, m, AB, H, W->gate_proj, I, 0.0f, L->gate);
-        linear(be, mul, m, AB, H, W->up_proj, I, 0.0f, L->up);
+        const uint16_t *m16 = stage(P, m, AB * H, P->keep16);
+        linear(P, m, m16, AB, H, W->gate_proj, I, 0.0f, L->gate);
+        linear(P, m, m16, AB, H, W->up_proj, I, 0.0f, L->up);
         be->swiglu(be, L->gate, L->up, AB * I, act);
         be->copy(be, q->h[l + 1], L->h_mid, (size_t)(AB * H) * sizeof(float));
-        linear(be, mul, act, AB, I, W->down_proj, H, 1.0f, q->h[l + 1]);
+        linear(P, act, NULL, AB, I, W->down_proj, H, 1.0f, q->h[l + 1]);
     }
     be->rmsnorm(be, q->h[c->layers], w->norm, AB, H, eps, hs, q->hs_rstd);
     return 0;
@@ -439,7 +497,7 @@ static int forward_sequence(const ddk_backend *be, product_fn mul, const ddt_dra
  * Backward of one sequence, from dhs (AB, H); gradients ADD into g.
  */
 
-static int backward_sequence(const ddk_backend *be, product_fn mul, const ddt_drafter_config *c,
+static int backward_sequence(const ddk_backend *be, const products *P, const ddt_drafter_config *c,
                              const ddt_drafter_weights *w, ddt_drafter_weights *gw,
                              const ddt_batch *b, int64_t s, const seq_acts *q, const float *dhs,
                              const grad_scratch *t)
@@ -466,19 +524,20 @@ static int backward_sequence(const ddk_backend *be, product_fn mul, const ddt_dr
         be->copy(be, t->dh_mid, t->dh, ab_h);
         be->zero(be, t->dact, (size_t)(AB * I) * sizeof(float));
         be->swiglu(be, L->gate, L->up, AB * I, t->dgate);
-        linear_backward(be, mul, t->dgate, AB, I, W->down_proj, H, t->dh, t->dact, G->down_proj);
+        linear_backward(P, t->dgate, NULL, AB, I, W->down_proj, H, t->dh, t->dact, G->down_proj);
         be->zero(be, t->dgate, (size_t)(AB * I) * sizeof(float));
         be->zero(be, t->dup, (size_t)(AB * I) * sizeof(float));
         be->swiglu_backward(be, L->gate, L->up, t->dact, AB * I, t->dgate, t->dup);
         be->zero(be, t->dm, ab_h);
-        linear_backward(be, mul, m, AB, H, W->gate_proj, I, t->dgate, t->dm, G->gate_proj);
-        linear_backward(be, mul, m, AB, H, W->up_proj, I, t->dup, t->dm, G->up_proj);
+        const uint16_t *m16 = stage(P, m, AB * H, P->keep16);
+        linear_backward(P, m, m16, AB, H, W->gate_proj, I, t->dgate, t->dm, G->gate_proj);
+        linear_backward(P, m, m16, AB, H, W->up_proj, I, t->dup, t->dm, G->up_proj);
         be->rmsnorm_backward(be, L->h_mid, W->post_attention_layernorm, L->rstd_m, t->dm, AB, H,
                              t->dh_mid, G->post_attention_layernorm);
 
         /* attention: h_mid = h + attn Wo^T */
         be->zero(be, t->dattn, (size_t)(AB * qd) * sizeof(float));
-        linear_backward(be, mul, L->attn, AB, qd, W->o_proj, H, t->dh_mid, t->dattn, G->o_proj);
+        linear_backward(P, L->attn, NULL, AB, qd, W->o_proj, H, t->dh_mid, t->dattn, G->o_proj);
         be->zero(be, t->dq, (size_t)(AB * qd) * sizeof(float));
         be->zero(be, t->dk, (size_t)(SAB * kvd) * sizeof(float));
         be->zero(be, t->dv, (size_t)(SAB * kvd) * sizeof(float));
@@ -495,20 +554,21 @@ static int backward_sequence(const ddk_backend *be, product_fn mul, const ddt_dr
 
         /* V = [C ; u] Wv^T, u recomputed */
         be->rmsnorm(be, q->h[l], W->input_layernorm, AB, H, eps, u, L->rstd_u);
+        const uint16_t *u16 = stage(P, u, AB * H, P->keep16);
         be->zero(be, t->du, ab_h);
-        linear_backward(be, mul, q->ctx, S, H, W->v_proj, kvd, t->dv, t->dctx, G->v_proj);
-        linear_backward(be, mul, u, AB, H, W->v_proj, kvd, t->dv + S * kvd, t->du, G->v_proj);
+        linear_backward(P, q->ctx, NULL, S, H, W->v_proj, kvd, t->dv, t->dctx, G->v_proj);
+        linear_backward(P, u, u16, AB, H, W->v_proj, kvd, t->dv + S * kvd, t->du, G->v_proj);
         /* K = RoPE(k_norm([C ; u] Wk^T)) */
         be->rope(be, t->dk, q->pos, SAB, nkv, d, theta, 1);
         be->zero(be, t->dk_pre, (size_t)(SAB * kvd) * sizeof(float));
         be->rmsnorm_backward(be, L->k_pre, W->k_norm, L->rstd_k, t->dk, SAB * nkv, d, t->dk_pre, G->k_norm);
-        linear_backward(be, mul, q->ctx, S, H, W->k_proj, kvd, t->dk_pre, t->dctx, G->k_proj);
-        linear_backward(be, mul, u, AB, H, W->k_proj, kvd, t->dk_pre + S * kvd, t->du, G->k_proj);
+        linear_backward(P, q->ctx, NULL, S, H, W->k_proj, kvd, t->dk_pre, t->dctx, G->k_proj);
+        linear_backward(P, u, u16, AB, H, W->k_proj, kvd, t->dk_pre + S * kvd, t->du, G->k_proj);
         /* Q = RoPE(q_norm(u Wq^T)) */
         be->rope(be, t->dq, q->pos + S, AB, nh, d, theta, 1);
         be->zero(be, t->dq_pre, (size_t)(AB * qd) * sizeof(float));
         be->rmsnorm_backward(be, L->q_pre, W->q_norm, L->rstd_q, t->dq, AB * nh, d, t->dq_pre, G->q_norm);
-        linear_backward(be, mul, u, AB, H, W->q_proj, qd, t->dq_pre, t->du, G->q_proj);
+        linear_backward(P, u, u16, AB, H, W->q_proj, qd, t->dq_pre, t->du, G->q_proj);
 
         /* u = RMSNorm(h; input_layernorm), plus the residual */
         be->copy(be, t->dh, t->dh_mid, ab_h);
@@ -518,7 +578,7 @@ static int backward_sequence(const ddk_backend *be, product_fn mul, const ddt_dr
     /* the block inputs are the frozen embedding: the context is what remains */
     be->zero(be, t->dxf, (size_t)(S * H) * sizeof(float));
     be->rmsnorm_backward(be, q->xf, w->hidden_norm, q->rstd_ctx, t->dctx, S, H, t->dxf, gw->hidden_norm);
-    linear_backward(be, mul, b->features + s * S * LH, S, LH, w->fc, H, t->dxf, NULL, gw->fc);
+    linear_backward(P, b->features + s * S * LH, NULL, S, LH, w->fc, H, t->dxf, NULL, gw->fc);
     return 0;
 }
 
@@ -529,22 +589,22 @@ static int backward_sequence(const ddk_backend *be, product_fn mul, const ddt_dr
 /* The arena of one call (forward only: no gradient scratch needed, but the same layout keeps
  * one carving; the planner's activation figure is this size). */
 static size_t arena_bytes(const ddt_drafter_config *c, const ddt_batch *b, int uses_teacher,
-                          seq_acts *seqs)
+                          int staged16, seq_acts *seqs)
 {
     step_memory m = { .seq = seqs };
     arena sizing = { NULL, 0 };
-    carve(&sizing, c, b, uses_teacher, &m);
+    carve(&sizing, c, b, uses_teacher, staged16, &m);
     return sizing.used;
 }
 
 size_t ddt_drafter_step_bytes(const ddt_drafter_config *c, int64_t nseq, int64_t S, int64_t A,
-                              int uses_teacher)
+                              int uses_teacher, int staged16)
 {
     seq_acts *seqs = calloc((size_t)nseq, sizeof *seqs);
     if (!seqs)
         return 0;
     ddt_batch b = { .nseq = nseq, .S = S, .A = A };
-    size_t bytes = arena_bytes(c, &b, uses_teacher, seqs);
+    size_t bytes = arena_bytes(c, &b, uses_teacher, staged16, seqs);
     free(seqs);
     return bytes;
 }
@@ -552,18 +612,22 @@ size_t ddt_drafter_step_bytes(const ddt_drafter_config *c, int64_t nseq, int64_t
 /* Shared by the step and the forward: the arena, the index arrays (formed on the host, one
  * copy in), the teacher rows and the forward of every sequence. On success *base is the arena
  * (the caller frees it). */
-static int forward_batch(const ddk_backend *be, product_fn mul, const ddt_drafter_config *c,
+static int forward_batch(const ddk_backend *be, products *P, const ddt_drafter_config *c,
                          const ddt_drafter_weights *w, const ddt_head *head, const ddt_batch *b,
                          const ddt_loss_config *lc, int uses_teacher, step_memory *m,
                          char **base, size_t *bytes)
 {
     const int64_t H = c->hidden, AB = b->A * c->block_size;
-    *bytes = arena_bytes(c, b, uses_teacher, m->seq);
+    const int staged16 = P->w16 != NULL;
+    *bytes = arena_bytes(c, b, uses_teacher, staged16, m->seq);
     *base = ddk_malloc(be->alloc, *bytes);
     if (!*base)
         return -ENOMEM;
     arena a = { *base, 0 };
-    carve(&a, c, b, uses_teacher, m);
+    carve(&a, c, b, uses_teacher, staged16, m);
+    P->x16 = m->x16;
+    P->dy16 = m->dy16;
+    P->keep16 = m->keep16;
 
     step_memory staged = { .seq = calloc((size_t)b->nseq, sizeof(seq_acts)) };
     arena sizing = { NULL, 0 };
@@ -592,7 +656,7 @@ static int forward_batch(const ddk_backend *be, product_fn mul, const ddt_drafte
         if (uses_teacher)   /* teacher (AB, H) = th[teacher_rows] with th (S, H) */
             be->embedding(be, b->teacher_hidden + s * b->S * H, q->teacher_rows, AB, H,
                           m->teacher + s * AB * H);
-        rc = forward_sequence(be, mul, c, w, head, b, s, q, &m->g, m->hs + s * AB * H);
+        rc = forward_sequence(be, P, c, w, head, b, s, q, &m->g, m->hs + s * AB * H);
     }
     return rc;
 }
@@ -608,7 +672,8 @@ int ddt_drafter_forward(const ddk_backend *be, const ddt_drafter_config *c,
     ddt_loss_config lc = { .gamma = 1.0f, .ce_target_teacher = 1 };
     char *base = NULL;
     size_t bytes = 0;
-    int rc = forward_batch(be, be->matmul, c, w, head, b, &lc, 0, &m, &base, &bytes);
+    products P = { .be = be, .mul = be->matmul };   /* fp32: no copies */
+    int rc = forward_batch(be, &P, c, w, head, b, &lc, 0, &m, &base, &bytes);
     if (rc == 0) {
         be->copy(be, hs, m.hs, (size_t)(b->nseq * b->A * c->block_size * c->hidden) * sizeof(float));
         be->synchronize(be);   /* before the arena goes back: hs may be host memory */
@@ -639,13 +704,14 @@ int ddt_drafter_step(const ddk_backend *be, const ddt_drafter_config *c,
     step_memory m = { .seq = seqs };
     char *base = NULL;
     size_t bytes = 0;
-    product_fn mul = p.bf16_products ? be->matmul_bf16 : be->matmul;
-    int rc = forward_batch(be, mul, c, w, head, b, lc, uses_teacher, &m, &base, &bytes);
+    products P = { .be = be, .mul = p.bf16_products ? be->matmul_bf16 : be->matmul, .base = w->fc,
+                   .w16 = p.bf16_products ? w->bf16 : NULL };
+    int rc = forward_batch(be, &P, c, w, head, b, lc, uses_teacher, &m, &base, &bytes);
     if (rc == 0)
         rc = be->loss(be, &p, m.hs, m.teacher, head->lm_head, data_labels ? m.labels : NULL, m.weights,
                       m.dhs, NULL, out);
     for (int64_t s = 0; s < b->nseq && rc == 0; s++)
-        rc = backward_sequence(be, mul, c, w, g, b, s, &m.seq[s], m.dhs + s * AB * H, &m.g);
+        rc = backward_sequence(be, &P, c, w, g, b, s, &m.seq[s], m.dhs + s * AB * H, &m.g);
     ddk_free(be->alloc, base, bytes);   /* stream-ordered: the backward's ops run before reuse */
     free(seqs);
     return rc;

@@ -56,10 +56,13 @@ typedef struct ddt_layer_weights {
 } ddt_layer_weights;
 
 typedef struct ddt_drafter_weights {
-    float *fc;            /* (H, L_t*H) */
+    float *fc;            /* (H, L_t*H); the table's first tensor, so also the buffer's base */
     float *hidden_norm;   /* (H) */
     ddt_layer_weights layer[DDT_MAX_LAYERS];
     float *norm;          /* (H) */
+    const uint16_t *bf16; /* (total) the buffer's bf16 copy at the same offsets (the trainer's,
+                             refreshed by every AdamW update), or NULL (ddt_drafter_bind's). A
+                             bf16 step reads its matrices from it: drafter.c's products */
 } ddt_drafter_weights;
 
 /* One row of the parameter table. */
@@ -119,7 +122,10 @@ typedef struct ddt_head {
 } ddt_head;
 
 /* One forward + loss + backward. grads ADD into g (callers zero it once per accumulation).
- * w, g and the head in the backend's memory. 0, -EINVAL
+ * w, g and the head in the backend's memory. A bf16 step (loss.bf16_products, or a bf16 head)
+ * with w->bf16 set takes its weight operands from that copy and rounds each activation operand
+ * once (be->round_bf16, be->matmul_16): the same values as rounding both in every product
+ * (be->matmul_bf16, the step without a copy), on the CPU the same bits. 0, -EINVAL
  * (batch), or -ENOMEM: then g holds a partial sum, and a retry (smaller chunk) starts from
  * zeroed gradients. On a backend whose ops are queued (CUDA) g is written when the call
  * returns only in the queue: be->synchronize before the host reads it. */
@@ -135,9 +141,11 @@ int ddt_drafter_forward(const ddk_backend *be, const ddt_drafter_config *c,
                         float *hs);
 
 /* Bytes of activations one step allocates for nseq sequences of S tokens and A anchors
- * (the loss's and attention's workspaces come on top): the planner's figure. */
+ * (the loss's and attention's workspaces come on top): the planner's figure. staged16: the step
+ * reads bf16 copies of the weights (w->bf16 and bf16 products), so it also holds its activation
+ * operands rounded to bf16 (three buffers, drafter.c's products). */
 size_t ddt_drafter_step_bytes(const ddt_drafter_config *c, int64_t nseq, int64_t S, int64_t A,
-                              int uses_teacher);
+                              int uses_teacher, int staged16);
 /* The matrix-product FLOPs of one step (forward and backward) for one sequence of S tokens and A
  * anchors: the feature projection, the layers' products (3x the forward's), and `loss_products`
  * products of the positions' hidden states against the vocabulary (3 when it is materialised, 5

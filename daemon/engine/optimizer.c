@@ -3,7 +3,8 @@
  * (ddt_param.is_norm), and the learning-rate schedule below. The arithmetic is the backend's
  * (be->sumsq for the norm in float64, be->adamw per parameter tensor in float32), so the same
  * code updates weights in host memory and on a GPU.
- * Not here: mixed precision, parameter groups other than "norm or not", the checkpoint I/O of
+ * Mixed precision is the bf16 copy of the weights (params16), rewritten by the same be->adamw
+ * pass. Not here: parameter groups other than "norm or not", the checkpoint I/O of
  * the state (checkpoint.c stores ddt_adamw_state as is).
  * Tested by tests/test_optimizer.c (against a float64 reference of the schedule and update).
  *
@@ -56,8 +57,8 @@ double ddt_grad_norm(const ddk_backend *be, const float *grads, int64_t total)
  */
 
 double ddt_adamw_update(const ddk_backend *be, const ddt_adamw_config *c, const ddt_param *table,
-                        int count, float *params, float *grads, ddt_adamw_state *state,
-                        double *lr_out)
+                        int count, float *params, uint16_t *params16, float *grads,
+                        ddt_adamw_state *state, double *lr_out)
 {
     int64_t total = count ? table[count - 1].offset + table[count - 1].numel : 0;
     double norm = ddt_grad_norm(be, grads, total);   /* the table covers one contiguous buffer */
@@ -80,7 +81,8 @@ double ddt_adamw_update(const ddk_backend *be, const ddt_adamw_config *c, const 
                                 .one_minus_beta2 = (float)(1.0 - c->beta2), .inv_bc1 = (float)inv_bc1,
                                 .inv_bc2 = (float)inv_bc2, .eps = (float)c->eps, .lr = (float)lr,
                                 .lr_wd = (float)(lr * wd) };
-        be->adamw(be, params + o, grads + o, state->m + o, state->v + o, param->numel, &s);
+        be->adamw(be, params + o, grads + o, state->m + o, state->v + o, params16 ? params16 + o : NULL,
+                  param->numel, &s);
     }
     state->step++;
     if (lr_out)

@@ -32,11 +32,13 @@ double ddt_adamw_lr(const ddt_adamw_config *c, int64_t step);
 double ddt_grad_norm(const ddk_backend *be, const float *grads, int64_t total);
 
 /* One update of params (total) from grads (total), all on be's memory (the ops are be->sumsq and
- * be->adamw), clipping by the global norm first (grads are scaled in place when clipped).
+ * be->adamw), clipping by the global norm first (grads are scaled in place when clipped);
+ * params16 (total, bf16) when not NULL: the weights' bf16 copy, rewritten in the same pass.
  * Returns the norm before clipping; *lr_out the rate used. When the norm is not finite nothing
- * is changed (weights, moments, step) and the norm is returned for the caller to refuse. */
+ * is changed (weights, their copy, moments, step) and the norm is returned for the caller to
+ * refuse. */
 double ddt_adamw_update(const ddk_backend *be, const ddt_adamw_config *c, const ddt_param *table,
-                        int count, float *params, float *grads, ddt_adamw_state *state,
-                        double *lr_out);
+                        int count, float *params, uint16_t *params16, float *grads,
+                        ddt_adamw_state *state, double *lr_out);
 
 #endif

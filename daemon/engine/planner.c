@@ -90,14 +90,18 @@ static void fill(const ddt_run_config *c, int tied_head, int64_t chunk, int64_t 
     const int uses_teacher = c->ce_target_teacher || c->kl_weight > 0.0f;
     const ddt_placement placement = t ? t->placement : DDT_PLACE_NONE;
     p->positions = micro * c->max_anchors * d->block_size;
-    p->weights = total * F;
+    /* a bf16 step (train.precision bf16, or a GPU reading the target's bf16 head) keeps a bf16
+     * copy of the weights and stages its activation operands in bf16 (drafter.c's products) */
+    const int bf16_step = c->bf16 || (p->gpu && (placement == DDT_PLACE_SAME || placement == DDT_PLACE_SPLIT));
+    p->weights = total * F + (bf16_step ? total * 2 : 0);
     p->gradients = (micro < nseq ? 2 : 1) * total * F;
     p->optimizer = 2 * total * F;
     p->frozen_head = placement == DDT_PLACE_SAME || (placement == DDT_PLACE_SPLIT && !p->gpu) ? 0
                      : (tied_head ? 1 : 2) * V * H * (placement == DDT_PLACE_SPLIT ? 2 : F);
     p->batch = nseq * c->seq_len * ((d->taps + (uses_teacher ? 1 : 0)) * H * F + 5) +
                nseq * c->max_anchors * 5;
-    p->activations = (int64_t)ddt_drafter_step_bytes(d, micro, c->seq_len, c->max_anchors, uses_teacher);
+    p->activations = (int64_t)ddt_drafter_step_bytes(d, micro, c->seq_len, c->max_anchors, uses_teacher,
+                                                     bf16_step);
     ddk_loss_params lp = { .n = p->positions, .hidden = H, .vocab = V, .chunk = chunk,
                            .vocab_tile = tile, .kl_weight = c->kl_weight,
                            .kl_temperature = c->kl_temperature, .cap_weight = c->cap_weight,
@@ -254,10 +258,13 @@ void ddt_plan_print(const ddt_run_config *c, const ddt_memory_plan *p, FILE *out
             "a naive KL holds three\n", (long long)p->positions, (long long)d->vocab,
             2.0 * p->positions * d->vocab / 1e9, 4.0 * p->positions * d->vocab / 1e9);
     const int head16 = p->gpu && (p->target.placement == DDT_PLACE_SAME || p->target.placement == DDT_PLACE_SPLIT);
-    fprintf(out, "  matrix products %s; weights, moments, activations and statistics in fp32\n",
+    fprintf(out, "  matrix products %s; %s\n",
             c->bf16 ? "with bf16 operands on the tensor cores (train.precision bf16)"
-            : head16 ? "with bf16 operands on the tensor cores (the loss reads the target's bf16 head)" : "in fp32");
-    row(out, "weights", p->weights, p->peak, "fp32 master weights");
+            : head16 ? "with bf16 operands on the tensor cores (the loss reads the target's bf16 head)" : "in fp32",
+            c->bf16 || head16 ? "master weights, moments, activations and statistics in fp32, the products' "
+                                "operands in bf16 (a copy of the weights, the activations rounded once a product)"
+                              : "weights, moments, activations and statistics in fp32");
+    row(out, "weights", p->weights, p->peak, c->bf16 || head16 ? "fp32 master weights and their bf16 copy" : "fp32 master weights");
     row(out, "gradients", p->gradients, p->peak, c->grad_accum > 1 ? "fp32, and one micro-batch's" : "fp32");
     row(out, "optimizer state", p->optimizer, p->peak, "AdamW m and v, fp32");
     row(out, "frozen target head", p->frozen_head, p->peak,
@@ -267,7 +274,8 @@ void ddt_plan_print(const ddt_run_config *c, const ddt_memory_plan *p, FILE *out
         : p->target.placement == DDT_PLACE_SPLIT ? "embed_tokens and lm_head, a bf16 copy per GPU (the loss reads it as stored)"
                                                  : "embed_tokens and lm_head, fp32");
     row(out, "batch", p->batch, p->peak, "features, teacher hidden, tokens");
-    row(out, "activations", p->activations, p->peak, "kept from forward for backward");
+    row(out, "activations", p->activations, p->peak, c->bf16 || head16 ? "kept from forward for backward, and the "
+        "products' three bf16 staging buffers" : "kept from forward for backward");
     if (p->vocab_tile)
         snprintf(how, sizeof how, "chunk %lld x vocab_tile %lld, streamed", (long long)p->chunk,
                  (long long)p->vocab_tile);

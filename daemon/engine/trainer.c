@@ -103,6 +103,7 @@ typedef struct rank_state {
     /* GPU ranks: the replica of the weights, the moments and the target's head on the GPU
      * (CPU ranks read the trainer's) */
     float *params, *m, *v;        /* (total) each */
+    uint16_t *params16;           /* (total) the replica's bf16 copy, when bf16_step (else NULL) */
     void *own_embed, *own_lm_head;    /* (V, H) each, a GPU's copies (fp32, or bf16 in a split);
                                          one buffer when tied */
     size_t head_bytes;            /* of each copy */
@@ -162,6 +163,10 @@ struct ddt_trainer {
     int param_count;
     int64_t total;
     float *params;                /* (total) host: THE weights of CPU ranks, rank 0's mirror on GPUs */
+    uint16_t *params16;           /* (total) CPU ranks: their bf16 copy when bf16_step (a GPU rank
+                                     has its own), on rank 0's allocator */
+    int bf16_step;                /* train.precision bf16 or a bf16 head: the step's products take
+                                     bf16 operands, its weights from the copies */
     ddt_adamw_state adam;         /* host moments likewise; adam.step counts for every rank */
     ddt_adamw_config adam_cfg;
     ddt_drafter_weights w;        /* bound to params */
@@ -332,6 +337,11 @@ static int alloc_ranks(ddt_trainer *t, const ddt_devices *dev, char *err, size_t
     if (rc)
         return rc;
     const int slots = t->split ? 2 : 1;
+    t->bf16_step = c->bf16 || t->head_bf16;   /* ddt_drafter_step's bf16 products: with copies */
+    const size_t bytes16 = (size_t)t->total * sizeof(uint16_t);
+    if (!t->gpu && t->bf16_step && !(t->params16 = ddk_malloc(ddk_allocator_cpu_rank(0), bytes16)))
+        return ddt_fail(err, err_len, -ENOMEM, "no memory for the bf16 copy of the drafter's weights "
+                        "(%.3f GB); see `ddtreed plan`", bytes16 / 1e9);
     t->tied = t->embed == t->lm_head;
     const int tied = t->tied;
     const size_t head = (size_t)(V * H) * (t->head_bf16 ? sizeof(uint16_t) : sizeof(float));
@@ -358,6 +368,8 @@ static int alloc_ranks(ddt_trainer *t, const ddt_devices *dev, char *err, size_t
             ok &= rs->batch_block && (rs->dev_batch_block = ddk_malloc(a, rs->dev_batch_bytes)) != NULL;
             ok &= (rs->params = ddk_malloc(a, bytes)) && (rs->m = ddk_malloc(a, bytes)) &&
                   (rs->v = ddk_malloc(a, bytes)) != NULL;
+            if (t->bf16_step)
+                ok &= (rs->params16 = ddk_malloc(a, bytes16)) != NULL;
             if (t->colocated) {   /* its replica's bf16 head, in place */
                 rs->embed = rs->replica.embed_stored;
                 rs->lm_head = rs->replica.lm_head_stored;
@@ -386,6 +398,7 @@ static int alloc_ranks(ddt_trainer *t, const ddt_devices *dev, char *err, size_t
         }
         ddt_drafter_bind(d, rs->micro_grads ? rs->micro_grads : rs->grads, &rs->step_grads);
         ddt_drafter_bind(d, t->gpu ? rs->params : t->params, &rs->w);
+        rs->w.bf16 = t->gpu ? rs->params16 : t->params16;
         carve_batch(rs, slots, n, S, A, LH, H, teacher);
     }
     if (t->head16) {   /* every GPU has its copy: the host's goes */
@@ -396,15 +409,20 @@ static int alloc_ranks(ddt_trainer *t, const ddt_devices *dev, char *err, size_t
     return 0;
 }
 
-/* The ranks' replicas := the host's weights and moments (after initialisation or a resume). */
+/* The ranks' replicas := the host's weights and moments (after initialisation or a resume), and
+ * the bf16 copies := the weights rounded (AdamW keeps them so after that). */
 static void push_weights(ddt_trainer *t)
 {
     const size_t bytes = (size_t)t->total * sizeof(float);
+    if (t->params16)
+        ddk_backend_cpu()->round_bf16(ddk_backend_cpu(), t->params, t->total, t->params16);
     for (int r = 0; t->gpu && r < t->ranks; r++) {
         rank_state *rs = &t->rank[r];
         rs->be->copy(rs->be, rs->params, t->params, bytes);
         rs->be->copy(rs->be, rs->m, t->adam.m, bytes);
         rs->be->copy(rs->be, rs->v, t->adam.v, bytes);
+        if (rs->params16)
+            rs->be->round_bf16(rs->be, rs->params, t->total, rs->params16);
         rs->be->synchronize(rs->be);
     }
 }
@@ -691,6 +709,7 @@ void ddt_trainer_close(ddt_trainer *t)
             ddk_host_free_pinned(rs->staging);   /* after the synchronize above: no copy reads it */
             ddk_free(a, rs->dev_batch_block, rs->dev_batch_bytes);
             ddk_free(a, rs->params, bytes);
+            ddk_free(a, rs->params16, (size_t)t->total * sizeof(uint16_t));
             ddk_free(a, rs->m, bytes);
             ddk_free(a, rs->v, bytes);
             ddk_free(a, rs->own_lm_head, rs->head_bytes);
@@ -704,6 +723,7 @@ void ddt_trainer_close(ddt_trainer *t)
     }
     ddk_allocator *a0 = t->gpu ? ddk_allocator_cpu() : ddk_allocator_cpu_rank(0);
     ddk_free(a0, t->params, bytes);
+    ddk_free(a0, t->params16, (size_t)t->total * sizeof(uint16_t));
     ddk_free(a0, t->adam.m, bytes);
     ddk_free(a0, t->adam.v, bytes);
     free(t->head16);
@@ -1118,13 +1138,13 @@ static double update_weights(ddt_trainer *t, double *lr)
 {
     if (!t->gpu)
         return ddt_adamw_update(t->rank[0].be, &t->adam_cfg, t->table, t->param_count, t->params,
-                                t->rank[0].grads, &t->adam, lr);
+                                t->params16, t->rank[0].grads, &t->adam, lr);
     double norm = 0;
     for (int r = 0; r < t->ranks; r++) {
         rank_state *rs = &t->rank[r];
         ddt_adamw_state replica = { t->adam.step, rs->m, rs->v };
-        norm = ddt_adamw_update(rs->be, &t->adam_cfg, t->table, t->param_count, rs->params, rs->grads,
-                                &replica, lr);
+        norm = ddt_adamw_update(rs->be, &t->adam_cfg, t->table, t->param_count, rs->params,
+                                rs->params16, rs->grads, &replica, lr);
         if (!isfinite(norm))   /* the ranks' reduced gradients are the same bits: rank 0 already */
             return norm;       /* refused, and none was changed */
     }

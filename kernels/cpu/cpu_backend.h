@@ -66,8 +66,12 @@ void ddk_cpu_argmax_rows(const ddk_backend *be, const float *x, int64_t rows, in
 void ddk_cpu_axpby(const ddk_backend *be, int64_t count, float alpha, const float *x, float beta,
                    float *y);
 void ddk_cpu_uniform_noise(const ddk_backend *be, float *x, int64_t count, float sigma, uint64_t seed);
-void ddk_cpu_adamw(const ddk_backend *be, float *w, float *g, float *m, float *v, int64_t count,
-                   const ddk_adamw_scalars *s);
+void ddk_cpu_adamw(const ddk_backend *be, float *w, float *g, float *m, float *v, uint16_t *w16,
+                   int64_t count, const ddk_adamw_scalars *s);
+void ddk_cpu_round_bf16(const ddk_backend *be, const float *x, int64_t count, uint16_t *y);
+void ddk_cpu_matmul_16(const ddk_backend *be, int trans_a, int trans_b, int64_t m, int64_t n,
+                       int64_t k, float alpha, const uint16_t *a, int64_t lda, const uint16_t *b,
+                       int64_t ldb, float beta, float *c, int64_t ldc);
 void ddk_cpu_matmul_bf16(const ddk_backend *be, int trans_a, int trans_b, int64_t m, int64_t n,
                          int64_t k, float alpha, const float *a, int64_t lda, const float *b,
                          int64_t ldb, float beta, float *c, int64_t ldc);

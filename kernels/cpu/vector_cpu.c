@@ -2,7 +2,8 @@
  * the features' uniform noise, the argmax of rows: ddk_vargmax's 8 lanes)
  * and its bf16 products (matmul with both operands rounded to bf16, the reference for the GPU's
  * tensor-core product, and matmul_w16 / matmul_w16_nn, the same product against bf16 weights as
- * stored, transposed or not: one emulation, bf16_panels, so they agree bit for bit). Contracts
+ * stored, transposed or not, and matmul_16 with both operands bf16 in memory: one emulation,
+ * bf16_panels, so they agree bit for bit; round_bf16, the activations' rounding). Contracts
  * in ddk.h (struct ddk_backend).
  *
  * sumsq keeps eight float64 lanes (gcc vectorises them; no -ffast-math, so the order is fixed
@@ -78,7 +79,9 @@ void ddk_cpu_uniform_noise(const ddk_backend *be, float *x, int64_t count, float
     }
 }
 
-/* restrict: w, g, m, v never alias; the scalars as locals so the loop is all float32 */
+/* restrict: w, g, m, v (and w16) never alias; the scalars as locals so the loop is all float32.
+ * The bf16 copy is a second loop over the updated w (the first stays vectorised), while the
+ * block of w is still in cache. */
 static void adamw_loop(float *restrict w, float *restrict g, float *restrict m, float *restrict v,
                        int64_t count, ddk_adamw_scalars s)
 {
@@ -94,23 +97,46 @@ static void adamw_loop(float *restrict w, float *restrict g, float *restrict m, 
     }
 }
 
-void ddk_cpu_adamw(const ddk_backend *be, float *w, float *g, float *m, float *v, int64_t count,
-                   const ddk_adamw_scalars *s)
+void ddk_cpu_round_bf16(const ddk_backend *be, const float *x, int64_t count, uint16_t *y)
 {
-    adamw_loop(w, g, m, v, count, *s);
+    (void)be;
+    for (int64_t i = 0; i < count; i++)
+        y[i] = ddk_f32_to_bf16(x[i]);
+}
+
+void ddk_cpu_adamw(const ddk_backend *be, float *w, float *g, float *m, float *v, uint16_t *w16,
+                   int64_t count, const ddk_adamw_scalars *s)
+{
+    enum { BLOCK = 4096 };   /* floats of w per pass: 16 KiB, in L1 for the rounding */
+    for (int64_t i = 0; i < count; i += BLOCK) {
+        const int64_t n = count - i < BLOCK ? count - i : BLOCK;
+        adamw_loop(w + i, g + i, m + i, v + i, n, *s);
+        if (w16)
+            ddk_cpu_round_bf16(be, w + i, n, w16 + i);
+    }
 }
 
 enum { PANEL = 256 };
 
-/* The bf16 product's one emulation: op(a) (m, k) and op(b) (k, n) rounded to bf16 PANEL columns
- * of k at a time, each panel's fp32 product accumulated in c. The second operand is b (fp32,
- * rounded here) or, when w is not NULL, op(w) with w bf16 (n, k) when trans_b, (k, n) when not,
- * row stride ldw (widened, exact), so that matmul_w16 and matmul_w16_nn are matmul_bf16 bit for
- * bit. */
-static void bf16_panels(const ddk_backend *be, int trans_a, int trans_b, int64_t m, int64_t n,
-                        int64_t k, float alpha, const float *a, int64_t lda, const float *b,
-                        int64_t ldb, const uint16_t *w, int64_t ldw, float beta, float *c,
-                        int64_t ldc)
+/* The bf16 product's one emulation: op(a) (m, k) and op(b) (k, n) as bf16 values PANEL columns
+ * of k at a time, each panel's fp32 product accumulated in c. Each operand is fp32 (a, b:
+ * rounded here) or bf16 (a16, b16 when not NULL: widened, exact), so that matmul_w16,
+ * matmul_w16_nn and matmul_16 are matmul_bf16 bit for bit. */
+typedef struct panel_operand {
+    const float *f;      /* fp32, rounded to bf16 here ... */
+    const uint16_t *h;   /* ... or bf16 (when not NULL), widened */
+    int64_t ld;
+    int trans;
+} panel_operand;
+
+static inline float panel_value(const panel_operand *x, int64_t row, int64_t col)
+{
+    const int64_t at = x->trans ? col * x->ld + row : row * x->ld + col;
+    return x->h ? ddk_bf16_to_f32(x->h[at]) : ddk_round_bf16(x->f[at]);
+}
+
+static void bf16_panels(int64_t m, int64_t n, int64_t k, float alpha, panel_operand a,
+                        panel_operand b, float beta, float *c, int64_t ldc)
 {
     float *ap = malloc((size_t)(m + n) * PANEL * sizeof(float));   /* (m, PANEL) then (PANEL, n) */
     if (!ap)   /* a reference path: no recovery from a host without (m + n) x 1 KiB */
@@ -118,17 +144,12 @@ static void bf16_panels(const ddk_backend *be, int trans_a, int trans_b, int64_t
     float *bp = ap + m * PANEL;
     for (int64_t k0 = 0; k0 < k; k0 += PANEL) {
         const int64_t kb = k - k0 < PANEL ? k - k0 : PANEL;
-        for (int64_t i = 0; i < m; i++)
+        for (int64_t i = 0; i < m; i++)      /* op(a) (m, k): row i, column k0 + p */
             for (int64_t p = 0; p < kb; p++)
-                ap[i * kb + p] = ddk_round_bf16(trans_a ? a[(k0 + p) * lda + i] : a[i * lda + k0 + p]);
-        if (w)
-            for (int64_t p = 0; p < kb; p++)
-                for (int64_t j = 0; j < n; j++)
-                    bp[p * n + j] = ddk_bf16_to_f32(trans_b ? w[j * ldw + k0 + p] : w[(k0 + p) * ldw + j]);
-        else
-            for (int64_t p = 0; p < kb; p++)
-                for (int64_t j = 0; j < n; j++)
-                    bp[p * n + j] = ddk_round_bf16(trans_b ? b[j * ldb + k0 + p] : b[(k0 + p) * ldb + j]);
+                ap[i * kb + p] = panel_value(&a, i, k0 + p);
+        for (int64_t p = 0; p < kb; p++)     /* op(b) (k, n): row k0 + p, column j */
+            for (int64_t j = 0; j < n; j++)
+                bp[p * n + j] = panel_value(&b, k0 + p, j);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)m, (blasint)n, (blasint)kb,
                     alpha, ap, (blasint)kb, bp, (blasint)n, k0 == 0 ? beta : 1.0f, c, (blasint)ldc);
     }
@@ -145,7 +166,8 @@ void ddk_cpu_matmul_bf16(const ddk_backend *be, int trans_a, int trans_b, int64_
         be->matmul(be, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
         return;
     }
-    bf16_panels(be, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, NULL, 0, beta, c, ldc);
+    bf16_panels(m, n, k, alpha, (panel_operand){ a, NULL, lda, trans_a },
+                (panel_operand){ b, NULL, ldb, trans_b }, beta, c, ldc);
 }
 
 /* c (m, n) = beta c for a product over k = 0 (0 for beta = 0, whatever c held: BLAS's rule) */
@@ -167,7 +189,8 @@ static void matmul_w16_op(const ddk_backend *be, int trans_w, int64_t m, int64_t
         scale_only(m, n, beta, c, ldc);
         return;
     }
-    bf16_panels(be, 0, trans_w, m, n, k, alpha, a, lda, NULL, 0, w, ldw, beta, c, ldc);
+    bf16_panels(m, n, k, alpha, (panel_operand){ a, NULL, lda, 0 },
+                (panel_operand){ NULL, w, ldw, trans_w }, beta, c, ldc);
 }
 
 void ddk_cpu_matmul_w16(const ddk_backend *be, int64_t m, int64_t n, int64_t k, float alpha,
@@ -182,4 +205,19 @@ void ddk_cpu_matmul_w16_nn(const ddk_backend *be, int64_t m, int64_t n, int64_t 
                            float *c, int64_t ldc)
 {
     matmul_w16_op(be, 0, m, n, k, alpha, a, lda, w, ldw, beta, c, ldc);
+}
+
+void ddk_cpu_matmul_16(const ddk_backend *be, int trans_a, int trans_b, int64_t m, int64_t n,
+                       int64_t k, float alpha, const uint16_t *a, int64_t lda, const uint16_t *b,
+                       int64_t ldb, float beta, float *c, int64_t ldc)
+{
+    (void)be;
+    if (m == 0 || n == 0)
+        return;   /* c is empty */
+    if (k == 0) {   /* nothing to sum */
+        scale_only(m, n, beta, c, ldc);
+        return;
+    }
+    bf16_panels(m, n, k, alpha, (panel_operand){ NULL, a, lda, trans_a },
+                (panel_operand){ NULL, b, ldb, trans_b }, beta, c, ldc);
 }

@@ -290,6 +290,33 @@ void ddk_cuda_w16_product(const ddk_backend *be, int trans_w, int64_t m, int64_t
     }
 }
 
+/* Both operands bf16 in memory (matmul_16): one cublasGemmEx, CUDA_R_16BF a and b, fp32
+ * accumulation and c (CUBLAS_COMPUTE_32F: cuBLAS picks its cuBLASLt tensor-core kernel), no
+ * conversion and no scratch. k = 0: c = beta c, as cuda_matmul_w16_op does it. */
+static void cuda_matmul_16(const ddk_backend *be, int trans_a, int trans_b, int64_t m, int64_t n,
+                           int64_t k, float alpha, const uint16_t *a, int64_t lda,
+                           const uint16_t *b, int64_t ldb, float beta, float *c, int64_t ldc)
+{
+    if (m == 0 || n == 0)
+        return;
+    cublasHandle_t handle = cuda_cublas(be);
+    if (k == 0) {
+        CUBLAS_CHECK(cublasSgemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, to_int(n), to_int(m), 0, &alpha,
+                                 c, 1, c, 1, &beta, c, to_int(ldc)));
+        return;
+    }
+    CUBLAS_CHECK(cublasGemmEx(handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                              trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, to_int(n), to_int(m), to_int(k),
+                              &alpha, b, CUDA_R_16BF, to_int(ldb), a, CUDA_R_16BF, to_int(lda),
+                              &beta, c, CUDA_R_32F, to_int(ldc), CUBLAS_COMPUTE_32F,
+                              CUBLAS_GEMM_DEFAULT));
+}
+
+static void cuda_round_bf16(const ddk_backend *be, const float *x, int64_t count, uint16_t *y)
+{
+    ddk_cuda_round_bf16_rows(be, x, count, 1, count, y, count);
+}
+
 /* matmul_w16 and matmul_w16_nn: the whole scratch is the panel (2^21 values), whole k up to
  * 2^21 columns (k-panels only past that), rows a multiple of 128 when there are that many, so
  * cuBLAS's tiles are not cut. The scratch stays locked until the last product is queued. */
@@ -345,6 +372,8 @@ static void backends_init(void)
         cb->table.matmul_bf16 = cuda_matmul_bf16;
         cb->table.matmul_w16 = cuda_matmul_w16;
         cb->table.matmul_w16_nn = cuda_matmul_w16_nn;
+        cb->table.matmul_16 = cuda_matmul_16;
+        cb->table.round_bf16 = cuda_round_bf16;
         cb->table.loss = ddk_cuda_loss;
         cb->table.zero = cuda_zero;
         cb->table.copy = cuda_copy;

@@ -43,8 +43,8 @@ double ddk_cuda_sumsq(const ddk_backend *be, const float *x, int64_t count);
 void ddk_cuda_argmax_rows(const ddk_backend *be, const float *x, int64_t rows, int64_t n, int32_t *out);
 void ddk_cuda_axpby(const ddk_backend *be, int64_t count, float alpha, const float *x, float beta,
                     float *y);
-void ddk_cuda_adamw(const ddk_backend *be, float *w, float *g, float *m, float *v, int64_t count,
-                    const ddk_adamw_scalars *s);
+void ddk_cuda_adamw(const ddk_backend *be, float *w, float *g, float *m, float *v, uint16_t *w16,
+                    int64_t count, const ddk_adamw_scalars *s);
 void ddk_cuda_uniform_noise(const ddk_backend *be, float *x, int64_t count, float sigma, uint64_t seed);
 
 /* backend_cuda.cu: matmul_w16's (trans_w 1) and matmul_w16_nn's (trans_w 0) panel loop on a

@@ -93,6 +93,10 @@ __global__ static void round_bf16_kernel(const float *src, int64_t ld_src, int64
     const int64_t n = rows * cols;
     for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n;
          e += (int64_t)gridDim.x * blockDim.x) {
+        if (ld_src == cols && ld_dst == cols) {   /* contiguous: no division */
+            dst[e] = __float2bfloat16_rn(src[e]);
+            continue;
+        }
         const int64_t r = e / cols, c = e % cols;
         dst[r * ld_dst + c] = __float2bfloat16_rn(src[r * ld_src + c]);
     }

@@ -32,6 +32,7 @@
 #include "cuda_check.h"
 #include "ddk_rng.h"
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdio.h>
@@ -209,6 +210,7 @@ void ddk_cuda_axpby(const ddk_backend *be, int64_t count, float alpha, const flo
  */
 
 __global__ static void adamw_kernel(float *w, float *g, float *m, float *v,   /* (count) each */
+                                    __nv_bfloat16 *w16,                       /* (count) or NULL */
                                     int64_t count, ddk_adamw_scalars s)
 {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count;
@@ -220,17 +222,21 @@ __global__ static void adamw_kernel(float *w, float *g, float *m, float *v,   /*
         m[i] = mi;
         v[i] = vi;
         const float direction = (mi * s.inv_bc1) / (sqrtf(vi * s.inv_bc2) + s.eps);
-        w[i] -= s.lr * direction + s.lr_wd * w[i];
+        const float wi = w[i] - (s.lr * direction + s.lr_wd * w[i]);
+        w[i] = wi;
+        if (w16)   /* the bf16 copy, round to nearest even as ddk_f32_to_bf16 */
+            w16[i] = __float2bfloat16_rn(wi);
     }
 }
 
-void ddk_cuda_adamw(const ddk_backend *be, float *w, float *g, float *m, float *v, int64_t count,
-                    const ddk_adamw_scalars *s)
+void ddk_cuda_adamw(const ddk_backend *be, float *w, float *g, float *m, float *v, uint16_t *w16,
+                    int64_t count, const ddk_adamw_scalars *s)
 {
     if (count <= 0)
         return;
     cudaStream_t stream = ddk_cuda_stream(be);
-    adamw_kernel<<<grid_for(be, count), THREADS, 0, stream>>>(w, g, m, v, count, *s);
+    adamw_kernel<<<grid_for(be, count), THREADS, 0, stream>>>(w, g, m, v, (__nv_bfloat16 *)w16,
+                                                              count, *s);
     LAUNCH_CHECK();
 }
 

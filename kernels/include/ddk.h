@@ -359,6 +359,22 @@ struct ddk_backend {
                           const float *a, int64_t lda, const uint16_t *w, int64_t ldw, float beta,
                           float *c, int64_t ldc);
 
+    /* Both operands bf16 in memory: c (m, n) = alpha op(a) op(b) + beta c with a, b uint16_t bf16
+     * bit patterns (ddk_bf16.h), op(x) = x^T when trans_x, leading dimensions row strides; fp32
+     * accumulation and output c (row stride ldc). Exactly matmul_bf16 of a and b widened to fp32
+     * (exact): on the CPU bit for bit (the same panels of k, widened instead of rounded). beta = 0
+     * ignores c's contents (even NaN); k = 0 leaves c = beta c. CUDA: one cublasGemmEx with
+     * CUDA_R_16BF operands and CUBLAS_COMPUTE_32F (the tensor cores), no conversion pass, no
+     * scratch. The bf16 step's products: its weights' bf16 copies against activations rounded
+     * once by round_bf16. */
+    void (*matmul_16)(const ddk_backend *be, int trans_a, int trans_b, int64_t m, int64_t n,
+                      int64_t k, float alpha, const uint16_t *a, int64_t lda, const uint16_t *b,
+                      int64_t ldb, float beta, float *c, int64_t ldc);
+
+    /* y (count) bf16 = x (count) rounded to nearest even: ddk_f32_to_bf16's bits for every
+     * value but NaN, which stays a NaN; x and y in this backend's memory, not overlapping. */
+    void (*round_bf16)(const ddk_backend *be, const float *x, int64_t count, uint16_t *y);
+
     /* The loss of SPEC.md section 1 on this backend's memory; contract of ddk_loss_cpu
      * (lm_head float, or uint16_t bf16 with p->head_bf16). */
     int (*loss)(const ddk_backend *be, const ddk_loss_params *p,
@@ -399,9 +415,11 @@ struct ddk_backend {
     void (*uniform_noise)(const ddk_backend *be, float *x, int64_t count, float sigma, uint64_t seed);
     /* One AdamW update of a parameter tensor, per element, in float32:
      *   g *= grad_scale; m = beta1 m + (1 - beta1) g; v = beta2 v + (1 - beta2) g^2;
-     *   w -= lr * (m * inv_bc1) / (sqrt(v * inv_bc2) + eps) + lr_wd * w   (g keeps the scaled value) */
-    void (*adamw)(const ddk_backend *be, float *w, float *g, float *m, float *v, int64_t count,
-                  const ddk_adamw_scalars *s);
+     *   w -= lr * (m * inv_bc1) / (sqrt(v * inv_bc2) + eps) + lr_wd * w   (g keeps the scaled value)
+     * and, when w16 is not NULL, w16 (count) = the new w rounded to bf16 (round to nearest even):
+     * the bf16 copy of the weights that a bf16 step's products read, refreshed in the same pass. */
+    void (*adamw)(const ddk_backend *be, float *w, float *g, float *m, float *v, uint16_t *w16,
+                  int64_t count, const ddk_adamw_scalars *s);
 
     /* ---- the drafter's and the target's ops (SPEC.md sections 2 and 3) ----
      * Convention (llm.c's): forward ops overwrite their outputs; backward ops ADD into their

@@ -7,8 +7,12 @@
  *   bench_step_cuda [--hidden 5120] [--layers 5] [--heads 32] [--kv-heads 8] [--head-dim 128]
  *                   [--intermediate 17408] [--window 2048] [--block 24] [--anchors 1024]
  *                   [--seq 4096] [--vocab 248320] [--taps 5] [--chunk 1024] [--tile 0]
- *                   [--bf16 1] [--reps 3] [--json] [--cpu]
+ *                   [--bf16 1] [--copies 1] [--reps 3] [--json] [--cpu]
  *
+ * --copies 1 (with --bf16 1) is the trainer's bf16 step: a bf16 copy of the weights, refreshed by
+ * every AdamW update, and activations rounded once per product (be->matmul_16); --copies 0 the
+ * step before it (be->matmul_bf16 on fp32 operands, cuBLAS converting both in every product),
+ * kept selectable for the before/after figure in one run.
  * --cpu runs the same code on the CPU backend (small shapes only): a check of this benchmark's
  * own plumbing on a machine without a GPU.
  * The shape (issue 6): H 5120, 5 layers (4 sliding with window 2048, then 1 full), 32/8 heads
@@ -59,7 +63,7 @@ int main(int argc, char **argv)
 {
     int64_t hidden = 5120, layers = 5, heads = 32, kv_heads = 8, head_dim = 128, inter = 17408,
             window = 2048, block = 24, anchors = 1024, seq = 4096, vocab = 248320, taps = 5,
-            chunk = 1024, tile = 0, bf16 = 1, reps = 3;
+            chunk = 1024, tile = 0, bf16 = 1, copies = 1, reps = 3;
     int json = 0, on_cpu = 0;
     const bench_opt opts[] = {
         { "--hidden", BENCH_I64, &hidden }, { "--layers", BENCH_I64, &layers }, { "--heads", BENCH_I64, &heads },
@@ -67,14 +71,15 @@ int main(int argc, char **argv)
         { "--intermediate", BENCH_I64, &inter }, { "--window", BENCH_I64, &window },
         { "--block", BENCH_I64, &block }, { "--anchors", BENCH_I64, &anchors }, { "--seq", BENCH_I64, &seq },
         { "--vocab", BENCH_I64, &vocab }, { "--taps", BENCH_I64, &taps }, { "--chunk", BENCH_I64, &chunk },
-        { "--tile", BENCH_I64, &tile }, { "--bf16", BENCH_I64, &bf16 }, { "--reps", BENCH_I64, &reps },
+        { "--tile", BENCH_I64, &tile }, { "--bf16", BENCH_I64, &bf16 }, { "--copies", BENCH_I64, &copies },
+        { "--reps", BENCH_I64, &reps },
         { "--json", BENCH_SET, &json }, { "--cpu", BENCH_SET, &on_cpu },
     };
     if (bench_parse("bench_step_cuda", argc, argv, opts, (int)(sizeof opts / sizeof opts[0])))
         return 2;
-    if (reps < 1 || reps > 64 || anchors < 1 || anchors > seq || (bf16 != 0 && bf16 != 1) || layers < 1 ||
+    if (reps < 1 || reps > 64 || anchors < 1 || anchors > seq || (bf16 != 0 && bf16 != 1) || (copies != 0 && copies != 1) || layers < 1 ||
         layers > DDT_MAX_LAYERS || taps < 1 || taps > DDT_MAX_TAPS) {
-        fprintf(stderr, "bench_step_cuda: --reps must be in [1, 64], --anchors in [1, --seq], --bf16 0 or 1, "
+        fprintf(stderr, "bench_step_cuda: --reps must be in [1, 64], --anchors in [1, --seq], --bf16 and --copies 0 or 1, "
                 "--layers and --taps in [1, 64]\n");
         return 2;
     }
@@ -149,10 +154,20 @@ int main(int argc, char **argv)
     be->axpby(be, vocab * H, 0.05f, head, 0.0f, head);   /* logits of std ~ 0.05 * 0.58^2 * sqrt(H) */
     be->zero(be, m, bytes);
     be->zero(be, v, bytes);
+    uint16_t *params16 = NULL;   /* the bf16 copy (--copies 1 with --bf16 1) */
+    const size_t bytes16 = (size_t)total * sizeof(uint16_t);
+    if (bf16 && copies && !(params16 = ddk_malloc(be->alloc, bytes16))) {
+        fprintf(stderr, "bench_step_cuda: the GPU has no memory for the weights' bf16 copy (%.1f GB)\n",
+                (double)bytes16 / 1e9);
+        return 1;
+    }
+    if (params16)
+        be->round_bf16(be, params, total, params16);
     be->synchronize(be);
 
     ddt_drafter_weights w, g;
     ddt_drafter_bind(&c, params, &w);
+    w.bf16 = params16;
     ddt_drafter_bind(&c, grads, &g);
     ddt_batch b = { 1, S, A, ids, mask, features, teacher, anchor, keep };
     ddt_loss_config lc = { .gamma = 7.0f, .ce_target_teacher = 1,
@@ -176,7 +191,7 @@ int main(int argc, char **argv)
                     rc == -12 ? "out of memory" : "error", (double)ddk_allocator_stats(be->alloc).peak / 1e9);
             return 1;
         }
-        double norm = ddt_adamw_update(be, &ac, table, count, params, grads, &state, NULL);
+        double norm = ddt_adamw_update(be, &ac, table, count, params, params16, grads, &state, NULL);
         be->synchronize(be);
         double t2 = bench_now_s();
         if (!isfinite(out.loss) || !isfinite(norm)) {
@@ -197,23 +212,25 @@ int main(int argc, char **argv)
         snprintf(info.name, sizeof info.name, "cuda:0");
     if (!json) {
         printf("drafter step on %s: H %lld, %lld layers, %lld/%lld heads of %lld, I %lld, window %lld, block %lld,\n"
-               "  %lld anchors, S %lld, V %lld, %lld taps; chunk %lld, vocab_tile %lld; %s products\n",
+               "  %lld anchors, S %lld, V %lld, %lld taps; chunk %lld, vocab_tile %lld; %s products%s\n",
                info.name, (long long)hidden, (long long)layers, (long long)heads, (long long)kv_heads,
                (long long)head_dim, (long long)inter, (long long)window, (long long)block, (long long)anchors,
                (long long)seq, (long long)vocab, (long long)taps, (long long)chunk, (long long)tile,
-               bf16 ? "bf16" : "fp32");
+               bf16 ? "bf16" : "fp32", params16 ? " (bf16 weight copies, activations rounded once)" : "");
         printf("  step (median of %lld) %.3f s, of which AdamW %.3f s\n", (long long)reps, median, update);
         printf("  %.0f positions/s, %.0f tokens/s; matrix products %.1f TFLOP/s (%.1f TFLOP per step)\n",
                positions / median, (double)S / median, flops / median / 1e12, flops / 1e12);
         printf("  peak memory %.2f GB (activations %.2f GB of it); loss %.6f\n", peak / 1e9,
-               (double)ddt_drafter_step_bytes(&c, 1, S, A, 1) / 1e9, loss);
+               (double)ddt_drafter_step_bytes(&c, 1, S, A, 1, params16 != NULL) / 1e9, loss);
     }
     printf("{\"impl\": \"ddtree-cuda-step\", \"device\": \"%s\", \"hidden\": %lld, \"layers\": %lld, \"anchors\": %lld, "
            "\"block\": %lld, \"seq\": %lld, \"vocab\": %lld, \"chunk\": %lld, \"vocab_tile\": %lld, \"bf16\": %lld, "
+           "\"copies\": %d, "
            "\"step_s\": %.6f, \"adamw_s\": %.6f, \"positions_per_s\": %.1f, \"tflops\": %.2f, \"peak_bytes\": %.0f, "
            "\"loss\": %.6f}\n",
            info.name, (long long)hidden, (long long)layers, (long long)anchors, (long long)block, (long long)seq,
-           (long long)vocab, (long long)chunk, (long long)tile, (long long)bf16, median, update, positions / median,
+           (long long)vocab, (long long)chunk, (long long)tile, (long long)bf16, params16 != NULL, median, update,
+           positions / median,
            flops / median / 1e12, peak, loss);
     return 0;
 }

@@ -247,8 +247,10 @@ if [ "$FAILED" = 0 ]; then
         else
             STEPS+=("bench_attention_cuda|not in the bundle (tests/gpu/bundle.sh BINARIES)|0")
         fi
-        bench_step step-bf16 "bench_step_cuda Qwen3.6-27B drafter, bf16 products" 150 \
-            "$B/bin/bench_step_cuda" --bf16 1 --reps 2
+        bench_step step-bf16 "bench_step_cuda Qwen3.6-27B drafter, bf16 products (weight copies, activations rounded once)" 150 \
+            "$B/bin/bench_step_cuda" --bf16 1 --copies 1 --reps 2
+        bench_step step-bf16-fp32-operands "bench_step_cuda, bf16 products on fp32 operands (before the copies)" 150 \
+            "$B/bin/bench_step_cuda" --bf16 1 --copies 0 --reps 1
         bench_step loss-torch-bf16 "torch loss, seed scale, bf16 (the seed's precision)" 90 \
             "$PY" "$B/py/loss_torch_gpu.py" --dtype bf16 --reps 2
         bench_step step-torch-bf16 "torch step, Qwen3.6-27B drafter, bf16 (the seed's approach)" 120 \
