@@ -101,7 +101,8 @@ nfiles=$(find "$TMP/out" -type f | wc -l)
 cat >"$TMP/sample.jsonl" <<'EOF'
 {"tag":"loss-seed-bf16","impl":"ddtree-cuda","dtype":"bf16-products","bf16_products":1,"n":24576,"hidden":5120,"vocab":248320,"chunk":1024,"full":{"vocab_tile":0,"products":3,"seconds_median":0.5,"tflops":560.0,"of_ceiling":0.8,"workspace_bytes":1.1e9,"loss":12.5},"tiled":{"vocab_tile":8192,"products":5,"seconds_median":1.2,"tflops":300.0,"of_ceiling":0.43,"workspace_bytes":0.1e9,"loss":12.5},"ceiling_reference":"bf16 native","ceiling_bf16_native_status":"ok","ceiling_bf16_native_tflops":700.0,"ceiling_bf16_native_cases":[{"m":8192,"n":8192,"k":8192,"tflops":700.0}],"ceiling_fp32_status":"ok","ceiling_fp32_tflops":50.0,"ceiling_bf16_products_status":"failed: no"}
 {"tag":"loss-torch-bf16","impl":"torch-gpu","dtype":"bf16","n":24576,"hidden":5120,"vocab":248320,"lm_chunk":4096,"kl_chunk":2048,"seconds_median":0.9,"tflops":311.0,"workspace_bytes":6.1e9,"loss":12.4}
-{"tag":"step-bf16","impl":"ddtree-cuda-step","hidden":5120,"layers":5,"anchors":1024,"block":24,"seq":4096,"vocab":248320,"chunk":1024,"vocab_tile":0,"bf16":1,"step_s":1.2,"adamw_s":0.06,"positions_per_s":20480.0,"tflops":400.0,"peak_bytes":79.3e9,"loss":12.1}
+{"tag":"step-bf16","impl":"ddtree-cuda-step","hidden":5120,"layers":5,"anchors":1024,"block":24,"seq":4096,"vocab":248320,"chunk":1024,"vocab_tile":0,"bf16":1,"copies":1,"step_s":1.2,"adamw_s":0.06,"positions_per_s":20480.0,"tflops":400.0,"peak_bytes":79.3e9,"loss":12.1}
+{"tag":"step-bf16-fp32-operands","impl":"ddtree-cuda-step","hidden":5120,"layers":5,"anchors":1024,"block":24,"seq":4096,"vocab":248320,"chunk":1024,"vocab_tile":0,"bf16":1,"copies":0,"step_s":1.6,"adamw_s":0.05,"positions_per_s":15360.0,"tflops":300.0,"peak_bytes":74.0e9,"loss":12.1}
 {"tag":"step-torch-bf16","impl":"torch-gpu-step","dtype":"bf16","hidden":5120,"layers":5,"anchors":1024,"block":24,"seq":4096,"vocab":248320,"lm_chunk":4096,"kl_chunk":2048,"step_s":2.4,"positions":24576,"positions_per_s":10240.0,"peak_bytes":90.0e9,"loss":12.0}
 {"tag":"step-fp32","missing":"no JSON line (timed out after 90s)"}
 {"tag":"loss-torch-fp32","impl":"torch-gpu","failed":"out of memory: CUDA out of memory"}
@@ -115,14 +116,16 @@ python3 "$DIR/py/summary.py" "$TMP/sample.jsonl" >"$TMP/sample.md" 2>&1
 want=(
     "goal, loss >= 60% of the measured bf16 ceiling: loss-seed-bf16 vocab_tile 0: 560.0 of 700.0 TFLOP/s = 80%: met"
     "goal, loss >= 60% of the measured bf16 ceiling: loss-seed-bf16 vocab_tile 8192: 300.0 of 700.0 TFLOP/s = 43%: not met"
-    "| step-bf16 | ddtree-cuda-step | bf16 |"
+    "| step-bf16 | ddtree-cuda-step | bf16, weight copies |"
+    "| step-bf16-fp32-operands | ddtree-cuda-step | bf16, fp32 operands |"
+    "- bf16 weight copies (after) against bf16 products on fp32 operands (before), same run: 1.33x the positions/s, 79.3 GB against 74.0 GB peak"
     "| 20,480 | 82% not met | 79.30 | yes |"
     "| step-torch-bf16 | torch-gpu-step | torch bf16 |"
     "| 10,240 | 41% not met | 90.00 | no |"
     "ddtree bf16 step against the seed's torch step, same run: 2.00x the positions/s"
     "| step-fp32 | - | no JSON line (timed out after 90s) |"
     "| loss-torch-fp32 | - | - | - | failed: out of memory: CUDA out of memory |"
-    "| line 7 | - | - | - | unreadable JSON"
+    "| line 8 | - | - | - | unreadable JSON"
     "| qwen35-transformers | bf16 | transformers-cpu | logits | 4.00e-06 | 0.0001 | met |"
     "| qwen35-transformers | text-only | transformers-cuda | logits | not finite | 0.0001 | not met |"
     "| qwen35-transformers | - | - | - | - | - | error: bf16-q35 transformers: no such class |"

@@ -190,7 +190,8 @@ for r in step_rows:
         if r.get("impl") == "torch-gpu-step":
             products, chunks = f"torch {r.get('dtype', '?')}", f"{r.get('lm_chunk', '?')}/{r.get('kl_chunk', '?')}"
         else:
-            products = "bf16" if r.get("bf16") == 1 else "fp32"
+            products = ("bf16, weight copies" if r.get("copies") == 1 else "bf16, fp32 operands") \
+                if r.get("bf16") == 1 else "fp32"
             chunks = f"{r.get('chunk', '?')} / {r.get('vocab_tile', '?')}"
         print(f"| {tag} | {r.get('impl', '?')} | {products} | {shape} | {chunks} | {num(st, '.3f')} "
               f"| {num(pos, ',.0f')} | {pct(pos, 25000)} {goal} | {num(peak, '.2f', 1e9)} | {fits} "
@@ -206,6 +207,12 @@ if ours and theirs and all(isinstance(x.get("positions_per_s"), (int, float)) fo
     print(f"- ddtree bf16 step against the seed's torch step, same run: "
           f"{ours[0]['positions_per_s'] / theirs[0]['positions_per_s']:.2f}x the positions/s, "
           f"{num(ours[0].get('peak_bytes'), '.1f', 1e9)} GB against {num(theirs[0].get('peak_bytes'), '.1f', 1e9)} GB peak")
+after = [r for r in ours if r.get("copies") == 1 and isinstance(r.get("positions_per_s"), (int, float))]
+before = [r for r in ours if r.get("copies") == 0 and isinstance(r.get("positions_per_s"), (int, float))]
+if after and before:
+    print(f"- bf16 weight copies (after) against bf16 products on fp32 operands (before), same run: "
+          f"{after[0]['positions_per_s'] / before[0]['positions_per_s']:.2f}x the positions/s, "
+          f"{num(after[0].get('peak_bytes'), '.1f', 1e9)} GB against {num(before[0].get('peak_bytes'), '.1f', 1e9)} GB peak")
 
 # --- the Qwen3.5 target against transformers ------------------------------------------------
 print()
