@@ -11,7 +11,8 @@
  * and every softmax follow; the gradient pass turns each logit row into
  *   g = (w_i / sum w) [(1-a)(p - onehot(y)) + a T (ps - pt) - lambda (c/Tc) pc (log pc + H)]
  * in place, and one product g W accumulates d loss / d hs. 1 - p_y is carried as the sum over
- * v != y, so p_y -> 1 loses nothing to cancellation.
+ * v != y, so p_y -> 1 loses nothing to cancellation. A -inf (padded) column adds exactly 0 to
+ * every statistic and has gradient 0: where a product would be 0 * -inf it is selected away.
  *
  * Speed: the products are the floor; the rest (one argmax pass per logit row, one pass of
  * exponential sums, one pass forming g) runs 8 lanes wide, ddk_expf8 and ddk_vargmax. On a
@@ -27,8 +28,9 @@
  * the same bits as bf16_products on the head widened to fp32, and the same workspace.
  * Tested by tests/test_loss.c (float64 C reference, finite differences, chunk/tile
  * invariance, budgets, the bf16 head bit for bit against the widened one, rows wider than a
- * sum block, logits of +-200, the 8-lane kernels against the scalar exp) and
- * tests/loss_torch_check.py (PyTorch autograd).
+ * sum block, logits of +-200, the 8-lane kernels against the scalar exp),
+ * tests/test_loss_online.c (-inf columns, also whole -inf tiles: finite, gradient 0 there, the
+ * values of the vocabulary without them) and tests/loss_torch_check.py (PyTorch autograd).
  *
  * Legend: n positions, H hidden, V vocabulary, m rows of the current chunk, w tile width.
  */
@@ -88,7 +90,9 @@ typedef struct lane_sums {
 } lane_sums;
 
 /* Adds 8 columns (zs, zt: their logits) to the lane sums. keep: the lanes that count (all
- * but a row's padding); rest leaves out the lane whose column minus the label's is 0. */
+ * but a row's padding); rest leaves out the lane whose column minus the label's is 0. A -inf
+ * column adds 0 to every sum: e = 0 there, and the products with -inf (e dc, et (zt - zs)) are
+ * selected away where their e is 0, never multiplied (SPEC.md section 1). */
 static inline __attribute__((always_inline)) void
 lane_sums_add(lane_sums *a, ddk_f8 zs, ddk_f8 zt, ddk_i8 keep, ddk_i8 from_label, float s_max,
               float t_max, float invT, float invTc, const int kl, const int kl_scaled,
@@ -104,11 +108,11 @@ lane_sums_add(lane_sums *a, ddk_f8 zs, ddk_f8 zt, ddk_i8 keep, ddk_i8 from_label
     ddk_f8 dc = cap_scaled ? d * invTc : d;
     ddk_f8 ec = cap_scaled ? ddk_f8_select(keep, ddk_expf8(dc), zero) : e;
     a->c += ec;
-    a->cd += ec * dc;
+    a->cd += ddk_f8_select(ec != zero, ec * dc, zero);
     if (kl) {
         ddk_f8 et = ddk_f8_select(keep, ddk_expf8((zt - t_max) * invT), zero);
         a->t += et;
-        a->td += et * ((zt - zs) * invT);
+        a->td += ddk_f8_select(et != zero, et * ((zt - zs) * invT), zero);
     }
 }
 
@@ -173,7 +177,9 @@ static void row_init(const loss_run *k, ddk_loss_row *r, int32_t label, float we
 }
 
 /* Merges one tile (columns off .. off+w) of one position into its running statistics.
- * zs (w), zt (w) or NULL when no teacher logits are used. */
+ * zs (w), zt (w) or NULL when no teacher logits are used. While a maximum is -inf (a tile of
+ * -inf columns first) its sums are 0: they are shifted by 0 and never rescaled (from -inf,
+ * exp(-inf - -inf) would be NaN). */
 static void row_stats_tile(const loss_run *k, tile_sums_fn sums, ddk_loss_row *r,
                            const float *zs, const float *zt, int64_t off, int64_t w)
 {
@@ -198,7 +204,8 @@ static void row_stats_tile(const loss_run *k, tile_sums_fn sums, ddk_loss_row *r
     if (k->given_labels && r->label >= off && r->label < off + w)
         label_col = r->label - off;
 
-    if (!first) {   /* bring what earlier tiles summed to the new maxima */
+    /* bring what earlier tiles summed to the new maxima */
+    if (!first && r->s_max > -INFINITY) {
         double ds = (double)r->s_max - s_max, f = exp(ds);
         r->s_sum *= f;
         r->s_rest *= f;
@@ -207,16 +214,17 @@ static void row_stats_tile(const loss_run *k, tile_sums_fn sums, ddk_loss_row *r
         double dc = ds * k->invTc, fc = exp(dc);
         r->c_dot = fc * (r->c_dot + r->c_sum * dc);
         r->c_sum *= fc;
-        if (k->kl) {
-            double ft = exp(((double)r->t_max - t_max) * k->invT);
-            r->t_sum *= ft;
-            r->t_dot *= ft;
-        }
+    }
+    if (!first && k->kl && r->t_max > -INFINITY) {
+        double ft = exp(((double)r->t_max - t_max) * k->invT);
+        r->t_sum *= ft;
+        r->t_dot *= ft;
     }
     r->s_max = s_max;
     r->t_max = t_max;
 
-    tile_sums ts = sums(zs, zt, w, s_max, t_max, label_col, k->invT, k->invTc);
+    tile_sums ts = sums(zs, zt, w, s_max > -INFINITY ? s_max : 0.0f,
+                        t_max > -INFINITY ? t_max : 0.0f, label_col, k->invT, k->invTc);
     if (label_col >= 0 && !k->given_labels) {
         /* the teacher's argmax moved into this tile: the old label's mass becomes "rest" */
         r->s_rest = r->s_sum + ts.rest;
@@ -276,7 +284,7 @@ typedef struct grad_coeffs {
     float invT, invTc;
 } grad_coeffs;
 
-/* g of 8 columns (z, zt: their logits) */
+/* g of 8 columns (z, zt: their logits); 0 at a -inf column (and its teacher's) */
 static inline __attribute__((always_inline)) ddk_f8
 grad_lanes(ddk_f8 z, ddk_f8 zt, const grad_coeffs *g, const int kl, const int kl_scaled,
            const int cap)
@@ -287,9 +295,10 @@ grad_lanes(ddk_f8 z, ddk_f8 zt, const grad_coeffs *g, const int kl, const int kl
         gv += g->b * ddk_expf8(d * g->invT);
     if (kl)
         gv -= g->bt * ddk_expf8((zt - g->t_max) * g->invT);
-    if (cap) {
-        ddk_f8 dc = d * g->invTc;
-        gv += g->kc * ddk_expf8(dc) * (dc + g->cap_shift);
+    if (cap) {   /* a -inf column: 0, not 0 * -inf */
+        ddk_f8 dc = d * g->invTc, ec = ddk_expf8(dc);
+        gv += ddk_f8_select(ec != ddk_f8_splat(0.0f), g->kc * ec * (dc + g->cap_shift),
+                            ddk_f8_splat(0.0f));
     }
     return gv;
 }

@@ -11,14 +11,21 @@
  *      bf16_products every product here is be->matmul_bf16, the tensor cores'; with a bf16
  *      head, head_bf16, the head is read in place and the hidden states are rounded to bf16
  *      into the scratch's panel half, ddk_cuda_w16_product, bf16 tensor cores), then
- *      stats_kernel, one block per row: tile max / argmax (lowest index on ties) and the seven
- *      shifted sums in float per thread and per warp (shuffles), the warps' partial sums added
- *      in double in warp order, then thread 0 merges the tile into the row in double with the
- *      CPU's online rescaling; after the last tile it also forms CE, KL, CAP, the entropy, c_i,
+ *      stats_kernel, one block per row, ONE pass over the row's logits (loss_online.h, whose
+ *      header has the details): each thread takes groups of 4 columns (a float4 where the row
+ *      is 16-byte aligned and w % 4 == 0, else scalar loads) and keeps its own running maxima
+ *      and first columns and the seven sums shifted by its maxima in float, rescaled once per
+ *      group when a maximum rises (online softmax; rest leaves out the given label's column, or
+ *      each thread's teacher-argmax candidate, held apart until the block knows the label);
+ *      then the block's max / argmax (lowest index on ties), each thread's sums brought to the
+ *      row's maxima, added in float per warp (shuffles) and in double across warps in warp
+ *      order, and thread 0 merges the tile into the row in double with the CPU's online
+ *      rescaling; after the last tile it also forms CE, KL, CAP, the entropy, c_i,
  *      per_position and, once per row, everything of the gradient that depends on the row
  *      alone: loss_cpu.c's row_grad_coeffs (the float coefficients a, b, bt, kc, cap_shift, with
  *      the row factor w_i / sum w in them) and its grad_at_label (the label's element, in double
- *      from the statistics: 1 - p_y is s_rest / s_sum, no cancellation as p_y -> 1);
+ *      from the statistics: 1 - p_y is s_rest / s_sum, no cancellation as p_y -> 1). -inf
+ *      columns add 0 to every sum and get gradient 0 (0 * -inf is masked), as on the CPU;
  *   3. per tile (recomputed when tiled): grad_kernel forms g = d l_i / d zs in place over the
  *      student logits from those coefficients, in float per logit exactly as loss_cpu.c's
  *      grad_tile (which is float per logit too, with the same float coefficients: so the two
@@ -37,7 +44,7 @@
  *     the label, from the tile that holds the label to the finish (grad_at_label's input);
  *   - after the finish, c_dot holds CE_i and t_dot KL_i for reduce_kernel (CAP_i is c_i *
  *     entropy), and s_sum, sT_sum, t_sum, c_sum, s_rest, scale hold the gradient's a, b, bt, kc,
- *     cap_shift and the label's element (keep_grad_coeffs, grad_row_of).
+ *     cap_shift and the label's element (ddk_loss_row_finish, ddk_loss_grad_row_of).
  *
  * Validation (the choice the brief asked to document): ddk_loss_check_call reads labels and
  * weights from host memory, so they are copied to host buffers (malloc, n x 8 bytes at most,
@@ -64,11 +71,16 @@
  *
  * Deliberately not here: bf16 activations in memory (the head's panel is the only bf16 copy of
  * one: a product's operand, rounded panel by panel), fusion of the softmax into the products,
- * templated kernels per term combination (the flags are block-uniform branches). Each is to buy a
- * measured speed-up.
+ * templated kernels per term combination (the flags are block-uniform branches), a block per
+ * several rows or several blocks per row (a chunk is hundreds of rows or more: enough blocks),
+ * a vectorised or fused grad_kernel. Each is to buy a measured speed-up.
  *
- * Tested by tests/test_backend_ops.c (loss cases against ddk_loss_cpu, fp32 and bf16 heads) and
- * tests/test_step_cuda.c (the drafter's step, bf16 head included); skipped without a GPU.
+ * Tested by tests/test_loss_online.c, always, without a GPU: stats_kernel's and grad_kernel's
+ * arithmetic (loss_online.h) emulated on the host with the kernel's column assignment and merge
+ * rules, against ddk_loss_cpu, the float64 reference and sums in double (tiles, ties, labels
+ * moving between tiles, p_y -> 1, -inf columns); and on a GPU by tests/test_backend_ops.c (loss
+ * cases against ddk_loss_cpu, fp32 and bf16 heads) and tests/test_step_cuda.c (the drafter's
+ * step, bf16 head included), skipped without one.
  *
  * Legend: n positions, H hidden, V vocabulary, m rows of the current chunk, w tile width.
  */
@@ -76,9 +88,7 @@
 #include "cuda_backend.h"
 #include "cuda_check.h"
 
-extern "C" {
-#include "loss_internal.h"
-}
+#include "loss_online.h"   /* the kernels' arithmetic, and loss_internal.h */
 
 #include <cuda_runtime.h>
 #include <errno.h>
@@ -88,55 +98,44 @@ extern "C" {
 #include <stdlib.h>
 #include <string.h>
 
-/* ------------------------------------------------------------------------------------------
- * One call's constants (loss_cpu.c's loss_run)
- */
-
-typedef struct loss_consts {
-    float alpha, T, invT, lambda, invTc;
-    int kl;          /* alpha > 0 (the teacher is then present) */
-    int kl_scaled;   /* ... with T != 1 */
-    int cap;         /* lambda > 0: CAP has a gradient */
-    int cap_scaled;  /* Tc != 1 */
-    int given_labels;
-} loss_consts;
-
-enum { THREADS = 256, WARPS = THREADS / 32, NSUMS = 7, NTERMS = 5 };
+/* One call's constants are a ddk_loss_consts (loss_online.h, loss_cpu.c's loss_run). */
+enum { THREADS = DDK_LOSS_THREADS, WARPS = THREADS / 32, NSUMS = DDK_LOSS_SUMS, NTERMS = 5 };
 
 /* ------------------------------------------------------------------------------------------
  * Block reductions (blockDim.x == THREADS). The order is fixed by thread indices.
  */
 
-/* (v, i) := the larger value, the lower index on ties; NaN never wins */
-__device__ static void argmax_merge(float &v, int &i, float ov, int oi)
+/* the block's max of v0 and its lowest index i0, and the same of (v1, i1), returned to every
+ * thread (ddk_loss_argmax_merge's rule: an order-free choice, so the tree's shape is free) */
+__device__ static void block_argmax2(float &v0, int &i0, float &v1, int &i1)
 {
-    if (ov > v || (ov == v && oi < i)) {
-        v = ov;
-        i = oi;
-    }
-}
-
-/* the block's max of v and its lowest index, returned to every thread */
-__device__ static void block_argmax(float &v, int &i)
-{
-    __shared__ float sv[WARPS];
-    __shared__ int si[WARPS];
+    __shared__ float sv[2][WARPS];
+    __shared__ int si[2][WARPS];
     for (int offset = 16; offset > 0; offset /= 2) {
-        float ov = __shfl_xor_sync(0xffffffffu, v, offset);
-        int oi = __shfl_xor_sync(0xffffffffu, i, offset);
-        argmax_merge(v, i, ov, oi);
+        const float ov0 = __shfl_xor_sync(0xffffffffu, v0, offset);
+        const int oi0 = __shfl_xor_sync(0xffffffffu, i0, offset);
+        const float ov1 = __shfl_xor_sync(0xffffffffu, v1, offset);
+        const int oi1 = __shfl_xor_sync(0xffffffffu, i1, offset);
+        ddk_loss_argmax_merge(&v0, &i0, ov0, oi0);
+        ddk_loss_argmax_merge(&v1, &i1, ov1, oi1);
     }
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     __syncthreads();   /* a previous call's readers are done */
     if (lane == 0) {
-        sv[warp] = v;
-        si[warp] = i;
+        sv[0][warp] = v0;
+        si[0][warp] = i0;
+        sv[1][warp] = v1;
+        si[1][warp] = i1;
     }
     __syncthreads();
-    v = sv[0];
-    i = si[0];
-    for (int w = 1; w < WARPS; w++)
-        argmax_merge(v, i, sv[w], si[w]);
+    v0 = sv[0][0];
+    i0 = si[0][0];
+    v1 = sv[1][0];
+    i1 = si[1][0];
+    for (int w = 1; w < WARPS; w++) {
+        ddk_loss_argmax_merge(&v0, &i0, sv[0][w], si[0][w]);
+        ddk_loss_argmax_merge(&v1, &i1, sv[1][w], si[1][w]);
+    }
 }
 
 /* s[NSUMS] summed over the block: float within warps (shuffles), double across warps in warp
@@ -182,227 +181,99 @@ __global__ static void rows_init_kernel(ddk_loss_row *rows, int64_t m, const int
 }
 
 /* ------------------------------------------------------------------------------------------
- * What the gradient needs of a row, formed once per row by stats_kernel's finish
- */
-
-/* loss_cpu.c's grad_coeffs, less what the row or the call already hold (s_max, t_max, invT,
- * invTc), plus the label's element */
-typedef struct grad_coeffs {
-    float a;           /* of exp(zs - s_max): (1-alpha) softmax, plus the KL's ps when T = 1 */
-    float b;           /* of exp((zs - s_max)/T): the KL's ps when T != 1 */
-    float bt;          /* of exp((zt - t_max)/T): the KL's pt */
-    float kc;          /* of pc (log pc + H): CAP */
-    float cap_shift;   /* H - log c_sum, so log pc + H = (zs - s_max)/Tc + cap_shift */
-    float g_label;     /* g at v = y */
-} grad_coeffs;
-
-/* loss_cpu.c's row_grad_coeffs and grad_at_label, the same expressions in the same order, from
- * the row's final statistics (confident and entropy formed). scale = w_i / sum w; zt_label the
- * teacher's logit at y (read only for the KL). */
-__device__ static grad_coeffs row_grad_coeffs(const loss_consts &k, const ddk_loss_row &R,
-                                              double scale, float zt_label)
-{
-    grad_coeffs g;
-    const double kl_coef = scale * k.alpha * k.T;
-    g.a = (float)(scale * (1.0 - k.alpha) / R.s_sum);
-    g.b = g.bt = g.kc = g.cap_shift = 0.0f;
-    if (k.kl) {
-        if (k.kl_scaled)
-            g.b = (float)(kl_coef / R.sT_sum);
-        else
-            g.a += (float)(kl_coef / R.s_sum);
-        g.bt = (float)(kl_coef / R.t_sum);
-    }
-    const int cap = k.cap && R.confident;   /* c_i = 0: no CAP gradient */
-    if (cap) {
-        g.kc = (float)(-scale * k.lambda * k.invTc / R.c_sum);
-        g.cap_shift = (float)(R.entropy - log(R.c_sum));
-    }
-    /* the label's element in double: p_y - 1 = -rest / s_sum */
-    const double d = (double)R.z_label - R.s_max;
-    double gy = -(1.0 - k.alpha) * R.s_rest / R.s_sum;
-    if (k.kl) {
-        const double ps = k.kl_scaled ? exp(d * k.invT) / R.sT_sum : exp(d) / R.s_sum;
-        const double pt = exp(((double)zt_label - R.t_max) * k.invT) / R.t_sum;
-        gy += k.alpha * k.T * (ps - pt);
-    }
-    if (cap) {
-        const double dc = d * k.invTc, log_pc = dc - log(R.c_sum);
-        gy -= k.lambda * k.invTc * exp(log_pc) * (log_pc + R.entropy);
-    }
-    g.g_label = (float)(scale * gy);
-    return g;
-}
-
-/* g into the row's sums, which nothing reads after the finish (the header's table) */
-__device__ static void keep_grad_coeffs(ddk_loss_row &R, const grad_coeffs &g)
-{
-    R.s_sum = g.a;
-    R.sT_sum = g.b;
-    R.t_sum = g.bt;
-    R.c_sum = g.kc;
-    R.s_rest = g.cap_shift;
-    R.scale = g.g_label;
-}
-
-/* A finished row as grad_kernel reads it: floats and ints only */
-typedef struct grad_row {
-    grad_coeffs g;
-    float s_max, t_max;
-    int32_t label;   /* y */
-    int ignored;
-    int cap;         /* lambda > 0 and c_i = 1: CAP has a gradient here */
-} grad_row;
-
-__device__ static grad_row grad_row_of(const ddk_loss_row &R, const loss_consts &k)
-{
-    grad_row G;
-    G.g.a = (float)R.s_sum;   /* exact: keep_grad_coeffs stored floats */
-    G.g.b = (float)R.sT_sum;
-    G.g.bt = (float)R.t_sum;
-    G.g.kc = (float)R.c_sum;
-    G.g.cap_shift = (float)R.s_rest;
-    G.g.g_label = (float)R.scale;
-    G.s_max = R.s_max;
-    G.t_max = R.t_max;
-    G.label = R.label;
-    G.ignored = R.ignored;
-    G.cap = k.cap && R.confident;
-    return G;
-}
-
-/* ------------------------------------------------------------------------------------------
  * 2. Statistics of one tile (loss_cpu.c's row_stats_tile), and after the last tile the terms
- * (row_terms). One block per row (grid-stride over rows).
+ * (row_terms). One block per row (grid-stride over rows), one pass over the row: the
+ * arithmetic is loss_online.h's, this kernel adds the loads and the block reductions.
  * zs, zt (m, w): the tile's logits (zt NULL when the teacher is not used); columns off..off+w.
  * weights (m) or NULL, per_position (m) or NULL: the chunk's.
  */
 
-__global__ static void stats_kernel(ddk_loss_row *rows, int64_t m, const float *zs,
-                                    const float *zt, int64_t off, int64_t w, loss_consts k,
-                                    int finish, const float *weights, double weight_sum,
-                                    float *per_position)
+/* the group of 4 columns at v of the row x (w): one float4 when vec (the row's base 16-byte
+ * aligned and w % 4 == 0), else scalar loads with -inf past the row's end (the same values) */
+__device__ static void load_group(const float *x, int64_t v, int64_t w, int vec,
+                                  float z[DDK_LOSS_GROUP])
+{
+    if (vec) {
+        const float4 q = *reinterpret_cast<const float4 *>(x + v);
+        z[0] = q.x;
+        z[1] = q.y;
+        z[2] = q.z;
+        z[3] = q.w;
+    } else {
+        for (int j = 0; j < DDK_LOSS_GROUP; j++)
+            z[j] = v + j < w ? x[v + j] : -INFINITY;
+    }
+}
+
+__device__ static int aligned16(const float *x)
+{
+    return (reinterpret_cast<uintptr_t>(x) & 15u) == 0;
+}
+
+/* the blocks of THREADS per SM that stats_kernel keeps room for: 3 on sm_90 (80 registers, no
+ * spill in ptxas -v; the compiler's own choice, 96, leaves room for 2, and 4 blocks, 64
+ * registers, would spill); elsewhere the compiler's choice (sm_100 takes ~200, one block, as
+ * the two-pass kernel's 158 did: capped at 128 or 80 it spills). Not measured on a GPU yet. */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900
+#define STATS_MIN_BLOCKS 3
+#else
+#define STATS_MIN_BLOCKS 1
+#endif
+
+__global__ static void __launch_bounds__(THREADS, STATS_MIN_BLOCKS)
+stats_kernel(ddk_loss_row *rows, int64_t m, const float *zs, const float *zt, int64_t off,
+             int64_t w, ddk_loss_consts k, int finish, const float *weights, double weight_sum,
+             float *per_position)
 {
     for (int64_t r = blockIdx.x; r < m; r += gridDim.x) {
-        ddk_loss_row R = rows[r];   /* every thread's copy; thread 0 writes it back */
-        if (R.ignored) {            /* block-uniform */
+        const ddk_loss_row *row = &rows[r];   /* read by all, written by thread 0 at the end */
+        if (row->ignored) {                   /* block-uniform */
             if (finish && per_position && threadIdx.x == 0)
                 per_position[r] = 0.0f;
             continue;
         }
         const float *s = zs + r * w;
         const float *t = zt ? zt + r * w : NULL;
+        const int vec = w % DDK_LOSS_GROUP == 0 && aligned16(s) && (!t || aligned16(t));
 
-        /* (-inf, 0) to start: a row of -inf or NaN only (a NaN never wins argmax_merge) ends at
-         * index 0, as the CPU's ddk_first_index does, never at a column outside the row */
-        float tile_s_max = -INFINITY;
-        int tile_s_arg = 0;
-        for (int64_t v = threadIdx.x; v < w; v += blockDim.x)
-            argmax_merge(tile_s_max, tile_s_arg, s[v], (int)v);
-        block_argmax(tile_s_max, tile_s_arg);
-
-        const int first = R.s_arg < 0;
-        const int s_moved = first || tile_s_max > R.s_max;   /* strictly: earlier tiles keep ties */
-        const float s_max = s_moved ? tile_s_max : R.s_max;
-        int64_t label_col = -1;                               /* the label's column in this tile */
-        float t_max = R.t_max;
-        if (t) {
-            float tile_t_max = -INFINITY;
-            int tile_t_arg = 0;   /* as tile_s_arg */
-            for (int64_t v = threadIdx.x; v < w; v += blockDim.x)
-                argmax_merge(tile_t_max, tile_t_arg, t[v], (int)v);
-            block_argmax(tile_t_max, tile_t_arg);
-            const int moved = first || tile_t_max > R.t_max;
-            if (moved)
-                t_max = tile_t_max;
-            if (!k.given_labels && moved)
-                label_col = tile_t_arg;
+        /* the one pass: this thread's groups (loss_online.h's column assignment) */
+        ddk_loss_thread a;
+        ddk_loss_thread_init(&a);
+        const int given_col = ddk_loss_given_label_col(row, off, w, &k);
+        for (int64_t v = (int64_t)threadIdx.x * DDK_LOSS_GROUP; v < w; v += DDK_LOSS_STRIDE) {
+            float s4[DDK_LOSS_GROUP], t4[DDK_LOSS_GROUP];
+            load_group(s, v, w, vec, s4);
+            if (t)
+                load_group(t, v, w, vec, t4);
+            ddk_loss_thread_add(&a, s4, t ? t4 : NULL, (int)v, given_col, &k);
         }
-        if (k.given_labels && R.label >= off && R.label < off + w)
-            label_col = R.label - off;
 
-        float acc[NSUMS] = { 0, 0, 0, 0, 0, 0, 0 };   /* s, rest, sT, c, cd, t, td */
-        for (int64_t v = threadIdx.x; v < w; v += blockDim.x) {
-            const float d = s[v] - s_max;   /* <= 0 */
-            const float e = expf(d);
-            acc[0] += e;
-            acc[1] += v == label_col ? 0.0f : e;
-            if (k.kl_scaled)
-                acc[2] += expf(d * k.invT);
-            const float dc = k.cap_scaled ? d * k.invTc : d;
-            const float ec = k.cap_scaled ? expf(dc) : e;
-            acc[3] += ec;
-            acc[4] += ec * dc;
-            if (k.kl) {
-                const float et = expf((t[v] - t_max) * k.invT);
-                acc[5] += et;
-                acc[6] += et * ((t[v] - s[v]) * k.invT);
-            }
-        }
+        /* the block's maxima and first columns: thread 0 always has column 0, so a row of -inf
+         * or NaN only ends at index 0, as the CPU's ddk_vargmax does, never outside the row */
+        float tile_s_max = a.s_max, tile_t_max = a.t_max;
+        int tile_s_arg = a.s_arg, tile_t_arg = a.t_arg;
+        block_argmax2(tile_s_max, tile_s_arg, tile_t_max, tile_t_arg);
+        const ddk_loss_tile p =
+            ddk_loss_tile_of(row, tile_s_max, tile_t_max, tile_t_arg, t != NULL, off, w, &k);
+
+        float part[NSUMS];
+        ddk_loss_thread_sums(&a, p.s_max, p.t_max, p.label_col, &k, part);
         double ts[NSUMS];
-        block_sums(acc, ts);
+        block_sums(part, ts);
         if (threadIdx.x != 0)
             continue;
 
         /* thread 0: the merge in double, as on the CPU */
-        if (s_moved)
-            R.s_arg = (int32_t)(off + tile_s_arg);
-        if (!first) {   /* bring what earlier tiles summed to the new maxima */
-            const double ds = (double)R.s_max - s_max, f = exp(ds);
-            R.s_sum *= f;
-            R.s_rest *= f;
-            if (k.kl_scaled)
-                R.sT_sum *= exp(ds * k.invT);
-            const double dc = ds * k.invTc, fc = exp(dc);
-            R.c_dot = fc * (R.c_dot + R.c_sum * dc);
-            R.c_sum *= fc;
-            if (k.kl) {
-                const double ft = exp(((double)R.t_max - t_max) * k.invT);
-                R.t_sum *= ft;
-                R.t_dot *= ft;
-            }
-        }
-        R.s_max = s_max;
-        R.t_max = t_max;
-        if (label_col >= 0 && !k.given_labels) {
-            /* the teacher's argmax moved into this tile: the old label's mass becomes "rest" */
-            R.s_rest = R.s_sum + ts[1];
-            R.label = (int32_t)(off + label_col);
-        } else {
-            R.s_rest += ts[1];
-        }
-        if (label_col >= 0) {
-            R.z_label = s[label_col];
+        ddk_loss_row R = *row;
+        ddk_loss_row_merge(&R, &p, tile_s_arg, ts, off, &k);
+        if (p.label_col >= 0) {
+            R.z_label = s[p.label_col];
             if (t)
-                R.scale = t[label_col];   /* zt_y until the finish (see the header) */
+                R.scale = t[p.label_col];   /* zt_y until the finish (see the header) */
         }
-        R.s_sum += ts[0];
-        R.sT_sum += ts[2];
-        R.c_sum += ts[3];
-        R.c_dot += ts[4];
-        R.t_sum += ts[5];
-        R.t_dot += ts[6];
-
         if (finish) {   /* row_terms, then c_dot := CE_i and t_dot := KL_i (see the header) */
-            const float zt_label = (float)R.scale;   /* 0 when there is no teacher */
-            const double d_y = (double)R.z_label - R.s_max;
-            const double ce = d_y > -600.0 ? log1p(R.s_rest * exp(-d_y)) : log(R.s_sum) - d_y;
-            double kl = 0.0;
-            if (k.kl) {
-                const double sT = k.kl_scaled ? R.sT_sum : R.s_sum;
-                kl = (double)k.T * k.T *
-                     (R.t_dot / R.t_sum + ((double)R.s_max - R.t_max) * k.invT + log(sT) -
-                      log(R.t_sum));
-            }
-            R.confident = R.s_arg == R.label;
-            R.entropy = log(R.c_sum) - R.c_dot / R.c_sum;
-            const double cap = R.confident ? R.entropy : 0.0;
-            const double l = (1.0 - k.alpha) * ce + k.alpha * kl + k.lambda * cap;
             const double wi = weights ? (double)weights[r] : 1.0;
-            const grad_coeffs g = row_grad_coeffs(k, R, wi / weight_sum, zt_label);
-            R.c_dot = ce;
-            R.t_dot = kl;
-            keep_grad_coeffs(R, g);
+            const double l = ddk_loss_row_finish(&R, &k, wi / weight_sum);
             if (per_position)
                 per_position[r] = (float)l;
         }
@@ -414,22 +285,22 @@ __global__ static void stats_kernel(ddk_loss_row *rows, int64_t m, const float *
  * 3. The gradient of one tile, in place over the student logits (loss_cpu.c's grad_tile, with
  * the coefficients and the label's element stats_kernel formed). grid (column blocks, rows),
  * both grid-stride. zs (m, w) becomes g; zt (m, w) read only for the KL (NULL otherwise).
- * Per logit everything is float, as on the CPU; the row's double fields are converted once per
- * thread block and row (thread 0), never per logit.
+ * Per logit everything is float, as on the CPU (ddk_loss_grad_at); the row's double fields are
+ * converted once per thread block and row (thread 0), never per logit.
  */
 
 __global__ static void grad_kernel(const ddk_loss_row *rows, int64_t m, float *zs,
-                                   const float *zt, int64_t off, int64_t w, loss_consts k)
+                                   const float *zt, int64_t off, int64_t w, ddk_loss_consts k)
 {
-    __shared__ grad_row row_shared;   /* the current row's, by thread 0 */
+    __shared__ ddk_loss_grad_row row_shared;   /* the current row's, by thread 0 */
     const int64_t v0 = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t r = blockIdx.y; r < m; r += gridDim.y) {   /* block-uniform: the barriers hold */
         __syncthreads();   /* every thread has read the previous row's */
         if (threadIdx.x == 0)
-            row_shared = grad_row_of(rows[r], k);
+            row_shared = ddk_loss_grad_row_of(&rows[r], &k);
         __syncthreads();
-        const grad_row G = row_shared;
+        const ddk_loss_grad_row G = row_shared;
         float *g = zs + r * w;
         if (G.ignored) {
             for (int64_t v = v0; v < w; v += stride)
@@ -437,25 +308,13 @@ __global__ static void grad_kernel(const ddk_loss_row *rows, int64_t m, float *z
             continue;
         }
         const float *t = zt ? zt + r * w : NULL;
-        const float a = G.g.a, b = G.g.b, bt = G.g.bt, kc = G.g.kc, cap_shift = G.g.cap_shift;
-        const float s_max = G.s_max, t_max = G.t_max;
         const int64_t label_col = G.label >= off && G.label < off + w ? G.label - off : -1;
         for (int64_t v = v0; v < w; v += stride) {
             if (v == label_col) {
                 g[v] = G.g.g_label;
                 continue;
             }
-            const float d = g[v] - s_max;
-            float gv = a * expf(d);
-            if (k.kl_scaled)
-                gv += b * expf(d * k.invT);
-            if (k.kl)
-                gv -= bt * expf((t[v] - t_max) * k.invT);
-            if (G.cap) {
-                const float dc = d * k.invTc;
-                gv += kc * expf(dc) * (dc + cap_shift);
-            }
-            g[v] = gv;
+            g[v] = ddk_loss_grad_at(&G, g[v], k.kl ? t[v] : 0.0f, &k);
         }
     }
 }
@@ -466,7 +325,7 @@ __global__ static void grad_kernel(const ddk_loss_row *rows, int64_t m, float *z
  */
 
 __global__ static void reduce_kernel(const ddk_loss_row *rows, int64_t m, const float *weights,
-                                     loss_consts k, double *out)
+                                     ddk_loss_consts k, double *out)
 {
     __shared__ double sh[NTERMS][THREADS];
     double acc[NTERMS] = { 0, 0, 0, 0, 0 };
@@ -634,7 +493,7 @@ int ddk_cuda_loss(const ddk_backend *be, const ddk_loss_params *p, const float *
     float *zt = shape.uses_teacher ? (float *)(workspace + shape.rows_bytes + shape.logits_bytes)
                                    : NULL;                                   /* (chunk, width) */
 
-    loss_consts k;
+    ddk_loss_consts k;
     k.alpha = p->kl_weight;
     k.T = p->kl_temperature;
     k.invT = 1.0f / p->kl_temperature;
