@@ -521,6 +521,22 @@ typedef struct {
     float alpha, beta;
 } matmul_shape;
 
+/* A product's c (m rows, row stride ldc) from the device (got) and the CPU (want): their (m, n)
+ * blocks into new host buffers for the caller's comparison, and every row's padding past
+ * column n checked to be exactly as it started (c0) */
+static void c_blocks(const float *got, const float *want, const float *c0, int64_t m, int64_t n,
+                     int64_t ldc, float **got_block, float **want_block)
+{
+    *got_block = host_floats(m * n), *want_block = host_floats(m * n);
+    int64_t pad_changed = 0;
+    for (int64_t i = 0; i < m; i++) {
+        memcpy(*got_block + i * n, got + i * ldc, (size_t)n * sizeof(float));
+        memcpy(*want_block + i * n, want + i * ldc, (size_t)n * sizeof(float));
+        pad_changed += memcmp(got + i * ldc + n, c0 + i * ldc + n, (size_t)(ldc - n) * sizeof(float)) != 0;
+    }
+    check(pad_changed == 0, "c: the padding of %lld rows was written", (long long)pad_changed);
+}
+
 static void case_matmul(const matmul_shape *s, int mode)
 {
     snprintf(case_name, sizeof case_name, "%s %lldx%lldx%lld %c%c pad=%lld alpha=%g beta=%g",
@@ -556,14 +572,8 @@ static void case_matmul(const matmul_shape *s, int mode)
                                                            s->beta, c_dev, ldc);
     float *got = download(c_dev, s->m * ldc);
     /* the (m, n) block by normalised error, the padding exactly as it started */
-    float *got_block = host_floats(s->m * s->n), *want_block = host_floats(s->m * s->n);
-    int64_t pad_changed = 0;
-    for (int64_t i = 0; i < s->m; i++) {
-        memcpy(got_block + i * s->n, got + i * ldc, (size_t)s->n * sizeof(float));
-        memcpy(want_block + i * s->n, c + i * ldc, (size_t)s->n * sizeof(float));
-        pad_changed += memcmp(got + i * ldc + s->n, c0 + i * ldc + s->n,
-                              (size_t)s->pad * sizeof(float)) != 0;
-    }
+    float *got_block, *want_block;
+    c_blocks(got, c, c0, s->m, s->n, ldc, &got_block, &want_block);
     if (mode == MATMUL_BF16) {
         /* scale (m, n) = |alpha| |op(a)| |op(b)| + |beta| |c0| (fp32: a scale need not be exact) */
         float *scale = host_floats(s->m * s->n);
@@ -579,7 +589,6 @@ static void case_matmul(const matmul_shape *s, int mode)
     } else {
         expect_close("c", got_block, want_block, s->m * s->n, tol_matmul(s->k));
     }
-    check(pad_changed == 0, "c: the padding of %lld rows was written", (long long)pad_changed);
     end_case(case_name);
 }
 
@@ -1740,15 +1749,9 @@ static void case_matmul_w16(int trans, int64_t m, int64_t n, int64_t k, int64_t 
     (trans ? dev->matmul_w16 : dev->matmul_w16_nn)(dev, m, n, k, alpha, a_dev, lda, w_dev, ldw,
                                                    beta, c_dev, ldc);
     float *got = download(c_dev, m * ldc);
-    float *got_block = host_floats(m * n), *want_block = host_floats(m * n);
-    int64_t pad_changed = 0;
-    for (int64_t i = 0; i < m; i++) {
-        memcpy(got_block + i * n, got + i * ldc, (size_t)n * sizeof(float));
-        memcpy(want_block + i * n, c + i * ldc, (size_t)n * sizeof(float));
-        pad_changed += memcmp(got + i * ldc + n, c0 + i * ldc + n, (size_t)pad * sizeof(float)) != 0;
-    }
+    float *got_block, *want_block;
+    c_blocks(got, c, c0, m, n, ldc, &got_block, &want_block);
     expect_close("c", got_block, want_block, m * n, tol_matmul(k));
-    check(pad_changed == 0, "c: the padding of %lld rows was written", (long long)pad_changed);
     end_case(case_name);
 }
 
@@ -2081,16 +2084,9 @@ static void case_matmul_16(const matmul_shape *s)
                    s->beta, c_dev, ldc);
     float *got = download(c_dev, s->m * ldc);
     /* the (m, n) block by normalised error, the padding exactly as it started */
-    float *got_block = host_floats(s->m * s->n), *want_block = host_floats(s->m * s->n);
-    int64_t pad_changed = 0;
-    for (int64_t i = 0; i < s->m; i++) {
-        memcpy(got_block + i * s->n, got + i * ldc, (size_t)s->n * sizeof(float));
-        memcpy(want_block + i * s->n, c + i * ldc, (size_t)s->n * sizeof(float));
-        pad_changed += memcmp(got + i * ldc + s->n, c0 + i * ldc + s->n,
-                              (size_t)s->pad * sizeof(float)) != 0;
-    }
+    float *got_block, *want_block;
+    c_blocks(got, c, c0, s->m, s->n, ldc, &got_block, &want_block);
     expect_close("c", got_block, want_block, s->m * s->n, tol_matmul(s->k));
-    check(pad_changed == 0, "c: the padding of %lld rows was written", (long long)pad_changed);
     end_case(case_name);
 }
 

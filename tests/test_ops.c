@@ -1961,6 +1961,23 @@ static op_case *add_case(void (*run)(const ddk_backend *, const op_case *))
     return c;
 }
 
+/* A bf16 product's cases at each k of ks in all four transposes: m = 5..8, n = 7, alpha 0.75,
+ * beta 0 (over a NaN c) and -1.5 alternating */
+static void add_transposed_cases(void (*run)(const ddk_backend *, const op_case *), const char *op,
+                                 const int64_t *ks, size_t count)
+{
+    for (size_t j = 0; j < count; j++)
+        for (int t = 0; t < 4; t++) {
+            op_case *c = add_case(run);
+            c->m = 5 + t, c->n = 7, c->k = ks[j];
+            c->trans_a = t >> 1, c->trans_b = t & 1;
+            c->beta = (t + (int)j) % 2 ? 0.0f : -1.5f;
+            snprintf(c->name, sizeof(c->name), "%s %c%c m=%lld n=%lld k=%lld alpha=0.75 beta=%g", op,
+                     c->trans_a ? 'T' : 'N', c->trans_b ? 'T' : 'N', (long long)c->m,
+                     (long long)c->n, (long long)c->k, c->beta);
+        }
+}
+
 static void build_cases(void)
 {
     static const int64_t rows[] = { 1, 3, 17, 64 };
@@ -2026,17 +2043,7 @@ static void build_cases(void)
     /* matmul_bf16: k = 1, either side of the 256-column panel, 700 (three panels, the last
      * short); beta 0 (c NaN) for the first transpose pair, -1.5 for the others; k = 0 */
     static const int64_t ks[] = { 1, 255, 256, 257, 700 };
-    for (size_t j = 0; j < sizeof(ks) / sizeof(ks[0]); j++)
-        for (int t = 0; t < 4; t++) {
-            c = add_case(case_matmul_bf16);
-            c->m = 5 + t, c->n = 7, c->k = ks[j];
-            c->trans_a = t >> 1, c->trans_b = t & 1;
-            c->beta = (t + (int)j) % 2 ? 0.0f : -1.5f;
-            snprintf(c->name, sizeof(c->name),
-                     "matmul_bf16 %c%c m=%lld n=%lld k=%lld alpha=0.75 beta=%g",
-                     c->trans_a ? 'T' : 'N', c->trans_b ? 'T' : 'N', (long long)c->m,
-                     (long long)c->n, (long long)c->k, c->beta);
-        }
+    add_transposed_cases(case_matmul_bf16, "matmul_bf16", ks, sizeof(ks) / sizeof(ks[0]));
     for (int j = 0; j < 2; j++) {
         c = add_case(case_matmul_bf16);
         c->m = 4, c->n = 3, c->k = 0, c->trans_a = j, c->beta = j ? 0.0f : -1.5f;
@@ -2197,17 +2204,7 @@ static void build_cases(void)
      * k = 1, below the 256-column panel, at it, either side past it and over three panels; beta
      * 0 (c NaN) and -1.5 alternating; k = 0; an empty c */
     static const int64_t ks16[] = { 1, 100, 256, 257, 300, 700 };
-    for (size_t j = 0; j < sizeof(ks16) / sizeof(ks16[0]); j++)
-        for (int t = 0; t < 4; t++) {
-            c = add_case(case_matmul_16);
-            c->m = 5 + t, c->n = 7, c->k = ks16[j];
-            c->trans_a = t >> 1, c->trans_b = t & 1;
-            c->beta = (t + (int)j) % 2 ? 0.0f : -1.5f;
-            snprintf(c->name, sizeof(c->name),
-                     "matmul_16 %c%c m=%lld n=%lld k=%lld alpha=0.75 beta=%g",
-                     c->trans_a ? 'T' : 'N', c->trans_b ? 'T' : 'N', (long long)c->m,
-                     (long long)c->n, (long long)c->k, c->beta);
-        }
+    add_transposed_cases(case_matmul_16, "matmul_16", ks16, sizeof(ks16) / sizeof(ks16[0]));
     for (int j = 0; j < 2; j++) {
         c = add_case(case_matmul_16);
         c->m = 4, c->n = 3, c->k = 0, c->trans_a = j, c->trans_b = j, c->beta = j ? 0.0f : -1.5f;
