@@ -4,7 +4,8 @@
  * initialisation, batch checks, the default target_layer_ids of SPEC.md section 3 (half to
  * even, a repeat refused by the resolve step), sliding_window >= block_size, the target's
  * max_position_embeddings as resolved, the synthetic target, and the bf16 step with the weights'
- * bf16 copy against the one without (the same bits on the CPU; the copy is what it reads).
+ * bf16 copy against the one without (the same bits on the CPU; the copy is what it reads), and
+ * a bf16 run's plan.
  * ctest: one line per case, a final "N passed, M failed".
  */
 #include "check.h"
@@ -12,6 +13,7 @@
 #include "ddk_rng.h"
 #include "drafter.h"
 #include "model_config.h"
+#include "planner.h"
 #include "run_config.h"
 #include "target.h"
 
@@ -377,6 +379,44 @@ static void test_synthetic_target(void)
     ddt_target_free(&t);
 }
 
+/* The plan of a bf16 run (ddt_plan's arithmetic, which the trainer allocates): the weights' bf16
+ * copy (2 bytes a parameter) on every rank, the step's bf16 staging in its activations, and on
+ * GPU ranks a bf16 copy of the frozen head instead of fp32 (trainer.c round_host_head) */
+static void test_plan_bf16(void)
+{
+    ddt_run_config c;
+    char err[1024] = "", field[128] = "";
+    int rc = parse_run("{\"num_hidden_layers\": 2, \"target_layer_ids\": [1, 2, 3]}", 5, &c, err, sizeof err,
+                       field, sizeof field);
+    check(rc == 0 && ddt_run_config_resolve(&c, 64, 512, 5, err, sizeof err) == 0, "config: %s", err);
+    if (rc)
+        return;
+    ddt_param table[DDT_MAX_PARAMS];
+    int64_t total;
+    ddt_drafter_param_table(&c.drafter, table, &total);
+    const int64_t VH = c.drafter.vocab * c.drafter.hidden;
+    ddt_memory_plan p[2][2];   /* [gpu][bf16] */
+    for (int gpu = 0; gpu < 2; gpu++)
+        for (int bf16 = 0; bf16 < 2; bf16++) {
+            c.bf16 = bf16;
+            check(ddt_plan(&c, 0, 0, NULL, gpu, 0, 0, &p[gpu][bf16]) == 0, "plan gpu %d bf16 %d", gpu, bf16);
+        }
+    for (int gpu = 0; gpu < 2; gpu++) {
+        check(p[gpu][0].weights == 4 * total && p[gpu][1].weights == 6 * total,
+              "gpu %d: weights %lld (fp32), %lld (bf16); want %lld and %lld", gpu,
+              (long long)p[gpu][0].weights, (long long)p[gpu][1].weights, (long long)(4 * total),
+              (long long)(6 * total));
+        check(p[gpu][1].activations > p[gpu][0].activations, "gpu %d: bf16 staging missing from %lld",
+              gpu, (long long)p[gpu][1].activations);
+        check(p[gpu][0].frozen_head == 2 * VH * 4, "gpu %d fp32: frozen head %lld", gpu,
+              (long long)p[gpu][0].frozen_head);
+    }
+    check(p[1][1].frozen_head == 2 * VH * 2 && p[0][1].frozen_head == 2 * VH * 4,
+          "bf16: the frozen head is bf16 on a GPU (%lld), fp32 on a CPU rank (%lld)",
+          (long long)p[1][1].frozen_head, (long long)p[0][1].frozen_head);
+    ddt_run_config_free(&c);
+}
+
 /* The bf16 step with the weights' bf16 copy (w->bf16: be->round_bf16 + be->matmul_16) is the
  * bf16 step without it (be->matmul_bf16 rounding both operands in every product) bit for bit on
  * the CPU: loss and every gradient. And the copy is what it reads: a copy that is not the
@@ -496,6 +536,7 @@ int main(void)
         { "the export's serving keys read", test_drafter_serving_keys },
         { "synthetic target", test_synthetic_target },
         { "the bf16 step with the weights' bf16 copy: the same bits", test_step_bf16_copies },
+        { "a bf16 run's plan: the weights' copy, staging, a bf16 head on GPUs", test_plan_bf16 },
     };
     run_cases(cases, sizeof cases / sizeof cases[0]);
     char path[256];

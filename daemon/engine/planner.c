@@ -96,8 +96,10 @@ static void fill(const ddt_run_config *c, int tied_head, int64_t chunk, int64_t 
     p->weights = total * F + (bf16_step ? total * 2 : 0);
     p->gradients = (micro < nseq ? 2 : 1) * total * F;
     p->optimizer = 2 * total * F;
+    /* a GPU's copy is bf16 in a split and with train.precision bf16 (trainer.c round_host_head) */
+    const int head16_copy = p->gpu && (placement == DDT_PLACE_SPLIT || c->bf16);
     p->frozen_head = placement == DDT_PLACE_SAME || (placement == DDT_PLACE_SPLIT && !p->gpu) ? 0
-                     : (tied_head ? 1 : 2) * V * H * (placement == DDT_PLACE_SPLIT ? 2 : F);
+                     : (tied_head ? 1 : 2) * V * H * (head16_copy ? 2 : F);
     p->batch = nseq * c->seq_len * ((d->taps + (uses_teacher ? 1 : 0)) * H * F + 5) +
                nseq * c->max_anchors * 5;
     p->activations = (int64_t)ddt_drafter_step_bytes(d, micro, c->seq_len, c->max_anchors, uses_teacher,
@@ -271,8 +273,9 @@ void ddt_plan_print(const ddt_run_config *c, const ddt_memory_plan *p, FILE *out
         p->target.placement == DDT_PLACE_SAME && !p->gpu ? "none: the rank reads its fp32 replica's embed_tokens and lm_head in place"
         : p->target.placement == DDT_PLACE_SAME ? "none: the rank reads its bf16 replica's embed_tokens and lm_head in place"
         : p->target.placement == DDT_PLACE_SPLIT && !p->gpu ? "none: the rank reads target rank 0's fp32 replica's embed_tokens and lm_head in place"
-        : p->target.placement == DDT_PLACE_SPLIT ? "embed_tokens and lm_head, a bf16 copy per GPU (the loss reads it as stored)"
-                                                 : "embed_tokens and lm_head, fp32");
+        : p->target.placement == DDT_PLACE_SPLIT || (p->gpu && c->bf16)
+            ? "embed_tokens and lm_head, a bf16 copy per GPU (the loss reads it as stored)"
+            : "embed_tokens and lm_head, fp32");
     row(out, "batch", p->batch, p->peak, "features, teacher hidden, tokens");
     row(out, "activations", p->activations, p->peak, c->bf16 || head16 ? "kept from forward for backward, and the "
         "products' three bf16 staging buffers" : "kept from forward for backward");

@@ -104,7 +104,8 @@ typedef struct rank_state {
      * (CPU ranks read the trainer's) */
     float *params, *m, *v;        /* (total) each */
     uint16_t *params16;           /* (total) the replica's bf16 copy, when bf16_step (else NULL) */
-    void *own_embed, *own_lm_head;    /* (V, H) each, a GPU's copies (fp32, or bf16 in a split);
+    void *own_embed, *own_lm_head;    /* (V, H) each, a GPU's copies (fp32, or bf16 in a split or
+                                         with train.precision bf16);
                                          one buffer when tied */
     size_t head_bytes;            /* of each copy */
     ddt_target_model replica;     /* co-located: the rank's own target on be (ops NULL: none) */
@@ -148,7 +149,8 @@ struct ddt_trainer {
     int64_t batch_cursor;         /* generates: the cursor at the current step's first sequence */
     ddt_heldout_tokens held;      /* generates: the held-out tokens, sampled once each */
     const void *embed, *lm_head;  /* (V, H): the source's (host, fp32), or a replica's (replica_head) */
-    int head_bf16;                /* they are bf16 (GPUs co-located or split) */
+    int head_bf16;                /* they are bf16 (GPUs co-located or split, or bf16 GPU ranks:
+                                     round_host_head) */
     uint16_t *head16;             /* a split's GPUs: target rank 0's bf16 head on the host, freed once
                                      every drafter GPU has its copy */
     int tied;                     /* embed_tokens is lm_head */
@@ -297,6 +299,29 @@ static int replica_head(ddt_trainer *t, char *err, size_t err_len)
     return 0;
 }
 
+/* GPU ranks with train.precision bf16 reading the host's fp32 head (target.devices "host", or
+ * features from shards): each GPU keeps it in bf16, as a split's GPUs do (half the bytes; the
+ * loss reads it as stored, the same values as rounding it in every product). embed_tokens is
+ * rounded too, exact for a bf16 checkpoint's weights. Rounded on the host into head16, for
+ * alloc_ranks to upload to every GPU, then freed. */
+static int round_host_head(ddt_trainer *t, char *err, size_t err_len)
+{
+    const int64_t count = t->cfg.drafter.vocab * t->cfg.drafter.hidden;
+    const int tied = t->embed == t->lm_head;
+    const size_t bytes = (size_t)count * sizeof(uint16_t) * (tied ? 1 : 2);
+    if (!(t->head16 = malloc(bytes)))
+        return ddt_fail(err, err_len, -ENOMEM, "no host memory for the target's head in bf16 (%.2f GB)",
+                        bytes / 1e9);
+    const ddk_backend *cpu = ddk_backend_cpu();
+    cpu->round_bf16(cpu, t->lm_head, count, t->head16);
+    if (!tied)
+        cpu->round_bf16(cpu, t->embed, count, t->head16 + count);
+    t->head_bf16 = 1;
+    t->lm_head = t->head16;
+    t->embed = tied ? t->head16 : t->head16 + count;
+    return 0;
+}
+
 static int alloc_ranks(ddt_trainer *t, const ddt_devices *dev, char *err, size_t err_len)
 {
     const int32_t *gpu_ids = dev->gpu_ids;
@@ -334,6 +359,8 @@ static int alloc_ranks(ddt_trainer *t, const ddt_devices *dev, char *err, size_t
     }
     if (!rc && (t->colocated || t->split))
         rc = replica_head(t, err, err_len);
+    else if (!rc && t->gpu && c->bf16)
+        rc = round_host_head(t, err, err_len);
     if (rc)
         return rc;
     const int slots = t->split ? 2 : 1;
