@@ -10,9 +10,10 @@
  *                   [--bf16 1] [--copies 1] [--reps 3] [--json] [--cpu]
  *
  * --copies 1 (with --bf16 1) is the trainer's bf16 step: a bf16 copy of the weights, refreshed by
- * every AdamW update, and activations rounded once per product (be->matmul_16); --copies 0 the
- * step before it (be->matmul_bf16 on fp32 operands, cuBLAS converting both in every product),
- * kept selectable for the before/after figure in one run.
+ * every AdamW update, activations rounded once per product (be->matmul_16), the frozen head in
+ * bf16 (read as stored); --copies 0 the step before it (be->matmul_bf16 on fp32 operands, cuBLAS
+ * converting both in every product, an fp32 head), kept selectable for the before/after figure
+ * in one run.
  * --cpu runs the same code on the CPU backend (small shapes only): a check of this benchmark's
  * own plumbing on a machine without a GPU.
  * The shape (issue 6): H 5120, 5 layers (4 sliding with window 2048, then 1 full), 32/8 heads
@@ -57,6 +58,23 @@ static float *device_fill(int64_t count, const float *slice)
     for (int64_t at = 0; d && at < count; at += SLICE)
         be->copy(be, d + at, slice, (size_t)(count - at < SLICE ? count - at : SLICE) * sizeof(float));
     return d;
+}
+
+/* count bf16 values on the GPU: a slice repeated, times scale, rounded (through one slice of
+ * fp32 on the GPU, freed again) */
+static uint16_t *device_fill16(int64_t count, const float *slice, float scale)
+{
+    uint16_t *d = ddk_malloc(be->alloc, (size_t)count * sizeof(uint16_t));
+    float *tmp = ddk_malloc(be->alloc, (size_t)SLICE * sizeof(float));
+    for (int64_t at = 0; d && tmp && at < count; at += SLICE) {
+        const int64_t n = count - at < SLICE ? count - at : SLICE;
+        be->copy(be, tmp, slice, (size_t)n * sizeof(float));
+        be->axpby(be, n, scale, tmp, 0.0f, tmp);
+        be->round_bf16(be, tmp, n, d + at);
+    }
+    be->synchronize(be);
+    ddk_free(be->alloc, tmp, (size_t)SLICE * sizeof(float));
+    return tmp ? d : NULL;
 }
 
 int main(int argc, char **argv)
@@ -143,7 +161,13 @@ int main(int argc, char **argv)
         }
     }
     float *grads = ddk_malloc(be->alloc, bytes), *m = ddk_malloc(be->alloc, bytes), *v = ddk_malloc(be->alloc, bytes);
-    float *embed = device_fill(vocab * H, slice_random), *head = device_fill(vocab * H, slice_random);
+    /* the frozen head: fp32, or bf16 in the trainer's bf16 step (--copies 1: co-located GPUs read
+     * their replica's, others keep a bf16 copy) */
+    const int head16 = bf16 && copies;
+    void *embed = head16 ? (void *)device_fill16(vocab * H, slice_random, 1.0f)
+                         : (void *)device_fill(vocab * H, slice_random);
+    void *head = head16 ? (void *)device_fill16(vocab * H, slice_random, 0.05f)
+                        : (void *)device_fill(vocab * H, slice_random);
     float *features = device_fill(S * LH, slice_random), *teacher = device_fill(S * H, slice_random);
     if (!params || !grads || !m || !v || !embed || !head || !features || !teacher) {
         fprintf(stderr, "bench_step_cuda: the GPU has no memory for the state (%.1f GB of weights, gradients, "
@@ -151,7 +175,8 @@ int main(int argc, char **argv)
                 2.0 * (double)(vocab * H) * 4 / 1e9);
         return 1;
     }
-    be->axpby(be, vocab * H, 0.05f, head, 0.0f, head);   /* logits of std ~ 0.05 * 0.58^2 * sqrt(H) */
+    if (!head16)   /* logits of std ~ 0.05 * 0.58^2 * sqrt(H) */
+        be->axpby(be, vocab * H, 0.05f, head, 0.0f, head);
     be->zero(be, m, bytes);
     be->zero(be, v, bytes);
     uint16_t *params16 = NULL;   /* the bf16 copy (--copies 1 with --bf16 1) */
@@ -164,6 +189,7 @@ int main(int argc, char **argv)
     if (params16)
         be->round_bf16(be, params, total, params16);
     be->synchronize(be);
+    ddk_allocator_reset_peak(be->alloc);   /* the state alone: not device_fill16's passing slice */
 
     ddt_drafter_weights w, g;
     ddt_drafter_bind(&c, params, &w);
@@ -183,7 +209,7 @@ int main(int argc, char **argv)
         be->synchronize(be);
         double t0 = bench_now_s();
         ddk_loss_result out;
-        int rc = ddt_drafter_step(be, &c, &w, &g, &(ddt_head){ embed, head, 0 }, &b, &lc, &out);
+        int rc = ddt_drafter_step(be, &c, &w, &g, &(ddt_head){ embed, head, head16 }, &b, &lc, &out);
         be->synchronize(be);
         double t1 = bench_now_s();
         if (rc) {
