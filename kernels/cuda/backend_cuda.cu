@@ -290,9 +290,25 @@ void ddk_cuda_w16_product(const ddk_backend *be, int trans_w, int64_t m, int64_t
     }
 }
 
+/* c (m, n) = beta c, a product over k = 0 (BLAS's rule: 0 for beta = 0, whatever c held),
+ * without relying on cuBLAS's k = 0 behaviour (undocumented): a 2-D memset for beta = 0, else
+ * cublasSgeam in place (C = beta C + 0 C, in-place C = A with ldc = lda is documented). */
+static void scale_only(const ddk_backend *be, int64_t m, int64_t n, float beta, float *c,
+                       int64_t ldc)
+{
+    if (beta == 0.0f) {
+        CUDA_CHECK(cudaMemset2DAsync(c, (size_t)ldc * sizeof(float), 0, (size_t)n * sizeof(float),
+                                     (size_t)m, ddk_cuda_stream(be)));
+        return;
+    }
+    const float zero = 0.0f;
+    CUBLAS_CHECK(cublasSgeam(cuda_cublas(be), CUBLAS_OP_N, CUBLAS_OP_N, to_int(n), to_int(m), &beta, c,
+                             to_int(ldc), &zero, c, to_int(ldc), c, to_int(ldc)));
+}
+
 /* Both operands bf16 in memory (matmul_16): one cublasGemmEx, CUDA_R_16BF a and b, fp32
  * accumulation and c (CUBLAS_COMPUTE_32F: cuBLAS picks its cuBLASLt tensor-core kernel), no
- * conversion and no scratch. k = 0: c = beta c, as cuda_matmul_w16_op does it. */
+ * conversion and no scratch. */
 static void cuda_matmul_16(const ddk_backend *be, int trans_a, int trans_b, int64_t m, int64_t n,
                            int64_t k, float alpha, const uint16_t *a, int64_t lda,
                            const uint16_t *b, int64_t ldb, float beta, float *c, int64_t ldc)
@@ -301,8 +317,7 @@ static void cuda_matmul_16(const ddk_backend *be, int trans_a, int trans_b, int6
         return;
     cublasHandle_t handle = cuda_cublas(be);
     if (k == 0) {
-        CUBLAS_CHECK(cublasSgemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, to_int(n), to_int(m), 0, &alpha,
-                                 c, 1, c, 1, &beta, c, to_int(ldc)));
+        scale_only(be, m, n, beta, c, ldc);
         return;
     }
     CUBLAS_CHECK(cublasGemmEx(handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
@@ -326,9 +341,8 @@ static void cuda_matmul_w16_op(const ddk_backend *be, int trans_w, int64_t m, in
 {
     if (m == 0 || n == 0)
         return;
-    if (k == 0) {   /* nothing to sum: c = beta c (BLAS's rule: 0 for beta = 0, whatever c held) */
-        CUBLAS_CHECK(cublasSgemm(cuda_cublas(be), CUBLAS_OP_T, CUBLAS_OP_N, to_int(n), to_int(m), 0,
-                                 &alpha, a, 1, a, 1, &beta, c, to_int(ldc)));
+    if (k == 0) {   /* nothing to sum */
+        scale_only(be, m, n, beta, c, ldc);
         return;
     }
     const int64_t capacity = 2 * (int64_t)scratch_floats;          /* bf16 values in the scratch */
