@@ -249,12 +249,12 @@ if [ "$FAILED" = 0 ]; then
         fi
         bench_step step-bf16 "bench_step_cuda Qwen3.6-27B drafter, bf16 products (weight copies, activations rounded once)" 150 \
             "$B/bin/bench_step_cuda" --bf16 1 --copies 1 --reps 2
-        bench_step step-bf16-fp32-operands "bench_step_cuda, bf16 products on fp32 operands (before the copies)" 150 \
-            "$B/bin/bench_step_cuda" --bf16 1 --copies 0 --reps 1
         bench_step loss-torch-bf16 "torch loss, seed scale, bf16 (the seed's precision)" 90 \
             "$PY" "$B/py/loss_torch_gpu.py" --dtype bf16 --reps 2
         bench_step step-torch-bf16 "torch step, Qwen3.6-27B drafter, bf16 (the seed's approach)" 120 \
             "$PY" "$B/py/step_torch_gpu.py" --dtype bf16 --reps 2
+        bench_step step-bf16-fp32-operands "bench_step_cuda, bf16 products on fp32 operands (before the copies)" 150 \
+            "$B/bin/bench_step_cuda" --bf16 1 --copies 0 --reps 1
 
         # --- 4b. the target's prefill at the Qwen3.6-27B shape, ddtree beside transformers ---
         # 4 layers (one 3:1 group; ddtree's random weights are drawn on the host, ~20 s), V 4096
