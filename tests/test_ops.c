@@ -735,6 +735,37 @@ static float low_bits_value(void)
     return x;
 }
 
+/* c (m, ldc) of a product against the float64 sums of op(a) op(b) over the operands' values as
+ * the product takes them (rounded to bf16 by a bf16 product), av (rows of lda; op(a) = av^T when
+ * ta) and bv (ldb; tb): within tol, the padding past column n as it started (c0), and for k = 0
+ * exactly beta c (0 for beta = 0, whatever c held) */
+static void expect_product_f64(const float *c, const float *c0, int64_t m, int64_t n, int64_t k,
+                               int64_t ldc, float alpha, float beta, const float *av, int64_t lda,
+                               int ta, const float *bv, int64_t ldb, int tb, double tol)
+{
+    float *got = floats(m * n, "c compact");
+    double *want = doubles(m * n, "c want");
+    int64_t padding_written = 0;
+    for (int64_t i = 0; i < m; i++) {
+        for (int64_t j = 0; j < n; j++) {
+            double acc = 0.0;
+            for (int64_t p = 0; p < k; p++)   /* op(a) (m, k) at (i, p), op(b) (k, n) at (p, j) */
+                acc += (double)(ta ? av[p * lda + i] : av[i * lda + p]) *
+                       (tb ? bv[j * ldb + p] : bv[p * ldb + j]);
+            want[i * n + j] = alpha * acc + (beta == 0.0f ? 0.0 : beta * (double)c0[i * ldc + j]);
+            got[i * n + j] = c[i * ldc + j];
+        }
+        for (int64_t j = n; j < ldc; j++)
+            padding_written += memcmp(&c[i * ldc + j], &c0[i * ldc + j], sizeof(float)) != 0;
+    }
+    expect_close_f("c", got, want, m * n, tol);
+    check(padding_written == 0, "%lld entries of c past column n written", (long long)padding_written);
+    if (k == 0)
+        for (int64_t i = 0; i < m * n; i++)
+            check(got[i] == (float)want[i], "k = 0: c[%lld] = %g, want beta c = %g", (long long)i,
+                  got[i], want[i]);
+}
+
 static void matmul_check(const ddk_backend *be, const op_case *c, int bf16)
 {
     const int64_t m = c->m, n = c->n, k = c->k;
@@ -762,30 +793,14 @@ static void matmul_check(const ddk_backend *be, const op_case *c, int bf16)
     (bf16 ? be->matmul_bf16 : be->matmul)(be, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, cm,
                                           ldc);
 
-    float *got = floats(m * n, "c compact");
-    double *want = doubles(m * n, "c want");
-    int64_t padding_written = 0;
-    for (int64_t i = 0; i < m; i++) {
-        for (int64_t j = 0; j < n; j++) {
-            double acc = 0.0;
-            for (int64_t p = 0; p < k; p++) {
-                float x = ta ? a[p * lda + i] : a[i * lda + p];
-                float y = tb ? b[j * ldb + p] : b[p * ldb + j];
-                acc += bf16 ? (double)ddk_round_bf16(x) * ddk_round_bf16(y) : (double)x * y;
-            }
-            want[i * n + j] = alpha * acc + (beta == 0.0f ? 0.0 : beta * (double)c_old[i * ldc + j]);
-            got[i * n + j] = cm[i * ldc + j];
-        }
-        for (int64_t j = n; j < ldc; j++)
-            padding_written += memcmp(&cm[i * ldc + j], &c_old[i * ldc + j], sizeof(float)) != 0;
-    }
-    expect_close_f("c", got, want, m * n, bf16 ? tol_matmul_bf16 : tol_matmul);
-    check(padding_written == 0, "%lld entries of c past column n written",
-          (long long)padding_written);
-    if (k == 0)   /* nothing to sum: exactly beta c (0 for beta = 0, whatever c held) */
-        for (int64_t i = 0; i < m * n; i++)
-            check(got[i] == (float)want[i], "k = 0: c[%lld] = %g, want beta c = %g", (long long)i,
-                  got[i], want[i]);
+    const int64_t a_count = rows_a * lda, b_count = rows_b * ldb;
+    float *av = floats(a_count, "a as taken"), *bv = floats(b_count, "b as taken");
+    for (int64_t i = 0; i < a_count; i++)
+        av[i] = bf16 ? ddk_round_bf16(a[i]) : a[i];
+    for (int64_t i = 0; i < b_count; i++)
+        bv[i] = bf16 ? ddk_round_bf16(b[i]) : b[i];
+    expect_product_f64(cm, c_old, m, n, k, ldc, alpha, beta, av, lda, ta, bv, ldb, tb,
+                       bf16 ? tol_matmul_bf16 : tol_matmul);
 
     if (bf16 && c->extremes) {
         /* the rounding shows: the fp32 product of the same operands is farther from this one
@@ -799,7 +814,7 @@ static void matmul_check(const ddk_backend *be, const op_case *c, int bf16)
         for (int64_t i = 0; i < m; i++)
             for (int64_t j = 0; j < n; j++) {
                 fp32[i * n + j] = c_fp32[i * ldc + j];
-                diff = fmax(diff, fabs(fp32[i * n + j] - got[i * n + j]));
+                diff = fmax(diff, fabs(fp32[i * n + j] - cm[i * ldc + j]));
                 scale = fmax(scale, fabs(fp32[i * n + j]));
             }
         if (verbose)
@@ -871,27 +886,7 @@ static void case_matmul_16(const ddk_backend *be, const op_case *c)
         return;
     }
 
-    float *got = floats(m * n, "c compact");
-    double *want = doubles(m * n, "c want");
-    int64_t padding_written = 0;
-    for (int64_t i = 0; i < m; i++) {
-        for (int64_t j = 0; j < n; j++) {
-            double acc = 0.0;
-            for (int64_t p = 0; p < k; p++)   /* op(a) (m, k) at (i, p), op(b) (k, n) at (p, j) */
-                acc += (double)ddk_bf16_to_f32(ta ? a[p * lda + i] : a[i * lda + p]) *
-                       ddk_bf16_to_f32(tb ? b[j * ldb + p] : b[p * ldb + j]);
-            want[i * n + j] = alpha * acc + (beta == 0.0f ? 0.0 : beta * (double)c0[i * ldc + j]);
-            got[i * n + j] = c16[i * ldc + j];
-        }
-        for (int64_t j = n; j < ldc; j++)
-            padding_written += memcmp(&c16[i * ldc + j], &c0[i * ldc + j], sizeof(float)) != 0;
-    }
-    expect_close_f("c", got, want, m * n, tol_matmul_bf16);
-    check(padding_written == 0, "%lld entries of c past column n written", (long long)padding_written);
-    if (k == 0)   /* nothing to sum: exactly beta c (0 for beta = 0, whatever c held) */
-        for (int64_t i = 0; i < m * n; i++)
-            check(got[i] == (float)want[i], "k = 0: c[%lld] = %g, want beta c = %g", (long long)i,
-                  got[i], want[i]);
+    expect_product_f64(c16, c0, m, n, k, ldc, alpha, beta, af, lda, ta, bf, ldb, tb, tol_matmul_bf16);
 }
 
 /* The bf16 nearest to x by distance in float64, ties to the even significand: round to nearest
@@ -1674,27 +1669,10 @@ static void case_matmul_w16(const ddk_backend *be, const op_case *c)
     be->matmul_bf16(be, 0, trans, m, n, k, alpha, a, lda, wf, ldw, beta, cb, ldc);
     check(memcmp(cw, cb, (size_t)(m * ldc) * sizeof(float)) == 0,
           "%s differs from matmul_bf16 on the widened W", trans ? "matmul_w16" : "matmul_w16_nn");
-    float *got = floats(m * n, "c compact");
-    double *want = doubles(m * n, "c want");
-    int64_t padding_written = 0;
-    for (int64_t i = 0; i < m; i++) {
-        for (int64_t j = 0; j < n; j++) {
-            double acc = 0.0;
-            for (int64_t p = 0; p < k; p++)   /* op(W) (k, n) at (p, j) */
-                acc += (double)ddk_round_bf16(a[i * lda + p]) *
-                       ddk_bf16_to_f32(trans ? w[j * ldw + p] : w[p * ldw + j]);
-            want[i * n + j] = alpha * acc + (beta == 0.0f ? 0.0 : beta * (double)c0[i * ldc + j]);
-            got[i * n + j] = cw[i * ldc + j];
-        }
-        for (int64_t j = n; j < ldc; j++)
-            padding_written += memcmp(&cw[i * ldc + j], &c0[i * ldc + j], sizeof(float)) != 0;
-    }
-    expect_close_f("c", got, want, m * n, tol_matmul_bf16);
-    check(padding_written == 0, "%lld entries of c past column n written", (long long)padding_written);
-    if (k == 0)
-        for (int64_t i = 0; i < m * n; i++)
-            check(got[i] == (float)want[i], "k = 0: c[%lld] = %g, want beta c = %g", (long long)i,
-                  got[i], want[i]);
+    float *ar = floats(m * lda, "a rounded");   /* the values the product takes */
+    for (int64_t i = 0; i < m * lda; i++)
+        ar[i] = ddk_round_bf16(a[i]);
+    expect_product_f64(cw, c0, m, n, k, ldc, alpha, beta, ar, lda, 0, wf, ldw, trans, tol_matmul_bf16);
 }
 
 /* rows, H = d; V = 41 with the last row, row 0 and a repeat; the widening is exact */
