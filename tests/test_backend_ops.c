@@ -2171,6 +2171,37 @@ static void case_round_bf16(int64_t count)
 }
 
 /* every case of this section, reseeded like main's (seq continues its count) */
+/* swiglu_16 and swiglu_backward_16 (gate, up bf16 as a bf16 step keeps them) against the CPU's,
+ * at swiglu's tolerance */
+static void case_swiglu_16(int64_t count)
+{
+    snprintf(case_name, sizeof case_name, "swiglu_16 + backward count=%lld", (long long)count);
+    float *gate = host_floats(count), *up = host_floats(count), *dh = host_floats(count);
+    fill_uniform(gate, count, -12.0, 12.0);
+    fill_uniform(up, count, -2.0, 2.0);
+    fill_uniform(dh, count, -1.0, 1.0);
+    uint16_t *g16 = host((size_t)count * sizeof(uint16_t)), *u16 = host((size_t)count * sizeof(uint16_t));
+    for (int64_t i = 0; i < count; i++)
+        g16[i] = ddk_f32_to_bf16(gate[i]), u16[i] = ddk_f32_to_bf16(up[i]);
+    float *h = host_floats(count), *dgate0 = host_floats(count), *dup0 = host_floats(count);
+    fill_uniform(dgate0, count, -1.0, 1.0);
+    fill_uniform(dup0, count, -1.0, 1.0);
+    float *dgate = host_copy(dgate0, count), *dup = host_copy(dup0, count);
+    cpu->swiglu_16(cpu, g16, u16, count, h);
+    cpu->swiglu_backward_16(cpu, g16, u16, dh, count, dgate, dup);
+
+    uint16_t *g_dev = dev_buffer(g16, (size_t)count * sizeof(uint16_t), "gate"),
+             *u_dev = dev_buffer(u16, (size_t)count * sizeof(uint16_t), "up");
+    float *h_dev = dev_floats(NULL, count, "h"), *dh_dev = dev_floats(dh, count, "dh");
+    float *dgate_dev = dev_floats(dgate0, count, "dgate"), *dup_dev = dev_floats(dup0, count, "dup");
+    dev->swiglu_16(dev, g_dev, u_dev, count, h_dev);
+    dev->swiglu_backward_16(dev, g_dev, u_dev, dh_dev, count, dgate_dev, dup_dev);
+    expect_close("h", download(h_dev, count), h, count, tol_swiglu);
+    expect_close("dgate", download(dgate_dev, count), dgate, count, tol_swiglu);
+    expect_close("dup", download(dup_dev, count), dup, count, tol_swiglu);
+    end_case(case_name);
+}
+
 static void run_bf16_copy_cases(uint64_t *seq)
 {
     check(dev->matmul_16 != NULL && dev->round_bf16 != NULL, "matmul_16 or round_bf16 is NULL");
@@ -2188,6 +2219,14 @@ static void run_bf16_copy_cases(uint64_t *seq)
         rng_state = 0x5eed0000u + *seq;
         misalign = (*seq)++ % 2 * 4;
         case_round_bf16(round_counts[i]);
+    }
+    check(dev->swiglu_16 != NULL && dev->swiglu_backward_16 != NULL, "swiglu_16 or swiglu_backward_16 is NULL");
+    case_done("swiglu_16 table");
+    static const int64_t swiglu16_counts[] = { 1, 1000, (1 << 20) + 7 };
+    for (size_t i = 0; dev->swiglu_16 && dev->swiglu_backward_16 && i < sizeof swiglu16_counts / sizeof swiglu16_counts[0]; i++) {
+        rng_state = 0x5eed0000u + *seq;
+        misalign = (*seq)++ % 2 * 4;
+        case_swiglu_16(swiglu16_counts[i]);
     }
 }
 

@@ -380,8 +380,9 @@ static void test_synthetic_target(void)
 }
 
 /* The plan of a bf16 run (ddt_plan's arithmetic, which the trainer allocates): the weights' bf16
- * copy (2 bytes a parameter) on every rank, the step's bf16 staging in its activations, and on
- * GPU ranks a bf16 copy of the frozen head instead of fp32 (trainer.c round_host_head) */
+ * copy (2 bytes a parameter) on every rank, the bf16 step's activations (gate and up in bf16,
+ * the staging), and on GPU ranks a bf16 copy of the frozen head instead of fp32 (trainer.c
+ * round_host_head) */
 static void test_plan_bf16(void)
 {
     ddt_run_config c;
@@ -406,8 +407,17 @@ static void test_plan_bf16(void)
               "gpu %d: weights %lld (fp32), %lld (bf16); want %lld and %lld", gpu,
               (long long)p[gpu][0].weights, (long long)p[gpu][1].weights, (long long)(4 * total),
               (long long)(6 * total));
-        check(p[gpu][1].activations > p[gpu][0].activations, "gpu %d: bf16 staging missing from %lld",
-              gpu, (long long)p[gpu][1].activations);
+        /* the step's own sizing: gate and up in bf16, the three staging buffers */
+        const int64_t micro = p[gpu][1].positions / (c.max_anchors * c.drafter.block_size);
+        const int teacher = c.ce_target_teacher || c.kl_weight > 0.0f;
+        const int64_t want16 = (int64_t)ddt_drafter_step_bytes(&c.drafter, micro, c.seq_len, c.max_anchors,
+                                                               teacher, 1, 1),
+                      want32 = (int64_t)ddt_drafter_step_bytes(&c.drafter, micro, c.seq_len, c.max_anchors,
+                                                               teacher, 0, 0);
+        check(p[gpu][1].activations == want16 && p[gpu][0].activations == want32 && want16 != want32,
+              "gpu %d: activations %lld (bf16), %lld (fp32); the step sizes them %lld and %lld", gpu,
+              (long long)p[gpu][1].activations, (long long)p[gpu][0].activations, (long long)want16,
+              (long long)want32);
         check(p[gpu][0].frozen_head == 2 * VH * 4, "gpu %d fp32: frozen head %lld", gpu,
               (long long)p[gpu][0].frozen_head);
     }

@@ -8,7 +8,7 @@
  * forward outputs start as NaN, so an element an op forgets to write fails too; every buffer has
  * guard bytes on both sides that must survive the case (no out-of-bounds writes).
  * Ops: rmsnorm (+ backward), rope (inverse = backward: round trip, pair norms, adjoint, finite
- * differences), swiglu (+ backward), embedding, matmul (4 transposes, padded ld, alpha, beta),
+ * differences), swiglu (+ backward; swiglu_16 on bf16 gate and up, its bits on the widened values), embedding, matmul (4 transposes, padded ld, alpha, beta),
  * zero, copy; the whole-buffer ops sumsq (float64 lanes, overflow), axpby (beta = 0 over NaN,
  * in place), adamw (float64 formula of ddk.h; its bf16 copy w16 the new w rounded to nearest
  * even); matmul_bf16 (against a float64 product of the
@@ -714,6 +714,37 @@ static void case_embedding(const ddk_backend *be, const op_case *c)
         check(memcmp(out + r * H, table + (int64_t)tokens[r] * H, (size_t)H * sizeof(float)) == 0,
               "out row %lld is not table row %d", (long long)r, tokens[r]);
     check(memcmp(table, table_copy, (size_t)(V * H) * sizeof(float)) == 0, "the table changed");
+}
+
+/* swiglu_16 and swiglu_backward_16 (gate and up bf16, as a bf16 step keeps them): the bits of
+ * swiglu and swiglu_backward on the widened values, edges included (rows x d elements) */
+static void case_swiglu_16(const ddk_backend *be, const op_case *c)
+{
+    const int64_t n = c->rows * c->d;
+    uint16_t *gate = buffer((size_t)n * sizeof(uint16_t), "gate bf16"), *up = buffer((size_t)n * sizeof(uint16_t), "up bf16");
+    float *gf = floats(n, "gate widened"), *uf = floats(n, "up widened"), *dh = floats(n, "dh");
+    static const float edges[] = { -1000.0f, -88.8f, -1.278465f, -0.0f, 0.0f, 1e-30f, 88.8f, 1000.0f };
+    for (int64_t i = 0; i < n; i++) {
+        gate[i] = ddk_f32_to_bf16(i % 5 == 4 ? edges[i / 5 % 8] : (float)rng_uniform(-8.0, 8.0));
+        up[i] = ddk_f32_to_bf16((float)rng_uniform(-2.0, 2.0));
+        gf[i] = ddk_bf16_to_f32(gate[i]);
+        uf[i] = ddk_bf16_to_f32(up[i]);
+    }
+    fill_uniform(dh, n, -1.0, 1.0);
+    float *h16 = floats(n, "h (16)"), *h = floats(n, "h");
+    fill_nan(h16, n), fill_nan(h, n);
+    be->swiglu_16(be, gate, up, n, h16);
+    be->swiglu(be, gf, uf, n, h);
+    check(memcmp(h16, h, (size_t)n * sizeof(float)) == 0, "swiglu_16 differs from swiglu on the widened values");
+    float *dg16 = floats(n, "dgate (16)"), *du16 = floats(n, "dup (16)"), *dg = floats(n, "dgate"),
+          *du = floats(n, "dup");
+    fill_uniform(dg, n, -1.0, 1.0);   /* the gradients' start: backward ops add */
+    fill_uniform(du, n, -1.0, 1.0);
+    memcpy(dg16, dg, (size_t)n * sizeof(float)), memcpy(du16, du, (size_t)n * sizeof(float));
+    be->swiglu_backward_16(be, gate, up, dh, n, dg16, du16);
+    be->swiglu_backward(be, gf, uf, dh, n, dg, du);
+    check(memcmp(dg16, dg, (size_t)n * sizeof(float)) == 0 && memcmp(du16, du, (size_t)n * sizeof(float)) == 0,
+          "swiglu_backward_16 differs from swiglu_backward on the widened values");
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -2203,6 +2234,13 @@ static void build_cases(void)
         snprintf(c->name, sizeof(c->name), "round_bf16 count=%lld%s", (long long)c->rows,
                  j == 2 ? ": ties, +-0, subnormals, +-inf, FLT_MAX to inf, NaN"
                  : j == 3 ? ": and every high half with 16 low halves" : "");
+    }
+    static const int64_t swiglu16[][2] = { { 1, 1 }, { 17, 6 }, { 64, 130 } };
+    for (size_t j = 0; j < sizeof(swiglu16) / sizeof(swiglu16[0]); j++) {
+        c = add_case(case_swiglu_16);
+        c->rows = swiglu16[j][0], c->d = swiglu16[j][1];
+        snprintf(c->name, sizeof(c->name), "swiglu_16 + backward count=%lld: swiglu's bits on the widened values",
+                 (long long)(c->rows * c->d));
     }
 }
 

@@ -212,6 +212,8 @@ typedef struct layer_acts {
     float *h_mid;                     /* (AB, H) after the attention's residual */
     float *rstd_m;                    /* (AB): post_attention_layernorm */
     float *gate, *up;                 /* (AB, I) each; silu(gate) * up is recomputed by the backward */
+    uint16_t *gate16, *up16;          /* (AB, I) each: a bf16 step keeps them in bf16 instead
+                                         (gate, up NULL), rounded once, read widened */
 } layer_acts;
 
 typedef struct seq_acts {
@@ -270,7 +272,7 @@ static int64_t max3(int64_t x, int64_t y, int64_t z)
 }
 
 static void carve(arena *a, const ddt_drafter_config *c, const ddt_batch *b, int uses_teacher,
-                  int staged16, step_memory *m)
+                  int bf16, int staged16, step_memory *m)
 {
     const int64_t H = c->hidden, qd = c->heads * c->head_dim, kvd = c->kv_heads * c->head_dim,
                   I = c->intermediate, S = b->S, AB = b->A * c->block_size, SAB = S + AB,
@@ -296,8 +298,13 @@ static void carve(arena *a, const ddt_drafter_config *c, const ddt_batch *b, int
             L->lse = TAKE(a, float, AB * c->heads);
             L->h_mid = TAKE(a, float, AB * H);
             L->rstd_m = TAKE(a, float, AB);
-            L->gate = TAKE(a, float, AB * I);
-            L->up = TAKE(a, float, AB * I);
+            if (bf16) {
+                L->gate16 = TAKE(a, uint16_t, AB * I);
+                L->up16 = TAKE(a, uint16_t, AB * I);
+            } else {
+                L->gate = TAKE(a, float, AB * I);
+                L->up = TAKE(a, float, AB * I);
+            }
         }
     }
     m->hs = TAKE(a, float, N * H);
@@ -344,6 +351,8 @@ typedef void (*product_fn)(const ddk_backend *be, int trans_a, int trans_b, int6
 
 typedef struct products {
     const ddk_backend *be;
+    int bf16;                    /* bf16 operands (loss.bf16_products or a bf16 head): gate and up
+                                    are then kept in bf16 too (layer_acts) */
     product_fn mul;              /* without copies */
     const float *base;           /* w->fc: the buffer the matrices point into */
     const uint16_t *w16;         /* its bf16 copy (w->bf16), or NULL: then mul */
@@ -433,6 +442,15 @@ static void sequence_inputs(const ddt_drafter_config *c, const ddt_batch *b, int
     }
 }
 
+/* act (count) = silu(gate) * up from the layer's kept gate and up, fp32 or bf16 */
+static void mlp_gate(const ddk_backend *be, const layer_acts *L, int64_t count, float *act)
+{
+    if (L->gate16)
+        be->swiglu_16(be, L->gate16, L->up16, count, act);
+    else
+        be->swiglu(be, L->gate, L->up, count, act);
+}
+
 static int forward_sequence(const ddk_backend *be, const products *P, const ddt_drafter_config *c,
                             const ddt_drafter_weights *w, const ddt_head *head, const ddt_batch *b,
                             int64_t s, seq_acts *q, const grad_scratch *t, float *hs)
@@ -483,9 +501,16 @@ static int forward_sequence(const ddk_backend *be, const products *P, const ddt_
 
         be->rmsnorm(be, L->h_mid, W->post_attention_layernorm, AB, H, eps, m, L->rstd_m);
         const uint16_t *m16 = stage(P, m, AB * H, P->keep16);
-        linear(P, m, m16, AB, H, W->gate_proj, I, 0.0f, L->gate);
-        linear(P, m, m16, AB, H, W->up_proj, I, 0.0f, L->up);
-        be->swiglu(be, L->gate, L->up, AB * I, act);
+        if (L->gate16) {   /* made in fp32 in the free gradient scratch, kept rounded */
+            linear(P, m, m16, AB, H, W->gate_proj, I, 0.0f, t->dgate);
+            linear(P, m, m16, AB, H, W->up_proj, I, 0.0f, t->dup);
+            be->round_bf16(be, t->dgate, AB * I, L->gate16);
+            be->round_bf16(be, t->dup, AB * I, L->up16);
+        } else {
+            linear(P, m, m16, AB, H, W->gate_proj, I, 0.0f, L->gate);
+            linear(P, m, m16, AB, H, W->up_proj, I, 0.0f, L->up);
+        }
+        mlp_gate(be, L, AB * I, act);
         be->copy(be, q->h[l + 1], L->h_mid, (size_t)(AB * H) * sizeof(float));
         linear(P, act, NULL, AB, I, W->down_proj, H, 1.0f, q->h[l + 1]);
     }
@@ -523,11 +548,14 @@ static int backward_sequence(const ddk_backend *be, const products *P, const ddt
         be->rmsnorm(be, L->h_mid, W->post_attention_layernorm, AB, H, eps, m, L->rstd_m);
         be->copy(be, t->dh_mid, t->dh, ab_h);
         be->zero(be, t->dact, (size_t)(AB * I) * sizeof(float));
-        be->swiglu(be, L->gate, L->up, AB * I, t->dgate);
+        mlp_gate(be, L, AB * I, t->dgate);
         linear_backward(P, t->dgate, NULL, AB, I, W->down_proj, H, t->dh, t->dact, G->down_proj);
         be->zero(be, t->dgate, (size_t)(AB * I) * sizeof(float));
         be->zero(be, t->dup, (size_t)(AB * I) * sizeof(float));
-        be->swiglu_backward(be, L->gate, L->up, t->dact, AB * I, t->dgate, t->dup);
+        if (L->gate16)
+            be->swiglu_backward_16(be, L->gate16, L->up16, t->dact, AB * I, t->dgate, t->dup);
+        else
+            be->swiglu_backward(be, L->gate, L->up, t->dact, AB * I, t->dgate, t->dup);
         be->zero(be, t->dm, ab_h);
         const uint16_t *m16 = stage(P, m, AB * H, P->keep16);
         linear_backward(P, m, m16, AB, H, W->gate_proj, I, t->dgate, t->dm, G->gate_proj);
@@ -589,22 +617,22 @@ static int backward_sequence(const ddk_backend *be, const products *P, const ddt
 /* The arena of one call (forward only: no gradient scratch needed, but the same layout keeps
  * one carving; the planner's activation figure is this size). */
 static size_t arena_bytes(const ddt_drafter_config *c, const ddt_batch *b, int uses_teacher,
-                          int staged16, seq_acts *seqs)
+                          int bf16, int staged16, seq_acts *seqs)
 {
     step_memory m = { .seq = seqs };
     arena sizing = { NULL, 0 };
-    carve(&sizing, c, b, uses_teacher, staged16, &m);
+    carve(&sizing, c, b, uses_teacher, bf16, staged16, &m);
     return sizing.used;
 }
 
 size_t ddt_drafter_step_bytes(const ddt_drafter_config *c, int64_t nseq, int64_t S, int64_t A,
-                              int uses_teacher, int staged16)
+                              int uses_teacher, int bf16, int staged16)
 {
     seq_acts *seqs = calloc((size_t)nseq, sizeof *seqs);
     if (!seqs)
         return 0;
     ddt_batch b = { .nseq = nseq, .S = S, .A = A };
-    size_t bytes = arena_bytes(c, &b, uses_teacher, staged16, seqs);
+    size_t bytes = arena_bytes(c, &b, uses_teacher, bf16, staged16, seqs);
     free(seqs);
     return bytes;
 }
@@ -619,12 +647,12 @@ static int forward_batch(const ddk_backend *be, products *P, const ddt_drafter_c
 {
     const int64_t H = c->hidden, AB = b->A * c->block_size;
     const int staged16 = P->w16 != NULL;
-    *bytes = arena_bytes(c, b, uses_teacher, staged16, m->seq);
+    *bytes = arena_bytes(c, b, uses_teacher, P->bf16, staged16, m->seq);
     *base = ddk_malloc(be->alloc, *bytes);
     if (!*base)
         return -ENOMEM;
     arena a = { *base, 0 };
-    carve(&a, c, b, uses_teacher, staged16, m);
+    carve(&a, c, b, uses_teacher, P->bf16, staged16, m);
     P->x16 = m->x16;
     P->dy16 = m->dy16;
     P->keep16 = m->keep16;
@@ -704,7 +732,8 @@ int ddt_drafter_step(const ddk_backend *be, const ddt_drafter_config *c,
     step_memory m = { .seq = seqs };
     char *base = NULL;
     size_t bytes = 0;
-    products P = { .be = be, .mul = p.bf16_products ? be->matmul_bf16 : be->matmul, .base = w->fc,
+    products P = { .be = be, .bf16 = p.bf16_products,
+                   .mul = p.bf16_products ? be->matmul_bf16 : be->matmul, .base = w->fc,
                    .w16 = p.bf16_products ? w->bf16 : NULL };
     int rc = forward_batch(be, &P, c, w, head, b, lc, uses_teacher, &m, &base, &bytes);
     if (rc == 0)

@@ -123,7 +123,8 @@ typedef struct ddt_head {
 
 /* One forward + loss + backward. grads ADD into g (callers zero it once per accumulation).
  * w, g and the head in the backend's memory. A bf16 step (loss.bf16_products, or a bf16 head)
- * with w->bf16 set takes its weight operands from that copy and rounds each activation operand
+ * keeps the MLP's gate and up in bf16 (rounded once when made, read widened by swiglu_16), and
+ * with w->bf16 set it takes its weight operands from that copy and rounds each activation operand
  * once (be->round_bf16, be->matmul_16): the same values as rounding both in every product
  * (be->matmul_bf16, the step without a copy), on the CPU the same bits. 0, -EINVAL
  * (batch), or -ENOMEM: then g holds a partial sum, and a retry (smaller chunk) starts from
@@ -141,11 +142,12 @@ int ddt_drafter_forward(const ddk_backend *be, const ddt_drafter_config *c,
                         float *hs);
 
 /* Bytes of activations one step allocates for nseq sequences of S tokens and A anchors
- * (the loss's and attention's workspaces come on top): the planner's figure. staged16: the step
- * reads bf16 copies of the weights (w->bf16 and bf16 products), so it also holds its activation
- * operands rounded to bf16 (three buffers, drafter.c's products). */
+ * (the loss's and attention's workspaces come on top): the planner's figure. bf16: the step's
+ * products take bf16 operands (loss.bf16_products or a bf16 head), so it keeps the MLP's gate
+ * and up in bf16; staged16: it also reads bf16 copies of the weights (w->bf16), so it holds its
+ * activation operands rounded to bf16 (three buffers, drafter.c's products). */
 size_t ddt_drafter_step_bytes(const ddt_drafter_config *c, int64_t nseq, int64_t S, int64_t A,
-                              int uses_teacher, int staged16);
+                              int uses_teacher, int bf16, int staged16);
 /* The matrix-product FLOPs of one step (forward and backward) for one sequence of S tokens and A
  * anchors: the feature projection, the layers' products (3x the forward's), and `loss_products`
  * products of the positions' hidden states against the vocabulary (3 when it is materialised, 5

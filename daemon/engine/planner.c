@@ -103,7 +103,7 @@ static void fill(const ddt_run_config *c, int tied_head, int64_t chunk, int64_t 
     p->batch = nseq * c->seq_len * ((d->taps + (uses_teacher ? 1 : 0)) * H * F + 5) +
                nseq * c->max_anchors * 5;
     p->activations = (int64_t)ddt_drafter_step_bytes(d, micro, c->seq_len, c->max_anchors, uses_teacher,
-                                                     bf16_step);
+                                                     bf16_step, bf16_step);
     ddk_loss_params lp = { .n = p->positions, .hidden = H, .vocab = V, .chunk = chunk,
                            .vocab_tile = tile, .kl_weight = c->kl_weight,
                            .kl_temperature = c->kl_temperature, .cap_weight = c->cap_weight,
@@ -263,8 +263,9 @@ void ddt_plan_print(const ddt_run_config *c, const ddt_memory_plan *p, FILE *out
     fprintf(out, "  matrix products %s; %s\n",
             c->bf16 ? "with bf16 operands on the tensor cores (train.precision bf16)"
             : head16 ? "with bf16 operands on the tensor cores (the loss reads the target's bf16 head)" : "in fp32",
-            c->bf16 || head16 ? "master weights, moments, activations and statistics in fp32, the products' "
-                                "operands in bf16 (a copy of the weights, the activations rounded once a product)"
+            c->bf16 || head16 ? "master weights, moments, activations and statistics in fp32 (the MLP's gate and "
+                                "up in bf16), the products' operands in bf16 (a copy of the weights, the "
+                                "activations rounded once a product)"
                               : "weights, moments, activations and statistics in fp32");
     row(out, "weights", p->weights, p->peak, c->bf16 || head16 ? "fp32 master weights and their bf16 copy" : "fp32 master weights");
     row(out, "gradients", p->gradients, p->peak, c->grad_accum > 1 ? "fp32, and one micro-batch's" : "fp32");
@@ -277,8 +278,8 @@ void ddt_plan_print(const ddt_run_config *c, const ddt_memory_plan *p, FILE *out
             ? "embed_tokens and lm_head, a bf16 copy per GPU (the loss reads it as stored)"
             : "embed_tokens and lm_head, fp32");
     row(out, "batch", p->batch, p->peak, "features, teacher hidden, tokens");
-    row(out, "activations", p->activations, p->peak, c->bf16 || head16 ? "kept from forward for backward, and the "
-        "products' three bf16 staging buffers" : "kept from forward for backward");
+    row(out, "activations", p->activations, p->peak, c->bf16 || head16 ? "kept from forward for backward (the MLP's "
+        "gate and up in bf16), and the products' three bf16 staging buffers" : "kept from forward for backward");
     if (p->vocab_tile)
         snprintf(how, sizeof how, "chunk %lld x vocab_tile %lld, streamed", (long long)p->chunk,
                  (long long)p->vocab_tile);

@@ -122,7 +122,7 @@ static const config_field fields[] = {
     { "train.grad_clip", F_F64, OFF(grad_clip), 1.0, 0, 1e9, NULL, 0, "global L2 norm clip (0: none)" },
     { "train.seed", F_INT, OFF(seed), 0, 0, BIG, NULL, 0, "seeds initialisation, data and anchors" },
     { "train.precision", F_ENUM, OFF(bf16), 0, 0, 0, "fp32|bf16", 0,
-      "matrix products: fp32, or bf16 operands with fp32 accumulation (tensor cores; a bf16 copy of the weights, refreshed by every AdamW update, activations rounded once a product, a GPU's frozen head in bf16; master weights, moments and statistics stay fp32); GPU ranks that read the target's bf16 head in place (co-located or split) take bf16 operands either way" },
+      "matrix products: fp32, or bf16 operands with fp32 accumulation (tensor cores; a bf16 copy of the weights, refreshed by every AdamW update, activations rounded once a product, the MLP's gate and up kept in bf16, a GPU's frozen head in bf16; master weights, moments and statistics stay fp32); GPU ranks that read the target's bf16 head in place (co-located or split) take bf16 operands either way" },
 
     { "loss.kl_weight", F_F32, OFF(kl_weight), 0.15, 0, 1, NULL, 0, "alpha" },
     { "loss.kl_temperature", F_F32, OFF(kl_temperature), 1.0, 1e-6, 1e6, NULL, 0, "T" },

@@ -74,7 +74,7 @@ int64_t ddt_speculator_workspace_bytes(const ddt_drafter_config *dc, int64_t max
     *max_block = spec_max_block(dc, max_budget);
     *max_len = max_prompt + max_gen + *max_block;
     return device_floats(dc->hidden, dc->vocab, dc, max_prompt, *max_len, *max_block) * (int64_t)sizeof(float) +
-           (int64_t)ddt_drafter_step_bytes(dc, 1, *max_len, 1, 0, 0);
+           (int64_t)ddt_drafter_step_bytes(dc, 1, *max_len, 1, 0, 0, 0);
 }
 
 int ddt_speculate_check_drafter(const ddt_target_model *m, const ddt_drafter_config *dc, char *err, size_t err_len)

@@ -22,6 +22,10 @@ void ddk_cpu_swiglu(const ddk_backend *be, const float *gate, const float *up, i
                     float *h);
 void ddk_cpu_swiglu_backward(const ddk_backend *be, const float *gate, const float *up,
                              const float *dh, int64_t count, float *dgate, float *dup);
+void ddk_cpu_swiglu_16(const ddk_backend *be, const uint16_t *gate, const uint16_t *up,
+                       int64_t count, float *h);
+void ddk_cpu_swiglu_backward_16(const ddk_backend *be, const uint16_t *gate, const uint16_t *up,
+                                const float *dh, int64_t count, float *dgate, float *dup);
 void ddk_cpu_embedding(const ddk_backend *be, const float *table, const int32_t *tokens,
                        int64_t rows, int64_t H, float *out);
 void ddk_cpu_embedding_w16(const ddk_backend *be, const uint16_t *table, const int32_t *tokens,

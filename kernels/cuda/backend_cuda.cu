@@ -403,6 +403,8 @@ static void backends_init(void)
         cb->table.rope = ddk_cuda_rope;
         cb->table.swiglu = ddk_cuda_swiglu;
         cb->table.swiglu_backward = ddk_cuda_swiglu_backward;
+        cb->table.swiglu_16 = ddk_cuda_swiglu_16;
+        cb->table.swiglu_backward_16 = ddk_cuda_swiglu_backward_16;
         cb->table.embedding = ddk_cuda_embedding;
         cb->table.embedding_w16 = ddk_cuda_embedding_w16;
         cb->table.dflash_attention = ddk_cuda_dflash_attention;

@@ -30,6 +30,10 @@ void ddk_cuda_swiglu(const ddk_backend *be, const float *gate, const float *up, 
                      float *h);
 void ddk_cuda_swiglu_backward(const ddk_backend *be, const float *gate, const float *up,
                               const float *dh, int64_t count, float *dgate, float *dup);
+void ddk_cuda_swiglu_16(const ddk_backend *be, const uint16_t *gate, const uint16_t *up,
+                        int64_t count, float *h);
+void ddk_cuda_swiglu_backward_16(const ddk_backend *be, const uint16_t *gate, const uint16_t *up,
+                                 const float *dh, int64_t count, float *dgate, float *dup);
 void ddk_cuda_embedding(const ddk_backend *be, const float *table, const int32_t *tokens,
                         int64_t rows, int64_t H, float *out);
 void ddk_cuda_rope_partial(const ddk_backend *be, float *x, const int32_t *pos, int64_t rows,

@@ -329,46 +329,87 @@ __device__ static float sigmoid(float x)
     return 1.0f / (1.0f + expf(-x));
 }
 
-__global__ static void swiglu_kernel(const float *gate, const float *up, /* (count) */
-                                     int64_t count, float *h)            /* (count) */
+/* gate and up as fp32, or as a bf16 step keeps them (bf16 bits, widened exactly) */
+__device__ static float value_of(float x)
 {
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count;
-         i += (int64_t)gridDim.x * blockDim.x)
-        h[i] = gate[i] * sigmoid(gate[i]) * up[i];
+    return x;
 }
 
-__global__ static void swiglu_backward_kernel(const float *gate, const float *up,
+__device__ static float value_of(uint16_t x)
+{
+    return __uint_as_float((uint32_t)x << 16);
+}
+
+template <typename T>
+__global__ static void swiglu_kernel(const T *gate, const T *up, /* (count) */
+                                     int64_t count, float *h)    /* (count) */
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const float g = value_of(gate[i]);
+        h[i] = g * sigmoid(g) * value_of(up[i]);
+    }
+}
+
+template <typename T>
+__global__ static void swiglu_backward_kernel(const T *gate, const T *up,
                                               const float *dh,          /* (count) */
                                               int64_t count,
                                               float *dgate, float *dup) /* (count) += */
 {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count;
          i += (int64_t)gridDim.x * blockDim.x) {
-        const float s = sigmoid(gate[i]);
-        dgate[i] += dh[i] * up[i] * s * (1.0f + gate[i] * (1.0f - s));
-        dup[i] += dh[i] * gate[i] * s;
+        const float g = value_of(gate[i]), u = value_of(up[i]);
+        const float s = sigmoid(g);
+        dgate[i] += dh[i] * u * s * (1.0f + g * (1.0f - s));
+        dup[i] += dh[i] * g * s;
     }
+}
+
+template <typename T>
+static void swiglu_launch(const ddk_backend *be, const T *gate, const T *up, int64_t count, float *h)
+{
+    if (count <= 0)
+        return;
+    cudaStream_t stream = ddk_cuda_stream(be);
+    swiglu_kernel<T><<<grid_for(be, ceil_div(count, 256)), 256, 0, stream>>>(gate, up, count, h);
+    LAUNCH_CHECK();
+}
+
+template <typename T>
+static void swiglu_backward_launch(const ddk_backend *be, const T *gate, const T *up,
+                                   const float *dh, int64_t count, float *dgate, float *dup)
+{
+    if (count <= 0)
+        return;
+    cudaStream_t stream = ddk_cuda_stream(be);
+    swiglu_backward_kernel<T><<<grid_for(be, ceil_div(count, 256)), 256, 0, stream>>>(
+        gate, up, dh, count, dgate, dup);
+    LAUNCH_CHECK();
 }
 
 void ddk_cuda_swiglu(const ddk_backend *be, const float *gate, const float *up, int64_t count,
                      float *h)
 {
-    if (count <= 0)
-        return;
-    cudaStream_t stream = ddk_cuda_stream(be);
-    swiglu_kernel<<<grid_for(be, ceil_div(count, 256)), 256, 0, stream>>>(gate, up, count, h);
-    LAUNCH_CHECK();
+    swiglu_launch(be, gate, up, count, h);
 }
 
 void ddk_cuda_swiglu_backward(const ddk_backend *be, const float *gate, const float *up,
                               const float *dh, int64_t count, float *dgate, float *dup)
 {
-    if (count <= 0)
-        return;
-    cudaStream_t stream = ddk_cuda_stream(be);
-    swiglu_backward_kernel<<<grid_for(be, ceil_div(count, 256)), 256, 0, stream>>>(
-        gate, up, dh, count, dgate, dup);
-    LAUNCH_CHECK();
+    swiglu_backward_launch(be, gate, up, dh, count, dgate, dup);
+}
+
+void ddk_cuda_swiglu_16(const ddk_backend *be, const uint16_t *gate, const uint16_t *up,
+                        int64_t count, float *h)
+{
+    swiglu_launch(be, gate, up, count, h);
+}
+
+void ddk_cuda_swiglu_backward_16(const ddk_backend *be, const uint16_t *gate, const uint16_t *up,
+                                 const float *dh, int64_t count, float *dgate, float *dup)
+{
+    swiglu_backward_launch(be, gate, up, dh, count, dgate, dup);
 }
 
 /* ------------------------------------------------------------------------------------------

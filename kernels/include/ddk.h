@@ -447,6 +447,12 @@ struct ddk_backend {
     /* dgate += dh * up * silu'(gate), dup += dh * silu(gate) */
     void (*swiglu_backward)(const ddk_backend *be, const float *gate, const float *up,
                             const float *dh, int64_t count, float *dgate, float *dup);
+    /* swiglu and swiglu_backward with gate and up kept in bf16 (uint16_t bit patterns, a bf16
+     * step's largest activations): exactly those ops on gate and up widened (the same bits) */
+    void (*swiglu_16)(const ddk_backend *be, const uint16_t *gate, const uint16_t *up,
+                      int64_t count, float *h);
+    void (*swiglu_backward_16)(const ddk_backend *be, const uint16_t *gate, const uint16_t *up,
+                               const float *dh, int64_t count, float *dgate, float *dup);
 
     /* out (rows, H) = table[tokens] with table (V, H); tokens in [0, V) (checked by callers) */
     void (*embedding)(const ddk_backend *be, const float *table, const int32_t *tokens,

@@ -247,7 +247,7 @@ int main(int argc, char **argv)
         printf("  %.0f positions/s, %.0f tokens/s; matrix products %.1f TFLOP/s (%.1f TFLOP per step)\n",
                positions / median, (double)S / median, flops / median / 1e12, flops / 1e12);
         printf("  peak memory %.2f GB (activations %.2f GB of it); loss %.6f\n", peak / 1e9,
-               (double)ddt_drafter_step_bytes(&c, 1, S, A, 1, params16 != NULL) / 1e9, loss);
+               (double)ddt_drafter_step_bytes(&c, 1, S, A, 1, (int)bf16, params16 != NULL) / 1e9, loss);
     }
     printf("{\"impl\": \"ddtree-cuda-step\", \"device\": \"%s\", \"hidden\": %lld, \"layers\": %lld, \"anchors\": %lld, "
            "\"block\": %lld, \"seq\": %lld, \"vocab\": %lld, \"chunk\": %lld, \"vocab_tile\": %lld, \"bf16\": %lld, "
