@@ -66,5 +66,6 @@ int ddt_cmd_plan(int argc, char **argv)
             printf("  %s\n", note);
     }
     ddt_run_config_free(&c);
-    return plan.fits ? 0 : 1;
+    /* a proposal (co-location did not fit) is printed, but the config as written does not run */
+    return plan.fits && !plan.target.proposed ? 0 : 1;
 }
