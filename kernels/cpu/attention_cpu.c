@@ -499,12 +499,28 @@ static void group_store(const attn_group *g, float *out, int64_t first, int64_t 
     }
 }
 
+/* Positions per group of the causal and the tree forward: a group is their G heads each */
+static int64_t positions_per_group(int64_t nh, int64_t nkv, int64_t d)
+{
+    return max64(1, group_rows(d) / (nh / nkv));
+}
+
+/* What the causal and the tree forward share before their loops: the group of
+ * positions_per_group positions sized and its workspace taken. 0 or -ENOMEM. */
+static int positions_begin(const ddk_backend *be, const ddk_attention_shape *shape, attn_group *g,
+                           attn_workspace *ws)
+{
+    const int64_t G = shape->nh / shape->nkv;
+    *g = (attn_group){ .R = positions_per_group(shape->nh, shape->nkv, shape->d) * G, .d = shape->d,
+                       .scale = (float)(1.0 / sqrt((double)shape->d)), .ldk = shape->nkv * shape->d };
+    return workspace_get(be, g, g->R, shape->d, 0, ws);
+}
+
 int64_t ddk_causal_attention_workspace_bytes(int64_t nh, int64_t nkv, int64_t d)
 {
     if (nh < 1 || nkv < 1 || nh % nkv || d < 1)
         return -EINVAL;
-    const int64_t G = nh / nkv, per_group = max64(1, group_rows(d) / G);
-    attn_group g = { .R = per_group * G, .d = d };
+    attn_group g = { .R = positions_per_group(nh, nkv, d) * (nh / nkv), .d = d };
     return (int64_t)carve(&g, g.R, d, 0, NULL);
 }
 
@@ -515,14 +531,13 @@ int ddk_cpu_causal_attention(const ddk_backend *be, const ddk_attention_shape *s
           shape->d >= 1 && shape->q_rows >= 0 && shape->q_rows <= shape->S))
         return -EINVAL;
     const int64_t T = shape->q_rows ? shape->q_rows : shape->S, p0 = shape->S - T;
-    const int64_t nh = shape->nh, nkv = shape->nkv, d = shape->d;
-    const int64_t G = nh / nkv, per_group = max64(1, group_rows(d) / G);
+    const int64_t nh = shape->nh, nkv = shape->nkv, G = nh / nkv;
+    const int64_t per_group = positions_per_group(nh, nkv, shape->d);
     if (T == 0)
         return 0;
-    attn_group g = { .R = per_group * G, .d = d, .scale = (float)(1.0 / sqrt((double)d)),
-                     .ldk = nkv * d };
+    attn_group g;
     attn_workspace ws;
-    if (workspace_get(be, &g, g.R, d, 0, &ws))
+    if (positions_begin(be, shape, &g, &ws))
         return -ENOMEM;
 
     for (int64_t t_first = 0; t_first < T; t_first += per_group) {
@@ -616,12 +631,11 @@ int ddk_cpu_tree_attention(const ddk_backend *be, const ddk_attention_shape *sha
     for (int64_t i = 0; i < N; i++)
         if (parents[i] < -1 || parents[i] >= i)
             return -EINVAL;   /* a parent must come before its child: a tree, and walks end */
-    const int64_t nh = shape->nh, nkv = shape->nkv, d = shape->d;
-    const int64_t G = nh / nkv, per_group = max64(1, group_rows(d) / G);
-    attn_group g = { .R = per_group * G, .d = d, .scale = (float)(1.0 / sqrt((double)d)),
-                     .ldk = nkv * d };
+    const int64_t nh = shape->nh, nkv = shape->nkv, G = nh / nkv;
+    const int64_t per_group = positions_per_group(nh, nkv, shape->d);
+    attn_group g;
     attn_workspace ws;
-    if (workspace_get(be, &g, g.R, d, 0, &ws))
+    if (positions_begin(be, shape, &g, &ws))
         return -ENOMEM;
 
     for (int64_t i_first = 0; i_first < N; i_first += per_group) {
