@@ -103,7 +103,7 @@ typedef struct rank_state {
     /* GPU ranks: the replica of the weights, the moments and the target's head on the GPU
      * (CPU ranks read the trainer's) */
     float *params, *m, *v;        /* (total) each */
-    uint16_t *params16;           /* (total) the replica's bf16 copy, when bf16_step (else NULL) */
+    uint16_t *params16;           /* (total) the replica's bf16 copy in a bf16 step (else NULL) */
     void *own_embed, *own_lm_head;    /* (V, H) each, a GPU's copies (fp32, or bf16 in a split or
                                          with train.precision bf16);
                                          one buffer when tied */
@@ -165,10 +165,8 @@ struct ddt_trainer {
     int param_count;
     int64_t total;
     float *params;                /* (total) host: THE weights of CPU ranks, rank 0's mirror on GPUs */
-    uint16_t *params16;           /* (total) CPU ranks: their bf16 copy when bf16_step (a GPU rank
+    uint16_t *params16;           /* (total) CPU ranks: their bf16 copy in a bf16 step (a GPU rank
                                      has its own), on rank 0's allocator */
-    int bf16_step;                /* train.precision bf16 or a bf16 head: the step's products take
-                                     bf16 operands, its weights from the copies */
     ddt_adamw_state adam;         /* host moments likewise; adam.step counts for every rank */
     ddt_adamw_config adam_cfg;
     ddt_drafter_weights w;        /* bound to params */
@@ -364,9 +362,9 @@ static int alloc_ranks(ddt_trainer *t, const ddt_devices *dev, char *err, size_t
     if (rc)
         return rc;
     const int slots = t->split ? 2 : 1;
-    t->bf16_step = c->bf16 || t->head_bf16;   /* ddt_drafter_step's bf16 products: with copies */
+    const int bf16_step = c->bf16 || t->head_bf16;   /* ddt_drafter_step's bf16 products: with copies */
     const size_t bytes16 = (size_t)t->total * sizeof(uint16_t);
-    if (!t->gpu && t->bf16_step && !(t->params16 = ddk_malloc(ddk_allocator_cpu_rank(0), bytes16)))
+    if (!t->gpu && bf16_step && !(t->params16 = ddk_malloc(ddk_allocator_cpu_rank(0), bytes16)))
         return ddt_fail(err, err_len, -ENOMEM, "no memory for the bf16 copy of the drafter's weights "
                         "(%.3f GB); see `ddtreed plan`", bytes16 / 1e9);
     t->tied = t->embed == t->lm_head;
@@ -395,7 +393,7 @@ static int alloc_ranks(ddt_trainer *t, const ddt_devices *dev, char *err, size_t
             ok &= rs->batch_block && (rs->dev_batch_block = ddk_malloc(a, rs->dev_batch_bytes)) != NULL;
             ok &= (rs->params = ddk_malloc(a, bytes)) && (rs->m = ddk_malloc(a, bytes)) &&
                   (rs->v = ddk_malloc(a, bytes)) != NULL;
-            if (t->bf16_step)
+            if (bf16_step)
                 ok &= (rs->params16 = ddk_malloc(a, bytes16)) != NULL;
             if (t->colocated) {   /* its replica's bf16 head, in place */
                 rs->embed = rs->replica.embed_stored;
