@@ -532,13 +532,13 @@ int ddk_cpu_causal_attention(const ddk_backend *be, const ddk_attention_shape *s
         return -EINVAL;
     const int64_t T = shape->q_rows ? shape->q_rows : shape->S, p0 = shape->S - T;
     const int64_t nh = shape->nh, nkv = shape->nkv, G = nh / nkv;
-    const int64_t per_group = positions_per_group(nh, nkv, shape->d);
     if (T == 0)
         return 0;
     attn_group g;
     attn_workspace ws;
     if (positions_begin(be, shape, &g, &ws))
         return -ENOMEM;
+    const int64_t per_group = g.R / G;   /* positions a group */
 
     for (int64_t t_first = 0; t_first < T; t_first += per_group) {
         const int64_t np = min64(per_group, T - t_first), R = np * G;
@@ -632,11 +632,11 @@ int ddk_cpu_tree_attention(const ddk_backend *be, const ddk_attention_shape *sha
         if (parents[i] < -1 || parents[i] >= i)
             return -EINVAL;   /* a parent must come before its child: a tree, and walks end */
     const int64_t nh = shape->nh, nkv = shape->nkv, G = nh / nkv;
-    const int64_t per_group = positions_per_group(nh, nkv, shape->d);
     attn_group g;
     attn_workspace ws;
     if (positions_begin(be, shape, &g, &ws))
         return -ENOMEM;
+    const int64_t per_group = g.R / G;   /* positions a group */
 
     for (int64_t i_first = 0; i_first < N; i_first += per_group) {
         const int64_t np = min64(per_group, N - i_first), R = np * G;
