@@ -10,11 +10,11 @@
  * cases alternate between 64-byte aligned buffers and buffers 4 bytes off (no float4 luck); the
  * guards are checked at the end of the case. The gathers (embedding) and copies must be exact.
  * The ops: zero, copy, synchronize (every download waits through it), matmul, matmul_bf16 (on
- * fp32 values, and on bf16 values where nothing is rounded), rmsnorm (+ backward), rope, swiglu
- * (+ backward), embedding, DFlash and causal attention (+ backward: out, lse, dq, dk, dv; with
- * both CUDA kernel sets, the tensor-core flash ones also at their tile shapes and run twice for
- * the same bits: ddk_cuda_set_attention_kernels), the
- * fused loss (every result field, l_i and the gradient, both memory modes, fp32 and bf16
+ * fp32 values, and on bf16 values where nothing is rounded; both at k = 0: beta c exactly),
+ * rmsnorm (+ backward), rope, swiglu (+ backward), embedding, DFlash and causal attention
+ * (+ backward: out, lse, dq, dk, dv; with both CUDA kernel sets, the tensor-core flash ones
+ * also at their tile shapes and run twice for the same bits: ddk_cuda_set_attention_kernels),
+ * the fused loss (every result field, l_i and the gradient, both memory modes, fp32 and bf16
  * products, a bf16 head read in place across the loss's panels of rows and of k, workspace =
  * ddk_loss_workspace_bytes, refusals with nothing written) and the
  * whole-buffer ops sumsq (run twice: the same bits), axpby (beta = 0 over NaN, in place), adamw
@@ -589,6 +589,9 @@ static void case_matmul(const matmul_shape *s, int mode)
     } else {
         expect_close("c", got_block, want_block, s->m * s->n, tol_matmul(s->k));
     }
+    if (s->k == 0)   /* nothing summed: beta c is one rounding on both sides, 0 for beta = 0 */
+        expect_same("c (k = 0: beta c)", got_block, want_block,
+                    (size_t)(s->m * s->n) * sizeof(float));
     end_case(case_name);
 }
 
@@ -1215,6 +1218,12 @@ static const matmul_shape matmul_shapes[] = {
     { 1024, 4096, 5120, 0, 1, 0, 1.0f, 0.0f },
     { 1024, 5120, 4096, 0, 0, 0, 1.0f, 1.0f },
     { 4096, 5120, 1024, 1, 0, 0, 1.0f, 1.0f },
+};
+
+/* k = 0: c = beta c (0 over NaN for beta = 0) in two transposes; each mode of case_matmul */
+static const matmul_shape matmul_k0_shapes[] = {
+    { 4, 3, 0, 0, 0, 2, 1.0f, 0.5f },
+    { 4, 3, 0, 1, 1, 2, 1.0f, 0.0f },
 };
 
 /* ------------------------------------------------------------------------------------------
@@ -2345,6 +2354,12 @@ int main(void)
     }
     ddk_cuda_set_attention_kernels(-1);
     run_bf16_copy_cases(&seq);   /* appended, so that the cases above keep their seeds */
+    const int last_mode = dev->matmul_bf16 ? MATMUL_BF16_EXACT : MATMUL_FP32;
+    for (int mode = MATMUL_FP32; mode <= last_mode; mode++)   /* k = 0, appended too */
+        for (size_t i = 0; i < sizeof matmul_k0_shapes / sizeof matmul_k0_shapes[0]; i++) {
+            NEXT_CASE();
+            case_matmul(&matmul_k0_shapes[i], mode);
+        }
 #undef NEXT_CASE
     return cases_summary();
 }

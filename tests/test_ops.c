@@ -8,7 +8,7 @@
  * forward outputs start as NaN, so an element an op forgets to write fails too; every buffer has
  * guard bytes on both sides that must survive the case (no out-of-bounds writes).
  * Ops: rmsnorm (+ backward), rope (inverse = backward: round trip, pair norms, adjoint, finite
- * differences), swiglu (+ backward; swiglu_16 on bf16 gate and up, its bits on the widened values), embedding, matmul (4 transposes, padded ld, alpha, beta),
+ * differences), swiglu (+ backward; swiglu_16 on bf16 gate and up, its bits on the widened values), embedding, matmul (4 transposes, padded ld, alpha, beta, k = 0),
  * zero, copy; the whole-buffer ops sumsq (float64 lanes, overflow), axpby (beta = 0 over NaN,
  * in place), adamw (float64 formula of ddk.h; its bf16 copy w16 the new w rounded to nearest
  * even); matmul_bf16 (against a float64 product of the
@@ -2241,6 +2241,15 @@ static void build_cases(void)
         c->rows = swiglu16[j][0], c->d = swiglu16[j][1];
         snprintf(c->name, sizeof(c->name), "swiglu_16 + backward count=%lld: swiglu's bits on the widened values",
                  (long long)(c->rows * c->d));
+    }
+
+    /* matmul at k = 0 (appended, so that the cases above keep their seeds): c = beta c exactly,
+     * 0 over NaN for beta = 0, as matmul_bf16's k = 0 cases above */
+    for (int j = 0; j < 2; j++) {
+        c = add_case(case_matmul);
+        c->m = 4, c->n = 3, c->k = 0, c->trans_a = j, c->trans_b = j, c->beta = j ? 0.0f : -1.5f;
+        snprintf(c->name, sizeof(c->name), "matmul %c%c k=0 beta=%g: c = beta c", j ? 'T' : 'N',
+                 j ? 'T' : 'N', c->beta);
     }
 }
 

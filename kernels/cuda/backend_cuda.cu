@@ -226,11 +226,34 @@ static int to_int(int64_t v)
     return (int)v;
 }
 
+/* 1 when c (m, n) = alpha op(a) op(b) + beta c has no product to run, c then done: nothing for
+ * an empty c (m or n 0); c = beta c for k = 0 (BLAS's rule: 0 for beta = 0, whatever c held,
+ * NaN included), without relying on cuBLAS's k = 0 behaviour (undocumented): a 2-D memset for
+ * beta = 0, else cublasSgeam in place (C = beta C + 0 C, in-place C = A with ldc = lda is
+ * documented). Every product of this file starts with it. */
+static int no_product(const ddk_backend *be, int64_t m, int64_t n, int64_t k, float beta, float *c,
+                      int64_t ldc)
+{
+    if (m == 0 || n == 0)
+        return 1;
+    if (k != 0)
+        return 0;
+    if (beta == 0.0f) {
+        CUDA_CHECK(cudaMemset2DAsync(c, (size_t)ldc * sizeof(float), 0, (size_t)n * sizeof(float),
+                                     (size_t)m, ddk_cuda_stream(be)));
+        return 1;
+    }
+    const float zero = 0.0f;
+    CUBLAS_CHECK(cublasSgeam(cuda_cublas(be), CUBLAS_OP_N, CUBLAS_OP_N, to_int(n), to_int(m), &beta, c,
+                             to_int(ldc), &zero, c, to_int(ldc), c, to_int(ldc)));
+    return 1;
+}
+
 static void cuda_matmul(const ddk_backend *be, int trans_a, int trans_b, int64_t m, int64_t n,
                         int64_t k, float alpha, const float *a, int64_t lda, const float *b,
                         int64_t ldb, float beta, float *c, int64_t ldc)
 {
-    if (m == 0 || n == 0)
+    if (no_product(be, m, n, k, beta, c, ldc))
         return;
     cublasHandle_t handle = cuda_cublas(be);
     CUBLAS_CHECK(cublasSgemm(handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
@@ -246,7 +269,7 @@ static void cuda_matmul_bf16(const ddk_backend *be, int trans_a, int trans_b, in
                              int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
                              const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
 {
-    if (m == 0 || n == 0)
+    if (no_product(be, m, n, k, beta, c, ldc))
         return;
     cublasHandle_t handle = cuda_cublas(be);
     CUBLAS_CHECK(cublasGemmEx(handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
@@ -290,22 +313,6 @@ void ddk_cuda_w16_product(const ddk_backend *be, int trans_w, int64_t m, int64_t
     }
 }
 
-/* c (m, n) = beta c, a product over k = 0 (BLAS's rule: 0 for beta = 0, whatever c held),
- * without relying on cuBLAS's k = 0 behaviour (undocumented): a 2-D memset for beta = 0, else
- * cublasSgeam in place (C = beta C + 0 C, in-place C = A with ldc = lda is documented). */
-static void scale_only(const ddk_backend *be, int64_t m, int64_t n, float beta, float *c,
-                       int64_t ldc)
-{
-    if (beta == 0.0f) {
-        CUDA_CHECK(cudaMemset2DAsync(c, (size_t)ldc * sizeof(float), 0, (size_t)n * sizeof(float),
-                                     (size_t)m, ddk_cuda_stream(be)));
-        return;
-    }
-    const float zero = 0.0f;
-    CUBLAS_CHECK(cublasSgeam(cuda_cublas(be), CUBLAS_OP_N, CUBLAS_OP_N, to_int(n), to_int(m), &beta, c,
-                             to_int(ldc), &zero, c, to_int(ldc), c, to_int(ldc)));
-}
-
 /* Both operands bf16 in memory (matmul_16): one cublasGemmEx, CUDA_R_16BF a and b, fp32
  * accumulation and c (CUBLAS_COMPUTE_32F: cuBLAS picks its cuBLASLt tensor-core kernel), no
  * conversion and no scratch. */
@@ -313,13 +320,9 @@ static void cuda_matmul_16(const ddk_backend *be, int trans_a, int trans_b, int6
                            int64_t k, float alpha, const uint16_t *a, int64_t lda,
                            const uint16_t *b, int64_t ldb, float beta, float *c, int64_t ldc)
 {
-    if (m == 0 || n == 0)
+    if (no_product(be, m, n, k, beta, c, ldc))
         return;
     cublasHandle_t handle = cuda_cublas(be);
-    if (k == 0) {
-        scale_only(be, m, n, beta, c, ldc);
-        return;
-    }
     CUBLAS_CHECK(cublasGemmEx(handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
                               trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, to_int(n), to_int(m), to_int(k),
                               &alpha, b, CUDA_R_16BF, to_int(ldb), a, CUDA_R_16BF, to_int(lda),
@@ -339,12 +342,8 @@ static void cuda_matmul_w16_op(const ddk_backend *be, int trans_w, int64_t m, in
                                float alpha, const float *a, int64_t lda, const uint16_t *w,
                                int64_t ldw, float beta, float *c, int64_t ldc)
 {
-    if (m == 0 || n == 0)
+    if (no_product(be, m, n, k, beta, c, ldc))
         return;
-    if (k == 0) {   /* nothing to sum */
-        scale_only(be, m, n, beta, c, ldc);
-        return;
-    }
     const int64_t capacity = 2 * (int64_t)scratch_floats;          /* bf16 values in the scratch */
     const int64_t kp = k < capacity ? k : capacity;                /* columns of a k-panel */
     int64_t rows = capacity / ((kp + 7) / 8 * 8);

@@ -320,7 +320,8 @@ struct ddk_backend {
     ddk_allocator *alloc;    /* where this backend's tensors live */
 
     /* c (m, n) = alpha * op(a) op(b) + beta * c; op(x) = x^T when trans_x; fp32 with fp32
-     * accumulation; leading dimensions are row strides. */
+     * accumulation; leading dimensions are row strides. beta = 0 ignores c's contents (even
+     * NaN); k = 0 leaves c = beta c; m or n = 0 writes nothing. */
     void (*matmul)(const ddk_backend *be, int trans_a, int trans_b,
                    int64_t m, int64_t n, int64_t k, float alpha,
                    const float *a, int64_t lda, const float *b, int64_t ldb,
@@ -328,7 +329,8 @@ struct ddk_backend {
 
     /* matmul with a and b rounded to bf16 (round to nearest even) before the product, fp32
      * accumulation and output: the tensor cores' product (cuBLAS CUBLAS_COMPUTE_32F_FAST_16BF on
-     * the GPU; the CPU emulates the rounding, panel by panel, for reference). */
+     * the GPU; the CPU emulates the rounding, panel by panel, for reference). beta, k = 0 and an
+     * empty c as matmul. */
     void (*matmul_bf16)(const ddk_backend *be, int trans_a, int trans_b,
                         int64_t m, int64_t n, int64_t k, float alpha,
                         const float *a, int64_t lda, const float *b, int64_t ldb,
