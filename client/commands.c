@@ -228,7 +228,16 @@ static int ddc_print_plan(const ddc_ctx *ctx, const ddc_args *args, const char *
         ddc_plan_line(label, has_bytes, bytes, scale, unit, "-");
     }
     ddc_plan_line("predicted peak", has_peak, peak, scale, unit, "-");
-    ddc_plan_line("budget", has_budget, budget, scale, unit, "none set");
+    const char *budget_from = ddc_string(ddc_get(plan, "budget_from"));
+    ddc_plan_line(budget_from && !strcmp(budget_from, "card") ? "budget (card memory)" : "budget", has_budget,
+                  budget, scale, unit, "none set");
+    const cJSON *card = ddc_get(plan, "card");
+    double memory = 0, smem = 0, threads = 0;
+    if (cJSON_IsObject(card) && ddc_number(ddc_get(card, "memory_bytes"), &memory) &&
+        ddc_number(ddc_get(card, "shared_memory_per_block_bytes"), &smem) &&
+        ddc_number(ddc_get(card, "threads_per_sm"), &threads))
+        printf("card %s: memory %.3f GB, shared memory %g KiB per block, %g threads per SM\n",
+               ddc_fmt_value(ddc_get(card, "name")).s, memory / 1e9, smem / 1024, threads);
     const cJSON *fits = ddc_get(plan, "fits");
     puts(cJSON_IsBool(fits) ? (cJSON_IsTrue(fits) ? "fits" : "does not fit") : "fits: -");
     return 0;

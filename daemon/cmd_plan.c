@@ -1,9 +1,12 @@
-/* cmd_plan.c: `ddtreed plan CONFIG.json [--budget BYTES] [--json]`: the memory plan of a run
- * without starting it (planner.h's ddt_plan_config, as POST /plan): the drafter's devices and
- * the target's placement. The target's shape comes from the target itself (hf: config.json
- * alone; shards: the first shard's metadata when readable) or, for synthetic targets and
- * targets not at hand, from the config's target.* shape fields.
- * Tested by tests/train_cli_test.sh (every example must pass it).
+/* cmd_plan.c: `ddtreed plan CONFIG.json [--budget BYTES] [--card NAME] [--json]`: the memory
+ * plan of a run without starting it (planner.h's ddt_plan_config, as POST /plan): the drafter's
+ * devices and the target's placement. The target's shape comes from the target itself (hf:
+ * config.json alone; shards: the first shard's metadata when readable) or, for synthetic targets
+ * and targets not at hand, from the config's target.* shape fields. --budget and --card stand in
+ * for the config's memory.budget_bytes and memory.card; the budget is checked against the card
+ * after both.
+ * Tested by tests/train_cli_test.sh (every example must pass it; the 96 GB card's plan, and the
+ * card and budget refused).
  */
 #include "commands.h"
 #include "ddk.h"
@@ -15,23 +18,30 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define PLAN_USAGE "usage: ddtreed plan CONFIG.json [--budget BYTES] [--json]\n"
+#define PLAN_USAGE "usage: ddtreed plan CONFIG.json [--budget BYTES] [--card NAME] [--json]\n"
 
 int ddt_cmd_plan(int argc, char **argv)
 {
     const char *config = NULL;
     int64_t budget = 0;
+    const ddk_device_profile *card = NULL;
     int json = 0;
+    char err[2048] = "", field[160] = "";
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--json"))
+        if (!strcmp(argv[i], "--json")) {
             json = 1;
-        else if (!strcmp(argv[i], "--budget") && i + 1 < argc && !ddt_parse_count(argv[i + 1], &budget))
+        } else if (!strcmp(argv[i], "--budget") && i + 1 < argc && !ddt_parse_count(argv[i + 1], &budget)) {
             i++;
-        else if (argv[i][0] != '-' && !config)
+        } else if (!strcmp(argv[i], "--card") && i + 1 < argc) {
+            if (!(card = ddt_run_config_card(argv[++i], err, sizeof err))) {
+                fprintf(stderr, "ddtreed plan: --card: %s\n" PLAN_USAGE, err);
+                return 2;
+            }
+        } else if (argv[i][0] != '-' && !config) {
             config = argv[i];
-        else {
-            fprintf(stderr, "ddtreed plan: %s: not understood (--budget wants a number of bytes)\n" PLAN_USAGE,
-                    argv[i]);
+        } else {
+            fprintf(stderr, "ddtreed plan: %s: not understood (--budget wants a number of bytes, --card a card's "
+                    "name)\n" PLAN_USAGE, argv[i]);
             return 2;
         }
     }
@@ -39,11 +49,15 @@ int ddt_cmd_plan(int argc, char **argv)
         fputs(PLAN_USAGE, stderr);
         return 2;
     }
-    char err[2048] = "", field[160] = "";
     char *text = ddt_read_text_file(config, 1 << 20, err, sizeof err);
-    ddt_run_config c;
+    ddt_run_config c = { 0 };   /* freed on every path, a file that could not be read included */
     int rc = text ? ddt_run_config_parse(text, strlen(text), &c, err, sizeof err, field, sizeof field) : -EINVAL;
     free(text);
+    if (rc == 0 && card)
+        c.card = card;
+    if (rc == 0)
+        rc = ddt_run_config_check_budget(&c, budget ? budget : c.budget_bytes,
+                                         budget ? "--budget" : "memory.budget_bytes", err, sizeof err);
     ddt_memory_plan plan;
     char note[256] = "", remark[2048] = "";
     if (rc == 0)

@@ -564,6 +564,17 @@ def case_unix_routes(t, env):
                 "POST /plan predicted_peak_bytes: %r" % p.get("predicted_peak_bytes"))
         t.check(isinstance(p.get("bytes"), dict) and p["bytes"] and "chunk" in p and "vocab_tile" in p,
                 "POST /plan: bytes per component, chunk, vocab_tile: %s" % short(r.text))
+        t.check("card" not in p and p.get("budget_from") == "none", "POST /plan without a card: %s" % short(r.text))
+    # memory.card: the card and its limits; on GPU ranks its memory is the budget (none given)
+    r = c.post("/plan", dict(run_config(LONG), memory={"card": "rtx-pro-6000"}))
+    t.check(r.status == 200, "POST /plan with memory.card: %r" % r)
+    if r.status == 200:
+        p, k = r.json(), r.json().get("card") or {}
+        t.check(k.get("name") == "rtx-pro-6000" and k.get("memory_bytes", 0) > 0 and
+                k.get("shared_memory_per_block_bytes", 0) > 0 and k.get("threads_per_sm", 0) > 0 and
+                p.get("budget_from") == ("card" if k.get("applies") else "none") and
+                (not k.get("applies") or p.get("budget_bytes") == k["memory_bytes"]),
+                "POST /plan with memory.card: the card, its limits and the budget: %s" % short(r.text))
 
     check_nccl_unique_id(t, c)
 
@@ -717,6 +728,10 @@ def case_bad_inputs(t, env):
         ("2 MiB body, chunked", "POST", "/runs", ("chunked", big), 413, None),
         ("plan: unknown key", "POST", "/plan", variant(lambda x: x.update(bogus=1)), 400, "bogus"),
         ("plan: malformed", "POST", "/plan", "{", 400, None),
+        ("plan: an unknown card", "POST", "/plan", variant(lambda x: x.update(memory={"card": "rtx6000"})), 400,
+         "memory.card"),
+        ("a budget beyond the card", "POST", "/runs",
+         variant(lambda x: x.update(memory={"card": "h100", "budget_bytes": 10 ** 12})), 400, "memory.budget_bytes"),
         ("GET an unknown run", "GET", "/runs/r00000000-000000-dead", None, 404, None),
         ("pause an unknown run", "POST", "/runs/r00000000-000000-dead/pause", None, 404, None),
         ("steps of an unknown run", "GET", "/runs/r00000000-000000-dead/steps", None, 404, None),

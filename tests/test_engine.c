@@ -4,8 +4,9 @@
  * initialisation, batch checks, the default target_layer_ids of SPEC.md section 3 (half to
  * even, a repeat refused by the resolve step), sliding_window >= block_size, the target's
  * max_position_embeddings as resolved, the synthetic target, and the bf16 step with the weights'
- * bf16 copy against the one without (the same bits on the CPU; the copy is what it reads), and
- * a bf16 run's plan.
+ * bf16 copy against the one without (the same bits on the CPU; the copy is what it reads), a
+ * bf16 run's plan, and memory.card (libddk's device profiles: the names refused, the budget
+ * against the card's memory, the card's memory as the plan's budget on GPU ranks).
  * ctest: one line per case, a final "N passed, M failed".
  */
 #include "check.h"
@@ -427,6 +428,67 @@ static void test_plan_bf16(void)
     ddt_run_config_free(&c);
 }
 
+/* memory.card: a profile's name is that profile; an unknown one is refused naming memory.card and
+ * every card known; a budget is at most the card's memory; the plan's budget is the card's memory
+ * on GPU ranks when none is given, the budget given otherwise, none on CPU ranks. The figures are
+ * libddk's table's (ddk_device_profiles), not restated here. */
+static void test_memory_card(void)
+{
+    int count = 0;
+    const ddk_device_profile *all = ddk_device_profiles(&count), *card = ddk_device_profile_find("rtx-pro-6000");
+    check(count > 0 && card, "libddk knows no rtx-pro-6000 (%d profiles)", count);
+    if (!card)
+        return;
+    char json[512], err[1024] = "", field[128] = "";
+    ddt_run_config c;
+    const char *drafter = "\"drafter\": {\"target_layer_ids\": [1, 2]}";
+    snprintf(json, sizeof json, "{%s, \"memory\": {\"card\": \"RTX-PRO-6000\"}}", drafter);
+    int rc = ddt_run_config_parse(json, strlen(json), &c, err, sizeof err, field, sizeof field);
+    check(rc == 0 && c.card == card, "memory.card \"RTX-PRO-6000\": rc %d '%s'", rc, err);
+    if (rc == 0) {
+        rc = ddt_run_config_resolve(&c, 64, 512, 5, err, sizeof err);
+        check(rc == 0, "resolve: %s", err);
+        ddt_memory_plan gpu, cpu;
+        ddt_plan(&c, 0, 0, NULL, 1, 0, 0, &gpu);
+        ddt_plan(&c, 0, 0, NULL, 0, 0, 0, &cpu);
+        check(gpu.budget == card->memory_bytes && gpu.budget_card && cpu.budget == 0 && !cpu.budget_card,
+              "the plan's budget: %lld on GPU ranks (want the card's %lld), %lld on CPU ranks (want none)",
+              (long long)gpu.budget, (long long)card->memory_bytes, (long long)cpu.budget);
+        ddt_plan(&c, card->memory_bytes / 2, 0, NULL, 1, 0, 0, &gpu);
+        check(gpu.budget == card->memory_bytes / 2 && !gpu.budget_card, "a budget given is the plan's: %lld",
+              (long long)gpu.budget);
+        char *text = ddt_plan_json(&c, &gpu, NULL);
+        check(text && strstr(text, "\"card\":{\"name\":\"rtx-pro-6000\"") && strstr(text, "\"budget_from\":\"given\""),
+              "the plan's JSON names the card: %s", text ? text : "(null)");
+        free(text);
+        check(ddt_run_config_check_budget(&c, card->memory_bytes, "--budget", err, sizeof err) == 0,
+              "the card's whole memory refused as a budget: %s", err);
+        rc = ddt_run_config_check_budget(&c, card->memory_bytes + 1, "--budget", err, sizeof err);
+        check(rc == -EINVAL && strstr(err, "--budget") && strstr(err, "rtx-pro-6000"),
+              "a budget a byte beyond the card: rc %d '%s'", rc, err);
+        ddt_run_config_free(&c);
+    }
+    snprintf(json, sizeof json, "{%s, \"memory\": {\"card\": \"rtx6000\"}}", drafter);
+    rc = ddt_run_config_parse(json, strlen(json), &c, err, sizeof err, field, sizeof field);
+    int named = rc == -EINVAL && !strcmp(field, "memory.card") && strstr(err, "\"rtx6000\"");
+    for (int i = 0; i < count; i++)
+        named &= strstr(err, all[i].name) != NULL;
+    check(named, "an unknown card must be refused naming memory.card and every card known: rc %d '%s' '%s'", rc,
+          field, err);
+    snprintf(json, sizeof json, "{%s, \"memory\": {\"card\": \"rtx-pro-6000\", \"budget_bytes\": %lld}}", drafter,
+             (long long)card->memory_bytes + 1);
+    rc = ddt_run_config_parse(json, strlen(json), &c, err, sizeof err, field, sizeof field);
+    check(rc == -EINVAL && !strcmp(field, "memory.budget_bytes") && strstr(err, "beyond the rtx-pro-6000's memory"),
+          "memory.budget_bytes beyond the card must be refused: rc %d '%s' '%s'", rc, field, err);
+    snprintf(json, sizeof json, "{%s, \"memory\": {\"card\": null, \"budget_bytes\": %lld}}", drafter,
+             (long long)card->memory_bytes + 1);
+    rc = ddt_run_config_parse(json, strlen(json), &c, err, sizeof err, field, sizeof field);
+    check(rc == 0 && c.card == NULL && c.budget_bytes == card->memory_bytes + 1,
+          "without a card a budget has no bound but its own: rc %d '%s'", rc, err);
+    if (rc == 0)
+        ddt_run_config_free(&c);
+}
+
 /* The bf16 step with the weights' bf16 copy (w->bf16: be->round_bf16 + be->matmul_16) is the
  * bf16 step without it (be->matmul_bf16 rounding both operands in every product) bit for bit on
  * the CPU: loss and every gradient. And the copy is what it reads: a copy that is not the
@@ -547,6 +609,7 @@ int main(void)
         { "synthetic target", test_synthetic_target },
         { "the bf16 step with the weights' bf16 copy: the same bits", test_step_bf16_copies },
         { "a bf16 run's plan: the weights' copy, staging, a bf16 head on GPUs", test_plan_bf16 },
+        { "memory.card: known cards, the budget against the card's memory", test_memory_card },
     };
     run_cases(cases, sizeof cases / sizeof cases[0]);
     char path[256];

@@ -30,10 +30,71 @@ else
     fail "plan seed-ddtree.json: Qwen3.6-27B co-located, fits 149 GB" "$out"
 fi
 out=$(cd "$root" && "$ddtreed" plan examples/seed-ddtree-96gb.json 2>&1)
-if grep -q "each of 3 target GPU(s):" <<<"$out" && grep -q "budget 95.000 GB: fits" <<<"$out"; then
-    ok "plan seed-ddtree-96gb.json: a split of 3 target GPUs, fits 95 GB"
+if grep -q "each of 3 target GPU(s):" <<<"$out" && grep -q "budget 95.000 GB of the rtx-pro-6000's [0-9.]* GB: fits" <<<"$out" &&
+   grep -q "^  card rtx-pro-6000 (.*): memory [0-9.]* GB, shared memory [0-9.]* KiB per block (.*), [0-9]* threads per SM$" <<<"$out"; then
+    ok "plan seed-ddtree-96gb.json: the rtx-pro-6000 named, a split of 3 target GPUs, fits 95 GB"
 else
-    fail "plan seed-ddtree-96gb.json: a split of 3 target GPUs, fits 95 GB" "$out"
+    fail "plan seed-ddtree-96gb.json: the rtx-pro-6000 named, a split of 3 target GPUs, fits 95 GB" "$out"
+fi
+# without memory.budget_bytes the card's memory is the budget (libddk's figure, read back from --json)
+sed 's/"budget_bytes": 95000000000, //' "$root/examples/seed-ddtree-96gb.json" >"$work/card96.json"
+out=$(cd "$root" && "$ddtreed" plan "$work/card96.json" 2>&1)
+json=$(cd "$root" && "$ddtreed" plan "$work/card96.json" --json 2>/dev/null)
+if [ $? -eq 0 ] && grep -q "budget [0-9.]* GB, the rtx-pro-6000's memory: fits" <<<"$out" &&
+   /usr/bin/python3 -c 'import json, sys; p = json.loads(sys.argv[1]); k = p["card"]
+assert p["budget_from"] == "card" and p["budget_bytes"] == k["memory_bytes"] > 0 and k["applies"], p
+assert k["name"] == "rtx-pro-6000" and k["shared_memory_per_block_bytes"] > 0 and k["threads_per_sm"] > 0, k' "$json"; then
+    ok "plan: the card's memory is the budget when none is given"
+else
+    fail "plan: the card's memory is the budget when none is given" "$out"$'\n'"$json"
+fi
+out=$(cd "$root" && "$ddtreed" plan examples/seed-ddtree.json --json 2>/dev/null)
+if /usr/bin/python3 -c 'import json, sys; p = json.loads(sys.argv[1])
+assert "card" not in p and p["budget_from"] == "given", p' "$out" &&
+   ! (cd "$root" && "$ddtreed" plan examples/seed-ddtree.json 2>&1 | grep -q "card"); then
+    ok "plan: a config without a card names none"
+else
+    fail "plan: a config without a card names none" "$out"
+fi
+# the card named on the command line: seed-ddtree.json's 149 GB budget on an h200, then beyond a 96 GB card
+out=$(cd "$root" && "$ddtreed" plan examples/seed-ddtree.json --card h200 2>&1)
+if [ $? -eq 0 ] && grep -q "^  card h200 " <<<"$out" && grep -q "budget 149.000 GB of the h200's [0-9.]* GB: fits" <<<"$out"; then
+    ok "plan --card h200"
+else
+    fail "plan --card h200" "$out"
+fi
+out=$(cd "$root" && "$ddtreed" plan examples/seed-ddtree.json --card rtx-pro-6000 2>&1)
+if [ $? -eq 1 ] && grep -q "memory.budget_bytes: 149000000000 bytes (149.0 GB) is beyond the rtx-pro-6000's memory, [0-9]* bytes" <<<"$out"; then
+    ok "plan --card: the config's budget beyond the card refused"
+else
+    fail "plan --card: the config's budget beyond the card refused" "$out"
+fi
+out=$(cd "$root" && "$ddtreed" plan examples/seed-ddtree-96gb.json --budget 200000000000 2>&1)
+if [ $? -eq 1 ] && grep -q -- "--budget: 200000000000 bytes (200.0 GB) is beyond the rtx-pro-6000's memory" <<<"$out"; then
+    ok "plan --budget beyond the card refused"
+else
+    fail "plan --budget beyond the card refused" "$out"
+fi
+out=$(cd "$root" && "$ddtreed" plan examples/seed-ddtree-96gb.json --card rtx6000 2>&1)
+if [ $? -eq 2 ] && grep -q -- '--card: "rtx6000" is not a card ddtree knows: name one of .*rtx-pro-6000' <<<"$out" &&
+   grep -q "h100" <<<"$out"; then
+    ok "plan --card: an unknown card refused, the known ones named"
+else
+    fail "plan --card: an unknown card refused, the known ones named" "$out"
+fi
+sed 's/"card": "rtx-pro-6000"/"card": "rtx6000"/' "$root/examples/seed-ddtree-96gb.json" >"$work/badcard.json"
+out=$(cd "$root" && "$ddtreed" plan "$work/badcard.json" 2>&1)
+if [ $? -eq 1 ] && grep -q 'memory.card: "rtx6000" is not a card ddtree knows: name one of .*h100.*rtx-pro-6000' <<<"$out"; then
+    ok "memory.card: an unknown card refused, the known ones named"
+else
+    fail "memory.card: an unknown card refused, the known ones named" "$out"
+fi
+sed 's/"budget_bytes": 95000000000/"budget_bytes": 200000000000/' "$root/examples/seed-ddtree-96gb.json" >"$work/overcard.json"
+out=$(cd "$root" && "$ddtreed" plan "$work/overcard.json" 2>&1)
+if [ $? -eq 1 ] && grep -q "memory.budget_bytes: 200000000000 bytes (200.0 GB) is beyond the rtx-pro-6000's memory" <<<"$out"; then
+    ok "memory.budget_bytes beyond the card refused"
+else
+    fail "memory.budget_bytes beyond the card refused" "$out"
 fi
 sed 's/"devices": \["cuda:5", "cuda:6", "cuda:7"\]/"devices": "same"/' "$root/examples/seed-ddtree-96gb.json" >"$work/same96.json"
 out=$(cd "$root" && "$ddtreed" plan "$work/same96.json" 2>&1)
@@ -41,6 +102,15 @@ if [ $? -eq 1 ] && grep -q "proposed: co-location does not fit" <<<"$out" && gre
     ok "plan: co-location on 95 GB does not fit, a split is proposed"
 else
     fail "plan: co-location on 95 GB does not fit, a split is proposed" "$out"
+fi
+sed 's/"budget_bytes": 95000000000, //' "$work/same96.json" >"$work/same96card.json"
+out=$(cd "$root" && "$ddtreed" plan "$work/same96card.json" 2>&1)
+if [ $? -eq 1 ] && grep -q "proposed: co-location does not fit" <<<"$out" &&
+   grep -q "co-located, the target and the drafter need [0-9.]* GB per GPU against a budget of" <<<"$out" &&
+   grep -q "the rtx-pro-6000's memory: fits" <<<"$out"; then
+    ok "plan: co-location on the rtx-pro-6000's whole memory does not fit either, a split is proposed"
+else
+    fail "plan: co-location on the rtx-pro-6000's whole memory does not fit either, a split is proposed" "$out"
 fi
 for bad in 'overlap|"devices": ["cuda:0", "cuda:1"], "target": {"kind": "synthetic", "devices": ["cuda:1"]}|cuda:1, a drafter GPU too' \
            'cpu ranks|"devices": "cpu", "target": {"kind": "synthetic", "devices": ["cuda:0"]}|the drafter trains on CPU ranks' \

@@ -6,7 +6,9 @@
  * overlapping. The target's part follows its placement (planner.h): the host's target, a
  * replica co-located on every rank (CPU or GPU; generating, with its own generator, and no
  * target on the host), or a split.
- * Tested by tests/test_trainer.c (the drafter's peak, HOST's host peak, SAME on CPU ranks).
+ * Tested by tests/test_trainer.c (the drafter's peak, HOST's host peak, SAME on CPU ranks),
+ * tests/test_engine.c (a bf16 run's plan; memory.card's memory as the budget) and
+ * tests/train_cli_test.sh (the examples' plans, the 96 GB card's among them).
  */
 #include "planner.h"
 #include "errors.h"
@@ -171,6 +173,9 @@ int ddt_plan(const ddt_run_config *c, int64_t budget, int tied_head, const ddt_t
 {
     memset(p, 0, sizeof *p);
     p->budget = budget ? budget : c->budget_bytes;
+    p->budget_card = !p->budget && gpu && c->card;
+    if (p->budget_card)   /* a GPU can hold no more than its memory */
+        p->budget = c->card->memory_bytes;
     p->gpu = gpu;
     ddt_target_plan t = { 0 };
     if (!f) {
@@ -213,6 +218,7 @@ int ddt_plan(const ddt_run_config *c, int64_t budget, int tied_head, const ddt_t
         ddt_memory_plan q;
         memset(&q, 0, sizeof q);
         q.budget = p->budget;
+        q.budget_card = p->budget_card;
         q.gpu = 1;
         target_bytes(&split, f, DDT_PLACE_SPLIT, split.target_devices_count, 1, &t);
         q.fits = fit_chunk(&split, tied_head, f, &t, &q) && t.peak <= q.budget;
@@ -259,6 +265,12 @@ void ddt_plan_print(const ddt_run_config *c, const ddt_memory_plan *p, FILE *out
     fprintf(out, "  one logits tensor: %lld x %lld x 2 B = %.2f GB in bf16 (%.2f GB in fp32); "
             "a naive KL holds three\n", (long long)p->positions, (long long)d->vocab,
             2.0 * p->positions * d->vocab / 1e9, 4.0 * p->positions * d->vocab / 1e9);
+    if (c->card)
+        fprintf(out, "  card %s (%s, sm_%d, %d SMs): memory %.3f GB, shared memory %g KiB per block (%g KiB per SM), "
+                "%d threads per SM%s\n", c->card->name, c->card->card, c->card->compute_capability,
+                c->card->multiprocessors, c->card->memory_bytes / 1e9, c->card->smem_per_block_optin / 1024.0,
+                c->card->smem_per_sm / 1024.0, c->card->threads_per_sm,
+                p->gpu ? "" : "; not applied: these ranks are CPU ranks (name the GPUs in devices to plan for the card)");
     const int head16 = p->gpu && (p->target.placement == DDT_PLACE_SAME || p->target.placement == DDT_PLACE_SPLIT);
     fprintf(out, "  matrix products %s; %s\n",
             c->bf16 ? "with bf16 operands on the tensor cores (train.precision bf16)"
@@ -332,8 +344,13 @@ void ddt_plan_print(const ddt_run_config *c, const ddt_memory_plan *p, FILE *out
     if (t->placement == DDT_PLACE_SPLIT || (t->placement == DDT_PLACE_SAME && p->gpu))
         fprintf(out, "  target: %.0f%% of a step's matrix FLOPs%s%s\n", 100.0 * t->flops_share,
                 t->proposed ? "; the split proposed gives it that share of the node's GPUs" : "", "");
+    char of_card[128] = "";
+    if (p->budget_card)
+        snprintf(of_card, sizeof of_card, ", the %s's memory", c->card->name);
+    else if (c->card && p->gpu)
+        snprintf(of_card, sizeof of_card, " of the %s's %.3f GB", c->card->name, c->card->memory_bytes / 1e9);
     if (p->budget)
-        fprintf(out, "  budget %.3f GB: %s\n", p->budget / 1e9,
+        fprintf(out, "  budget %.3f GB%s: %s\n", p->budget / 1e9, of_card,
                 p->fits ? "fits" : "does NOT fit even at the smallest chunk and vocab_tile tried");
     if (*p->why)
         fprintf(out, "  %s\n", p->why);
@@ -358,6 +375,19 @@ char *ddt_plan_json(const ddt_run_config *c, const ddt_memory_plan *p, const cha
     cJSON_AddNumberToObject(b, "attention_workspace", (double)p->attention_workspace);
     cJSON_AddNumberToObject(o, "predicted_peak_bytes", (double)p->peak);
     cJSON_AddNumberToObject(o, "budget_bytes", (double)p->budget);
+    cJSON_AddStringToObject(o, "budget_from", !p->budget ? "none" : p->budget_card ? "card" : "given");
+    if (c->card) {
+        cJSON *k = cJSON_AddObjectToObject(o, "card");
+        cJSON_AddStringToObject(k, "name", c->card->name);
+        cJSON_AddStringToObject(k, "card", c->card->card);
+        cJSON_AddNumberToObject(k, "compute_capability", c->card->compute_capability);
+        cJSON_AddNumberToObject(k, "multiprocessors", c->card->multiprocessors);
+        cJSON_AddNumberToObject(k, "memory_bytes", (double)c->card->memory_bytes);
+        cJSON_AddNumberToObject(k, "shared_memory_per_block_bytes", c->card->smem_per_block_optin);
+        cJSON_AddNumberToObject(k, "shared_memory_per_sm_bytes", c->card->smem_per_sm);
+        cJSON_AddNumberToObject(k, "threads_per_sm", c->card->threads_per_sm);
+        cJSON_AddBoolToObject(k, "applies", p->gpu);   /* CPU ranks: not theirs */
+    }
     cJSON_AddNumberToObject(o, "chunk", (double)p->chunk);
     cJSON_AddNumberToObject(o, "vocab_tile", (double)p->vocab_tile);
     cJSON_AddBoolToObject(o, "fits", p->fits);

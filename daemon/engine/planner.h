@@ -100,6 +100,7 @@ typedef struct ddt_memory_plan {
     int64_t peak;             /* the sum: what one device holds at its busiest */
     int gpu;                  /* the ranks are GPUs (ddt_plan's gpu) */
     int64_t budget;           /* 0: none */
+    int budget_card;          /* 1: the budget is the card's memory (memory.card, GPU ranks, none given) */
     int64_t chunk, vocab_tile;/* chosen (the config's when they fit or there is no budget) */
     int fits;                 /* the drafter's devices, and the target's under SPLIT */
     ddt_target_plan target;
@@ -107,7 +108,8 @@ typedef struct ddt_memory_plan {
 } ddt_memory_plan;
 
 /* c must be resolved (ddt_run_config_resolve), and c->ranks be the ranks the run takes on the
- * node (ddt_devices.ranks: "all" parses as 1). budget 0 = the config's (or none). target: the
+ * node (ddt_devices.ranks: "all" parses as 1). budget 0 = the config's, else on GPU ranks the
+ * memory of the config's card (memory.card), else none. target: the
  * run's target (NULL: shards, none at train time); gpu: the ranks are GPUs; colocated: a
  * replica on every rank (ddt_devices_colocated); node_gpus: the GPUs a split may use (the
  * node's, or what the config names when planned away from it; 0: propose none, the trainer

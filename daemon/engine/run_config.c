@@ -6,8 +6,10 @@
  * so is "target.devices" "auto" (co-located on GPU ranks, the host target on CPU ranks). The
  * resolve step reads one key of the target's config.json, max_position_embeddings (for the
  * export), through model_config.c.
+ * memory.card is one of libddk's device profiles (ddk_device_profile_find), never a copy of
+ * their figures.
  * Tested by tests/test_trainer.c, tests/test_engine.c (the auto taps and sliding_window
- * refusals, max_position_embeddings) and tests/fuzz/fuzz_run_config.c.
+ * refusals, max_position_embeddings, memory.card) and tests/fuzz/fuzz_run_config.c.
  */
 #include "run_config.h"
 #include "model_config.h"
@@ -35,6 +37,7 @@ typedef enum field_type {
     F_TARGET_DEVICES, /* target.devices: "auto", "host", "same" or GPU names (target_place,
                          target_devices_count, target_gpu_ids) */
     F_BYTES,        /* memory.budget_bytes: null (0) or a positive integer, at offset */
+    F_CARD,         /* memory.card: null or the name of one of libddk's device profiles (card) */
     F_CHAT_FILES,   /* target.data.files: JSON Lines paths (chat_files, chat_file_count) */
     F_SECTION,      /* eval.speculative: an optional object whose presence means something: the int
                        at offset := 1, its keys are the table's fields under its path */
@@ -137,7 +140,12 @@ static const config_field fields[] = {
     { "cluster.unique_id", F_STR, OFF(cluster_id), 0, 0, 0, "", 257, "several daemons, one run: rank 0's NCCL id (POST /nccl/unique-id)" },
     { "cluster.world_size", F_INT, OFF(cluster_world), 0, 0, 1 << 16, NULL, 0, "ranks of all the daemons together (0: this daemon alone)" },
     { "cluster.first_rank", F_INT, OFF(cluster_first), 0, 0, 1 << 16, NULL, 0, "the global rank of this daemon's first device" },
-    { "memory.budget_bytes", F_BYTES, OFF(budget_bytes), 0, 0, 0, NULL, 0, "null, or a per-device budget in bytes" },
+    { "memory.budget_bytes", F_BYTES, OFF(budget_bytes), 0, 0, 0, NULL, 0,
+      "null, or a per-device budget in bytes (with memory.card: at most the card's memory)" },
+    { "memory.card", F_CARD, 0, 0, 0, 0, NULL, 0,
+      "null, or the card the GPUs are: `ddtreed plan` (and POST /plan) shows its limits (memory, shared memory "
+      "per block, threads per SM) and, without memory.budget_bytes, plans GPU ranks with its memory as their "
+      "budget; the run itself reads the limits of the GPUs it runs on" },
     { "checkpoint.every_steps", F_INT, OFF(checkpoint_every), 500, 1, BIG, NULL, 0, "steps between checkpoints" },
     { "checkpoint.keep", F_INT, OFF(checkpoint_keep), 3, 1, 1000, NULL, 0, "checkpoints kept" },
     { "eval.every_steps", F_INT, OFF(eval_every), 200, 1, BIG, NULL, 0, "steps between acceptance evaluations" },
@@ -515,6 +523,53 @@ static int parse_bytes(const parse_ctx *p, const config_field *f, const cJSON *v
     return 0;
 }
 
+/* the cards libddk knows, "h100, h200, ..." (its table is the one place they are written) */
+static void card_names(char *out, size_t len)
+{
+    int count = 0;
+    const ddk_device_profile *all = ddk_device_profiles(&count);
+    size_t at = 0;
+    *out = '\0';
+    for (int i = 0; i < count && at < len; i++)
+        at += (size_t)snprintf(out + at, len - at, "%s%s", i ? ", " : "", all[i].name);
+}
+
+const ddk_device_profile *ddt_run_config_card(const char *name, char *err, size_t err_len)
+{
+    const ddk_device_profile *card = ddk_device_profile_find(name);
+    if (!card) {
+        char names[256];
+        card_names(names, sizeof names);
+        snprintf(err, err_len, "\"%s\" is not a card ddtree knows: name one of %s", name, names);
+    }
+    return card;
+}
+
+static int parse_card(const parse_ctx *p, const config_field *f, const cJSON *v)
+{
+    const char *name = cJSON_GetStringValue(v);
+    char why[256];
+    p->c->card = NULL;
+    if (cJSON_IsNull(v))
+        return 0;
+    if (!name)
+        return fail(p, f->path, "must be %s", "null or a card's name (a string)");
+    if (!(p->c->card = ddt_run_config_card(name, why, sizeof why)))
+        return fail(p, f->path, "%s (or null for none)", why);
+    return 0;
+}
+
+int ddt_run_config_check_budget(const ddt_run_config *c, int64_t budget, const char *what, char *err,
+                                size_t err_len)
+{
+    if (!c->card || budget <= c->card->memory_bytes)
+        return 0;
+    snprintf(err, err_len, "%s: %lld bytes (%.1f GB) is beyond the %s's memory, %lld bytes (%.1f GB): give at most "
+             "the card's memory, or no budget (the card's memory is then the budget)", what, (long long)budget,
+             budget / 1e9, c->card->name, (long long)c->card->memory_bytes, c->card->memory_bytes / 1e9);
+    return -EINVAL;
+}
+
 typedef struct field_kind {
     const char *name;   /* the reference's type column */
     int (*parse)(const parse_ctx *p, const config_field *f, const cJSON *v);
@@ -535,6 +590,7 @@ static const field_kind kinds[] = {
     [F_DEVICES] = { "list", parse_devices, default_devices },
     [F_TARGET_DEVICES] = { "list", parse_target_devices, NULL },
     [F_BYTES] = { "list", parse_bytes, NULL },
+    [F_CARD] = { "enum", parse_card, NULL },
     [F_CHAT_FILES] = { "list", parse_chat_files, NULL },
     [F_SECTION] = { "object", parse_section, NULL },
     [F_SPEC_BUDGETS] = { "list", parse_spec_budgets, default_spec_budgets },
@@ -690,6 +746,10 @@ static int check_relations(const parse_ctx *p)
     if (c->cluster_world && c->devices_kind != DDT_DEVICES_LIST && c->devices_kind != DDT_DEVICES_COUNT)
         return fail(p, "devices", "must name the GPUs (a count or [\"cuda:N\", ...]) with %s",
                     "a cluster section: the ranks must be known before the run starts");
+    if (ddt_run_config_check_budget(c, c->budget_bytes, "memory.budget_bytes", p->err, p->err_len)) {
+        snprintf(p->field, p->field_len, "memory.budget_bytes");
+        return -EINVAL;
+    }
     return check_speculative(p);
 }
 
@@ -887,7 +947,7 @@ void ddt_run_config_print_reference(FILE *out)
     fprintf(out, "| field | type | default | bounds | meaning |\n|---|---|---|---|---|\n");
     for (int i = 0; i < FIELD_COUNT; i++) {
         const config_field *f = &fields[i];
-        char dflt[64] = "", bounds[64] = "";
+        char dflt[64] = "", bounds[256] = "";
         if (f->type == F_STR || f->type == F_ENUM) {
             const char *d = f->text;
             for (int k = 0; f->type == F_ENUM && k < (int)f->dflt; k++)
@@ -904,6 +964,8 @@ void ddt_run_config_print_reference(FILE *out)
         } else if (f->type == F_F32 || f->type == F_F64) {
             snprintf(dflt, sizeof dflt, "%g", f->dflt);
             snprintf(bounds, sizeof bounds, "[%g, %g]", f->lo, f->hi);
+        } else if (f->type == F_CARD) {
+            card_names(bounds, sizeof bounds);
         }
         fprintf(out, "| `%s` | %s | %s | %s | %s |\n", f->path, kinds[f->type].name, dflt, bounds, f->help);
     }

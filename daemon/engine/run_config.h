@@ -9,6 +9,7 @@
 #ifndef DDT_RUN_CONFIG_H
 #define DDT_RUN_CONFIG_H
 
+#include "ddk.h"       /* ddk_device_profile: memory.card */
 #include "devices.h"   /* ddt_run_config_devices: the config against a node */
 #include "drafter.h"
 #include "source.h"
@@ -91,6 +92,7 @@ typedef struct ddt_run_config {
     char cluster_id[260];                  /* cluster.unique_id: "" = this daemon alone */
     int64_t cluster_world, cluster_first;  /* cluster.world_size (0 = alone), cluster.first_rank */
     int64_t budget_bytes;                  /* 0: no budget */
+    const ddk_device_profile *card;        /* memory.card: the GPUs' card (libddk's profile); NULL: none */
     int64_t checkpoint_every, checkpoint_keep;
     int64_t eval_every, eval_sequences, eval_blocks;
     int n_budgets;
@@ -136,6 +138,16 @@ int64_t ddt_run_config_spec_max_budget(const ddt_run_config *c);
  * (eval.speculative.prompts, at most train.heldout), gen_len and the largest tree budget, as
  * eval.speculative sets them, or without it the defaults 8, 64 and 32 ([8, 32]). */
 void ddt_run_config_spec_caps(const ddt_run_config *c, int64_t *prompts, int64_t *gen_len, int64_t *max_budget);
+
+/* The card called name (libddk's profiles, ddk_device_profile_find), or NULL with err: a sentence
+ * naming the cards known. */
+const ddk_device_profile *ddt_run_config_card(const char *name, char *err, size_t err_len);
+
+/* A per-GPU budget (0: none) against c's card: 0, or -EINVAL with err naming both figures when it
+ * is beyond the card's memory. `what` names where the budget came from ("memory.budget_bytes",
+ * "--budget"). The parser checks memory.budget_bytes; `ddtreed plan` its --budget and --card. */
+int ddt_run_config_check_budget(const ddt_run_config *c, int64_t budget, const char *what, char *err,
+                                size_t err_len);
 
 /* Markdown table of every field (path, type, default, bounds, help): the reference docs. */
 void ddt_run_config_print_reference(FILE *out);
