@@ -96,12 +96,14 @@ if [ $? -eq 1 ] && grep -q "memory.budget_bytes: 200000000000 bytes (200.0 GB) i
 else
     fail "memory.budget_bytes beyond the card refused" "$out"
 fi
+# "same" planned away from the node: its 5 GPUs, 2 proposed for the target, so 3 drafter ranks of 2 of the 5 sequences each
 sed 's/"devices": \["cuda:5", "cuda:6", "cuda:7"\]/"devices": "same"/' "$root/examples/seed-ddtree-96gb.json" >"$work/same96.json"
 out=$(cd "$root" && "$ddtreed" plan "$work/same96.json" 2>&1)
-if [ $? -eq 1 ] && grep -q "proposed: co-location does not fit" <<<"$out" && grep -q "co-located, the target and the drafter need" <<<"$out"; then
-    ok "plan: co-location on 95 GB does not fit, a split is proposed"
+if [ $? -eq 1 ] && grep -q "proposed: co-location does not fit" <<<"$out" && grep -q "co-located, the target and the drafter need" <<<"$out" &&
+   grep -q "per device (rank) of 3 (the proposed split's drafter ranks): 49152 positions (2 sequences x 1024 anchors" <<<"$out"; then
+    ok "plan: co-location on 95 GB does not fit, a split is proposed, its drafter ranks planned"
 else
-    fail "plan: co-location on 95 GB does not fit, a split is proposed" "$out"
+    fail "plan: co-location on 95 GB does not fit, a split is proposed, its drafter ranks planned" "$out"
 fi
 sed 's/"budget_bytes": 95000000000, //' "$work/same96.json" >"$work/same96card.json"
 out=$(cd "$root" && "$ddtreed" plan "$work/same96card.json" 2>&1)

@@ -177,6 +177,7 @@ int ddt_plan(const ddt_run_config *c, int64_t budget, int tied_head, const ddt_t
     if (p->budget_card)   /* a GPU can hold no more than its memory */
         p->budget = c->card->memory_bytes;
     p->gpu = gpu;
+    p->ranks = c->ranks;
     ddt_target_plan t = { 0 };
     if (!f) {
         p->fits = fit_chunk(c, tied_head, NULL, NULL, p);
@@ -220,6 +221,7 @@ int ddt_plan(const ddt_run_config *c, int64_t budget, int tied_head, const ddt_t
         q.budget = p->budget;
         q.budget_card = p->budget_card;
         q.gpu = 1;
+        q.ranks = split.ranks;
         target_bytes(&split, f, DDT_PLACE_SPLIT, split.target_devices_count, 1, &t);
         q.fits = fit_chunk(&split, tied_head, f, &t, &q) && t.peak <= q.budget;
         t.proposed = 1;
@@ -256,12 +258,11 @@ void ddt_plan_print(const ddt_run_config *c, const ddt_memory_plan *p, FILE *out
 {
     const ddt_drafter_config *d = &c->drafter;
     char how[200];
-    const int64_t nseq = rank_sequences(c);
-    fprintf(out, "memory plan of \"%s\", per device (rank) of %lld: %lld positions "
+    fprintf(out, "memory plan of \"%s\", per device (rank) of %lld%s: %lld positions "
             "(%lld sequences x %lld anchors x block %lld) at a time, vocabulary %lld\n", c->name,
-            (long long)c->ranks, (long long)p->positions,
-            (long long)((nseq + c->grad_accum - 1) / c->grad_accum), (long long)c->max_anchors,
-            (long long)d->block_size, (long long)d->vocab);
+            (long long)p->ranks, p->target.proposed ? " (the proposed split's drafter ranks)" : "",
+            (long long)p->positions, (long long)(p->positions / (c->max_anchors * d->block_size)),
+            (long long)c->max_anchors, (long long)d->block_size, (long long)d->vocab);
     fprintf(out, "  one logits tensor: %lld x %lld x 2 B = %.2f GB in bf16 (%.2f GB in fp32); "
             "a naive KL holds three\n", (long long)p->positions, (long long)d->vocab,
             2.0 * p->positions * d->vocab / 1e9, 4.0 * p->positions * d->vocab / 1e9);

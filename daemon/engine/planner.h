@@ -99,6 +99,7 @@ typedef struct ddt_memory_plan {
             attention_workspace;
     int64_t peak;             /* the sum: what one device holds at its busiest */
     int gpu;                  /* the ranks are GPUs (ddt_plan's gpu) */
+    int64_t ranks;            /* the drafter's ranks planned: c->ranks, or a proposed split's */
     int64_t budget;           /* 0: none */
     int budget_card;          /* 1: the budget is the card's memory (memory.card, GPU ranks, none given) */
     int64_t chunk, vocab_tile;/* chosen (the config's when they fit or there is no budget) */
