@@ -146,7 +146,7 @@ enum { guard_words = 16, sentinel_byte = 0xa7 };   /* 0xa7a7a7a7: a finite, nonz
 /* count floats + guard words, all set to the sentinel (free() it) */
 static inline float *sentinel_floats(int64_t count)
 {
-    float *x = xcalloc((size_t)(count + guard_words), sizeof(float));
+    float *x = (float *)xcalloc((size_t)(count + guard_words), sizeof(float));
     memset(x, sentinel_byte, (size_t)(count + guard_words) * sizeof(float));
     return x;
 }

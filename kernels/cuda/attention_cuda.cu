@@ -71,6 +71,7 @@
 #include "ddk.h"
 #include "cuda_backend.h"
 #include "cuda_check.h"
+#include "launch.h"
 
 #include <cuda_runtime.h>
 #include <errno.h>
@@ -239,7 +240,7 @@ __device__ static void load_tile(float *dst, const float *src, int64_t t0, int n
 template <int NC>
 __global__ void __launch_bounds__(ROWS_PER_CTA * 32, 2) attn_forward_kernel(attn_params p)
 {
-    extern __shared__ float smem[];
+    DDK_DYNAMIC_SHARED(float, smem);
     const int lane = (int)(threadIdx.x % 32), warp = (int)(threadIdx.x / 32);
     const int warps = (int)(blockDim.x / 32);
     const int d = (int)p.d, ldt = d + 1;   /* d <= MAX_D (heads_ok) */
@@ -325,7 +326,7 @@ template <int NC>
 __global__ void __launch_bounds__(ROWS_PER_CTA * 32, NC <= 4 ? 2 : 1)
 attn_backward_kernel(attn_params p)
 {
-    extern __shared__ float smem[];
+    DDK_DYNAMIC_SHARED(float, smem);
     const int lane = (int)(threadIdx.x % 32), warp = (int)(threadIdx.x / 32);
     const int warps = (int)(blockDim.x / 32);
     const int d = (int)p.d, ldt = d + 1;   /* d <= MAX_D (heads_ok) */
@@ -474,17 +475,17 @@ static int launch(const ddk_backend *be, const attn_params &p, dim3 grid, int64_
                  limit = smem_limit();
     if (smem > limit)
         return -EINVAL;
-    attn_kernel kernel = kernel_for(p.d, backward);
+    attn_kernel simt_attention = kernel_for(p.d, backward);
     if (smem > 48 * 1024) {
         /* the instance's largest need (all warps, its widest d), so that two threads launching
          * the same instance with different shapes never lower it under each other */
         const int64_t d_inst = p.d <= 32 ? 32 : p.d <= 64 ? 64 : p.d <= 128 ? 128 : MAX_D;
         size_t most = backward ? backward_smem(ROWS_PER_CTA, d_inst) : forward_smem(ROWS_PER_CTA, d_inst);
         most = most < limit ? most : limit;
-        CUDA_CHECK(cudaFuncSetAttribute((const void *)kernel,
+        CUDA_CHECK(cudaFuncSetAttribute((const void *)simt_attention,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)most));
     }
-    kernel<<<grid, (unsigned)(warps * 32), smem, stream>>>(p);
+    DDK_LAUNCH(simt_attention, grid, (unsigned)(warps * 32), smem, stream, p);
     CUDA_CHECK(cudaGetLastError());
     return 0;
 }
@@ -666,7 +667,7 @@ __global__ void __launch_bounds__(TREE_WARPS * 32) tree_forward_kernel(tree_para
 {
     /* dynamic only (tree_smem): a static __shared__ would count against the opt-in limit the
      * launch gives the dynamic part */
-    extern __shared__ float smem[];
+    DDK_DYNAMIC_SHARED(float, smem);
     const int lane = (int)(threadIdx.x % 32), warp = (int)(threadIdx.x / 32);
     const int warps = (int)(blockDim.x / 32);
     const int d = (int)p.d;   /* d <= MAX_D (heads_ok) */
@@ -803,10 +804,10 @@ int ddk_cuda_tree_attention(const ddk_backend *be, const ddk_attention_shape *sh
     const size_t smem = tree_smem(TREE_WARPS, shape->d, shape->q_rows), limit = smem_limit();
     if (smem > limit)   /* a tree of some 50,000 nodes on H100/H200 */
         return -EINVAL;
-    tree_kernel kernel = tree_kernel_for(shape->d);
+    tree_kernel tree_forward = tree_kernel_for(shape->d);
     /* the limit, not this call's need, so that a concurrent launch never lowers it */
     if (smem > 48 * 1024)
-        CUDA_CHECK(cudaFuncSetAttribute((const void *)kernel,
+        CUDA_CHECK(cudaFuncSetAttribute((const void *)tree_forward,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)limit));
     tree_params p = {};
     p.q = q;
@@ -821,7 +822,7 @@ int ddk_cuda_tree_attention(const ddk_backend *be, const ddk_attention_shape *sh
     p.d = shape->d;
     p.scale = (float)(1.0 / sqrt((double)shape->d));
     const dim3 grid((unsigned)p.N, (unsigned)p.nh, 1);
-    kernel<<<grid, TREE_WARPS * 32, smem, stream>>>(p);
+    DDK_LAUNCH(tree_forward, grid, TREE_WARPS * 32, smem, stream, p);
     CUDA_CHECK(cudaGetLastError());
     return 0;
 }

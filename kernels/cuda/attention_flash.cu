@@ -64,6 +64,7 @@
 #include "ddk.h"
 #include "cuda_backend.h"
 #include "cuda_check.h"
+#include "launch.h"
 #include "attention_rows.h"
 
 #include <cuda_bf16.h>
@@ -129,10 +130,15 @@ __device__ __forceinline__ uint16_t bf16_bits(float x)
 __device__ __forceinline__ void mma16816(float c[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                          uint32_t a3, uint32_t b0, uint32_t b1)
 {
+#ifdef DDK_SIMT
+    const uint32_t a[4] = { a0, a1, a2, a3 }, b[2] = { b0, b1 };
+    simt::mma_m16n8k16_bf16(c, a, b, __FILE__, __LINE__);
+#else
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
                  "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
 }
 
 /* A fragment (rows m0.., k cols k0..) of a row-major [m][k] bf16 tile with row stride ld:
@@ -324,7 +330,7 @@ __device__ qplace place_of(const flash_params &p)
 template <int D, int KT>
 __global__ void __launch_bounds__(fwd_max_rows(D) * 2, D == 256 ? 1 : 2) flash_forward_kernel(flash_params p)
 {
-    extern __shared__ uint4 smem_raw[];
+    DDK_DYNAMIC_SHARED(uint4, smem_raw);
     constexpr int LDQ = D + PAD, LDV = KT + PAD;
     const int R = p.rows_cta, d = (int)p.d;
     uint16_t *sQ = reinterpret_cast<uint16_t *>(smem_raw), *sK = sQ + R * LDQ, *sVt = sK + KT * LDQ;
@@ -464,7 +470,7 @@ __global__ void __launch_bounds__(fwd_max_rows(D) * 2, D == 256 ? 1 : 2) flash_f
 template <int D, int KT>
 __global__ void __launch_bounds__(dq_max_rows(D) * 2, dq_min_blocks(D)) flash_dq_kernel(flash_params p)
 {
-    extern __shared__ uint4 smem_raw[];
+    DDK_DYNAMIC_SHARED(uint4, smem_raw);
     constexpr int LDQ = D + PAD, LDT = KT + PAD;
     const int R = p.rows_cta, d = (int)p.d;
     uint16_t *sQ = reinterpret_cast<uint16_t *>(smem_raw), *sdO = sQ + R * LDQ;
@@ -582,7 +588,7 @@ __global__ void __launch_bounds__(dq_max_rows(D) * 2, dq_min_blocks(D)) flash_dq
 template <int D, int NSPLIT, int NKG, int RQ>
 __global__ void __launch_bounds__(NKG * NSPLIT * 32, 2) flash_dkv_kernel(flash_params p)
 {
-    extern __shared__ uint4 smem_raw[];
+    DDK_DYNAMIC_SHARED(uint4, smem_raw);
     constexpr int KTB = NKG * 16, DH = D / NSPLIT, LDQ = D + PAD, LDT = RQ + PAD;
     const int d = (int)p.d;
     uint16_t *sK = reinterpret_cast<uint16_t *>(smem_raw), *sV = sK + KTB * LDQ;
@@ -760,30 +766,37 @@ constexpr size_t dq_smem(int D, int R)
            (size_t)2 * R * sizeof(float);
 }
 
-/* key-major instance per D: NSPLIT, NKG, RQ */
+/* key-major instances per D: NSPLIT, NKG, and RQ query rows a chunk: dkv_rq(D), or half of it
+ * where that does not fit the GPU (99 KB cards at D >= 128) */
 constexpr int dkv_nsplit(int D) { return D == 256 ? 2 : 1; }
 constexpr int dkv_nkg(int D) { return D == 256 ? 2 : 4; }
 constexpr int dkv_rq(int D) { return D == 256 ? 32 : 64; }
 
-constexpr size_t dkv_smem(int D)
+constexpr size_t dkv_smem(int D, int RQ)
 {
     /* the int4 keys after the bf16 arrays need 16-byte alignment: the bf16 part is
      * (2 KTB + 2 RQ) (D + 8) + 2 D (RQ + 8) values, a multiple of 8 */
-    return (size_t)(2 * dkv_nkg(D) * 16 * (D + PAD) + 2 * dkv_rq(D) * (D + PAD) +
-                    2 * D * (dkv_rq(D) + PAD)) * 2 +
-           (size_t)dkv_rq(D) * (sizeof(int4) + 2 * sizeof(float));
+    return (size_t)(2 * dkv_nkg(D) * 16 * (D + PAD) + 2 * RQ * (D + PAD) + 2 * D * (RQ + PAD)) * 2 +
+           (size_t)RQ * (sizeof(int4) + 2 * sizeof(float));
 }
 
 
 static_assert(forward_smem(128, 96) == 61952 && dq_smem(128, 96) == 106240 &&
-              dkv_smem(128) == 108032 && dkv_smem(256) == 109312 && dkv_smem(64) == 56832 &&
-              forward_smem(256, 128) == 104960 && dq_smem(256, 64) == 122368,
+              dkv_smem(128, 64) == 108032 && dkv_smem(256, 32) == 109312 && dkv_smem(64, 64) == 56832 &&
+              forward_smem(256, 128) == 104960 && dq_smem(256, 64) == 122368 &&
+              forward_smem(256, 112) == 96512 && dq_smem(128, 80) == 97408 &&
+              dq_smem(256, 32) == 88320 && dkv_smem(128, 32) == 73472 && dkv_smem(256, 16) == 75648,
               "the figures in the header comment");
-enum { H100_SMEM_OPTIN = 232448 };
-static_assert(forward_smem(256, fwd_max_rows(256)) <= H100_SMEM_OPTIN &&
-              dq_smem(256, dq_max_rows(256)) <= H100_SMEM_OPTIN &&
-              dq_smem(128, dq_max_rows(128)) <= H100_SMEM_OPTIN && dkv_smem(256) <= H100_SMEM_OPTIN,
-              "every instance fits H100/H200");
+/* the smallest opt-in shared memory of a card we plan for (ddk_device_profile: RTX PRO 6000,
+ * sm_120) and H100/H200/B200's: the largest instances fit the latter, the smaller ones the former */
+enum { SMEM_OPTIN_99K = 101376, SMEM_OPTIN_227K = 232448 };
+static_assert(forward_smem(256, fwd_max_rows(256)) <= SMEM_OPTIN_227K &&
+              dq_smem(256, dq_max_rows(256)) <= SMEM_OPTIN_227K &&
+              dq_smem(128, dq_max_rows(128)) <= SMEM_OPTIN_227K && dkv_smem(256, 32) <= SMEM_OPTIN_227K,
+              "every largest instance fits H100/H200/B200");
+static_assert(forward_smem(256, 16) <= SMEM_OPTIN_99K && dq_smem(256, 16) <= SMEM_OPTIN_99K &&
+              dkv_smem(256, dkv_rq(256) / 2) <= SMEM_OPTIN_99K && dkv_smem(128, dkv_rq(128) / 2) <= SMEM_OPTIN_99K,
+              "an instance fits the 99 KB cards at every D");
 
 constexpr int padded_d(int64_t d) { return d <= 64 ? 64 : d <= 128 ? 128 : 256; }
 
@@ -793,6 +806,16 @@ size_t smem_optin(void)
     CUDA_CHECK(cudaGetDevice(&device));
     CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
     return (size_t)bytes;
+}
+
+/* The rows of a query-major block: the largest multiple of 16 up to `most` whose shared memory
+ * (smem(D, R)) fits `limit`; 0 when not even 16 rows fit */
+int rows_that_fit(int D, int most, size_t limit, size_t (*smem)(int, int))
+{
+    for (int r = most; r >= 16; r -= 16)
+        if (smem(D, r) <= limit)
+            return r;
+    return 0;
 }
 
 /* Launches kernel with `smem` bytes, raising its limit to `most` (the instance's largest need:
@@ -815,19 +838,22 @@ int launch(const void *kernel, void (*call)(dim3, dim3, size_t, cudaStream_t, co
 template <int D>
 void call_forward(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, const flash_params &p)
 {
-    flash_forward_kernel<D, kt_of(D)><<<grid, block, smem, stream>>>(p);
+    void (*const flash_forward)(flash_params) = flash_forward_kernel<D, kt_of(D)>;
+    DDK_LAUNCH(flash_forward, grid, block, smem, stream, p);
 }
 
 template <int D>
 void call_dq(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, const flash_params &p)
 {
-    flash_dq_kernel<D, kt_of(D)><<<grid, block, smem, stream>>>(p);
+    void (*const flash_dq)(flash_params) = flash_dq_kernel<D, kt_of(D)>;
+    DDK_LAUNCH(flash_dq, grid, block, smem, stream, p);
 }
 
-template <int D>
+template <int D, int RQ>
 void call_dkv(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, const flash_params &p)
 {
-    flash_dkv_kernel<D, dkv_nsplit(D), dkv_nkg(D), dkv_rq(D)><<<grid, block, smem, stream>>>(p);
+    void (*const flash_dkv)(flash_params) = flash_dkv_kernel<D, dkv_nsplit(D), dkv_nkg(D), RQ>;
+    DDK_LAUNCH(flash_dkv, grid, block, smem, stream, p);
 }
 
 template <int D>
@@ -846,12 +872,27 @@ int run_dq(const flash_params &p, dim3 grid, cudaStream_t stream)
                   dq_smem(D, dq_max_rows(D)), stream);
 }
 
-template <int D>
-int run_dkv(const flash_params &p, dim3 grid, cudaStream_t stream)
+template <int D, int RQ>
+int run_dkv_rq(const flash_params &p, dim3 grid, cudaStream_t stream)
 {
-    return launch((const void *)flash_dkv_kernel<D, dkv_nsplit(D), dkv_nkg(D), dkv_rq(D)>, call_dkv<D>,
-                  p, grid, dim3((unsigned)(dkv_nkg(D) * dkv_nsplit(D) * 32)), dkv_smem(D), dkv_smem(D),
-                  stream);
+    return launch((const void *)flash_dkv_kernel<D, dkv_nsplit(D), dkv_nkg(D), RQ>, call_dkv<D, RQ>,
+                  p, grid, dim3((unsigned)(dkv_nkg(D) * dkv_nsplit(D) * 32)), dkv_smem(D, RQ),
+                  dkv_smem(D, RQ), stream);
+}
+
+/* the key-major pass with the larger chunk of query rows that fits the GPU (dkv_rq_fit) */
+template <int D>
+int run_dkv(const flash_params &p, dim3 grid, cudaStream_t stream, int rq)
+{
+    return rq == dkv_rq(D) ? run_dkv_rq<D, dkv_rq(D)>(p, grid, stream)
+                           : run_dkv_rq<D, dkv_rq(D) / 2>(p, grid, stream);
+}
+
+/* dkv_rq(D) when it fits `limit`, else half of it, else 0 (none fits) */
+int dkv_rq_fit(int D, size_t limit)
+{
+    const int rq = D == 256 ? dkv_rq(256) : D == 128 ? dkv_rq(128) : dkv_rq(64);
+    return dkv_smem(D, rq) <= limit ? rq : dkv_smem(D, rq / 2) <= limit ? rq / 2 : 0;
 }
 
 int aligned16(const void *x)
@@ -866,6 +907,13 @@ void split_rows(int64_t rows, int max_rows, int64_t *splits, int *rows_cta)
     *splits = (rows + max_rows - 1) / max_rows;
     const int64_t per = (rows + *splits - 1) / *splits;
     *rows_cta = (int)((per + 15) / 16 * 16);
+}
+
+/* rows of a forward block at head dim d on this GPU (0: no instance fits) */
+int forward_rows(int64_t d)
+{
+    const int D = padded_d(d);
+    return rows_that_fit(D, fwd_max_rows(D), smem_optin(), forward_smem);
 }
 
 /* what every call shares; 0 or -ENOTSUP */
@@ -909,8 +957,11 @@ int ddk_cuda_flash_dflash(const ddk_backend *be, const ddk_attention_shape *sh, 
     p.lse = lse;
     p.rows_unit = sh->B * p.G;
     p.vec = sh->d % 4 == 0 && aligned16(q) && aligned16(k) && aligned16(v);
+    const int max_rows = forward_rows(sh->d);
+    if (!max_rows)
+        return -ENOTSUP;
     int64_t splits;
-    split_rows(p.rows_unit, fwd_max_rows(padded_d(sh->d)), &splits, &p.rows_cta);
+    split_rows(p.rows_unit, max_rows, &splits, &p.rows_cta);
     if (splits > 65535)
         return -ENOTSUP;
     const dim3 grid((unsigned)sh->A, (unsigned)sh->nkv, (unsigned)splits);
@@ -945,8 +996,13 @@ int ddk_cuda_flash_dflash_backward(const ddk_backend *be, const ddk_attention_sh
     p.rows_unit = sh->B * p.G;
     p.vec = sh->d % 4 == 0 && aligned16(q) && aligned16(k) && aligned16(v) && aligned16(dout);
     const int D = padded_d(sh->d);
+    /* both passes' instances chosen to fit this GPU before either runs: all or nothing */
+    const size_t limit = smem_optin();
+    const int dq_rows = rows_that_fit(D, dq_max_rows(D), limit, dq_smem), rq = dkv_rq_fit(D, limit);
+    if (!dq_rows || !rq)
+        return -ENOTSUP;
     int64_t splits;
-    split_rows(p.rows_unit, dq_max_rows(D), &splits, &p.rows_cta);
+    split_rows(p.rows_unit, dq_rows, &splits, &p.rows_cta);
     const int64_t ktb = D == 256 ? dkv_nkg(256) * 16 : dkv_nkg(128) * 16;
     p.n_ctx_tiles = (sh->S + ktb - 1) / ktb;
     p.n_own_tiles = (sh->B + ktb - 1) / ktb;
@@ -956,21 +1012,17 @@ int ddk_cuda_flash_dflash_backward(const ddk_backend *be, const ddk_attention_sh
     cudaStream_t stream = ddk_cuda_stream(be);
     const dim3 grid_q((unsigned)sh->A, (unsigned)sh->nkv, (unsigned)splits);
     const dim3 grid_k((unsigned)key_tiles, (unsigned)sh->nkv, 1);
-    /* both launches are checked for shared memory before either runs: all or nothing */
-    const size_t limit = smem_optin();
-    if (dq_smem(D, p.rows_cta) > limit || dkv_smem(D) > limit)
-        return -ENOTSUP;
     int rc;
     switch (D) {
     case 64:
         rc = run_dq<64>(p, grid_q, stream);
-        return rc ? rc : run_dkv<64>(p, grid_k, stream);
+        return rc ? rc : run_dkv<64>(p, grid_k, stream, rq);
     case 128:
         rc = run_dq<128>(p, grid_q, stream);
-        return rc ? rc : run_dkv<128>(p, grid_k, stream);
+        return rc ? rc : run_dkv<128>(p, grid_k, stream, rq);
     default:
         rc = run_dq<256>(p, grid_q, stream);
-        return rc ? rc : run_dkv<256>(p, grid_k, stream);
+        return rc ? rc : run_dkv<256>(p, grid_k, stream, rq);
     }
 }
 
@@ -993,8 +1045,11 @@ int ddk_cuda_flash_causal(const ddk_backend *be, const ddk_attention_shape *sh, 
     p.W = 0;
     p.rows_unit = T * p.G;
     p.vec = sh->d % 4 == 0 && aligned16(q) && aligned16(k) && aligned16(v);
+    const int max_rows = forward_rows(sh->d);
+    if (!max_rows)
+        return -ENOTSUP;
     int64_t splits;
-    split_rows(p.rows_unit, fwd_max_rows(padded_d(sh->d)), &splits, &p.rows_cta);
+    split_rows(p.rows_unit, max_rows, &splits, &p.rows_cta);
     if (splits > INT32_MAX)
         return -ENOTSUP;
     const dim3 grid((unsigned)splits, (unsigned)sh->nkv, 1);

@@ -330,11 +330,6 @@ static void cuda_matmul_16(const ddk_backend *be, int trans_a, int trans_b, int6
                               CUBLAS_GEMM_DEFAULT));
 }
 
-static void cuda_round_bf16(const ddk_backend *be, const float *x, int64_t count, uint16_t *y)
-{
-    ddk_cuda_round_bf16_rows(be, x, count, 1, count, y, count);
-}
-
 /* matmul_w16 and matmul_w16_nn: the whole scratch is the panel (2^21 values), whole k up to
  * 2^21 columns (k-panels only past that), rows a multiple of 128 when there are that many, so
  * cuBLAS's tiles are not cut. The scratch stays locked until the last product is queued. */
@@ -386,37 +381,11 @@ static void backends_init(void)
         cb->table.matmul_w16 = cuda_matmul_w16;
         cb->table.matmul_w16_nn = cuda_matmul_w16_nn;
         cb->table.matmul_16 = cuda_matmul_16;
-        cb->table.round_bf16 = cuda_round_bf16;
-        cb->table.loss = ddk_cuda_loss;
         cb->table.zero = cuda_zero;
         cb->table.copy = cuda_copy;
         cb->table.copy_rows = cuda_copy_rows;
         cb->table.synchronize = cuda_synchronize;
-        cb->table.sumsq = ddk_cuda_sumsq;
-        cb->table.argmax_rows = ddk_cuda_argmax_rows;
-        cb->table.axpby = ddk_cuda_axpby;
-        cb->table.adamw = ddk_cuda_adamw;
-        cb->table.uniform_noise = ddk_cuda_uniform_noise;
-        cb->table.rmsnorm = ddk_cuda_rmsnorm;
-        cb->table.rmsnorm_backward = ddk_cuda_rmsnorm_backward;
-        cb->table.rope = ddk_cuda_rope;
-        cb->table.swiglu = ddk_cuda_swiglu;
-        cb->table.swiglu_backward = ddk_cuda_swiglu_backward;
-        cb->table.swiglu_16 = ddk_cuda_swiglu_16;
-        cb->table.swiglu_backward_16 = ddk_cuda_swiglu_backward_16;
-        cb->table.embedding = ddk_cuda_embedding;
-        cb->table.embedding_w16 = ddk_cuda_embedding_w16;
-        cb->table.dflash_attention = ddk_cuda_dflash_attention;
-        cb->table.dflash_attention_backward = ddk_cuda_dflash_attention_backward;
-        cb->table.causal_attention = ddk_cuda_causal_attention;
-        cb->table.tree_attention = ddk_cuda_tree_attention;
-        cb->table.conv1d_silu = ddk_cuda_conv1d_silu;
-        cb->table.gated_rmsnorm = ddk_cuda_gated_rmsnorm;
-        cb->table.rope_partial = ddk_cuda_rope_partial;
-        cb->table.gated_delta = ddk_cuda_gated_delta;
-        cb->table.l2norm_heads = ddk_cuda_l2norm_heads;
-        cb->table.sigmoid_mul = ddk_cuda_sigmoid_mul;
-        cb->table.delta_gates = ddk_cuda_delta_gates;
+        ddk_cuda_kernel_ops(&cb->table);   /* kernel_ops.cu: every op that is a kernel */
         cb->device = d;
         pthread_mutex_init(&cb->lock, NULL);
         pthread_mutex_init(&cb->scratch_lock, NULL);

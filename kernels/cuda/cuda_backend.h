@@ -18,6 +18,10 @@ int ddk_cuda_multiprocessors(const ddk_backend *be);
 float *ddk_cuda_scratch_lock(const ddk_backend *be);
 void ddk_cuda_scratch_unlock(const ddk_backend *be);
 
+/* kernel_ops.cu: sets every op of t that is one of this folder's kernels (all but the products,
+ * zero, copy, copy_rows and synchronize) */
+void ddk_cuda_kernel_ops(ddk_backend *t);
+
 /* ops_cuda.cu */
 void ddk_cuda_rmsnorm(const ddk_backend *be, const float *x, const float *g, int64_t rows,
                       int64_t d, float eps, float *y, float *rstd);

@@ -39,16 +39,18 @@
  * below); rows of K, Q, A, P, R and O are padded to odd strides, so every access pattern above
  * is free of bank conflicts.
  *
+ * On a GPU with less shared memory per block (RTX PRO 6000, sm_120: 99 KB) the chunk shrinks
+ * until it fits: 46 tokens at dk = 128, 23 at dk = 256 (exact for any length; rounding only).
  * Limits: dk, dv <= 256 (DDK_CUDA_MAX_HEAD_DIM, as the attention kernels), nv % nk == 0, else
- * -EINVAL with nothing written; a GPU with less shared memory per block than the chunk's refuses
- * the chunked form with -EINVAL too (the caller takes the CPU path). No op allocates. Not here
+ * -EINVAL with nothing written. No op allocates. Not here
  * (speed later, measured; CONVENTIONS.md): tensor cores, bf16, sharing the chunk matrices
  * between a head's column blocks (each block forms them again: ceil(dv / 32) times), a parallel
  * scan over chunks.
  *
  * Tested by tests/test_backend_ops.c against the CPU backend (recurrence and chunks of 64 with a
  * short last chunk, dk = dv = 128 with nv = 2 nk, small and odd shapes, dk = dv = 256, and the
- * chunked form against the recurrence on the GPU itself; skipped without a GPU).
+ * chunked form against the recurrence on the GPU itself; skipped without a GPU), and from these
+ * sources through the SIMT emulation under each card's limits by tests/simt/test_simt_kernels.cpp.
  *
  * Legend: T tokens, nk / nv key / value heads, dk / dv their dims, value head j reads key head
  * j / (nv / nk); L the current chunk's tokens (<= lmax <= 64), i, jj tokens of the chunk, r a
@@ -57,6 +59,7 @@
 #include "ddk.h"
 #include "cuda_backend.h"
 #include "cuda_check.h"
+#include "launch.h"
 
 #include <cuda_runtime.h>
 #include <errno.h>
@@ -207,7 +210,7 @@ static_assert(chunk_smem(MAX_DIM, CHUNK_MAX) <= SMEM_OPTIN, "the chunked form fi
 
 __global__ static void __launch_bounds__(CHUNK_THREADS) delta_chunked_kernel(delta_params p)
 {
-    extern __shared__ double smem[];
+    DDK_DYNAMIC_SHARED(double, smem);
     const int lmax = p.lmax, dk = p.dk, dv = p.dv, ks = key_stride(dk);
     double *cs = smem;                            /* (lmax) cumulative log decay c */
     float *Ks = (float *)(cs + lmax);             /* (lmax, ks) the chunk's keys */
@@ -416,14 +419,19 @@ int ddk_cuda_gated_delta(const ddk_backend *be, const ddk_delta_shape *shape, co
     cudaStream_t stream = ddk_cuda_stream(be);   /* also makes be's GPU current */
     if (chunk == 0) {
         const dim3 grid((unsigned)nv, (unsigned)((dv + REC_BLOCK_COLS - 1) / REC_BLOCK_COLS));
-        recurrent_for(dk)<<<grid, REC_WARPS * 32, 0, stream>>>(q, k, v, beta, g, T, nk, nv,
+        DDK_LAUNCH(recurrent_for(dk), grid, REC_WARPS * 32, 0, stream, q, k, v, beta, g, T, nk, nv,
                                                                 (int)dk, (int)dv, state, out);
         LAUNCH_CHECK();
         return 0;
     }
     int64_t lmax = chunk < T ? chunk : T;
     lmax = lmax < (int64_t)CHUNK_MAX ? lmax : (int64_t)CHUNK_MAX;
-    const size_t smem = chunk_smem((int)dk, (int)lmax), limit = smem_limit();
+    /* shorter chunks where this GPU's shared memory is smaller (exact for any length: rounding
+     * only): 46 tokens at dk = 128 and 23 at dk = 256 on a 99 KB card (RTX PRO 6000) */
+    const size_t limit = smem_limit();
+    while (lmax > 1 && chunk_smem((int)dk, (int)lmax) > limit)
+        lmax--;
+    const size_t smem = chunk_smem((int)dk, (int)lmax);
     if (smem > limit)
         return -EINVAL;
     if (smem > 48 * 1024) {
@@ -449,7 +457,7 @@ int ddk_cuda_gated_delta(const ddk_backend *be, const ddk_delta_shape *shape, co
     p.dv = (int)dv;
     p.lmax = (int)lmax;
     const dim3 grid((unsigned)nv, (unsigned)((dv + CHUNK_COLS - 1) / CHUNK_COLS));
-    delta_chunked_kernel<<<grid, CHUNK_THREADS, smem, stream>>>(p);
+    DDK_LAUNCH(delta_chunked_kernel, grid, CHUNK_THREADS, smem, stream, p);
     LAUNCH_CHECK();
     return 0;
 }

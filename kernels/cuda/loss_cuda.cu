@@ -87,6 +87,7 @@
 #include "ddk.h"
 #include "cuda_backend.h"
 #include "cuda_check.h"
+#include "launch.h"
 
 #include "loss_online.h"   /* the kernels' arithmetic, and loss_internal.h */
 
@@ -109,8 +110,8 @@ enum { THREADS = DDK_LOSS_THREADS, WARPS = THREADS / 32, NSUMS = DDK_LOSS_SUMS, 
  * thread (ddk_loss_argmax_merge's rule: an order-free choice, so the tree's shape is free) */
 __device__ static void block_argmax2(float &v0, int &i0, float &v1, int &i1)
 {
-    __shared__ float sv[2][WARPS];
-    __shared__ int si[2][WARPS];
+    DDK_SHARED(float, sv, [2][WARPS]);
+    DDK_SHARED(int, si, [2][WARPS]);
     for (int offset = 16; offset > 0; offset /= 2) {
         const float ov0 = __shfl_xor_sync(0xffffffffu, v0, offset);
         const int oi0 = __shfl_xor_sync(0xffffffffu, i0, offset);
@@ -142,7 +143,7 @@ __device__ static void block_argmax2(float &v0, int &i0, float &v1, int &i1)
  * order; every thread gets the same totals */
 __device__ static void block_sums(float s[NSUMS], double total[NSUMS])
 {
-    __shared__ double ws[NSUMS][WARPS];
+    DDK_SHARED(double, ws, [NSUMS][WARPS]);
     for (int k = 0; k < NSUMS; k++)
         for (int offset = 16; offset > 0; offset /= 2)
             s[k] += __shfl_xor_sync(0xffffffffu, s[k], offset);
@@ -292,15 +293,15 @@ stats_kernel(ddk_loss_row *rows, int64_t m, const float *zs, const float *zt, in
 __global__ static void grad_kernel(const ddk_loss_row *rows, int64_t m, float *zs,
                                    const float *zt, int64_t off, int64_t w, ddk_loss_consts k)
 {
-    __shared__ ddk_loss_grad_row row_shared;   /* the current row's, by thread 0 */
+    DDK_SHARED(ddk_loss_grad_row, row_shared, [1]);   /* the current row's, by thread 0 */
     const int64_t v0 = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t r = blockIdx.y; r < m; r += gridDim.y) {   /* block-uniform: the barriers hold */
         __syncthreads();   /* every thread has read the previous row's */
         if (threadIdx.x == 0)
-            row_shared = ddk_loss_grad_row_of(&rows[r], &k);
+            row_shared[0] = ddk_loss_grad_row_of(&rows[r], &k);
         __syncthreads();
-        const ddk_loss_grad_row G = row_shared;
+        const ddk_loss_grad_row G = row_shared[0];
         float *g = zs + r * w;
         if (G.ignored) {
             for (int64_t v = v0; v < w; v += stride)
@@ -327,7 +328,7 @@ __global__ static void grad_kernel(const ddk_loss_row *rows, int64_t m, float *z
 __global__ static void reduce_kernel(const ddk_loss_row *rows, int64_t m, const float *weights,
                                      ddk_loss_consts k, double *out)
 {
-    __shared__ double sh[NTERMS][THREADS];
+    DDK_SHARED(double, sh, [NTERMS][THREADS]);
     double acc[NTERMS] = { 0, 0, 0, 0, 0 };
     for (int64_t r = threadIdx.x; r < m; r += blockDim.x) {
         const ddk_loss_row &R = rows[r];
@@ -527,7 +528,7 @@ int ddk_cuda_loss(const ddk_backend *be, const ddk_loss_params *p, const float *
         const float *hs = student_hidden + r0 * H;                            /* (m, H) */
         const float *ht = zt ? teacher_hidden + r0 * H : NULL;                /* (m, H) */
         const float *wc = weights ? weights + r0 : NULL;                      /* (m) */
-        rows_init_kernel<<<(unsigned)((m + THREADS - 1) / THREADS), THREADS, 0, stream>>>(
+        DDK_LAUNCH(rows_init_kernel, (unsigned)((m + THREADS - 1) / THREADS), THREADS, 0, stream,
             rows, m, labels ? labels + r0 : NULL, wc, k.given_labels);
         LAUNCH_CHECK();
 
@@ -536,7 +537,7 @@ int ddk_cuda_loss(const ddk_backend *be, const ddk_loss_params *p, const float *
             tile_logits(h, hs, m, off, w, zs);
             if (zt)
                 tile_logits(h, ht, m, off, w, zt);
-            stats_kernel<<<grid_rows(m), THREADS, 0, stream>>>(
+            DDK_LAUNCH(stats_kernel, grid_rows(m), THREADS, 0, stream,
                 rows, m, zs, zt, off, w, k, off + w >= V, wc, weight_sum,
                 per_position ? per_position + r0 : NULL);
             LAUNCH_CHECK();
@@ -553,7 +554,7 @@ int ddk_cuda_loss(const ddk_backend *be, const ddk_loss_params *p, const float *
                 }
                 const int64_t col_blocks = (w + THREADS - 1) / THREADS;
                 dim3 grid((unsigned)(col_blocks < 1024 ? col_blocks : 1024), grid_rows(m));
-                grad_kernel<<<grid, THREADS, 0, stream>>>(rows, m, zs, k.kl ? zt : NULL, off, w, k);
+                DDK_LAUNCH(grad_kernel, grid, THREADS, 0, stream, rows, m, zs, k.kl ? zt : NULL, off, w, k);
                 LAUNCH_CHECK();
                 tile_grad(h, zs, m, off, w, off == 0 ? 0.0f : 1.0f, dhs);   /* over tiles */
             }
@@ -562,7 +563,7 @@ int ddk_cuda_loss(const ddk_backend *be, const ddk_loss_params *p, const float *
         /* the chunk's sums at index c (of the scratch's batch), to the host after the last
          * chunk: one copy (or one per full batch, past 52,428 chunks) */
         const int64_t slot = c % scratch_chunks;
-        reduce_kernel<<<1, THREADS, 0, stream>>>(rows, m, wc, k, chunk_sums + slot * NTERMS);
+        DDK_LAUNCH(reduce_kernel, 1, THREADS, 0, stream, rows, m, wc, k, chunk_sums + slot * NTERMS);
         LAUNCH_CHECK();
         if (c == chunks - 1 || slot == scratch_chunks - 1)
             CUDA_CHECK(cudaMemcpyAsync(partials + (c - slot) * NTERMS, chunk_sums,

@@ -23,6 +23,7 @@
 #include "ddk.h"
 #include "cuda_backend.h"
 #include "cuda_check.h"
+#include "launch.h"
 
 #include <cuda_runtime.h>
 #include <stdio.h>
@@ -77,7 +78,7 @@ __device__ static float warp_sum(float v)
 /* the sum of v over the block (blockDim.x a multiple of 32, <= 1024), returned to every thread */
 __device__ static float block_sum(float v)
 {
-    __shared__ float warp_sums[32];
+    DDK_SHARED(float, warp_sums, [32]);
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
     v = warp_sum(v);
     __syncthreads();   /* a previous call's readers are done with warp_sums */
@@ -123,7 +124,7 @@ void ddk_cuda_rmsnorm(const ddk_backend *be, const float *x, const float *g, int
     if (rows <= 0 || d <= 0)
         return;
     cudaStream_t stream = ddk_cuda_stream(be);
-    rmsnorm_kernel<<<grid_for(be, rows), row_threads(d), 0, stream>>>(x, g, rows, d, eps, y, rstd);
+    DDK_LAUNCH(rmsnorm_kernel, grid_for(be, rows), row_threads(d), 0, stream, x, g, rows, d, eps, y, rstd);
     LAUNCH_CHECK();
 }
 
@@ -175,7 +176,7 @@ __global__ static void rmsnorm_backward_dg_kernel(const float *x,    /* (rows, d
                                                   float *partials,   /* (slices, d), or NULL: */
                                                   float *dg)         /* (d) += when partials is NULL */
 {
-    __shared__ float lanes[DG_ROW_LANES][DG_COLS];
+    DDK_SHARED(float, lanes, [DG_ROW_LANES][DG_COLS]);
     const int64_t col = (int64_t)blockIdx.x * DG_COLS + threadIdx.x;
     const int64_t r0 = (int64_t)blockIdx.y * rows_per_slice;
     const int64_t r1 = min64(rows, r0 + rows_per_slice);
@@ -221,7 +222,7 @@ void ddk_cuda_rmsnorm_backward(const ddk_backend *be, const float *x, const floa
     if (rows <= 0 || d <= 0)
         return;
     cudaStream_t stream = ddk_cuda_stream(be);
-    rmsnorm_backward_dx_kernel<<<grid_for(be, rows), row_threads(d), 0, stream>>>(
+    DDK_LAUNCH(rmsnorm_backward_dx_kernel, grid_for(be, rows), row_threads(d), 0, stream,
         x, g, rstd, dy, rows, d, dx);
     LAUNCH_CHECK();
 
@@ -246,11 +247,11 @@ void ddk_cuda_rmsnorm_backward(const ddk_backend *be, const float *x, const floa
     const int64_t rows_per_slice = ceil_div(rows, slices);
     slices = ceil_div(rows, rows_per_slice);   /* no empty slice at the end */
     const dim3 grid((unsigned)col_tiles, (unsigned)slices), block(DG_COLS, DG_ROW_LANES);
-    rmsnorm_backward_dg_kernel<<<grid, block, 0, stream>>>(x, rstd, dy, rows, d, rows_per_slice,
+    DDK_LAUNCH(rmsnorm_backward_dg_kernel, grid, block, 0, stream, x, rstd, dy, rows, d, rows_per_slice,
                                                            partials, dg);
     LAUNCH_CHECK();
     if (partials) {
-        rmsnorm_backward_dg_reduce_kernel<<<(unsigned)ceil_div(d, 256), 256, 0, stream>>>(
+        DDK_LAUNCH(rmsnorm_backward_dg_reduce_kernel, (unsigned)ceil_div(d, 256), 256, 0, stream,
             partials, slices, d, dg);
         LAUNCH_CHECK();
         ddk_cuda_scratch_unlock(be);   /* both passes queued: the next holder runs after them */
@@ -298,7 +299,7 @@ void ddk_cuda_rope(const ddk_backend *be, float *x, const int32_t *pos, int64_t 
         return;
     cudaStream_t stream = ddk_cuda_stream(be);
     const unsigned threads = (unsigned)(ceil_div(d / 2, 32) * 32);   /* d <= 1024: <= 512 */
-    rope_kernel<<<grid_for(be, rows), threads, 0, stream>>>(x, pos, rows, heads, d, d, theta,
+    DDK_LAUNCH(rope_kernel, grid_for(be, rows), threads, 0, stream, x, pos, rows, heads, d, d, theta,
                                                             inverse ? -1.0 : 1.0);
     LAUNCH_CHECK();
 }
@@ -311,7 +312,7 @@ void ddk_cuda_rope_partial(const ddk_backend *be, float *x, const int32_t *pos, 
         return;
     cudaStream_t stream = ddk_cuda_stream(be);
     const unsigned threads = (unsigned)(ceil_div(rd / 2, 32) * 32);   /* rd <= 1024: <= 512 */
-    rope_kernel<<<grid_for(be, rows), threads, 0, stream>>>(x, pos, rows, heads, d, rd, theta,
+    DDK_LAUNCH(rope_kernel, grid_for(be, rows), threads, 0, stream, x, pos, rows, heads, d, rd, theta,
                                                             1.0);
     LAUNCH_CHECK();
 }
@@ -372,7 +373,7 @@ static void swiglu_launch(const ddk_backend *be, const T *gate, const T *up, int
     if (count <= 0)
         return;
     cudaStream_t stream = ddk_cuda_stream(be);
-    swiglu_kernel<T><<<grid_for(be, ceil_div(count, 256)), 256, 0, stream>>>(gate, up, count, h);
+    DDK_LAUNCH(swiglu_kernel<T>, grid_for(be, ceil_div(count, 256)), 256, 0, stream, gate, up, count, h);
     LAUNCH_CHECK();
 }
 
@@ -383,7 +384,7 @@ static void swiglu_backward_launch(const ddk_backend *be, const T *gate, const T
     if (count <= 0)
         return;
     cudaStream_t stream = ddk_cuda_stream(be);
-    swiglu_backward_kernel<T><<<grid_for(be, ceil_div(count, 256)), 256, 0, stream>>>(
+    DDK_LAUNCH(swiglu_backward_kernel<T>, grid_for(be, ceil_div(count, 256)), 256, 0, stream,
         gate, up, dh, count, dgate, dup);
     LAUNCH_CHECK();
 }
@@ -437,7 +438,7 @@ void ddk_cuda_embedding(const ddk_backend *be, const float *table, const int32_t
     if (rows <= 0 || H <= 0)
         return;
     cudaStream_t stream = ddk_cuda_stream(be);
-    embedding_kernel<<<grid_for(be, rows), row_threads(H), 0, stream>>>(table, tokens, rows, H,
+    DDK_LAUNCH(embedding_kernel, grid_for(be, rows), row_threads(H), 0, stream, table, tokens, rows, H,
                                                                         out);
     LAUNCH_CHECK();
 }
@@ -479,7 +480,7 @@ void ddk_cuda_conv1d_silu(const ddk_backend *be, const float *x, const float *w,
     if (T <= 0 || C <= 0 || K <= 0)
         return;
     cudaStream_t stream = ddk_cuda_stream(be);
-    conv1d_silu_kernel<<<grid_for(be, ceil_div(T * C, 256)), 256, 0, stream>>>(x, w, history, T,
+    DDK_LAUNCH(conv1d_silu_kernel, grid_for(be, ceil_div(T * C, 256)), 256, 0, stream, x, w, history, T,
                                                                                C, K, y);
     LAUNCH_CHECK();
 }
@@ -520,7 +521,7 @@ void ddk_cuda_gated_rmsnorm(const ddk_backend *be, const float *x, const float *
     if (rows <= 0 || d <= 0)
         return;
     cudaStream_t stream = ddk_cuda_stream(be);
-    gated_rmsnorm_kernel<<<grid_for(be, rows), row_threads(d), 0, stream>>>(x, z, w, rows, d, eps,
+    DDK_LAUNCH(gated_rmsnorm_kernel, grid_for(be, rows), row_threads(d), 0, stream, x, z, w, rows, d, eps,
                                                                             y);
     LAUNCH_CHECK();
 }

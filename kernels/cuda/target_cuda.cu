@@ -24,6 +24,7 @@
 #include "ddk.h"
 #include "cuda_backend.h"
 #include "cuda_check.h"
+#include "launch.h"
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -81,7 +82,7 @@ void ddk_cuda_embedding_w16(const ddk_backend *be, const uint16_t *table, const 
         return;
     cudaStream_t stream = ddk_cuda_stream(be);
     const unsigned threads = (unsigned)min64(THREADS, ceil_div(H, 32) * 32);
-    embedding_w16_kernel<<<grid_for(be, rows), threads, 0, stream>>>(table, tokens, rows, H, out);
+    DDK_LAUNCH(embedding_w16_kernel, grid_for(be, rows), threads, 0, stream, table, tokens, rows, H, out);
     LAUNCH_CHECK();
 }
 
@@ -108,7 +109,7 @@ void ddk_cuda_round_bf16_rows(const ddk_backend *be, const float *src, int64_t l
     if (rows <= 0 || cols <= 0)
         return;
     cudaStream_t stream = ddk_cuda_stream(be);
-    round_bf16_kernel<<<grid_for(be, ceil_div(rows * cols, THREADS)), THREADS, 0, stream>>>(
+    DDK_LAUNCH(round_bf16_kernel, grid_for(be, ceil_div(rows * cols, THREADS)), THREADS, 0, stream,
         src, ld_src, rows, cols, (__nv_bfloat16 *)dst, ld_dst);
     LAUNCH_CHECK();
 }
@@ -159,7 +160,7 @@ void ddk_cuda_l2norm_heads(const ddk_backend *be, const float *src, int64_t ld, 
     if (T <= 0 || heads <= 0 || d <= 0)
         return;
     cudaStream_t stream = ddk_cuda_stream(be);
-    l2norm_heads_kernel<<<grid_for(be, ceil_div(T * heads, THREADS / 32)), THREADS, 0, stream>>>(
+    DDK_LAUNCH(l2norm_heads_kernel, grid_for(be, ceil_div(T * heads, THREADS / 32)), THREADS, 0, stream,
         src, ld, T, heads, d, scale, eps, dst);
     LAUNCH_CHECK();
 }
@@ -176,7 +177,7 @@ void ddk_cuda_sigmoid_mul(const ddk_backend *be, float *x, const float *gate, in
     if (count <= 0)
         return;
     cudaStream_t stream = ddk_cuda_stream(be);
-    sigmoid_mul_kernel<<<grid_for(be, ceil_div(count, THREADS)), THREADS, 0, stream>>>(x, gate, count);
+    DDK_LAUNCH(sigmoid_mul_kernel, grid_for(be, ceil_div(count, THREADS)), THREADS, 0, stream, x, gate, count);
     LAUNCH_CHECK();
 }
 
@@ -205,7 +206,7 @@ void ddk_cuda_delta_gates(const ddk_backend *be, const float *b, const float *a,
     if (T <= 0 || nv <= 0)
         return;
     cudaStream_t stream = ddk_cuda_stream(be);
-    delta_gates_kernel<<<grid_for(be, ceil_div(T * nv, THREADS)), THREADS, 0, stream>>>(
+    DDK_LAUNCH(delta_gates_kernel, grid_for(be, ceil_div(T * nv, THREADS)), THREADS, 0, stream,
         b, a, A_log, dt_bias, T * nv, nv, beta, g);
     LAUNCH_CHECK();
 }

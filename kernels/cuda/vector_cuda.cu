@@ -30,6 +30,7 @@
 #include "ddk.h"
 #include "cuda_backend.h"
 #include "cuda_check.h"
+#include "launch.h"
 #include "ddk_rng.h"
 
 #include <cuda_bf16.h>
@@ -66,7 +67,7 @@ static unsigned grid_for(const ddk_backend *be, int64_t count)
  * thread; one call per kernel (no barrier before the shared writes) */
 __device__ static double block_sum_double(double v)
 {
-    __shared__ double warp_sums[THREADS / 32];
+    DDK_SHARED(double, warp_sums, [THREADS / 32]);
     for (int offset = 16; offset > 0; offset /= 2)
         v += __shfl_xor_sync(0xffffffffu, v, offset);
     if (threadIdx.x % 32 == 0)
@@ -116,9 +117,9 @@ double ddk_cuda_sumsq(const ddk_backend *be, const float *x, int64_t count)
     static_assert((SUMSQ_BLOCKS + 1) * sizeof(double) <= DDK_CUDA_SCRATCH_FLOATS * sizeof(float),
                   "sumsq's partials fit the scratch");
     double *partials = (double *)ddk_cuda_scratch_lock(be);
-    sumsq_blocks_kernel<<<SUMSQ_BLOCKS, THREADS, 0, stream>>>(x, count, partials);
+    DDK_LAUNCH(sumsq_blocks_kernel, SUMSQ_BLOCKS, THREADS, 0, stream, x, count, partials);
     LAUNCH_CHECK();
-    sumsq_final_kernel<<<1, THREADS, 0, stream>>>(partials, partials + SUMSQ_BLOCKS);
+    DDK_LAUNCH(sumsq_final_kernel, 1, THREADS, 0, stream, partials, partials + SUMSQ_BLOCKS);
     LAUNCH_CHECK();
     double sum = 0.0;
     CUDA_CHECK(cudaMemcpyAsync(&sum, partials + SUMSQ_BLOCKS, sizeof sum, cudaMemcpyDeviceToHost,
@@ -144,8 +145,8 @@ __device__ static void argmax_merge(float *v, int32_t *i, float v2, int32_t i2)
 __global__ static void argmax_rows_kernel(const float *x,   /* (rows, n) */
                                           int64_t n, int32_t *out)   /* (rows) */
 {
-    __shared__ float warp_v[THREADS / 32];
-    __shared__ int32_t warp_i[THREADS / 32];
+    DDK_SHARED(float, warp_v, [THREADS / 32]);
+    DDK_SHARED(int32_t, warp_i, [THREADS / 32]);
     const float *row = x + (int64_t)blockIdx.x * n;
     float best = -INFINITY;
     int32_t at = (int32_t)n;
@@ -173,7 +174,7 @@ void ddk_cuda_argmax_rows(const ddk_backend *be, const float *x, int64_t rows, i
         ddk_fatal(__FILE__, __LINE__, "argmax_rows: %lld rows of %lld: rows and n in [1, 2^31)", (long long)rows,
                   (long long)n);
     cudaStream_t stream = ddk_cuda_stream(be);
-    argmax_rows_kernel<<<(unsigned)rows, THREADS, 0, stream>>>(x, n, out);
+    DDK_LAUNCH(argmax_rows_kernel, (unsigned)rows, THREADS, 0, stream, x, n, out);
     LAUNCH_CHECK();
 }
 
@@ -200,7 +201,7 @@ void ddk_cuda_axpby(const ddk_backend *be, int64_t count, float alpha, const flo
     if (count <= 0)
         return;
     cudaStream_t stream = ddk_cuda_stream(be);
-    axpby_kernel<<<grid_for(be, count), THREADS, 0, stream>>>(count, alpha, x, beta, y);
+    DDK_LAUNCH(axpby_kernel, grid_for(be, count), THREADS, 0, stream, count, alpha, x, beta, y);
     LAUNCH_CHECK();
 }
 
@@ -235,7 +236,7 @@ void ddk_cuda_adamw(const ddk_backend *be, float *w, float *g, float *m, float *
     if (count <= 0)
         return;
     cudaStream_t stream = ddk_cuda_stream(be);
-    adamw_kernel<<<grid_for(be, count), THREADS, 0, stream>>>(w, g, m, v, (__nv_bfloat16 *)w16,
+    DDK_LAUNCH(adamw_kernel, grid_for(be, count), THREADS, 0, stream, w, g, m, v, (__nv_bfloat16 *)w16,
                                                               count, *s);
     LAUNCH_CHECK();
 }
@@ -260,6 +261,6 @@ void ddk_cuda_uniform_noise(const ddk_backend *be, float *x, int64_t count, floa
     if (count <= 0 || sigma == 0.0f)
         return;
     cudaStream_t stream = ddk_cuda_stream(be);
-    uniform_noise_kernel<<<grid_for(be, count), THREADS, 0, stream>>>(x, count, sigma, seed);
+    DDK_LAUNCH(uniform_noise_kernel, grid_for(be, count), THREADS, 0, stream, x, count, sigma, seed);
     LAUNCH_CHECK();
 }

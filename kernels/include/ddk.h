@@ -94,6 +94,29 @@ typedef struct ddk_device_info {
     int compute_capability;      /* 90 for sm_90 */
 } ddk_device_info;
 
+/* A card ddtree plans for: the limits its kernels' instances are chosen under and that the
+ * planner reads (kernels/device_profile.c's table, the one place these figures are written;
+ * the CUDA backend reads the same attributes from the GPU itself, and tests/simt runs every kernel
+ * under each profile). Memory is what nvidia-smi reports as the card's total. */
+typedef struct ddk_device_profile {
+    const char *name;           /* "h100", "h200", "b200", "rtx-pro-6000" */
+    const char *card;           /* as the driver names it */
+    int compute_capability;     /* 90 for sm_90 */
+    int multiprocessors;
+    int64_t memory_bytes;
+    int smem_per_block_optin;   /* cudaDevAttrMaxSharedMemoryPerBlockOptin */
+    int smem_per_sm;            /* cudaDevAttrMaxSharedMemoryPerMultiprocessor */
+    int threads_per_sm;         /* cudaDevAttrMaxThreadsPerMultiProcessor */
+    int registers_per_sm;       /* cudaDevAttrMaxRegistersPerMultiprocessor */
+} ddk_device_profile;
+
+/* The profile called name (case-insensitive), or NULL. */
+DDK_API const ddk_device_profile *ddk_device_profile_find(const char *name);
+/* Every profile, *count of them, the order of the table. */
+DDK_API const ddk_device_profile *ddk_device_profiles(int *count);
+/* Shared memory a block may take when a launch asks for it (the static limit without opt-in). */
+enum { DDK_CUDA_SMEM_STATIC = 48 * 1024 };
+
 /* The largest head_dim the CUDA DFlash and causal attention support (each lane of a warp holds
  * ceil(head_dim / 32) <= 8 accumulator registers); the daemon refuses a GPU run whose drafter
  * has a larger one when the run config is validated (the target's forward runs on the CPU
@@ -170,6 +193,15 @@ DDK_API int ddk_host_pinned(const void *p);
  * communicator through rank 0's unique id: the daemon of rank 0 makes it
  * (ddk_comm_unique_id), the others are given it (docs/api.md: POST /nccl/unique-id, the run
  * config's "cluster" section).
+ *
+ * One order for the process's NCCL operations: the all-reduces and the links' copies (below)
+ * share GPUs over two communicators, and NCCL can deadlock when two communicators' operations
+ * are in flight on one GPU at once. So every ddk_comm_* and ddk_link_* call that creates, queues
+ * on or aborts a communicator takes one process-wide lock, and on each GPU an operation starts
+ * only after the NCCL operation queued there before it is done, whatever their streams. Any
+ * threads may call them, at once. The price: an all-reduce waits for the copies queued before it
+ * on its GPUs, and a copy for the all-reduce queued before it; ddk_comm_init holds the lock
+ * until the world has joined.
  */
 
 typedef struct ddk_comm ddk_comm;
@@ -191,11 +223,13 @@ DDK_API int ddk_comm_id_valid(const char *hex);
 DDK_API int ddk_comm_init(const char *id_hex, int world, int first_rank, int local,
                           const int *devices, ddk_comm **out, char *err, size_t err_len);
 /* In-place sum over all ranks of count floats: bufs[i] on GPU devices[i] of the local ranks,
- * queued on each GPU's backend stream (after the ops queued there) and waited for while
- * polling NCCL for asynchronous errors (a peer that died, a network failure). 0; -EIO with
- * err, or -ETIMEDOUT after 10 minutes without the peers (one whose run stopped raises no
- * error), after which the communicator is aborted (ncclCommAbort) and only destroy is
- * allowed; -EINVAL for bad arguments. */
+ * queued on each GPU's backend stream (after the ops queued there, and after the NCCL
+ * operations queued on that GPU before it: the order above) and waited for while polling NCCL
+ * for asynchronous errors (a peer that died, a network failure). 0; -EIO with NCCL's message,
+ * or -ETIMEDOUT after 10 minutes without the peers (one whose run stopped raises no error),
+ * after which the communicator is aborted (ncclCommAbort) and only destroy is allowed; -EINVAL
+ * for bad arguments. A CUDA error of a local GPU's stream meanwhile is that GPU's fault, not a
+ * peer's: a device error, which ends the process (ddk_fatal, naming the GPU). */
 DDK_API int ddk_comm_allreduce_sum(ddk_comm *c, float *const *bufs, int64_t count, char *err,
                                    size_t err_len);
 /* Frees the communicator (NULL: nothing). */
@@ -218,14 +252,19 @@ DDK_API int ddk_link_init(int n, const int *devices, ddk_link **out, char *err, 
 /* Queues a copy of bytes from src (member from's GPU) to dst (member to's): it starts after the
  * ops queued on from's backend stream before the call, and from's backend stream runs nothing
  * queued after the call before the copy has read src (src may be rewritten then). dst is
- * written beside to's backend stream: ddk_link_fence orders to's compute after it. Several
- * threads may send at once (a lock serialises the NCCL calls). 0; -EINVAL (bad members,
- * from == to, NULL buffers); -EIO with err, after which the link is aborted and only destroy
- * is allowed. */
+ * written beside to's backend stream, after the ops queued there before the last
+ * ddk_link_fence(l, to) (or before ddk_link_init), not after those queued since: a caller that
+ * copies into a buffer which to's backend reads fences to between queuing the reads and the
+ * send. ddk_link_fence orders to's compute after the copy. Several threads may send at once
+ * (the process's NCCL lock, above, serialises the calls). 0; -EINVAL (bad members, from == to,
+ * NULL buffers); -EIO with err, after which the link is aborted and only destroy is allowed. */
 DDK_API int ddk_link_send(ddk_link *l, int from, int to, const void *src, void *dst, size_t bytes, char *err,
                           size_t err_len);
-/* Member to's backend stream runs nothing queued after the call before every copy into to
- * queued before it is done (dst written). Returns at once. 0, -EINVAL, or -EIO as above. */
+/* A barrier both ways between member to's backend stream and the copies into to: the backend
+ * stream runs nothing queued after the call before every copy into to queued before it is done
+ * (dst written), and no copy into to queued after the call writes before the ops queued on the
+ * backend stream before it are done (what they read may be a later copy's dst). Returns at once.
+ * 0, -EINVAL, or -EIO as above. */
 DDK_API int ddk_link_fence(ddk_link *l, int to, char *err, size_t err_len);
 /* Frees the link (NULL: nothing); nothing may be in flight (the callers synchronised). */
 DDK_API void ddk_link_destroy(ddk_link *l);

@@ -1,0 +1,532 @@
+/* test_simt_kernels.cpp: every kernel of kernels/cuda/, compiled from its own source and run by
+ * the SIMT emulator (simt.h), against the CPU backend, under the limits of each card ddtree plans
+ * for (ddk_device_profile: h200 sm_90, b200 sm_100, rtx-pro-6000 sm_120), at small shapes. The ops
+ * go through the CUDA backend's own entry points (simt_backend(): kernel_ops.cu's table), so the
+ * host code that picks an instance for the card runs too; the launch log says which ran.
+ *
+ * Per profile: the norms, RoPE (full and partial), SwiGLU (fp32 and bf16 inputs), the gathers,
+ * argmax, sumsq, axpby, AdamW with its bf16 copy, the noise, round_bf16, conv1d + SiLU, the
+ * DeltaNet gates and l2norm, the Gated DeltaNet recurrence and chunked form at dk 128 and 256
+ * (the chunk the card allows), the fused loss (materialised and tiled, teacher and given labels),
+ * DFlash attention forward and backward with the flash kernels at d 64 / 128 / 256 (the seed's
+ * 96-row groups included) and with the SIMT kernels, causal attention (a prefill of more rows than
+ * a 99 KB card's block takes, and over a cache), tree attention. Determinism: every flash backward
+ * and the loss are run again with blocks and threads in the reverse order and must give the same
+ * bits; on no card may the flash path fall back to the SIMT kernels (the log must name the flash
+ * kernels), nor the chunked DeltaNet be refused. Tolerances as tests/test_backend_ops.c, each with
+ * its reason there; the emulated mma sums in double, so the flash ones hold with room.
+ *
+ * ctest: simt_kernels (labels unit, sanitize); one line per case and profile; "N passed, M failed".
+ * DDTREE_SIMT_VERBOSE=1 prints each case's launches.
+ */
+#include "simt.h"
+#include "simt_backend.h"
+#include "ddk_bf16.h"
+#include "check.h"
+
+#include <string>
+#include <vector>
+
+static const ddk_backend *cpu, *emu;
+static int verbose;
+static uint64_t rng = 1;
+static std::string launches;   /* this case's launch log */
+static std::vector<void *> owned;
+
+static double uniform(double lo, double hi)
+{
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    return lo + (hi - lo) * (double)(rng >> 11) / 9007199254740992.0;
+}
+
+template <typename T>
+static T *buf(int64_t count)
+{
+    T *p = (T *)malloc((size_t)(count > 0 ? count : 1) * sizeof(T));
+    memset(p, 0xff, (size_t)(count > 0 ? count : 1) * sizeof(T));   /* NaN floats: unwritten shows */
+    owned.push_back(p);
+    return p;
+}
+
+static float *rand_floats(int64_t count, double lo, double hi)
+{
+    float *x = buf<float>(count);
+    for (int64_t i = 0; i < count; i++)
+        x[i] = (float)uniform(lo, hi);
+    return x;
+}
+
+static float *copy_of(const float *x, int64_t count)
+{
+    float *y = buf<float>(count);
+    memcpy(y, x, (size_t)count * sizeof(float));
+    return y;
+}
+
+/* the launches since the last call, added to this case's log */
+static void read_launches(void)
+{
+    static char log[1 << 20];
+    simt::take_launch_log(log, sizeof log);
+    launches += log;
+}
+
+static void close_case(void)
+{
+    for (void *p : owned)
+        free(p);
+    owned.clear();
+    read_launches();
+    if (verbose)
+        printf("%s", launches.c_str());
+    launches.clear();
+    check(cudaGetLastError() == cudaSuccess, "a launch was refused");
+}
+
+static void expect_close(const char *what, const float *got, const float *want, int64_t count, double tol)
+{
+    double err = 0.0, scale = 0.0;
+    for (int64_t i = 0; i < count; i++) {
+        if (!isfinite(got[i]) && isfinite(want[i])) {
+            check(0, "%s[%lld] = %g, want %g", what, (long long)i, got[i], want[i]);
+            return;
+        }
+        err = fmax(err, fabs((double)got[i] - want[i]));
+        scale = fmax(scale, fabs((double)want[i]));
+    }
+    const double e = scale > 0.0 ? err / scale : err;
+    if (verbose)
+        printf("  %s: %.3g (tolerance %.3g)\n", what, e, tol);
+    check(e <= tol, "%s: normalised error %.3g over %.3g", what, e, tol);
+}
+
+static void expect_same(const char *what, const void *got, const void *want, size_t bytes)
+{
+    check(memcmp(got, want, bytes) == 0, "%s: not the same bits", what);
+}
+
+static void expect_ran(const char *kernel)
+{
+    read_launches();
+    check(launches.find(kernel) != std::string::npos, "%s did not run; the launches:\n%s", kernel,
+          launches.c_str());
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Element-wise, norms, gathers, vectors
+ */
+
+static void case_norms(void)
+{
+    const int64_t rows = 9, d = 70;
+    const float *x = rand_floats(rows * d, -2, 2), *g = rand_floats(d, 0.5, 1.5), *dy = rand_floats(rows * d, -1, 1);
+    float *y[2] = { buf<float>(rows * d), buf<float>(rows * d) }, *rstd[2] = { buf<float>(rows), buf<float>(rows) };
+    const ddk_backend *be[2] = { cpu, emu };
+    float *dx0 = rand_floats(rows * d, -1, 1), *dg0 = rand_floats(d, -1, 1);
+    float *dx[2] = { copy_of(dx0, rows * d), copy_of(dx0, rows * d) }, *dg[2] = { copy_of(dg0, d), copy_of(dg0, d) };
+    for (int b = 0; b < 2; b++) {
+        be[b]->rmsnorm(be[b], x, g, rows, d, 1e-6f, y[b], rstd[b]);
+        be[b]->rmsnorm_backward(be[b], x, g, rstd[0], dy, rows, d, dx[b], dg[b]);
+    }
+    expect_close("rmsnorm y", y[1], y[0], rows * d, 2e-6);
+    expect_close("rmsnorm rstd", rstd[1], rstd[0], rows, 2e-6);
+    expect_close("rmsnorm dx", dx[1], dx[0], rows * d, 5e-6);
+    expect_close("rmsnorm dg", dg[1], dg[0], d, 1e-5);
+    const float *z = rand_floats(rows * d, -3, 3);
+    const int64_t T = 3, heads = 2, hd = 32, ld = heads * hd + 5;
+    const float *src = rand_floats(T * ld, -2, 2);
+    float *gy[2] = { buf<float>(rows * d), buf<float>(rows * d) }, *l2[2] = { buf<float>(T * heads * hd), buf<float>(T * heads * hd) };
+    for (int b = 0; b < 2; b++) {
+        be[b]->gated_rmsnorm(be[b], x, z, g, rows, d, 1e-6f, gy[b]);
+        be[b]->l2norm_heads(be[b], src, ld, T, heads, hd, 0.25f, 1e-6f, l2[b]);
+    }
+    expect_close("gated_rmsnorm", gy[1], gy[0], rows * d, 2e-6);
+    expect_close("l2norm_heads", l2[1], l2[0], T * heads * hd, 2e-6);
+}
+
+static void case_rope_swiglu(void)
+{
+    const int64_t rows = 5, heads = 3, d = 16, count = 1003;
+    int32_t *pos = buf<int32_t>(rows);
+    for (int64_t i = 0; i < rows; i++)
+        pos[i] = (int32_t)(i * 7 + 1);
+    const float *x0 = rand_floats(rows * heads * d, -1, 1);
+    const ddk_backend *be[2] = { cpu, emu };
+    float *x[3][2];
+    for (int b = 0; b < 2; b++) {
+        for (int m = 0; m < 3; m++)
+            x[m][b] = copy_of(x0, rows * heads * d);
+        be[b]->rope(be[b], x[0][b], pos, rows, heads, d, 1e4f, 0);
+        be[b]->rope(be[b], x[1][b], pos, rows, heads, d, 1e6f, 1);
+        be[b]->rope_partial(be[b], x[2][b], pos, rows, heads, d, 8, 1e4f);
+    }
+    expect_close("rope", x[0][1], x[0][0], rows * heads * d, 1e-6);
+    expect_close("rope inverse", x[1][1], x[1][0], rows * heads * d, 1e-6);
+    expect_close("rope_partial", x[2][1], x[2][0], rows * heads * d, 1e-6);
+
+    const float *gate = rand_floats(count, -6, 6), *up = rand_floats(count, -2, 2), *dh = rand_floats(count, -1, 1);
+    uint16_t *g16 = buf<uint16_t>(count), *u16 = buf<uint16_t>(count);
+    for (int64_t i = 0; i < count; i++) {
+        g16[i] = ddk_f32_to_bf16(gate[i]);
+        u16[i] = ddk_f32_to_bf16(up[i]);
+    }
+    float *h[2][2], *dg[2][2], *du[2][2];
+    for (int b = 0; b < 2; b++) {
+        for (int w = 0; w < 2; w++) {
+            h[w][b] = buf<float>(count);
+            dg[w][b] = buf<float>(count);
+            du[w][b] = buf<float>(count);
+        }
+        be[b]->swiglu(be[b], gate, up, count, h[0][b]);
+        be[b]->swiglu_backward(be[b], gate, up, dh, count, dg[0][b], du[0][b]);
+        be[b]->swiglu_16(be[b], g16, u16, count, h[1][b]);
+        be[b]->swiglu_backward_16(be[b], g16, u16, dh, count, dg[1][b], du[1][b]);
+    }
+    for (int w = 0; w < 2; w++) {
+        expect_close(w ? "swiglu_16" : "swiglu", h[w][1], h[w][0], count, 2e-6);
+        expect_close(w ? "swiglu_backward_16 dgate" : "swiglu_backward dgate", dg[w][1], dg[w][0], count, 2e-6);
+        expect_close(w ? "swiglu_backward_16 dup" : "swiglu_backward dup", du[w][1], du[w][0], count, 2e-6);
+    }
+}
+
+static void case_gathers_vectors(void)
+{
+    const int64_t rows = 6, H = 40, V = 11, count = 1003;
+    const ddk_backend *be[2] = { cpu, emu };
+    const float *table = rand_floats(V * H, -1, 1);
+    uint16_t *t16 = buf<uint16_t>(V * H);
+    for (int64_t i = 0; i < V * H; i++)
+        t16[i] = ddk_f32_to_bf16(table[i]);
+    int32_t *tok = buf<int32_t>(rows);
+    for (int64_t i = 0; i < rows; i++)
+        tok[i] = (int32_t)((i * 5 + 3) % V);
+    float *e[2][2];
+    int32_t *am[2];
+    const int64_t ar = 4, an = 300;
+    float *ax = rand_floats(ar * an, -1, 1);
+    ax[1 * an + 299] = 5.0f;   /* a maximum in the last column, one in a tie */
+    ax[2 * an + 10] = ax[2 * an + 200] = 7.0f;
+    double ss[2];
+    const float *xv = rand_floats(count, -1, 1), *y0 = rand_floats(count, -1, 1);
+    float *y[2], *noise[2];
+    for (int b = 0; b < 2; b++) {
+        e[0][b] = buf<float>(rows * H);
+        e[1][b] = buf<float>(rows * H);
+        be[b]->embedding(be[b], table, tok, rows, H, e[0][b]);
+        be[b]->embedding_w16(be[b], t16, tok, rows, H, e[1][b]);
+        am[b] = buf<int32_t>(ar);
+        be[b]->argmax_rows(be[b], ax, ar, an, am[b]);
+        ss[b] = be[b]->sumsq(be[b], xv, count);
+        y[b] = copy_of(y0, count);
+        be[b]->axpby(be[b], count, 0.5f, xv, -1.25f, y[b]);
+        noise[b] = buf<float>(count);
+        memset(noise[b], 0, (size_t)count * sizeof(float));
+        be[b]->uniform_noise(be[b], noise[b], count, 0.05f, 99);
+    }
+    expect_same("embedding", e[0][1], e[0][0], (size_t)(rows * H) * sizeof(float));
+    expect_same("embedding_w16", e[1][1], e[1][0], (size_t)(rows * H) * sizeof(float));
+    expect_same("argmax_rows", am[1], am[0], (size_t)ar * sizeof(int32_t));
+    check(fabs(ss[1] - ss[0]) <= 1e-9 * ss[0], "sumsq %.17g, want %.17g", ss[1], ss[0]);
+    expect_close("axpby", y[1], y[0], count, 3e-7);
+    expect_same("uniform_noise", noise[1], noise[0], (size_t)count * sizeof(float));
+
+    /* AdamW with the bf16 copy: each side's copy is its own new w rounded to nearest even */
+    const ddk_adamw_scalars s = { 0.8f, 0.9f, 0.1f, 0.95f, 0.05f, 1.5f, 2.0f, 1e-8f, 1e-3f, 1e-5f };
+    float *w0 = rand_floats(count, -1, 1), *g0 = rand_floats(count, -1, 1), *m0 = rand_floats(count, -0.1, 0.1),
+          *v0 = rand_floats(count, 0, 0.01);
+    float *w[2], *m[2], *v[2], *g[2];
+    uint16_t *w16[2];
+    for (int b = 0; b < 2; b++) {
+        w[b] = copy_of(w0, count);
+        m[b] = copy_of(m0, count);
+        v[b] = copy_of(v0, count);
+        g[b] = copy_of(g0, count);
+        w16[b] = buf<uint16_t>(count);
+        be[b]->adamw(be[b], w[b], g[b], m[b], v[b], w16[b], count, &s);
+    }
+    expect_close("adamw w", w[1], w[0], count, 1e-6);
+    expect_close("adamw m", m[1], m[0], count, 1e-6);
+    expect_close("adamw v", v[1], v[0], count, 1e-6);
+    int64_t copy_bad = 0;
+    for (int64_t i = 0; i < count; i++)
+        copy_bad += w16[1][i] != ddk_f32_to_bf16(w[1][i]);
+    check(copy_bad == 0, "adamw's bf16 copy: %lld values are not the new w rounded", (long long)copy_bad);
+
+    /* round_bf16: the CPU's bits at every non-NaN input (ties, subnormals, inf, the overflow tie) */
+    static const uint32_t special[] = { 0x3f808000u, 0x3f818000u, 0x00000001u, 0x80008000u, 0x7f7fffffu,
+                                        0x7f7f8000u, 0xff800000u, 0x00000000u, 0x80000000u, 0x7fc00001u };
+    const int64_t nr = (int64_t)(sizeof special / sizeof special[0]) + 200;
+    float *rx = rand_floats(nr, -1e3, 1e3);
+    memcpy(rx, special, sizeof special);
+    uint16_t *r[2] = { buf<uint16_t>(nr), buf<uint16_t>(nr) };
+    for (int b = 0; b < 2; b++)
+        be[b]->round_bf16(be[b], rx, nr, r[b]);
+    for (int64_t i = 0; i < nr; i++) {
+        if (isnan(rx[i]))
+            check(isnan(ddk_bf16_to_f32(r[1][i])), "round_bf16 of NaN is not NaN");
+        else
+            check(r[1][i] == r[0][i], "round_bf16 of 0x%08x: 0x%04x, want 0x%04x", ddk_f32_bits(rx[i]),
+                  r[1][i], r[0][i]);
+    }
+}
+
+static void case_target_ops(void)
+{
+    const int64_t T = 7, C = 10, K = 4, nv = 6, count = 300;
+    const ddk_backend *be[2] = { cpu, emu };
+    const float *x = rand_floats(T * C, -1, 1), *w = rand_floats(C * K, -1, 1), *hist = rand_floats((K - 1) * C, -1, 1);
+    const float *gate = rand_floats(count, -3, 3), *x0 = rand_floats(count, -1, 1);
+    const float *bb = rand_floats(T * nv, -2, 2), *aa = rand_floats(T * nv, -2, 2), *alog = rand_floats(nv, -1, 1),
+                *dtb = rand_floats(nv, -1, 1);
+    float *y[2][2], *sm[2], *beta[2], *g[2];
+    for (int b = 0; b < 2; b++) {
+        y[0][b] = buf<float>(T * C);
+        y[1][b] = buf<float>(T * C);
+        be[b]->conv1d_silu(be[b], x, w, NULL, T, C, K, y[0][b]);
+        be[b]->conv1d_silu(be[b], x, w, hist, T, C, K, y[1][b]);
+        sm[b] = copy_of(x0, count);
+        be[b]->sigmoid_mul(be[b], sm[b], gate, count);
+        beta[b] = buf<float>(T * nv);
+        g[b] = buf<float>(T * nv);
+        be[b]->delta_gates(be[b], bb, aa, alog, dtb, T, nv, beta[b], g[b]);
+    }
+    expect_close("conv1d_silu", y[0][1], y[0][0], T * C, 2e-6);
+    expect_close("conv1d_silu history", y[1][1], y[1][0], T * C, 2e-6);
+    expect_close("sigmoid_mul", sm[1], sm[0], count, 2e-6);
+    expect_close("delta_gates beta", beta[1], beta[0], T * nv, 2e-6);
+    expect_close("delta_gates g", g[1], g[0], T * nv, 2e-6);
+}
+
+/* the recurrence, and the chunked form over 70 tokens (chunks of 64, or what the card allows) */
+static void delta_case(int64_t dk, int64_t T)
+{
+    const int64_t nk = 1, nv = 2, dv = dk;
+    const ddk_backend *be[2] = { cpu, emu };
+    const float *q = rand_floats(T * nk * dk, -0.2, 0.2), *k = rand_floats(T * nk * dk, -0.2, 0.2),
+                *v = rand_floats(T * nv * dv, -1, 1), *beta = rand_floats(T * nv, 0.1, 0.9),
+                *g = rand_floats(T * nv, -0.3, -0.01), *s0 = rand_floats(nv * dk * dv, -0.1, 0.1);
+    for (int chunk = 0; chunk <= 64; chunk += 64) {
+        float *st[2], *out[2];
+        for (int b = 0; b < 2; b++) {
+            const ddk_delta_shape sh = { T, nk, nv, dk, dv, chunk };
+            st[b] = copy_of(s0, nv * dk * dv);
+            out[b] = buf<float>(T * nv * dv);
+            const int rc = be[b]->gated_delta(be[b], &sh, q, k, v, beta, g, st[b], out[b]);
+            check(rc == 0, "gated_delta dk %lld chunk %d on %s: %d", (long long)dk, chunk, be[b]->name, rc);
+        }
+        expect_close(chunk ? "gated_delta chunked out" : "gated_delta recurrence out", out[1], out[0], T * nv * dv, 2e-5);
+        expect_close(chunk ? "gated_delta chunked state" : "gated_delta recurrence state", st[1], st[0], nv * dk * dv, 2e-5);
+    }
+    expect_ran("delta_chunked_kernel");
+}
+
+static void case_delta_128(void) { delta_case(128, 70); }
+static void case_delta_256(void) { delta_case(256, 30); }
+
+/* ------------------------------------------------------------------------------------------
+ * The loss
+ */
+
+static void loss_case(int64_t vocab_tile, int given_labels)
+{
+    const int64_t n = 13, H = 32, V = 70;
+    const ddk_loss_params p = { n, H, V, 5, vocab_tile, 0.15f, 2.0f, 0.1f, 1.5f, 0, 0 };
+    const float *hs = rand_floats(n * H, -1, 1), *ht = rand_floats(n * H, -1, 1), *W = rand_floats(V * H, -0.5, 0.5);
+    const float *wts = rand_floats(n, 0.2, 1.0);
+    int32_t *labels = given_labels ? buf<int32_t>(n) : NULL;
+    for (int64_t i = 0; labels && i < n; i++)
+        labels[i] = i == 4 ? -1 : (int32_t)((i * 17) % V);
+    ddk_loss_result r[3];
+    float *grad[3], *pp[3];
+    for (int t = 0; t < 3; t++) {   /* CPU, emulated, emulated in the reverse order */
+        const ddk_backend *be = t ? emu : cpu;
+        simt::set_schedule(t == 2);
+        grad[t] = buf<float>(n * H);
+        pp[t] = buf<float>(n);
+        const int rc = be->loss(be, &p, hs, ht, W, labels, wts, grad[t], pp[t], &r[t]);
+        check(rc == 0, "loss on %s: %d", be->name, rc);
+    }
+    simt::set_schedule(0);
+    check(fabs(r[1].loss - r[0].loss) <= 1e-5 * fabs(r[0].loss), "loss %.9g, want %.9g", r[1].loss, r[0].loss);
+    check(fabs(r[1].ce - r[0].ce) <= 1e-5 * fabs(r[0].ce), "ce %.9g, want %.9g", r[1].ce, r[0].ce);
+    check(fabs(r[1].kl - r[0].kl) <= 1e-5 * fabs(r[0].kl) + 1e-9, "kl %.9g, want %.9g", r[1].kl, r[0].kl);
+    check(fabs(r[1].cap - r[0].cap) <= 1e-5 * fabs(r[0].cap) + 1e-9, "cap %.9g, want %.9g", r[1].cap, r[0].cap);
+    check(r[1].counted == r[0].counted && r[1].correct == r[0].correct, "counted %lld correct %lld, want %lld %lld",
+          (long long)r[1].counted, (long long)r[1].correct, (long long)r[0].counted, (long long)r[0].correct);
+    expect_close("loss grad_student", grad[1], grad[0], n * H, 1e-5);
+    expect_close("loss per_position", pp[1], pp[0], n, 1e-5);
+    expect_same("loss grad, reverse schedule", grad[2], grad[1], (size_t)(n * H) * sizeof(float));
+    check(memcmp(&r[2], &r[1], sizeof r[1]) == 0, "loss result, reverse schedule: not the same bits");
+    expect_ran("stats_kernel");
+    expect_ran("grad_kernel");
+}
+
+static void case_loss_materialised(void) { loss_case(0, 0); }
+static void case_loss_tiled(void) { loss_case(16, 1); }
+
+/* ------------------------------------------------------------------------------------------
+ * Attention
+ */
+
+struct attn_inputs {
+    float *q, *k, *v, *dout;
+    int32_t *anchors;
+    uint8_t *keep;
+};
+
+static attn_inputs attn_make(const ddk_attention_shape *s)
+{
+    const int64_t rows = s->A * s->B, keys = s->S + rows;
+    attn_inputs in;
+    in.q = rand_floats(rows * s->nh * s->d, -1, 1);
+    in.k = rand_floats(keys * s->nkv * s->d, -1, 1);
+    in.v = rand_floats(keys * s->nkv * s->d, -1, 1);
+    in.dout = rand_floats(rows * s->nh * s->d, -1, 1);
+    in.anchors = buf<int32_t>(s->A);
+    in.keep = buf<uint8_t>(s->A);
+    for (int64_t j = 0; j < s->A; j++) {
+        in.anchors[j] = (int32_t)((j * 11 + 5) % (s->S + 1));
+        in.keep[j] = j != 1;   /* one padded block */
+    }
+    return in;
+}
+
+/* DFlash forward and backward, CPU against the kernel set `kind`; flash: the backward again in
+ * the reverse order, the same bits */
+static void dflash_case(const ddk_attention_shape *s, int kind)
+{
+    ddk_cuda_set_attention_kernels(kind);
+    const attn_inputs in = attn_make(s);
+    const int64_t qn = s->A * s->B * s->nh * s->d, kn = (s->S + s->A * s->B) * s->nkv * s->d,
+                  ln = s->A * s->B * s->nh;
+    float *out[2], *lse[2], *dq[3], *dk[3], *dv[3];
+    const float *dq0 = rand_floats(qn, -1, 1), *dk0 = rand_floats(kn, -1, 1), *dv0 = rand_floats(kn, -1, 1);
+    for (int t = 0; t < 3; t++) {
+        const ddk_backend *be = t ? emu : cpu;
+        const int b = t ? 1 : 0;
+        simt::set_schedule(t == 2);
+        if (t < 2) {
+            out[b] = buf<float>(qn);
+            lse[b] = buf<float>(ln);
+            const int rc = be->dflash_attention(be, s, in.q, in.k, in.v, in.anchors, in.keep, out[b], lse[b]);
+            check(rc == 0, "dflash_attention on %s: %d", be->name, rc);
+        }
+        dq[t] = copy_of(dq0, qn);
+        dk[t] = copy_of(dk0, kn);
+        dv[t] = copy_of(dv0, kn);
+        const int rc = be->dflash_attention_backward(be, s, in.q, in.k, in.v, in.anchors, in.keep, out[0],
+                                                     lse[0], in.dout, dq[t], dk[t], dv[t]);
+        check(rc == 0, "dflash_attention_backward on %s: %d", be->name, rc);
+        if (kind == DDK_CUDA_ATTENTION_SIMT && t == 1)
+            break;   /* float atomics: no bit-for-bit claim */
+    }
+    simt::set_schedule(0);
+    ddk_cuda_set_attention_kernels(-1);
+    const int flash = kind == DDK_CUDA_ATTENTION_FLASH;
+    const double tf = flash ? 1.5e-2 : 1e-5, tg = flash ? 3e-2 : 1e-4;
+    expect_close("out", out[1], out[0], qn, tf);
+    expect_close("lse", lse[1], lse[0], ln, tf);
+    expect_close("dq", dq[1], dq[0], qn, tg);
+    expect_close("dk", dk[1], dk[0], kn, tg);
+    expect_close("dv", dv[1], dv[0], kn, tg);
+    if (flash) {
+        expect_same("dq, reverse schedule", dq[2], dq[1], (size_t)qn * sizeof(float));
+        expect_same("dk, reverse schedule", dk[2], dk[1], (size_t)kn * sizeof(float));
+        expect_same("dv, reverse schedule", dv[2], dv[1], (size_t)kn * sizeof(float));
+        expect_ran("flash_forward");
+        expect_ran("flash_dq");
+        expect_ran("flash_dkv");
+    } else {
+        expect_ran("simt_attention");
+    }
+}
+
+/* S, A, B, nh, nkv, d, window */
+static const ddk_attention_shape dflash_d64 = { 40, 3, 5, 4, 2, 64, 0, 0 };
+static const ddk_attention_shape dflash_seed_rows = { 20, 2, 24, 4, 1, 128, 16, 0 };   /* 96 rows a group */
+static const ddk_attention_shape dflash_d256 = { 30, 3, 4, 4, 1, 256, 0, 0 };
+static const ddk_attention_shape dflash_simt = { 30, 3, 5, 4, 2, 40, 12, 0 };
+static void case_dflash_d64(void) { dflash_case(&dflash_d64, DDK_CUDA_ATTENTION_FLASH); }
+static void case_dflash_seed_rows(void) { dflash_case(&dflash_seed_rows, DDK_CUDA_ATTENTION_FLASH); }
+static void case_dflash_d256(void) { dflash_case(&dflash_d256, DDK_CUDA_ATTENTION_FLASH); }
+static void case_dflash_simt(void) { dflash_case(&dflash_simt, DDK_CUDA_ATTENTION_SIMT); }
+
+/* causal prefill: 6 query heads a kv head, 40 positions: 240 rows, past what a 99 KB card's
+ * block takes at d 256 (112); and 5 queries over a cache of 40 */
+static void case_causal(void)
+{
+    const ddk_backend *be[2] = { cpu, emu };
+    for (int cached = 0; cached <= 1; cached++) {
+        const ddk_attention_shape s = { 40, 0, 0, 6, 1, 256, 0, cached ? 5 : 0 };
+        const int64_t T = cached ? 5 : 40;
+        const float *q = rand_floats(T * 6 * 256, -1, 1), *k = rand_floats(40 * 256, -1, 1), *v = rand_floats(40 * 256, -1, 1);
+        float *out[2];
+        for (int b = 0; b < 2; b++) {
+            out[b] = buf<float>(T * 6 * 256);
+            const int rc = be[b]->causal_attention(be[b], &s, q, k, v, out[b]);
+            check(rc == 0, "causal_attention on %s: %d", be[b]->name, rc);
+        }
+        expect_close(cached ? "causal over a cache" : "causal prefill", out[1], out[0], T * 6 * 256, 1.5e-2);
+    }
+    expect_ran("flash_forward");
+}
+
+/* tree attention: 7 nodes after a cache of 9 keys (parents -1 = the cache's last) */
+static void case_tree(void)
+{
+    const ddk_backend *be[2] = { cpu, emu };
+    static const int32_t parents[] = { -1, 0, 0, 1, 2, 2, 5 };
+    const int64_t n = 7, cache = 9, nh = 4, nkv = 2, d = 32;
+    const ddk_attention_shape s = { cache + n, 0, 0, nh, nkv, d, 0, n };
+    const float *q = rand_floats(n * nh * d, -1, 1), *k = rand_floats((cache + n) * nkv * d, -1, 1),
+                *v = rand_floats((cache + n) * nkv * d, -1, 1);
+    float *out[2];
+    for (int b = 0; b < 2; b++) {
+        out[b] = buf<float>(n * nh * d);
+        const int rc = be[b]->tree_attention(be[b], &s, q, k, v, parents, out[b]);
+        check(rc == 0, "tree_attention on %s: %d", be[b]->name, rc);
+    }
+    expect_close("tree attention", out[1], out[0], n * nh * d, 1e-5);
+    expect_ran("tree_forward");
+}
+
+int main(void)
+{
+    const char *v = getenv("DDTREE_SIMT_VERBOSE");
+    verbose = v && *v && strcmp(v, "0") != 0;
+    cpu = ddk_backend_cpu();
+    emu = simt_backend();
+    static const test_case cases[] = {
+        { "rmsnorm (+ backward), gated_rmsnorm, l2norm_heads", case_norms },
+        { "rope, rope_partial, swiglu (+ backward, bf16 inputs)", case_rope_swiglu },
+        { "embedding (fp32, bf16), argmax, sumsq, axpby, noise, adamw + bf16 copy, round_bf16", case_gathers_vectors },
+        { "conv1d_silu, sigmoid_mul, delta_gates", case_target_ops },
+        { "gated_delta dk 128: recurrence, chunked over 70 tokens", case_delta_128 },
+        { "gated_delta dk 256: recurrence, chunked", case_delta_256 },
+        { "loss materialised, teacher labels; same bits reversed", case_loss_materialised },
+        { "loss tiled 16, given labels; same bits reversed", case_loss_tiled },
+        { "dflash flash d 64; backward same bits reversed", case_dflash_d64 },
+        { "dflash flash d 128, 96-row groups, window; same bits reversed", case_dflash_seed_rows },
+        { "dflash flash d 256; same bits reversed", case_dflash_d256 },
+        { "dflash SIMT kernels d 40, window", case_dflash_simt },
+        { "causal flash d 256: prefill of 240 rows, over a cache", case_causal },
+        { "tree attention", case_tree },
+    };
+    static const char *const cards[] = { "h200", "b200", "rtx-pro-6000" };
+    for (const char *name : cards) {
+        const ddk_device_profile *p = ddk_device_profile_find(name);
+        simt::set_profile(p);
+        printf("# %s (sm_%d, %d bytes of shared memory a block, %d threads an SM)\n", p->name,
+               p->compute_capability, p->smem_per_block_optin, p->threads_per_sm);
+        for (const test_case &c : cases) {
+            rng = 0x5eed + (uint64_t)(&c - cases);
+            case_failed = 0;
+            c.run();
+            close_case();
+            char line[200];
+            snprintf(line, sizeof line, "%s: %s", p->name, c.name);
+            case_done(line);
+        }
+    }
+    return cases_summary();
+}
