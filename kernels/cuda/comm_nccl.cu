@@ -9,6 +9,7 @@
  * died or a broken network leaves the collective hanging on the GPU, and only
  * ncclCommGetAsyncError says so. On such an error every local communicator is aborted
  * (ncclCommAbort, NCCL's only safe way out) and the call returns -EIO with NCCL's message.
+ * A CUDA error on a local GPU is no peer's: a device error, which ends the process (ddk_fatal).
  *
  * Built only with CUDA (comm_none.c otherwise). Tested by tests/test_comm.c: argument checks
  * and unique ids without a GPU, a 1-rank all-reduce on one GPU, a 2-rank sum on two.
@@ -313,13 +314,13 @@ extern "C" int ddk_comm_allreduce_sum(ddk_comm *c, float *const *bufs, int64_t c
             }
             if (async != ncclSuccess)
                 return fail_nccl(c, i, "the all-reduce", async, reduce_advice, err, err_len);
-            cudaSetDevice(c->ranks[i].device);   /* its stream's device (set before: no error) */
-            cudaError_t e = cudaStreamQuery(streams[i]);
+            cudaError_t e = cudaStreamQuery(ddk_cuda_stream(c->ranks[i].be));   /* its GPU current */
             if (e == cudaErrorNotReady) {
                 (void)cudaGetLastError();   /* not an error: not to be seen by the next launch check */
                 pending = 1;
-            } else if (e != cudaSuccess) {
-                return fail_cuda(c, i, "the all-reduce", e, reduce_advice, err, err_len);
+            } else if (e != cudaSuccess) {   /* a fault of this GPU, not a peer's */
+                ddk_fatal(__FILE__, __LINE__, "the all-reduce's stream on cuda:%d (rank %d) failed: %s",
+                          c->ranks[i].device, c->first_rank + i, cudaGetErrorString(e));
             }
         }
         if (!pending)
