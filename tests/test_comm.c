@@ -9,8 +9,10 @@
  * The same for the GPU link (ddk_link_*: a split's hand-off): its refusals without a GPU.
  * With GPUs: the refusals that need one (a device that does not exist, the same GPU twice),
  * a 1-rank all-reduce that leaves its buffer as it was and, with two GPUs, a 2-rank sum of
- * known values that must be exact and a link copy ordered against both GPUs' queued work. Without a GPU that part prints "SKIPPED: no GPU" and the
- * rest still decides the exit status.
+ * known values that must be exact, a link copy ordered against both GPUs' queued work, and
+ * link copies from another thread while the same GPUs all-reduce (the process's one NCCL
+ * order: both exact, no deadlock). Without a GPU that part prints
+ * "SKIPPED: no GPU" and the rest still decides the exit status.
  *
  * ctest: labels unit and sanitize; one line per case; a final "N passed, M failed"; exit 1 when
  * a case failed.
@@ -19,6 +21,7 @@
 #include "check.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -127,6 +130,10 @@ static void test_init_refusals(void)
     int want = with_nccl ? -EINVAL : -ENOSYS;
     int rc = ddk_comm_allreduce_sum(NULL, NULL, 4, err, sizeof err);
     check(rc == want && *err, "all-reduce without a communicator: rc %d, want %d (%s)", rc, want, err);
+    float x, *bufs[1] = { &x };
+    *err = '\0';
+    rc = ddk_comm_allreduce_sum(NULL, bufs, -1, err, sizeof err);
+    check(rc == want && *err, "all-reduce of -1 floats: rc %d, want %d (%s)", rc, want, err);
     ddk_comm_destroy(NULL);
 }
 
@@ -152,6 +159,9 @@ static void test_link_refusals(void)
     *err = '\0';
     rc = ddk_link_send(NULL, 0, 1, &x, &x, sizeof x, err, sizeof err);
     check(rc == want && *err, "a send without a link: rc %d (%s)", rc, err);
+    *err = '\0';
+    rc = ddk_link_send(NULL, 0, 1, NULL, NULL, 0, err, sizeof err);   /* nothing to copy, still refused */
+    check(rc == want && *err, "a send of 0 bytes without a link or buffers: rc %d (%s)", rc, err);
     *err = '\0';
     rc = ddk_link_fence(NULL, 0, err, sizeof err);
     check(rc == want && *err, "a fence without a link: rc %d (%s)", rc, err);
@@ -321,6 +331,103 @@ static void test_link_2gpu(void)
     free(got);
 }
 
+/* how many of got[0..count) differ from want, the first at *first (-1: none) */
+static int64_t mismatches(const float *got, const float *want, int64_t count, int64_t *first)
+{
+    int64_t wrong = 0;
+    *first = -1;
+    for (int64_t j = 0; j < count; j++)
+        if (got[j] != want[j] && wrong++ == 0)
+            *first = j;
+    return wrong;
+}
+
+/* got against want, exactly, as one check named what */
+static void expect_exact(const char *what, const float *got, const float *want, int64_t count)
+{
+    int64_t first;
+    int64_t wrong = mismatches(got, want, count, &first);
+    check(wrong == 0, "%s: %lld of %lld values wrong (first [%lld] = %g, want %g)", what, (long long)wrong,
+          (long long)count, (long long)first, first >= 0 ? got[first] : 0.0, first >= 0 ? want[first] : 0.0);
+}
+
+/* a thread's link copies: rounds sends of src (member 0) into dst (member 1) */
+typedef struct copier {
+    ddk_link *l;
+    const float *src;
+    float *dst;
+    size_t bytes;
+    int rounds, rc;
+    char err[512];
+} copier;
+
+static void *copy_rounds(void *arg)
+{
+    copier *k = arg;
+    for (int r = 0; r < k->rounds && k->rc == 0; r++)
+        k->rc = ddk_link_send(k->l, 0, 1, k->src, k->dst, k->bytes, k->err, sizeof k->err);
+    return NULL;
+}
+
+/* 2 GPUs, two communicators on them at once (a split's link, the data-parallel all-reduce):
+ * another thread copies over the link while this one all-reduces. The process's NCCL order
+ * (ddk.h) keeps both going: every sum exact after 8 rounds (2^7 (a + b), small integers and
+ * halves: exact in fp32), the copy exact, and no deadlock (ctest's timeout would end a hang). */
+static void test_allreduce_with_link_2gpu(void)
+{
+    enum { count = 1000003, rounds = 8 };
+    char err[512] = "";
+    int devices[2] = { 0, 1 };
+    ddk_comm *c = NULL;
+    ddk_link *l = NULL;
+    int rc = ddk_comm_init(NULL, 2, 0, 2, devices, &c, err, sizeof err);
+    if (rc == 0)
+        rc = ddk_link_init(2, devices, &l, err, sizeof err);
+    if (rc != 0) {
+        check(0, "ddk_comm_init / ddk_link_init on cuda:0, cuda:1: rc %d: %s", rc, err);
+        ddk_comm_destroy(c);
+        return;
+    }
+    float *a = xcalloc(count, sizeof(float)), *b = xcalloc(count, sizeof(float));
+    float *sum = xcalloc(count, sizeof(float)), *got = xcalloc(count, sizeof(float));
+    for (int j = 0; j < count; j++) {
+        a[j] = (float)(j % 100);
+        b[j] = 2.0f * (float)(j % 100) + 0.5f;
+        sum[j] = (float)(1 << (rounds - 1)) * (a[j] + b[j]);
+    }
+    float *bufs[2] = { upload(0, a, count), upload(1, b, count) };
+    float *src = upload(0, b, count), *dst = upload(1, got, count);
+    copier k = { .l = l, .src = src, .dst = dst, .bytes = count * sizeof(float), .rounds = 2 * rounds };
+    pthread_t thread;
+    const int started = pthread_create(&thread, NULL, copy_rounds, &k) == 0;
+    check(started, "no thread for the link's copies");
+    for (int round = 0; round < rounds; round++) {
+        rc = ddk_comm_allreduce_sum(c, bufs, count, err, sizeof err);
+        check(rc == 0, "all-reduce round %d beside the copies: rc %d: %s", round, rc, err);
+    }
+    if (started)
+        pthread_join(thread, NULL);
+    check(k.rc == 0, "the copies beside the all-reduces: rc %d: %s", k.rc, k.err);
+    rc = ddk_link_fence(l, 1, err, sizeof err);
+    check(rc == 0, "fence: rc %d: %s", rc, err);
+    for (int d = 0; d < 2; d++) {
+        download(d, got, bufs[d], count);
+        expect_exact(d ? "the sums on cuda:1" : "the sums on cuda:0", got, sum, count);
+        ddk_free(ddk_allocator_cuda(d), bufs[d], count * sizeof(float));
+    }
+    download(1, got, dst, count);
+    expect_exact("the copy", got, b, count);
+    ddk_cuda_synchronize(0);
+    ddk_free(ddk_allocator_cuda(0), src, count * sizeof(float));
+    ddk_free(ddk_allocator_cuda(1), dst, count * sizeof(float));
+    ddk_link_destroy(l);
+    ddk_comm_destroy(c);
+    free(a);
+    free(b);
+    free(sum);
+    free(got);
+}
+
 int main(void)
 {
     with_nccl = ddk_has_nccl();
@@ -334,16 +441,18 @@ int main(void)
     };
     run_cases(cpu_cases, sizeof cpu_cases / sizeof cpu_cases[0]);
     if (!with_nccl || gpus == 0) {
-        printf("SKIPPED: no %s (gpu_refusals, allreduce_1rank, allreduce_2rank not run)\n",
-               with_nccl ? "GPU" : "NCCL");
+        printf("SKIPPED: no %s (gpu_refusals, allreduce_1rank, allreduce_2rank, link_2gpu, "
+               "allreduce_with_link_2gpu not run)\n", with_nccl ? "GPU" : "NCCL");
     } else {
         run_case("gpu_refusals", test_gpu_refusals);
         run_case("allreduce_1rank", test_allreduce_1rank);
         if (gpus >= 2) {
             run_case("allreduce_2rank", test_allreduce_2rank);
             run_case("link_2gpu", test_link_2gpu);
+            run_case("allreduce_with_link_2gpu", test_allreduce_with_link_2gpu);
         } else {
-            printf("SKIPPED: one GPU (allreduce_2rank and link_2gpu need two)\n");
+            printf("SKIPPED: one GPU (allreduce_2rank, link_2gpu and allreduce_with_link_2gpu need "
+                   "two)\n");
         }
     }
     return cases_summary();

@@ -1,34 +1,88 @@
 /* comm_nccl.cu: the collectives between data-parallel ranks on GPUs (ddk.h, ddk_comm_*) over
- * NCCL. One host thread drives every local rank: ncclCommInitRank and ncclAllReduce are issued
- * for all of them inside one ncclGroupStart/ncclGroupEnd, which is how NCCL lets one thread
- * manage several GPUs.
+ * NCCL, and the process's one order of NCCL operations (nccl_order.h) that they share with the
+ * link's copies (link_nccl.cu). One host thread drives every local rank: ncclCommInitRank and
+ * ncclAllReduce are issued for all of them inside one ncclGroupStart/ncclGroupEnd, which is how
+ * NCCL lets one thread manage several GPUs.
  *
  * The all-reduce is queued on each GPU's backend stream (backend_cuda.cu), so it runs after
- * the ops queued there before it (the gradients it sums) and before the ops queued after it.
- * The call then waits for the streams by polling, not by cudaStreamSynchronize: a peer that
- * died or a broken network leaves the collective hanging on the GPU, and only
- * ncclCommGetAsyncError says so. On such an error every local communicator is aborted
- * (ncclCommAbort, NCCL's only safe way out) and the call returns -EIO with NCCL's message.
- * A CUDA error on a local GPU is no peer's: a device error, which ends the process (ddk_fatal).
+ * the ops queued there before it (the gradients it sums) and before the ops queued after it,
+ * and, under the NCCL lock, after the NCCL operations queued on its GPUs before it (a link's
+ * copies: nccl_order.h). The call then waits for the streams by polling, not by
+ * cudaStreamSynchronize, and without the lock: a peer that died or a broken network leaves the
+ * collective hanging on the GPU, and only ncclCommGetAsyncError says so. On such an error every
+ * local communicator is aborted (ncclCommAbort, NCCL's only safe way out) and the call returns
+ * -EIO with NCCL's message. A CUDA error on a local GPU is no peer's: a device error, which ends
+ * the process (ddk_fatal).
  *
  * Built only with CUDA (comm_none.c otherwise). Tested by tests/test_comm.c: argument checks
- * and unique ids without a GPU, a 1-rank all-reduce on one GPU, a 2-rank sum on two.
+ * and unique ids without a GPU, a 1-rank all-reduce on one GPU, a 2-rank sum on two, and with
+ * two an all-reduce while another thread copies over a link between the same GPUs.
  */
 #include "ddk.h"
 #include "comm_internal.h"
 #include "cuda_backend.h"
+#include "cuda_check.h"
+#include "nccl_order.h"
 
 #include <cuda_runtime.h>
 #include <errno.h>
 #include <nccl.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-
 static_assert(sizeof(ncclUniqueId) * 2 == DDK_COMM_ID_HEX, "DDK_COMM_ID_HEX is not NCCL's id");
 
 enum { COMM_MAX_LOCAL = 64 };   /* device_cuda.cu's limit on the GPUs of a process */
+
+/* ------------------------------------------------------------------------------------------
+ * The process's order of NCCL operations (nccl_order.h)
+ */
+
+static pthread_mutex_t nccl_lock = PTHREAD_MUTEX_INITIALIZER;
+/* per GPU: recorded after its last NCCL operation; NULL before its first. Never destroyed: it
+ * lives as long as the process, as the backends' streams do. */
+static cudaEvent_t nccl_last[COMM_MAX_LOCAL];
+
+void ddk_nccl_lock(void)
+{
+    pthread_mutex_lock(&nccl_lock);
+}
+
+void ddk_nccl_unlock(void)
+{
+    pthread_mutex_unlock(&nccl_lock);
+}
+
+static cudaEvent_t *last_of(int device)
+{
+    if (device < 0 || device >= COMM_MAX_LOCAL)   /* the callers' GPUs come from ddk_cuda_device_count */
+        ddk_fatal(__FILE__, __LINE__, "cuda:%d is past the %d GPUs a process may drive", device, COMM_MAX_LOCAL);
+    return &nccl_last[device];
+}
+
+cudaError_t ddk_nccl_after(int device, cudaStream_t stream)
+{
+    cudaEvent_t last = *last_of(device);
+    return last ? cudaStreamWaitEvent(stream, last, 0) : cudaSuccess;
+}
+
+cudaError_t ddk_nccl_queued(int device, cudaStream_t stream)
+{
+    cudaEvent_t *last = last_of(device);
+    cudaError_t e = cudaSetDevice(device);   /* the event is made on its GPU */
+    if (e == cudaSuccess && !*last) {
+        cudaEvent_t made;
+        if ((e = cudaEventCreateWithFlags(&made, cudaEventDisableTiming)) == cudaSuccess)
+            *last = made;
+    }
+    return e == cudaSuccess ? cudaEventRecord(*last, stream) : e;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * The communicator
+ */
 
 /* How long the all-reduce sleeps between two looks at its streams and communicators */
 static const long poll_interval_ns = 100 * 1000;
@@ -57,7 +111,8 @@ struct ddk_comm {
     comm_rank ranks[COMM_MAX_LOCAL];
 };
 
-/* Aborts every local rank's communicator; NULLs them, so destroy frees only the struct */
+/* Aborts every local rank's communicator; NULLs them, so destroy frees only the struct. Under
+ * the NCCL lock, as are fail_nccl and fail_cuda, which call it. */
 static void abort_all(ddk_comm *c)
 {
     for (int i = 0; i < c->local; i++)
@@ -208,9 +263,11 @@ extern "C" int ddk_comm_init(const char *id_hex, int world, int first_rank, int 
 
     /* non-blocking communicators: the inits (and later the collectives) may answer
      * ncclInProgress, and ncclCommGetAsyncError says when they are done, so a world whose
-     * other daemons never join is given up after peer_deadline_s instead of waited for forever */
+     * other daemons never join is given up after peer_deadline_s instead of waited for forever.
+     * Under the NCCL lock until they are: no other NCCL call of the process meanwhile. */
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
+    ddk_nccl_lock();
     ncclResult_t r = ncclGroupStart();
     cudaError_t e = cudaSuccess;
     int at = 0;   /* ends at the rank that failed, or local */
@@ -253,12 +310,112 @@ extern "C" int ddk_comm_init(const char *id_hex, int world, int first_rank, int 
         if (rc == 0 && pending)
             nanosleep(&nap, NULL);
     }
+    ddk_nccl_unlock();
     if (rc) {
         free(c);
         return rc;
     }
     *out = c;
     return 0;
+}
+
+/* -ETIMEDOUT with err: the all-reduce's peers were silent for peer_deadline_s; every local
+ * communicator is aborted. Under the NCCL lock. */
+static int reduce_timed_out(ddk_comm *c, char *err, size_t err_len)
+{
+    ddk_comm_error(-ETIMEDOUT, err, err_len, "the all-reduce waited %.0f s for its peers (a rank "
+                   "whose run stopped, or a hung node); %s", peer_deadline_s, reduce_advice);
+    abort_all(c);
+    return -ETIMEDOUT;
+}
+
+/* Queues the all-reduce on every local rank's backend stream after the last NCCL operation on
+ * its GPU, and waits until NCCL has queued it (a non-blocking communicator may queue it in the
+ * background: ncclInProgress until then), so that it is the last on each GPU. 0, or -EIO /
+ * -ETIMEDOUT with err, the communicator aborted. Under the NCCL lock. */
+static int queue_allreduce(ddk_comm *c, float *const *bufs, int64_t count,
+                           const struct timespec *t0, char *err, size_t err_len)
+{
+    for (int i = 0; i < c->local; i++)
+        CUDA_CHECK(ddk_nccl_after(c->ranks[i].device, ddk_cuda_stream(c->ranks[i].be)));
+    ncclResult_t r = ncclGroupStart();
+    int at = 0;   /* ends at the rank that failed, or local */
+    while (r == ncclSuccess && at < c->local) {
+        r = ncclAllReduce(bufs[at], bufs[at], (size_t)count, ncclFloat, ncclSum, c->ranks[at].nccl,
+                          ddk_cuda_stream(c->ranks[at].be));   /* also makes its GPU current */
+        if (r == ncclSuccess || r == ncclInProgress) {   /* non-blocking communicators */
+            r = ncclSuccess;
+            at++;
+        }
+    }
+    ncclResult_t end = ncclGroupEnd();   /* ncclInProgress: queued when the state says so */
+    if (r != ncclSuccess || (end != ncclSuccess && end != ncclInProgress))
+        return fail_nccl(c, at < c->local ? at : 0, "ncclAllReduce", r != ncclSuccess ? r : end,
+                         reduce_advice, err, err_len);
+    const struct timespec nap = { 0, poll_interval_ns };
+    for (int pending = 1; pending;) {
+        pending = 0;
+        for (int i = 0; i < c->local; i++) {
+            ncclResult_t state = ncclSuccess, q = ncclCommGetAsyncError(c->ranks[i].nccl, &state);
+            if (q != ncclSuccess)
+                state = q;
+            if (state == ncclInProgress)
+                pending = 1;
+            else if (state != ncclSuccess)
+                return fail_nccl(c, i, "the all-reduce", state, reduce_advice, err, err_len);
+        }
+        if (pending && seconds_since(t0) > peer_deadline_s)
+            return reduce_timed_out(c, err, err_len);
+        if (pending)
+            nanosleep(&nap, NULL);
+    }
+    for (int i = 0; i < c->local; i++)
+        CUDA_CHECK(ddk_nccl_queued(c->ranks[i].device, ddk_cuda_stream(c->ranks[i].be)));
+    return 0;
+}
+
+/* Returns when the queued all-reduce is in every buffer: each stream has run everything queued
+ * on it. Without the NCCL lock (ncclCommGetAsyncError may be called beside other threads' NCCL
+ * calls; the lock is taken to abort). 0, or -EIO / -ETIMEDOUT as queue_allreduce. */
+static int wait_allreduce(ddk_comm *c, const struct timespec *t0, char *err, size_t err_len)
+{
+    const struct timespec nap = { 0, poll_interval_ns };
+    for (;;) {
+        int pending = 0, failed = -1;
+        ncclResult_t async = ncclSuccess;
+        for (int i = 0; i < c->local; i++) {
+            ncclResult_t q = ncclCommGetAsyncError(c->ranks[i].nccl, &async);
+            if (q != ncclSuccess)
+                async = q;
+            if (async == ncclInProgress) {   /* queued, so not expected: wait all the same */
+                pending = 1;
+                continue;
+            }
+            if (async != ncclSuccess) {
+                failed = i;
+                break;
+            }
+            cudaError_t e = cudaStreamQuery(ddk_cuda_stream(c->ranks[i].be));   /* its GPU current */
+            if (e == cudaErrorNotReady) {
+                (void)cudaGetLastError();   /* not an error: not to be seen by the next launch check */
+                pending = 1;
+            } else if (e != cudaSuccess) {   /* a fault of this GPU, not a peer's */
+                ddk_fatal(__FILE__, __LINE__, "the all-reduce's stream on cuda:%d (rank %d) failed: %s",
+                          c->ranks[i].device, c->first_rank + i, cudaGetErrorString(e));
+            }
+        }
+        if (failed < 0 && !pending)
+            return 0;
+        if (failed < 0 && seconds_since(t0) <= peer_deadline_s) {
+            nanosleep(&nap, NULL);
+            continue;
+        }
+        ddk_nccl_lock();
+        int rc = failed >= 0 ? fail_nccl(c, failed, "the all-reduce", async, reduce_advice, err, err_len)
+                             : reduce_timed_out(c, err, err_len);
+        ddk_nccl_unlock();
+        return rc;
+    }
 }
 
 extern "C" int ddk_comm_allreduce_sum(ddk_comm *c, float *const *bufs, int64_t count, char *err,
@@ -278,61 +435,12 @@ extern "C" int ddk_comm_allreduce_sum(ddk_comm *c, float *const *bufs, int64_t c
                                   c->first_rank + i);
     if (count == 0)   /* every rank has the same count: nothing to exchange anywhere */
         return 0;
-
-    cudaStream_t streams[COMM_MAX_LOCAL];
-    ncclResult_t r = ncclGroupStart();
-    int at = 0;   /* ends at the rank that failed, or local */
-    while (r == ncclSuccess && at < c->local) {
-        streams[at] = ddk_cuda_stream(c->ranks[at].be);   /* also makes its GPU current */
-        r = ncclAllReduce(bufs[at], bufs[at], (size_t)count, ncclFloat, ncclSum, c->ranks[at].nccl,
-                          streams[at]);
-        if (r == ncclSuccess || r == ncclInProgress) {   /* non-blocking communicators */
-            r = ncclSuccess;
-            at++;
-        }
-    }
-    ncclResult_t end = ncclGroupEnd();   /* ncclInProgress: enqueued when the state says so */
-    if (r != ncclSuccess || (end != ncclSuccess && end != ncclInProgress))
-        return fail_nccl(c, at < c->local ? at : 0, "ncclAllReduce", r != ncclSuccess ? r : end,
-                         reduce_advice, err, err_len);
-
-    /* Returns when the sum is in every buffer: NCCL has enqueued it (its state is no longer
-     * ncclInProgress) and each stream has run everything queued on it */
-    const struct timespec nap = { 0, poll_interval_ns };
     struct timespec t0;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    for (;;) {
-        int pending = 0;
-        for (int i = 0; i < c->local; i++) {
-            ncclResult_t async = ncclSuccess;
-            ncclResult_t q = ncclCommGetAsyncError(c->ranks[i].nccl, &async);
-            if (q != ncclSuccess)
-                async = q;
-            if (async == ncclInProgress) {   /* not enqueued yet: the stream may look idle */
-                pending = 1;
-                continue;
-            }
-            if (async != ncclSuccess)
-                return fail_nccl(c, i, "the all-reduce", async, reduce_advice, err, err_len);
-            cudaError_t e = cudaStreamQuery(ddk_cuda_stream(c->ranks[i].be));   /* its GPU current */
-            if (e == cudaErrorNotReady) {
-                (void)cudaGetLastError();   /* not an error: not to be seen by the next launch check */
-                pending = 1;
-            } else if (e != cudaSuccess) {   /* a fault of this GPU, not a peer's */
-                ddk_fatal(__FILE__, __LINE__, "the all-reduce's stream on cuda:%d (rank %d) failed: %s",
-                          c->ranks[i].device, c->first_rank + i, cudaGetErrorString(e));
-            }
-        }
-        if (!pending)
-            return 0;
-        if (seconds_since(&t0) > peer_deadline_s) {
-            ddk_comm_error(-ETIMEDOUT, err, err_len, "the all-reduce waited %.0f s for its peers (a rank "
-                           "whose run stopped, or a hung node); %s", peer_deadline_s, reduce_advice);
-            abort_all(c);
-            return -ETIMEDOUT;
-        }
-        nanosleep(&nap, NULL);
-    }
+    ddk_nccl_lock();
+    int rc = queue_allreduce(c, bufs, count, &t0, err, err_len);
+    ddk_nccl_unlock();
+    return rc ? rc : wait_allreduce(c, &t0, err, err_len);
 }
 
 /* Abort, not ncclCommDestroy: destroy is collective in current NCCL and would wait for peers
@@ -342,6 +450,8 @@ extern "C" void ddk_comm_destroy(ddk_comm *c)
 {
     if (!c)
         return;
+    ddk_nccl_lock();
     abort_all(c);
+    ddk_nccl_unlock();
     free(c);
 }

@@ -3,26 +3,29 @@
  *
  * One communicator per member from ncclCommInitAll (one process, no unique id). Each member
  * has a stream of its own beside its backend's, where its sends and receives run, so a copy
- * overlaps the compute queued on both GPUs; events order them: a send waits for what the
- * sender's backend queued before it (the features it sends), the sender's backend waits for
- * the send before what it queues next (which may rewrite the buffer), and a fence makes the
- * receiver's backend wait for every receive queued into it. The host never waits.
- * A send and its receive are one NCCL group, issued by the calling thread under the link's
- * lock: a communicator is one thread's at a time, and several target ranks (threads) send.
+ * overlaps the compute queued on both GPUs; events order them, the host never waits:
+ *   - a send waits for what the sender's backend queued before it (the features it sends), and
+ *     the sender's backend waits for the send before what it queues next (which may rewrite the
+ *     buffer);
+ *   - a fence makes the receiver's backend wait for every receive queued into it.
+ * A send and its receive are one NCCL group, issued by the calling thread under the process's
+ * NCCL lock (nccl_order.h): a communicator is one thread's at a time, several target ranks
+ * (threads) send, and the data-parallel all-reduce (comm_nccl.cu) shares the GPUs: on each GPU
+ * a copy runs after the NCCL operations queued there before it, and before those after it.
  * Copies into one member run in the order they were queued (its one stream).
  *
  * Built only with CUDA and NCCL (comm_none.c otherwise). Tested by tests/test_comm.c: argument
- * checks without a GPU; a copy between two GPUs and its ordering against both backends with
- * two (skipped with fewer).
+ * checks without a GPU; with two GPUs a copy ordered against both backends and copies from
+ * another thread during all-reduces on the same GPUs (skipped with fewer).
  */
 #include "ddk.h"
 #include "comm_internal.h"
 #include "cuda_backend.h"
+#include "nccl_order.h"
 
 #include <cuda_runtime.h>
 #include <errno.h>
 #include <nccl.h>
-#include <pthread.h>
 #include <stdlib.h>
 
 enum { LINK_MAX = 64 };   /* device_cuda.cu's limit on the GPUs of a process */
@@ -32,15 +35,18 @@ struct link_member {
     ncclComm_t nccl;             /* NULL once aborted */
     const ddk_backend *be;       /* ddk_backend_cuda(device) */
     cudaStream_t stream;         /* the link's, on device */
-    cudaEvent_t queued, sent, received;
+    cudaEvent_t queued;          /* on be's stream: before a send from this member */
+    cudaEvent_t sent;            /* on stream: after a send from it */
+    cudaEvent_t received;        /* on stream: at a fence, after the receives into it */
 };
 
+/* Its members and flag change under the NCCL lock only */
 struct ddk_link {
     int n, aborted;
-    pthread_mutex_t lock;
     link_member m[LINK_MAX];
 };
 
+/* Under the NCCL lock */
 static void abort_link(ddk_link *l)
 {
     for (int i = 0; i < l->n; i++)
@@ -55,6 +61,7 @@ static const char link_advice[] =
     "the link is aborted: the run stops; NCCL_DEBUG=INFO says more (NCCL_P2P_DISABLE=1 falls back "
     "from NVLink/PCIe peer copies to host memory)";
 
+/* -EIO with err, the link aborted: under the NCCL lock, as link_fail_cuda */
 static int link_fail_nccl(ddk_link *l, const char *what, ncclResult_t r, char *err, size_t err_len)
 {
     ddk_comm_error(-EIO, err, err_len, "%s failed: %s; %s", what, ncclGetErrorString(r), link_advice);
@@ -74,7 +81,9 @@ extern "C" void ddk_link_destroy(ddk_link *l)
 {
     if (!l)
         return;
+    ddk_nccl_lock();
     abort_link(l);   /* nothing in flight: abort only frees, without a collective */
+    ddk_nccl_unlock();
     for (int i = 0; i < l->n; i++) {
         link_member *m = &l->m[i];
         if (!m->stream)
@@ -85,7 +94,6 @@ extern "C" void ddk_link_destroy(ddk_link *l)
         cudaEventDestroy(m->received);
         cudaStreamDestroy(m->stream);
     }
-    pthread_mutex_destroy(&l->lock);
     free(l);
 }
 
@@ -109,7 +117,6 @@ extern "C" int ddk_link_init(int n, const int *devices, ddk_link **out, char *er
     ddk_link *l = (ddk_link *)calloc(1, sizeof *l);
     if (!l)
         return ddk_comm_error(-ENOMEM, err, err_len, "no host memory for a link");
-    pthread_mutex_init(&l->lock, NULL);
     l->n = n;
     for (int i = 0; i < n; i++) {
         link_member *m = &l->m[i];
@@ -129,21 +136,25 @@ extern "C" int ddk_link_init(int n, const int *devices, ddk_link **out, char *er
         if (e == cudaSuccess)
             e = cudaEventCreateWithFlags(&m->received, cudaEventDisableTiming);
         if (e != cudaSuccess) {
-            int rc = link_fail_cuda(l, "the link's stream and events", m->device, e, err, err_len);
             ddk_link_destroy(l);
-            return rc;
+            return ddk_comm_error(-EIO, err, err_len, "the link's stream and events on cuda:%d failed: %s; %s",
+                                  devices[i], cudaGetErrorString(e), link_advice);
         }
     }
     ncclComm_t comms[LINK_MAX];
+    ddk_nccl_lock();
     ncclResult_t r = ncclCommInitAll(comms, n, devices);
-    if (r != ncclSuccess) {
-        ddk_comm_error(-EIO, err, err_len, "ncclCommInitAll over %d GPUs failed: %s (NCCL_DEBUG=INFO says more)", n,
-                       ncclGetErrorString(r));
-        ddk_link_destroy(l);
-        return -EIO;
-    }
-    for (int i = 0; i < n; i++)
+    int rc = 0;
+    if (r != ncclSuccess)
+        rc = ddk_comm_error(-EIO, err, err_len, "ncclCommInitAll over %d GPUs failed: %s (NCCL_DEBUG=INFO says more)",
+                            n, ncclGetErrorString(r));
+    for (int i = 0; i < n && !rc; i++)
         l->m[i].nccl = comms[i];
+    ddk_nccl_unlock();
+    if (rc) {
+        ddk_link_destroy(l);
+        return rc;
+    }
     *out = l;
     return 0;
 }
@@ -158,56 +169,63 @@ static int check_members(const ddk_link *l, int a, int b, char *err, size_t err_
     return 0;
 }
 
-extern "C" int ddk_link_send(ddk_link *l, int from, int to, const void *src, void *dst, size_t bytes, char *err,
-                             size_t err_len)
+/* The copy of ddk_link_send, its arguments checked: 0, or -EIO with err, the link aborted.
+ * Under the NCCL lock. */
+static int queue_copy(ddk_link *l, int from, int to, const void *src, void *dst, size_t bytes, char *err,
+                      size_t err_len)
 {
-    int rc = check_members(l, from, to, err, err_len);
-    if (rc)
-        return rc;
-    if (from == to || !src || !dst)
-        return ddk_comm_error(-EINVAL, err, err_len, "a link copy needs two members and two buffers");
-    if (bytes == 0)
-        return 0;
-    pthread_mutex_lock(&l->lock);
     link_member *a = &l->m[from], *b = &l->m[to];
     cudaStream_t compute = ddk_cuda_stream(a->be);   /* also makes a's GPU current */
     cudaError_t e = cudaEventRecord(a->queued, compute);
     if (e == cudaSuccess)
         e = cudaStreamWaitEvent(a->stream, a->queued, 0);
-    ncclResult_t r = ncclSuccess;
-    if (e == cudaSuccess) {
-        r = ncclGroupStart();
-        if (r == ncclSuccess)
-            r = ncclSend(src, bytes, ncclChar, to, a->nccl, a->stream);
-        if (r == ncclSuccess)
-            r = ncclRecv(dst, bytes, ncclChar, from, b->nccl, b->stream);
-        ncclResult_t end = ncclGroupEnd();
-        r = r != ncclSuccess ? r : end;
-    }
-    if (e == cudaSuccess && r == ncclSuccess && (e = cudaSetDevice(a->device)) == cudaSuccess &&
+    if (e == cudaSuccess)
+        e = ddk_nccl_after(a->device, a->stream);
+    if (e == cudaSuccess)
+        e = ddk_nccl_after(b->device, b->stream);
+    if (e != cudaSuccess)
+        return link_fail_cuda(l, "the link copy's ordering", a->device, e, err, err_len);
+    ncclResult_t r = ncclGroupStart();
+    if (r == ncclSuccess)
+        r = ncclSend(src, bytes, ncclChar, to, a->nccl, a->stream);
+    if (r == ncclSuccess)
+        r = ncclRecv(dst, bytes, ncclChar, from, b->nccl, b->stream);
+    ncclResult_t end = ncclGroupEnd();   /* blocking communicators: queued on return */
+    if (r != ncclSuccess || end != ncclSuccess)
+        return link_fail_nccl(l, "ncclSend/ncclRecv", r != ncclSuccess ? r : end, err, err_len);
+    if ((e = ddk_nccl_queued(b->device, b->stream)) == cudaSuccess &&
+        (e = ddk_nccl_queued(a->device, a->stream)) == cudaSuccess &&   /* leaves a's GPU current */
         (e = cudaEventRecord(a->sent, a->stream)) == cudaSuccess)
         e = cudaStreamWaitEvent(compute, a->sent, 0);
-    if (e != cudaSuccess)
-        rc = link_fail_cuda(l, "the link copy's ordering", a->device, e, err, err_len);
-    else if (r != ncclSuccess)
-        rc = link_fail_nccl(l, "ncclSend/ncclRecv", r, err, err_len);
-    pthread_mutex_unlock(&l->lock);
+    return e == cudaSuccess ? 0 : link_fail_cuda(l, "the link copy's ordering", a->device, e, err, err_len);
+}
+
+extern "C" int ddk_link_send(ddk_link *l, int from, int to, const void *src, void *dst, size_t bytes, char *err,
+                             size_t err_len)
+{
+    ddk_nccl_lock();
+    int rc = check_members(l, from, to, err, err_len);
+    if (!rc && (from == to || !src || !dst))
+        rc = ddk_comm_error(-EINVAL, err, err_len, "a link copy needs two members and two buffers");
+    if (!rc && bytes)
+        rc = queue_copy(l, from, to, src, dst, bytes, err, err_len);
+    ddk_nccl_unlock();
     return rc;
 }
 
 extern "C" int ddk_link_fence(ddk_link *l, int to, char *err, size_t err_len)
 {
+    ddk_nccl_lock();
     int rc = check_members(l, to, to, err, err_len);
-    if (rc)
-        return rc;
-    pthread_mutex_lock(&l->lock);
-    link_member *b = &l->m[to];
-    cudaStream_t compute = ddk_cuda_stream(b->be);
-    cudaError_t e = cudaEventRecord(b->received, b->stream);
-    if (e == cudaSuccess)
-        e = cudaStreamWaitEvent(compute, b->received, 0);
-    if (e != cudaSuccess)
-        rc = link_fail_cuda(l, "the link's fence", b->device, e, err, err_len);
-    pthread_mutex_unlock(&l->lock);
+    if (!rc) {
+        link_member *b = &l->m[to];
+        cudaStream_t compute = ddk_cuda_stream(b->be);
+        cudaError_t e = cudaEventRecord(b->received, b->stream);
+        if (e == cudaSuccess)
+            e = cudaStreamWaitEvent(compute, b->received, 0);
+        if (e != cudaSuccess)
+            rc = link_fail_cuda(l, "the link's fence", b->device, e, err, err_len);
+    }
+    ddk_nccl_unlock();
     return rc;
 }
