@@ -9,9 +9,10 @@
  * The same for the GPU link (ddk_link_*: a split's hand-off): its refusals without a GPU.
  * With GPUs: the refusals that need one (a device that does not exist, the same GPU twice),
  * a 1-rank all-reduce that leaves its buffer as it was and, with two GPUs, a 2-rank sum of
- * known values that must be exact, a link copy ordered against both GPUs' queued work, and
- * link copies from another thread while the same GPUs all-reduce (the process's one NCCL
- * order: both exact, no deadlock). Without a GPU that part prints
+ * known values that must be exact, a link copy ordered against both GPUs' queued work (the
+ * sender's writes before it, the receiver's reads of its buffer before a fence, the receiver's
+ * op after the fence), and link copies from another thread while the same GPUs all-reduce (the
+ * process's one NCCL order: both exact, no deadlock). Without a GPU that part prints
  * "SKIPPED: no GPU" and the rest still decides the exit status.
  *
  * ctest: labels unit and sanitize; one line per case; a final "N passed, M failed"; exit 1 when
@@ -351,6 +352,51 @@ static void expect_exact(const char *what, const float *got, const float *want, 
           (long long)count, (long long)first, first >= 0 ? got[first] : 0.0, first >= 0 ? want[first] : 0.0);
 }
 
+/* 2 GPUs: a copy into a buffer the receiver's queued ops still read. The receiver queues long
+ * reads of dst (y := dst, 200 times), fences, then the copy of new values into dst is queued:
+ * every read saw the old values (y = old, exactly), and after a second fence dst holds the new
+ * ones. Without the fence's wait the copy lands while the reads still run. */
+static void test_link_reuse_2gpu(void)
+{
+    enum { count = 1000003 };
+    char err[512] = "";
+    int devices[2] = { 0, 1 };
+    ddk_link *l = NULL;
+    int rc = ddk_link_init(2, devices, &l, err, sizeof err);
+    if (rc != 0 || !l) {
+        check(0, "ddk_link_init of cuda:0, cuda:1: rc %d: %s", rc, err);
+        return;
+    }
+    float *old = xcalloc(count, sizeof(float)), *fresh = xcalloc(count, sizeof(float));
+    float *got = xcalloc(count, sizeof(float));
+    for (int j = 0; j < count; j++) {
+        old[j] = (float)(j % 4096) - 1000.0f;
+        fresh[j] = -old[j] - 7.0f;   /* never old[j] (that needs old[j] = -3.5) */
+    }
+    float *src = upload(0, fresh, count), *dst = upload(1, old, count), *y = upload(1, got, count);
+    const ddk_backend *b = ddk_backend_cuda(1);
+    for (int k = 0; k < 200; k++)
+        b->axpby(b, count, 1.0f, dst, 0.0f, y);   /* y := dst: reads dst, 200 times */
+    rc = ddk_link_fence(l, 1, err, sizeof err);
+    check(rc == 0, "fence before the copy: rc %d: %s", rc, err);
+    rc = ddk_link_send(l, 0, 1, src, dst, count * sizeof(float), err, sizeof err);
+    check(rc == 0, "send: rc %d: %s", rc, err);
+    rc = ddk_link_fence(l, 1, err, sizeof err);
+    check(rc == 0, "fence after the copy: rc %d: %s", rc, err);
+    download(1, got, y, count);
+    expect_exact("the reads queued before the fence (y)", got, old, count);
+    download(1, got, dst, count);
+    expect_exact("the copy (dst)", got, fresh, count);
+    ddk_cuda_synchronize(0);
+    ddk_free(ddk_allocator_cuda(0), src, count * sizeof(float));
+    ddk_free(ddk_allocator_cuda(1), dst, count * sizeof(float));
+    ddk_free(ddk_allocator_cuda(1), y, count * sizeof(float));
+    ddk_link_destroy(l);
+    free(old);
+    free(fresh);
+    free(got);
+}
+
 /* a thread's link copies: rounds sends of src (member 0) into dst (member 1) */
 typedef struct copier {
     ddk_link *l;
@@ -442,17 +488,18 @@ int main(void)
     run_cases(cpu_cases, sizeof cpu_cases / sizeof cpu_cases[0]);
     if (!with_nccl || gpus == 0) {
         printf("SKIPPED: no %s (gpu_refusals, allreduce_1rank, allreduce_2rank, link_2gpu, "
-               "allreduce_with_link_2gpu not run)\n", with_nccl ? "GPU" : "NCCL");
+               "link_reuse_2gpu, allreduce_with_link_2gpu not run)\n", with_nccl ? "GPU" : "NCCL");
     } else {
         run_case("gpu_refusals", test_gpu_refusals);
         run_case("allreduce_1rank", test_allreduce_1rank);
         if (gpus >= 2) {
             run_case("allreduce_2rank", test_allreduce_2rank);
             run_case("link_2gpu", test_link_2gpu);
+            run_case("link_reuse_2gpu", test_link_reuse_2gpu);
             run_case("allreduce_with_link_2gpu", test_allreduce_with_link_2gpu);
         } else {
-            printf("SKIPPED: one GPU (allreduce_2rank, link_2gpu and allreduce_with_link_2gpu need "
-                   "two)\n");
+            printf("SKIPPED: one GPU (allreduce_2rank, link_2gpu, link_reuse_2gpu and "
+                   "allreduce_with_link_2gpu need two)\n");
         }
     }
     return cases_summary();

@@ -7,7 +7,15 @@
  *   - a send waits for what the sender's backend queued before it (the features it sends), and
  *     the sender's backend waits for the send before what it queues next (which may rewrite the
  *     buffer);
- *   - a fence makes the receiver's backend wait for every receive queued into it.
+ *   - a fence on a member is a barrier both ways between its backend and its link stream: the
+ *     backend waits for every receive queued into the member before it (the data it reads
+ *     next), and every receive queued after it waits for what the backend queued before it
+ *     (which may still read the buffers those receives rewrite). The receive waits for the
+ *     backend at the fence, not at each send: a send made while the receiver's backend has a
+ *     step queued would stall the sender's compute (a send ends only when its receive has run)
+ *     behind that whole step, and a split's target ranks would no longer overlap the drafter's.
+ *     ddk_link_init fences every member: a receive also waits for what was queued before the
+ *     link was made.
  * A send and its receive are one NCCL group, issued by the calling thread under the process's
  * NCCL lock (nccl_order.h): a communicator is one thread's at a time, several target ranks
  * (threads) send, and the data-parallel all-reduce (comm_nccl.cu) shares the GPUs: on each GPU
@@ -15,8 +23,9 @@
  * Copies into one member run in the order they were queued (its one stream).
  *
  * Built only with CUDA and NCCL (comm_none.c otherwise). Tested by tests/test_comm.c: argument
- * checks without a GPU; with two GPUs a copy ordered against both backends and copies from
- * another thread during all-reduces on the same GPUs (skipped with fewer).
+ * checks without a GPU; with two GPUs a copy ordered against both backends (a receive after the
+ * receiver's queued reads of its buffer) and copies from another thread during all-reduces on
+ * the same GPUs (skipped with fewer).
  */
 #include "ddk.h"
 #include "comm_internal.h"
@@ -38,6 +47,7 @@ struct link_member {
     cudaEvent_t queued;          /* on be's stream: before a send from this member */
     cudaEvent_t sent;            /* on stream: after a send from it */
     cudaEvent_t received;        /* on stream: at a fence, after the receives into it */
+    cudaEvent_t fenced;          /* on be's stream: at a fence, before the later receives */
 };
 
 /* Its members and flag change under the NCCL lock only */
@@ -92,9 +102,25 @@ extern "C" void ddk_link_destroy(ddk_link *l)
         cudaEventDestroy(m->queued);
         cudaEventDestroy(m->sent);
         cudaEventDestroy(m->received);
+        cudaEventDestroy(m->fenced);
         cudaStreamDestroy(m->stream);
     }
     free(l);
+}
+
+/* Member b's barrier (ddk_link_fence): both events recorded before either wait, so neither
+ * stream waits on what the other queues after the fence (no cycle). Under the NCCL lock. */
+static cudaError_t fence_member(link_member *b)
+{
+    cudaStream_t compute = ddk_cuda_stream(b->be);   /* also makes b's GPU current */
+    cudaError_t e = cudaEventRecord(b->received, b->stream);
+    if (e == cudaSuccess)
+        e = cudaEventRecord(b->fenced, compute);
+    if (e == cudaSuccess)
+        e = cudaStreamWaitEvent(b->stream, b->fenced, 0);
+    if (e == cudaSuccess)
+        e = cudaStreamWaitEvent(compute, b->received, 0);
+    return e;
 }
 
 extern "C" int ddk_link_init(int n, const int *devices, ddk_link **out, char *err, size_t err_len)
@@ -135,6 +161,8 @@ extern "C" int ddk_link_init(int n, const int *devices, ddk_link **out, char *er
             e = cudaEventCreateWithFlags(&m->sent, cudaEventDisableTiming);
         if (e == cudaSuccess)
             e = cudaEventCreateWithFlags(&m->received, cudaEventDisableTiming);
+        if (e == cudaSuccess)
+            e = cudaEventCreateWithFlags(&m->fenced, cudaEventDisableTiming);
         if (e != cudaSuccess) {
             ddk_link_destroy(l);
             return ddk_comm_error(-EIO, err, err_len, "the link's stream and events on cuda:%d failed: %s; %s",
@@ -150,6 +178,11 @@ extern "C" int ddk_link_init(int n, const int *devices, ddk_link **out, char *er
                             n, ncclGetErrorString(r));
     for (int i = 0; i < n && !rc; i++)
         l->m[i].nccl = comms[i];
+    for (int i = 0; i < n && !rc; i++) {   /* a receive waits for what was queued before the link */
+        cudaError_t e = fence_member(&l->m[i]);
+        if (e != cudaSuccess)
+            rc = link_fail_cuda(l, "the link's first fence", l->m[i].device, e, err, err_len);
+    }
     ddk_nccl_unlock();
     if (rc) {
         ddk_link_destroy(l);
@@ -217,15 +250,9 @@ extern "C" int ddk_link_fence(ddk_link *l, int to, char *err, size_t err_len)
 {
     ddk_nccl_lock();
     int rc = check_members(l, to, to, err, err_len);
-    if (!rc) {
-        link_member *b = &l->m[to];
-        cudaStream_t compute = ddk_cuda_stream(b->be);
-        cudaError_t e = cudaEventRecord(b->received, b->stream);
-        if (e == cudaSuccess)
-            e = cudaStreamWaitEvent(compute, b->received, 0);
-        if (e != cudaSuccess)
-            rc = link_fail_cuda(l, "the link's fence", b->device, e, err, err_len);
-    }
+    cudaError_t e = rc ? cudaSuccess : fence_member(&l->m[to]);
+    if (e != cudaSuccess)
+        rc = link_fail_cuda(l, "the link's fence", l->m[to].device, e, err, err_len);
     ddk_nccl_unlock();
     return rc;
 }
