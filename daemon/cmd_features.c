@@ -114,11 +114,10 @@ int ddt_cmd_features(int argc, char **argv)
         fprintf(stderr, "ddtreed features: --device is cpu or cuda:N, --weights fp32 or bf16\n" FEATURES_USAGE);
         return 2;
     }
-    const ddk_backend *be = gpu < 0 ? ddk_backend_cpu() : ddk_backend_cuda((int)gpu);
+    char why[400];
+    const ddk_backend *be = gpu < 0 ? ddk_backend_cpu() : ddk_backend_cuda_or_why((int)gpu, why, sizeof why);
     if (!be) {
-        fprintf(stderr, "ddtreed features: --device %s: no such GPU here (%d GPU(s)%s), or no memory on it for "
-                "the backend's set-up\n", device, ddk_cuda_device_count(),
-                ddk_has_cuda() ? "" : ": this ddtreed was built without CUDA");
+        fprintf(stderr, "ddtreed features: --device %s: %s\n", device, why);
         return 1;
     }
     const ddt_target_options o = { .be = be, .bf16 = weights ? !strcmp(weights, "bf16") : gpu >= 0 };

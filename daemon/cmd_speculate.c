@@ -362,11 +362,10 @@ static int pick_backend(const spec_args *a, const ddk_backend **be, long *gpu)
         fprintf(stderr, "ddtreed speculate: --device is cpu or cuda:N, got '%s'\n" SPECULATE_USAGE, a->device);
         return 2;
     }
-    *be = *gpu < 0 ? ddk_backend_cpu() : ddk_backend_cuda((int)*gpu);
+    char why[400];
+    *be = *gpu < 0 ? ddk_backend_cpu() : ddk_backend_cuda_or_why((int)*gpu, why, sizeof why);
     if (!*be) {
-        fprintf(stderr, "ddtreed speculate: --device %s: no such GPU here (%d GPU(s)%s), or no memory on it for "
-                "the backend's set-up\n", a->device, ddk_cuda_device_count(),
-                ddk_has_cuda() ? "" : ": this ddtreed was built without CUDA");
+        fprintf(stderr, "ddtreed speculate: --device %s: %s\n", a->device, why);
         return 1;
     }
     return 0;

@@ -267,6 +267,8 @@ refused "--gen-len not a number" 2 "${base[@]}" --drafter "$export" --gen-len ma
     "--gen-len wants a positive integer, got 'many'"
 refused "an option without its value" 2 "${base[@]}" --drafter -- "--drafter needs a value"
 refused "a bad --device" 2 "${base[@]}" --drafter "$export" --device gpu0 -- "--device is cpu or cuda:N"
+# no GPU 7 here (the CUDA build: not a GPU of this node; without CUDA: no CUDA): a sentence, no backend
+refused "a GPU that is not here" 1 "${base[@]}" --drafter "$export" --device cuda:7 -- "--device cuda:7: cuda:7"
 refused "a missing target directory" 1 --target "$work/nowhere" --drafter "$export" \
     --prompts "$work/prompts.safetensors" -- "$work/nowhere"
 refused "a missing prompts file" 1 --target "$tdir" --drafter "$export" --prompts "$work/none.safetensors" -- \

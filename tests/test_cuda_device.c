@@ -176,6 +176,13 @@ int main(void)
     case_done("sticky_fault_is_fatal_not_enomem");
     CHECK(ddk_allocator_cuda(count) == NULL);
     CHECK(ddk_cuda_device_info(-1, NULL) == -EINVAL);
+    for (int d = 0; d < count; d++) {   /* each GPU's limits and the instances chosen: the check's summary */
+        char text[400], why[400];
+        CHECK(ddk_cuda_instances(d, text, sizeof text) == 0);
+        printf("instances cuda:%d %s\n", d, text);
+        CHECK(ddk_cuda_device_usable(d, why, sizeof why) == 0);
+    }
+    case_done("instances_and_usable");
     for (int d = 0; d < count; d++) {
         char name[64];
         /* the set-up first: before anything else on this GPU made the backend */

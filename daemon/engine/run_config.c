@@ -538,9 +538,9 @@ const ddk_device_profile *ddt_run_config_card(const char *name, char *err, size_
 {
     const ddk_device_profile *card = ddk_device_profile_find(name);
     if (!card) {
-        char names[256];
+        char names[128];
         card_names(names, sizeof names);
-        snprintf(err, err_len, "\"%s\" is not a card ddtree knows: name one of %s", name, names);
+        snprintf(err, err_len, "\"%.64s\" is not a card ddtree knows: name one of %s", name, names);
     }
     return card;
 }

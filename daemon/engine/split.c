@@ -122,12 +122,19 @@ void ddt_split_start(ddt_split *s, const ddt_split_dest *dest, int64_t n)
     s->dest = dest;
     s->n = n;
     s->running = 1;
+    /* the copies into a drafter's batch wait for what its backend has queued on the batch before
+     * now (ddk_link_send's contract: fence between the reads and the send): a held-out sequence
+     * without a kept anchor leaves no synchronize between two evaluation batches */
+    char err[256] = "";
+    int rc = 0;
+    for (int d = 0; s->link && d < s->drafters && !rc; d++)
+        rc = ddk_link_fence(s->link, d, err, sizeof err);
     for (int j = 0; j < s->targets; j++) {
         target_rank *r = &s->rank[j];
-        r->started = pthread_create(&r->thread, NULL, rank_main, r) == 0;
+        r->started = !rc && pthread_create(&r->thread, NULL, rank_main, r) == 0;
         if (!r->started) {
-            r->rc = -EAGAIN;
-            snprintf(r->err, sizeof r->err, "no thread could be started for it");
+            r->rc = rc ? rc : -EAGAIN;
+            snprintf(r->err, sizeof r->err, "%s", rc ? err : "no thread could be started for it");
         }
     }
 }
@@ -183,10 +190,10 @@ int ddt_split_open(const ddt_run_config *c, const ddt_devices *dev, const ddk_ba
         r->s = s;
         r->index = j;
         r->device = s->gpu ? dev->target_gpu_ids[j] : drafters + j;
-        r->be = s->gpu ? ddk_backend_cuda(r->device) : ddk_backend_cpu_rank(r->device);
-        char why[900] = "no memory left on it for its stream and scratch (another process holds it?)";
+        char why[900] = "";
+        r->be = s->gpu ? ddk_backend_cuda_or_why(r->device, why, sizeof why) : ddk_backend_cpu_rank(r->device);
         rc = r->be ? ddt_replica_open(c, r->be, s->gpu, &r->replica, generates ? &r->gen : NULL, why, sizeof why)
-                   : -ENOMEM;
+                   : errno == ENOMEM ? -ENOMEM : -ENODEV;
         if (!rc) {
             r->bytes = (size_t)(S * (LH + (teacher ? H : 0))) * sizeof(float);
             if (c->budget_bytes)

@@ -62,6 +62,7 @@
 #include "generate.h"
 #include "source.h"
 #include "split.h"
+#include "log.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -176,6 +177,8 @@ struct ddt_trainer {
     int gpu;                      /* 1: the ranks are GPUs */
     int world, first_rank;        /* every daemon's ranks; this daemon's first global rank */
     char devices_note[256];       /* "" or what "devices" left idle (ddt_devices.note) */
+    uint64_t fallbacks_at_open;   /* ddk_cuda_fallbacks when the run opened */
+    int fallback_said;            /* its "kernel_fallback" event is recorded (once a run) */
     ddk_comm *comm;               /* GPU ranks, world > 1 */
     rank_state rank[MAX_RANKS];
     ddt_memory_plan plan;
@@ -334,11 +337,11 @@ static int alloc_ranks(ddt_trainer *t, const ddt_devices *dev, char *err, size_t
         rs->t = t;
         rs->tokens_for = -1;
         rs->gpu = t->gpu ? gpu_ids[r] : -1;
-        rs->be = t->gpu ? ddk_backend_cuda(rs->gpu) : ddk_backend_cpu_rank(r);
-        if (!rs->be) {   /* ddt_run_config_devices named GPUs that exist: out of memory */
-            snprintf(err, err_len, "rank %d (cuda:%d): no memory left on the GPU for its stream, cuBLAS handle "
-                     "and scratch (another process holds it?); see nvidia-smi", r, rs->gpu);
-            return -ENOMEM;
+        char why[400] = "";
+        rs->be = t->gpu ? ddk_backend_cuda_or_why(rs->gpu, why, sizeof why) : ddk_backend_cpu_rank(r);
+        if (!rs->be) {   /* a GPU this build has no code for, or out of memory */
+            snprintf(err, err_len, "rank %d: %s", r, why);
+            return errno == ENOMEM ? -ENOMEM : -ENODEV;
         }
         if (c->budget_bytes)   /* the weights allocated before count towards it too */
             ddk_allocator_set_budget(rs->be->alloc, (size_t)c->budget_bytes);
@@ -572,6 +575,7 @@ int ddt_trainer_open_parsed(const ddt_run_config *config, const char *config_jso
     }
     t->store = store;
     t->checkpoint_step = -1;
+    t->fallbacks_at_open = ddk_cuda_fallbacks(NULL, 0);
     /* CPU ranks are the CPU parallelism, beside the loader thread: the BLAS runs each product on
      * its caller's thread (OpenBLAS threads even tiny products, and its spinning workers cost
      * more than they give at drafter sizes). Set before the source starts its loader, whose
@@ -1312,9 +1316,10 @@ int ddt_trainer_export(ddt_trainer *t, const char *out_dir, char *err, size_t er
  * The cadence (trainer.h): what falls due at a step boundary
  */
 
-/* an "error" event {"step", ["prompt",] "message"} (prompt < 0: none; the message may be long:
+/* an event of kind {"step", ["prompt",] "message"} (prompt < 0: none; the message may be long:
  * cJSON escapes it, no fixed buffer cuts it) */
-static void store_error(ddt_trainer *t, int64_t step, int64_t prompt, const char *message)
+static void store_message(ddt_trainer *t, const char *kind, int64_t step, int64_t prompt,
+                          const char *message)
 {
     cJSON *d = cJSON_CreateObject();
     cJSON_AddNumberToObject(d, "step", (double)step);
@@ -1323,9 +1328,22 @@ static void store_error(ddt_trainer *t, int64_t step, int64_t prompt, const char
     cJSON_AddStringToObject(d, "message", message);
     char *detail = cJSON_PrintUnformatted(d);
     if (detail)
-        ddt_store_event(t->store, t->run_id, ddt_wall_ms(), "error", detail);
+        ddt_store_event(t->store, t->run_id, ddt_wall_ms(), kind, detail);
     free(detail);
     cJSON_Delete(d);
+}
+
+/* attention that ran the SIMT kernels for want of a tensor-core instance on a GPU
+ * (ddk_cuda_fallbacks): said once a run, a log line and a "kernel_fallback" event */
+static void say_fallback(ddt_trainer *t)
+{
+    char what[320];
+    if (t->fallback_said || ddk_cuda_fallbacks(what, sizeof what) == t->fallbacks_at_open)
+        return;
+    t->fallback_said = 1;
+    ddt_log(DDT_LOG_WARNING, "run %s, step %lld: %s", t->run_id, (long long)t->step, what);
+    if (t->store)
+        store_message(t, "kernel_fallback", t->step, -1, what);
 }
 
 /* A due evaluation, checkpoint or export that failed: an "error" event and, when o, the
@@ -1338,7 +1356,7 @@ static void error_event(ddt_trainer *t, ddt_trainer_outcome *o, const char *what
         return;
     char message[1100];
     snprintf(message, sizeof message, "%s failed: %.1000s", what, why);
-    store_error(t, t->step, -1, message);
+    store_message(t, "error", t->step, -1, message);
 }
 
 int ddt_trainer_advance(ddt_trainer *t, ddt_trainer_outcome *o, char *err, size_t err_len)
@@ -1357,6 +1375,7 @@ int ddt_trainer_advance(ddt_trainer *t, ddt_trainer_outcome *o, char *err, size_
         if (rc)
             return rc;
         o->stepped = 1;
+        say_fallback(t);
     }
     t->baseline_done = 1;
     if (baseline || t->step % c->eval_every == 0 || t->step == c->steps) {
@@ -1701,7 +1720,7 @@ int ddt_trainer_speculate(ddt_trainer *t, const ddt_trainer_spec_request *q, ddt
             char message[300];
             snprintf(message, sizeof message, "speculative decoding of held-out prompt %lld at step %lld was not "
                      "equal to greedy decoding (a bug: it is lossless)", (long long)i, (long long)step);
-            store_error(t, step, i, message);
+            store_message(t, "error", step, i, message);
         }
     }
     const double seconds = ddt_mono_s() - t0;

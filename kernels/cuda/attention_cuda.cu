@@ -542,6 +542,24 @@ static int dflash_inputs(const ddk_attention_shape *shape, const float *q, const
     return 0;
 }
 
+/* The flash kernels said -ENOTSUP (no instance takes the shape on this GPU): the SIMT ones run
+ * instead, and ddk_cuda_fallbacks says so */
+static void fell_back(const char *op, const ddk_attention_shape *sh, int64_t keys)
+{
+    int device = 0, major = 0, minor = 0, smem = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    char what[320];
+    snprintf(what, sizeof what,
+             "%s at head dim %lld over %lld keys on GPU %d (sm_%d%d, %d bytes of shared memory a "
+             "block) ran the SIMT attention kernels: no tensor-core instance takes it (slower; "
+             "the backward's float atomics are not the same bits at every call)",
+             op, (long long)sh->d, (long long)keys, device, major, minor, smem);
+    ddk_cuda_note_fallback(what);
+}
+
 /* The tensor-core kernels (attention_flash.cu) unless DDTREE_CUDA_ATTENTION or
  * ddk_cuda_set_attention_kernels asked for these, or be's GPU is older than sm_80 (ddk.h) */
 static int use_flash(const ddk_backend *be)
@@ -567,6 +585,7 @@ int ddk_cuda_dflash_attention(const ddk_backend *be, const ddk_attention_shape *
         rc = ddk_cuda_flash_dflash(be, shape, q, k, v, anchors, keep, out, lse);
         if (rc != -ENOTSUP)
             return rc;
+        fell_back("dflash_attention", shape, shape->S + shape->A * shape->B);
     }
     p.y = out;
     p.lse = lse;
@@ -588,6 +607,7 @@ int ddk_cuda_dflash_attention_backward(const ddk_backend *be, const ddk_attentio
                                             dk, dv);
         if (rc != -ENOTSUP)
             return rc;
+        fell_back("dflash_attention_backward", shape, shape->S + shape->A * shape->B);
     }
     p.out = out;
     p.lse_in = lse;
@@ -615,6 +635,7 @@ int ddk_cuda_causal_attention(const ddk_backend *be, const ddk_attention_shape *
         const int rc = ddk_cuda_flash_causal(be, shape, q, k, v, out);
         if (rc != -ENOTSUP)
             return rc;
+        fell_back("causal_attention", shape, shape->S);
     }
     attn_params p = {};
     p.q = q;

@@ -1,6 +1,6 @@
 /* attention_flash.cu: DFlash attention (forward and backward) and the target's causal attention
  * (forward) on the tensor cores: bf16 operands, fp32 softmax statistics and accumulation,
- * mma.sync m16n8k16 (sm_80 and later; the build's archs are sm_90 and sm_100). Contracts in
+ * mma.sync m16n8k16 (sm_80 and later; the build's archs are sm_90, sm_100 and sm_120). Contracts in
  * ddk.h (struct ddk_backend); attention_cuda.cu checks the shapes, picks these kernels or its
  * SIMT ones (ddk_cuda_attention_kernels, DDTREE_CUDA_ATTENTION) and calls in here.
  *
@@ -42,19 +42,27 @@
  *            242 / 242, 122,368 B: 1
  *   dk / dv  128 threads: d 64 151 / 166, 56,832 B; d 128 239 / 240, 108,032 B: 2 blocks
  *            (8 warps); d 256 241 / 238, 109,312 B: 2 blocks
+ * On a card with 99 KB of shared memory a block (RTX PRO 6000, sm_120: ddk_device_profile) the
+ * instances are chosen from the GPU's opt-in limit at run time (ddk_cuda_flash_instances): the
+ * query-major blocks take fewer rows (forward at most 112 at d 256: 96,512 B; dq 80 at d 128:
+ * 97,408 B, 32 at d 256: 88,320 B), the key-major pass half its query chunk (RQ 32 at d 128:
+ * 73,472 B, 16 at d 256: 75,648 B: two instances more). The same code, the same bits at every
+ * call; only the split of the work differs. ddk_cuda_instances says what a GPU got.
  * The loops along d are unrolled by 2 only: fully unrolled, the nine instances for two archs
  * added 4 MB to libddk.so and the GPU bundle passed its 60 MiB cap.
  *
  * Head dims: instances for D = 64, 128, 256; a head dim d <= D runs on the smallest D >= d with
  * the columns past d zero (exact: they add nothing to a score and are never stored). Refused
- * (-ENOTSUP, the caller runs the SIMT kernels): d > 256, S + A B or T past 2^30, a GPU
- * without the shared memory, or below sm_80.
+ * (-ENOTSUP, the caller runs the SIMT kernels and says so: ddk_cuda_fallbacks): d > 256, S + A B
+ * or T past 2^30, a GPU without the shared memory for 16 rows, or below sm_80.
  *
  * Numerics against the CPU's fp32: q, k, v, dout rounded to bf16 (2^-9 relative each), the
  * probabilities rounded to bf16 before p v, ds before ds k and ds^T q; every sum fp32. Tested by
  * tests/test_backend_ops.c against the CPU backend at bf16 tolerances (skipped without a GPU),
  * including two identical backward calls giving the same bits; the row rules by
- * tests/test_attention.c on the CPU.
+ * tests/test_attention.c on the CPU; and without a GPU, from this source, by the SIMT emulation
+ * under each card's limits (tests/simt/test_simt_kernels.cpp: the instances each card gets, the
+ * same bits with blocks and threads run in the reverse order).
  *
  * Legend: S context rows, A blocks, B block size, nh / nkv heads, G = nh / nkv, d head dim,
  * D the instance's padded head dim, KT keys of a query-major tile, KTB of a key-major tile,
@@ -908,6 +916,17 @@ void split_rows(int64_t rows, int max_rows, int64_t *splits, int *rows_cta)
     const int64_t per = (rows + *splits - 1) / *splits;
     *rows_cta = (int)((per + 15) / 16 * 16);
 }
+
+} /* namespace */
+
+void ddk_cuda_flash_instances(size_t limit, int D, int *fwd_rows, int *dq_rows, int *dkv_rq)
+{
+    *fwd_rows = rows_that_fit(D, fwd_max_rows(D), limit, forward_smem);
+    *dq_rows = rows_that_fit(D, dq_max_rows(D), limit, dq_smem);
+    *dkv_rq = dkv_rq_fit(D, limit);
+}
+
+namespace {
 
 /* rows of a forward block at head dim d on this GPU (0: no instance fits) */
 int forward_rows(int64_t d)

@@ -402,7 +402,8 @@ extern "C" const ddk_backend *ddk_backend_cuda(int device)
     cuda_backend *cb = &backends[device];
     if (!__atomic_load_n(&cb->ready, __ATOMIC_ACQUIRE)) {
         pthread_mutex_lock(&cb->lock);
-        const int rc = cb->ready ? 0 : device_setup(cb);
+        int rc = cb->ready ? 0 : ddk_cuda_device_usable(device, NULL, 0);
+        rc = rc || cb->ready ? rc : device_setup(cb);
         if (rc == 0)
             __atomic_store_n(&cb->ready, 1, __ATOMIC_RELEASE);
         pthread_mutex_unlock(&cb->lock);
@@ -412,6 +413,21 @@ extern "C" const ddk_backend *ddk_backend_cuda(int device)
         }
     }
     return &cb->table;
+}
+
+extern "C" const ddk_backend *ddk_backend_cuda_or_why(int device, char *why, size_t why_len)
+{
+    const ddk_backend *be = ddk_backend_cuda(device);
+    if (be || !why || !why_len)
+        return be;
+    const int e = errno;
+    if (e == ENOMEM)
+        snprintf(why, why_len, "cuda:%d: no memory left on the GPU for the backend's stream, cuBLAS "
+                 "handle and scratch (another process holds it? see nvidia-smi)", device);
+    else
+        ddk_cuda_device_usable(device, why, why_len);
+    errno = e;
+    return NULL;
 }
 
 extern "C" void ddk_cuda_synchronize(int device)

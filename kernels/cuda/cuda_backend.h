@@ -18,6 +18,17 @@ int ddk_cuda_multiprocessors(const ddk_backend *be);
 float *ddk_cuda_scratch_lock(const ddk_backend *be);
 void ddk_cuda_scratch_unlock(const ddk_backend *be);
 
+/* attention_select.c (C): records a fallback to the SIMT attention kernels, said in `what`
+ * (ddk.h, ddk_cuda_fallbacks) */
+extern "C" void ddk_cuda_note_fallback(const char *what);
+
+/* attention_flash.cu: the flash instances that fit `limit` bytes of shared memory a block at
+ * padded head dim D (64, 128, 256): query rows of a forward and a dq block, the key-major pass's
+ * query rows a chunk; 0 where none fits (the SIMT kernels run) */
+void ddk_cuda_flash_instances(size_t limit, int D, int *fwd_rows, int *dq_rows, int *dkv_rq);
+/* deltanet_cuda.cu: tokens of a chunk of the chunked form for `want` at key dim dk, within limit */
+int ddk_cuda_delta_chunk(int want, int dk, size_t limit);
+
 /* kernel_ops.cu: sets every op of t that is one of this folder's kernels (all but the products,
  * zero, copy, copy_rows and synchronize) */
 void ddk_cuda_kernel_ops(ddk_backend *t);

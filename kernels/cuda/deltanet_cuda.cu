@@ -379,6 +379,17 @@ __global__ static void __launch_bounds__(CHUNK_THREADS) delta_chunked_kernel(del
  * The op
  */
 
+/* tokens a chunk: `want` (chunk or T), at most CHUNK_MAX, shorter where this GPU's shared memory
+ * is smaller (exact for any length: rounding only): 46 at dk = 128 and 23 at dk = 256 on a 99 KB
+ * card (RTX PRO 6000); 1 at the least (then the caller finds it too large) */
+int ddk_cuda_delta_chunk(int want, int dk, size_t limit)
+{
+    int lmax = want < CHUNK_MAX ? want : CHUNK_MAX;
+    while (lmax > 1 && chunk_smem(dk, lmax) > limit)
+        lmax--;
+    return lmax;
+}
+
 /* the most dynamic shared memory a block of the current GPU may have */
 static size_t smem_limit(void)
 {
@@ -419,18 +430,14 @@ int ddk_cuda_gated_delta(const ddk_backend *be, const ddk_delta_shape *shape, co
     cudaStream_t stream = ddk_cuda_stream(be);   /* also makes be's GPU current */
     if (chunk == 0) {
         const dim3 grid((unsigned)nv, (unsigned)((dv + REC_BLOCK_COLS - 1) / REC_BLOCK_COLS));
-        DDK_LAUNCH(recurrent_for(dk), grid, REC_WARPS * 32, 0, stream, q, k, v, beta, g, T, nk, nv,
-                                                                (int)dk, (int)dv, state, out);
+        const recurrent_kernel delta_recurrent = recurrent_for(dk);
+        DDK_LAUNCH(delta_recurrent, grid, REC_WARPS * 32, 0, stream, q, k, v, beta, g, T, nk, nv,
+                   (int)dk, (int)dv, state, out);
         LAUNCH_CHECK();
         return 0;
     }
-    int64_t lmax = chunk < T ? chunk : T;
-    lmax = lmax < (int64_t)CHUNK_MAX ? lmax : (int64_t)CHUNK_MAX;
-    /* shorter chunks where this GPU's shared memory is smaller (exact for any length: rounding
-     * only): 46 tokens at dk = 128 and 23 at dk = 256 on a 99 KB card (RTX PRO 6000) */
     const size_t limit = smem_limit();
-    while (lmax > 1 && chunk_smem((int)dk, (int)lmax) > limit)
-        lmax--;
+    const int64_t lmax = ddk_cuda_delta_chunk((int)(chunk < T ? chunk : T), (int)dk, limit);
     const size_t smem = chunk_smem((int)dk, (int)lmax);
     if (smem > limit)
         return -EINVAL;

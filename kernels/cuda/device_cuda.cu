@@ -89,6 +89,33 @@ extern "C" int ddk_cuda_device_info(int device, ddk_device_info *info)
     return 0;
 }
 
+extern "C" int ddk_cuda_device_usable(int device, char *why, size_t why_len)
+{
+    char none[1];
+    if (!why || !why_len) {
+        why = none;
+        why_len = sizeof none;
+    }
+    ddk_device_info info;
+    const int rc = ddk_cuda_device_info(device, &info);
+    if (rc) {
+        snprintf(why, why_len, rc == -EINVAL ? "cuda:%d is not a GPU of this node (it has %d)"
+                                             : "cuda:%d: the driver does not answer (it has %d GPUs)",
+                 device, ddk_cuda_device_count());
+        return rc;
+    }
+    if (info.compute_capability < DDK_CUDA_ARCH_LOWEST) {
+        snprintf(why, why_len,
+                 "cuda:%d (%s, sm_%d) is older than every GPU this build of ddtree has code for "
+                 "(%s): run on such a GPU, or rebuild with -DCMAKE_CUDA_ARCHITECTURES=%d added "
+                 "(the tensor-core attention needs sm_80 or later)",
+                 device, info.name, info.compute_capability, DDK_CUDA_ARCHS, info.compute_capability);
+        return -ENOEXEC;
+    }
+    why[0] = '\0';
+    return 0;
+}
+
 extern "C" ddk_allocator *ddk_allocator_cuda(int device)
 {
     if (device < 0 || device >= ddk_cuda_device_count())

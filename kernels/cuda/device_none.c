@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <stddef.h>
+#include <stdio.h>
 
 int ddk_has_cuda(void)
 {
@@ -28,6 +29,27 @@ ddk_allocator *ddk_allocator_cuda(int device)
 
 const ddk_backend *ddk_backend_cuda(int device)
 {
+    errno = EINVAL;
+    return NULL;
+}
+
+int ddk_cuda_instances(int device, char *text, size_t len)
+{
+    if (text && len)
+        snprintf(text, len, "cuda:%d: this build of ddtree has no CUDA", device);
+    return -EINVAL;
+}
+
+int ddk_cuda_device_usable(int device, char *why, size_t why_len)
+{
+    if (why && why_len)
+        snprintf(why, why_len, "cuda:%d: this build of ddtree has no CUDA (rebuild where nvcc is found)", device);
+    return -EINVAL;
+}
+
+const ddk_backend *ddk_backend_cuda_or_why(int device, char *why, size_t why_len)
+{
+    ddk_cuda_device_usable(device, why, why_len);
     errno = EINVAL;
     return NULL;
 }

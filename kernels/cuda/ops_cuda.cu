@@ -248,7 +248,7 @@ void ddk_cuda_rmsnorm_backward(const ddk_backend *be, const float *x, const floa
     slices = ceil_div(rows, rows_per_slice);   /* no empty slice at the end */
     const dim3 grid((unsigned)col_tiles, (unsigned)slices), block(DG_COLS, DG_ROW_LANES);
     DDK_LAUNCH(rmsnorm_backward_dg_kernel, grid, block, 0, stream, x, rstd, dy, rows, d, rows_per_slice,
-                                                           partials, dg);
+               partials, dg);
     LAUNCH_CHECK();
     if (partials) {
         DDK_LAUNCH(rmsnorm_backward_dg_reduce_kernel, (unsigned)ceil_div(d, 256), 256, 0, stream,

@@ -129,8 +129,10 @@ enum { DDK_CUDA_MAX_HEAD_DIM = 256 };
  *     rounded from the fp32 inputs, fp32 softmax statistics and sums, mma.sync on sm_80 and
  *     later; a backward without atomics (a key-major pass for dk, dv, a query-major one for dq),
  *     so its results are the same bits at every call with the same inputs on the same GPU: GPU
- *     training steps are reproducible. A shape it does not take (d > 256, more than 2^30 keys)
- *     or a GPU below sm_80 runs the SIMT kernels instead.
+ *     training steps are reproducible. Its instances are chosen from the GPU's shared memory
+ *     (ddk_cuda_instances), so every card we plan for runs it at d <= 256. A shape it does not
+ *     take (d > 256, more than 2^30 keys) runs the SIMT kernels instead, counted and said
+ *     (ddk_cuda_fallbacks).
  *   DDK_CUDA_ATTENTION_SIMT: the first fp32 kernels (attention_cuda.cu): one warp per query
  *     row on the CUDA cores, dk and dv summed with float atomics (not reproducible bit for bit),
  *     kept for the before/after benchmark.
@@ -143,6 +145,20 @@ enum { DDK_CUDA_MAX_HEAD_DIM = 256 };
 enum { DDK_CUDA_ATTENTION_AUTO = 0, DDK_CUDA_ATTENTION_SIMT = 1, DDK_CUDA_ATTENTION_FLASH = 2 };
 DDK_API void ddk_cuda_set_attention_kernels(int kind);
 DDK_API int ddk_cuda_attention_kernels(void);
+/* Fallbacks: the times since the process started that an attention op ran the SIMT kernels
+ * because no tensor-core instance takes the shape on that GPU (flash in force, -ENOTSUP from
+ * attention_flash.cu: keys past 2^30, or a GPU without the shared memory for the smallest
+ * instance): slower, and the backward's float atomics are not the same bits at every call. The
+ * count; the last one said in a sentence into what (what_len bytes; what may be NULL). The
+ * trainer says it once per run: a log line and a "kernel_fallback" event. */
+DDK_API uint64_t ddk_cuda_fallbacks(char *what, size_t what_len);
+
+/* What GPU `device` gets: its limits (compute capability, multiprocessors, opt-in shared memory
+ * a block and shared memory an SM, threads an SM) and the kernel instances chosen under them
+ * (the flash attention's rows a block, forward / dq / the key-major chunk, at head dims 64, 128,
+ * 256; the Gated DeltaNet's chunk at dk 128 and 256), one line into text. 0, or -EINVAL (no such
+ * GPU, or no CUDA: text says so). */
+DDK_API int ddk_cuda_instances(int device, char *text, size_t len);
 
 /* 1 when this libddk has the CUDA backend compiled in. */
 DDK_API int ddk_has_cuda(void);
@@ -150,11 +166,18 @@ DDK_API int ddk_has_cuda(void);
 DDK_API int ddk_cuda_device_count(void);
 /* 0, -EINVAL (no such device) or -EIO (the driver said no). */
 DDK_API int ddk_cuda_device_info(int device, ddk_device_info *info);
+/* 0 when GPU `device` can run this libddk's kernels; -ENOEXEC, with a sentence in why, when its
+ * compute capability is below every architecture the library was built for (sm_90, sm_100 and
+ * sm_120 by default: an sm_80 or sm_89 GPU; a GPU above them runs the newest one's PTX);
+ * -EINVAL (no such GPU, or no CUDA) or -EIO (the driver said no), with why too. ddk_backend_cuda
+ * gives such a GPU no backend (NULL, errno ENOEXEC). */
+DDK_API int ddk_cuda_device_usable(int device, char *why, size_t why_len);
 /* The accounting allocator of GPU `device` (cudaMalloc); NULL when there is no such GPU. */
 DDK_API ddk_allocator *ddk_allocator_cuda(int device);
 /* The CUDA backend of GPU `device` (struct ddk_backend below; name "cuda", alloc
- * ddk_allocator_cuda(device)); NULL when there is no such GPU or no CUDA (errno EINVAL), or when
- * the GPU has no memory left for what the first call makes: its stream, cuBLAS handle and
+ * ddk_allocator_cuda(device)); NULL when there is no such GPU or no CUDA (errno EINVAL), a GPU
+ * this libddk has no code for (errno ENOEXEC: ddk_cuda_device_usable), or when the GPU has no
+ * memory left for what the first call makes: its stream, cuBLAS handle and
  * scratch, outside the accounting allocator and any budget (errno ENOMEM; a later call tries
  * again). No op allocates lazily. Its ops, zero and copy included, are queued in order on one
  * stream per GPU and return before they are done: the host reads what they wrote, and rewrites
@@ -165,6 +188,9 @@ DDK_API ddk_allocator *ddk_allocator_cuda(int device);
  * frozen target's); the loss and sumsq return with their work done (their results are on the
  * host). */
 DDK_API const struct ddk_backend *ddk_backend_cuda(int device);
+/* ddk_backend_cuda, or NULL with a sentence in why that says which: no such GPU, a GPU this
+ * libddk has no code for (ddk_cuda_device_usable), or no memory for the set-up. */
+DDK_API const struct ddk_backend *ddk_backend_cuda_or_why(int device, char *why, size_t why_len);
 /* Waits until every op queued on GPU `device`'s backend is done; a fault of one of them aborts
  * the process here with CUDA's message. Nothing to do without such a GPU. */
 DDK_API void ddk_cuda_synchronize(int device);

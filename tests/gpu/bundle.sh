@@ -4,7 +4,7 @@
 #
 #   tests/gpu/bundle.sh DIR [BUILD]
 #
-# Builds with CUDA (sm_90 and sm_100, -lineinfo, no -march=native: the device machine's CPU is
+# Builds with CUDA (sm_90, sm_100 and sm_120, -lineinfo, no -march=native: the device machine's CPU is
 # not this one) in BUILD (default build-bundle, configured here when it has no CMakeCache.txt;
 # an existing build folder is used as it is configured, which is how tests/gpu/bundle_check.sh
 # reuses scripts/test's build), then fills DIR (emptied first):
@@ -44,8 +44,8 @@ PROVIDED='^(ld-linux[^ ]*|linux-vdso\.so\.1|libc\.so\.|libm\.so\.|libdl\.so\.|li
 
 export PATH="$PATH:/usr/local/cuda/bin"
 if [ ! -f "$BUILD/CMakeCache.txt" ]; then
-    echo "bundle: configuring $BUILD (CUDA sm_90;100, portable CPU code)"
-    cmake -S "$ROOT" -B "$BUILD" -DDDTREE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="90;100" \
+    echo "bundle: configuring $BUILD (CUDA sm_90;100;120, portable CPU code)"
+    cmake -S "$ROOT" -B "$BUILD" -DDDTREE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="90;100;120" \
           -DDDTREE_NATIVE=OFF -DCMAKE_BUILD_TYPE=Release >"$BUILD.log" 2>&1 ||
         { tail -n 30 "$BUILD.log" >&2; echo "bundle: configure failed (log: $BUILD.log)" >&2; exit 1; }
 else   # configured again with its own cache (no option changed, nothing rebuilt): targets added since

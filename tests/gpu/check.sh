@@ -219,6 +219,8 @@ HAVE_GPU=0
 if [ "$FAILED" = 0 ]; then
     # --- 2. the GPU tests (each exits 77 without a GPU: a failure here) -------------------------
     gpu_test cuda_device "test_cuda_device" 30 "$B/bin/test_cuda_device"
+    # the card's limits and the kernel instances chosen for them (ddk_cuda_instances)
+    found "limits and instances" "$(grep -h '^instances cuda:' "$LOG" | head -n 4 | tr '\n' ';')"
     gpu_test backend_ops "test_backend_ops" 150 "$B/bin/test_backend_ops"
     gpu_test step_cuda "test_step_cuda" 150 "$B/bin/test_step_cuda"
     gpu_test target_cuda "test_target_cuda" 60 "$B/bin/test_target_cuda" "$B/models/qwen35-tiny"

@@ -1,6 +1,9 @@
 /* simt.cpp: the SIMT emulator (simt.h): a launch runs its blocks one after the other, each
- * block's threads as coroutines (ucontext, with AddressSanitizer's fiber annotations) scheduled
- * round-robin: a thread runs until it reaches a collective or returns. A collective resolves
+ * block's threads as coroutines scheduled round-robin: a thread runs until it reaches a collective
+ * or returns. The coroutines live as long as the process (one per thread index, started once with
+ * makecontext) and switch by _setjmp / _longjmp, which make no system call (swapcontext makes
+ * two, and AddressSanitizer clears a whole stack's shadow at each); AddressSanitizer is told of
+ * every switch (its fiber annotations). A collective resolves
  * when every thread that must take part is parked on it; what cannot resolve is a deadlock, and
  * a thread parked elsewhere than its partners is a divergence: both abort with a report.
  *
@@ -27,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string>
+#include <setjmp.h>
 #include <sys/mman.h>
 #include <ucontext.h>
 #include <vector>
@@ -47,7 +51,11 @@ namespace {
 
 enum thread_state { READY, AT_BARRIER, AT_WARP, EXITED };
 constexpr int MMA = 100;                 /* the mma's kind beside warp_kind's */
+#ifdef SIMT_ASAN
 constexpr size_t STACK = 512 * 1024;     /* a thread's stack (AddressSanitizer's frames are large) */
+#else
+constexpr size_t STACK = 128 * 1024;
+#endif
 constexpr int MAX_THREADS = 1024;
 
 struct op {                              /* what a parked thread brings to its collective */
@@ -62,8 +70,8 @@ struct op {                              /* what a parked thread brings to its c
 };
 
 struct thread {
-    ucontext_t ctx;
-    char *stack;
+    jmp_buf env;                         /* where it parked */
+    char *stack;                         /* mapped at its first run, kept */
     uint3 tid;
     int state;
     op at;
@@ -89,7 +97,7 @@ struct launch_state {
     char *dynamic;
     std::vector<region> statics;
     size_t static_bytes;
-    ucontext_t sched;
+    jmp_buf sched;
     thread *current;
     void *sched_fake;
     const void *sched_bottom;
@@ -120,38 +128,57 @@ int linear(const thread *t) { return (int)(t - L.threads); }
 
 /* ---- switching between the scheduler and a thread ---- */
 
-void to_scheduler(bool exiting)
+void to_scheduler(void)
 {
     thread *t = L.current;
+    if (_setjmp(t->env) == 0) {
 #ifdef SIMT_ASAN
-    __sanitizer_start_switch_fiber(exiting ? nullptr : &t->fake_stack, L.sched_bottom, L.sched_size);
-#else
-    (void)exiting;
+        __sanitizer_start_switch_fiber(&t->fake_stack, L.sched_bottom, L.sched_size);
 #endif
-    swapcontext(&t->ctx, &L.sched);
+        _longjmp(L.sched, 1);
+    }
 #ifdef SIMT_ASAN
     __sanitizer_finish_switch_fiber(t->fake_stack, &L.sched_bottom, &L.sched_size);
 #endif
 }
 
+/* a coroutine's life: the kernel for each block it is given, parking in between */
 void entry(void)
 {
 #ifdef SIMT_ASAN
     __sanitizer_finish_switch_fiber(nullptr, &L.sched_bottom, &L.sched_size);
 #endif
-    L.body(L.ctx);
-    L.current->state = EXITED;
-    to_scheduler(true);
-    abort();   /* an exited thread is never resumed */
+    for (;;) {
+        L.body(L.ctx);
+        L.current->state = EXITED;
+        to_scheduler();
+    }
 }
 
 void run(thread *t)
 {
     L.current = t;
+    if (_setjmp(L.sched) == 0) {
+        const bool first = !t->stack;
+        if (first) {   /* a stack, and makecontext's entry (swapcontext's save is never resumed) */
+            t->stack = (char *)mmap(nullptr, STACK, PROT_READ | PROT_WRITE,
+                                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+            if (t->stack == MAP_FAILED)
+                fail("no memory for a thread's stack");
+        }
 #ifdef SIMT_ASAN
-    __sanitizer_start_switch_fiber(&L.sched_fake, t->stack, STACK);
+        __sanitizer_start_switch_fiber(&L.sched_fake, t->stack, STACK);
 #endif
-    swapcontext(&L.sched, &t->ctx);
+        if (!first)
+            _longjmp(t->env, 1);
+        ucontext_t from, to;
+        getcontext(&to);
+        to.uc_stack.ss_sp = t->stack;
+        to.uc_stack.ss_size = STACK;
+        to.uc_link = nullptr;
+        makecontext(&to, entry, 0);
+        swapcontext(&from, &to);
+    }
 #ifdef SIMT_ASAN
     __sanitizer_finish_switch_fiber(L.sched_fake, nullptr, nullptr);
 #endif
@@ -309,7 +336,7 @@ void resolve_warp(int warp)
 void park(int state)
 {
     L.current->state = state;
-    to_scheduler(false);
+    to_scheduler();
 }
 
 /* every thread at one __syncthreads: release them */
@@ -358,25 +385,11 @@ bool barrier_ready(void)
 
 void run_block(void)
 {
-    static char *stacks[MAX_THREADS];
     const unsigned bx = L.block.x, by = L.block.y;
-    for (int i = 0; i < L.nthreads; i++) {
+    for (int i = 0; i < L.nthreads; i++) {   /* each coroutine parked at its last return */
         thread &t = L.threads[i];
-        if (!stacks[i]) {
-            stacks[i] = (char *)mmap(nullptr, STACK, PROT_READ | PROT_WRITE,
-                                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-            if (stacks[i] == MAP_FAILED)
-                fail("no memory for a thread's stack");
-        }
-        t.stack = stacks[i];
         t.tid = uint3{ (unsigned)i % bx, (unsigned)i / bx % by, (unsigned)i / (bx * by) };
         t.state = READY;
-        t.fake_stack = nullptr;
-        getcontext(&t.ctx);
-        t.ctx.uc_stack.ss_sp = t.stack;
-        t.ctx.uc_stack.ss_size = STACK;
-        t.ctx.uc_link = nullptr;
-        makecontext(&t.ctx, entry, 0);
     }
     /* exactly the launch's dynamic bytes (malloc(0) has none), NaN bytes */
     L.dynamic = (char *)malloc(L.smem);

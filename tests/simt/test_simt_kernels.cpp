@@ -17,7 +17,8 @@
  * its reason there; the emulated mma sums in double, so the flash ones hold with room.
  *
  * ctest: simt_kernels (labels unit, sanitize); one line per case and profile; "N passed, M failed".
- * DDTREE_SIMT_VERBOSE=1 prints each case's launches.
+ * DDTREE_SIMT_VERBOSE=1 prints each case's launches; DDTREE_SIMT_FAIL_FAST=1 stops at the first
+ * failed case (tests/simt/mutants.py).
  */
 #include "simt.h"
 #include "simt_backend.h"
@@ -116,9 +117,10 @@ static void expect_ran(const char *kernel)
  * Element-wise, norms, gathers, vectors
  */
 
-static void case_norms(void)
+/* rows 9 and 100 (the backward's dg in slices, summed by its reduce kernel) */
+static void norms_case(int64_t rows)
 {
-    const int64_t rows = 9, d = 70;
+    const int64_t d = 70;
     const float *x = rand_floats(rows * d, -2, 2), *g = rand_floats(d, 0.5, 1.5), *dy = rand_floats(rows * d, -1, 1);
     float *y[2] = { buf<float>(rows * d), buf<float>(rows * d) }, *rstd[2] = { buf<float>(rows), buf<float>(rows) };
     const ddk_backend *be[2] = { cpu, emu };
@@ -142,6 +144,13 @@ static void case_norms(void)
     }
     expect_close("gated_rmsnorm", gy[1], gy[0], rows * d, 2e-6);
     expect_close("l2norm_heads", l2[1], l2[0], T * heads * hd, 2e-6);
+}
+
+static void case_norms(void)
+{
+    norms_case(9);
+    norms_case(100);
+    expect_ran("rmsnorm_backward_dg_reduce_kernel");
 }
 
 static void case_rope_swiglu(void)
@@ -490,10 +499,46 @@ static void case_tree(void)
     expect_ran("tree_forward");
 }
 
+/* a card with 16 KB of shared memory a block (none we plan for): no flash instance fits (20,736
+ * bytes at the smallest), so the SIMT forward runs, and ddk_cuda_fallbacks says so, once a call */
+static void case_fallback_said(void)
+{
+    ddk_device_profile small = *ddk_device_profile_find("h200");
+    small.name = "16 KB";
+    small.smem_per_block_optin = 16384;
+    simt::set_profile(&small);
+    const ddk_attention_shape s = { 30, 2, 5, 4, 2, 32, 0, 0 };
+    const attn_inputs in = attn_make(&s);
+    float *out[2] = { buf<float>(2 * 5 * 4 * 32), buf<float>(2 * 5 * 4 * 32) },
+          *lse[2] = { buf<float>(2 * 5 * 4), buf<float>(2 * 5 * 4) };
+    const uint64_t before = ddk_cuda_fallbacks(NULL, 0);
+    const ddk_backend *be[2] = { cpu, emu };
+    for (int b = 0; b < 2; b++)
+        check(be[b]->dflash_attention(be[b], &s, in.q, in.k, in.v, in.anchors, in.keep, out[b], lse[b]) == 0,
+              "dflash_attention on %s", be[b]->name);
+    expect_close("out after the fallback", out[1], out[0], 2 * 5 * 4 * 32, 1e-5);
+    expect_ran("simt_attention");
+    char what[320];
+    check(ddk_cuda_fallbacks(what, sizeof what) == before + 1, "the fallback was not counted once");
+    check(strstr(what, "dflash_attention at head dim 32") && strstr(what, "16384 bytes") &&
+              strstr(what, "SIMT attention kernels"), "the fallback's sentence: \"%s\"", what);
+}
+
+/* what each card gets (attention_flash.cu's and deltanet_cuda.cu's figures): flash rows a block
+ * forward / dq / key-major chunk at d 64, 128, 256, then the Gated DeltaNet chunk */
+static const char *expected_instances(const char *card)
+{
+    return !strcmp(card, "rtx-pro-6000")
+               ? "d64 96/96/64 d128 96/80/32 d256 112/32/16; gated delta chunk dk128 46, dk256 23"
+               : "d64 96/96/64 d128 96/96/64 d256 128/64/32; gated delta chunk dk128 64, dk256 64";
+}
+
 int main(void)
 {
     const char *v = getenv("DDTREE_SIMT_VERBOSE");
     verbose = v && *v && strcmp(v, "0") != 0;
+    const char *ff = getenv("DDTREE_SIMT_FAIL_FAST");
+    const int fail_fast = ff && *ff && strcmp(ff, "0") != 0;
     cpu = ddk_backend_cpu();
     emu = simt_backend();
     static const test_case cases[] = {
@@ -516,8 +561,15 @@ int main(void)
     for (const char *name : cards) {
         const ddk_device_profile *p = ddk_device_profile_find(name);
         simt::set_profile(p);
-        printf("# %s (sm_%d, %d bytes of shared memory a block, %d threads an SM)\n", p->name,
-               p->compute_capability, p->smem_per_block_optin, p->threads_per_sm);
+        char inst[400];
+        ddk_cuda_instances(0, inst, sizeof inst);
+        printf("# %s: %s\n", p->name, inst);
+        case_failed = 0;
+        check(strstr(inst, expected_instances(p->name)) != NULL, "the instances are not \"%s\"",
+              expected_instances(p->name));
+        char line[200];
+        snprintf(line, sizeof line, "%s: the instances chosen for its limits", p->name);
+        case_done(line);
         for (const test_case &c : cases) {
             rng = 0x5eed + (uint64_t)(&c - cases);
             case_failed = 0;
@@ -526,7 +578,11 @@ int main(void)
             char line[200];
             snprintf(line, sizeof line, "%s: %s", p->name, c.name);
             case_done(line);
+            if (fail_fast && cases_failed)
+                return cases_summary();
         }
     }
+    run_case("a fallback to the SIMT kernels is counted and said (a 16 KB card)", case_fallback_said);
+    close_case();
     return cases_summary();
 }
