@@ -284,6 +284,17 @@ static void test_allreduce_2rank(void)
     free(got);
 }
 
+/* the link of cuda:0 and cuda:1, or NULL (a failed check) */
+static ddk_link *link_2gpu(void)
+{
+    char err[512] = "";
+    int devices[2] = { 0, 1 };
+    ddk_link *l = NULL;
+    const int rc = ddk_link_init(2, devices, &l, err, sizeof err);
+    check(rc == 0 && l, "ddk_link_init of cuda:0, cuda:1: rc %d: %s", rc, err);
+    return rc == 0 ? l : NULL;
+}
+
 /* 2 GPUs: a copy over the link is ordered after the sender's queued work (200 updates of its
  * source) and before the sender's next op (which zeroes the source), and the receiver's op after
  * the fence (a doubling) reads what arrived: 2 * (the source's last value), exactly. Twice, into
@@ -292,13 +303,10 @@ static void test_link_2gpu(void)
 {
     enum { count = 1000003 };
     char err[512] = "";
-    int devices[2] = { 0, 1 };
-    ddk_link *l = NULL;
-    int rc = ddk_link_init(2, devices, &l, err, sizeof err);
-    if (rc != 0 || !l) {
-        check(0, "ddk_link_init of cuda:0, cuda:1: rc %d: %s", rc, err);
+    int rc;
+    ddk_link *l = link_2gpu();
+    if (!l)
         return;
-    }
     float *host = xcalloc(count, sizeof(float)), *got = xcalloc(count, sizeof(float));
     for (int j = 0; j < count; j++)
         host[j] = (float)(j % 4096) - 1000.0f;
@@ -360,13 +368,10 @@ static void test_link_reuse_2gpu(void)
 {
     enum { count = 1000003 };
     char err[512] = "";
-    int devices[2] = { 0, 1 };
-    ddk_link *l = NULL;
-    int rc = ddk_link_init(2, devices, &l, err, sizeof err);
-    if (rc != 0 || !l) {
-        check(0, "ddk_link_init of cuda:0, cuda:1: rc %d: %s", rc, err);
+    int rc;
+    ddk_link *l = link_2gpu();
+    if (!l)
         return;
-    }
     float *old = xcalloc(count, sizeof(float)), *fresh = xcalloc(count, sizeof(float));
     float *got = xcalloc(count, sizeof(float));
     for (int j = 0; j < count; j++) {

@@ -125,6 +125,30 @@ static void abort_all(ddk_comm *c)
 
 /* -EIO: err says what failed on local rank i, NCCL's words for r and its last error (read
  * before the abort that follows), then advice; every local communicator is aborted */
+/* NCCL's asynchronous state of local rank i's communicator (a failed query is its error) */
+static ncclResult_t rank_state(const ddk_comm *c, int i)
+{
+    ncclResult_t state = ncclSuccess, q = ncclCommGetAsyncError(c->ranks[i].nccl, &state);
+    return q != ncclSuccess ? q : state;
+}
+
+/* the state of local ranks 0..local-1: the first one's error (*at its rank), else ncclInProgress
+ * while one is in progress, else ncclSuccess */
+static ncclResult_t ranks_state(const ddk_comm *c, int local, int *at)
+{
+    ncclResult_t all = ncclSuccess;
+    for (int i = 0; i < local; i++) {
+        const ncclResult_t state = rank_state(c, i);
+        if (state != ncclSuccess && state != ncclInProgress) {
+            *at = i;
+            return state;
+        }
+        if (state == ncclInProgress)
+            all = ncclInProgress;
+    }
+    return all;
+}
+
 static int fail_nccl(ddk_comm *c, int i, const char *what, ncclResult_t r, const char *advice,
                      char *err, size_t err_len)
 {
@@ -291,16 +315,11 @@ extern "C" int ddk_comm_init(const char *id_hex, int world, int first_rank, int 
     clock_gettime(CLOCK_MONOTONIC, &t0);
     const struct timespec nap = { 0, poll_interval_ns };
     for (int pending = 1; rc == 0 && pending;) {
-        pending = 0;
-        for (int i = 0; i < local && rc == 0; i++) {
-            ncclResult_t state = ncclSuccess, q = ncclCommGetAsyncError(c->ranks[i].nccl, &state);
-            if (q != ncclSuccess)
-                state = q;
-            if (state == ncclInProgress)
-                pending = 1;
-            else if (state != ncclSuccess)
-                rc = fail_nccl(c, i, "ncclCommInitRankConfig", state, init_advice, err, err_len);
-        }
+        int failed = 0;
+        const ncclResult_t state = ranks_state(c, local, &failed);
+        pending = state == ncclInProgress;
+        if (!pending && state != ncclSuccess)
+            rc = fail_nccl(c, failed, "ncclCommInitRankConfig", state, init_advice, err, err_len);
         if (rc == 0 && pending && seconds_since(&t0) > peer_deadline_s) {
             ddk_comm_error(-ETIMEDOUT, err, err_len, "the communicator's %d ranks did not all join within %.0f s: "
                            "start the run on every daemon of the cluster; %s", world, peer_deadline_s, init_advice);
@@ -354,16 +373,11 @@ static int queue_allreduce(ddk_comm *c, float *const *bufs, int64_t count,
                          reduce_advice, err, err_len);
     const struct timespec nap = { 0, poll_interval_ns };
     for (int pending = 1; pending;) {
-        pending = 0;
-        for (int i = 0; i < c->local; i++) {
-            ncclResult_t state = ncclSuccess, q = ncclCommGetAsyncError(c->ranks[i].nccl, &state);
-            if (q != ncclSuccess)
-                state = q;
-            if (state == ncclInProgress)
-                pending = 1;
-            else if (state != ncclSuccess)
-                return fail_nccl(c, i, "the all-reduce", state, reduce_advice, err, err_len);
-        }
+        int failed = 0;
+        const ncclResult_t state = ranks_state(c, c->local, &failed);
+        pending = state == ncclInProgress;
+        if (!pending && state != ncclSuccess)
+            return fail_nccl(c, failed, "the all-reduce", state, reduce_advice, err, err_len);
         if (pending && seconds_since(t0) > peer_deadline_s)
             return reduce_timed_out(c, err, err_len);
         if (pending)
@@ -384,9 +398,7 @@ static int wait_allreduce(ddk_comm *c, const struct timespec *t0, char *err, siz
         int pending = 0, failed = -1;
         ncclResult_t async = ncclSuccess;
         for (int i = 0; i < c->local; i++) {
-            ncclResult_t q = ncclCommGetAsyncError(c->ranks[i].nccl, &async);
-            if (q != ncclSuccess)
-                async = q;
+            async = rank_state(c, i);
             if (async == ncclInProgress) {   /* queued, so not expected: wait all the same */
                 pending = 1;
                 continue;

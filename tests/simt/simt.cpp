@@ -128,7 +128,9 @@ int linear(const thread *t) { return (int)(t - L.threads); }
 
 /* ---- switching between the scheduler and a thread ---- */
 
-void to_scheduler(void)
+/* the switches: not inlined, so that _setjmp's frame is theirs alone (no caller's local lives
+ * across a _longjmp) */
+__attribute__((noinline)) void to_scheduler(void)
 {
     thread *t = L.current;
     if (_setjmp(t->env) == 0) {
@@ -155,7 +157,7 @@ void entry(void)
     }
 }
 
-void run(thread *t)
+__attribute__((noinline)) void run(thread *t)
 {
     L.current = t;
     if (_setjmp(L.sched) == 0) {

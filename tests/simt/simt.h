@@ -21,6 +21,7 @@
 #define DDK_SIMT_H
 
 #include "ddk.h"
+#include "ddk_bf16.h"
 
 #include <math.h>
 #include <stddef.h>
@@ -61,20 +62,11 @@ struct alignas(8) uint2 {
 };
 static inline int4 make_int4(int x, int y, int z, int w) { return int4{ x, y, z, w }; }
 static inline uint2 make_uint2(unsigned x, unsigned y) { return uint2{ x, y }; }
-static inline float __uint_as_float(unsigned u)
-{
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-static inline unsigned __float_as_uint(float f)
-{
-    unsigned u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
+static inline float __uint_as_float(unsigned u) { return ddk_f32_from_bits(u); }
+static inline unsigned __float_as_uint(float f) { return ddk_f32_bits(f); }
 
-/* bf16 as the device converts (cvt.rn.bf16.f32): to nearest even, NaN to the canonical 0x7fff */
+/* bf16 as the device converts (cvt.rn.bf16.f32): to nearest even (ddk_bf16.h), NaN to the
+ * canonical 0x7fff (where the CPU's keeps the payload) */
 struct __nv_bfloat16 {
     uint16_t bits;
 };
@@ -83,18 +75,14 @@ struct alignas(4) __nv_bfloat162 {
 };
 static inline __nv_bfloat16 __float2bfloat16_rn(float f)
 {
-    uint32_t u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u)
-        return __nv_bfloat16{ 0x7fff };
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return __nv_bfloat16{ (uint16_t)(u >> 16) };
+    return __nv_bfloat16{ f != f ? (uint16_t)0x7fff : ddk_f32_to_bf16(f) };
 }
 static inline __nv_bfloat162 __floats2bfloat162_rn(float lo, float hi)
 {
     return __nv_bfloat162{ __float2bfloat16_rn(lo), __float2bfloat16_rn(hi) };
 }
 static inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 b) { return b.bits; }
-static inline float __bfloat162float(__nv_bfloat16 b) { return __uint_as_float((uint32_t)b.bits << 16); }
+static inline float __bfloat162float(__nv_bfloat16 b) { return ddk_bf16_to_f32(b.bits); }
 
 /* ------------------------------------------------------------------------------------------
  * The runtime: errors, streams, attributes, copies (device memory is host memory)

@@ -134,6 +134,16 @@ static void norms_case(int64_t rows)
     expect_close("rmsnorm rstd", rstd[1], rstd[0], rows, 2e-6);
     expect_close("rmsnorm dx", dx[1], dx[0], rows * d, 5e-6);
     expect_close("rmsnorm dg", dg[1], dg[0], d, 1e-5);
+    /* the same bits with blocks and threads in the reverse order (no atomics, a fixed sum order) */
+    float *dx2 = copy_of(dx0, rows * d), *dg2 = copy_of(dg0, d);
+    simt::set_schedule(1);
+    emu->rmsnorm_backward(emu, x, g, rstd[0], dy, rows, d, dx2, dg2);
+    const double ss2 = emu->sumsq(emu, dy, rows * d);
+    simt::set_schedule(0);
+    expect_same("rmsnorm dx, reverse schedule", dx2, dx[1], (size_t)(rows * d) * sizeof(float));
+    expect_same("rmsnorm dg, reverse schedule", dg2, dg[1], (size_t)d * sizeof(float));
+    const double ss1 = emu->sumsq(emu, dy, rows * d);
+    check(ss1 == ss2, "sumsq, reverse schedule: %.17g, then %.17g", ss1, ss2);
     const float *z = rand_floats(rows * d, -3, 3);
     const int64_t T = 3, heads = 2, hd = 32, ld = heads * hd + 5;
     const float *src = rand_floats(T * ld, -2, 2);
