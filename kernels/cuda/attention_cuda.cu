@@ -109,6 +109,7 @@ typedef struct attn_params {
     int64_t p0;                /* causal: the position of query row 0 (S - T; 0 for a prefill) */
     float scale;
     int causal;                /* 1: causal attention of T query rows; 0: DFlash */
+    int kt;                    /* backward: keys a tile, KEY_TILE or half of it (launch) */
 } attn_params;
 
 /* One pass over keys: the block-uniform range [k0, k1) whose tiles the block loads, and the
@@ -319,7 +320,8 @@ __global__ void __launch_bounds__(ROWS_PER_CTA * 32, 2) attn_forward_kernel(attn
 
 /* ------------------------------------------------------------------------------------------
  * Backward. Shared: q rows (R, d), dout rows (R, d), K, V tiles and the tile's dK, dV sums
- * (KEY_TILE, d + 1) each.
+ * (kt, d + 1) each: kt = KEY_TILE keys a tile, or 16 where the GPU's shared memory is smaller
+ * (99 KB cards at d > 157: lanes 16..31 then see no key, c1 <= n <= kt).
  */
 
 template <int NC>
@@ -330,8 +332,9 @@ attn_backward_kernel(attn_params p)
     const int lane = (int)(threadIdx.x % 32), warp = (int)(threadIdx.x / 32);
     const int warps = (int)(blockDim.x / 32);
     const int d = (int)p.d, ldt = d + 1;   /* d <= MAX_D (heads_ok) */
-    float *sq = smem, *sdo = sq + warps * d, *sk = sdo + warps * d, *sv = sk + KEY_TILE * ldt;
-    float *sdk = sv + KEY_TILE * ldt, *sdv = sdk + KEY_TILE * ldt;
+    const int kt = p.kt;
+    float *sq = smem, *sdo = sq + warps * d, *sk = sdo + warps * d, *sv = sk + kt * ldt;
+    float *sdk = sv + kt * ldt, *sdv = sdk + kt * ldt;
     const attn_rows r = attn_rows_of(p, warp, warps);
     if (r.skip)   /* padded block: no gradient either way (block-uniform) */
         return;
@@ -356,8 +359,8 @@ attn_backward_kernel(attn_params p)
 
     for (int pass = 0; pass < r.npass; pass++) {
         const key_pass kp = pass_of(r, pass);
-        for (int64_t t0 = kp.k0; t0 < kp.k1; t0 += KEY_TILE) {
-            const int n = (int)imin(KEY_TILE, kp.k1 - t0);
+        for (int64_t t0 = kp.k0; t0 < kp.k1; t0 += kt) {
+            const int n = (int)imin(kt, kp.k1 - t0);
             __syncthreads();   /* the previous tile and its sums are used up */
             load_tile(sk, p.k, t0, n, p.nkv, r.hk, d, ldt);
             load_tile(sv, p.v, t0, n, p.nkv, r.hk, d, ldt);
@@ -426,9 +429,9 @@ static constexpr size_t forward_smem(int64_t warps, int64_t d)
     return (size_t)(warps * d + 2 * KEY_TILE * (d + 1)) * sizeof(float);
 }
 
-static constexpr size_t backward_smem(int64_t warps, int64_t d)
+static constexpr size_t backward_smem(int64_t warps, int64_t d, int64_t kt = KEY_TILE)
 {
-    return (size_t)(2 * warps * d + 4 * KEY_TILE * (d + 1)) * sizeof(float);
+    return (size_t)(2 * warps * d + 4 * kt * (d + 1)) * sizeof(float);
 }
 
 /* The largest launch (ROWS_PER_CTA warps, d = MAX_D) fits H100/H200, whose opt-in limit for a
@@ -437,6 +440,8 @@ static constexpr size_t backward_smem(int64_t warps, int64_t d)
 enum { H100_SMEM_OPTIN = 232448 };
 static_assert(forward_smem(ROWS_PER_CTA, MAX_D) <= H100_SMEM_OPTIN, "forward fits at MAX_D");
 static_assert(backward_smem(ROWS_PER_CTA, MAX_D) <= H100_SMEM_OPTIN, "backward fits at MAX_D");
+/* and with half tiles, a card of 99 KB a block (RTX PRO 6000, sm_120) */
+static_assert(backward_smem(ROWS_PER_CTA, MAX_D, KEY_TILE / 2) <= 101376, "backward fits 99 KB at MAX_D");
 
 /* the most dynamic shared memory a block of be's GPU may have */
 static size_t smem_limit(void)
@@ -466,13 +471,16 @@ static attn_kernel kernel_for(int64_t d, int backward)
     return pick<8>(backward);
 }
 
-/* Queues the kernel on be's stream; -EINVAL when its shared memory does not fit this GPU. */
-static int launch(const ddk_backend *be, const attn_params &p, dim3 grid, int64_t warps,
+/* Queues the kernel on be's stream (the backward with whole key tiles, or half ones where this
+ * GPU's shared memory is smaller); -EINVAL when its shared memory does not fit this GPU. */
+static int launch(const ddk_backend *be, const attn_params &shape_p, dim3 grid, int64_t warps,
                   int backward)
 {
     cudaStream_t stream = ddk_cuda_stream(be);   /* also makes be's GPU current */
-    const size_t smem = backward ? backward_smem(warps, p.d) : forward_smem(warps, p.d),
-                 limit = smem_limit();
+    const size_t limit = smem_limit();
+    attn_params p = shape_p;
+    p.kt = backward && backward_smem(warps, p.d) > limit ? KEY_TILE / 2 : KEY_TILE;
+    const size_t smem = backward ? backward_smem(warps, p.d, p.kt) : forward_smem(warps, p.d);
     if (smem > limit)
         return -EINVAL;
     attn_kernel simt_attention = kernel_for(p.d, backward);

@@ -135,9 +135,8 @@ enum { DDK_CUDA_MAX_HEAD_DIM = 256 };
  *     (ddk_cuda_fallbacks).
  *   DDK_CUDA_ATTENTION_SIMT: the first fp32 kernels (attention_cuda.cu): one warp per query
  *     row on the CUDA cores, dk and dv summed with float atomics (not reproducible bit for bit),
- *     kept for the before/after benchmark. Its backward holds four tiles of 32 keys in shared
- *     memory: on a card with 99 KB a block (RTX PRO 6000) it takes head dims up to 157, and
- *     says -EINVAL above (the flash kernels take every d <= 256 there).
+ *     kept for the before/after benchmark (on a card with 99 KB of shared memory a block, RTX
+ *     PRO 6000, its backward takes 16 keys a tile above d 157).
  *   DDK_CUDA_ATTENTION_AUTO: flash on sm_80 and later, else SIMT. The default.
  * The environment variable DDTREE_CUDA_ATTENTION=simt|flash|auto, read once at the first
  * attention call, chooses; ddk_cuda_set_attention_kernels(kind) overrides it for the process (a

@@ -465,10 +465,12 @@ static const ddk_attention_shape dflash_d64 = { 40, 3, 5, 4, 2, 64, 0, 0 };
 static const ddk_attention_shape dflash_seed_rows = { 20, 2, 24, 4, 1, 128, 16, 0 };   /* 96 rows a group */
 static const ddk_attention_shape dflash_d256 = { 30, 3, 4, 4, 1, 256, 0, 0 };
 static const ddk_attention_shape dflash_simt = { 30, 3, 5, 4, 2, 40, 12, 0 };
+static const ddk_attention_shape dflash_simt_d256 = { 40, 2, 20, 2, 1, 256, 0, 0 };   /* 16 rows a block: half tiles on 99 KB */
 static void case_dflash_d64(void) { dflash_case(&dflash_d64, DDK_CUDA_ATTENTION_FLASH); }
 static void case_dflash_seed_rows(void) { dflash_case(&dflash_seed_rows, DDK_CUDA_ATTENTION_FLASH); }
 static void case_dflash_d256(void) { dflash_case(&dflash_d256, DDK_CUDA_ATTENTION_FLASH); }
 static void case_dflash_simt(void) { dflash_case(&dflash_simt, DDK_CUDA_ATTENTION_SIMT); }
+static void case_dflash_simt_d256(void) { dflash_case(&dflash_simt_d256, DDK_CUDA_ATTENTION_SIMT); }
 
 /* causal prefill: 6 query heads a kv head, 40 positions: 240 rows, past what a 99 KB card's
  * block takes at d 256 (112); and 5 queries over a cache of 40 */
@@ -564,6 +566,7 @@ int main(void)
         { "dflash flash d 128, 96-row groups, window; same bits reversed", case_dflash_seed_rows },
         { "dflash flash d 256; same bits reversed", case_dflash_d256 },
         { "dflash SIMT kernels d 40, window", case_dflash_simt },
+        { "dflash SIMT kernels d 256 (16-key tiles on 99 KB)", case_dflash_simt_d256 },
         { "causal flash d 256: prefill of 240 rows, over a cache", case_causal },
         { "tree attention", case_tree },
     };
