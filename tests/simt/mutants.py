@@ -47,11 +47,13 @@ MUTANTS = [
     ("a missing barrier before the Gated DeltaNet's next chunk", "deltanet_cuda.cu",
      "        __syncthreads();   /* the previous chunk's step 4 (or the state's load) is done */\n",
      ""),
-    ("the flash dq pass's shared memory one row short", "attention_flash.cu",
-     "    return (size_t)(2 * R * (D + PAD) + 2 * kt_of(D) * (D + PAD) + D * (kt_of(D) + PAD)) * 2 +\n"
-     "           (size_t)2 * R * sizeof(float);",
-     "    return (size_t)(2 * R * (D + PAD) + 2 * kt_of(D) * (D + PAD) + D * (kt_of(D) + PAD) - (D + PAD)) * 2 +\n"
-     "           (size_t)2 * R * sizeof(float);"),
+    ("the flash dq pass's shared memory one row short (its fp32 rows placed one sKt row later)",
+     "attention_flash.cu",
+     "    float *sL = reinterpret_cast<float *>(sKt + D * LDT), *sD = sL + R;",
+     "    float *sL = reinterpret_cast<float *>(sKt + (D + 1) * LDT), *sD = sL + R;"),
+    ("the key-major pass's keys one row short (sKeys over the last sdOt row)", "attention_flash.cu",
+     "    int4 *sKeys = reinterpret_cast<int4 *>(sdOt + D * LDT);",
+     "    int4 *sKeys = reinterpret_cast<int4 *>(sdOt + (D - 1) * LDT);"),
     ("the Gated DeltaNet chunk's shared memory one row short", "deltanet_cuda.cu",
      "                              + (size_t)2 * lmax * R_STRIDE      /* R / Un, O (lmax, 33) */",
      "                              + (size_t)2 * lmax * R_STRIDE - R_STRIDE"),
@@ -108,7 +110,8 @@ def main():
                 res = run([os.path.join(build, "bin", t)], env=env, timeout=900)
                 if res.returncode:
                     lines = [l for l in res.stdout.splitlines()
-                             if l.startswith(("FAIL", "simt:", "==")) and "WARNING: ASan" not in l]
+                             if l.startswith(("FAIL", "simt:")) or "ERROR: AddressSanitizer" in l
+                             or "runtime error" in l]
                     why.append("%s: %s" % (t, (lines[0] if lines else "exit %d" % res.returncode)[:160]))
             if why:
                 print("caught %s: %s" % (name, why[0]))

@@ -1,6 +1,7 @@
 /* simt.cpp: the SIMT emulator (simt.h): a launch runs its blocks one after the other, each
- * block's threads as coroutines scheduled round-robin: a thread runs until it reaches a collective
- * or returns. The coroutines live as long as the process (one per thread index, started once with
+ * block's threads as coroutines: a thread runs until it reaches a collective or returns, and a
+ * warp runs as far as it can before the next one starts. The coroutines live as long as the
+ * process (one per thread index, started once with
  * makecontext) and switch by _setjmp / _longjmp, which make no system call (swapcontext makes
  * two, and AddressSanitizer clears a whole stack's shadow at each); AddressSanitizer is told of
  * every switch (its fiber annotations). A collective resolves
@@ -401,18 +402,28 @@ void run_block(void)
     L.statics.clear();
     L.static_bytes = 0;
 
+    /* each warp runs as far as it can (to a barrier, or its end) before the next starts: the
+     * widest skew between warps, so that a missing barrier shows both ways, a read before the
+     * other warps' writes and a write before their reads */
+    const int warps = (L.nthreads + 31) / 32;
     int live = L.nthreads;
     while (live) {
         bool ran = false;
-        for (int k = 0; k < L.nthreads; k++) {
-            thread *t = L.threads + (g_reversed ? L.nthreads - 1 - k : k);
-            if (t->state != READY)
-                continue;
-            run(t);
-            ran = true;
-            if (t->state == EXITED)
-                live--;
-            resolve_warp(linear(t) / 32);
+        for (int wk = 0; wk < warps; wk++) {
+            const int w = g_reversed ? warps - 1 - wk : wk, lanes = L.nthreads - w * 32 < 32 ? L.nthreads - w * 32 : 32;
+            for (bool progress = true; progress;) {
+                progress = false;
+                for (int k = 0; k < lanes; k++) {
+                    thread *t = L.threads + w * 32 + (g_reversed ? lanes - 1 - k : k);
+                    if (t->state != READY)
+                        continue;
+                    run(t);
+                    ran = progress = true;
+                    if (t->state == EXITED)
+                        live--;
+                    resolve_warp(w);
+                }
+            }
             barrier_ready();
         }
         if (live && !ran)
