@@ -5,11 +5,14 @@
  * host code that picks an instance for the card runs too; the launch log says which ran.
  *
  * Per profile: the norms, RoPE (full and partial), SwiGLU (fp32 and bf16 inputs), the gathers,
- * argmax, sumsq, axpby, AdamW with its bf16 copy, the noise, round_bf16, conv1d + SiLU, the
- * DeltaNet gates and l2norm, the Gated DeltaNet recurrence and chunked form at dk 128 and 256
- * (the chunk the card allows), the fused loss (materialised and tiled, teacher and given labels),
+ * argmax, sumsq, axpby, AdamW with its bf16 copy, the noise, round_bf16 (flat, and in rows with
+ * strides), conv1d + SiLU, the DeltaNet gates and l2norm, the Gated DeltaNet recurrence and
+ * chunked form at dk 128 and 256 (the chunk the card allows), the fused loss (materialised and
+ * tiled, teacher and given labels, a bf16 head read in place), the norms again on a card of one
+ * multiprocessor (blocks that take several rows),
  * DFlash attention forward and backward with the flash kernels at d 64 / 128 / 256 (the seed's
- * 96-row groups included) and with the SIMT kernels, causal attention (a prefill of more rows than
+ * 96-row groups included) and with the SIMT kernels (d 40, and d 256: half key tiles on a 99 KB
+ * card), causal attention (a prefill of more rows than
  * a 99 KB card's block takes, and over a cache), tree attention. Determinism: every flash backward
  * and the loss are run again with blocks and threads in the reverse order and must give the same
  * bits; on no card may the flash path fall back to the SIMT kernels (the log must name the flash
@@ -22,6 +25,7 @@
  */
 #include "simt.h"
 #include "simt_backend.h"
+#include "cuda_backend.h"
 #include "ddk_bf16.h"
 #include "check.h"
 
@@ -297,8 +301,26 @@ static void case_gathers_vectors(void)
     }
 }
 
+/* matmul_w16's operand rounding (rows with strides): each row's first cols rounded, the rest of
+ * dst's row untouched */
+static void round_rows_case(void)
+{
+    const int64_t rows = 3, cols = 5, ld_src = 7, ld_dst = 8;
+    const float *src = rand_floats(rows * ld_src, -100, 100);
+    uint16_t *dst = buf<uint16_t>(rows * ld_dst);
+    for (int64_t i = 0; i < rows * ld_dst; i++)
+        dst[i] = 0xaaaa;
+    ddk_cuda_round_bf16_rows(emu, src, ld_src, rows, cols, dst, ld_dst);
+    int64_t bad = 0;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < ld_dst; c++)
+            bad += dst[r * ld_dst + c] != (c < cols ? ddk_f32_to_bf16(src[r * ld_src + c]) : 0xaaaa);
+    check(bad == 0, "round_bf16_rows: %lld values wrong or written past cols", (long long)bad);
+}
+
 static void case_target_ops(void)
 {
+    round_rows_case();
     const int64_t T = 7, C = 10, K = 4, nv = 6, count = 300;
     const ddk_backend *be[2] = { cpu, emu };
     const float *x = rand_floats(T * C, -1, 1), *w = rand_floats(C * K, -1, 1), *hist = rand_floats((K - 1) * C, -1, 1);
@@ -354,11 +376,16 @@ static void case_delta_256(void) { delta_case(256, 30); }
  * The loss
  */
 
-static void loss_case(int64_t vocab_tile, int given_labels)
+/* head16: the target's bf16 head read in place (bf16 products: the backend's matmul_w16 panels) */
+static void loss_case(int64_t vocab_tile, int given_labels, int head16)
 {
     const int64_t n = 13, H = 32, V = 70;
-    const ddk_loss_params p = { n, H, V, 5, vocab_tile, 0.15f, 2.0f, 0.1f, 1.5f, 0, 0 };
-    const float *hs = rand_floats(n * H, -1, 1), *ht = rand_floats(n * H, -1, 1), *W = rand_floats(V * H, -0.5, 0.5);
+    const ddk_loss_params p = { n, H, V, 5, vocab_tile, 0.15f, 2.0f, 0.1f, 1.5f, head16, head16 };
+    const float *hs = rand_floats(n * H, -1, 1), *ht = rand_floats(n * H, -1, 1), *W32 = rand_floats(V * H, -0.5, 0.5);
+    uint16_t *W16 = buf<uint16_t>(V * H);
+    for (int64_t i = 0; i < V * H; i++)
+        W16[i] = ddk_f32_to_bf16(W32[i]);
+    const void *W = head16 ? (const void *)W16 : (const void *)W32;
     const float *wts = rand_floats(n, 0.2, 1.0);
     int32_t *labels = given_labels ? buf<int32_t>(n) : NULL;
     for (int64_t i = 0; labels && i < n; i++)
@@ -388,8 +415,9 @@ static void loss_case(int64_t vocab_tile, int given_labels)
     expect_ran("grad_kernel");
 }
 
-static void case_loss_materialised(void) { loss_case(0, 0); }
-static void case_loss_tiled(void) { loss_case(16, 1); }
+static void case_loss_materialised(void) { loss_case(0, 0, 0); }
+static void case_loss_tiled(void) { loss_case(16, 1, 0); }
+static void case_loss_head16(void) { loss_case(32, 1, 1); }
 
 /* ------------------------------------------------------------------------------------------
  * Attention
@@ -565,11 +593,12 @@ int main(void)
         { "rmsnorm (+ backward), gated_rmsnorm, l2norm_heads", case_norms },
         { "rope, rope_partial, swiglu (+ backward, bf16 inputs)", case_rope_swiglu },
         { "embedding (fp32, bf16), argmax, sumsq, axpby, noise, adamw + bf16 copy, round_bf16", case_gathers_vectors },
-        { "conv1d_silu, sigmoid_mul, delta_gates", case_target_ops },
+        { "round_bf16_rows, conv1d_silu, sigmoid_mul, delta_gates", case_target_ops },
         { "gated_delta dk 128: recurrence, chunked over 70 tokens", case_delta_128 },
         { "gated_delta dk 256: recurrence, chunked", case_delta_256 },
         { "loss materialised, teacher labels; same bits reversed", case_loss_materialised },
         { "loss tiled 16, given labels; same bits reversed", case_loss_tiled },
+        { "loss tiled 32, bf16 head in place; same bits reversed", case_loss_head16 },
         { "dflash flash d 64; backward same bits reversed", case_dflash_d64 },
         { "dflash flash d 128, 96-row groups, window; same bits reversed", case_dflash_seed_rows },
         { "dflash flash d 256; same bits reversed", case_dflash_d256 },
