@@ -60,10 +60,12 @@ MUTANTS = [
     ("a wrong xor in the row sums' warp reduction (ops_cuda.cu warp_sum: offset - 1)", "ops_cuda.cu",
      "        v += __shfl_xor_sync(0xffffffffu, v, offset);\n    return v;\n}\n\n/* the sum of v over the block",
      "        v += __shfl_xor_sync(0xffffffffu, v, offset - 1);\n    return v;\n}\n\n/* the sum of v over the block"),
-    ("the loss's argmax merged with the wrong lane (loss_cuda.cu: a shuffle's index read, offset + 1)",
+    # (offset == 1 ? 3 : offset) would be an equivalent mutant: after the offset-2 step lanes
+    # l ^ 1 and l ^ 3 hold the same pair
+    ("the loss's student argmax taking another lane's index (loss_cuda.cu block_argmax2: at offset 16, lane ^ 8's)",
      "loss_cuda.cu",
      "        const int oi0 = __shfl_xor_sync(0xffffffffu, i0, offset);",
-     "        const int oi0 = __shfl_xor_sync(0xffffffffu, i0, offset == 1 ? 3 : offset);"),
+     "        const int oi0 = __shfl_xor_sync(0xffffffffu, i0, offset == 16 ? 8 : offset);"),
 ]
 
 

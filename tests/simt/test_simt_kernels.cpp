@@ -379,17 +379,25 @@ static void case_delta_256(void) { delta_case(256, 30); }
 /* head16: the target's bf16 head read in place (bf16 products: the backend's matmul_w16 panels) */
 static void loss_case(int64_t vocab_tile, int given_labels, int head16)
 {
-    const int64_t n = 13, H = 32, V = 70;
+    const int64_t n = 13, H = 32, V = 300;   /* 75 of a row's 256 threads hold columns */
     const ddk_loss_params p = { n, H, V, 5, vocab_tile, 0.15f, 2.0f, 0.1f, 1.5f, head16, head16 };
-    const float *hs = rand_floats(n * H, -1, 1), *ht = rand_floats(n * H, -1, 1), *W32 = rand_floats(V * H, -0.5, 0.5);
+    const float *hs = rand_floats(n * H, -1, 1), *W32 = rand_floats(V * H, -0.5, 0.5);
+    float *ht = rand_floats(n * H, -1, 1);
+    for (int64_t i = 1; i < n; i += 2)   /* the teacher's argmax the student's: "correct" counts */
+        memcpy(ht + i * H, hs + i * H, (size_t)H * sizeof(float));
     uint16_t *W16 = buf<uint16_t>(V * H);
     for (int64_t i = 0; i < V * H; i++)
         W16[i] = ddk_f32_to_bf16(W32[i]);
     const void *W = head16 ? (const void *)W16 : (const void *)W32;
     const float *wts = rand_floats(n, 0.2, 1.0);
-    int32_t *labels = given_labels ? buf<int32_t>(n) : NULL;
+    /* given labels: every odd position's the student's argmax (so that "correct" counts, and a
+     * wrong argmax shows), position 4 ignored */
+    int32_t *labels = given_labels ? buf<int32_t>(n) : NULL, *argmax = buf<int32_t>(n);
+    float *z = buf<float>(n * V);   /* (n, V) the student's fp32 logits */
+    cpu->matmul(cpu, 0, 1, n, V, H, 1.0f, hs, H, W32, H, 0.0f, z, V);
+    cpu->argmax_rows(cpu, z, n, V, argmax);
     for (int64_t i = 0; labels && i < n; i++)
-        labels[i] = i == 4 ? -1 : (int32_t)((i * 17) % V);
+        labels[i] = i == 4 ? -1 : i % 2 ? argmax[i] : (int32_t)((i * 17) % V);
     ddk_loss_result r[3];
     float *grad[3], *pp[3];
     for (int t = 0; t < 3; t++) {   /* CPU, emulated, emulated in the reverse order */
@@ -405,6 +413,7 @@ static void loss_case(int64_t vocab_tile, int given_labels, int head16)
     check(fabs(r[1].ce - r[0].ce) <= 1e-5 * fabs(r[0].ce), "ce %.9g, want %.9g", r[1].ce, r[0].ce);
     check(fabs(r[1].kl - r[0].kl) <= 1e-5 * fabs(r[0].kl) + 1e-9, "kl %.9g, want %.9g", r[1].kl, r[0].kl);
     check(fabs(r[1].cap - r[0].cap) <= 1e-5 * fabs(r[0].cap) + 1e-9, "cap %.9g, want %.9g", r[1].cap, r[0].cap);
+    check(r[0].correct >= 3, "the labels meant to be right are not: %lld correct", (long long)r[0].correct);
     check(r[1].counted == r[0].counted && r[1].correct == r[0].correct, "counted %lld correct %lld, want %lld %lld",
           (long long)r[1].counted, (long long)r[1].correct, (long long)r[0].counted, (long long)r[0].correct);
     expect_close("loss grad_student", grad[1], grad[0], n * H, 1e-5);
