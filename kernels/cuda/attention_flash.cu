@@ -888,19 +888,25 @@ int run_dkv_rq(const flash_params &p, dim3 grid, cudaStream_t stream)
                   dkv_smem(D, RQ), stream);
 }
 
-/* the key-major pass with the larger chunk of query rows that fits the GPU (dkv_rq_fit) */
+/* the key-major pass with the larger chunk of query rows that fits the GPU (dkv_rq_fit); at
+ * D 64 the whole chunk fits every card (56,832 bytes), so there is no half instance */
 template <int D>
 int run_dkv(const flash_params &p, dim3 grid, cudaStream_t stream, int rq)
 {
-    return rq == dkv_rq(D) ? run_dkv_rq<D, dkv_rq(D)>(p, grid, stream)
-                           : run_dkv_rq<D, dkv_rq(D) / 2>(p, grid, stream);
+    if constexpr (D == 64)
+        return run_dkv_rq<D, dkv_rq(D)>(p, grid, stream);
+    else
+        return rq == dkv_rq(D) ? run_dkv_rq<D, dkv_rq(D)>(p, grid, stream)
+                               : run_dkv_rq<D, dkv_rq(D) / 2>(p, grid, stream);
 }
 
-/* dkv_rq(D) when it fits `limit`, else half of it, else 0 (none fits) */
+/* dkv_rq(D) when it fits `limit`, else half of it (D >= 128), else 0 (none fits) */
 int dkv_rq_fit(int D, size_t limit)
 {
     const int rq = D == 256 ? dkv_rq(256) : D == 128 ? dkv_rq(128) : dkv_rq(64);
-    return dkv_smem(D, rq) <= limit ? rq : dkv_smem(D, rq / 2) <= limit ? rq / 2 : 0;
+    if (dkv_smem(D, rq) <= limit)
+        return rq;
+    return D >= 128 && dkv_smem(D, rq / 2) <= limit ? rq / 2 : 0;
 }
 
 int aligned16(const void *x)
