@@ -11,6 +11,22 @@ trap 'rm -rf "$work"' EXIT
 passed=0 failed=0
 ok() { echo "ok   $1"; passed=$((passed + 1)); }
 fail() { echo "FAIL $1"; [ -n "${2:-}" ] && sed 's/^/  # /' <<<"$2"; failed=$((failed + 1)); }
+# plan_case NAME RC PATTERN... -- ARGS...: `ddtreed plan ARGS` from the source root exits RC and
+# prints a line matching each PATTERN (grep's basic expressions)
+plan_case() {
+    local name=$1 want=$2 out rc p
+    shift 2
+    local patterns=()
+    while [ "$1" != -- ]; do patterns+=("$1"); shift; done
+    shift
+    out=$(cd "$root" && "$ddtreed" plan "$@" 2>&1)
+    rc=$?
+    [ "$rc" -eq "$want" ] || { fail "$name" "exit $rc, want $want"$'\n'"$out"; return; }
+    for p in "${patterns[@]}"; do
+        grep -q -e "$p" <<<"$out" || { fail "$name" "no line matches: $p"$'\n'"$out"; return; }
+    done
+    ok "$name"
+}
 
 # from the repository root, where the examples' relative paths (examples/qwen3.6-27b) lead
 root=$(cd "$examples/.." && pwd)
@@ -23,19 +39,12 @@ for f in "$examples"/*.json; do
 done
 
 # the seed's online plans (examples/qwen3.6-27b: the config.json alone)
-out=$(cd "$root" && "$ddtreed" plan examples/seed-ddtree.json 2>&1)
-if grep -q "target (co-located) *53.797 GB" <<<"$out" && grep -q "budget 149.000 GB: fits" <<<"$out"; then
-    ok "plan seed-ddtree.json: Qwen3.6-27B co-located, fits 149 GB"
-else
-    fail "plan seed-ddtree.json: Qwen3.6-27B co-located, fits 149 GB" "$out"
-fi
-out=$(cd "$root" && "$ddtreed" plan examples/seed-ddtree-96gb.json 2>&1)
-if grep -q "each of 3 target GPU(s):" <<<"$out" && grep -q "budget 95.000 GB of the rtx-pro-6000's [0-9.]* GB: fits" <<<"$out" &&
-   grep -q "^  card rtx-pro-6000 (.*): memory [0-9.]* GB, shared memory [0-9.]* KiB per block (.*), [0-9]* threads per SM$" <<<"$out"; then
-    ok "plan seed-ddtree-96gb.json: the rtx-pro-6000 named, a split of 3 target GPUs, fits 95 GB"
-else
-    fail "plan seed-ddtree-96gb.json: the rtx-pro-6000 named, a split of 3 target GPUs, fits 95 GB" "$out"
-fi
+plan_case "plan seed-ddtree.json: Qwen3.6-27B co-located, fits 149 GB" 0 \
+    "target (co-located) *53.797 GB" "budget 149.000 GB: fits" -- examples/seed-ddtree.json
+plan_case "plan seed-ddtree-96gb.json: the rtx-pro-6000 named, a split of 3 target GPUs, fits 95 GB" 0 \
+    "each of 3 target GPU(s):" "budget 95.000 GB of the rtx-pro-6000's [0-9.]* GB: fits" \
+    "^  card rtx-pro-6000 (.*): memory [0-9.]* GB, shared memory [0-9.]* KiB per block (.*), [0-9]* threads per SM$" \
+    -- examples/seed-ddtree-96gb.json
 # without memory.budget_bytes the card's memory is the budget (libddk's figure, read back from --json)
 sed 's/"budget_bytes": 95000000000, //' "$root/examples/seed-ddtree-96gb.json" >"$work/card96.json"
 out=$(cd "$root" && "$ddtreed" plan "$work/card96.json" 2>&1)
@@ -57,63 +66,34 @@ else
     fail "plan: a config without a card names none" "$out"
 fi
 # the card named on the command line: seed-ddtree.json's 149 GB budget on an h200, then beyond a 96 GB card
-out=$(cd "$root" && "$ddtreed" plan examples/seed-ddtree.json --card h200 2>&1)
-if [ $? -eq 0 ] && grep -q "^  card h200 " <<<"$out" && grep -q "budget 149.000 GB of the h200's [0-9.]* GB: fits" <<<"$out"; then
-    ok "plan --card h200"
-else
-    fail "plan --card h200" "$out"
-fi
-out=$(cd "$root" && "$ddtreed" plan examples/seed-ddtree.json --card rtx-pro-6000 2>&1)
-if [ $? -eq 1 ] && grep -q "memory.budget_bytes: 149000000000 bytes (149.0 GB) is beyond the rtx-pro-6000's memory, [0-9]* bytes" <<<"$out"; then
-    ok "plan --card: the config's budget beyond the card refused"
-else
-    fail "plan --card: the config's budget beyond the card refused" "$out"
-fi
-out=$(cd "$root" && "$ddtreed" plan examples/seed-ddtree-96gb.json --budget 200000000000 2>&1)
-if [ $? -eq 1 ] && grep -q -- "--budget: 200000000000 bytes (200.0 GB) is beyond the rtx-pro-6000's memory" <<<"$out"; then
-    ok "plan --budget beyond the card refused"
-else
-    fail "plan --budget beyond the card refused" "$out"
-fi
-out=$(cd "$root" && "$ddtreed" plan examples/seed-ddtree-96gb.json --card rtx6000 2>&1)
-if [ $? -eq 2 ] && grep -q -- '--card: "rtx6000" is not a card ddtree knows: name one of .*rtx-pro-6000' <<<"$out" &&
-   grep -q "h100" <<<"$out"; then
-    ok "plan --card: an unknown card refused, the known ones named"
-else
-    fail "plan --card: an unknown card refused, the known ones named" "$out"
-fi
+plan_case "plan --card h200" 0 "^  card h200 " "budget 149.000 GB of the h200's [0-9.]* GB: fits" \
+    -- examples/seed-ddtree.json --card h200
+plan_case "plan --card: the config's budget beyond the card refused" 1 \
+    "memory.budget_bytes: 149000000000 bytes (149.0 GB) is beyond the rtx-pro-6000's memory, [0-9]* bytes" \
+    -- examples/seed-ddtree.json --card rtx-pro-6000
+plan_case "plan --budget beyond the card refused" 1 \
+    "--budget: 200000000000 bytes (200.0 GB) is beyond the rtx-pro-6000's memory" \
+    -- examples/seed-ddtree-96gb.json --budget 200000000000
+plan_case "plan --card: an unknown card refused, the known ones named" 2 \
+    '--card: "rtx6000" is not a card ddtree knows: name one of .*rtx-pro-6000' "h100" \
+    -- examples/seed-ddtree-96gb.json --card rtx6000
 sed 's/"card": "rtx-pro-6000"/"card": "rtx6000"/' "$root/examples/seed-ddtree-96gb.json" >"$work/badcard.json"
-out=$(cd "$root" && "$ddtreed" plan "$work/badcard.json" 2>&1)
-if [ $? -eq 1 ] && grep -q 'memory.card: "rtx6000" is not a card ddtree knows: name one of .*h100.*rtx-pro-6000' <<<"$out"; then
-    ok "memory.card: an unknown card refused, the known ones named"
-else
-    fail "memory.card: an unknown card refused, the known ones named" "$out"
-fi
+plan_case "memory.card: an unknown card refused, the known ones named" 1 \
+    'memory.card: "rtx6000" is not a card ddtree knows: name one of .*h100.*rtx-pro-6000' -- "$work/badcard.json"
 sed 's/"budget_bytes": 95000000000/"budget_bytes": 200000000000/' "$root/examples/seed-ddtree-96gb.json" >"$work/overcard.json"
-out=$(cd "$root" && "$ddtreed" plan "$work/overcard.json" 2>&1)
-if [ $? -eq 1 ] && grep -q "memory.budget_bytes: 200000000000 bytes (200.0 GB) is beyond the rtx-pro-6000's memory" <<<"$out"; then
-    ok "memory.budget_bytes beyond the card refused"
-else
-    fail "memory.budget_bytes beyond the card refused" "$out"
-fi
+plan_case "memory.budget_bytes beyond the card refused" 1 \
+    "memory.budget_bytes: 200000000000 bytes (200.0 GB) is beyond the rtx-pro-6000's memory" -- "$work/overcard.json"
 # "same" planned away from the node: its 5 GPUs, 2 proposed for the target, so 3 drafter ranks of 2 of the 5 sequences each
 sed 's/"devices": \["cuda:5", "cuda:6", "cuda:7"\]/"devices": "same"/' "$root/examples/seed-ddtree-96gb.json" >"$work/same96.json"
-out=$(cd "$root" && "$ddtreed" plan "$work/same96.json" 2>&1)
-if [ $? -eq 1 ] && grep -q "proposed: co-location does not fit" <<<"$out" && grep -q "co-located, the target and the drafter need" <<<"$out" &&
-   grep -q "per device (rank) of 3 (the proposed split's drafter ranks): 49152 positions (2 sequences x 1024 anchors" <<<"$out"; then
-    ok "plan: co-location on 95 GB does not fit, a split is proposed, its drafter ranks planned"
-else
-    fail "plan: co-location on 95 GB does not fit, a split is proposed, its drafter ranks planned" "$out"
-fi
+plan_case "plan: co-location on 95 GB does not fit, a split is proposed, its drafter ranks planned" 1 \
+    "proposed: co-location does not fit" "co-located, the target and the drafter need" \
+    "per device (rank) of 3 (the proposed split's drafter ranks): 49152 positions (2 sequences x 1024 anchors" \
+    -- "$work/same96.json"
 sed 's/"budget_bytes": 95000000000, //' "$work/same96.json" >"$work/same96card.json"
-out=$(cd "$root" && "$ddtreed" plan "$work/same96card.json" 2>&1)
-if [ $? -eq 1 ] && grep -q "proposed: co-location does not fit" <<<"$out" &&
-   grep -q "co-located, the target and the drafter need [0-9.]* GB per GPU against a budget of" <<<"$out" &&
-   grep -q "the rtx-pro-6000's memory: fits" <<<"$out"; then
-    ok "plan: co-location on the rtx-pro-6000's whole memory does not fit either, a split is proposed"
-else
-    fail "plan: co-location on the rtx-pro-6000's whole memory does not fit either, a split is proposed" "$out"
-fi
+plan_case "plan: co-location on the rtx-pro-6000's whole memory does not fit either, a split is proposed" 1 \
+    "proposed: co-location does not fit" \
+    "co-located, the target and the drafter need [0-9.]* GB per GPU against a budget of" \
+    "the rtx-pro-6000's memory: fits" -- "$work/same96card.json"
 for bad in 'overlap|"devices": ["cuda:0", "cuda:1"], "target": {"kind": "synthetic", "devices": ["cuda:1"]}|cuda:1, a drafter GPU too' \
            'cpu ranks|"devices": "cpu", "target": {"kind": "synthetic", "devices": ["cuda:0"]}|the drafter trains on CPU ranks' \
            'shards|"target": {"kind": "shards", "path": "/x", "shards": ["/x/a"], "devices": ["cuda:0"]}|no target at train time' \
