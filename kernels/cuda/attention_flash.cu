@@ -982,6 +982,7 @@ int ddk_cuda_flash_dflash(const ddk_backend *be, const ddk_attention_shape *sh, 
     p.lse = lse;
     p.rows_unit = sh->B * p.G;
     p.vec = sh->d % 4 == 0 && aligned16(q) && aligned16(k) && aligned16(v);
+    cudaStream_t stream = ddk_cuda_stream(be);   /* be's GPU current: its limits below */
     const int max_rows = forward_rows(sh->d);
     if (!max_rows)
         return -ENOTSUP;
@@ -990,7 +991,6 @@ int ddk_cuda_flash_dflash(const ddk_backend *be, const ddk_attention_shape *sh, 
     if (splits > 65535)
         return -ENOTSUP;
     const dim3 grid((unsigned)sh->A, (unsigned)sh->nkv, (unsigned)splits);
-    cudaStream_t stream = ddk_cuda_stream(be);
     switch (padded_d(sh->d)) {
     case 64: return run_forward<64>(p, grid, stream);
     case 128: return run_forward<128>(p, grid, stream);
@@ -1021,6 +1021,7 @@ int ddk_cuda_flash_dflash_backward(const ddk_backend *be, const ddk_attention_sh
     p.rows_unit = sh->B * p.G;
     p.vec = sh->d % 4 == 0 && aligned16(q) && aligned16(k) && aligned16(v) && aligned16(dout);
     const int D = padded_d(sh->d);
+    cudaStream_t stream = ddk_cuda_stream(be);   /* be's GPU current: its limits below */
     /* both passes' instances chosen to fit this GPU before either runs: all or nothing */
     const size_t limit = smem_optin();
     const int dq_rows = rows_that_fit(D, dq_max_rows(D), limit, dq_smem), rq = dkv_rq_fit(D, limit);
@@ -1034,7 +1035,6 @@ int ddk_cuda_flash_dflash_backward(const ddk_backend *be, const ddk_attention_sh
     const int64_t key_tiles = p.n_ctx_tiles + sh->A * p.n_own_tiles;
     if (splits > 65535 || key_tiles > INT32_MAX)
         return -ENOTSUP;
-    cudaStream_t stream = ddk_cuda_stream(be);
     const dim3 grid_q((unsigned)sh->A, (unsigned)sh->nkv, (unsigned)splits);
     const dim3 grid_k((unsigned)key_tiles, (unsigned)sh->nkv, 1);
     int rc;
@@ -1070,6 +1070,7 @@ int ddk_cuda_flash_causal(const ddk_backend *be, const ddk_attention_shape *sh, 
     p.W = 0;
     p.rows_unit = T * p.G;
     p.vec = sh->d % 4 == 0 && aligned16(q) && aligned16(k) && aligned16(v);
+    cudaStream_t stream = ddk_cuda_stream(be);   /* be's GPU current: its limits below */
     const int max_rows = forward_rows(sh->d);
     if (!max_rows)
         return -ENOTSUP;
@@ -1078,7 +1079,6 @@ int ddk_cuda_flash_causal(const ddk_backend *be, const ddk_attention_shape *sh, 
     if (splits > INT32_MAX)
         return -ENOTSUP;
     const dim3 grid((unsigned)splits, (unsigned)sh->nkv, 1);
-    cudaStream_t stream = ddk_cuda_stream(be);
     switch (padded_d(sh->d)) {
     case 64: return run_forward<64>(p, grid, stream);
     case 128: return run_forward<128>(p, grid, stream);

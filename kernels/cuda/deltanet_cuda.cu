@@ -437,7 +437,8 @@ int ddk_cuda_gated_delta(const ddk_backend *be, const ddk_delta_shape *shape, co
         return 0;
     }
     const size_t limit = smem_limit();
-    const int64_t lmax = ddk_cuda_delta_chunk((int)(chunk < T ? chunk : T), (int)dk, limit);
+    const int64_t want = chunk < T ? chunk : T;   /* clamped before it is an int */
+    const int64_t lmax = ddk_cuda_delta_chunk((int)(want < (int64_t)CHUNK_MAX ? want : (int64_t)CHUNK_MAX), (int)dk, limit);
     const size_t smem = chunk_smem((int)dk, (int)lmax);
     if (smem > limit)
         return -EINVAL;

@@ -89,6 +89,9 @@ extern "C" int ddk_cuda_device_info(int device, ddk_device_info *info)
     return 0;
 }
 
+/* an empty kernel, built for the library's archs like every other: whether a GPU can load its code */
+__global__ static void image_probe(void) {}
+
 extern "C" int ddk_cuda_device_usable(int device, char *why, size_t why_len)
 {
     char none[1];
@@ -100,18 +103,24 @@ extern "C" int ddk_cuda_device_usable(int device, char *why, size_t why_len)
     const int rc = ddk_cuda_device_info(device, &info);
     if (rc) {
         snprintf(why, why_len, rc == -EINVAL ? "cuda:%d is not a GPU of this node (it has %d)"
-                                             : "cuda:%d: the driver does not answer (it has %d GPUs)",
+                                             : "cuda:%d: the driver could not open it (its memory full, or a "
+                                               "fault: see nvidia-smi; the node has %d GPUs)",
                  device, ddk_cuda_device_count());
         return rc;
     }
-    if (info.compute_capability < DDK_CUDA_ARCH_LOWEST) {
+    cudaFuncAttributes attr;
+    const cudaError_t e = cudaFuncGetAttributes(&attr, image_probe);   /* on the GPU info made current */
+    if (e == cudaErrorNoKernelImageForDevice || e == cudaErrorInvalidDeviceFunction) {
+        cudaGetLastError();
         snprintf(why, why_len,
-                 "cuda:%d (%s, sm_%d) is older than every GPU this build of ddtree has code for "
-                 "(%s): run on such a GPU, or rebuild with -DCMAKE_CUDA_ARCHITECTURES=%d added "
-                 "(the tensor-core attention needs sm_80 or later)",
+                 "cuda:%d (%s, sm_%d) has no code in this build of ddtree (built for %s): run on "
+                 "such a GPU, or rebuild with -DCMAKE_CUDA_ARCHITECTURES=%d added (the tensor-core "
+                 "attention needs sm_80 or later)",
                  device, info.name, info.compute_capability, DDK_CUDA_ARCHS, info.compute_capability);
         return -ENOEXEC;
     }
+    if (e != cudaSuccess)
+        ddk_fatal(__FILE__, __LINE__, "cudaFuncGetAttributes on cuda:%d failed: %s", device, cudaGetErrorString(e));
     why[0] = '\0';
     return 0;
 }

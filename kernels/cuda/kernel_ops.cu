@@ -54,7 +54,8 @@ extern "C" int ddk_cuda_instances(int device, char *text, size_t len)
     int smem = 0, per_sm = 0, threads = 0, sms = 0, major = 0, minor = 0;
     if (cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
         cudaGetLastError();
-        snprintf(text, len, "cuda:%d: no such GPU", device);
+        if (text && len)
+            snprintf(text, len, "cuda:%d: no such GPU", device);
         return -EINVAL;
     }
     CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));

@@ -13,8 +13,9 @@
 #include "simt.h"
 #define DDK_LAUNCH(kernel, grid, block, smem, stream, ...) \
     simt_launch((kernel), #kernel, (grid), (block), (smem), (stream), __VA_ARGS__)
-#define DDK_SHARED(type, name, dims) \
-    type(&name) dims = *reinterpret_cast<type(*) dims>(simt::static_shared(sizeof(type dims), __FILE__, __LINE__))
+#define DDK_SHARED(type, name, dims)                                                                \
+    type(&name) dims = *reinterpret_cast<type(*) dims>(                                             \
+        simt::static_shared(sizeof(type dims), __PRETTY_FUNCTION__, __FILE__, __LINE__))
 #define DDK_DYNAMIC_SHARED(type, name) type *name = reinterpret_cast<type *>(simt::dynamic_shared())
 #else
 #define DDK_LAUNCH(kernel, grid, block, smem, stream, ...) kernel<<<(grid), (block), (smem), (stream)>>>(__VA_ARGS__)

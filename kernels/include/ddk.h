@@ -167,9 +167,9 @@ DDK_API int ddk_has_cuda(void);
 DDK_API int ddk_cuda_device_count(void);
 /* 0, -EINVAL (no such device) or -EIO (the driver said no). */
 DDK_API int ddk_cuda_device_info(int device, ddk_device_info *info);
-/* 0 when GPU `device` can run this libddk's kernels; -ENOEXEC, with a sentence in why, when its
- * compute capability is below every architecture the library was built for (sm_90, sm_100 and
- * sm_120 by default: an sm_80 or sm_89 GPU; a GPU above them runs the newest one's PTX);
+/* 0 when GPU `device` can run this libddk's kernels; -ENOEXEC, with a sentence in why, when it
+ * cannot load their code (the driver has no image for it among the architectures built: sm_90,
+ * sm_100 and sm_120 by default, so an sm_80 or sm_89 GPU; a newer one runs the newest PTX);
  * -EINVAL (no such GPU, or no CUDA) or -EIO (the driver said no), with why too. ddk_backend_cuda
  * gives such a GPU no backend (NULL, errno ENOEXEC). */
 DDK_API int ddk_cuda_device_usable(int device, char *why, size_t why_len);

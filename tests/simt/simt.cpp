@@ -1,10 +1,12 @@
 /* simt.cpp: the SIMT emulator (simt.h): a launch runs its blocks one after the other, each
  * block's threads as coroutines: a thread runs until it reaches a collective or returns, and a
  * warp runs as far as it can before the next one starts. The coroutines live as long as the
- * process (one per thread index, started once with
- * makecontext) and switch by _setjmp / _longjmp, which make no system call (swapcontext makes
- * two, and AddressSanitizer clears a whole stack's shadow at each); AddressSanitizer is told of
- * every switch (its fiber annotations). A collective resolves
+ * process (one per thread index, its stack mapped at its first run) and switch, on x86-64, by
+ * saving the six callee-saved registers and the stack pointer (simt_switch below: no system call,
+ * and nothing a sanitizer intercepts: AddressSanitizer's longjmp interceptor would clear the
+ * poison of the kernel's stack frames at every park, glibc's fortified longjmp refuses a jump to
+ * another stack, swapcontext makes two system calls); elsewhere by swapcontext. AddressSanitizer
+ * is told of every switch (its fiber annotations). A collective resolves
  * when every thread that must take part is parked on it; what cannot resolve is a deadlock, and
  * a thread parked elsewhere than its partners is a divergence: both abort with a report.
  *
@@ -31,7 +33,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string>
-#include <setjmp.h>
 #include <sys/mman.h>
 #include <ucontext.h>
 #include <vector>
@@ -70,8 +71,60 @@ struct op {                              /* what a parked thread brings to its c
     float c[4];
 };
 
+/* ---- the switch between the scheduler and a coroutine ---- */
+
+#if defined(__x86_64__)
+/* simt_switch(&from->sp, to->sp): push rbp, rbx, r12-r15 on the current stack, save its pointer,
+ * load the other's, pop its six, return where it left off (a new one: into its entry, context_start) */
+extern "C" void simt_switch(void **save_sp, void *to_sp);
+asm(".text\n"
+    ".globl simt_switch\n"
+    ".hidden simt_switch\n"
+    ".type simt_switch, @function\n"
+    "simt_switch:\n"
+    "    pushq %rbp\n    pushq %rbx\n    pushq %r12\n    pushq %r13\n    pushq %r14\n    pushq %r15\n"
+    "    movq %rsp, (%rdi)\n"
+    "    movq %rsi, %rsp\n"
+    "    popq %r15\n    popq %r14\n    popq %r13\n    popq %r12\n    popq %rbx\n    popq %rbp\n"
+    "    ret\n"
+    ".size simt_switch, .-simt_switch\n");
+
+struct context {
+    void *sp;
+};
+
+/* a stack whose first switch returns into fn, its stack pointer 8 past a 16-byte boundary as
+ * after a call (fn never returns: its own return slot is 0) */
+void context_start(context *c, char *stack, size_t size, void (*fn)(void))
+{
+    void **sp = (void **)((uintptr_t)(stack + size) & ~(uintptr_t)15);
+    *--sp = nullptr;
+    *--sp = (void *)fn;
+    for (int i = 0; i < 6; i++)
+        *--sp = nullptr;
+    c->sp = sp;
+}
+
+void context_switch(context *from, const context *to) { simt_switch(&from->sp, to->sp); }
+#else
+struct context {
+    ucontext_t uc;
+};
+
+void context_start(context *c, char *stack, size_t size, void (*fn)(void))
+{
+    getcontext(&c->uc);
+    c->uc.uc_stack.ss_sp = stack;
+    c->uc.uc_stack.ss_size = size;
+    c->uc.uc_link = nullptr;
+    makecontext(&c->uc, fn, 0);
+}
+
+void context_switch(context *from, const context *to) { swapcontext(&from->uc, &to->uc); }
+#endif
+
 struct thread {
-    jmp_buf env;                         /* where it parked */
+    context ctx;                         /* where it parked */
     char *stack;                         /* mapped at its first run, kept */
     uint3 tid;
     int state;
@@ -80,7 +133,7 @@ struct thread {
 };
 
 struct region {
-    const char *file;
+    const char *function;
     int line;
     char *bytes;
 };
@@ -98,7 +151,7 @@ struct launch_state {
     char *dynamic;
     std::vector<region> statics;
     size_t static_bytes;
-    jmp_buf sched;
+    context sched;
     thread *current;
     void *sched_fake;
     const void *sched_bottom;
@@ -129,17 +182,13 @@ int linear(const thread *t) { return (int)(t - L.threads); }
 
 /* ---- switching between the scheduler and a thread ---- */
 
-/* the switches: not inlined, so that _setjmp's frame is theirs alone (no caller's local lives
- * across a _longjmp) */
-__attribute__((noinline)) void to_scheduler(void)
+void to_scheduler(void)
 {
     thread *t = L.current;
-    if (_setjmp(t->env) == 0) {
 #ifdef SIMT_ASAN
-        __sanitizer_start_switch_fiber(&t->fake_stack, L.sched_bottom, L.sched_size);
+    __sanitizer_start_switch_fiber(&t->fake_stack, L.sched_bottom, L.sched_size);
 #endif
-        _longjmp(L.sched, 1);
-    }
+    context_switch(&t->ctx, &L.sched);
 #ifdef SIMT_ASAN
     __sanitizer_finish_switch_fiber(t->fake_stack, &L.sched_bottom, &L.sched_size);
 #endif
@@ -158,30 +207,20 @@ void entry(void)
     }
 }
 
-__attribute__((noinline)) void run(thread *t)
+void run(thread *t)
 {
     L.current = t;
-    if (_setjmp(L.sched) == 0) {
-        const bool first = !t->stack;
-        if (first) {   /* a stack, and makecontext's entry (swapcontext's save is never resumed) */
-            t->stack = (char *)mmap(nullptr, STACK, PROT_READ | PROT_WRITE,
-                                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-            if (t->stack == MAP_FAILED)
-                fail("no memory for a thread's stack");
-        }
-#ifdef SIMT_ASAN
-        __sanitizer_start_switch_fiber(&L.sched_fake, t->stack, STACK);
-#endif
-        if (!first)
-            _longjmp(t->env, 1);
-        ucontext_t from, to;
-        getcontext(&to);
-        to.uc_stack.ss_sp = t->stack;
-        to.uc_stack.ss_size = STACK;
-        to.uc_link = nullptr;
-        makecontext(&to, entry, 0);
-        swapcontext(&from, &to);
+    if (!t->stack) {
+        t->stack = (char *)mmap(nullptr, STACK, PROT_READ | PROT_WRITE,
+                                MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (t->stack == MAP_FAILED)
+            fail("no memory for a thread's stack");
+        context_start(&t->ctx, t->stack, STACK, entry);
     }
+#ifdef SIMT_ASAN
+    __sanitizer_start_switch_fiber(&L.sched_fake, t->stack, STACK);
+#endif
+    context_switch(&L.sched, &t->ctx);
 #ifdef SIMT_ASAN
     __sanitizer_finish_switch_fiber(L.sched_fake, nullptr, nullptr);
 #endif
@@ -322,9 +361,12 @@ void resolve_warp(int warp)
                 if (o.width < 1 || o.width > 32 || (o.width & (o.width - 1)))
                     fail("thread %d: %s at %s:%d with width %d", warp * 32 + l, kind_name(o.kind),
                          o.file, o.line, o.width);
-                src = o.kind == SHFL_XOR ? l ^ o.arg : (o.arg & (o.width - 1)) + l / o.width * o.width;
-                if (src / o.width != l / o.width)
-                    src = l;   /* outside the lane's segment: its own value (the PTX rule) */
+                /* xor: the lane mask's 5 bits; a later segment gives the lane its own value, an
+                 * earlier one is read (the programming guide's rule); index: within the segment */
+                const int seg_end = l / o.width * o.width + o.width;
+                src = o.kind == SHFL_XOR ? l ^ (o.arg & 31) : (o.arg & (o.width - 1)) + l / o.width * o.width;
+                if (src >= seg_end)
+                    src = l;
                 if (src < 0 || src >= count)
                     fail("thread %d: %s at %s:%d reads lane %d of a warp of %d", warp * 32 + l,
                          kind_name(o.kind), o.file, o.line, src, count);
@@ -512,10 +554,10 @@ void mma_m16n8k16_bf16(float c[4], const uint32_t a[4], const uint32_t b[2], con
 
 void *dynamic_shared(void) { return L.dynamic; }
 
-void *static_shared(size_t bytes, const char *file, int line)
+void *static_shared(size_t bytes, const char *function, const char *file, int line)
 {
     for (const region &r : L.statics)
-        if (r.line == line && r.file == file)
+        if (r.line == line && r.function == function)
             return r.bytes;
     L.static_bytes += bytes;
     if (L.static_bytes > DDK_CUDA_SMEM_STATIC)
@@ -524,7 +566,14 @@ void *static_shared(size_t bytes, const char *file, int line)
     if (L.static_bytes + L.smem > (size_t)profile()->smem_per_block_optin)
         fail("%zu static + %zu dynamic bytes of shared memory, over %s's %d a block", L.static_bytes,
              L.smem, g_profile->name, g_profile->smem_per_block_optin);
-    region r{ file, line, (char *)malloc(bytes) };
+    /* without the opt-in a kernel's dynamic shared memory is what the 48 KB leave of its static */
+    auto it = g_max_dynamic.find(L.kernel);
+    const size_t dynamic_most = it != g_max_dynamic.end() ? (size_t)it->second : DDK_CUDA_SMEM_STATIC - L.static_bytes;
+    if (L.smem > dynamic_most)
+        fail("%zu bytes of dynamic shared memory beside %zu static (at %s:%d), over the %zu the kernel "
+             "may take without cudaFuncAttributeMaxDynamicSharedMemorySize", L.smem, L.static_bytes,
+             file, line, dynamic_most);
+    region r{ function, line, (char *)malloc(bytes) };
     if (!r.bytes)
         fail("no memory for static shared memory");
     memset(r.bytes, 0xff, bytes);

@@ -153,9 +153,10 @@ uint64_t warp_op(warp_kind kind, unsigned mask, uint64_t bits, int arg, int widt
  * fragments, simt.cpp) */
 void mma_m16n8k16_bf16(float c[4], const uint32_t a[4], const uint32_t b[2], const char *file,
                        int line);
-/* this block's dynamic shared memory; a static __shared__ declaration's (file, line) region */
+/* this block's dynamic shared memory; a static __shared__ declaration's region, one per function
+ * (each template instance's name is its own string) and line */
 void *dynamic_shared(void);
-void *static_shared(size_t bytes, const char *file, int line);
+void *static_shared(size_t bytes, const char *function, const char *file, int line);
 void launch(const void *kernel, const char *name, dim3 grid, dim3 block, size_t smem,
             void (*body)(void *), void *ctx);
 
