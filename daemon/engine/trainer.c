@@ -340,8 +340,9 @@ static int alloc_ranks(ddt_trainer *t, const ddt_devices *dev, char *err, size_t
         char why[400] = "";
         rs->be = t->gpu ? ddk_backend_cuda_or_why(rs->gpu, why, sizeof why) : ddk_backend_cpu_rank(r);
         if (!rs->be) {   /* a GPU this build has no code for, or out of memory */
+            const int rc = errno == ENOMEM ? -ENOMEM : -ENODEV;
             snprintf(err, err_len, "rank %d: %s", r, why);
-            return errno == ENOMEM ? -ENOMEM : -ENODEV;
+            return rc;
         }
         if (c->budget_bytes)   /* the weights allocated before count towards it too */
             ddk_allocator_set_budget(rs->be->alloc, (size_t)c->budget_bytes);

@@ -903,7 +903,7 @@ int run_dkv(const flash_params &p, dim3 grid, cudaStream_t stream, int rq)
 /* dkv_rq(D) when it fits `limit`, else half of it (D >= 128), else 0 (none fits) */
 int dkv_rq_fit(int D, size_t limit)
 {
-    const int rq = D == 256 ? dkv_rq(256) : D == 128 ? dkv_rq(128) : dkv_rq(64);
+    const int rq = dkv_rq(D);
     if (dkv_smem(D, rq) <= limit)
         return rq;
     return D >= 128 && dkv_smem(D, rq / 2) <= limit ? rq / 2 : 0;

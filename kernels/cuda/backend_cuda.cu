@@ -402,8 +402,9 @@ extern "C" const ddk_backend *ddk_backend_cuda(int device)
     cuda_backend *cb = &backends[device];
     if (!__atomic_load_n(&cb->ready, __ATOMIC_ACQUIRE)) {
         pthread_mutex_lock(&cb->lock);
-        int rc = cb->ready ? 0 : ddk_cuda_device_usable(device, NULL, 0);
-        rc = rc || cb->ready ? rc : device_setup(cb);
+        int rc = 0;
+        if (!cb->ready && !(rc = ddk_cuda_device_usable(device, NULL, 0)))
+            rc = device_setup(cb);
         if (rc == 0)
             __atomic_store_n(&cb->ready, 1, __ATOMIC_RELEASE);
         pthread_mutex_unlock(&cb->lock);

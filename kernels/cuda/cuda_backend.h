@@ -27,7 +27,7 @@ extern "C" void ddk_cuda_note_fallback(const char *what);
  * query rows a chunk; 0 where none fits (the SIMT kernels run) */
 void ddk_cuda_flash_instances(size_t limit, int D, int *fwd_rows, int *dq_rows, int *dkv_rq);
 /* deltanet_cuda.cu: tokens of a chunk of the chunked form for `want` at key dim dk, within limit */
-int ddk_cuda_delta_chunk(int want, int dk, size_t limit);
+int ddk_cuda_delta_chunk(int64_t want, int dk, size_t limit);
 
 /* kernel_ops.cu: sets every op of t that is one of this folder's kernels (all but the products,
  * zero, copy, copy_rows and synchronize) */

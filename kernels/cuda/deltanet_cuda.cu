@@ -382,9 +382,9 @@ __global__ static void __launch_bounds__(CHUNK_THREADS) delta_chunked_kernel(del
 /* tokens a chunk: `want` (chunk or T), at most CHUNK_MAX, shorter where this GPU's shared memory
  * is smaller (exact for any length: rounding only): 46 at dk = 128 and 23 at dk = 256 on a 99 KB
  * card (RTX PRO 6000); 1 at the least (then the caller finds it too large) */
-int ddk_cuda_delta_chunk(int want, int dk, size_t limit)
+int ddk_cuda_delta_chunk(int64_t want, int dk, size_t limit)
 {
-    int lmax = want < CHUNK_MAX ? want : CHUNK_MAX;
+    int lmax = want < CHUNK_MAX ? (int)want : CHUNK_MAX;
     while (lmax > 1 && chunk_smem(dk, lmax) > limit)
         lmax--;
     return lmax;
@@ -437,8 +437,7 @@ int ddk_cuda_gated_delta(const ddk_backend *be, const ddk_delta_shape *shape, co
         return 0;
     }
     const size_t limit = smem_limit();
-    const int64_t want = chunk < T ? chunk : T;   /* clamped before it is an int */
-    const int64_t lmax = ddk_cuda_delta_chunk((int)(want < (int64_t)CHUNK_MAX ? want : (int64_t)CHUNK_MAX), (int)dk, limit);
+    const int64_t lmax = ddk_cuda_delta_chunk(chunk < T ? chunk : T, (int)dk, limit);
     const size_t smem = chunk_smem((int)dk, (int)lmax);
     if (smem > limit)
         return -EINVAL;

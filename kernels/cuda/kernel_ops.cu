@@ -74,6 +74,6 @@ extern "C" int ddk_cuda_instances(int device, char *text, size_t len)
     }
     if (n >= 0 && (size_t)n < len)
         snprintf(text + n, len - (size_t)n, "; gated delta chunk dk128 %d, dk256 %d",
-                 ddk_cuda_delta_chunk(64, 128, (size_t)smem), ddk_cuda_delta_chunk(64, 256, (size_t)smem));
+                 ddk_cuda_delta_chunk(INT64_MAX, 128, (size_t)smem), ddk_cuda_delta_chunk(INT64_MAX, 256, (size_t)smem));
     return 0;
 }

@@ -34,7 +34,6 @@
 #include <stdlib.h>
 #include <string>
 #include <sys/mman.h>
-#include <ucontext.h>
 #include <vector>
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -107,6 +106,8 @@ void context_start(context *c, char *stack, size_t size, void (*fn)(void))
 
 void context_switch(context *from, const context *to) { simt_switch(&from->sp, to->sp); }
 #else
+#include <ucontext.h>
+
 struct context {
     ucontext_t uc;
 };
