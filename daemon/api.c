@@ -4,13 +4,13 @@
  * the web view's pages are routed to ui.c.
  * Tested by tests/api_e2e.py and fuzzed by tests/fuzz/fuzz_api.c.
  */
-#include "ddt_time.h"
+#include "base/ddt_time.h"
 #include "api.h"
 #include "ddk.h"
 #include "metrics.h"
-#include "planner.h"
-#include "run_config.h"
-#include "store_read.h"
+#include "run/planner.h"
+#include "run/run_config.h"
+#include "record/store_read.h"
 #include "ui.h"
 
 #include <errno.h>

@@ -5,7 +5,7 @@
  * Tested by tests/train_cli_test.sh.
  */
 #include "commands.h"
-#include "checkpoint.h"
+#include "record/checkpoint.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -9,15 +9,15 @@
  * --device: where the target runs (cpu, the default, or a GPU); --weights: the precision its
  * weights are held in (fp32: exact, the CPU's default; bf16: as checkpoints store them, the
  * GPU's default, products with bf16 operands). --dtype is the shard's.
- * FILE (tokens): a token file; both files are read, checked and written by engine/shard.h.
+ * FILE (tokens): a token file; both files are read, checked and written by engine/data/shard.h.
  * Every sequence is kept (an empty one included), so shard sequence s is token sequence s; the
  * token file's loss_mask (`ddtreed tokenize`'s) becomes the shard's, all ones without one.
  * Tested by tests/features_torch_check.py (PyTorch float64 reference; stories260K) and
  * tests/qwen35_features_check.py (the qwen35-tiny variants against tests/oracle/qwen35.py).
  */
 #include "commands.h"
-#include "shard.h"
-#include "target.h"
+#include "data/shard.h"
+#include "model/target.h"
 
 #include <errno.h>
 #include <stdio.h>

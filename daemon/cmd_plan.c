@@ -10,8 +10,8 @@
  */
 #include "commands.h"
 #include "ddk.h"
-#include "model_config.h"
-#include "planner.h"
+#include "model/model_config.h"
+#include "run/planner.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -10,7 +10,7 @@
  *                     [--prompts-max K] [--tree K[,K2...]] [--stop ID] [--out FILE.json]
  *                     [--device cpu|cuda:N] [--weights fp32|bf16]
  *
- * The work is engine/speculate.h's; this file reads and checks the inputs (the drafter against
+ * The work is engine/eval/speculate.h's; this file reads and checks the inputs (the drafter against
  * the target field by field, each prompt against the target's context), and writes the result
  * as JSON: one summary line on stdout (the result without its per-prompt list), the whole of it
  * in --out (docs/formats.md, "Speculative decoding results").
@@ -21,13 +21,13 @@
  * when ../shared is present; the bad inputs) and tests/chat_train_test.sh (--chat with the
  * real Qwen3 tokenizer).
  */
-#include "checkpoint.h"
-#include "chat_tokens.h"
+#include "record/checkpoint.h"
+#include "data/chat_tokens.h"
 #include "commands.h"
-#include "errors.h"
-#include "shard.h"
-#include "speculate.h"
-#include "target.h"
+#include "base/errors.h"
+#include "data/shard.h"
+#include "eval/speculate.h"
+#include "model/target.h"
 
 #include <cjson/cJSON.h>
 

@@ -5,12 +5,12 @@
  *   ddtreed step --drafter DIR --head FILE --batch FILE --loss FILE --out FILE
  *                [--chunk N] [--vocab-tile M]
  */
-#include "checkpoint.h"
+#include "record/checkpoint.h"
 #include "commands.h"
-#include "drafter.h"
-#include "json_fields.h"
-#include "safetensors.h"
-#include "tensor_load.h"
+#include "model/drafter.h"
+#include "base/json_fields.h"
+#include "model/safetensors.h"
+#include "model/tensor_load.h"
 
 #include <errno.h>
 #include <stdio.h>

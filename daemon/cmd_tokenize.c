@@ -16,11 +16,11 @@
  * Tested by tests/chat_train_test.sh (the real Qwen3 tokenizer, generated lines, bad ones
  * among them). Speed: tests/bench/bench_tokenize.sh.
  */
-#include "chat_tokens.h"
+#include "data/chat_tokens.h"
 #include "commands.h"
-#include "errors.h"
-#include "shard.h"
-#include "target.h"
+#include "base/errors.h"
+#include "data/shard.h"
+#include "model/target.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -15,11 +15,11 @@
  * resume.
  * Tested by tests/train_cli_test.sh (through scripts/test) and scripts/demo.
  */
-#include "ddt_time.h"
+#include "base/ddt_time.h"
 #include "commands.h"
-#include "model_config.h"
-#include "store_read.h"
-#include "trainer.h"
+#include "model/model_config.h"
+#include "record/store_read.h"
+#include "train/trainer.h"
 
 #include <dirent.h>
 #include <errno.h>

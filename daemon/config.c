@@ -1,7 +1,7 @@
 /* config.c: the daemon configuration's one table and its readers (config.h). */
 #include "config.h"
-#include "json_fields.h"
-#include "log.h"
+#include "base/json_fields.h"
+#include "base/log.h"
 
 #include <errno.h>
 #include <stdlib.h>

@@ -14,14 +14,14 @@
  * states.
  * Tested by tests/api_e2e.py.
  */
-#include "ddt_time.h"
+#include "base/ddt_time.h"
 #include "runs.h"
-#include "checkpoint.h"
-#include "log.h"
-#include "planner.h"
-#include "run_config.h"
-#include "store_read.h"
-#include "trainer.h"
+#include "record/checkpoint.h"
+#include "base/log.h"
+#include "run/planner.h"
+#include "run/run_config.h"
+#include "record/store_read.h"
+#include "train/trainer.h"
 
 #include <errno.h>
 #include <math.h>

@@ -11,8 +11,8 @@
 #define DDT_RUNS_H
 
 #include "metrics.h"
-#include "run_state.h"
-#include "store.h"
+#include "run/run_state.h"
+#include "record/store.h"
 
 #include <cjson/cJSON.h>
 #include <stddef.h>

@@ -11,15 +11,15 @@
  * lines) and a wake-up the run manager posts when a run changes state.
  * Tested by tests/api_e2e.py.
  */
-#include "ddt_time.h"
+#include "base/ddt_time.h"
 #include "api.h"
 #include "commands.h"
 #include "config.h"
 #include "ddk.h"
 #include "http.h"
-#include "log.h"
+#include "base/log.h"
 #include "runs.h"
-#include "store.h"
+#include "record/store.h"
 
 #include <errno.h>
 #include <signal.h>

@@ -1,4 +1,4 @@
-/* test_acceptance.c: the acceptance metrics of SPEC.md section 6 (daemon/engine/acceptance.c):
+/* test_acceptance.c: the acceptance metrics of SPEC.md section 6 (daemon/engine/eval/acceptance.c):
  * hand-made blocks with known acc_k, tau_chain and tau_tree(K); ties and non-finite logits; a
  * brute-force tree (every rank path enumerated, the best frontier node taken K times) against
  * the best-first heap on random small blocks, every label sequence walked; the SPEC's bounds
@@ -6,7 +6,7 @@
  * vocabulary's size (V = 248320, B = 32, K up to 1024).
  * ctest: one line per case, a final "N passed, M failed".
  */
-#include "acceptance.h"
+#include "eval/acceptance.h"
 #include "check.h"
 #include "ddk_rng.h"
 

@@ -2044,7 +2044,7 @@ static void run_target_cases(uint64_t *seq)
 }
 
 /* ------------------------------------------------------------------------------------------
- * The bf16 step's products (daemon/engine/drafter.c): matmul_16 on the weights' bf16 copies,
+ * The bf16 step's products (daemon/engine/model/drafter.c): matmul_16 on the weights' bf16 copies,
  * against activations rounded once by round_bf16 (and the copies refreshed by adamw's w16, in
  * case_adamw)
  */

@@ -1,4 +1,4 @@
-/* test_batch.c: the random parts of a batch (daemon/engine/batch.c, SPEC.md section 2): anchors
+/* test_batch.c: the random parts of a batch (daemon/engine/data/batch.c, SPEC.md section 2): anchors
  * are valid, sorted, distinct candidates, min(A, #candidates) of them, padded with keep = 0;
  * the same for a seed and different across seeds; uniform over the subsets of candidates
  * (chi-square); the uniform feature noise of the CPU backend (bounds, moments, determinism,
@@ -7,7 +7,7 @@
  * ctest: one line per case, a final "N passed, M failed".
  */
 #include "check.h"
-#include "batch.h"
+#include "data/batch.h"
 #include "ddk.h"
 #include "ddk_rng.h"
 

@@ -1,4 +1,4 @@
-/* test_chat_template.c: chat data in (daemon/engine/chat_data.c) and the native Qwen chat
+/* test_chat_template.c: chat data in (daemon/engine/data/chat_data.c) and the native Qwen chat
  * templates (chat_template.c) against the models' own Jinja templates.
  *
  * Cases without references: hand-made JSONL lines and their normalisation or refusal reason,
@@ -15,8 +15,8 @@
  */
 #include "check.h"
 
-#include "chat_data.h"
-#include "chat_template.h"
+#include "data/chat_data.h"
+#include "data/chat_template.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>

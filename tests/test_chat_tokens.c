@@ -1,4 +1,4 @@
-/* test_chat_tokens.c: conversations to ids and loss masks (daemon/engine/chat_tokens.c)
+/* test_chat_tokens.c: conversations to ids and loss masks (daemon/engine/data/chat_tokens.c)
  * against SPEC.md section 8's rule computed independently: the render's spans, each edge's
  * token index as the length of the re-encoded prefix text[:edge], the mask 1 between them.
  * Cases: hand-made conversations (multi-turn, reasoning kept and dropped, tool calls and
@@ -11,7 +11,7 @@
  */
 #include "check.h"
 
-#include "chat_tokens.h"
+#include "data/chat_tokens.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>

@@ -20,11 +20,11 @@
  * ctest: one line per case, a final "N passed, M failed".
  */
 #include "check.h"
-#include "checkpoint.h"
+#include "record/checkpoint.h"
 #include "ddk_rng.h"
-#include "model_config.h"
-#include "safetensors.h"
-#include "trainer.h"
+#include "model/model_config.h"
+#include "model/safetensors.h"
+#include "train/trainer.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>

@@ -12,11 +12,11 @@
 #include "check.h"
 #include "ddk_bf16.h"
 #include "ddk_rng.h"
-#include "drafter.h"
-#include "model_config.h"
-#include "planner.h"
-#include "run_config.h"
-#include "target.h"
+#include "model/drafter.h"
+#include "model/model_config.h"
+#include "run/planner.h"
+#include "run/run_config.h"
+#include "model/target.h"
 
 #include <errno.h>
 #include <math.h>

@@ -22,7 +22,7 @@
  * (W transposed or not: bit for bit matmul_bf16 on W widened, and the float64 product of the
  * rounded operands, across panel edges, k = 0), embedding_w16 (exact widening), copy_rows
  * (exact, padding untouched), and its element-wise l2norm_heads, sigmoid_mul, delta_gates
- * (float64 formulas, and bit for bit the engine's loops of daemon/engine/target_qwen35.c, copied
+ * (float64 formulas, and bit for bit the engine's loops of daemon/engine/model/target_qwen35.c, copied
  * here; in place where allowed); causal attention over a
  * cache (q_rows 1, 5, S of S keys against the prefill's last rows and a float64
  * reference, q_rows outside [0, S] refused); the bf16 step's matmul_16 (both operands bf16 as
@@ -867,7 +867,7 @@ static void case_matmul_bf16(const ddk_backend *be, const op_case *c)
 }
 
 /* ------------------------------------------------------------------------------------------
- * The bf16 step's products (daemon/engine/drafter.c): matmul_16 on the weights' bf16 copies,
+ * The bf16 step's products (daemon/engine/model/drafter.c): matmul_16 on the weights' bf16 copies,
  * against activations rounded once by round_bf16
  */
 
@@ -1636,7 +1636,7 @@ static const double tol_causal_cached = 1e-6;
  * summed in float over <= 70 keys in tiles */
 static const double tol_causal_ref = 2e-6;
 
-/* the engine's own loops (daemon/engine/target_qwen35.c), copied as they are there: the CPU
+/* the engine's own loops (daemon/engine/model/target_qwen35.c), copied as they are there: the CPU
  * backend's l2norm_heads, sigmoid_mul and delta_gates must give their bits */
 static float engine_sigmoidf(float x)
 {

@@ -1,11 +1,11 @@
-/* test_optimizer.c: the AdamW of daemon/engine/optimizer.c against a float64 reference written
+/* test_optimizer.c: the AdamW of daemon/engine/model/optimizer.c against a float64 reference written
  * here from SPEC.md section 2 and optimizer.c's header: the learning-rate schedule at its
  * corners, the global gradient norm, several updates with clipping active and inactive, weight
  * decay on matrices only, and bit-for-bit determinism.
  * ctest: one line per case, a final "N passed, M failed".
  */
 #include "check.h"
-#include "optimizer.h"
+#include "model/optimizer.h"
 #include "ddk_bf16.h"
 #include "ddk_rng.h"
 

@@ -21,10 +21,10 @@
  */
 #include "check.h"
 #include "ddk_bf16.h"
-#include "model_config.h"
-#include "safetensors.h"
-#include "target.h"
-#include "target_qwen35.h"
+#include "model/model_config.h"
+#include "model/safetensors.h"
+#include "model/target.h"
+#include "model/target_qwen35.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>

@@ -1,5 +1,5 @@
-/* test_run_state.c: the run lifecycle of daemon/engine/run_state.h through its one writer,
- * ddt_store_run_transition (daemon/engine/store.c).
+/* test_run_state.c: the run lifecycle of daemon/engine/run/run_state.h through its one writer,
+ * ddt_store_run_transition (daemon/engine/record/store.c).
  *
  * Every (from, to) pair of the 8 states, each on a run of its own put in `from` by the
  * fixture writer (ddt_store_run_update): a legal pair, by the matrix below (written from the
@@ -20,9 +20,9 @@
  */
 #include "check.h"
 #include "metrics.h"
-#include "run_state.h"
-#include "store.h"
-#include "store_read.h"
+#include "run/run_state.h"
+#include "record/store.h"
+#include "record/store_read.h"
 
 #include <cjson/cJSON.h>
 #include <sqlite3.h>

@@ -1,5 +1,5 @@
 /* test_safetensors.c: the safetensors reader, writer, model directories and dtype conversions
- * of daemon/engine/safetensors.c (SPEC.md section 4).
+ * of daemon/engine/model/safetensors.c (SPEC.md section 4).
  *
  * Round trips of every dtype (0-d scalars, zero-size tensors, tensors at unaligned offsets),
  * metadata, the header layout (length a multiple of 8, space padding, "format": "pt"); BF16 and
@@ -12,7 +12,7 @@
  *
  * ctest: exit 0 when every case passes; one line per case; a final "N passed, M failed".
  */
-#include "safetensors.h"
+#include "model/safetensors.h"
 #include "check.h"
 #include "ddk_bf16.h"
 

@@ -12,8 +12,8 @@
  */
 #include "check.h"
 #include "ddk_rng.h"
-#include "safetensors.h"
-#include "shard.h"
+#include "model/safetensors.h"
+#include "data/shard.h"
 
 #include <errno.h>
 #include <math.h>

@@ -26,11 +26,11 @@
 #include "check.h"
 #include "ddk_bf16.h"
 #include "ddk_rng.h"
-#include "generate.h"
-#include "safetensors.h"
-#include "shard.h"
-#include "source.h"
-#include "target.h"
+#include "model/generate.h"
+#include "model/safetensors.h"
+#include "data/shard.h"
+#include "data/source.h"
+#include "model/target.h"
 
 #include <errno.h>
 #include <math.h>

@@ -1,4 +1,4 @@
-/* test_speculate.c: speculative decoding (daemon/engine/speculate.c, SPEC.md section 7) and
+/* test_speculate.c: speculative decoding (daemon/engine/eval/speculate.c, SPEC.md section 7) and
  * the target interface's tree verify under it (target.c, target_dense_cache.c,
  * target_qwen35.c).
  * - tree verify: every node of a random tree gives the rows the same tokens give verified as a
@@ -16,9 +16,9 @@
  *   cap, a token outside the vocabulary.
  */
 #include "check.h"
-#include "drafter.h"
-#include "speculate.h"
-#include "target.h"
+#include "model/drafter.h"
+#include "eval/speculate.h"
+#include "model/target.h"
 
 #include <errno.h>
 

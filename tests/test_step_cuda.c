@@ -30,8 +30,8 @@
  * Legend: H hidden, V vocabulary, S sequence length, A anchors, B block size, LH = taps * H.
  */
 #include "check.h"
-#include "drafter.h"
-#include "trainer.h"
+#include "model/drafter.h"
+#include "train/trainer.h"
 #include "ddk_bf16.h"
 #include "ddk_rng.h"
 

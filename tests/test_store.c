@@ -1,4 +1,4 @@
-/* test_store.c: the SQLite store of daemon/engine/store.c (API.md, "SQLite").
+/* test_store.c: the SQLite store of daemon/engine/record/store.c (API.md, "SQLite").
  *
  * A fresh database gets the newest user_version, WAL, and every table and column of API.md;
  * reopening changes nothing; a database of a newer ddtreed is refused byte for byte untouched;
@@ -18,7 +18,7 @@
  * ctest: one line per case, a final "N passed, M failed".
  */
 #include "check.h"
-#include "store.h"
+#include "record/store.h"
 
 #include <sqlite3.h>
 

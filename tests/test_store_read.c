@@ -1,4 +1,4 @@
-/* test_store_read.c: the read-only queries of daemon/engine/store_read.c.
+/* test_store_read.c: the read-only queries of daemon/engine/record/store_read.c.
  *
  * A store written through store.h (three runs created out of time order and updated, 30 steps
  * of one run with 0..3 devices each plus two of another, events with object, escaped and
@@ -15,8 +15,8 @@
  * ctest: one line per case, a final "N passed, M failed".
  */
 #include "check.h"
-#include "store.h"
-#include "store_read.h"
+#include "record/store.h"
+#include "record/store_read.h"
 
 #include <cjson/cJSON.h>
 

@@ -19,9 +19,9 @@
  * Legend: T tokens, H hidden, V vocabulary, F = taps * H.
  */
 #include "check.h"
-#include "planner.h"
-#include "target.h"
-#include "target_qwen35.h"
+#include "run/planner.h"
+#include "model/target.h"
+#include "model/target_qwen35.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -1,4 +1,4 @@
-/* test_tokenizer.c: the tokenizer (daemon/engine/tokenizer.h).
+/* test_tokenizer.c: the tokenizer (daemon/engine/data/tokenizer.h).
  *
  * Without arguments (ctest `tokenizer`, also under the sanitizers): hand-made tokenizer.json
  * files written here: BPE against a naive reference on random pieces (the short and the long
@@ -14,7 +14,7 @@
  * regex swapped in, and with the added tokens removed (our DDT_TOKENIZE_ADDED off).
  * With --unicode-table CLASSES.json (CLASSES.json from `node tests/tokenizer_reference.js
  * classes build-npm L N M Lu Ll Lt Lm Lo Nd Nl No P S`): prints
- * daemon/engine/tokenizer_unicode_table.h, the characters the Rust library's Oniguruma has in each
+ * daemon/engine/data/tokenizer_unicode_table.h, the characters the Rust library's Oniguruma has in each
  * class and this machine's lacks (a class from which one moved out cannot be patched by adding:
  * it is refused, as Mn is, whose U+1171E is Mc in Unicode 16), and the characters its NFC takes
  * for unassigned (probes of every mark and composite through `tokenizer_reference.js nfc`).
@@ -23,8 +23,8 @@
 #include "check.h"
 
 #include "bench/tokenizer_corpus.h"
-#include "tokenizer.h"
-#include "tokenizer_impl.h"   /* the Unicode table, for the documents of its characters */
+#include "data/tokenizer.h"
+#include "data/tokenizer_impl.h"   /* the Unicode table, for the documents of its characters */
 
 #include <cjson/cJSON.h>
 #include <errno.h>

@@ -34,8 +34,8 @@
  * ctest: one line per case, a final "N passed, M failed".
  */
 #include "check.h"
-#include "trainer.h"
-#include "store_read.h"
+#include "train/trainer.h"
+#include "record/store_read.h"
 #include "ddk.h"
 
 #include <cjson/cJSON.h>

@@ -12,7 +12,7 @@
 // time encoding them all (encodeBatch; run it with RAYON_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
 // for one core).
 // `classes` prints {"L": [[first, last], ...], ...}: the code points the library's Oniguruma puts
-// in \p{PROPERTY}, for daemon/engine/tokenizer_unicode.c (test_tokenizer --unicode-table).
+// in \p{PROPERTY}, for daemon/engine/data/tokenizer_unicode.c (test_tokenizer --unicode-table).
 // `nfc` writes OUT the NFC of each document of DOCS as the library's NFC normaliser gives it,
 // framed as DOCS is (also for --unicode-table).
 'use strict';

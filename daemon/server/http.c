@@ -28,7 +28,7 @@
  * Tested by tests/test_http.c (libcurl over the Unix socket and TCP) and tests/api_e2e.py.
  */
 #include "http.h"
-#include "log.h"
+#include "base/log.h"
 
 #include <cjson/cJSON.h>
 #include <microhttpd.h>

@@ -6,7 +6,7 @@
 #ifndef DDT_METRICS_H
 #define DDT_METRICS_H
 
-#include "run_state.h"
+#include "run/run_state.h"
 
 #include <stddef.h>
 #include <stdint.h>

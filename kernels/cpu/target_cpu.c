@@ -3,7 +3,7 @@
  * (delta_gates: beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias)), and the gated
  * attention's output gate (sigmoid_mul).
  *
- * These are the engine's own loops (daemon/engine/target_qwen35.c) moved behind the backend, and
+ * These are the engine's own loops (daemon/engine/model/target_qwen35.c) moved behind the backend, and
  * they must give its bits: float sums in index order, each operation rounded as written. This
  * file is therefore built with -ffp-contract=off (kernels/CMakeLists.txt; the rest of libddk
  * contracts a * b + c into FMAs, the engine's ISO C build does not), and without

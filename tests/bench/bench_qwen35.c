@@ -25,10 +25,10 @@
  */
 #include "bench_util.h"
 #include "ddk_bf16.h"
-#include "planner.h"
+#include "run/planner.h"
 #include "ddk_rng.h"
-#include "target.h"
-#include "target_qwen35.h"
+#include "model/target.h"
+#include "model/target_qwen35.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -11,7 +11,7 @@
  */
 #include "bench_util.h"
 #include "ddk_rng.h"
-#include "drafter.h"
+#include "model/drafter.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -38,8 +38,8 @@
  */
 #include "bench_util.h"
 #include "ddk_rng.h"
-#include "drafter.h"
-#include "optimizer.h"
+#include "model/drafter.h"
+#include "model/optimizer.h"
 
 #include <math.h>
 #include <stdio.h>

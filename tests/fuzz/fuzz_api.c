@@ -35,11 +35,11 @@
 #include "api.h"
 #include "config.h"
 #include "http.h"
-#include "log.h"
+#include "base/log.h"
 #include "metrics.h"
 #include "runs.h"
-#include "store.h"
-#include "trainer.h"
+#include "record/store.h"
+#include "train/trainer.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>

@@ -1,4 +1,4 @@
-/* fuzz_run_config.c: libFuzzer target for the run-config parser (daemon/engine/run_config.h),
+/* fuzz_run_config.c: libFuzzer target for the run-config parser (daemon/engine/run/run_config.h),
  * the body of POST /runs and /plan, so untrusted bytes from any client of the API.
  *
  * The input is the JSON text itself (the seed corpus is corpus/run_config/: the examples and
@@ -13,7 +13,7 @@
  * reached through fuzz_api.c's POST /plan instead.
  * A broken expectation prints what broke and aborts, which libFuzzer reports as a crash.
  */
-#include "run_config.h"
+#include "run/run_config.h"
 
 #include <errno.h>
 #include <stdint.h>

@@ -1,0 +1,104 @@
+/* json_fields.c: typed, range-checked JSON fields (json_fields.h).
+ * Tested by tests/test_engine.c.
+ */
+#include "json_fields.h"
+#include "model/model_config.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int ddt_json_fail(const ddt_json_ctx *j, const char *field, const char *what)
+{
+    snprintf(j->err, j->err_len, "%s: %s %s", j->path, field, what);
+    return -EINVAL;
+}
+
+/* The first key that appears twice in one object, at any depth: such a file is ambiguous. */
+static const char *duplicate_key(const cJSON *node)
+{
+    for (const cJSON *a = node->child; a; a = a->next) {
+        if (cJSON_IsObject(node))
+            for (const cJSON *b = a->next; b; b = b->next)
+                if (!strcmp(a->string, b->string))
+                    return a->string;
+        const char *inner = duplicate_key(a);
+        if (inner)
+            return inner;
+    }
+    return NULL;
+}
+
+cJSON *ddt_json_parse_file(const char *path, size_t max_bytes, char *err, size_t err_len)
+{
+    char *text = ddt_read_text_file(path, max_bytes, err, err_len);
+    if (!text)
+        return NULL;
+    const char *end = NULL;
+    /* length + 1: require_null_terminated looks for the NUL within the length */
+    cJSON *root = cJSON_ParseWithLengthOpts(text, strlen(text) + 1, &end, 1);
+    if (!root || !cJSON_IsObject(root)) {
+        if (root)
+            snprintf(err, err_len, "%s: must hold a JSON object", path);
+        else
+            snprintf(err, err_len, "%s: invalid JSON near byte %ld", path, (long)(end ? end - text : 0));
+        cJSON_Delete(root);
+        root = NULL;
+    }
+    const char *twice = root ? duplicate_key(root) : NULL;
+    if (twice) {
+        snprintf(err, err_len, "%s: \"%s\" appears twice in one object", path, twice);
+        cJSON_Delete(root);
+        root = NULL;
+    }
+    free(text);
+    return root;
+}
+
+int ddt_json_int(const ddt_json_ctx *j, const cJSON *obj, const char *field, int64_t lo,
+                 int64_t hi, int has_default, int64_t dflt, int64_t *out)
+{
+    double x;
+    int rc = ddt_json_number(j, obj, field, (double)lo, 0, (double)hi, has_default, (double)dflt, &x);
+    if (rc == 0 && x != floor(x)) {
+        char what[96];
+        snprintf(what, sizeof what, "must be an integer in [%lld, %lld]", (long long)lo, (long long)hi);
+        return ddt_json_fail(j, field, what);
+    }
+    *out = rc == 0 ? (int64_t)x : 0;
+    return rc;
+}
+
+int ddt_json_number(const ddt_json_ctx *j, const cJSON *obj, const char *field, double lo,
+                    int lo_open, double hi, int has_default, double dflt, double *out)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, field);
+    if (!v || cJSON_IsNull(v)) {
+        if (!has_default)
+            return ddt_json_fail(j, field, "is missing");
+        *out = dflt;
+        return 0;
+    }
+    double x = cJSON_IsNumber(v) ? v->valuedouble : NAN;
+    if (!isfinite(x) || (lo_open ? x <= lo : x < lo) || x > hi) {
+        char what[96];
+        snprintf(what, sizeof what, "must be a number in %s%g, %g]", lo_open ? "(" : "[", lo, hi);
+        return ddt_json_fail(j, field, what);
+    }
+    *out = x;
+    return 0;
+}
+
+int ddt_json_only(const ddt_json_ctx *j, const cJSON *obj, const char *const *allowed)
+{
+    for (const cJSON *item = obj->child; item; item = item->next) {
+        int known = 0;
+        for (const char *const *a = allowed; *a && !known; a++)
+            known = !strcmp(item->string, *a);
+        if (!known)
+            return ddt_json_fail(j, item->string, "is not a known field (unknown keys are errors, not ignored)");
+    }
+    return 0;
+}

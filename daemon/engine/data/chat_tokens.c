@@ -1,0 +1,304 @@
+/* chat_tokens.c: conversations to input ids and loss masks (chat_tokens.h): render, encode
+ * the whole text once, then each span edge as a token index by SPEC.md section 8's rule; and
+ * JSON Lines files mapped with their lines indexed.
+ * Not here: the templates (chat_template.c), the BPE (tokenizer.c), counts.
+ * Tested by tests/test_chat_tokens.c.
+ *
+ * Legend: T tokens of a conversation, n edges.
+ */
+#include "chat_tokens.h"
+#include "ddk.h"
+#include "base/errors.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* ------------------------------------------------------------------------------------------
+ * The encoder: the template against the tokenizer
+ */
+
+/* the control tokens each template writes, and whether they must be special */
+typedef struct control_token {
+    const char *text;
+    int special;
+} control_token;
+
+static const control_token qwen_controls[] = {
+    { "<|im_start|>", 1 }, { "<|im_end|>", 1 }, { "<think>", 0 }, { "</think>", 0 },
+    { "<tool_call>", 0 }, { "</tool_call>", 0 }, { "<tool_response>", 0 }, { "</tool_response>", 0 },
+};
+
+int ddt_chat_encoder_init(ddt_chat_encoder *e, const ddt_tokenizer *tok, const ddt_chat_template_options *opt,
+                          char *err, size_t err_len)
+{
+    memset(e, 0, sizeof *e);
+    const char *name = ddt_chat_template_name(opt->tmpl);
+    for (size_t i = 0; i < sizeof qwen_controls / sizeof *qwen_controls; i++) {
+        const control_token *c = &qwen_controls[i];
+        const int32_t id = ddt_tokenizer_token_id(tok, c->text);
+        size_t len = 0;
+        const char *bytes = id >= 0 ? ddt_tokenizer_token_bytes(tok, id, &len) : NULL;
+        /* an added token's bytes are its content; a vocabulary token's are the bytes it stands for */
+        if (id < 0 || !bytes || len != strlen(c->text) || (c->special && !ddt_tokenizer_is_special(tok, id)))
+            return ddt_fail(err, err_len, -EINVAL, "the tokenizer has no %stoken `%s`: template %s does not match it "
+                            "(give the template of the tokenizer's model)", c->special ? "special " : "", c->text,
+                            name);
+    }
+    e->tok = tok;
+    e->opt = *opt;
+    e->im_end = ddt_tokenizer_token_id(tok, "<|im_end|>");
+    const int32_t V = ddt_tokenizer_vocab_size(tok);
+    int n = 0;
+    for (int32_t id = 0; id < V; id++)
+        n += ddt_tokenizer_is_special(tok, id);
+    e->specials = calloc((size_t)n + 1, sizeof *e->specials);
+    if (!e->specials)
+        return ddt_fail(err, err_len, -ENOMEM, "chat encoder: out of memory");
+    for (int32_t id = 0; id < V; id++) {
+        size_t len;
+        const char *bytes = ddt_tokenizer_is_special(tok, id) ? ddt_tokenizer_token_bytes(tok, id, &len) : NULL;
+        if (!bytes)
+            continue;
+        char *copy = malloc(len + 1);
+        if (!copy) {
+            ddt_chat_encoder_free(e);
+            return ddt_fail(err, err_len, -ENOMEM, "chat encoder: out of memory");
+        }
+        memcpy(copy, bytes, len);
+        copy[len] = '\0';
+        e->specials[e->opt.n_special_tokens++] = copy;
+    }
+    e->opt.special_tokens = (const char *const *)e->specials;
+    return 0;
+}
+
+void ddt_chat_encoder_free(ddt_chat_encoder *e)
+{
+    for (int i = 0; e->specials && i < e->opt.n_special_tokens; i++)
+        free(e->specials[i]);
+    free(e->specials);
+    memset(e, 0, sizeof *e);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Encoding
+ */
+
+void ddt_chat_tokens_free(ddt_chat_tokens *t)
+{
+    ddt_token_ids_free(&t->ids);
+    free(t->mask);
+    memset(t, 0, sizeof *t);
+}
+
+int ddt_chat_mask_trainable(const uint8_t *mask, size_t n)
+{
+    for (size_t i = 0; i + 1 < n; i++)
+        if (mask[i] && mask[i + 1])
+            return 1;
+    return 0;
+}
+
+static ddt_chat_refusal encoding_failed(int rc, char *err, size_t err_len)
+{
+    if (rc == -ENOMEM)
+        ddk_fatal(__FILE__, __LINE__, "out of memory encoding a conversation: %s", err);
+    return DDT_CHAT_BAD_UTF8;   /* -EILSEQ: err names the byte */
+}
+
+/* The token index of each byte edge (ascending, n of them) of text, whose whole encoding is
+ * ids (T): the tokens up to the last special token that ends at or before the edge, plus the
+ * tokens of the piece from its end to the edge. */
+static ddt_chat_refusal edge_tokens(const ddt_chat_encoder *e, const char *text, const ddt_token_ids *ids,
+                                    const size_t *edges, int n, int64_t *index, char *err, size_t err_len)
+{
+    size_t at = 0, base_byte = 0;   /* token `at` starts at byte `byte`; base: after the last special */
+    int64_t base = 0;
+    size_t byte = 0;
+    ddt_token_ids piece = { 0 };
+    for (int k = 0; k < n; k++) {
+        while (at < ids->count) {
+            size_t len;
+            ddt_tokenizer_token_bytes(e->tok, ids->ids[at], &len);
+            if (byte + len > edges[k])
+                break;
+            byte += len;
+            at++;
+            if (ddt_tokenizer_is_special(e->tok, ids->ids[at - 1])) {
+                base = (int64_t)at;
+                base_byte = byte;
+            }
+        }
+        piece.count = 0;
+        int rc = ddt_tokenizer_encode(e->tok, text + base_byte, edges[k] - base_byte, DDT_TOKENIZE_ADDED, &piece,
+                                      err, err_len);
+        if (rc) {
+            ddt_token_ids_free(&piece);
+            return encoding_failed(rc, err, err_len);
+        }
+        index[k] = base + (int64_t)piece.count;
+    }
+    ddt_token_ids_free(&piece);
+    return DDT_CHAT_OK;
+}
+
+static void grow_mask(ddt_chat_tokens *out, size_t T)
+{
+    if (T <= out->mask_cap)
+        return;
+    uint8_t *grown = realloc(out->mask, T);
+    if (!grown)
+        ddk_fatal(__FILE__, __LINE__, "out of memory for a loss mask of %zu tokens", T);
+    out->mask = grown;
+    out->mask_cap = T;
+}
+
+ddt_chat_refusal ddt_chat_tokens_encode(const ddt_chat_encoder *e, const ddt_chat *chat, int64_t max_len,
+                                        ddt_chat_tokens *out, char *err, size_t err_len)
+{
+    out->ids.count = 0;
+    out->masked = 0;
+    out->truncated = 0;
+    ddt_chat_rendered r;
+    ddt_chat_refusal why = ddt_chat_render(chat, &e->opt, &r, err, err_len);
+    if (why)
+        return why;
+    int rc = ddt_tokenizer_encode(e->tok, r.text, r.len, DDT_TOKENIZE_ADDED, &out->ids, err, err_len);
+    if (rc) {
+        ddt_chat_rendered_free(&r);
+        return encoding_failed(rc, err, err_len);
+    }
+    const size_t T = out->ids.count;
+    size_t *edges = malloc((size_t)(2 * r.n_spans + 1) * sizeof *edges);
+    int64_t *index = malloc((size_t)(2 * r.n_spans + 1) * sizeof *index);
+    if (!edges || !index)
+        ddk_fatal(__FILE__, __LINE__, "out of memory for %d spans", r.n_spans);
+    for (int i = 0; i < r.n_spans; i++) {
+        edges[2 * i] = r.spans[i].start;
+        edges[2 * i + 1] = r.spans[i].end;
+    }
+    why = edge_tokens(e, r.text, &out->ids, edges, 2 * r.n_spans, index, err, err_len);
+    grow_mask(out, T ? T : 1);
+    memset(out->mask, 0, T);
+    for (int i = 0; !why && i < r.n_spans; i++)
+        for (int64_t t = index[2 * i]; t < index[2 * i + 1] && t < (int64_t)T; t++)
+            out->mask[t] = 1;
+    free(edges);
+    free(index);
+    ddt_chat_rendered_free(&r);
+    if (why)
+        return why;
+    if (max_len > 0 && (int64_t)T > max_len) {
+        out->ids.count = (size_t)max_len;
+        out->truncated = 1;
+    }
+    for (size_t t = 0; t < out->ids.count; t++)
+        out->masked += out->mask[t];
+    if (!ddt_chat_mask_trainable(out->mask, out->ids.count)) {
+        snprintf(err, err_len, "%lld tokens%s, none of them two trained ones in a row (an assistant turn of at "
+                 "least two tokens is needed)", (long long)out->ids.count, out->truncated ? " after the cut" : "");
+        return DDT_CHAT_NOT_TRAINED;
+    }
+    return DDT_CHAT_OK;
+}
+
+ddt_chat_refusal ddt_chat_tokens_line(const ddt_chat_encoder *e, const char *line, size_t len, int64_t max_len,
+                                      ddt_chat_tokens *out, char *err, size_t err_len)
+{
+    ddt_chat chat;
+    out->ids.count = 0;
+    ddt_chat_refusal why = ddt_chat_parse_line(line, len, &chat, err, err_len);
+    if (why)
+        return why;
+    why = ddt_chat_tokens_encode(e, &chat, max_len, out, err, err_len);
+    ddt_chat_free(&chat);
+    return why;
+}
+
+ddt_chat_refusal ddt_chat_tokens_prompt(const ddt_chat_encoder *e, const ddt_chat *chat, ddt_token_ids *out,
+                                        char *err, size_t err_len)
+{
+    out->count = 0;
+    ddt_chat_rendered r;
+    ddt_chat_refusal why = ddt_chat_render_prompt(chat, &e->opt, &r, err, err_len);
+    if (why)
+        return why;
+    int rc = ddt_tokenizer_encode(e->tok, r.text, r.len, DDT_TOKENIZE_ADDED, out, err, err_len);
+    ddt_chat_rendered_free(&r);
+    return rc ? encoding_failed(rc, err, err_len) : DDT_CHAT_OK;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * JSON Lines files
+ */
+
+int ddt_chat_file_open(const char *path, ddt_chat_file *f, char *err, size_t err_len)
+{
+    memset(f, 0, sizeof *f);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st)) {
+        int e = errno;
+        if (fd >= 0)
+            close(fd);
+        return ddt_fail_path(err, err_len, -e, path, "cannot be read: %s", strerror(e));
+    }
+    f->size = (size_t)st.st_size;
+    if (f->size) {
+        void *m = mmap(NULL, f->size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (m == MAP_FAILED) {
+            int e = errno;
+            close(fd);
+            memset(f, 0, sizeof *f);
+            return ddt_fail_path(err, err_len, -e, path, "cannot be mapped: %s", strerror(e));
+        }
+        f->data = m;
+        madvise(m, f->size, MADV_SEQUENTIAL);
+    }
+    close(fd);
+    int64_t n = 0;
+    for (const char *p = f->data, *end = f->data + f->size; p && p < end; n++) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        p = nl ? nl + 1 : end;
+    }
+    f->starts = malloc((size_t)(n + 1) * sizeof *f->starts);
+    if (!f->starts) {
+        ddt_chat_file_close(f);
+        return ddt_fail_path(err, err_len, -ENOMEM, path, "no memory for the index of its %lld lines", (long long)n);
+    }
+    f->n_lines = n;
+    int64_t i = 0;
+    for (const char *p = f->data, *end = f->data + f->size; p && p < end; i++) {
+        f->starts[i] = p - f->data;
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        p = nl ? nl + 1 : end;
+    }
+    f->starts[n] = (int64_t)f->size;
+    return 0;
+}
+
+void ddt_chat_file_close(ddt_chat_file *f)
+{
+    if (f->data)
+        munmap((void *)f->data, f->size);
+    free(f->starts);
+    memset(f, 0, sizeof *f);
+}
+
+const char *ddt_chat_file_line(const ddt_chat_file *f, int64_t i, size_t *len)
+{
+    const char *line = f->data + f->starts[i];
+    size_t n = (size_t)(f->starts[i + 1] - f->starts[i]);
+    if (n && line[n - 1] == '\n')
+        n--;
+    if (n && line[n - 1] == '\r')
+        n--;
+    *len = n;
+    return line;
+}
