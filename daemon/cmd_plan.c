@@ -8,6 +8,7 @@
  * Tested by tests/train_cli_test.sh (every example must pass it; the 96 GB card's plan, and the
  * card and budget refused).
  */
+#include "base/read_file.h"
 #include "commands.h"
 #include "ddk.h"
 #include "model/model_config.h"

@@ -15,6 +15,7 @@
  * resume.
  * Tested by tests/train_cli_test.sh (through scripts/test) and scripts/demo.
  */
+#include "base/read_file.h"
 #include "base/ddt_time.h"
 #include "commands.h"
 #include "model/model_config.h"

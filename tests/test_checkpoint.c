@@ -19,6 +19,7 @@
  * Fixtures are written by the test under a mkdtemp directory, removed at the end.
  * ctest: one line per case, a final "N passed, M failed".
  */
+#include "base/read_file.h"
 #include "check.h"
 #include "record/checkpoint.h"
 #include "ddk_rng.h"

@@ -19,6 +19,7 @@
  * The model directory is argv[1], else DDTREE_QWEN35_TINY (the build's ../shared path);
  * without it the test prints "skipped" and exits 77.
  */
+#include "base/read_file.h"
 #include "check.h"
 #include "ddk_bf16.h"
 #include "model/model_config.h"

@@ -24,7 +24,7 @@
 
 #include "bench/tokenizer_corpus.h"
 #include "data/tokenizer.h"
-#include "data/tokenizer_impl.h"   /* the Unicode table, for the documents of its characters */
+#include "data/tokenizer_unicode.h"   /* the Unicode table, for the documents of its characters */
 
 #include <cjson/cJSON.h>
 #include <errno.h>

@@ -2,7 +2,7 @@
  * Tested by tests/test_engine.c.
  */
 #include "json_fields.h"
-#include "model/model_config.h"
+#include "read_file.h"
 
 #include <errno.h>
 #include <math.h>

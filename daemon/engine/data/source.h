@@ -26,49 +26,11 @@
 #ifndef DDT_SOURCE_H
 #define DDT_SOURCE_H
 
-#include "model/target.h"
+#include "generated_tokens.h"
+#include "source_config.h"
 
 #include <stddef.h>
 #include <stdint.h>
-
-typedef enum ddt_source_kind { DDT_SOURCE_SYNTHETIC, DDT_SOURCE_HF, DDT_SOURCE_SHARDS } ddt_source_kind;
-
-enum { DDT_MAX_SHARDS = 1024, DDT_MAX_CHAT_FILES = 16, DDT_CHAT_SYSTEM_PROMPT_MAX = 4096 };
-
-typedef struct ddt_source_config {
-    ddt_source_kind kind;
-    ddt_target_config synthetic;   /* synthetic: the target's shape */
-    char model_dir[1024];          /* hf: the target; shards: where embed/lm_head are read */
-    char tokens_file[1024];        /* hf: token file, or "" to generate */
-    int shard_count;
-    char (*shards)[1024];          /* shards: (shard_count) paths */
-    int64_t seq_len;               /* S of every training sequence (generated, or cut/skipped) */
-    int n_taps;
-    int32_t taps[64];              /* target layer ids, in feature order */
-    int want_teacher;              /* produce teacher_hidden (ce_target teacher or KL) */
-    int tokens_only;               /* 1: no features nor teacher (the caller computes them) */
-    float temperature, top_p;      /* generation (and chat data's regeneration) */
-    /* hf chat data (SPEC.md section 8): JSON Lines files, the target's tokenizer.json */
-    int chat_file_count;           /* 0: not chat data */
-    char chat_files[DDT_MAX_CHAT_FILES][1024];
-    int chat_template;             /* ddt_chat_template (chat_template.h) */
-    char system_prompt[DDT_CHAT_SYSTEM_PROMPT_MAX];   /* "" none */
-    int train_only_last_turn, drop_reasoning;
-    int regenerate;                /* the assistant turn sampled by the target from the prompt */
-    int64_t max_new_tokens;        /* regeneration's cap (0: up to seq_len) */
-    uint64_t seed;
-    int64_t heldout;               /* sequences kept apart for acceptance */
-    int prefetch;                  /* queue depth (>= 1) */
-} ddt_source_config;
-
-/* One sequence; its arrays belong to the source until the next call that returns one. */
-typedef struct ddt_sequence {
-    int64_t S;
-    int32_t *input_ids;       /* (S) */
-    uint8_t *loss_mask;       /* (S) */
-    float *features;          /* (S, L_t*H), or NULL: tokens_only */
-    float *teacher_hidden;    /* (S, H), or NULL when not wanted / not in the shard / tokens_only */
-} ddt_sequence;
 
 typedef struct ddt_source ddt_source;
 
@@ -115,40 +77,10 @@ const ddt_target_model *ddt_source_target(const ddt_source *s);
 /* The target's number of layers (0 when unknown: shards) */
 int64_t ddt_source_target_layers(const ddt_source *s);
 
-/* ------------------------------------------------------------------------------------------
- * Generated data without a source (a co-located trainer: each rank samples with its replica)
- */
-
-struct ddt_generator;
-/* 1 when c's sequences are sampled by its target (synthetic, or hf without a token file) */
-int ddt_source_generates(const ddt_source_config *c);
 /* The rules ddt_source_open checks before opening anything (the common ones, the kind's, and the
  * tap ids against the target's `layers`), for a caller that opens no source. 0 or -EINVAL with
  * err. */
 int ddt_source_check(const ddt_source_config *c, int64_t hidden, int64_t layers, char *err, size_t err_len);
-/* Generated data's training sequence `index` (heldout 0: what the source yields at cursor index)
- * or held-out sequence `index` (heldout 1): its seq_len tokens sampled by gen (a generator over
- * any replica of c's target: the same tokens as the source's when it is fp32 on a CPU backend)
- * with the seed ddt_generate_seed(seed, index, "train" / "heldout"), the first token drawn from
- * it, and its loss mask, all ones (NULL: not wanted). 0, or the generator's error with err. */
-int ddt_source_generate(const ddt_source_config *c, struct ddt_generator *gen, int heldout, int64_t index,
-                        int32_t *tokens, uint8_t *loss_mask, char *err, size_t err_len);
-/* Host bytes of generated data's held-out tokens kept once sampled (tokens, and a flag each) */
-int64_t ddt_source_heldout_token_bytes(const ddt_source_config *c);
-/* Those tokens, the generated source's and a co-located trainer's (which has no source): one
- * allocation of the host's allocator, each sequence sampled the first time it is asked for. */
-typedef struct ddt_heldout_tokens {
-    int32_t *tokens;   /* (heldout, S), row i valid once known[i] */
-    uint8_t *known;    /* (heldout) */
-    size_t bytes;      /* ddt_source_heldout_token_bytes */
-} ddt_heldout_tokens;
-/* 0, or -ENOMEM with err */
-int ddt_heldout_tokens_init(ddt_heldout_tokens *h, const ddt_source_config *c, char *err, size_t err_len);
-void ddt_heldout_tokens_free(ddt_heldout_tokens *h);
-/* held-out sequence i's tokens (S), sampled by gen (ddt_source_generate) the first time; 0, or the
- * generator's error with err */
-int ddt_heldout_tokens_get(ddt_heldout_tokens *h, const ddt_source_config *c, struct ddt_generator *gen, int64_t i,
-                           int32_t **tokens, char *err, size_t err_len);
 
 /* Host bytes of the sequence buffers a source of c holds (its queue and the held-out slot), for
  * sequences of the given hidden size: the planner's figure. */

@@ -2,18 +2,16 @@
  * hf with neither a token file nor chat files): the target samples every sequence with its
  * cache (generate.h, through target.h's interface), then its forward gives the features and
  * the teacher.
- * Training sequence i is sampled with seed ddt_generate_seed(seed, i, "train"), held-out i with
- * (seed, i, "heldout"): the two streams are disjoint and each sequence a pure function of the
- * config and its index.
  * The held-out tokens are cached once sampled (the decode is the cost), their features are not.
  * tokens_only: the same tokens, and no forward. The rule that makes a sequence (its seed, length
- * and mask) is ddt_source_generate, public: a co-located trainer opens no source for generated
- * data and its ranks sample with their own replicas through it (trainer.c).
+ * and mask) is generated_tokens.c's ddt_source_generate, which a co-located trainer's ranks
+ * sample through as well.
  * Tested through source.h by tests/test_source.c, ddt_source_generate on another backend's
  * replica by tests/test_source.c and tests/test_trainer.c.
  *
  * Legend: S tokens of a sequence.
  */
+#include "generated_tokens.h"
 #include "source_impl.h"
 #include "base/errors.h"
 #include "model/generate.h"
@@ -26,17 +24,6 @@ typedef struct generated {
     ddt_target_model target;
     ddt_heldout_tokens held;
 } generated;
-
-static int accepts(const ddt_source_config *c)
-{
-    return c->kind == DDT_SOURCE_SYNTHETIC ||
-           (c->kind == DDT_SOURCE_HF && !c->tokens_file[0] && !c->chat_file_count);
-}
-
-int ddt_source_generates(const ddt_source_config *c)
-{
-    return accepts(c);
-}
 
 static int check(const ddt_source_config *c, int64_t hidden, char *err, size_t err_len)
 {
@@ -125,58 +112,6 @@ static void worker_close(void *w)
     free(gen);
 }
 
-/* the one rule of a generated sequence: seq_len tokens from the stream's seed, mask all ones */
-int ddt_source_generate(const ddt_source_config *c, ddt_generator *gen, int heldout, int64_t index,
-                        int32_t *tokens, uint8_t *loss_mask, char *err, size_t err_len)
-{
-    const ddt_generate_params p = { c->temperature, c->top_p };
-    const uint64_t seed = ddt_generate_seed(c->seed, index, heldout ? "heldout" : "train");
-    int rc = ddt_generate(gen, &p, seed, NULL, 0, c->seq_len, tokens, NULL);
-    if (rc)
-        return ddt_fail(err, err_len, rc, "generation failed: %s", strerror(-rc));
-    if (loss_mask)
-        memset(loss_mask, 1, (size_t)c->seq_len);
-    return 0;
-}
-
-int64_t ddt_source_heldout_token_bytes(const ddt_source_config *c)
-{
-    return c->heldout * (c->seq_len * (int64_t)sizeof(int32_t) + 1);
-}
-
-int ddt_heldout_tokens_init(ddt_heldout_tokens *h, const ddt_source_config *c, char *err, size_t err_len)
-{
-    memset(h, 0, sizeof *h);
-    h->bytes = (size_t)ddt_source_heldout_token_bytes(c);
-    if (!h->bytes)
-        return 0;
-    if (!(h->tokens = ddk_malloc(ddk_allocator_cpu(), h->bytes)))
-        return ddt_fail(err, err_len, -ENOMEM, "no memory for %lld held-out sequences' tokens", (long long)c->heldout);
-    h->known = (uint8_t *)(h->tokens + c->heldout * c->seq_len);   /* after the tokens */
-    memset(h->known, 0, (size_t)c->heldout);
-    return 0;
-}
-
-void ddt_heldout_tokens_free(ddt_heldout_tokens *h)
-{
-    ddk_free(ddk_allocator_cpu(), h->tokens, h->bytes);
-    memset(h, 0, sizeof *h);
-}
-
-int ddt_heldout_tokens_get(ddt_heldout_tokens *h, const ddt_source_config *c, ddt_generator *gen, int64_t i,
-                           int32_t **tokens, char *err, size_t err_len)
-{
-    int32_t *row = h->tokens + i * c->seq_len;
-    if (!h->known[i]) {
-        int rc = ddt_source_generate(c, gen, 1, i, row, NULL, err, err_len);
-        if (rc)
-            return rc;
-        h->known[i] = 1;
-    }
-    *tokens = row;
-    return 0;
-}
-
 static int train(const ddt_source_base *b, void *w, int64_t cursor, ddt_sequence *q, char *err, size_t err_len)
 {
     const generated *g = b->data;
@@ -201,7 +136,7 @@ static int heldout(ddt_source_base *b, void *w, int64_t i, ddt_sequence *q, char
 
 const ddt_source_ops ddt_source_generated = {
     .name = "generated",
-    .accepts = accepts,
+    .accepts = ddt_source_generates,
     .check = check,
     .shape = shape,
     .open = open_generated,

@@ -18,7 +18,7 @@
 #ifndef DDT_SOURCE_IMPL_H
 #define DDT_SOURCE_IMPL_H
 
-#include "source.h"
+#include "source_config.h"
 
 /* What every implementation sees of an open source. */
 typedef struct ddt_source_base {
@@ -69,9 +69,11 @@ typedef struct ddt_source_ops {
 extern const ddt_source_ops ddt_source_generated, ddt_source_listed, ddt_source_chat;
 
 /* ------------------------------------------------------------------------------------------
- * What both implementations share (source.c)
+ * What the implementations share (source_impl.c)
  */
 
+/* c's tap ids against a target of `layers` layers: 0, or -EINVAL with err */
+int ddt_source_check_taps(const ddt_source_config *c, int64_t layers, char *err, size_t err_len);
 /* A loaded target (synthetic or hf) as the source's: V, layers and head from it, after
  * checking its hidden size against the drafter's and the taps against its layers. what names
  * it in errors (its directory, or "synthetic target"). */

@@ -1,9 +1,12 @@
 /* tokenizer.c: encode and decode with a loaded ddt_tokenizer (tokenizer.h): UTF-8 checked, added
- * tokens split out, NFC, the Split regexes (Oniguruma), BPE by merge rank through the sharded
- * piece cache; and the lookups. The loader is tokenizer_load.c.
+ * tokens split out, NFC (tokenizer_unicode.c), the Split regexes (Oniguruma), BPE by merge rank
+ * through the sharded piece cache; and the lookups. The loader is tokenizer_load.c, the tables
+ * it fills tokenizer_tables.h.
  * Tested by tests/test_tokenizer.c (ids against Hugging Face `tokenizers`, round trips, threads).
  */
-#include "tokenizer_impl.h"
+#include "tokenizer.h"
+#include "tokenizer_tables.h"
+#include "tokenizer_unicode.h"
 
 #include "base/errors.h"
 
@@ -37,7 +40,7 @@ static int push_ids(ddt_token_ids *out, const int32_t *ids, size_t n)
 }
 
 /* ------------------------------------------------------------------------------------------
- * UTF-8 and NFC
+ * UTF-8
  */
 
 /* the offset of the first byte that is not valid UTF-8 (RFC 3629: no overlongs, surrogates or
@@ -72,114 +75,6 @@ static size_t utf8_invalid_at(const unsigned char *s, size_t n)
         i += k;
     }
     return n;
-}
-
-/* The characters of the Basic Multilingual Plane that NFC keeps as they are whatever surrounds
- * them: a starter (combining class 0) that is its own NFC and never the second of a composition
- * (utf8proc's comb_index of a second is 0x8000 or more), Hangul jamo left out (composed
- * algorithmically). A text of only these is NFC: utf8proc is not called. */
-static uint8_t nfc_stable_bmp[0x10000 / 8];
-static pthread_once_t nfc_stable_once = PTHREAD_ONCE_INIT;
-
-static void nfc_stable_init(void)
-{
-    for (utf8proc_int32_t cp = 0; cp < 0x10000; cp++) {
-        if ((cp >= 0xd800 && cp <= 0xdfff) || (cp >= 0x1100 && cp <= 0x11ff))
-            continue;
-        const utf8proc_property_t *p = utf8proc_get_property(cp);
-        if (p->combining_class || (p->comb_index != UINT16_MAX && p->comb_index >= 0x8000))
-            continue;
-        utf8proc_uint8_t b[4], *nf = NULL;
-        utf8proc_ssize_t n = utf8proc_encode_char(cp, b);
-        utf8proc_ssize_t m = utf8proc_map(b, n, &nf, UTF8PROC_STABLE | UTF8PROC_COMPOSE);
-        if (m == n && !memcmp(nf, b, (size_t)n))
-            nfc_stable_bmp[cp >> 3] |= (uint8_t)(1u << (cp & 7));
-        free(nf);
-    }
-}
-
-/* whether s is NFC by nfc_stable_bmp (and the emoji planes' pictographs, all starters) */
-static int quick_nfc(const unsigned char *s, size_t n)
-{
-    pthread_once(&nfc_stable_once, nfc_stable_init);
-    for (size_t i = 0; i < n;) {
-        unsigned char c = s[i];
-        if (c < 0x80) {
-            i++;
-            continue;
-        }
-        utf8proc_int32_t cp;
-        utf8proc_ssize_t k = utf8proc_iterate(s + i, (utf8proc_ssize_t)(n - i), &cp);
-        i += (size_t)k;
-        if (cp < 0x10000 ? nfc_stable_bmp[cp >> 3] >> (cp & 7) & 1 : cp >= 0x1f300 && cp <= 0x1faff)
-            continue;
-        return 0;
-    }
-    return 1;
-}
-
-/* s (n bytes) appended to o (*len of *cap used); 0 or -ENOMEM */
-static int nfc_append_raw(const char *s, size_t n, char **o, size_t *len, size_t *cap)
-{
-    if (!n)
-        return 0;
-    if (*len + n + 1 > *cap) {
-        size_t grown_cap = 2 * (*len + n + 1);
-        char *grown = realloc(*o, grown_cap);
-        if (!grown)
-            return -ENOMEM;
-        *o = grown;
-        *cap = grown_cap;
-    }
-    memcpy(*o + *len, s, n);
-    *len += n;
-    return 0;
-}
-
-/* utf8proc's NFC of s (n bytes) appended to o; 0 or -ENOMEM */
-static int nfc_append(const char *s, size_t n, char **o, size_t *len, size_t *cap)
-{
-    utf8proc_uint8_t *nf = NULL;
-    utf8proc_ssize_t m = n ? utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)n, &nf,
-                                          UTF8PROC_STABLE | UTF8PROC_COMPOSE)
-                           : 0;
-    if (m < 0)
-        return -ENOMEM;   /* the input is valid UTF-8: only memory can fail */
-    int rc = nfc_append_raw((const char *)nf, (size_t)m, o, len, cap);
-    free(nf);
-    return rc;
-}
-
-int ddt_tok_nfc(const char *s, size_t n, char **out, size_t *out_len)
-{
-    *out = NULL;
-    if (quick_nfc((const unsigned char *)s, n))
-        return 0;
-    /* cut at the characters tokenizers' NFC takes for unassigned starters (tokenizer_unicode.c):
-     * nothing reorders or composes across a starter that composes with nothing */
-    char *o = NULL;
-    size_t len = 0, cap = 0, piece = 0;
-    int rc = 0;
-    for (size_t i = 0; i < n && !rc;) {
-        utf8proc_int32_t cp;
-        utf8proc_ssize_t k = utf8proc_iterate((const utf8proc_uint8_t *)s + i, (utf8proc_ssize_t)(n - i), &cp);
-        if (cp >= 0x300 && ddt_tok_nfc_unassigned((uint32_t)cp)) {
-            rc = nfc_append(s + piece, i - piece, &o, &len, &cap);
-            if (!rc)
-                rc = nfc_append_raw(s + i, (size_t)k, &o, &len, &cap);
-            piece = i + (size_t)k;
-        }
-        i += (size_t)k;
-    }
-    if (!rc)
-        rc = nfc_append(s + piece, n - piece, &o, &len, &cap);
-    if (rc || !o) {   /* !o: an empty text */
-        free(o);
-        return rc;
-    }
-    *out = o;
-    *out_len = len;
-    return 0;
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -287,7 +182,7 @@ static int bpe_long(const ddt_tokenizer *t, const unsigned char *p, size_t n, in
         next[i] = i + 1 < n ? (int32_t)i + 1 : -1;
         prev[i] = (int32_t)i - 1;
     }
-    int32_t merged;
+    int32_t merged = -1;   /* set by every merge_find that finds the pair */
     for (size_t i = 0; i + 1 < n; i++) {
         uint32_t r = merge_find(t, sym[i], sym[i + 1], &merged);
         if (r != no_rank)

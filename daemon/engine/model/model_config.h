@@ -44,9 +44,6 @@ typedef struct ddt_qwen35_config {
     uint8_t full_attention[DDT_MAX_TARGET_LAYERS];     /* (L): 1 full attention, 0 DeltaNet */
 } ddt_qwen35_config;
 
-/* The whole file, NUL-terminated, at most max_bytes: NULL with err on failure (free() it). */
-char *ddt_read_text_file(const char *path, size_t max_bytes, char *err, size_t err_len);
-
 /* DIR/config.json. 0, or -EINVAL / -errno with err = "PATH: field: what is wrong".
  * The drafter's: the keys of SPEC.md section 5; use_sliding_window, max_position_embeddings
  * (c->max_positions, 0 when absent), torch_dtype and dtype may be absent (exports written before

@@ -1,5 +1,5 @@
-/* target_footprint.c: what a target costs a run, from its config.json alone (planner.h's
- * ddt_target_footprint): its weights (elements, and the bytes the loaders allocate for them
+/* target_footprint.c: what a target costs a run, from its config.json alone
+ * (target_footprint.h): its weights (elements, and the bytes the loaders allocate for them
  * in fp32 and in the stored type), one prefill's workspace, one generating sequence's cache and the prefill's matrix
  * FLOPs, and eval.speculative's speculator (its cache from the same arithmetic). The workspace and cache figures are the implementations' own arithmetic (with the
  * CPU causal attention's workspace, ddk_causal_attention_workspace_bytes; the DeltaNet core's
@@ -12,7 +12,7 @@
  *
  * Legend: T tokens (seq_len), H hidden, V vocabulary, L layers.
  */
-#include "run/planner.h"
+#include "target_footprint.h"
 #include "base/errors.h"
 #include "generate.h"
 #include "base/json_fields.h"

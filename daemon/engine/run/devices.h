@@ -9,12 +9,10 @@
 #ifndef DDT_DEVICES_H
 #define DDT_DEVICES_H
 
+#include "run_config.h"
+
 #include <stddef.h>
 #include <stdint.h>
-
-enum { DDT_MAX_RANKS = 64 };
-
-struct ddt_run_config;   /* run_config.h, which includes this header */
 
 /* What "devices" comes to on a node (ddt_run_config_devices). */
 typedef struct ddt_devices {
@@ -42,7 +40,7 @@ ddt_node ddt_node_here(void);
 
 /* Whether c's target is co-located with ranks that are GPUs (gpu 1) or CPU ranks (gpu 0):
  * "same", or "auto" on GPU ranks; never for shards (no target) or a split. */
-int ddt_devices_colocated(const struct ddt_run_config *c, int gpu);
+int ddt_devices_colocated(const ddt_run_config *c, int gpu);
 
 /* The ranks of this daemon for a run on `node` (ddt_node_here(); a test passes any node).
  * Every rank trains on one sequence of each step at least, so "all" takes min(gpus, train.sequences_per_step) GPUs (saying so in out->note), while ranks named
@@ -55,7 +53,7 @@ int ddt_devices_colocated(const struct ddt_run_config *c, int gpu);
  * what it names (cuda:N, N GPUs, a GPU for a cluster run). err is "path: sentence" and field
  * (may be NULL) the JSON path at fault: devices, cluster, cluster.world_size or
  * drafter.head_dim. */
-int ddt_run_config_devices(const struct ddt_run_config *c, ddt_node node, ddt_devices *out, char *err,
+int ddt_run_config_devices(const ddt_run_config *c, ddt_node node, ddt_devices *out, char *err,
                            size_t err_len, char *field, size_t field_len);
 
 #endif

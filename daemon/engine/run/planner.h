@@ -10,50 +10,16 @@
 #ifndef DDT_PLANNER_H
 #define DDT_PLANNER_H
 
+#include "devices.h"
+#include "model/target_footprint.h"
 #include "run_config.h"
 
 #include <stdint.h>
 #include <stdio.h>
 
-/* What a target costs, from its config.json alone (target_footprint.c) */
-typedef struct ddt_target_footprint {
-    char model_type[16];       /* "llama", "qwen3", "qwen3_5" */
-    char dtype[64];            /* the checkpoint's, as config.json says */
-    int64_t hidden, vocab, layers;
-    int tied;
-    int64_t params;            /* weights, elements */
-    int stored_bytes;          /* bytes per weight in the checkpoint's dtype (bf16: 2) */
-    int64_t fp32_bytes;        /* the loaded weights' allocation in fp32 (a CPU target's) */
-    int64_t stored_weight_bytes; /* ... in the stored type: bf16 matrices and embedding, fp32
-                                  vectors (a bf16 target's); fp32_bytes for an fp32 checkpoint */
-    int64_t prefill_bytes;     /* the forward's fp32 workspace for one sequence of seq_len tokens */
-    int64_t cache_bytes;       /* one generator's: its cache of seq_len positions and its workspace */
-    double prefill_flops;      /* the matrix products of one seq_len prefill */
-    int64_t speculator_bytes;  /* eval.speculative's speculator on rank 0's device (its cache of
-                                  prompt_len + gen_len + max(B, K + 1) positions, verify blocks of
-                                  max(B, K + 1) for the largest budget K, and its workspace); 0:
-                                  none (ddt_run_footprint sets it) */
-} ddt_target_footprint;
-
-/* DIR/config.json (llama, qwen3, qwen3_5) planned for sequences of T tokens. 0, or the config
- * loader's negative errno with err. */
-int ddt_target_footprint_load(const char *dir, int64_t T, ddt_target_footprint *f, char *err, size_t err_len);
-/* a dense target of shape c (synthetic: stored_bytes 4, it is made in fp32) */
-void ddt_target_footprint_dense(const ddt_target_config *c, int stored_bytes, int64_t T, ddt_target_footprint *f);
-/* a Qwen3.5 target of shape c; 0 or -ENOMEM (counting its weights) */
-int ddt_target_footprint_qwen35(const ddt_qwen35_config *c, int stored_bytes, int64_t T, ddt_target_footprint *f);
-
-/* f->speculator_bytes = rest + the cache of the target (DIR/config.json, or the synthetic shape
- * when dir is NULL) for max_len positions and verify blocks of max_block. 0 or the config
- * loader's error. */
-int ddt_target_footprint_speculator(const char *dir, const ddt_target_config *synthetic, int64_t max_len,
-                                    int64_t max_block, int64_t rest, ddt_target_footprint *f, char *err,
-                                    size_t err_len);
-
 /* The footprint of c's target (target.kind hf or synthetic; not shards): the hf directory's
  * config.json, or the synthetic target's shape. 0, or -EINVAL with err. */
-struct ddt_run_config;
-int ddt_run_footprint(const struct ddt_run_config *c, ddt_target_footprint *f, char *err, size_t err_len);
+int ddt_run_footprint(const ddt_run_config *c, ddt_target_footprint *f, char *err, size_t err_len);
 
 /* Where the target runs (API.md "Placement"). */
 typedef enum ddt_placement {

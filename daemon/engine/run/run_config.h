@@ -10,7 +10,6 @@
 #define DDT_RUN_CONFIG_H
 
 #include "ddk.h"       /* ddk_device_profile: memory.card */
-#include "devices.h"   /* ddt_run_config_devices: the config against a node */
 #include "model/drafter.h"
 #include "data/source.h"
 
@@ -19,6 +18,7 @@
 #include <stdio.h>
 
 enum { DDT_MAX_EVAL_BUDGETS = 8, DDT_RUN_NAME = 128, DDT_RUN_PATH = 1024 };
+enum { DDT_MAX_RANKS = 64 };   /* ranks of one daemon (devices.h resolves them) */
 
 /* What "devices" asked for; the trainer resolves it against the node (ddt_run_config_devices). */
 typedef enum ddt_devices_kind {

@@ -14,6 +14,7 @@
 #define DDT_SPLIT_H
 
 #include "model/generate.h"
+#include "run/devices.h"
 #include "run/run_config.h"
 #include "model/target.h"
 

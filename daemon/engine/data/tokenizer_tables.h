@@ -1,17 +1,19 @@
-/* tokenizer_impl.h: the inside of a ddt_tokenizer, shared by its loader (tokenizer_load.c, the
- * tokenizer.json reader that fills it) and its encoder (tokenizer.c). Not a public header.
+/* tokenizer_tables.h: the inside of a ddt_tokenizer, the tables its loader (tokenizer_load.c,
+ * the tokenizer.json reader) fills and its encoder (tokenizer.c) reads, and their lookups
+ * (tokenizer_tables.c). Not a public header.
  * Tested through tokenizer.h (tests/test_tokenizer.c).
  *
  * Legend: N ids (vocabulary and added tokens), M merges.
  */
-#ifndef DDT_TOKENIZER_IMPL_H
-#define DDT_TOKENIZER_IMPL_H
-
-#include "tokenizer.h"
+#ifndef DDT_TOKENIZER_TABLES_H
+#define DDT_TOKENIZER_TABLES_H
 
 #include <oniguruma.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdint.h>
+
+typedef struct ddt_tokenizer ddt_tokenizer;   /* as tokenizer.h names it */
 
 enum {
     DDT_TOK_MAX_SPLITS = 8,            /* Split stages of one pre-tokenizer */
@@ -111,26 +113,4 @@ static inline const char *ddt_tok_bytes(const ddt_tokenizer *t, int32_t id, size
 uint64_t ddt_tok_hash(const char *p, size_t n);
 /* id of the vocabulary token with these bytes, or -1 */
 int32_t ddt_tok_vocab_find(const ddt_tokenizer *t, const char *p, size_t n);
-/* the NFC form of s (n bytes, valid UTF-8): *out malloc'd (*out_len) or, when s is already NFC
- * by the quick test, *out NULL. 0 or -ENOMEM. */
-int ddt_tok_nfc(const char *s, size_t n, char **out, size_t *out_len);
-
-/* tokenizer_unicode.c: the characters Hugging Face's Oniguruma has in a general category and
- * Debian's lacks (tokenizer_unicode_table.h) */
-typedef struct ddt_tok_class_added {
-    const char *name;               /* "L", "Lu", "N", ... as in \p{NAME} */
-    const uint32_t (*ranges)[2];    /* (count): first and last code point */
-    int count;
-} ddt_tok_class_added;
-
-/* 1 when tokenizers' NFC takes cp for an unassigned starter and utf8proc does not */
-int ddt_tok_nfc_unassigned(uint32_t cp);
-
-/* the table: its classes, *count of them */
-const ddt_tok_class_added *ddt_tok_classes_added_table(int *count);
-
-/* pattern with those characters added to each of its \p{NAME} / \P{NAME}: malloc'd, NULL when
- * out of memory */
-char *ddt_tok_regex_upgrade(const char *pattern);
-
 #endif
