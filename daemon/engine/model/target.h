@@ -1,16 +1,15 @@
-/* target.h: the frozen target (SPEC.md section 3). Its one interface first (ddt_target_ops,
- * ggml's backend struct as the model): ddt_target_open dispatches on config.json's model_type
- * (llama, qwen3: the dense target below; qwen3_5: target_qwen35.h), and the sources,
- * generation (through ddt_target_cache) and `ddtreed features` call only it. Then the dense
- * target: Hugging Face llama and qwen3 directories (F32, BF16 or F16 weights, tied or separate
- * lm_head, sharded or not) and a seeded random target of any shape ("synthetic"); forward only,
- * one sequence at a time, yielding the tapped layer outputs and the final-normed last hidden
- * state, with or without a KV cache (target_dense_cache.c); and the frozen head alone
- * (embed_tokens, lm_head) of a target of any architecture, for feature shards.
+/* target.h: the frozen target (SPEC.md section 3), what every caller includes. Its one
+ * interface (ddt_target_ops, ggml's backend struct as the model; the types in target_ops.h):
+ * ddt_target_open dispatches on config.json's model_type (llama, qwen3: the dense target,
+ * target_dense.h; qwen3_5: target_qwen35.h), and the sources, generation (through
+ * ddt_target_cache) and `ddtreed features` call only it. With it come the dense target itself
+ * (target_dense.h: its weights, forward and frozen head), its decoding cache
+ * (target_dense_cache.h) and what both targets share (target_layers.h).
  * Tested by tests/features_torch_check.py (PyTorch float64 reference, and the real
  * stories260K model when ../shared is present), tests/qwen35_features_check.py (the qwen3_5
  * target against tests/oracle/qwen35.py), tests/test_engine.c, tests/test_source.c (the dense
- * cache, ddt_target_open's dispatch) and tests/test_qwen35.c (the qwen3_5 cache).
+ * cache, ddt_target_open's dispatch), tests/test_qwen35.c (the qwen3_5 cache) and
+ * tests/test_target_cuda.c (on a GPU).
  *
  * Where it runs (SPEC.md section 3, DESIGN.md 'Where the target runs'): on the backend it was
  * opened on (ddt_target_options), its weights in ONE allocation of that backend's allocator,
@@ -22,8 +21,8 @@
  * tap ids are host memory; features, final_hidden and logits are the backend's memory (host
  * memory on the CPU backend), written by its ops (on CUDA: queued, read them after the
  * backend's synchronize). A CPU fp32 target keeps two fast paths, plain-C matrix-vector
- * products for one row and a plain-C cached attention (target_dense_cache.c); every other
- * target (bf16, a GPU, or ddt_target_options.generic) takes the backend ops only.
+ * products for one row (target_layers.c) and a plain-C cached attention (target_dense_cache.c);
+ * every other target (bf16, a GPU, or ddt_target_options.generic) takes the backend ops only.
  *
  * Legend: T tokens, H hidden, V vocabulary, nh / nkv heads, d head dim, I intermediate.
  */
@@ -32,132 +31,13 @@
 
 #include "ddk.h"
 #include "model_config.h"
+#include "target_dense.h"
+#include "target_dense_cache.h"
+#include "target_layers.h"
+#include "target_ops.h"
 
 #include <stddef.h>
 #include <stdint.h>
-
-/* Where a target's weights live and in which precision (ddt_target_open_with). */
-typedef struct ddt_target_options {
-    const ddk_backend *be;   /* the backend whose memory holds the weights and which runs the
-                                target; NULL: ddk_backend_cpu() */
-    int bf16;                /* 1: matrices and embedding stored bf16 (products by matmul_w16) */
-    int generic;             /* 1: no CPU fast path even for an fp32 CPU target (tests) */
-} ddt_target_options;
-
-/* The matrices and the embedding below are `void *`: float (fp32) or uint16_t bf16 bit patterns
- * (ddk_bf16.h) as the target's bf16 says, in its backend's memory; the vectors are fp32 always. */
-typedef struct ddt_target_layer {
-    float *input_layernorm, *post_attention_layernorm;   /* (H) */
-    void *q_proj, *k_proj, *v_proj;                      /* (nh*d, H), (nkv*d, H) x 2 */
-    void *o_proj;                                        /* (H, nh*d) */
-    float *q_norm, *k_norm;                              /* (d): qwen3 only, else NULL */
-    void *gate_proj, *up_proj;                           /* (I, H) */
-    void *down_proj;                                     /* (H, I) */
-} ddt_target_layer;
-
-typedef struct ddt_target {
-    ddt_target_config cfg;
-    const ddk_backend *be;   /* where the weights are */
-    int bf16;                /* the matrices' and embedding's storage: 1 bf16, 0 fp32 */
-    int generic;             /* ddt_target_options.generic */
-    void *embed_tokens;      /* (V, H) */
-    void *lm_head;           /* (V, H): embed_tokens when tied */
-    float *norm;             /* (H) */
-    ddt_target_layer layer[DDT_MAX_TARGET_LAYERS];
-    float *weights;          /* every tensor above, one allocation of be->alloc (fp32: the
-                                tensors back to back; bf16: each at a 16-byte boundary) */
-    size_t weight_bytes;
-} ddt_target;
-
-/* DIR (config.json + safetensors) on the CPU in fp32. 0, or a negative errno with err naming
- * file and tensor. */
-int ddt_target_load(const char *dir, ddt_target *t, char *err, size_t err_len);
-/* ... on o's backend in o's precision (NULL: CPU, fp32), tensor by tensor through a bounded host
- * staging buffer (page-locked for a GPU), never a whole host copy */
-int ddt_target_load_with(const char *dir, const ddt_target_options *o, ddt_target *t, char *err,
-                         size_t err_len);
-/* Random weights of the given shape, from seed: embeddings N(0, 1), matrices N(0, 1/fan_in),
- * an untied lm_head N(0, 16/H) (logits of std ~4: peaked next-token distributions, so the
- * text it generates has learnable structure), norms 1. CPU, fp32. */
-int ddt_target_synthetic(const ddt_target_config *cfg, uint64_t seed, ddt_target *t,
-                         char *err, size_t err_len);
-/* the same values on o's backend in o's precision (bf16: rounded to nearest even) */
-int ddt_target_synthetic_with(const ddt_target_config *cfg, uint64_t seed, const ddt_target_options *o,
-                              ddt_target *t, char *err, size_t err_len);
-void ddt_target_free(ddt_target *t);
-/* bytes of the weight block of a target of shape c stored as bf16 says (what the loaders
- * allocate; fp32: 4 ddt_target_param_count) */
-int64_t ddt_target_weight_bytes(const ddt_target_config *c, int bf16);
-
-/* What a target fed through feature shards contributes at train time: its frozen head. */
-typedef struct ddt_target_head {
-    int64_t vocab;           /* V */
-    float *embed_tokens;     /* (V, H) */
-    float *lm_head;          /* (V, H): embed_tokens when the directory has no lm_head.weight */
-    float *weights;          /* both, one allocation of the CPU allocator */
-    size_t weight_bytes;
-} ddt_target_head;
-
-/* embed_tokens (model.embed_tokens.weight, or model.language_model.embed_tokens.weight of
- * multimodal checkpoints) and lm_head.weight of DIR's safetensors, F32, BF16 or F16, of shape
- * [V, hidden] each, converted to float32. Any model_type (only tie_word_embeddings is read of
- * config.json, top level or text_config): a missing lm_head.weight needs it true (the tie
- * rule of ddt_target_load). 0, or a negative errno with err naming the directory and tensor. */
-int ddt_target_load_head(const char *dir, int64_t hidden, ddt_target_head *h, char *err, size_t err_len);
-void ddt_target_head_free(ddt_target_head *h);
-
-/* ------------------------------------------------------------------------------------------
- * The one target interface
- */
-
-typedef struct ddt_target_model ddt_target_model;
-
-typedef struct ddt_target_ops {
-    const char *name;   /* "dense", "qwen3_5" */
-    /* One sequence from position 0, ddt_target_forward's contract: tokens (T) in [0, V);
-     * features (T, n_taps*H) the residual stream after layers tap_ids in that order, or NULL;
-     * final_hidden (T, H) after the final norm, or NULL. 0, -EINVAL (a tap id out of range),
-     * -ENOMEM, or -ENOTSUP (an op the backend lacks). */
-    int (*prefill)(const ddk_backend *be, const ddt_target_model *m, const int32_t *tokens, int64_t T,
-                   const int32_t *tap_ids, int n_taps, float *features, float *final_hidden);
-    void (*free)(ddt_target_model *m);
-    /* The cache (SPEC.md 3.1 'Decoding with a cache'), through ddt_target_cache below; NULL where
-     * an implementation has none (both of today's have one: target_dense_cache.c, target_qwen35.c).
-     * cache_open: a cache for max_len positions and verify blocks (chains or trees) of up to
-     * max_block tokens. extend: n tokens at positions p0 .. p0+n-1 committed to the cache (a
-     * prefill: p0 = 0, or a decode step: n = 1). verify: n tokens fed but pending: a chain
-     * (parents NULL) at p0 .. p0+n-1, or a tree (SPEC.md 7, DDTree): parents (n, host memory),
-     * parents[i] in [-1, i), token i at position p0 + its depth (a parent of -1: depth 0), seeing
-     * the cache and its own ancestors only; then rollback keeps `accepted` of them as if only
-     * those had been fed at p0 .. p0+accepted-1: the first ones of a chain (path NULL), or the
-     * root path path[0 .. accepted) of a tree (path[0]'s parent -1, path[k]'s parent path[k-1]).
-     * The outputs, per fed row, are prefill's (a tree node's: those of the sequence of its root
-     * path). */
-    int (*cache_open)(const ddk_backend *be, const ddt_target_model *m, int64_t max_len, int64_t max_block,
-                      void **cache);
-    void (*cache_close)(const ddk_backend *be, const ddt_target_model *m, void *cache);
-    int (*extend)(const ddk_backend *be, const ddt_target_model *m, void *cache, int64_t p0, const int32_t *tokens,
-                  int64_t n, const int32_t *tap_ids, int n_taps, float *features, float *final_hidden);
-    int (*verify)(const ddk_backend *be, const ddt_target_model *m, void *cache, int64_t p0, const int32_t *tokens,
-                  int64_t n, const int32_t *parents, const int32_t *tap_ids, int n_taps, float *features,
-                  float *final_hidden);
-    void (*rollback)(const ddt_target_model *m, void *cache, int64_t p0, const int32_t *path, int64_t accepted);
-} ddt_target_ops;
-
-struct ddt_target_model {
-    const ddt_target_ops *ops;
-    const char *model_type;               /* "llama", "qwen3" or "qwen3_5" */
-    int64_t hidden, vocab, layers;        /* H, V, L */
-    int tie_word_embeddings;
-    /* (V, H) each, fp32 host memory: the implementation's own tensors for a CPU fp32 target;
-     * NULL for a bf16 or a GPU target (embed_stored / lm_head_stored below) */
-    const float *embed_tokens, *lm_head;
-    void *impl;                           /* the implementation's (ddt_target, ddt_qwen35) */
-    const ddk_backend *be;                /* where the weights are: the backend to run it on */
-    int bf16;                             /* the matrices' and embedding's storage */
-    int fast;                             /* an fp32 CPU target, not generic: the CPU fast paths */
-    const void *embed_stored, *lm_head_stored;   /* (V, H) each as stored, in be's memory */
-};
 
 /* 1 when a config.json's model_type names a Qwen3.5 / 3.6 text model (qwen3_5, qwen3_5_text) */
 int ddt_target_type_is_qwen35(const char *model_type);
@@ -238,34 +118,7 @@ int ddt_target_rollback_path(ddt_target_cache *c, const int32_t *path, int64_t n
 int ddt_target_config_shape(const char *dir, int64_t *hidden, int64_t *vocab, int64_t *layers, int *tied,
                             char *err, size_t err_len);
 
-/* What both implementations' forwards share: the SwiGLU MLP, x (T, H) += down(silu(u gate^T) *
- * (u up^T)) with gate, up (T, I) scratch, the weights stored as bf16 says (fast: the n = 1
- * fast path of ddt_target_linear allowed); and the taps, the residual stream x (T, H) after
- * layer l copied into features (T, n_taps*H) wherever tap_ids names l (features NULL: none),
- * one copy_rows each. */
-void ddt_target_mlp(const ddk_backend *be, int bf16, int fast, const float *u, const void *gate_proj,
-                    const void *up_proj, const void *down_proj, int64_t T, int64_t H, int64_t I, float *gate,
-                    float *up, float *x);
-void ddt_target_tap(const ddk_backend *be, const float *x, int64_t T, int64_t H, int64_t l,
-                    const int32_t *tap_ids, int n_taps, float *features);
-
 /* Layer ids the drafter taps by default (SPEC.md section 3): round(1 + i (N-4)/(n-1)). */
 void ddt_target_default_taps(int64_t target_layers, int64_t drafter_layers, int32_t *ids);
-
-/* One sequence: tokens (T) in [0, V). features (T, n_taps*H): outputs of layers tap_ids in
- * that order, or NULL; final_hidden (T, H): after the final norm, or NULL.
- * 0, -EINVAL (a tap id out of range), or -ENOMEM. */
-int ddt_target_forward(const ddk_backend *be, const ddt_target *t, const int32_t *tokens,
-                       int64_t T, const int32_t *tap_ids, int n_taps, float *features,
-                       float *final_hidden);
-
-/* What the planner needs of a dense target (planner.h), the arithmetic its code allocates by
- * (the same on every backend):
- * the weights (elements; -ENOMEM when they cannot be counted), ddt_target_forward's workspace
- * for T tokens, and one sequence's decoding cache of max_len positions and verify blocks up to
- * max_block (ddt_target_cache_open). Bytes. */
-int64_t ddt_target_param_count(const ddt_target_config *c);
-int64_t ddt_target_rows_bytes(const ddt_target_config *c, int64_t T);
-int64_t ddt_target_cache_bytes(const ddt_target_config *c, int64_t max_len, int64_t max_block);
 
 #endif

@@ -11,10 +11,11 @@
  * Every step is a backend op, as in ddt_target_forward (so both give the same rows up to the
  * order of float sums, and it runs on a GPU): the products (ddt_target_linear), the attention of
  * the new rows over the cache (causal_attention with q_rows). On an fp32 CPU target (m->fast)
- * two fast paths replace them: a decode step's matrix-vector products, and the attention
- * (query rows against the cached keys, the softmax exp) in plain C in 8-wide vectors: on
- * stories260K (64 x 256 tokens, temperature 1, one core) that took generation from 3.4k
- * tokens/s (BLAS sgemm with m = 1, libm expf) to 23k tokens/s.
+ * two fast paths replace them: a decode step's matrix-vector products (ddt_target_linear's,
+ * target_layers.c), and the attention (query rows against the cached keys, the softmax exp) in
+ * plain C in 8-wide vectors (target_vec8.h): on stories260K (64 x 256 tokens, temperature 1,
+ * one core) that took generation from 3.4k tokens/s (BLAS sgemm with m = 1, libm expf) to 23k
+ * tokens/s.
  * Not here: batching sequences (a BLAS may sum a row differently in a taller product).
  * Tested by tests/test_source.c (prefill == extend in pieces == decode == verify, rollback, a
  * tree's every root path == that path verified as a chain, the path rollback,
@@ -24,6 +25,9 @@
  * Legend: as target.h; C rows per pass, n rows fed.
  */
 #include "target_dense_cache.h"
+#include "target_dense.h"
+#include "target_layers.h"
+#include "target_vec8.h"
 #include "ddk_vmath.h"
 
 #include <errno.h>
@@ -96,17 +100,6 @@ void ddt_dense_cache_close(const ddk_backend *be, const ddt_target_model *m, voi
     free(dc);
 }
 
-void ddt_target_kv_compact(const ddk_backend *be, float *keys, float *values, int64_t kvd, int64_t p0,
-                           const int32_t *path, int64_t n)
-{
-    const size_t row = (size_t)kvd * sizeof(float);
-    for (int64_t k = 0; k < n; k++)
-        if (path[k] != k) {
-            be->copy(be, keys + (p0 + k) * kvd, keys + (p0 + path[k]) * kvd, row);
-            be->copy(be, values + (p0 + k) * kvd, values + (p0 + path[k]) * kvd, row);
-        }
-}
-
 void ddt_dense_rollback(const ddt_target_model *m, void *cache, int64_t p0, const int32_t *path, int64_t accepted)
 {
     const ddt_target *t = m->impl;
@@ -119,96 +112,23 @@ void ddt_dense_rollback(const ddt_target_model *m, void *cache, int64_t p0, cons
 }
 
 /* ------------------------------------------------------------------------------------------
- * 8-wide vector loops
+ * The forward of n new rows over the cache
  */
-
-/* The decode's small loops use 8-wide vectors (GCC / Clang vector extension; plain SSE or
- * NEON code where AVX is absent): without -ffast-math the compiler would not vectorise a float
- * sum, and its own attempt at these loops spilled registers (half the speed). */
-typedef float v8 __attribute__((vector_size(32)));
-typedef float v8_unaligned __attribute__((vector_size(32), aligned(4)));
-#define LOAD8(p) (*(const v8_unaligned *)(p))   /* 8 floats from any float address */
-
-/* by pointer: a 32-byte vector by value is an ABI warning where AVX is not enabled */
-static inline float sum8(const v8 *v)
-{
-    return (((*v)[0] + (*v)[4]) + ((*v)[1] + (*v)[5])) + (((*v)[2] + (*v)[6]) + ((*v)[3] + (*v)[7]));
-}
 
 /* x (n) = e^(x - shift); returns their sum */
 static float exp_shifted(float *x, int64_t n, float shift)
 {
     for (int64_t i = 0; i < n; i++)
         x[i] = ddk_expf(x[i] - shift);
-    v8 acc = { 0 };
+    ddt_v8 acc = { 0 };
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
-        acc += LOAD8(x + i);
+        acc += DDT_LOAD8(x + i);
     float tail = 0.0f;
     for (; i < n; i++)
         tail += x[i];
-    return tail + sum8(&acc);
+    return tail + ddt_sum8(&acc);
 }
-
-/* sum_j a[j] b[j] */
-static inline float dot(const float *a, const float *b, int64_t n)
-{
-    v8 acc = { 0 };
-    int64_t j = 0;
-    for (; j + 8 <= n; j += 8)
-        acc += LOAD8(a + j) * LOAD8(b + j);
-    float tail = 0.0f;
-    for (; j < n; j++)
-        tail += a[j] * b[j];
-    return tail + sum8(&acc);
-}
-
-/* y (out) = W x (+ y when accumulate), W (out, in): 4 rows at a time, sharing the loads of x */
-static void matvec(const float *W, const float *x, int64_t out, int64_t in, int accumulate, float *y)
-{
-    int64_t o = 0;
-    for (; o + 4 <= out; o += 4) {
-        const float *w0 = W + o * in, *w1 = w0 + in, *w2 = w1 + in, *w3 = w2 + in;
-        v8 a0 = { 0 }, a1 = { 0 }, a2 = { 0 }, a3 = { 0 };
-        int64_t j = 0;
-        for (; j + 8 <= in; j += 8) {
-            const v8 xj = LOAD8(x + j);
-            a0 += LOAD8(w0 + j) * xj;
-            a1 += LOAD8(w1 + j) * xj;
-            a2 += LOAD8(w2 + j) * xj;
-            a3 += LOAD8(w3 + j) * xj;
-        }
-        float s[4] = { sum8(&a0), sum8(&a1), sum8(&a2), sum8(&a3) };
-        for (; j < in; j++) {
-            s[0] += w0[j] * x[j];
-            s[1] += w1[j] * x[j];
-            s[2] += w2[j] * x[j];
-            s[3] += w3[j] * x[j];
-        }
-        for (int r = 0; r < 4; r++)
-            y[o + r] = (accumulate ? y[o + r] : 0.0f) + s[r];
-    }
-    for (; o < out; o++)
-        y[o] = (accumulate ? y[o] : 0.0f) + dot(W + o * in, x, in);
-}
-
-/* A decode step (n = 1) is a matrix-vector product, which OpenBLAS's sgemm does by packing all
- * of W first: matvec is faster at every size tried (2x on a 2048-hidden, 32K-vocabulary
- * target, BLAS on 2 threads). */
-void ddt_target_linear(const ddk_backend *be, int w16, int fast, int64_t n, int64_t out, int64_t in,
-                       const float *x, const void *W, int accumulate, float *y)
-{
-    if (w16)
-        be->matmul_w16(be, n, out, in, 1.0f, x, in, W, in, accumulate ? 1.0f : 0.0f, y, out);
-    else if (n > 1 || !fast)
-        be->matmul(be, 0, 1, n, out, in, 1.0f, x, in, W, in, accumulate ? 1.0f : 0.0f, y, out);
-    else
-        matvec(W, x, out, in, accumulate, y);
-}
-
-/* ------------------------------------------------------------------------------------------
- * The forward of n new rows over the cache
- */
 
 /* dc->attn (n, nh, d) for query rows dc->q (n, nh, d) at positions p0 + i, over keys / values
  * (p0 + n, nkv, d) of the cache: row i sees positions 0 .. p0 + i. Not inlined: inside the
@@ -229,15 +149,15 @@ __attribute__((noinline)) static void cached_attention(const ddt_target_config *
             float *out = dc->attn + (i * nh + h) * d;     /* (d) */
             float max = -INFINITY;
             for (int64_t t = 0; t <= last; t++) {
-                w[t] = dot(qh, kh + t * kvd, d) * scale;
+                w[t] = ddt_dot(qh, kh + t * kvd, d) * scale;
                 max = w[t] > max ? w[t] : max;
             }
             const float inv = 1.0f / exp_shifted(w, last + 1, max);
             int64_t j0 = 0;
             for (; j0 + 8 <= d; j0 += 8) {   /* 8 output values in a register over all t */
-                v8 acc = { 0 };
+                ddt_v8 acc = { 0 };
                 for (int64_t t = 0; t <= last; t++)
-                    acc += w[t] * LOAD8(vh + t * kvd + j0);
+                    acc += w[t] * DDT_LOAD8(vh + t * kvd + j0);
                 for (int l = 0; l < 8; l++)
                     out[j0 + l] = acc[l] * inv;
             }

@@ -1,16 +1,17 @@
 /* target_dense_cache.h: the dense target's decoding cache (target_dense_cache.c), internal to
  * the engine: target.c hooks these into the dense target's ddt_target_ops, whose contracts
- * (target.h) they follow; everyone else reaches them through ddt_target_cache. Then what both
- * targets (target.c, target_qwen35.c) share, internal too: the products and the embedding on
- * the weights as stored, and the staged loading of their weight blocks.
+ * (target_ops.h) they follow; everyone else reaches them through target.h's ddt_target_cache.
+ * What both targets share (the products, the embedding, the staged loading) is target_layers.h,
+ * included here for the callers that reach it through this header.
  *
  * Legend: as target.h.
  */
 #ifndef DDT_TARGET_DENSE_CACHE_H
 #define DDT_TARGET_DENSE_CACHE_H
 
-#include "safetensors.h"
-#include "target.h"
+#include "model_config.h"
+#include "target_layers.h"
+#include "target_ops.h"
 
 /* -EINVAL (a head_dim the RoPE op refuses: odd, or > 1024) or -ENOMEM */
 int ddt_dense_cache_open(const ddk_backend *be, const ddt_target_model *m, int64_t max_len, int64_t max_block,
@@ -28,63 +29,10 @@ int ddt_dense_verify(const ddk_backend *be, const ddt_target_model *m, void *cac
 /* a chain: nothing to undo (ddt_target_rollback's len + accepted is the whole of it); a tree's
  * path: its keys and values moved to rows p0 .. p0+accepted-1 */
 void ddt_dense_rollback(const ddt_target_model *m, void *cache, int64_t p0, const int32_t *path, int64_t accepted);
-/* the keys and values (rows of kvd floats, max_len rows each) of one layer's cache: rows p0 +
- * path[k] moved to p0 + k (path ascending, path[k] >= k: no row is overwritten before it is
- * read), backend copies; what both targets' tree rollbacks share */
-void ddt_target_kv_compact(const ddk_backend *be, float *keys, float *values, int64_t kvd, int64_t p0,
-                           const int32_t *path, int64_t n);
 
-/* ------------------------------------------------------------------------------------------
- * What both targets share (target.c): products, embedding and loading on any backend
- */
-
-/* 1 when be's memory is the host's (a CPU backend: "cpu", any rank) */
-int ddt_target_host_backend(const ddk_backend *be);
-
-/* y (n, out) = x (n, in) W^T (+ y when accumulate), W (out, in) stored as w16 says (bf16 bits:
- * matmul_w16; fp32: matmul), in be's memory. fast (an fp32 target on a CPU backend, not
- * generic): for n = 1 a matrix-vector product in plain C (a decode step's products, and its
- * logits: ddt_target_logits) */
-void ddt_target_linear(const ddk_backend *be, int w16, int fast, int64_t n, int64_t out, int64_t in,
-                       const float *x, const void *W, int accumulate, float *y);
-/* out (rows, H) = table[ids] with table (V, H) stored as w16 says, ids (rows) in be's memory */
-void ddt_target_embed(const ddk_backend *be, int w16, const void *table, const int32_t *ids, int64_t rows,
-                      int64_t H, float *out);
-/* dst (be's memory) = tokens (n, host), then their positions: the embedding's ids and RoPE's
- * positions of n rows (2n int32): p0 .. p0+n-1 for a chain (parents NULL); for a tree (parents
- * (n, host) as ops->verify's) p0 + each node's depth, then the parents themselves (3n int32: the
- * tree attention's); returns when host memory given to the copy may be reused */
-void ddt_target_put_ids(const ddk_backend *be, const int32_t *tokens, int64_t n, int64_t p0, const int32_t *parents,
-                        int32_t *dst);
-
-/* One tensor as the loaders write it: its values (the checkpoint's, or seeded N(0, std^2), or
- * all `fill`), + add (RMSNorm1p's folded 1), row-major (rows, cols), stored fp32 or bf16 */
-typedef struct ddt_weight_src {
-    const ddt_st_tensor *st;   /* NULL: synthetic */
-    uint64_t seed;             /* synthetic: std > 0 draws N(0, std^2) from seed, else fill */
-    double std;
-    float fill, add;
-    int64_t rows, cols;
-    int64_t split_rows;        /* > 0: rows in runs of split_rows alternating a / b (q_proj's per-head
-                                  query and gate rows), stored all a runs then all b runs */
-    int w16;
-} ddt_weight_src;
-
-/* The host staging buffer the loaders write every tensor through */
-typedef struct ddt_weight_stager {
-    const ddk_backend *be;
-    float *buf;                /* (floats) */
-    int64_t floats;
-    int pinned;                /* from ddk_host_alloc_pinned (a GPU backend) */
-} ddt_weight_stager;
-
-/* a stager for be of at most 16M floats (64 MiB; fewer when the largest tensor, max_numel, is
- * smaller). 0 or -ENOMEM */
-int ddt_weight_stager_init(ddt_weight_stager *s, const ddk_backend *be, int64_t max_numel);
-void ddt_weight_stager_free(ddt_weight_stager *s);
-/* src into dst (be's memory, rows * cols elements as src->w16 says), piece by piece */
-void ddt_weight_put(ddt_weight_stager *s, const ddt_weight_src *src, void *dst);
-/* bytes of one tensor in a weight block: fp32 back to back, bf16 blocks at 16-byte boundaries */
-size_t ddt_weight_slot_bytes(int64_t numel, int w16, int bf16_block);
+/* What the planner needs of the dense target's cache (planner.h), the arithmetic
+ * ddt_dense_cache_open allocates by (the same on every backend): one sequence's decoding cache
+ * of max_len positions and verify blocks up to max_block (ddt_target_cache_open). Bytes. */
+int64_t ddt_target_cache_bytes(const ddt_target_config *c, int64_t max_len, int64_t max_block);
 
 #endif

@@ -2,13 +2,14 @@
  * and loader, its forward (taps and final hidden state of one sequence, or of rows after a
  * cache), its decoding cache (SPEC.md 3.1 'Decoding with a cache': extend, verify, rollback)
  * and its place behind target.h's interface. Not here: the dense llama / qwen3 targets
- * (target.c, whose table has no per-layer kinds).
+ * (target_dense.c, whose table has no per-layer kinds), what both targets share
+ * (target_layers.c).
  *
  * One table of tensors (names without the prefix, shapes, where each pointer goes, whether the
  * zero-centred `1 +` is folded in) drives the allocation (one block of the backend's allocator,
  * fp32 or the matrices bf16) and the loading, tensor by tensor through a host staging buffer. Every problem of the
  * checkpoint is collected before failing, so one error names every missing or mis-shaped tensor.
- * The forward mirrors target.c's dense one and is backend ops only, so it runs on any backend
+ * The forward mirrors target_dense.c's dense one and is backend ops only, so it runs on any backend
  * that has them (the CPU's and CUDA's): every product is ddt_target_linear (matmul, or
  * matmul_w16 on bf16 weights), every norm rmsnorm on the folded weights, the q / gate split
  * two products (q_proj's rows are split at load), l2norm, the v columns, beta and g, the output
@@ -23,8 +24,8 @@
 #include "target_qwen35.h"
 #include "ddk_rng.h"
 #include "base/errors.h"
-#include "target.h"
-#include "target_dense_cache.h"
+#include "target_layers.h"
+#include "target_ops.h"
 #include "safetensors.h"
 #include "tensor_load.h"
 
