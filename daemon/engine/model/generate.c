@@ -3,7 +3,7 @@
  * states of a chunk stay bounded when the caller keeps none), then each sampled token is one
  * decode step; the logits of the newest position are ddt_target_logits (a plain C
  * matrix-vector product). What is fast in a dense decode step (8-wide matrix-vector products,
- * the cached attention) is target_dense_cache.c's. The softmax exp is ddk_vmath.h's.
+ * target_layers.c; the cached attention, target_dense_cache.c). The softmax exp is ddk_vmath.h's.
  * A target on a GPU (a co-located trainer rank's replica) decodes on the device; its logits come
  * to the host once per sampled token (V floats) and sampling runs on the host, as for a CPU one.
  * Not here: batching sequences, the full-sequence features (ddt_target_prefill computes them

@@ -2,7 +2,7 @@
  * full-attention layers and Gated DeltaNet layers, loaded from any of the real checkpoint
  * variants (model.language_model.* or model.* names, one file or shards through
  * model.safetensors.index.json, BF16 / F16 / F32 per tensor) into float32 or, the matrices and
- * the embedding, bf16 (target.h's ddt_target_options), on any backend; mtp.* and
+ * the embedding, bf16 (target_ops.h's ddt_target_options), on any backend; mtp.* and
  * model.visual.* are ignored. The zero-centred norms' `1 +` is folded into the stored weights
  * at load, so every norm here is a plain `x / rms(x) * w` (the DeltaNet output norm is plain in
  * the checkpoint already and is stored as it is).
@@ -27,7 +27,7 @@
 #include <stdint.h>
 
 /* The matrices (void *) are float or bf16 bit patterns as the target's bf16 says, in its
- * backend's memory (target.h's ddt_target_options); the vectors and conv1d are fp32 always. */
+ * backend's memory (target_ops.h's ddt_target_options); the vectors and conv1d are fp32 always. */
 typedef struct ddt_qwen35_layer {
     float *input_layernorm, *post_attention_layernorm;   /* (H): 1 + w */
     void *gate_proj, *up_proj;                           /* (I, H) */
@@ -53,7 +53,7 @@ typedef struct ddt_qwen35 {
     ddt_qwen35_config cfg;
     const ddk_backend *be;   /* where the weights are */
     int bf16;                /* the matrices' and embedding's storage: 1 bf16, 0 fp32 */
-    int generic;             /* no CPU fast path (target.h's ddt_target_options.generic) */
+    int generic;             /* no CPU fast path (target_ops.h's ddt_target_options.generic) */
     void *embed_tokens;      /* (V, H) */
     void *lm_head;           /* (V, H): embed_tokens when tied */
     float *norm;             /* (H): 1 + w */
