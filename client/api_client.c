@@ -137,27 +137,6 @@ int ddc_get_object(ddc_ctx *ctx, const char *path, cJSON **root)
 /* ---------------------------------------------------------------------------------------------
  * Paths and bodies */
 
-int ddc_escape(const char *text, char *out, size_t out_len)
-{
-    static const char hex[] = "0123456789ABCDEF";
-    size_t o = 0;
-    for (const unsigned char *p = (const unsigned char *)text; *p; p++) {
-        int plain = (*p >= 'A' && *p <= 'Z') || (*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') ||
-                    *p == '-' || *p == '.' || *p == '_' || *p == '~';
-        if (o + (plain ? 1 : 3) >= out_len)
-            return -1;
-        if (plain) {
-            out[o++] = (char)*p;
-        } else {
-            out[o++] = '%';
-            out[o++] = hex[*p >> 4];
-            out[o++] = hex[*p & 15];
-        }
-    }
-    out[o] = '\0';
-    return 0;
-}
-
 int ddc_run_path(const char *id, const char *suffix, char *path)
 {
     char escaped[DDC_PATH_MAX / 2];

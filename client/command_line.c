@@ -24,7 +24,7 @@ static const char ddc_usage_head[] =
     "\n"
     "commands:\n";
 
-/* the global options: ddtreectl.c's main reads them */
+/* the global options: main.c reads them */
 static const char ddc_usage_tail[] =
     "\n"
     "options:\n"

@@ -1,7 +1,7 @@
 /* ddtreectl.h: what the files of ddtreectl share, one section a layer, from the bottom up: the
  * HTTP transport (http_client.c), the formatting of the daemon's JSON for people (format.c), the
  * API client (api_client.c), the command table and the command line derived from it
- * (commands.c, command_line.c), `watch` (watch.c); ddtreectl.c is the entry point. Nothing here
+ * (commands.c, command_line.c), `watch` (watch.c); main.c is the entry point. Nothing here
  * is a library for others: the client is one executable and links no engine code.
  * Tested by client/test_client.c (formatting, the usage text and the argument parsing derived
  * from the table) and by tests/api_e2e.py against ddtreed itself (client/README.md).
@@ -88,6 +88,9 @@ void ddc_table_row(const ddc_column *columns, int count, const ddc_text *cells);
 /* values[0..count) as ▁▂▃▄▅▆▇█ between their own minimum and maximum; NAN is a blank */
 void ddc_sparkline(const double *values, int count, char *out, size_t out_len);
 
+/* Percent-encodes text as one path segment or query value; -1 when out is too small. */
+int ddc_escape(const char *text, char *out, size_t out_len);
+
 /* ---------------------------------------------------------------------------------------------
  * The API client (api_client.c): requests to API.md's routes and what the daemon said no with,
  * as a message and an exit status (1 the daemon said no, 3 unreachable). */
@@ -124,8 +127,6 @@ int ddc_file_request(ddc_ctx *ctx, const char *method, const char *path, const c
                      long *status);
 /* GET path as a JSON object whatever --json says (watch reads what it prints) */
 int ddc_get_object(ddc_ctx *ctx, const char *path, cJSON **root);
-/* Percent-encodes text as one path segment or query value; -1 when out is too small. */
-int ddc_escape(const char *text, char *out, size_t out_len);
 /* "/runs/<id><suffix>" into path[DDC_PATH_MAX]; a usage error (2) when the id is absurdly long */
 int ddc_run_path(const char *id, const char *suffix, char *path);
 

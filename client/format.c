@@ -1,6 +1,6 @@
 /* format.c: the daemon's JSON as text for people: type-checked getters, numbers (counts,
  * thousands, bytes in decimal units, durations, local times), tables of columns and the loss
- * sparkline. Every field is type-checked before use: a missing, null or mistyped one prints as
+ * sparkline; and percent-encoding, a run id or a query value as part of a URL. Every field is type-checked before use: a missing, null or mistyped one prints as
  * "-", so a daemon that adds fields, or sends null before a run's first step, never breaks the
  * client. It makes no request and knows no route.
  * Tested by client/test_client.c (each formatter, a table, the sparkline) and through the
@@ -233,4 +233,28 @@ void ddc_sparkline(const double *values, int count, char *out, size_t out_len)
             bar = hi > lo ? bars[(int)((values[k] - lo) / (hi - lo) * 7 + 0.5)] : bars[3];
         used += (size_t)snprintf(out + used, out_len - used, "%s", bar);
     }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Percent-encoding: a run id or a query value as it goes into a URL */
+
+int ddc_escape(const char *text, char *out, size_t out_len)
+{
+    static const char hex[] = "0123456789ABCDEF";
+    size_t o = 0;
+    for (const unsigned char *p = (const unsigned char *)text; *p; p++) {
+        int plain = (*p >= 'A' && *p <= 'Z') || (*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') ||
+                    *p == '-' || *p == '.' || *p == '_' || *p == '~';
+        if (o + (plain ? 1 : 3) >= out_len)
+            return -1;
+        if (plain) {
+            out[o++] = (char)*p;
+        } else {
+            out[o++] = '%';
+            out[o++] = hex[*p >> 4];
+            out[o++] = hex[*p & 15];
+        }
+    }
+    out[o] = '\0';
+    return 0;
 }

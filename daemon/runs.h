@@ -5,6 +5,8 @@
  * daemon stopped under (or was killed under) are marked interrupted and resumed from their
  * newest checkpoint.
  * Handlers never wait for a step: they read a mutex-guarded snapshot or post a request.
+ * Made of runs_requests.c, runs_scheduler.c, runs_list.c and runs_snapshots.c (runs_impl.h: what
+ * they share, and how they depend on each other).
  * Tested by tests/api_e2e.py (the real daemon and client).
  */
 #ifndef DDT_RUNS_H

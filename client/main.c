@@ -1,4 +1,4 @@
-/* ddtreectl.c: the entry point of ddtreectl, the command-line client of ddtreed (API.md,
+/* main.c: the entry point of ddtreectl, the command-line client of ddtreed (API.md,
  * "ddtreectl"): the global options, the command by its name in the table (commands.c), where to
  * connect (the control socket by default, or a TCP URL with $DDTREE_TOKEN as a bearer token),
  * then the command's arguments (command_line.c) and its handler. Exit status: 0 success, 1 the
