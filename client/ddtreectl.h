@@ -1,7 +1,9 @@
-/* ddtreectl.h: what the files of ddtreectl share, one section a layer, from the bottom up: the
- * HTTP transport (http_client.c), the formatting of the daemon's JSON for people (format.c), the
- * API client (api_client.c), the command table and the command line derived from it
- * (commands.c, command_line.c), `watch` (watch.c); main.c is the entry point. Nothing here
+/* ddtreectl.h: what the files of ddtreectl share, one section a file: the HTTP transport
+ * (http_client.c), the formatting of the daemon's JSON for people (format.c), the API client
+ * (api_client.c, whose bad run ids are usage errors of command_line.c), the command table and
+ * the command line derived from it (commands.c, command_line.c), `watch` (watch.c); main.c is
+ * the entry point. Calls go one way (scripts/check_layers); the table's handlers are how the
+ * command line calls up. Nothing here
  * is a library for others: the client is one executable and links no engine code.
  * Tested by client/test_client.c (formatting, the usage text and the argument parsing derived
  * from the table) and by tests/api_e2e.py against ddtreed itself (client/README.md).

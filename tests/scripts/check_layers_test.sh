@@ -34,9 +34,9 @@ refused "an upward include (base includes train/trainer.h)" \
     'daemon/engine/base/errors.c includes "train/trainer.h": `daemon/engine/base` may not use `daemon/engine/train`'
 
 fresh   # model calls into the record room, by name only
-printf '\nint ddt_layers_probe(void);\nint ddt_layers_probe(void) { return ddt_store_close == 0; }\n' >>"$work/t/daemon/engine/model/drafter.c"
-refused "an upward call (model names record's ddt_store_close)" \
-    'daemon/engine/model/drafter.c uses ddt_store_close: `daemon/engine/model` may not use `daemon/engine/record`'
+printf '\nvoid ddt_layers_probe(void);\nvoid ddt_layers_probe(void) { ddt_store_close(NULL); }\n' >>"$work/t/daemon/engine/model/drafter.c"
+refused "an upward call (model calls record's ddt_store_close)" \
+    'daemon/engine/model/drafter.c calls ddt_store_close: `daemon/engine/model` may not use `daemon/engine/record`'
 
 fresh   # two files of one room that call each other
 printf '\nint ddt_layers_probe_a(void);\nint ddt_layers_probe_b(void);\nint ddt_layers_probe_a(void) { return ddt_layers_probe_b(); }\n' >>"$work/t/daemon/engine/eval/acceptance.c"

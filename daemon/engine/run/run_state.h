@@ -1,9 +1,9 @@
 /* run_state.h: a run's states, their names and the legal transitions between them, in ONE
  * table that every writer of a run's state follows: the store refuses any other
  * (ddt_store_run_transition, the only function that writes the runs row's state after its
- * creation), and so do the run manager (runs.c) and `ddtreed train` (cmd_train.c).
+ * creation), and so do the run manager (runs_*.c) and `ddtreed train` (cmd_train.c).
  * Header-only, so that any part (the HTTP server's metrics too) can name the states.
- * Not here: which request is legal in which state (runs.c's controls: pause, rechunk,
+ * Not here: which request is legal in which state (runs_requests.c's controls: pause, rechunk,
  * checkpoint and export change no state), the step loop.
  * Tested by tests/test_run_state.c: every (from, to) pair through the store, legal ones
  * written, the others refused with nothing written.
@@ -41,7 +41,7 @@
  *       QUEUED, RUNNING, PAUSING,   -- cancel (with a worker: a final      ->  CANCELLED
  *       PAUSED, INTERRUPTED            checkpoint first)
  *
- * A paused run's worker waits at its boundary (runs.c's pause wait) for resume (RUNNING),
+ * A paused run's worker waits at its boundary (runs_scheduler.c's pause wait) for resume (RUNNING),
  * cancel (CANCELLED), a shutdown (it stays PAUSED and the worker ends), or a checkpoint or
  * export (done, and it stays PAUSED). rechunk, checkpoint and export change no state. No state
  * goes to itself: a request that finds the run where it would take it (pause of a pausing
