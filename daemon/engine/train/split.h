@@ -2,7 +2,7 @@
  * holds its own replica of the run's target on its own backend (a GPU apart from the drafter's,
  * bf16; or a CPU rank, fp32), computes the features of its share of a batch's sequences and
  * hands them to the drafter ranks' batch buffers: an NCCL send/recv between GPUs (ddk_link,
- * beside both GPUs' compute), a copy between CPU ranks. The trainer (trainer.c) runs a batch
+ * beside both GPUs' compute), a copy between CPU ranks. The trainer (batches.c) runs a batch
  * one step ahead of the drafter, into the second of its two batch slots: double-buffered.
  * Also the one opener of a rank's replica (co-located ranks use it too).
  * Tested by tests/test_trainer.c (CPU target ranks: the losses of a split run are those of the
