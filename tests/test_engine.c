@@ -382,7 +382,7 @@ static void test_synthetic_target(void)
 
 /* The plan of a bf16 run (ddt_plan's arithmetic, which the trainer allocates): the weights' bf16
  * copy (2 bytes a parameter) on every rank, the bf16 step's activations (gate and up in bf16,
- * the staging), and on GPU ranks a bf16 copy of the frozen head instead of fp32 (trainer.c
+ * the staging), and on GPU ranks a bf16 copy of the frozen head instead of fp32 (train/ranks.c
  * round_host_head) */
 static void test_plan_bf16(void)
 {

@@ -1,7 +1,7 @@
 /* generated_tokens.h: generated data's one rule, without a source: a sequence's tokens sampled
  * by any replica of the target from the seed of its stream and index, and the held-out ones
  * kept once sampled. The generated source (source_generated.c) and a co-located trainer's
- * ranks (which open no source for generated data, trainer.c) both sample through it.
+ * ranks (which open no source for generated data, train/step.c) both sample through it.
  * Tested by tests/test_source.c and tests/test_trainer.c.
  *
  * Legend: S tokens of a sequence.

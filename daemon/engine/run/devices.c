@@ -1,7 +1,7 @@
 /* devices.c: "devices" and "target.devices" resolved against a node (devices.h): how many
  * ranks, which GPUs, where the target runs (co-located on the ranks, or on the host: "auto"
  * decides by the ranks, ddt_devices_colocated), and the limits of this build (NCCL for more than one GPU rank, the CUDA attention's head_dim).
- * Not here: parsing "devices" (run_config.c) and placing a rank on its device (trainer.c).
+ * Not here: parsing "devices" (run_config.c) and placing a rank on its device (train/ranks.c).
  * Tested by tests/test_trainer.c.
  */
 #include "devices.h"
@@ -17,7 +17,7 @@
  * one rank, and a drafter head_dim the CUDA attention takes (head_dim <= DDK_CUDA_MAX_HEAD_DIM,
  * ddk.h), refused here rather than by the attention at the first step. A co-located target's
  * prefill runs on the GPU too, but its shape is in its config.json, which this pure step does not
- * read: a replica the backend cannot run fails at open (trainer.c, naming the rank). field may
+ * read: a replica the backend cannot run fails at open (train/ranks.c, naming the rank). field may
  * be NULL. 0 or -EINVAL with err ("drafter.head_dim: ..."). */
 static int check_gpu_limits(const ddt_run_config *c, ddt_node node, int64_t ranks, char *err, size_t err_len,
                             char *field, size_t field_len)

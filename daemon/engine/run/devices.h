@@ -1,6 +1,6 @@
 /* devices.h: where a run's ranks go on a node: the run config's "devices" (and its cluster
  * section) resolved against the GPUs this process sees and what this build can join, before
- * the trainer places a rank on each (trainer.c) and the planner sizes them, and whether the
+ * the trainer places a rank on each (train/ranks.c) and the planner sizes them, and whether the
  * target is co-located (a replica on every rank: "target.devices" "same", or "auto" on GPU
  * ranks) or on the host ("host", or "auto" on CPU ranks). The config itself
  * is parsed by run_config.c, which does not look at the node.

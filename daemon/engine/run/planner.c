@@ -98,7 +98,7 @@ static void fill(const ddt_run_config *c, int tied_head, int64_t chunk, int64_t 
     p->weights = total * F + (bf16_step ? total * 2 : 0);
     p->gradients = (micro < nseq ? 2 : 1) * total * F;
     p->optimizer = 2 * total * F;
-    /* a GPU's copy is bf16 in a split and with train.precision bf16 (trainer.c round_host_head) */
+    /* a GPU's copy is bf16 in a split and with train.precision bf16 (train/ranks.c round_host_head) */
     const int head16_copy = p->gpu && (placement == DDT_PLACE_SPLIT || c->bf16);
     p->frozen_head = placement == DDT_PLACE_SAME || (placement == DDT_PLACE_SPLIT && !p->gpu) ? 0
                      : (tied_head ? 1 : 2) * V * H * (head16_copy ? 2 : F);
