@@ -67,7 +67,7 @@ static void *load(step_inputs *in, const ddt_st_file *f, const char *name, ddt_d
     return keep_owned(in, ddt_tensor_load(f, &want, &bytes, err, err_len), bytes);
 }
 
-/* DIR: the export format, read by its owner (checkpoint.c); the gradients beside it */
+/* DIR: the export format, read by its owner (engine/record/export.c); the gradients beside it */
 static int load_drafter(step_inputs *in, const char *dir, char *err, size_t err_len)
 {
     int rc = ddt_export_read(dir, &in->cfg, &in->weights, err, err_len);

@@ -1,4 +1,5 @@
-/* checkpoint.h: resumable checkpoints and the serving export (SPEC.md section 5).
+/* checkpoint.h: resumable checkpoints, and the serving export of one (SPEC.md section 5; the
+ * export itself: export.h, included here).
  *
  * A checkpoint is a directory RUN_DIR/checkpoints/step-NNNNNNNN/ holding
  *   state.safetensors: F32 "param.<name>", "adam_m.<name>", "adam_v.<name>" for every
@@ -7,16 +8,13 @@
  *                      the drafter in the export's config.json form (docs/formats.md);
  * written under a temporary name, every file fsynced, then renamed (and the parent fsynced),
  * so a crash leaves either the whole checkpoint or none. Only the newest `keep` remain.
- * The export is a serving directory: config.json (architectures DFlashDraftModel, the keys of
- * SPEC.md section 5, docs/formats.md) and model.safetensors in BF16 with exactly the parameter names. A
- * checkpoint holds all an export needs: ddt_checkpoint_export makes one without a trainer;
- * ddt_export_read reads one back (`ddtreed step --drafter`, `ddtreed speculate --drafter`).
- * Tested by tests/test_checkpoint.c and, through the tools, tests/step_torch_check.py and
- * tests/speculate_cli_test.sh.
+ * A checkpoint holds all an export needs: ddt_checkpoint_export makes one without a trainer.
+ * Tested by tests/test_checkpoint.c and, through the tools, tests/train_cli_test.sh.
  */
 #ifndef DDT_CHECKPOINT_H
 #define DDT_CHECKPOINT_H
 
+#include "export.h"
 #include "model/drafter.h"
 #include "model/optimizer.h"
 
@@ -62,21 +60,6 @@ int ddt_checkpoint_read_meta(const char *ckpt_dir, ddt_checkpoint_meta *meta, ch
  * match c; a failure leaves every output as it was. */
 int ddt_checkpoint_read(const char *ckpt_dir, const ddt_drafter_config *c, float *params,
                         ddt_adamw_state *adam, ddt_checkpoint_meta *meta, char *err, size_t err_len);
-
-/* The serving export of params into out_dir (created; replaced atomically if present); c must
- * have its max_positions (ddt_run_config_resolve sets it). */
-int ddt_export_write(const char *out_dir, const ddt_drafter_config *c, const float *params,
-                     char *err, size_t err_len);
-
-/* A serving export read back as a serving stack reads it: DIR/config.json into c
- * (ddt_drafter_config_load: every key checked) and DIR/model.safetensors, F32 or BF16 (F16, F64
- * too), holding exactly the tensors of c's parameter table: a missing, mistyped or misshapen one,
- * or one the table does not have, is -EINVAL with err naming the file and the tensor
- * ("DIR/model.safetensors: tensor 'layers.1.mlp.up_proj.weight' is missing"). *params: the
- * weights converted to fp32 in the table's layout (P floats, ddt_drafter_param_table's total),
- * 64-byte aligned from posix_memalign: free() it. On failure *params is NULL and c undefined.
- * 0, -ENOMEM, or the file's -errno. */
-int ddt_export_read(const char *dir, ddt_drafter_config *c, float **params, char *err, size_t err_len);
 
 /* The serving export of RUN_DIR's checkpoint of `step` (-1: the newest) into out_dir, from the
  * checkpoint alone (no trainer, target or data); ckpt receives the checkpoint's path.

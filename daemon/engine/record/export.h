@@ -1,0 +1,34 @@
+/* export.h: the serving export (SPEC.md section 5).
+ *
+ * The export is a serving directory: config.json (architectures DFlashDraftModel, the keys of
+ * SPEC.md section 5, docs/formats.md) and model.safetensors in BF16 with exactly the parameter
+ * names, written under a temporary name, every file fsynced, then renamed (and the parent
+ * fsynced). ddt_export_read reads one back (`ddtreed step --drafter`, `ddtreed speculate
+ * --drafter`); checkpoint.h's ddt_checkpoint_export makes one from a checkpoint alone.
+ * checkpoint.h includes this header: its callers find these functions there.
+ * Tested by tests/test_checkpoint.c, tests/export_loaders_check.py and, through the tools,
+ * tests/step_torch_check.py and tests/speculate_cli_test.sh.
+ */
+#ifndef DDT_EXPORT_H
+#define DDT_EXPORT_H
+
+#include "model/drafter.h"
+
+#include <stddef.h>
+
+/* The serving export of params into out_dir (created; replaced atomically if present); c must
+ * have its max_positions (ddt_run_config_resolve sets it). */
+int ddt_export_write(const char *out_dir, const ddt_drafter_config *c, const float *params,
+                     char *err, size_t err_len);
+
+/* A serving export read back as a serving stack reads it: DIR/config.json into c
+ * (ddt_drafter_config_load: every key checked) and DIR/model.safetensors, F32 or BF16 (F16, F64
+ * too), holding exactly the tensors of c's parameter table: a missing, mistyped or misshapen one,
+ * or one the table does not have, is -EINVAL with err naming the file and the tensor
+ * ("DIR/model.safetensors: tensor 'layers.1.mlp.up_proj.weight' is missing"). *params: the
+ * weights converted to fp32 in the table's layout (P floats, ddt_drafter_param_table's total),
+ * 64-byte aligned from posix_memalign: free() it. On failure *params is NULL and c undefined.
+ * 0, -ENOMEM, or the file's -errno. */
+int ddt_export_read(const char *dir, ddt_drafter_config *c, float **params, char *err, size_t err_len);
+
+#endif
