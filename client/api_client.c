@@ -3,7 +3,7 @@
  * objects or, with --json, as they came; and what the daemon said no with, turned into API.md's
  * message and exit status: `ddtreectl: <message> (<code>[, field <field>])` and 1, `cannot reach
  * ddtreed at ...` and 3. It does not retry, cache or guess: a failed request ends the command.
- * Tested by tests/api_e2e.py against ddtreed itself (error bodies, a dead or missing socket, TCP
+ * Tested by tests/daemon/api_e2e.py against ddtreed itself (error bodies, a dead or missing socket, TCP
  * with and without the token) and by hand against a scratch server (client/README.md).
  */
 #include "ddtreectl.h"

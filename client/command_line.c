@@ -3,8 +3,8 @@
  * a command's arguments: at most one operand and the command's options, in any order, each
  * value checked by its kind before the handler runs, plus --json, --quiet (-q) and --help (-h),
  * which every command understands. No command parses its own argv.
- * Tested by client/test_client.c (the usage lines, every kind's values and refusals) and by
- * tests/api_e2e.py (usage errors exit 2).
+ * Tested by tests/client/test_client.c (the usage lines, every kind's values and refusals) and by
+ * tests/daemon/api_e2e.py (usage errors exit 2).
  */
 #include "ddtreectl.h"
 

@@ -3,8 +3,8 @@
  * argument parsing. A handler gets its arguments checked, makes its request of API.md's
  * "Endpoints" (api_client.c) and prints the answer as tables and `key: value` lines
  * (format.c), or nothing more when --json printed it as it came. `watch` is watch.c's.
- * Tested by tests/api_e2e.py, which drives every command against ddtreed and checks outputs and
- * exit statuses, and by client/test_client.c (the table and the parsing derived from it).
+ * Tested by tests/daemon/api_e2e.py, which drives every command against ddtreed and checks outputs and
+ * exit statuses, and by tests/client/test_client.c (the table and the parsing derived from it).
  */
 #include "ddtreectl.h"
 

@@ -5,8 +5,8 @@
  * the entry point. Calls go one way (scripts/check_layers); the table's handlers are how the
  * command line calls up. Nothing here
  * is a library for others: the client is one executable and links no engine code.
- * Tested by client/test_client.c (formatting, the usage text and the argument parsing derived
- * from the table) and by tests/api_e2e.py against ddtreed itself (client/README.md).
+ * Tested by tests/client/test_client.c (formatting, the usage text and the argument parsing derived
+ * from the table) and by tests/daemon/api_e2e.py against ddtreed itself (client/README.md).
  */
 #ifndef DDC_DDTREECTL_H
 #define DDC_DDTREECTL_H

@@ -3,8 +3,8 @@
  * sparkline; and percent-encoding, a run id or a query value as part of a URL. Every field is type-checked before use: a missing, null or mistyped one prints as
  * "-", so a daemon that adds fields, or sends null before a run's first step, never breaks the
  * client. It makes no request and knows no route.
- * Tested by client/test_client.c (each formatter, a table, the sparkline) and through the
- * commands by tests/api_e2e.py.
+ * Tested by tests/client/test_client.c (each formatter, a table, the sparkline) and through the
+ * commands by tests/daemon/api_e2e.py.
  */
 #include "ddtreectl.h"
 

@@ -4,7 +4,7 @@
  * then the command's arguments (command_line.c) and its handler. Exit status: 0 success, 1 the
  * daemon said no, 2 usage, 3 the daemon is unreachable. It holds no state between calls and
  * never starts the daemon.
- * Tested by tests/api_e2e.py against ddtreed itself (--socket, --url with and without the token,
+ * Tested by tests/daemon/api_e2e.py against ddtreed itself (--socket, --url with and without the token,
  * no command, an unknown one) and by hand against a scratch server (client/README.md).
  */
 #include "ddtreectl.h"

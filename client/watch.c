@@ -4,7 +4,7 @@
  * GET /runs/ID/steps for the newest records (the sparkline and the ETA). Exit status: 0 at
  * `completed`, 1 at `failed` or `cancelled`, 128+signal on SIGINT/SIGTERM (the line closed first),
  * or the failed request's (api_client.c). A signal only sets a flag; the loop acts on it.
- * Tested by tests/api_e2e.py (a run watched to completion) and by hand: the terminal mode
+ * Tested by tests/daemon/api_e2e.py (a run watched to completion) and by hand: the terminal mode
  * through `script -q -c "ddtreectl watch ID"`, a run that fails, one killed mid-watch
  * (client/README.md).
  */

@@ -9,7 +9,7 @@
 #     build (so that an install of uPlot after the configure is picked up), which rewrites
 #     OUTPUT.c only when a file changed;
 #   cmake -DWEB_DIR=DIR -DUPLOT_DIR=DIR -DOUTPUT=FILE.c -P embed_web.cmake: writes FILE.c.
-# Tested by tests/ui_browser_test.mjs (the pages as the daemon serves them).
+# Tested by tests/daemon/ui_browser_test.mjs (the pages as the daemon serves them).
 
 if(NOT CMAKE_SCRIPT_MODE_FILE)
   set(DDTREE_EMBED_WEB_SCRIPT ${CMAKE_CURRENT_LIST_FILE})

@@ -2,7 +2,7 @@
  * {"error": {"code", "message", "field"?}} with a 4xx/5xx status; nothing is stored by a
  * refused request. Every request first goes through the browser's access rules (ui_access.h);
  * the web view's pages are routed to ui.c.
- * Tested by tests/api_e2e.py and fuzzed by tests/fuzz/fuzz_api.c.
+ * Tested by tests/daemon/api_e2e.py and fuzzed by tests/fuzz/fuzz_api.c.
  */
 #include "base/ddt_time.h"
 #include "api.h"

@@ -2,7 +2,7 @@
  * plain function of a request (ddt_http_handler), so the transport, the end-to-end tests and
  * the fuzz target all drive the same code. Handlers read snapshots and post requests to the
  * run manager; they never wait for a training step.
- * Tested by tests/api_e2e.py and fuzzed by tests/fuzz/fuzz_api.c.
+ * Tested by tests/daemon/api_e2e.py and fuzzed by tests/fuzz/fuzz_api.c.
  */
 #ifndef DDT_API_H
 #define DDT_API_H

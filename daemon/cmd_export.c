@@ -2,7 +2,7 @@
  * (SPEC.md section 5) of a run's newest checkpoint, or of step N, from the checkpoint alone
  * (ddt_checkpoint_export): its state.json holds the drafter in the export's config.json form,
  * so neither the target nor the data need be at hand.
- * Tested by tests/train_cli_test.sh.
+ * Tested by tests/daemon/train_cli_test.sh.
  */
 #include "commands.h"
 #include "record/checkpoint.h"

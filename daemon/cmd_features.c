@@ -12,8 +12,8 @@
  * FILE (tokens): a token file; both files are read, checked and written by engine/data/shard.h.
  * Every sequence is kept (an empty one included), so shard sequence s is token sequence s; the
  * token file's loss_mask (`ddtreed tokenize`'s) becomes the shard's, all ones without one.
- * Tested by tests/features_torch_check.py (PyTorch float64 reference; stories260K) and
- * tests/qwen35_features_check.py (the qwen35-tiny variants against tests/oracle/qwen35.py).
+ * Tested by tests/oracle/features_torch_check.py (PyTorch float64 reference; stories260K) and
+ * tests/oracle/qwen35_features_check.py (the qwen35-tiny variants against tests/oracle/qwen35.py).
  */
 #include "commands.h"
 #include "data/shard.h"

@@ -5,7 +5,7 @@
  * and targets not at hand, from the config's target.* shape fields. --budget and --card stand in
  * for the config's memory.budget_bytes and memory.card; the budget is checked against the card
  * after both.
- * Tested by tests/train_cli_test.sh (every example must pass it; the 96 GB card's plan, and the
+ * Tested by tests/daemon/train_cli_test.sh (every example must pass it; the 96 GB card's plan, and the
  * card and budget refused).
  */
 #include "base/read_file.h"

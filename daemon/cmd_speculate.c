@@ -17,8 +17,8 @@
  * Prompts: a token file's sequences, or --chat conversations each through its last user message
  * and the generation prompt (what the chat source regenerates from), `<|im_end|>` the stop.
  * Not here: sampling (greedy only, as the contract is stated).
- * Tested by tests/speculate_cli_test.sh (a tiny llama target written by the test, stories260K
- * when ../shared is present; the bad inputs) and tests/chat_train_test.sh (--chat with the
+ * Tested by tests/daemon/speculate_cli_test.sh (a tiny llama target written by the test, stories260K
+ * when ../shared is present; the bad inputs) and tests/daemon/chat_train_test.sh (--chat with the
  * real Qwen3 tokenizer).
  */
 #include "record/checkpoint.h"

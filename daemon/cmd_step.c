@@ -1,6 +1,6 @@
 /* cmd_step.c: `ddtreed step`: one drafter forward + loss + backward from files, writing the
  * loss terms and every gradient (API.md, "ddtreed command line"). It is how outside
- * references check the engine: tests/step_torch_check.py runs it against PyTorch float64.
+ * references check the engine: tests/oracle/step_torch_check.py runs it against PyTorch float64.
  *
  *   ddtreed step --drafter DIR --head FILE --batch FILE --loss FILE --out FILE
  *                [--chunk N] [--vocab-tile M]

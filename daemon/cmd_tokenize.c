@@ -13,7 +13,7 @@
  * fail before anything is written. --max-len cuts longer conversations (counted as truncated;
  * the drop rule applies after the cut). The counts go to stdout as one JSON object:
  * {"read", "kept", "dropped": {REASON: n}, "tokens", "masked_tokens", "truncated"}.
- * Tested by tests/chat_train_test.sh (the real Qwen3 tokenizer, generated lines, bad ones
+ * Tested by tests/daemon/chat_train_test.sh (the real Qwen3 tokenizer, generated lines, bad ones
  * among them). Speed: tests/bench/bench_tokenize.sh.
  */
 #include "data/chat_tokens.h"

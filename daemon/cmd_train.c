@@ -13,7 +13,7 @@
  * the daemon's pause after N steps (running -> pausing -> its checkpoint -> paused). A run left
  * running or pausing is first marked interrupted (crash recovery), a finished one does not
  * resume.
- * Tested by tests/train_cli_test.sh (through scripts/test) and scripts/demo.
+ * Tested by tests/daemon/train_cli_test.sh (through scripts/test) and scripts/demo.
  */
 #include "base/read_file.h"
 #include "base/ddt_time.h"

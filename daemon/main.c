@@ -1,6 +1,6 @@
 /* main.c: ddtreed's entry point: dispatches the subcommands of API.md's command line; with
- * no command (or options only) it is the daemon, `serve`. Tested through the tools by the oracle tests (tests/step_torch_check.py and
- * tests/features_torch_check.py).
+ * no command (or options only) it is the daemon, `serve`. Tested through the tools by the oracle tests (tests/oracle/step_torch_check.py and
+ * tests/oracle/features_torch_check.py).
  */
 #include "commands.h"
 #include "ddk.h"

@@ -7,7 +7,7 @@
  * Handlers never wait for a step: they read a mutex-guarded snapshot or post a request.
  * Made of runs_requests.c, runs_scheduler.c, runs_list.c and runs_snapshots.c (runs_impl.h: what
  * they share, and how they depend on each other).
- * Tested by tests/api_e2e.py (the real daemon and client).
+ * Tested by tests/daemon/api_e2e.py (the real daemon and client).
  */
 #ifndef DDT_RUNS_H
 #define DDT_RUNS_H

@@ -20,7 +20,7 @@
  * reads its devices, the worker hands it to the trainer. The loop's cadence (evaluations,
  * checkpoints, the export) is the trainer's (ddt_trainer_advance / _finish, as in `ddtreed
  * train`); the worker keeps the requests and the states.
- * Tested by tests/api_e2e.py (the real daemon and client) and tests/fuzz/fuzz_api.c (the
+ * Tested by tests/daemon/api_e2e.py (the real daemon and client) and tests/fuzz/fuzz_api.c (the
  * handlers on a manager of no workers).
  */
 #ifndef DDT_RUNS_IMPL_H

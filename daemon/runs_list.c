@@ -2,7 +2,7 @@
  * its config prepared once (parsed, validated, resolved), added to the list, found in it and
  * freed; and every state change of a run, enqueued under the lock and waited for once the lock
  * is released.
- * Tested by tests/api_e2e.py (the real daemon and client) and tests/fuzz/fuzz_api.c.
+ * Tested by tests/daemon/api_e2e.py (the real daemon and client) and tests/fuzz/fuzz_api.c.
  */
 #include "runs_impl.h"
 

@@ -3,7 +3,7 @@
  * checkpoint, export, speculate): each checked against the run's state and the body's values,
  * posted for its worker's next step boundary (or done at once when the run has no worker), and
  * answered with its reply.
- * Tested by tests/api_e2e.py (every control against the real daemon and client) and
+ * Tested by tests/daemon/api_e2e.py (every control against the real daemon and client) and
  * tests/fuzz/fuzz_api.c (the handlers' bodies).
  */
 #include "runs_impl.h"

@@ -4,7 +4,7 @@
  * and resume, cancel, rechunk, checkpoint, export, speculate); and the manager's open, which
  * loads every run of the store and marks those the daemon stopped (or died) under interrupted
  * to resume from their newest checkpoint (crash recovery), and its close.
- * Tested by tests/api_e2e.py (the real daemon and client: runs to completion, controls, a
+ * Tested by tests/daemon/api_e2e.py (the real daemon and client: runs to completion, controls, a
  * kill -9 and restart mid-run) and tests/fuzz/fuzz_api.c (open and close).
  */
 #include "runs_impl.h"

@@ -2,7 +2,7 @@
  * under its lock and never waiting for a step: a run as API.md's GET /runs/{id} object, the list
  * (of a state), the counts per state, the run on a device, the metrics snapshot, whether the
  * workers progress (the watchdog) and systemd's status line.
- * Tested by tests/api_e2e.py (the real daemon and client) and tests/fuzz/fuzz_api.c.
+ * Tested by tests/daemon/api_e2e.py (the real daemon and client) and tests/fuzz/fuzz_api.c.
  */
 #include "runs_impl.h"
 

@@ -9,7 +9,7 @@
  * the default action being back; SIGHUP: reload what is reloadable), a one-second timer
  * (systemd's watchdog, pinged only while every training run makes progress, and STATUS=
  * lines) and a wake-up the run manager posts when a run changes state.
- * Tested by tests/api_e2e.py.
+ * Tested by tests/daemon/api_e2e.py.
  */
 #include "base/ddt_time.h"
 #include "api.h"

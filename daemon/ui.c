@@ -2,7 +2,7 @@
  * {{csrf}} placeholder filled (hex digits of our own: nothing a user typed reaches a page);
  * the login page's {{message}} is one of two fixed sentences.
  * Not here: the access rules (ui_access.c), the pages' logic (the scripts in web/).
- * Tested by tests/ui_browser_test.mjs.
+ * Tested by tests/daemon/ui_browser_test.mjs.
  */
 #include "ui.h"
 #include "ui_assets.h"

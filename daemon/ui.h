@@ -2,7 +2,7 @@
  * /ui/compare?runs=A,B (runs side by side), /ui/login (POST: the token, for the session
  * cookie), POST /ui/logout, GET /ui/assets/NAME (the embedded scripts, styles and uPlot). The
  * pages hold no user data: their scripts fetch it from the JSON API and write it as text.
- * Tested by tests/ui_browser_test.mjs.
+ * Tested by tests/daemon/ui_browser_test.mjs.
  */
 #ifndef DDT_UI_H
 #define DDT_UI_H

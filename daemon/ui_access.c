@@ -7,7 +7,7 @@
  * Sessions and CSRF tokens live as long as the daemon (a restart logs everyone out); there is
  * one of each, as there is one token.
  * Not here: the bearer token itself (server/http.c), TLS (a proxy in front of a public listener).
- * Tested by tests/ui_browser_test.mjs and tests/api_e2e.py.
+ * Tested by tests/daemon/ui_browser_test.mjs and tests/daemon/api_e2e.py.
  */
 #include "ui_access.h"
 

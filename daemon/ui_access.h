@@ -7,7 +7,7 @@
  * the Host is a loopback name (a DNS-rebound name is refused), and a state-changing one carries
  * the pages' CSRF token in X-DDTree-CSRF. Where the listener wants the bearer token, a browser
  * logs in once with it (POST /ui/login) and gets an HttpOnly, SameSite=Strict session cookie.
- * Tested by tests/ui_browser_test.mjs (a real browser) and tests/api_e2e.py (the refusals).
+ * Tested by tests/daemon/ui_browser_test.mjs (a real browser) and tests/daemon/api_e2e.py (the refusals).
  */
 #ifndef DDT_UI_ACCESS_H
 #define DDT_UI_ACCESS_H

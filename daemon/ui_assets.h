@@ -1,6 +1,6 @@
 /* ui_assets.h: the web view's files embedded into ddtreed (cmake/embed_web.cmake writes
  * ui_assets.c at build time from web/ and the npm install of uPlot).
- * Tested by tests/ui_browser_test.mjs.
+ * Tested by tests/daemon/ui_browser_test.mjs.
  */
 #ifndef DDT_UI_ASSETS_H
 #define DDT_UI_ASSETS_H

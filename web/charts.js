@@ -2,7 +2,7 @@
  * training curves against the step: one chart per group of series, sized to its container,
  * vertical markers for re-chunks, OOM recoveries and checkpoints (a uPlot draw hook), and a
  * data-points attribute the browser test waits on.
- * Tested by tests/ui_browser_test.mjs.
+ * Tested by tests/daemon/ui_browser_test.mjs.
  */
 "use strict";
 

@@ -1,7 +1,7 @@
 /* common.js: what every page of ddtreed's web view shares: the JSON API with the page's CSRF
  * token, building DOM nodes whose user data is text only (never HTML), number formats, and
  * polling that waits for each answer before the next request.
- * Tested by tests/ui_browser_test.mjs.
+ * Tested by tests/daemon/ui_browser_test.mjs.
  */
 "use strict";
 

@@ -1,7 +1,7 @@
 /* compare.js: two or more runs side by side (GET /ui/compare?runs=A,B,...): their loss,
  * acceptance (tau_chain) and tokens/s on shared charts against the step (uPlot.join aligns the
  * runs' steps), live. Each run's history thinned by the daemon, then only its new steps.
- * Tested by tests/ui_browser_test.mjs.
+ * Tested by tests/daemon/ui_browser_test.mjs.
  */
 "use strict";
 

@@ -5,7 +5,7 @@
  * then only what is new (?after=); past RELOAD_AT points the history is thinned again, so a
  * 100,000-step run stays light. Everything the run's owner typed (its name, its config) is
  * written as text.
- * Tested by tests/ui_browser_test.mjs.
+ * Tested by tests/daemon/ui_browser_test.mjs.
  */
 "use strict";
 

@@ -1,7 +1,7 @@
 /* runs.js: the runs table (GET /ui): name, state, step / steps, loss, tau, tokens/s, peak
  * memory and ETA of every run, filtered by state, refreshed every two seconds; runs ticked
  * here open side by side in the compare view. Names are written as text.
- * Tested by tests/ui_browser_test.mjs.
+ * Tested by tests/daemon/ui_browser_test.mjs.
  */
 "use strict";
 

@@ -25,7 +25,7 @@
  * Not here: routing and JSON bodies of the API (the API module's handler), TLS (put a proxy in
  * front of a public listener), per-IP limits (one operator, one socket).
  *
- * Tested by tests/test_http.c (libcurl over the Unix socket and TCP) and tests/api_e2e.py.
+ * Tested by tests/daemon/server/test_http.c (libcurl over the Unix socket and TCP) and tests/daemon/api_e2e.py.
  */
 #include "http.h"
 #include "base/log.h"

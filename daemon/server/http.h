@@ -10,7 +10,7 @@
  * (daemon/ui_access.h). The browser's headers that the handler needs to tell a page of its own
  * from another site's (Host, Origin, Cookie, Sec-Fetch-Site, X-DDTree-CSRF) come with the
  * request; an HTML answer carries a Content-Security-Policy and is never framed or cached.
- * Tested by tests/api_e2e.py (the real daemon and client) and tests/test_http.c.
+ * Tested by tests/daemon/api_e2e.py (the real daemon and client) and tests/daemon/server/test_http.c.
  */
 #ifndef DDT_HTTP_H
 #define DDT_HTTP_H

@@ -10,8 +10,8 @@
  * Not here: collecting the snapshot (the run manager and the HTTP server fill it), OpenMetrics
  * (# EOF, _created), timestamps.
  *
- * Tested by tests/test_metrics.c (lines, escaping, the histogram; parsed by
- * python3-prometheus-client when installed) and tests/api_e2e.py.
+ * Tested by tests/daemon/server/test_metrics.c (lines, escaping, the histogram; parsed by
+ * python3-prometheus-client when installed) and tests/daemon/api_e2e.py.
  */
 #include "metrics.h"
 

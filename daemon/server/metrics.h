@@ -1,7 +1,7 @@
 /* metrics.h: the Prometheus text exposition (format 0.0.4) of GET /metrics, written by hand
  * from a snapshot the run manager and the HTTP server fill (API.md, "Metrics"). Base units,
  * counters end in _total, label values escaped, the step duration as a histogram.
- * Tested by tests/api_e2e.py (parsed by python3-prometheus-client) and tests/test_metrics.c.
+ * Tested by tests/daemon/api_e2e.py (parsed by python3-prometheus-client) and tests/daemon/server/test_metrics.c.
  */
 #ifndef DDT_METRICS_H
 #define DDT_METRICS_H

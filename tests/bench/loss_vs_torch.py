@@ -71,7 +71,7 @@ def main():
               f"{torch['workspace_rss_bytes'] / MB:14.1f}")
         print("  (PyTorch's workspace column counts the chunk x V tensors it keeps alive at once)")
         print(f"  losses: ddtree {full['loss']:.6f}, PyTorch {torch['loss']:.6f} "
-              "(different random inputs of the same distribution; equality is tests/loss_torch_check.py's job)")
+              "(different random inputs of the same distribution; equality is tests/oracle/loss_torch_check.py's job)")
     else:
         print(f"  PyTorch: not run ({why.strip()})")
 

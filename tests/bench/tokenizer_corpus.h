@@ -1,10 +1,10 @@
 /* tokenizer_corpus.h: the deterministic text corpus the tokenizer is checked and timed on
- * (tests/test_tokenizer.c, tests/bench/bench_tokenizer.c): documents of prose, C and Python
+ * (tests/engine/data/test_tokenizer.c, tests/bench/bench_tokenizer.c): documents of prose, C and Python
  * code, CJK, emoji (ZWJ sequences, skin tones, flags, keycaps), combining marks in and out of
  * canonical order, Hangul jamo, whitespace runs, tabs, \r\n, numbers, contractions, mixed
  * scripts, control characters, random code points of every plane, and chat-like text with the
  * Qwen added tokens (whole, partial, adjacent to text). Every document is valid UTF-8.
- * Also the framing tests/tokenizer_reference.js reads and writes (corpus_write_docs,
+ * Also the framing tests/engine/data/tokenizer_reference.js reads and writes (corpus_write_docs,
  * corpus_read_ids) and the paths of what scripts/test installs from npm (corpus_npm_paths).
  * Kept beside the benchmark, included by the test as "bench/tokenizer_corpus.h".
  * Header-only; the same seed gives the same bytes on every machine.

@@ -78,7 +78,7 @@ SKIPPED = 77
 IMPL = "qwen35-vs-transformers"
 
 # float32 against float32 (transformers) or float64 (the oracle): both forwards agree with
-# float64 to ~2e-6 on this model (tests/qwen35_features_check.py), while a wrong split, norm,
+# float64 to ~2e-6 on this model (tests/oracle/qwen35_features_check.py), while a wrong split, norm,
 # RoPE pairing, decay or layer index is off by >= 1e-2 (SPEC.md s.3.1's precision paragraph).
 REL_TOL = 1e-4
 FEATURES_TIMEOUT_S = 120   # these models take well under a second

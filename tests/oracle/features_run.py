@@ -1,5 +1,5 @@
 """features_run.py: `ddtreed features` on token sequences, read back (tests/oracle/st.py), for the
-checks that compare ddtree's features with a reference: tests/qwen35_features_check.py (the
+checks that compare ddtree's features with a reference: tests/oracle/qwen35_features_check.py (the
 float64 oracle) and tests/gpu/qwen35_transformers.py (transformers' own model). One owner of
 that round trip: the token file written, the shard checked against it, the taps split per layer.
 """

@@ -35,7 +35,7 @@ fused `in_proj_qkvz` / `in_proj_ba` names raise ModelError naming the tensor; `m
 for text every section carries the same position, so M-RoPE is plain 1-D RoPE.
 
 Deliberately not here: batching, speed, vision, MTP, fp32/bf16 emulation. Tested by
-tests/qwen35_reference_check.py (the three qwen35-tiny variants agree, chunked == recurrent,
+tests/oracle/qwen35_reference_check.py (the three qwen35-tiny variants agree, chunked == recurrent,
 prefill == token-by-token decode, verify + rollback == a fresh prefill, sanity ranges, broken
 checkpoints refused), which says how it is run. Pure numpy; no torch.
 Dimension legend: T tokens, P cached positions, B verified block, H hidden, V vocabulary,

@@ -16,8 +16,8 @@ state and the logits.
 
 Everything is computed in `dtype` (float64 for the oracle; float32 only to emulate an fp32
 implementation when checking the harness and its tolerances). Read from the SPEC, never from
-the C code. Used by tests/step_torch_check.py, tests/features_torch_check.py and (the loss
-alone, loss_section1) tests/loss_torch_check.py, which say how they are run;
+the C code. Used by tests/oracle/step_torch_check.py, tests/oracle/features_torch_check.py and (the loss
+alone, loss_section1) tests/oracle/loss_torch_check.py, which say how they are run;
 `python3 tests/oracle/reference.py` runs small self-checks (a finite difference of the drafter
 loss, a causality check of the target).
 Dimension legend: S context length, A anchors, B block size, H hidden, V vocabulary,

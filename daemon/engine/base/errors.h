@@ -1,7 +1,7 @@
 /* errors.h: the engine's one way to report a failure: err = "what is wrong" (ddt_fail) or
  * "PATH: what is wrong" (ddt_fail_path), printf-style, and the negative errno returned for the
  * caller to pass on. err may be NULL or err_len 0 (nothing written).
- * Tested through its users (tests/test_safetensors.c, test_store.c, test_store_read.c). */
+ * Tested through its users (tests/engine/model/test_safetensors.c, test_store.c, test_store_read.c). */
 #ifndef DDT_ERRORS_H
 #define DDT_ERRORS_H
 

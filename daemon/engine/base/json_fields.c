@@ -1,5 +1,5 @@
 /* json_fields.c: typed, range-checked JSON fields (json_fields.h).
- * Tested by tests/test_engine.c.
+ * Tested by tests/engine/test_engine.c.
  */
 #include "json_fields.h"
 #include "read_file.h"

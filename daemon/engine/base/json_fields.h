@@ -1,6 +1,6 @@
 /* json_fields.h: typed, range-checked fields of untrusted JSON objects (cJSON), each failure
  * an error "FILE: field what-is-wrong". Used by every reader of configuration files.
- * Tested by tests/test_engine.c.
+ * Tested by tests/engine/test_engine.c.
  */
 #ifndef DDT_JSON_FIELDS_H
 #define DDT_JSON_FIELDS_H

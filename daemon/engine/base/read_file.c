@@ -1,5 +1,5 @@
 /* read_file.c: a whole text file read into memory, bounded (read_file.h).
- * Tested through its users (tests/test_engine.c's config files, tests/test_checkpoint.c). */
+ * Tested through its users (tests/engine/test_engine.c's config files, tests/engine/record/test_checkpoint.c). */
 #include "read_file.h"
 
 #include <errno.h>

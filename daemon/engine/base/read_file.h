@@ -1,6 +1,6 @@
 /* read_file.h: a whole text file read into memory, bounded, for every reader of a JSON file
  * (run configs, config.json, tokenizer.json, state.json).
- * Tested through its users (tests/test_engine.c's config files, tests/test_checkpoint.c). */
+ * Tested through its users (tests/engine/test_engine.c's config files, tests/engine/record/test_checkpoint.c). */
 #ifndef DDT_READ_FILE_H
 #define DDT_READ_FILE_H
 

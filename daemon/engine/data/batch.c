@@ -3,7 +3,7 @@
  * uniform_noise adds where the features are), per (run seed, step, sequence, purpose) by
  * ddt_batch_seed, so a batch is the same on every machine, device and resumed run.
  * Not here: reading sequences (source.c / store.c), the forward (drafter.c).
- * Tested by tests/test_batch.c (validity, determinism, uniformity over subsets, seeds).
+ * Tested by tests/engine/data/test_batch.c (validity, determinism, uniformity over subsets, seeds).
  *
  * Legend: S tokens in the sequence, A anchors per sequence, n candidates.
  */

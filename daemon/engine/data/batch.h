@@ -3,7 +3,7 @@
  * replacement, sorted, the rest padded with keep = 0) and the seeds of everything random in a
  * step (anchors, and the feature noise U(-sigma, sigma) that the backends' uniform_noise adds),
  * and how a step's sequences are sliced over ranks. Deterministic for a given (seed, step, sequence).
- * Tested by tests/test_batch.c.
+ * Tested by tests/engine/data/test_batch.c.
  */
 #ifndef DDT_BATCH_H
 #define DDT_BATCH_H

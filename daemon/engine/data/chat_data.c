@@ -1,7 +1,7 @@
 /* chat_data.c: JSON Lines conversations -> normalised ddt_chat (chat_data.h).
  * Strictness follows Python's json.loads (what a Hugging Face user loads the same line with):
  * raw control characters inside strings and invalid UTF-8 are refused, and so is \u0000,
- * which cJSON would silently cut a string at. Tested by tests/test_chat_template.c.
+ * which cJSON would silently cut a string at. Tested by tests/engine/data/test_chat_template.c.
  */
 #include "chat_data.h"
 

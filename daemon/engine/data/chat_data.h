@@ -9,7 +9,7 @@
  * not follow an assistant or tool message. Every message of the line is checked (role,
  * content string) before anything is dropped, so one bad message drops the line whole.
  * It does not render (chat_template.h) or tokenize.
- * Tested by tests/test_chat_template.c (hand-made lines with their refusal reasons, and the
+ * Tested by tests/engine/data/test_chat_template.c (hand-made lines with their refusal reasons, and the
  * normalised conversations of a generated set rendered against jinja2).
  */
 #ifndef DDT_CHAT_DATA_H

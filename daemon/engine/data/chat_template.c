@@ -1,7 +1,7 @@
 /* chat_template.c: the qwen3 / qwen3.5 / qwen3.6 chat templates in C (chat_template.h).
  * Each step names the Jinja expression it stands for; Python string semantics are kept where
  * the templates rely on them (str.strip() with no argument strips Unicode whitespace, split()
- * on "</think>" takes the first and last pieces). Tested by tests/test_chat_template.c.
+ * on "</think>" takes the first and last pieces). Tested by tests/engine/data/test_chat_template.c.
  */
 #include "chat_template.h"
 

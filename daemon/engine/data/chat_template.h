@@ -12,7 +12,7 @@
  * Tool-call arguments given as objects are written as Python's json.dumps writes them; a number
  * with an integral value is written as an integer (a JSON `1.0` gives `1` where Python keeps
  * `1.0`), and integers past 2^53 lose precision (cJSON holds numbers as doubles).
- * Tested by tests/test_chat_template.c against jinja2 (tests/chat_template_jinja.py).
+ * Tested by tests/engine/data/test_chat_template.c against jinja2 (tests/engine/data/chat_template_jinja.py).
  */
 #ifndef DDT_CHAT_TEMPLATE_H
 #define DDT_CHAT_TEMPLATE_H

@@ -2,7 +2,7 @@
  * the whole text once, then each span edge as a token index by SPEC.md section 8's rule; and
  * JSON Lines files mapped with their lines indexed.
  * Not here: the templates (chat_template.c), the BPE (tokenizer.c), counts.
- * Tested by tests/test_chat_tokens.c.
+ * Tested by tests/engine/data/test_chat_tokens.c.
  *
  * Legend: T tokens of a conversation, n edges.
  */

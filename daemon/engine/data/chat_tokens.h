@@ -16,7 +16,7 @@
  * `ddtreed tokenize` and the chat source to read line i at any time.
  * Not here: counting refusals (ddtreed tokenize, source_chat.c), regenerating (the chat source
  * samples from the prompt ddt_chat_tokens_prompt gives).
- * Tested by tests/test_chat_tokens.c: masks against re-encoded prefixes of the rendered text
+ * Tested by tests/engine/data/test_chat_tokens.c: masks against re-encoded prefixes of the rendered text
  * (multi-turn, reasoning, tools, merged whitespace) with the real Qwen3 tokenizer.json when
  * scripts/test installed it; the template check with a hand-made byte-level tokenizer.
  *

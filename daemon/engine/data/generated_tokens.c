@@ -3,7 +3,7 @@
  * Training sequence i is sampled with seed ddt_generate_seed(seed, i, "train"), held-out i with
  * (seed, i, "heldout"): the two streams are disjoint and each sequence a pure function of the
  * config and its index.
- * Tested by tests/test_source.c and tests/test_trainer.c.
+ * Tested by tests/engine/data/test_source.c and tests/engine/train/test_trainer.c.
  *
  * Legend: S tokens of a sequence.
  */

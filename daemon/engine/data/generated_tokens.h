@@ -2,7 +2,7 @@
  * by any replica of the target from the seed of its stream and index, and the held-out ones
  * kept once sampled. The generated source (source_generated.c) and a co-located trainer's
  * ranks (which open no source for generated data, train/step.c) both sample through it.
- * Tested by tests/test_source.c and tests/test_trainer.c.
+ * Tested by tests/engine/data/test_source.c and tests/engine/train/test_trainer.c.
  *
  * Legend: S tokens of a sequence.
  */

@@ -7,7 +7,7 @@
  * byte comparison of each row with the sequence's first.
  * Not here: the safetensors container (safetensors.c) and the checked copies of tensors
  * (tensor_load.c), both used as they are.
- * Tested by tests/test_shard.c.
+ * Tested by tests/engine/data/test_shard.c.
  *
  * Legend: Ttot tokens of a file, nseq sequences, H hidden, L_t taps, F = L_t*H, V vocabulary.
  */

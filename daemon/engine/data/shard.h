@@ -18,9 +18,9 @@
  * Errors are "PATH: tensor 'NAME' ..." / "PATH: __metadata__ KEY ..." saying what is wrong.
  * Not here: the safetensors container (safetensors.h), choosing, cutting or shuffling
  * sequences for training (source.c).
- * Tested by tests/test_shard.c (hand-made files, good and broken, against the readers; the
- * writers' refusals; round trips), and through its users by tests/test_source.c and
- * tests/features_torch_check.py.
+ * Tested by tests/engine/data/test_shard.c (hand-made files, good and broken, against the readers; the
+ * writers' refusals; round trips), and through its users by tests/engine/data/test_source.c and
+ * tests/oracle/features_torch_check.py.
  *
  * Legend: Ttot tokens of a file, nseq sequences, H hidden, L_t taps, V vocabulary.
  */

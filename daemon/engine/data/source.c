@@ -14,7 +14,7 @@
  * and masks alone and ddt_source_target_features does nothing (the trainer's ranks prefill).
  * ddt_source_check: open's rules alone, for a co-located trainer that opens no source for
  * generated data (its ranks sample with ddt_source_generate).
- * Tested by tests/test_source.c and, for chat data, tests/chat_train_test.sh.
+ * Tested by tests/engine/data/test_source.c and, for chat data, tests/daemon/chat_train_test.sh.
  *
  * Legend: S tokens of a sequence, H hidden, L_t taps, V vocabulary, N slots.
  */

@@ -19,7 +19,7 @@
  * Chat data skips conversations it cannot use; each is noted once (ddt_source_next_note) for
  * the trainer to record as a run event.
  * Generated, listed and chat data are three implementations of source_impl.h behind this API.
- * Tested by tests/test_source.c.
+ * Tested by tests/engine/data/test_source.c.
  *
  * Legend: S tokens of a sequence, H hidden, L_t taps, V vocabulary.
  */

@@ -16,7 +16,7 @@
  * is refused, the next usable one along perm_e: a pure function of (config, cursor). A refused
  * line is remembered (never encoded twice) and noted once, with its file, line number and
  * reason, for ddt_source_next_note; at open, a training set without a usable line is refused.
- * Tested through ddtreed train by tests/chat_train_test.sh (the real Qwen3 tokenizer).
+ * Tested through ddtreed train by tests/daemon/chat_train_test.sh (the real Qwen3 tokenizer).
  *
  * Legend: S tokens of a sequence, P prompt tokens, N lines of all files.
  */

@@ -2,7 +2,7 @@
  * files, the taps, generation's sampling, chat data's rendering, the seed and the held-out count)
  * and what it yields (ddt_sequence), shared by the public API (source.h), the implementations
  * behind it (source_impl.h) and generated data's rule (generated_tokens.h).
- * Tested through source.h by tests/test_source.c.
+ * Tested through source.h by tests/engine/data/test_source.c.
  *
  * Legend: S tokens of a sequence, H hidden, L_t taps.
  */

@@ -6,8 +6,8 @@
  * tokens_only: the same tokens, and no forward. The rule that makes a sequence (its seed, length
  * and mask) is generated_tokens.c's ddt_source_generate, which a co-located trainer's ranks
  * sample through as well.
- * Tested through source.h by tests/test_source.c, ddt_source_generate on another backend's
- * replica by tests/test_source.c and tests/test_trainer.c.
+ * Tested through source.h by tests/engine/data/test_source.c, ddt_source_generate on another backend's
+ * replica by tests/engine/data/test_source.c and tests/engine/train/test_trainer.c.
  *
  * Legend: S tokens of a sequence.
  */

@@ -1,6 +1,6 @@
 /* source_impl.c: what the implementations of source_impl.h share (the target's shape checked
  * against the drafter's hidden size and taps, a sequence's features from the target's forward).
- * Tested through source.h by tests/test_source.c.
+ * Tested through source.h by tests/engine/data/test_source.c.
  */
 #include "source_impl.h"
 #include "base/errors.h"

@@ -11,7 +11,7 @@
  * The common part picks the first implementation that accepts a config and never looks at
  * the kind itself. Every sequence an implementation makes is a pure function of (config,
  * cursor) or (config, held-out index): the common part relies on it to run ahead and seek.
- * Tested through source.h by tests/test_source.c.
+ * Tested through source.h by tests/engine/data/test_source.c.
  *
  * Legend: S tokens of a sequence, H hidden, V vocabulary.
  */

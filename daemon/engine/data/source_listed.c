@@ -12,7 +12,7 @@
  * 0 (features and teacher 0 from shards; the target's own from its forward), which no anchor,
  * weight or acceptance label reaches (anchors need mask 1, and a block sees only the context
  * before its anchor).
- * Tested through source.h by tests/test_source.c.
+ * Tested through source.h by tests/engine/data/test_source.c.
  *
  * Legend: S tokens of a sequence.
  */

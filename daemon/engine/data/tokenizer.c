@@ -2,7 +2,7 @@
  * tokens split out, NFC (tokenizer_unicode.c), the Split regexes (Oniguruma), BPE by merge rank
  * through the sharded piece cache; and the lookups. The loader is tokenizer_load.c, the tables
  * it fills tokenizer_tables.h.
- * Tested by tests/test_tokenizer.c (ids against Hugging Face `tokenizers`, round trips, threads).
+ * Tested by tests/engine/data/test_tokenizer.c (ids against Hugging Face `tokenizers`, round trips, threads).
  */
 #include "tokenizer.h"
 #include "tokenizer_tables.h"

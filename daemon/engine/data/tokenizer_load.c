@@ -2,7 +2,7 @@
  * checked against the one kind tokenizer.h supports (anything else refused with its path in the
  * JSON named), and turned into the tables the encoder reads: token bytes, the vocabulary and
  * merge hashes, the compiled Split regexes, the added-token sets.
- * Tested by tests/test_tokenizer.c (the refusals on hand-made files; the real Qwen3 file).
+ * Tested by tests/engine/data/test_tokenizer.c (the refusals on hand-made files; the real Qwen3 file).
  */
 #include "tokenizer.h"
 #include "tokenizer_tables.h"

@@ -1,6 +1,6 @@
 /* tokenizer_tables.c: the lookups of a loaded tokenizer's tables (tokenizer_tables.h) that its
  * loader and its encoder share: the bytes' hash, and a vocabulary token by its bytes.
- * Tested through tokenizer.h (tests/test_tokenizer.c).
+ * Tested through tokenizer.h (tests/engine/data/test_tokenizer.c).
  */
 #include "tokenizer_tables.h"
 

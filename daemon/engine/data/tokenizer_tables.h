@@ -1,7 +1,7 @@
 /* tokenizer_tables.h: the inside of a ddt_tokenizer, the tables its loader (tokenizer_load.c,
  * the tokenizer.json reader) fills and its encoder (tokenizer.c) reads, and their lookups
  * (tokenizer_tables.c). Not a public header.
- * Tested through tokenizer.h (tests/test_tokenizer.c).
+ * Tested through tokenizer.h (tests/engine/data/test_tokenizer.c).
  *
  * Legend: N ids (vocabulary and added tokens), M merges.
  */

@@ -10,7 +10,7 @@
  * starter that composes with nothing there, and utf8proc reorders or composes it:
  * ddt_tok_nfc_unassigned() names those characters (the table's nfc_unassigned), and the
  * normaliser (ddt_tok_nfc, below) cuts the text at them, each piece normalised alone.
- * Tested by tests/test_tokenizer.c (the Qwen3 corpus's random code points of every plane, and
+ * Tested by tests/engine/data/test_tokenizer.c (the Qwen3 corpus's random code points of every plane, and
  * every added character against tokenizers); the table is made by
  * `test_tokenizer --unicode-table` (see tokenizer_unicode_table.h).
  */

@@ -1,5 +1,5 @@
-/* tokenizer_unicode_table.h: made by `test_tokenizer --unicode-table` (tests/test_tokenizer.c)
- * from `node tests/tokenizer_reference.js classes` (tokenizers 0.23.2) and Oniguruma 6.9.8: per
+/* tokenizer_unicode_table.h: made by `test_tokenizer --unicode-table` (tests/engine/data/test_tokenizer.c)
+ * from `node tests/engine/data/tokenizer_reference.js classes` (tokenizers 0.23.2) and Oniguruma 6.9.8: per
  * general category, the code points the former's \p{NAME} holds and the latter's lacks.
  * Included once, by tokenizer_unicode.c. */
 static const uint32_t added_L[][2] = {

@@ -3,7 +3,7 @@
  * drafter's per-slot logits and the labels. Not here: sampling anchors or running the drafter
  * (the caller passes one block's logits), and the target's own verification (the labels stand
  * for what the target would accept).
- * Tested by tests/test_acceptance.c (hand-made blocks with known answers, a brute-force tree).
+ * Tested by tests/engine/eval/test_acceptance.c (hand-made blocks with known answers, a brute-force tree).
  *
  * Legend: B slots in the block (slot 0 is the anchor's), V vocabulary, K a node budget,
  * Kmax = min(largest budget, V) ranks kept per slot, N nodes in the tree (N <= largest budget).
@@ -39,7 +39,7 @@
  * steps for the tree; no sort of V. The scalar double exp dominates: B = 32, V = 248320 took
  * about 40 ms with K = 64 and 60 ms with K = 1024 on a busy 2-core machine. A vectorised
  * float exp would cut that, at the price of logp no longer reproducible by plain libm code
- * (which tests/test_acceptance.c relies on to compare with its brute-force tree).
+ * (which tests/engine/eval/test_acceptance.c relies on to compare with its brute-force tree).
  */
 #include "acceptance.h"
 #include "ddk.h"

@@ -3,7 +3,7 @@
  * DDTree acceptance length tau_tree(K) for node budgets K (best-first tree over the per-slot
  * top-K log-probabilities, walked along the labels); and that tree itself, the draft DDTree
  * speculative decoding verifies (speculate.h).
- * Tested by tests/test_acceptance.c (hand-made distributions with known answers).
+ * Tested by tests/engine/eval/test_acceptance.c (hand-made distributions with known answers).
  */
 #ifndef DDT_ACCEPTANCE_H
 #define DDT_ACCEPTANCE_H

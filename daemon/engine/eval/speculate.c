@@ -10,7 +10,7 @@
  * device (the backend's argmax_rows: only the indices come back); a tree's draft reads the
  * block's logits (B, V) back for its ranks. Not here: batching prompts (a target's rows would then depend on the batch), sampling
  * (speculation is greedy, so it must equal greedy decoding).
- * Tested by tests/test_speculate.c.
+ * Tested by tests/engine/eval/test_speculate.c.
  *
  * Legend: as speculate.h; len committed positions, n nodes of one verify call.
  */

@@ -12,7 +12,7 @@
  * Counting: the first generated token comes from the prefill; each verification call yields
  * the accepted drafts and the target's bonus token; tau = tokens yielded by verification calls
  * (up to gen_len - 1, the prefill's token not counted) / calls, so 1 <= tau <= B.
- * Tested by tests/test_speculate.c (lossless on a dense synthetic target, the tiny Qwen3.5
+ * Tested by tests/engine/eval/test_speculate.c (lossless on a dense synthetic target, the tiny Qwen3.5
  * target and stories260K when ../shared is present: random and exported-then-reloaded
  * drafters; tau_spec <= B; the tree with K >= B-1 never below the chain; bad input).
  *

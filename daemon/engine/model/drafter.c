@@ -6,8 +6,8 @@
  * the loss runs once over the slots of all sequences (one global normalisation). Attention
  * is the backend's flash-style DFlash kernel, so no (A*B) x (S + A*B) matrix ever exists.
  * Not here: noise on the features (the trainer's), the optimiser, data.
- * Tested by tests/step_torch_check.py (PyTorch float64 reference of SPEC.md section 2 through
- * `ddtreed step`) and tests/test_engine.c.
+ * Tested by tests/oracle/step_torch_check.py (PyTorch float64 reference of SPEC.md section 2 through
+ * `ddtreed step`) and tests/engine/test_engine.c.
  *
  * Legend: H hidden, L_t taps, nh / nkv heads, d head dim, I intermediate, V vocabulary,
  * S sequence length, A anchors, B block size, AB = A*B block rows, SAB = S + A*B key rows.

@@ -1,8 +1,8 @@
 /* drafter.h: the DFlash block-diffusion drafter (SPEC.md section 2): its configuration, the ONE
  * parameter table (names and shapes in export order) that drives initialisation, checkpoint
  * I/O, export, the optimiser and tests, and one training step's forward, loss and backward.
- * Tested by tests/step_torch_check.py (PyTorch float64 reference of SPEC.md section 2 through
- * `ddtreed step`) and tests/test_engine.c.
+ * Tested by tests/oracle/step_torch_check.py (PyTorch float64 reference of SPEC.md section 2 through
+ * `ddtreed step`) and tests/engine/test_engine.c.
  *
  * Legend: H hidden, L_t tapped target layers, nh / nkv query / key-value heads, d head dim,
  * I intermediate, V vocabulary, S sequence length, A anchors, B block size.

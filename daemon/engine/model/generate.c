@@ -7,7 +7,7 @@
  * A target on a GPU (a co-located trainer rank's replica) decodes on the device; its logits come
  * to the host once per sampled token (V floats) and sampling runs on the host, as for a CPU one.
  * Not here: batching sequences, the full-sequence features (ddt_target_prefill computes them
- * once the tokens exist). Tested by tests/test_source.c.
+ * once the tokens exist). Tested by tests/engine/data/test_source.c.
  *
  * Legend: S tokens, H hidden, V vocabulary, C rows per prefill chunk.
  */

@@ -11,9 +11,9 @@
  * only on (target, seed, prompt, length, temperature, top_p): never on what was generated
  * before or on threads (nor on the backend, for an fp32 target on any CPU backend: the same ops). Not here: batching several sequences per step (a BLAS may sum a row
  * differently in a taller product, which would make tokens depend on the batch).
- * Tested by tests/test_source.c (decode hidden == full forward's, greedy == argmax of the
+ * Tested by tests/engine/data/test_source.c (decode hidden == full forward's, greedy == argmax of the
  * full forward's logits, determinism, top_p -> 0 == greedy, the stop token) and
- * tests/train_qwen35_test.sh.
+ * tests/daemon/train_qwen35_test.sh.
  *
  * Legend: S tokens, P prompt tokens, H hidden, V vocabulary, C rows per prefill chunk.
  */

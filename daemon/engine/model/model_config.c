@@ -1,7 +1,7 @@
 /* model_config.c: config.json of drafters (export format) and dense targets, read with cJSON
  * as untrusted input: types and ranges checked before narrowing, errors naming the field; and a
  * target's max_position_embeddings for the export.
- * Tested by tests/test_engine.c and tests/test_checkpoint.c.
+ * Tested by tests/engine/test_engine.c and tests/engine/record/test_checkpoint.c.
  */
 #include "model_config.h"
 #include "base/json_fields.h"

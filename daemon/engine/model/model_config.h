@@ -3,7 +3,7 @@
  * the Qwen3.5 / Qwen3.6 hybrid targets (qwen3_5; section 3.1).
  * Every missing, mistyped or out-of-range field is an error naming the file and the field.
  * Also the target's max_position_embeddings, which the drafter's export repeats.
- * Tested by tests/test_engine.c, tests/test_checkpoint.c and, through the tools, by the oracle
+ * Tested by tests/engine/test_engine.c, tests/engine/record/test_checkpoint.c and, through the tools, by the oracle
  * tests.
  */
 #ifndef DDT_MODEL_CONFIG_H

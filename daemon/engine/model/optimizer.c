@@ -6,7 +6,7 @@
  * Mixed precision is the bf16 copy of the weights (params16), rewritten by the same be->adamw
  * pass. Not here: parameter groups other than "norm or not", the checkpoint I/O of
  * the state (checkpoint.c stores ddt_adamw_state as is).
- * Tested by tests/test_optimizer.c (against a float64 reference of the schedule and update).
+ * Tested by tests/engine/model/test_optimizer.c (against a float64 reference of the schedule and update).
  *
  * The schedule, for update number s = 0, 1, 2, ... (W = warmup_steps, T = total_steps):
  *   s < W:                 lr(s) = lr * (s + 1) / W        (lr/W at s = 0, lr at s = W - 1)

@@ -2,7 +2,7 @@
  * parameter table), linear warm-up then cosine decay to 0, global L2-norm gradient clipping.
  * State is float32 master weights' moments m and v (same layout as the parameters) and the
  * step count; checkpoints store it as is.
- * Tested by tests/test_optimizer.c (against a float64 reference of the update).
+ * Tested by tests/engine/model/test_optimizer.c (against a float64 reference of the update).
  */
 #ifndef DDT_OPTIMIZER_H
 #define DDT_OPTIMIZER_H

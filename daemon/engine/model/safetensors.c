@@ -13,7 +13,7 @@
  * partial reads (a file is mapped whole), and hashing of names (ddt_st_find is a linear scan;
  * our files hold hundreds of tensors, not millions).
  *
- * Tested by tests/test_safetensors.c: round trips of every dtype, the conversions against exact
+ * Tested by tests/engine/model/test_safetensors.c: round trips of every dtype, the conversions against exact
  * tables and a reference, a table of corrupted files, sharded model directories and writer
  * failures.
  */

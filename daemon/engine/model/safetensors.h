@@ -3,7 +3,7 @@
  * Face checkpoints (model.safetensors.index.json), a writer (atomic: temporary name, fsync,
  * rename; header padded to a multiple of 8; __metadata__), and dtype conversions (BF16 with
  * round-to-nearest-even).
- * Tested by tests/test_safetensors.c.
+ * Tested by tests/engine/model/test_safetensors.c.
  */
 #ifndef DDT_SAFETENSORS_H
 #define DDT_SAFETENSORS_H

@@ -6,9 +6,9 @@
  * bookkeeping around an implementation's (ddt_target_cache: lengths, the pending block, a
  * tree's parents for the path rollback); the drafter's default taps. Not here: what the
  * targets share (target_layers.c), sampling (generate.c).
- * Tested by tests/test_source.c (the dispatch, the dense cache through the interface),
- * tests/test_engine.c (the default taps), tests/test_qwen35.c, tests/test_speculate.c (a tree's
- * verify and rollback) and tests/test_target_cuda.c (on a GPU).
+ * Tested by tests/engine/data/test_source.c (the dispatch, the dense cache through the interface),
+ * tests/engine/test_engine.c (the default taps), tests/engine/model/test_qwen35.c, tests/engine/eval/test_speculate.c (a tree's
+ * verify and rollback) and tests/engine/model/test_target_cuda.c (on a GPU).
  *
  * Legend: T tokens, H hidden, V vocabulary.
  */

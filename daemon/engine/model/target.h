@@ -5,11 +5,11 @@
  * ddt_target_cache) and `ddtreed features` call only it. With it come the dense target itself
  * (target_dense.h: its weights, forward and frozen head), its decoding cache
  * (target_dense_cache.h) and what both targets share (target_layers.h).
- * Tested by tests/features_torch_check.py (PyTorch float64 reference, and the real
- * stories260K model when ../shared is present), tests/qwen35_features_check.py (the qwen3_5
- * target against tests/oracle/qwen35.py), tests/test_engine.c, tests/test_source.c (the dense
- * cache, ddt_target_open's dispatch), tests/test_qwen35.c (the qwen3_5 cache) and
- * tests/test_target_cuda.c (on a GPU).
+ * Tested by tests/oracle/features_torch_check.py (PyTorch float64 reference, and the real
+ * stories260K model when ../shared is present), tests/oracle/qwen35_features_check.py (the qwen3_5
+ * target against tests/oracle/qwen35.py), tests/engine/test_engine.c, tests/engine/data/test_source.c (the dense
+ * cache, ddt_target_open's dispatch), tests/engine/model/test_qwen35.c (the qwen3_5 cache) and
+ * tests/engine/model/test_target_cuda.c (on a GPU).
  *
  * Where it runs (SPEC.md section 3, DESIGN.md 'Where the target runs'): on the backend it was
  * opened on (ddt_target_options), its weights in ONE allocation of that backend's allocator,

@@ -10,7 +10,7 @@
  * target_layers.c. Not here: what it shares with the Qwen3.5 hybrid target (target_layers.c:
  * the products, the MLP, the taps, the staged loading), its decoding cache
  * (target_dense_cache.c), its place behind the one target interface (target.c).
- * Tested by tests/features_torch_check.py, tests/test_engine.c and tests/test_source.c.
+ * Tested by tests/oracle/features_torch_check.py, tests/engine/test_engine.c and tests/engine/data/test_source.c.
  *
  * Legend: T tokens, H hidden, V vocabulary, nh / nkv heads, d head dim, I intermediate.
  */

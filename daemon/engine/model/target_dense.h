@@ -5,8 +5,8 @@
  * behind target.h's interface, whose dense implementation target.c makes of it; and the frozen
  * head alone (embed_tokens, lm_head) of a target of any architecture, for feature shards.
  * Callers reach it through target.h.
- * Tested by tests/features_torch_check.py (PyTorch float64 reference, and the real stories260K
- * model when ../shared is present), tests/test_engine.c and tests/test_source.c.
+ * Tested by tests/oracle/features_torch_check.py (PyTorch float64 reference, and the real stories260K
+ * model when ../shared is present), tests/engine/test_engine.c and tests/engine/data/test_source.c.
  *
  * Legend: as target.h.
  */

@@ -17,10 +17,10 @@
  * one core) that took generation from 3.4k tokens/s (BLAS sgemm with m = 1, libm expf) to 23k
  * tokens/s.
  * Not here: batching sequences (a BLAS may sum a row differently in a taller product).
- * Tested by tests/test_source.c (prefill == extend in pieces == decode == verify, rollback, a
+ * Tested by tests/engine/data/test_source.c (prefill == extend in pieces == decode == verify, rollback, a
  * tree's every root path == that path verified as a chain, the path rollback,
  * llama and qwen3, GQA, fp32 fast, generic and bf16; generation through it) and
- * tests/test_target_cuda.c (on a GPU).
+ * tests/engine/model/test_target_cuda.c (on a GPU).
  *
  * Legend: as target.h; C rows per pass, n rows fed.
  */

@@ -7,8 +7,8 @@
  * ddt_target_rows_bytes / ddt_target_cache_bytes, target_qwen35.c's ddt_qwen35_*), so the plan
  * and the allocations agree by construction; the parameter counts come from the same tensor
  * tables the loaders read.
- * Tested by tests/test_trainer.c (the host's measured peak of CPU runs against the plan) and
- * tests/train_cli_test.sh (`ddtreed plan` of the examples).
+ * Tested by tests/engine/train/test_trainer.c (the host's measured peak of CPU runs against the plan) and
+ * tests/daemon/train_cli_test.sh (`ddtreed plan` of the examples).
  *
  * Legend: T tokens (seq_len), H hidden, V vocabulary, L layers.
  */

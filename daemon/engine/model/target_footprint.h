@@ -1,7 +1,7 @@
 /* target_footprint.h: what a target costs a run, from its config.json alone: its weights in
  * fp32 and in the stored type, one prefill's workspace, one generating sequence's cache, the
  * prefill's FLOPs and eval.speculative's speculator, for the planner (run/planner.h).
- * Tested by tests/test_trainer.c and tests/train_cli_test.sh (`ddtreed plan` of the examples).
+ * Tested by tests/engine/train/test_trainer.c and tests/daemon/train_cli_test.sh (`ddtreed plan` of the examples).
  */
 #ifndef DDT_TARGET_FOOTPRINT_H
 #define DDT_TARGET_FOOTPRINT_H

@@ -5,9 +5,9 @@
  * keys and values, and the staged loading of a tensor (ddt_weight_put: a bounded host buffer,
  * page-locked for a GPU, converted, narrowed to bf16, q_proj's rows reordered, then the
  * backend's copy).
- * Tested through both targets: tests/features_torch_check.py, tests/test_engine.c,
- * tests/test_source.c (the dense one), tests/test_qwen35.c, tests/qwen35_features_check.py (the
- * qwen3_5 one) and tests/test_target_cuda.c (both on a GPU).
+ * Tested through both targets: tests/oracle/features_torch_check.py, tests/engine/test_engine.c,
+ * tests/engine/data/test_source.c (the dense one), tests/engine/model/test_qwen35.c, tests/oracle/qwen35_features_check.py (the
+ * qwen3_5 one) and tests/engine/model/test_target_cuda.c (both on a GPU).
  *
  * Legend: as target.h.
  */

@@ -4,8 +4,8 @@
  * hands out (ddt_target_model). Apart from target.h so that the implementations (the dense
  * target, target_dense.h and target_dense_cache.h; the Qwen3.5 one, target_qwen35.c) fill them
  * without including the dispatcher that calls them; every caller gets them through target.h.
- * Tested through the interface: tests/test_source.c (the dense target, ddt_target_open's
- * dispatch), tests/test_qwen35.c (the qwen3_5 target) and tests/test_target_cuda.c (on a GPU).
+ * Tested through the interface: tests/engine/data/test_source.c (the dense target, ddt_target_open's
+ * dispatch), tests/engine/model/test_qwen35.c (the qwen3_5 target) and tests/engine/model/test_target_cuda.c (on a GPU).
  *
  * Legend: as target.h.
  */

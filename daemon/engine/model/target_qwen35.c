@@ -17,7 +17,7 @@
  * copy_rows, delta_gates, sigmoid_mul, copy), attention causal_attention (with q_rows over the
  * cache's keys for a cached step), the DeltaNet core gated_delta. The host only runs control
  * flow, and on an fp32 CPU target the plain-C cached attention (q35_fast).
- * Tested by tests/test_qwen35.c and tests/qwen35_features_check.py.
+ * Tested by tests/engine/model/test_qwen35.c and tests/oracle/qwen35_features_check.py.
  *
  * Legend: as target_qwen35.h.
  */

@@ -9,9 +9,9 @@
  * Its prefill (one sequence from position 0: the taps, the final-normed hidden state) and its
  * decoding cache (extend, verify, rollback: target.h's ddt_target_cache) are the second
  * implementation of target.h's interface, which ddt_qwen35_open returns.
- * Tested by tests/test_qwen35.c (the three shared variants, malformed checkpoints, the cache
- * against fresh prefills), tests/train_qwen35_test.sh (an online run generating through it) and
- * tests/qwen35_features_check.py (`ddtreed features` against tests/oracle/qwen35.py, float64).
+ * Tested by tests/engine/model/test_qwen35.c (the three shared variants, malformed checkpoints, the cache
+ * against fresh prefills), tests/daemon/train_qwen35_test.sh (an online run generating through it) and
+ * tests/oracle/qwen35_features_check.py (`ddtreed features` against tests/oracle/qwen35.py, float64).
  *
  * Legend: T tokens, H hidden, V vocabulary, L layers, I intermediate; full attention: nh / nkv
  * heads of hd dims; DeltaNet: nk key heads of dk, nv value heads of dv, Ck = nk dk, Cv = nv dv,

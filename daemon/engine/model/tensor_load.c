@@ -1,5 +1,5 @@
 /* tensor_load.c: checked, aligned, converted copies of safetensors tensors (tensor_load.h).
- * Tested through the tools by tests/step_torch_check.py and tests/features_torch_check.py.
+ * Tested through the tools by tests/oracle/step_torch_check.py and tests/oracle/features_torch_check.py.
  */
 #include "tensor_load.h"
 #include "ddk.h"

@@ -2,7 +2,7 @@
  * (name, dtype, rank and dimensions, with wildcards learnt from the file) and copied into
  * aligned memory of the CPU allocator (mapped data can be unaligned). Errors name the file,
  * the tensor and the mismatch.
- * Tested through the tools by tests/step_torch_check.py and tests/features_torch_check.py.
+ * Tested through the tools by tests/oracle/step_torch_check.py and tests/oracle/features_torch_check.py.
  */
 #ifndef DDT_TENSOR_LOAD_H
 #define DDT_TENSOR_LOAD_H

@@ -16,8 +16,8 @@
  * Not here: several writers on one run directory (one trainer owns it), what the run config
  * in state.json says (run_config.c's; parsed here only to read the forms before version 3),
  * the export's format (export.c).
- * Tested by tests/test_checkpoint.c, and through `ddtreed train --resume` and `ddtreed export`
- * by tests/train_cli_test.sh.
+ * Tested by tests/engine/record/test_checkpoint.c, and through `ddtreed train --resume` and `ddtreed export`
+ * by tests/daemon/train_cli_test.sh.
  *
  * Legend: P floats in all parameters (the table's total), n entries of the parameter table.
  */

@@ -9,7 +9,7 @@
  * written under a temporary name, every file fsynced, then renamed (and the parent fsynced),
  * so a crash leaves either the whole checkpoint or none. Only the newest `keep` remain.
  * A checkpoint holds all an export needs: ddt_checkpoint_export makes one without a trainer.
- * Tested by tests/test_checkpoint.c and, through the tools, tests/train_cli_test.sh.
+ * Tested by tests/engine/record/test_checkpoint.c and, through the tools, tests/daemon/train_cli_test.sh.
  */
 #ifndef DDT_CHECKPOINT_H
 #define DDT_CHECKPOINT_H

@@ -15,7 +15,7 @@
  * Not here: checkpoints and the export of a kept one (checkpoint.c), sharded or compressed
  * exports (a drafter is a few GB at most), removing an export's temporaries left by a crash
  * (they sit next to a directory the user named, so nothing there is deleted by pattern).
- * Tested by tests/test_checkpoint.c, and by tests/export_loaders_check.py (an export read back
+ * Tested by tests/engine/record/test_checkpoint.c, and by tests/daemon/export_loaders_check.py (an export read back
  * as Hugging Face's Qwen3Config, SpecForge, vLLM, SGLang and z-lab read it).
  *
  * Legend: P floats in all parameters (the table's total), n entries of the parameter table.

@@ -6,8 +6,8 @@
  * fsynced). ddt_export_read reads one back (`ddtreed step --drafter`, `ddtreed speculate
  * --drafter`); checkpoint.h's ddt_checkpoint_export makes one from a checkpoint alone.
  * checkpoint.h includes this header: its callers find these functions there.
- * Tested by tests/test_checkpoint.c, tests/export_loaders_check.py and, through the tools,
- * tests/step_torch_check.py and tests/speculate_cli_test.sh.
+ * Tested by tests/engine/record/test_checkpoint.c, tests/daemon/export_loaders_check.py and, through the tools,
+ * tests/oracle/step_torch_check.py and tests/daemon/speculate_cli_test.sh.
  */
 #ifndef DDT_EXPORT_H
 #define DDT_EXPORT_H

@@ -3,7 +3,7 @@
  * table, and the drafter as the export's config.json object, which is state.json's "drafter"
  * too (one table of keys, drafter_keys, for the export's config.json and for state.json).
  * checkpoint.c depends on export.c, never the other way round.
- * Tested through checkpoint.h and export.h by tests/test_checkpoint.c.
+ * Tested through checkpoint.h and export.h by tests/engine/record/test_checkpoint.c.
  */
 #ifndef DDT_EXPORT_IMPL_H
 #define DDT_EXPORT_IMPL_H

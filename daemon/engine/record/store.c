@@ -30,7 +30,7 @@
  * failed write (a locked or full disk is logged and reported by flush; the trainer decides),
  * deleting runs or old checkpoints, the schema and its migrations (store_schema.c).
  *
- * Tested by tests/test_store.c and tests/test_run_state.c (every transition).
+ * Tested by tests/engine/record/test_store.c and tests/engine/run/test_run_state.c (every transition).
  */
 #include "ddk_rng.h"
 #include "base/errors.h"

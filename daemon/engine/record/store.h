@@ -5,7 +5,7 @@
  * A run's state changes only through ddt_store_run_transition, checked against run_state.h's
  * table; the store also names new runs (ddt_store_new_run_id). Readers open their own
  * connections. The daemon reuses this store as is.
- * Tested by tests/test_store.c and tests/test_run_state.c (every transition).
+ * Tested by tests/engine/record/test_store.c and tests/engine/run/test_run_state.c (every transition).
  */
 #ifndef DDT_STORE_H
 #define DDT_STORE_H

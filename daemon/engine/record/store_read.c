@@ -26,7 +26,7 @@
  * opening and a one-row query take ~0.2 ms, a 10,000-step answer ~50 ms as CSV and ~170 ms as
  * JSON on a 2-core VM), the runs' CSV.
  *
- * Tested by tests/test_store_read.c.
+ * Tested by tests/engine/record/test_store_read.c.
  */
 #include "base/errors.h"
 #include "store_read.h"

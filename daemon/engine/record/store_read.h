@@ -1,6 +1,6 @@
 /* store_read.h: read-only queries of the SQLite store for the daemon's HTTP handlers and its
  * start-up, each through a connection of its own (WAL: readers never wait for the writer).
- * Tested by tests/test_store_read.c.
+ * Tested by tests/engine/record/test_store_read.c.
  */
 #ifndef DDT_STORE_READ_H
 #define DDT_STORE_READ_H

@@ -12,7 +12,7 @@
  * Not here: the connection, its statements and the writer thread (store.c), reading
  * (store_read.c), a migration down to an older schema (a newer database is refused).
  *
- * Tested by tests/test_store.c (a fresh database, reopening, a newer one refused untouched, a
+ * Tested by tests/engine/record/test_store.c (a fresh database, reopening, a newer one refused untouched, a
  * missing directory, a database ddtreed did not create, the migration from version 1).
  */
 #include "base/errors.h"

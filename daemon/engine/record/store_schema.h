@@ -4,7 +4,7 @@
  * connection, and SQLite's result codes as negative errnos. Each function answers 0 or a
  * negative errno with err = "PATH: what to do" (ddt_fail_path).
  * store_schema.c depends on nothing of store.c.
- * Tested through store.h by tests/test_store.c.
+ * Tested through store.h by tests/engine/record/test_store.c.
  */
 #ifndef DDT_STORE_SCHEMA_H
 #define DDT_STORE_SCHEMA_H

@@ -2,7 +2,7 @@
  * ranks, which GPUs, where the target runs (co-located on the ranks, or on the host: "auto"
  * decides by the ranks, ddt_devices_colocated), and the limits of this build (NCCL for more than one GPU rank, the CUDA attention's head_dim).
  * Not here: parsing "devices" (run_config.c) and placing a rank on its device (train/ranks.c).
- * Tested by tests/test_trainer.c.
+ * Tested by tests/engine/train/test_trainer.c.
  */
 #include "devices.h"
 #include "run_config.h"

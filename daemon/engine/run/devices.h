@@ -4,7 +4,7 @@
  * target is co-located (a replica on every rank: "target.devices" "same", or "auto" on GPU
  * ranks) or on the host ("host", or "auto" on CPU ranks). The config itself
  * is parsed by run_config.c, which does not look at the node.
- * Tested by tests/test_trainer.c (nodes of 0, 1, 2 and 8 GPUs, with and without NCCL).
+ * Tested by tests/engine/train/test_trainer.c (nodes of 0, 1, 2 and 8 GPUs, with and without NCCL).
  */
 #ifndef DDT_DEVICES_H
 #define DDT_DEVICES_H

@@ -6,9 +6,9 @@
  * overlapping. The target's part follows its placement (planner.h): the host's target, a
  * replica co-located on every rank (CPU or GPU; generating, with its own generator, and no
  * target on the host), or a split.
- * Tested by tests/test_trainer.c (the drafter's peak, HOST's host peak, SAME on CPU ranks),
- * tests/test_engine.c (a bf16 run's plan; memory.card's memory as the budget) and
- * tests/train_cli_test.sh (the examples' plans, the 96 GB card's among them).
+ * Tested by tests/engine/train/test_trainer.c (the drafter's peak, HOST's host peak, SAME on CPU ranks),
+ * tests/engine/test_engine.c (a bf16 run's plan; memory.card's memory as the budget) and
+ * tests/daemon/train_cli_test.sh (the examples' plans, the 96 GB card's among them).
  */
 #include "planner.h"
 #include "base/errors.h"

@@ -5,7 +5,7 @@
  * Where the target runs (API.md "Placement", DESIGN.md "Where the target runs"): on the host
  * (HOST), co-located on every drafter rank, CPU or GPU (SAME: what the trainer runs for
  * target.devices "same", "auto" on GPUs), or a split (planned only).
- * Tested by tests/test_trainer.c (prediction against the accounting allocator's peak).
+ * Tested by tests/engine/train/test_trainer.c (prediction against the accounting allocator's peak).
  */
 #ifndef DDT_PLANNER_H
 #define DDT_PLANNER_H

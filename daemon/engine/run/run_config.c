@@ -8,7 +8,7 @@
  * export), through model_config.c.
  * memory.card is one of libddk's device profiles (ddk_device_profile_find), never a copy of
  * their figures.
- * Tested by tests/test_trainer.c, tests/test_engine.c (the auto taps and sliding_window
+ * Tested by tests/engine/train/test_trainer.c, tests/engine/test_engine.c (the auto taps and sliding_window
  * refusals, max_position_embeddings, memory.card) and tests/fuzz/fuzz_run_config.c.
  */
 #include "run_config.h"

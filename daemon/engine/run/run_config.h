@@ -4,7 +4,7 @@
  * documentation all read it. Unknown keys, wrong types and out-of-range values are errors
  * naming the field's JSON path. "target.devices" is an enum here (ddt_target_place): "auto",
  * "host", "same" or a split's GPUs; ddt_run_config_devices resolves "auto" against the ranks.
- * Tested by tests/test_trainer.c and tests/fuzz/fuzz_run_config.c.
+ * Tested by tests/engine/train/test_trainer.c and tests/fuzz/fuzz_run_config.c.
  */
 #ifndef DDT_RUN_CONFIG_H
 #define DDT_RUN_CONFIG_H

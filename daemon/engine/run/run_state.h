@@ -5,7 +5,7 @@
  * Header-only, so that any part (the HTTP server's metrics too) can name the states.
  * Not here: which request is legal in which state (runs_requests.c's controls: pause, rechunk,
  * checkpoint and export change no state), the step loop.
- * Tested by tests/test_run_state.c: every (from, to) pair through the store, legal ones
+ * Tested by tests/engine/run/test_run_state.c: every (from, to) pair through the store, legal ones
  * written, the others refused with nothing written.
  *
  * The lifecycle. A request to a run with a worker is applied at its next step boundary (a

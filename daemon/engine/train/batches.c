@@ -3,7 +3,7 @@
  * block), anchors and noise seeded per sequence; co-located, the tokens only (generated data:
  * the cursor only, the ranks sample); a split's batch made by its target ranks, the next step's
  * taken ahead into the ranks' second slots.
- * Tested by tests/test_trainer.c (exact resume; 1, 2 and 3 ranks; a split's losses and
+ * Tested by tests/engine/train/test_trainer.c (exact resume; 1, 2 and 3 ranks; a split's losses and
  * evaluation against the host target's run bit for bit, and its exact resume from a checkpoint
  * taken with the next batch in flight).
  */

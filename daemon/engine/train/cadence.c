@@ -2,8 +2,8 @@
  * evaluation, or a step and then the evaluation, the speculative one and the checkpoint that
  * fall due), ddt_trainer_hold (a checkpoint at a stop) and ddt_trainer_finish (the final
  * checkpoint and the export); a due one that fails is an "error" event and the outcome's warning.
- * Tested by tests/test_trainer.c (the cadence's evaluations and every_evals),
- * tests/train_cli_test.sh (`ddtreed train` stopped, resumed and finished) and tests/api_e2e.py
+ * Tested by tests/engine/train/test_trainer.c (the cadence's evaluations and every_evals),
+ * tests/daemon/train_cli_test.sh (`ddtreed train` stopped, resumed and finished) and tests/daemon/api_e2e.py
  * (daemon_vs_foreground: the daemon's runs and `ddtreed train` write the same records).
  */
 #include "trainer.h"

@@ -7,10 +7,10 @@
  * loader thread may use the target meanwhile). Its speculator is opened once, at open with
  * eval.speculative, else at the first request. Not here: a split's target (on other devices) and
  * GPU ranks with a host target.
- * Tested by tests/test_trainer.c (eval.blocks_per_sequence; co-located and split evaluations
+ * Tested by tests/engine/train/test_trainer.c (eval.blocks_per_sequence; co-located and split evaluations
  * equal to the host target's; eval.speculative's refusals, figures, every_evals, a checkpoint's
- * weights, the request's caps), tests/api_e2e.py (speculate: POST /runs/ID/speculate) and
- * tests/test_step_cuda.c (a GPU run's evaluation against the CPU's; skipped without a GPU).
+ * weights, the request's caps), tests/daemon/api_e2e.py (speculate: POST /runs/ID/speculate) and
+ * tests/engine/train/test_step_cuda.c (a GPU run's evaluation against the CPU's; skipped without a GPU).
  */
 #include "trainer.h"
 #include "trainer_impl.h"

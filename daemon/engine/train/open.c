@@ -3,9 +3,9 @@
  * the data (a source, or generated data's rules when the ranks sample), the host's weights, the
  * ranks (ranks.c), GPU ranks' NCCL communicator, the weights initialised or resumed and pushed to
  * the ranks, the memory plan, the speculator; ddt_trainer_close frees all of it.
- * Tested by tests/test_trainer.c (exact resume; config errors and what a GPU run is refused,
+ * Tested by tests/engine/train/test_trainer.c (exact resume; config errors and what a GPU run is refused,
  * before any step; a GPU the node does not have, leaving nothing behind),
- * tests/train_cli_test.sh (--resume; bad configs) and tests/api_e2e.py (runs opened and resumed
+ * tests/daemon/train_cli_test.sh (--resume; bad configs) and tests/daemon/api_e2e.py (runs opened and resumed
  * by the daemon).
  */
 #include "trainer.h"

@@ -4,9 +4,9 @@
  * replica's in place, or its copy of the host's: fp32, or bf16 in a split and with
  * train.precision bf16); its gradients; on a GPU its replica of the weights and the moments; its
  * slice of the batch in one slot, or a split's two.
- * Tested by tests/test_trainer.c (1, 2 and 3 ranks; co-located and split runs on CPU ranks against
+ * Tested by tests/engine/train/test_trainer.c (1, 2 and 3 ranks; co-located and split runs on CPU ranks against
  * the host target's; their measured peaks against the plan's; a GPU the node does not have) and
- * tests/test_step_cuda.c (GPU ranks against CPU ones; skipped without a GPU).
+ * tests/engine/train/test_step_cuda.c (GPU ranks against CPU ones; skipped without a GPU).
  */
 #include "trainer.h"
 #include "trainer_impl.h"

@@ -12,7 +12,7 @@
  *     return).
  * The arithmetic is the host target's: an fp32 replica on a CPU rank gives the bits the host's
  * source gives, so a split run on CPU ranks repeats a host-target run bit for bit.
- * Tested by tests/test_trainer.c and tests/test_comm.c (the link).
+ * Tested by tests/engine/train/test_trainer.c and tests/kernels/test_comm.c (the link).
  */
 #include "split.h"
 #include "data/batch.h"

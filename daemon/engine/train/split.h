@@ -5,8 +5,8 @@
  * beside both GPUs' compute), a copy between CPU ranks. The trainer (batches.c) runs a batch
  * one step ahead of the drafter, into the second of its two batch slots: double-buffered.
  * Also the one opener of a rank's replica (co-located ranks use it too).
- * Tested by tests/test_trainer.c (CPU target ranks: the losses of a split run are those of the
- * host's target bit for bit) and tests/test_comm.c (the link).
+ * Tested by tests/engine/train/test_trainer.c (CPU target ranks: the losses of a split run are those of the
+ * host's target bit for bit) and tests/kernels/test_comm.c (the link).
  *
  * Legend: S tokens of a sequence, H hidden, L_t taps.
  */

@@ -3,8 +3,8 @@
  * gradient of the globally normalised loss (CPU ranks: summed in rank order on the host; GPU
  * ranks: one NCCL all-reduce); AdamW; the step's record. A step out of memory is retried with
  * half the chunk, then a vocabulary tile, down to a floor (shrink), when auto_rechunk is on.
- * Tested by tests/test_trainer.c (out-of-memory recovery and its floor; 1, 2 and 3 ranks and
- * accumulated micro-batches give the same losses; exact resume) and tests/test_step_cuda.c (GPU
+ * Tested by tests/engine/train/test_trainer.c (out-of-memory recovery and its floor; 1, 2 and 3 ranks and
+ * accumulated micro-batches give the same losses; exact resume) and tests/engine/train/test_step_cuda.c (GPU
  * runs against the CPU's, the NCCL all-reduce on two GPUs; skipped without a GPU).
  */
 #include "trainer.h"

@@ -3,8 +3,8 @@
  * the ranks at open, pulled from rank 0 for a checkpoint or an export), the data's cursor after
  * the steps done, the memory plan, the getters, rechunk, checkpoint and export. The lowest of the
  * trainer's files: it calls none of the others.
- * Tested by tests/test_trainer.c (exact resume from its checkpoints, plan vs peak),
- * tests/test_checkpoint.c (a trainer's checkpoint read back) and tests/train_cli_test.sh (a run
+ * Tested by tests/engine/train/test_trainer.c (exact resume from its checkpoints, plan vs peak),
+ * tests/engine/record/test_checkpoint.c (a trainer's checkpoint read back) and tests/daemon/train_cli_test.sh (a run
  * stopped, resumed from its checkpoint and exported).
  */
 #include "trainer.h"

@@ -6,7 +6,7 @@
  * acceptance evaluation, and the cadence of a run (which evaluations, checkpoints and the
  * export fall due after a step: ddt_trainer_advance / _finish). `ddtreed train` drives it in
  * the foreground, the daemon's run manager from worker threads, with the same calls.
- * Tested by tests/test_trainer.c (exact resume, OOM recovery, 1 vs 2 ranks, plan vs peak).
+ * Tested by tests/engine/train/test_trainer.c (exact resume, OOM recovery, 1 vs 2 ranks, plan vs peak).
  */
 #ifndef DDT_TRAINER_H
 #define DDT_TRAINER_H

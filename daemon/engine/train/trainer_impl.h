@@ -54,7 +54,7 @@
  *     ranks' second batch slots with the next step's batch while the drafter trains on the
  *     first (split_batch, batches.c); the drafter reads target rank 0's head: in place on CPU
  *     ranks, a bf16 copy on each GPU. On CPU ranks the host run's losses bit for bit.
- * Tested through trainer.h by tests/test_trainer.c (CPU ranks) and tests/test_step_cuda.c (GPU
+ * Tested through trainer.h by tests/engine/train/test_trainer.c (CPU ranks) and tests/engine/train/test_step_cuda.c (GPU
  * ranks against CPU ones; skipped without a GPU).
  */
 #ifndef DDT_TRAINER_IMPL_H

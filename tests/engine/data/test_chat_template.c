@@ -4,7 +4,7 @@
  * Cases without references: hand-made JSONL lines and their normalisation or refusal reason,
  * the spans of a render, the options (system_prompt, train_only_last_turn, drop_reasoning,
  * the regeneration prompt), special tokens in user/system/tool text.
- * Against jinja2 (tests/chat_template_jinja.py): a deterministic generated set of
+ * Against jinja2 (tests/engine/data/chat_template_jinja.py): a deterministic generated set of
  * conversations (roles in valid and invalid orders, reasoning_content present or not, <think>
  * inside content, tool calls and responses, empty system, Unicode and whitespace edges) plus
  * hand-made ones, each parsed and normalised here, then rendered by qwen3 (the npm package's

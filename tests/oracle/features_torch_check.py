@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """features_torch_check.py: an independent PyTorch float64 oracle for `ddtreed features` (SPEC.md s.3, s.4).
 
-    /usr/bin/python3 tests/features_torch_check.py --ddtreed build/bin/ddtreed \\
+    /usr/bin/python3 tests/oracle/features_torch_check.py --ddtreed build/bin/ddtreed \\
         [--model-dir ../shared/models/stories260k] [--workdir DIR]
 
 (a) Random small Hugging Face directories (llama and qwen3; F32, BF16 and F16 weights; tied and
@@ -32,7 +32,7 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "oracle"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness          # noqa: E402
 
 harness.require_torch()   # ctest reports 77 as skipped, never as passed
@@ -346,7 +346,7 @@ def run_missing_offsets(tool, workdir):
 def main():
     ap = harness.ddtreed_options(__doc__)
     ap.add_argument("--model-dir", default=os.path.join(
-        os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "models",
+        os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "shared", "models",
         "stories260k"), help="a real HF llama/qwen3 directory (default ../shared/models/"
                              "stories260k beside the repository)")
     args = ap.parse_args()

@@ -2,7 +2,7 @@
 # train_qwen35_test.sh DDTREED MODEL_DIR PYTHON: a short online run on a tiny Qwen3.5 target
 # (target.kind hf, no token file: the target generates its sequences through its decoding
 # cache, target_qwen35.c, then gives their features), as a user runs it. The target is the
-# shared qwen35-tiny text-only checkpoint made learnable by tests/qwen35_structured.py (the
+# shared qwen35-tiny text-only checkpoint made learnable by tests/daemon/qwen35_structured.py (the
 # same architecture and layout; next token mostly a bigram chain of the current one): the
 # random checkpoint itself predicts a hash-like function of the whole context, which a
 # one-layer drafter does not learn in a test's budget (tau_chain 1.000 -> 1.016 over 150 steps).

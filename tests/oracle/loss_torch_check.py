@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """loss_torch_check.py: an independent PyTorch oracle for ddk_loss_cpu() (SPEC.md section 1).
 
-    /usr/bin/python3 tests/loss_torch_check.py --lib build/lib/libddk.so
+    /usr/bin/python3 tests/oracle/loss_torch_check.py --lib build/lib/libddk.so
 
 It loads libddk with ctypes and, for a table of seeded random cases (odd sizes, chunk not
 dividing n, vocab_tile 0 and > 0 not dividing V, labels given with -1 or NULL, weights given
@@ -13,7 +13,7 @@ l_i and d loss / d hs. It also checks that bad parameters return -EINVAL and wri
 that no output is written past its end (guard values after each buffer).
 
 What it deliberately does not do: test speed (tests/bench/ does), test the CUDA backend, or
-test bf16 inputs. The float64 C reference of tests/test_loss.c is the other, torch-free oracle.
+test bf16 inputs. The float64 C reference of tests/kernels/test_loss.c is the other, torch-free oracle.
 
 Run by ctest as `loss_torch` (label `oracle`). Exits 77 (ctest's "skipped") when torch cannot
 be imported, 1 on any failure, 0 otherwise. Last line: `N passed, M failed`.
@@ -26,7 +26,7 @@ import errno
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "oracle"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness          # noqa: E402
 
 harness.require_torch()   # ctest reports exit 77 as skipped, never as passed

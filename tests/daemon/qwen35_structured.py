@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """qwen35_structured.py SRC DST: a Qwen3.5 text checkpoint with learnable text, for the
-online-training test (tests/train_qwen35_test.sh) whose tau must rise.
+online-training test (tests/daemon/train_qwen35_test.sh) whose tau must rise.
 
 The shared qwen35-tiny checkpoint (SRC: its text-only variant) has random weights: the token
 it predicts is a hash-like function of the whole context, which a drafter of one layer does not

@@ -36,7 +36,7 @@
  * width, 1000 x 130 x 5000, k = 0, an empty c) and round_bf16 (the CPU's bits at every non-NaN
  * input: ties of either lsb, +-0, subnormals, +-inf, FLT_MAX and the overflow tie to inf, every
  * high half; NaN stays NaN; counts 1 to 2^20 + 3). The backward of each op is checked against
- * finite differences by tests/test_ops.c on the CPU; here the GPU has to match the CPU.
+ * finite differences by tests/kernels/test_ops.c on the CPU; here the GPU has to match the CPU.
  *
  * Skipped (exit 77, "SKIPPED: no GPU") when libddk has no CUDA or the machine no GPU: never
  * reported as passed. DDTREE_BACKEND_OPS_SELF_CHECK=1 runs every case with the CPU backend in
@@ -1529,7 +1529,7 @@ static void run_loss_cases(uint64_t *seq)
  * products and sums, in an order and FMA contraction that may differ */
 static const double tol_q35_elementwise = 2e-6;
 /* gated_delta, against the CPU and chunked against the recurrence: the state carries each side's
- * rounding (tests/test_ops.c: <= 4.3e-7 against float64 on the CPU, dk <= 32; it grows like
+ * rounding (tests/kernels/test_ops.c: <= 4.3e-7 against float64 on the CPU, dk <= 32; it grows like
  * sqrt(dk)), and the GPU sums its products in another order (the chunked form also folds the
  * CPU's U - W S into one solve and cuts chunks past 64): a float emulation of the GPU's order
  * differs from the CPU by <= 1.0e-6 (dk = 256), 7.5e-7 (dk = 128), and from its own recurrence

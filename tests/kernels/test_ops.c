@@ -31,7 +31,7 @@
  * written nowhere) and round_bf16 (named edges: ties of either lsb, +-0, subnormals, +-inf,
  * FLT_MAX and the overflow tie to inf, NaNs whose truncation is inf; then every high half with
  * 16 low halves: ddk_f32_to_bf16's bits and a float64 nearest-even, NaN stays NaN). Not here:
- * the rest of the loss (tests/test_loss.c) and the rest of attention (tests/test_attention.c).
+ * the rest of the loss (tests/kernels/test_loss.c) and the rest of attention (tests/kernels/test_attention.c).
  * Only the CPU backend for now: another backend is to be compared with the same references,
  * case by case.
  *

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """qwen35_features_check.py: `ddtreed features` on Qwen3.5 / Qwen3.6 targets against the float64 reference (SPEC.md s.3.1, s.4).
 
-    /usr/bin/python3 tests/qwen35_features_check.py --ddtreed build/bin/ddtreed \\
+    /usr/bin/python3 tests/oracle/qwen35_features_check.py --ddtreed build/bin/ddtreed \\
         [--model-dir ../shared/models/qwen35-tiny] [--workdir DIR]
 
 For each of the three qwen35-tiny variants (bf16/: Qwen3.6 style, sharded; bf16-q35/: A_log and
@@ -26,7 +26,7 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "oracle"))
+sys.path.insert(0, HERE)
 SKIPPED = 77
 
 try:

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """qwen35_reference_check.py: checks the float64 Qwen3.5/3.6 reference, oracle/qwen35.py (SPEC 3.1).
 
-    /usr/bin/python3 tests/qwen35_reference_check.py [--model-dir ../shared/models/qwen35-tiny]
+    /usr/bin/python3 tests/oracle/qwen35_reference_check.py [--model-dir ../shared/models/qwen35-tiny]
 
 The reference is what the C target (CPU fp32 and CUDA bf16 paths) will be compared against, so
 this script checks it against itself and against the facts of the toy checkpoint, never against
@@ -44,7 +44,7 @@ except ImportError as exc:
     print(f"skipped: numpy not available ({exc})")
     sys.exit(SKIPPED)
 
-sys.path.insert(0, os.path.join(HERE, "oracle"))
+sys.path.insert(0, HERE)
 import qwen35 as Q   # noqa: E402
 from cases import Cases   # noqa: E402
 import st            # noqa: E402

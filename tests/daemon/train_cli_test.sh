@@ -180,7 +180,7 @@ if [ $? -eq 2 ]; then ok "usage errors exit 2"; else fail "usage errors exit 2";
 out=$("$ddtreed" train --resume "$work/nowhere" 2>&1)
 if [ $? -eq 1 ] && grep -q "no run to resume" <<<"$out"; then ok "resume of nothing"; else fail "resume of nothing" "$out"; fi
 
-docs=$(dirname "$0")/../docs/run-config.md
+docs=$(dirname "$0")/../../docs/run-config.md
 if diff <("$ddtreed" train --help | sed -n '/^| field/,$p') <(sed -n '/^| field/,$p' "$docs") >/dev/null; then
     ok "docs/run-config.md is the config table"
 else

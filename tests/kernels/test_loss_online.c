@@ -11,7 +11,7 @@
  * algorithm before a GPU does; this is its test.
  *
  * What it checks:
- *   - the emulation against ddk_loss_cpu and the float64 reference (tests/loss_reference.c)
+ *   - the emulation against ddk_loss_cpu and the float64 reference (tests/kernels/loss_reference.c)
  *     on the same logits (lm_head = I, so the logits are exact and d hs is g itself): every
  *     result field, l_i and g; and each row's statistics before the finish (maxima, first
  *     argmax, label, zs_y, the seven sums) against sums in double, rest (sum over v != y)
@@ -28,7 +28,7 @@
  *     without KL and CAP: everything finite, gradient exactly 0 there, and the values of the
  *     vocabulary without those columns.
  * What it does not: the kernels' loads and warp shuffles, or anything on a GPU
- * (tests/test_backend_ops.c does that, skipped without one).
+ * (tests/kernels/test_backend_ops.c does that, skipped without one).
  *
  * ctest: exit 0 when every case passes; one line per case; a final "N passed, M failed".
  * Dimension legend: n positions, V vocabulary, H hidden (here V + 1). Row-major.

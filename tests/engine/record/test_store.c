@@ -8,7 +8,7 @@
  * threads (more than the queue holds, so producers block) are all there after a flush, with
  * their step_devices rows; events, evals and checkpoints read back as written; run create
  * (duplicate: -EEXIST), update (optional fields left alone) and a checkpoint's update (the
- * state left alone; the transitions are tests/test_run_state.c's); a step written twice (a resumed
+ * state left alone; the transitions are tests/engine/run/test_run_state.c's); a step written twice (a resumed
  * run) replaces the first; a record the database refuses is logged as one "<3>" line, makes
  * the next flush -EIO (and only that one), and costs no other record of its batch; a separate
  * read-only connection sees commits while it holds an older snapshot (WAL); close writes what

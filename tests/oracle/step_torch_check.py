@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """step_torch_check.py: an independent PyTorch float64 oracle for `ddtreed step` (SPEC.md s.2 + s.1).
 
-    /usr/bin/python3 tests/step_torch_check.py --ddtreed build/bin/ddtreed [--workdir DIR]
+    /usr/bin/python3 tests/oracle/step_torch_check.py --ddtreed build/bin/ddtreed [--workdir DIR]
 
 For a table of seeded random cases it writes the inputs of one training step in the file
 formats of API.md ("ddtreed command line"): a drafter directory in the export format of SPEC.md
@@ -34,7 +34,7 @@ V vocabulary, L_t tapped target layers.
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "oracle"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness          # noqa: E402
 
 harness.require_torch()   # ctest reports 77 as skipped, never as passed

@@ -1169,7 +1169,7 @@ def case_concurrency(t, env):
 # ------------------------------------------------------------------------------------------
 # 9. the daemon and `ddtreed train` write the same records for one config
 
-EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples")
+EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples")
 
 
 def run_records(db, rid):

@@ -2,7 +2,7 @@
 """export_loaders_check.py: the serving export (SPEC.md section 5) read back the way the loaders
 that serve or train DFlash drafters read it, on exports `ddtreed train` writes.
 
-    /usr/bin/python3 tests/export_loaders_check.py --ddtreed build/bin/ddtreed [--model-dir DIR]
+    /usr/bin/python3 tests/daemon/export_loaders_check.py --ddtreed build/bin/ddtreed [--model-dir DIR]
 
 It trains three tiny runs for two steps each and reads every export as these loaders do (python3,
 json and numpy only: none of them is installed here, so each one's reading is restated from its
@@ -44,7 +44,7 @@ import subprocess
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "oracle"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "oracle"))
 from cases import Cases   # noqa: E402
 
 SKIPPED = 77

@@ -1,7 +1,7 @@
 /* loss_reference.h: an independent float64 reference of the loss of SPEC.md section 1.
  *
  * Written straight from the formulas, naive (O(n V H), every logit recomputed in double),
- * for clarity, not speed: it is what tests/test_loss.c compares ddk_loss_cpu() against.
+ * for clarity, not speed: it is what tests/kernels/test_loss.c compares ddk_loss_cpu() against.
  * It shares nothing with kernels/ but the parameter and result structs of ddk.h.
  * It validates its own arguments only as far as it needs to compute (see loss_reference.c);
  * refusing bad parameters is ddk_loss_cpu()'s job and is tested there.

@@ -18,7 +18,7 @@
  * ddt_source_generate over a replica on rank 1's CPU backend gives the source's training and
  * held-out tokens; ddt_source_check keeps open's rules.
  * Good files are written through shard.h's writers; the broken ones by hand (shard.h's own
- * rules are tested by tests/test_shard.c).
+ * rules are tested by tests/engine/data/test_shard.c).
  * ctest: one line per case, a final "N passed, M failed".
  *
  * Legend: S tokens, H hidden, F = L_t*H feature width, V vocabulary.

@@ -1,7 +1,7 @@
 /* test_loss.c: the fused loss ddk_loss_cpu() (SPEC.md section 1) and the CPU backend's ops.
  *
  * What it checks:
- *   - a table of small, odd cases against the float64 reference of tests/loss_reference.c:
+ *   - a table of small, odd cases against the float64 reference of tests/kernels/loss_reference.c:
  *     every result field, l_i and d loss / d hs; guard words after every output;
  *   - nothing counted (all labels < 0; all weights 0): zeros everywhere, no NaN;
  *   - p_y -> 1: CE ~1e-14 and p_y - 1 at the label keep their relative accuracy;
@@ -21,7 +21,7 @@
  *   - ddk_vmath.h's 8-lane kernels the loss runs on: ddk_expf8 is ddk_expf bit for bit
  *     (clamps, -inf, NaN, a sweep), ddk_vargmax finds the first maximum in body and tail;
  *     table cases wider than their 512-column sum blocks and with logits of ~+-200;
- * What it does not: the bf16 products' numbers against a reference (tests/test_ops.c), the CUDA
+ * What it does not: the bf16 products' numbers against a reference (tests/kernels/test_ops.c), the CUDA
  * backend (GPU-labelled targets), speed (tests/bench/).
  *
  * ctest: exit 0 when every case passes; one line per case; a final "N passed, M failed".

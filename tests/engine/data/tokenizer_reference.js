@@ -1,5 +1,5 @@
 // tokenizer_reference.js: Hugging Face's own tokenizer (npm `tokenizers`, its Rust library) on
-// documents the C side wrote, for tests/test_tokenizer.c (the reference ids) and
+// documents the C side wrote, for tests/engine/data/test_tokenizer.c (the reference ids) and
 // tests/bench/bench_tokenizer.c (its speed on one thread).
 //   node tokenizer_reference.js ids   NPM_DIR TOKENIZER_JSON DOCS OUT
 //   node tokenizer_reference.js bench NPM_DIR TOKENIZER_JSON DOCS

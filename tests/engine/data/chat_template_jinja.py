@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""chat_template_jinja.py: the reference renders for tests/test_chat_template.c.
+"""chat_template_jinja.py: the reference renders for tests/engine/data/test_chat_template.c.
 
 Renders conversations with a model's own Jinja chat template the way Hugging Face's
 apply_chat_template does (transformers' _compile_jinja_template: an

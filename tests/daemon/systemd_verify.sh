@@ -18,7 +18,7 @@ if ! command -v systemd-analyze >/dev/null 2>&1; then
     echo "skipped: systemd-analyze not found (Debian: apt-get install systemd)"
     exit 77
 fi
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$0")/../.." && pwd)
 sysd=$root/systemd
 
 passed=0

@@ -1,7 +1,7 @@
 /* test_client.c: ddtreectl's parts that need no daemon: the formatters and the sparkline
  * (format.c), a table's alignment, and what command_line.c derives from the command table: the
  * usage lines and every option kind's values and refusals (exit status 2 and the message). The
- * requests are tests/api_e2e.py's business (the real client against the real daemon).
+ * requests are tests/daemon/api_e2e.py's business (the real client against the real daemon).
  * Exit 0 all passed, 1 a failure (each one printed).
  */
 #include "ddtreectl.h"
