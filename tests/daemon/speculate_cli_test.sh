@@ -13,11 +13,8 @@
 set -uo pipefail
 ddtreed=$1 models=${2:-}
 [ -x "$ddtreed" ] || { echo "FAIL $ddtreed is not an executable"; exit 1; }
-work=$(mktemp -d /tmp/ddtree_spec.XXXXXX)
-trap 'rm -rf "$work"' EXIT
-passed=0 failed=0
-ok() { echo "ok   $1"; passed=$((passed + 1)); }
-fail() { echo "FAIL $1"; [ -n "${2:-}" ] && sed 's/^/  # /' <<<"$2"; failed=$((failed + 1)); }
+source "$(dirname "$0")/../cases.sh"
+cases_begin ddtree_spec
 py=$work/st.py
 cat >"$py" <<'PY'
 """Fixtures of speculate_cli_test.sh: safetensors written and rewritten with struct and json."""
@@ -293,5 +290,4 @@ else
     echo "skipped stories260K: ${stories:-MODELS_DIR}/model.safetensors is absent"
 fi
 
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+cases_end

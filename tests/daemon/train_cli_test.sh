@@ -6,11 +6,8 @@
 # status (1: refused, 2: usage). One line per case, a final "N passed, M failed".
 set -uo pipefail
 ddtreed=$1 examples=$2
-work=$(mktemp -d /tmp/ddtree_cli.XXXXXX)
-trap 'rm -rf "$work"' EXIT
-passed=0 failed=0
-ok() { echo "ok   $1"; passed=$((passed + 1)); }
-fail() { echo "FAIL $1"; [ -n "${2:-}" ] && sed 's/^/  # /' <<<"$2"; failed=$((failed + 1)); }
+source "$(dirname "$0")/../cases.sh"
+cases_begin ddtree_cli
 # plan_case NAME RC PATTERN... -- ARGS...: `ddtreed plan ARGS` from the source root exits RC and
 # prints a line matching each PATTERN (grep's basic expressions)
 plan_case() {
@@ -187,5 +184,4 @@ else
     fail "docs/run-config.md is the config table" "regenerate its table from: ddtreed train --help"
 fi
 
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+cases_end

@@ -5,11 +5,8 @@
 # room, and an include that resolves to no file. One line per case, a final "N passed, M failed".
 set -uo pipefail
 root=$1
-work=$(mktemp -d /tmp/ddtree_layers.XXXXXX)
-trap 'rm -rf "$work"' EXIT
-passed=0 failed=0
-ok() { echo "ok   $1"; passed=$((passed + 1)); }
-fail() { echo "FAIL $1"; [ -n "${2:-}" ] && sed 's/^/  # /' <<<"$2"; failed=$((failed + 1)); }
+source "$(dirname "$0")/../cases.sh"
+cases_begin ddtree_layers
 
 # a fresh copy of what the check reads (kernels, daemon, client, the emulator's headers and the script)
 fresh() {
@@ -52,5 +49,4 @@ fresh
 sed -i '0,/^#include/s//#include "model\/no_such_header.h"\n&/' "$work/t/daemon/engine/eval/acceptance.c"
 refused "an include of no file" '#include "model/no_such_header.h" is no file'
 
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+cases_end
