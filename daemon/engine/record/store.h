@@ -11,26 +11,11 @@
 #define DDT_STORE_H
 
 #include "run/run_state.h"
+#include "store_records.h"
 
 #include <stddef.h>
 #include <stdint.h>
 
-typedef struct ddt_store ddt_store;
-
-enum { DDT_STORE_MAX_DEVICES = 16 };
-
-typedef struct ddt_step_record {
-    char run_id[40];
-    int64_t step, ts_ms;
-    double loss, ce, kl, cap, acc, lr, grad_norm;
-    int64_t tokens, positions;
-    double step_ms, tokens_per_s, positions_per_s;
-    int64_t peak_bytes;                    /* max over devices */
-    int64_t chunk, vocab_tile;
-    int devices;                           /* entries of the two arrays below */
-    int64_t device_peak_bytes[DDT_STORE_MAX_DEVICES];
-    double device_step_ms[DDT_STORE_MAX_DEVICES];
-} ddt_step_record;
 
 /* DIR/ddtree.db, created and migrated to the newest schema; starts the writer thread.
  * 0, or a negative errno with err saying what to do (e.g. a database newer than this binary). */

@@ -1,0 +1,137 @@
+/* store_impl.h: what the store's two files share: the items of its queue, its writer
+ * connection's statements and the store itself (struct ddt_store). store.c (the producers,
+ * opening and closing) uses store_writer.c (the writer thread), never the other way.
+ * Not a public header. Tested through store.h by tests/engine/record/test_store.c.
+ */
+#ifndef DDT_STORE_IMPL_H
+#define DDT_STORE_IMPL_H
+
+#include "store_records.h"
+
+#include <sqlite3.h>
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum {
+    QUEUE_CAPACITY = 4096,   /* ~1.8 MB of items: seconds of steps of every run at once */
+    BATCH_MAX = 512,         /* items per transaction: one fsync-free WAL commit each */
+    BUSY_TIMEOUT_MS = 5000,  /* another connection's write lock (a reader never takes one) */
+    LOG_FAILURES_PER_BATCH = 4,
+};
+
+/* ------------------------------------------------------------------------------------------
+ * Items of the queue
+ */
+
+typedef enum {
+    ITEM_STEP,
+    ITEM_EVENT,
+    ITEM_EVAL,
+    ITEM_CHECKPOINT,
+    ITEM_RUN_CREATE,
+    ITEM_RUN_UPDATE,
+    ITEM_RUN_TRANSITION,
+    ITEM_FLUSH,
+} item_kind;
+
+/* What a synchronous caller waits for; on its stack, answered under the store's lock. */
+typedef struct sync_answer {
+    int done;
+    int rc;
+} sync_answer;
+
+/* run_create / run_update / run_transition: the caller's strings, valid while it waits */
+typedef struct run_request {
+    sync_answer answer;
+    const char *run_id, *name, *config_json, *state, *error;
+    const char *from_state, *detail_json;   /* run_transition: the state it leaves, its event */
+    int starts, finishes;                   /* run_transition: to running, to a final state */
+    int64_t max_steps, created_ms, step, last_checkpoint_step, now_ms, started_ms, finished_ms;
+} run_request;
+
+typedef struct store_item {
+    item_kind kind;
+    union {
+        ddt_step_record step;
+        struct {
+            char *run_id, *kind, *detail_json;   /* owned copies; run_id may be NULL */
+            int64_t ts_ms;
+        } event;
+        struct {
+            char *run_id, *tau_tree_json, *acc_json;   /* owned copies; spec: tau_spec_tree_json, spec_json */
+            int64_t step;
+            double tau_chain;                          /* spec: tau_spec */
+            int spec;                                  /* 1: the speculative columns (ddt_store_eval_spec) */
+        } eval;
+        struct {
+            char *run_id, *path;   /* owned copies */
+            int64_t step, bytes, ts_ms;
+        } checkpoint;
+        run_request *run;       /* ITEM_RUN_CREATE, ITEM_RUN_UPDATE, ITEM_RUN_TRANSITION */
+        sync_answer *flush;     /* ITEM_FLUSH */
+    };
+} store_item;
+
+/* the item kinds' names, for the log */
+extern const char *const ddt_store_item_names[];
+void ddt_store_item_free(store_item *item);
+
+/* ------------------------------------------------------------------------------------------
+ * Prepared statements of the writer connection (SQLITE_PREPARE_PERSISTENT)
+ */
+
+enum {
+    STMT_BEGIN,
+    STMT_COMMIT,
+    STMT_ROLLBACK,
+    STMT_STEP,
+    STMT_STEP_DEVICE,
+    STMT_EVENT,
+    STMT_EVAL,
+    STMT_EVAL_SPEC,
+    STMT_CHECKPOINT,
+    STMT_RUN_CREATE,
+    STMT_RUN_UPDATE,
+    STMT_RUN_TRANSITION,
+    STMT_RUN_EXISTS,
+    STMT_COUNT
+};
+
+/* the SQL of each statement, prepared by ddt_store_open (SQLITE_PREPARE_PERSISTENT) */
+extern const char *const ddt_store_stmt_sql[STMT_COUNT];
+
+/* ------------------------------------------------------------------------------------------
+ * The store
+ */
+
+struct ddt_store {
+    sqlite3 *db;                         /* the writer connection */
+    sqlite3_stmt *stmt[STMT_COUNT];
+    char *path;
+
+    pthread_mutex_t lock;                /* guards everything below up to the writer's own */
+    pthread_cond_t not_empty, not_full, answered;
+    store_item *queue;                   /* ring of QUEUE_CAPACITY */
+    int head, count;
+    int stopping;
+    int64_t failures;                    /* failed items not yet reported by a flush */
+    pthread_t writer;
+    int writer_started;
+
+    /* the writer thread's own */
+    store_item *batch;                   /* BATCH_MAX */
+    int *results;                        /* per batch item: 0 or a negative errno */
+    int batch_logged;                    /* failures logged in this batch */
+    char why[512];                       /* the last failure, for the log */
+    int why_code;                        /* its SQLite extended code (0: not SQLite's) */
+    int had_row;                         /* the last run_stmt's statement gave a row */
+};
+
+/* a value safe inside key="...": no quotes, no line breaks */
+void ddt_store_copy_quotable(char *out, size_t out_len, const char *text);
+/* the writer thread (arg: the store): writes what is queued until the store stops */
+void *ddt_store_writer_main(void *arg);
+
+#endif

@@ -1,0 +1,470 @@
+/* store_writer.c: the store's writer thread (store_impl.h): the items of its queue, the one
+ * writer connection's statements, each item's rows, and the batches: everything taken from the
+ * ring, up to BATCH_MAX items, written in one BEGIN IMMEDIATE transaction; a batch with a failing
+ * item rolled back and written again one item per transaction, so that only the bad item is lost,
+ * and logged with its run and step; the answers to the waiting callers in queue order.
+ * Tested through store.h by tests/engine/record/test_store.c and tests/engine/run/test_run_state.c.
+ */
+#include "store_impl.h"
+#include "store_schema.h"
+#include "base/log.h"
+#include "run/run_state.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------------------------------
+ * Items of the queue
+ */
+
+const char *const ddt_store_item_names[] = {
+    [ITEM_STEP] = "step",           [ITEM_EVENT] = "event",
+    [ITEM_EVAL] = "eval",           [ITEM_CHECKPOINT] = "checkpoint",
+    [ITEM_RUN_CREATE] = "run_create", [ITEM_RUN_UPDATE] = "run_update",
+    [ITEM_RUN_TRANSITION] = "run_transition", [ITEM_FLUSH] = "flush",
+};
+
+void ddt_store_item_free(store_item *item)
+{
+    switch (item->kind) {
+    case ITEM_EVENT:
+        free(item->event.run_id);
+        free(item->event.kind);
+        free(item->event.detail_json);
+        break;
+    case ITEM_EVAL:
+        free(item->eval.run_id);
+        free(item->eval.tau_tree_json);
+        free(item->eval.acc_json);
+        break;
+    case ITEM_CHECKPOINT:
+        free(item->checkpoint.run_id);
+        free(item->checkpoint.path);
+        break;
+    default:
+        break;
+    }
+}
+
+/* an item the writer answers to a waiting caller, rather than counting its failure for flush */
+static int item_is_sync(item_kind kind)
+{
+    return kind == ITEM_RUN_CREATE || kind == ITEM_RUN_UPDATE || kind == ITEM_RUN_TRANSITION ||
+           kind == ITEM_FLUSH;
+}
+
+const char *const ddt_store_stmt_sql[STMT_COUNT] = {
+    [STMT_BEGIN] = "BEGIN IMMEDIATE",
+    [STMT_COMMIT] = "COMMIT",
+    [STMT_ROLLBACK] = "ROLLBACK",
+    [STMT_STEP] =
+        "INSERT OR REPLACE INTO steps (run_id, step, ts_ms, loss, ce, kl, cap, acc, lr, grad_norm,"
+        " tokens, positions, step_ms, tokens_per_s, positions_per_s, peak_bytes, chunk, vocab_tile)"
+        " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)",
+    [STMT_STEP_DEVICE] =
+        "INSERT OR REPLACE INTO step_devices (run_id, step, device, peak_bytes, step_ms)"
+        " VALUES (?1, ?2, ?3, ?4, ?5)",
+    [STMT_EVENT] = "INSERT INTO events (run_id, ts_ms, kind, detail_json) VALUES (?1, ?2, ?3, ?4)",
+    /* the teacher-forced columns and the speculative ones of one step's row, each written
+     * without touching the other's (a speculation posted at a step evaluated before) */
+    [STMT_EVAL] =
+        "INSERT INTO evals (run_id, step, tau_chain, tau_tree_json, acc_json) VALUES (?1, ?2, ?3, ?4, ?5)"
+        " ON CONFLICT (run_id, step) DO UPDATE SET tau_chain = excluded.tau_chain,"
+        " tau_tree_json = excluded.tau_tree_json, acc_json = excluded.acc_json",
+    [STMT_EVAL_SPEC] =
+        "INSERT INTO evals (run_id, step, tau_spec, tau_spec_tree_json, spec_json) VALUES (?1, ?2, ?3, ?4, ?5)"
+        " ON CONFLICT (run_id, step) DO UPDATE SET tau_spec = excluded.tau_spec,"
+        " tau_spec_tree_json = excluded.tau_spec_tree_json, spec_json = excluded.spec_json",
+    [STMT_CHECKPOINT] =
+        "INSERT OR REPLACE INTO checkpoints (run_id, step, path, bytes, ts_ms)"
+        " VALUES (?1, ?2, ?3, ?4, ?5)",
+    /* DO NOTHING on a duplicate id: no error, so a batch is not replayed for it; the caller
+     * learns -EEXIST from sqlite3_changes() == 0 */
+    [STMT_RUN_CREATE] =
+        "INSERT INTO runs (id, name, state, config_json, created_ms, updated_ms, step, max_steps)"
+        " VALUES (?1, ?2, ?6, ?3, ?4, ?4, 0, ?5) ON CONFLICT (id) DO NOTHING",
+    [STMT_RUN_UPDATE] =
+        "UPDATE runs SET state = coalesce(?2, state), step = ?3, updated_ms = ?4,"
+        " last_checkpoint_step = coalesce(?5, last_checkpoint_step),"
+        " started_ms = coalesce(?6, started_ms), finished_ms = coalesce(?7, finished_ms),"
+        " error = CASE WHEN ?8 IS NULL THEN error ELSE nullif(?8, '') END"
+        " WHERE id = ?1",
+    /* only from ?6, the state the caller saw: no match (sqlite3_changes() == 0), no event */
+    [STMT_RUN_TRANSITION] =
+        "UPDATE runs SET state = ?2, step = ?3, updated_ms = ?4,"
+        " last_checkpoint_step = coalesce(?5, last_checkpoint_step),"
+        " started_ms = CASE WHEN ?7 THEN coalesce(started_ms, ?4) ELSE started_ms END,"
+        " finished_ms = CASE WHEN ?8 THEN ?4 ELSE finished_ms END,"
+        " error = CASE WHEN ?9 IS NULL THEN error ELSE nullif(?9, '') END"
+        " WHERE id = ?1 AND state = ?6",
+    [STMT_RUN_EXISTS] = "SELECT 1 FROM runs WHERE id = ?1",
+};
+
+/* ------------------------------------------------------------------------------------------
+ * Log lines
+ */
+
+/* a value safe inside key="...": no quotes, no line breaks */
+void ddt_store_copy_quotable(char *out, size_t out_len, const char *text)
+{
+    size_t j = 0;
+    for (; text && text[j] && j + 1 < out_len; j++)
+        out[j] = text[j] == '"' ? '\'' : (text[j] == '\n' || text[j] == '\r') ? ' ' : text[j];
+    out[j] = '\0';
+}
+
+/* what an operator can do about a failed write, by SQLite's code */
+static const char *failure_hint(int code)
+{
+    if (code == SQLITE_CONSTRAINT_FOREIGNKEY)
+        return "create the run before writing its records (a bug of the caller)";
+    switch (code & 0xff) {
+    case SQLITE_FULL:
+        return "free space on the state directory's file system";
+    case SQLITE_BUSY:
+    case SQLITE_LOCKED:
+        return "another process holds ddtree.db's write lock: stop it (only ddtreed writes it)";
+    case SQLITE_READONLY:
+    case SQLITE_PERM:
+    case SQLITE_CANTOPEN:
+        return "make the state directory and ddtree.db writable by ddtreed";
+    case SQLITE_IOERR:
+    case SQLITE_CORRUPT:
+        return "check the disk (dmesg); restore ddtree.db from a backup if it is damaged";
+    case SQLITE_CONSTRAINT:
+        return "a value out of range (a bug of the caller)";
+    default:
+        return "see the error";
+    }
+}
+
+/* ------------------------------------------------------------------------------------------
+ * The writer: statements of one item
+ */
+
+/* runs a bound statement to completion (s->had_row: whether its first step gave a row) and
+ * resets it: SQLITE_OK, or its code with s->why set */
+static int run_stmt(ddt_store *s, sqlite3_stmt *st)
+{
+    int rc = sqlite3_step(st);
+    s->had_row = rc == SQLITE_ROW;
+    if (rc == SQLITE_DONE || rc == SQLITE_ROW) {
+        sqlite3_reset(st);
+        return SQLITE_OK;
+    }
+    s->why_code = sqlite3_extended_errcode(s->db);
+    ddt_store_copy_quotable(s->why, sizeof s->why, sqlite3_errmsg(s->db));
+    sqlite3_reset(st);
+    return s->why_code ? s->why_code : rc;
+}
+
+/* One parameter of a statement, bound by bind_and_run */
+typedef struct sql_value {
+    enum { VALUE_TEXT, VALUE_INT, VALUE_OPTIONAL, VALUE_DOUBLE } type;
+    const char *text;
+    int64_t integer;
+    double real;
+} sql_value;
+
+/* text (the caller's, SQLITE_STATIC), or NULL */
+static sql_value text_value(const char *text)
+{
+    return (sql_value){ .type = VALUE_TEXT, .text = text };
+}
+
+static sql_value int_value(int64_t integer)
+{
+    return (sql_value){ .type = VALUE_INT, .integer = integer };
+}
+
+/* an optional integer: NULL when negative (leave the column / not known) */
+static sql_value optional_value(int64_t integer)
+{
+    return (sql_value){ .type = VALUE_OPTIONAL, .integer = integer };
+}
+
+/* a double; SQLite binds a NaN as NULL */
+static sql_value double_value(double real)
+{
+    return (sql_value){ .type = VALUE_DOUBLE, .real = real };
+}
+
+/* binds values[0..n) to ?1..?n of the writer's statement `which`, then run_stmt */
+static int bind_and_run(ddt_store *s, int which, const sql_value *values, int n)
+{
+    sqlite3_stmt *st = s->stmt[which];
+    for (int j = 0; j < n; j++) {
+        const sql_value *v = &values[j];
+        int column = j + 1;
+        if (v->type == VALUE_DOUBLE)
+            sqlite3_bind_double(st, column, v->real);
+        else if (v->type == VALUE_TEXT && v->text)
+            sqlite3_bind_text(st, column, v->text, -1, SQLITE_STATIC);
+        else if (v->type == VALUE_INT || (v->type == VALUE_OPTIONAL && v->integer >= 0))
+            sqlite3_bind_int64(st, column, v->integer);
+        else   /* a NULL text, a negative optional integer */
+            sqlite3_bind_null(st, column);
+    }
+    return run_stmt(s, st);
+}
+
+/* RUN_BOUND(s, STMT_X, text_value(a), int_value(b), ...): bind_and_run with those values */
+#define RUN_BOUND(s, which, ...)                                                                  \
+    bind_and_run((s), (which), (const sql_value[]){ __VA_ARGS__ },                                \
+                 (int)(sizeof((const sql_value[]){ __VA_ARGS__ }) / sizeof(sql_value)))
+
+static int write_step(ddt_store *s, const ddt_step_record *r)
+{
+    size_t id_len = strnlen(r->run_id, sizeof r->run_id);
+    if (id_len == 0 || id_len == sizeof r->run_id || r->devices < 0 ||
+        r->devices > DDT_STORE_MAX_DEVICES) {
+        snprintf(s->why, sizeof s->why, "malformed record: run_id must be 1..%zu bytes and "
+                 "NUL-terminated, devices in [0, %d] (got %d)", sizeof r->run_id - 1,
+                 DDT_STORE_MAX_DEVICES, r->devices);
+        s->why_code = 0;
+        return SQLITE_MISUSE;
+    }
+    /* run_id is NUL-terminated within its array (checked above) */
+    int rc = RUN_BOUND(s, STMT_STEP, text_value(r->run_id), int_value(r->step), int_value(r->ts_ms),
+                       double_value(r->loss), double_value(r->ce), double_value(r->kl), double_value(r->cap),
+                       double_value(r->acc), double_value(r->lr), double_value(r->grad_norm),
+                       int_value(r->tokens), int_value(r->positions), double_value(r->step_ms),
+                       double_value(r->tokens_per_s), double_value(r->positions_per_s),
+                       int_value(r->peak_bytes), int_value(r->chunk), int_value(r->vocab_tile));
+    /* a replaced steps row took its old step_devices rows with it (ON DELETE CASCADE) */
+    for (int d = 0; d < r->devices && rc == SQLITE_OK; d++)
+        rc = RUN_BOUND(s, STMT_STEP_DEVICE, text_value(r->run_id), int_value(r->step), int_value(d),
+                       int_value(r->device_peak_bytes[d]), double_value(r->device_step_ms[d]));
+    return rc;
+}
+
+/* The row from q->from_state to q->state, then its event; neither when the row is elsewhere
+ * (*result -ESTALE) or missing (-ENOENT). SQLITE_OK, or the failing code with s->why set. */
+static int write_transition(ddt_store *s, const run_request *q, int *result)
+{
+    int rc = RUN_BOUND(s, STMT_RUN_TRANSITION, text_value(q->run_id), text_value(q->state),
+                       int_value(q->step), int_value(q->now_ms), optional_value(q->last_checkpoint_step),
+                       text_value(q->from_state), int_value(q->starts), int_value(q->finishes),
+                       text_value(q->error));
+    if (rc != SQLITE_OK)
+        return rc;
+    if (sqlite3_changes(s->db) == 0) {   /* no such run, or not in `from` */
+        rc = RUN_BOUND(s, STMT_RUN_EXISTS, text_value(q->run_id));
+        if (rc == SQLITE_OK)
+            *result = s->had_row ? -ESTALE : -ENOENT;
+        return rc;
+    }
+    return RUN_BOUND(s, STMT_EVENT, text_value(q->run_id), int_value(q->now_ms), text_value("state"),
+                     text_value(q->detail_json));
+}
+
+/* One item's statements: SQLITE_OK (with *result its answer: 0, or -EEXIST / -ENOENT / -ESTALE
+ * for a run call), or the failing code with s->why set. */
+static int write_item(ddt_store *s, const store_item *item, int *result)
+{
+    int rc = SQLITE_OK;
+    *result = 0;
+    switch (item->kind) {
+    case ITEM_STEP:
+        rc = write_step(s, &item->step);
+        break;
+    case ITEM_EVENT:
+        rc = RUN_BOUND(s, STMT_EVENT, text_value(item->event.run_id), int_value(item->event.ts_ms),
+                       text_value(item->event.kind),
+                       text_value(item->event.detail_json ? item->event.detail_json : "{}"));
+        break;
+    case ITEM_EVAL:
+        rc = RUN_BOUND(s, item->eval.spec ? STMT_EVAL_SPEC : STMT_EVAL, text_value(item->eval.run_id),
+                       int_value(item->eval.step),
+                       double_value(item->eval.tau_chain), text_value(item->eval.tau_tree_json),
+                       text_value(item->eval.acc_json));
+        break;
+    case ITEM_CHECKPOINT:
+        rc = RUN_BOUND(s, STMT_CHECKPOINT, text_value(item->checkpoint.run_id),
+                       int_value(item->checkpoint.step), text_value(item->checkpoint.path),
+                       int_value(item->checkpoint.bytes), int_value(item->checkpoint.ts_ms));
+        break;
+    case ITEM_RUN_CREATE: {
+        const run_request *q = item->run;
+        rc = RUN_BOUND(s, STMT_RUN_CREATE, text_value(q->run_id), text_value(q->name ? q->name : ""),
+                       text_value(q->config_json), int_value(q->created_ms), int_value(q->max_steps),
+                       text_value(ddt_run_state_name(DDT_RUN_QUEUED)));
+        if (rc == SQLITE_OK && sqlite3_changes(s->db) == 0)
+            *result = -EEXIST;
+        break;
+    }
+    case ITEM_RUN_UPDATE: {
+        const run_request *q = item->run;
+        rc = RUN_BOUND(s, STMT_RUN_UPDATE, text_value(q->run_id), text_value(q->state), int_value(q->step),
+                       int_value(q->now_ms), optional_value(q->last_checkpoint_step),
+                       optional_value(q->started_ms), optional_value(q->finished_ms), text_value(q->error));
+        if (rc == SQLITE_OK && sqlite3_changes(s->db) == 0)
+            *result = -ENOENT;
+        break;
+    }
+    case ITEM_RUN_TRANSITION:
+        rc = write_transition(s, item->run, result);
+        break;
+    case ITEM_FLUSH:
+        break;
+    }
+    if (rc != SQLITE_OK)
+        *result = ddt_store_errno_of(rc);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * The writer: batches
+ */
+
+static void log_item_failure(ddt_store *s, const store_item *item)
+{
+    if (s->batch_logged++ >= LOG_FAILURES_PER_BATCH)
+        return;   /* a full disk fails every item: the summary line counts the rest */
+    const char *id = NULL;   /* the item's run, and its step where it has one */
+    const int64_t *step_of = NULL;
+    switch (item->kind) {
+    case ITEM_STEP:
+        id = item->step.run_id;
+        step_of = &item->step.step;
+        break;
+    case ITEM_EVENT:
+        id = item->event.run_id;
+        break;
+    case ITEM_EVAL:
+        id = item->eval.run_id;
+        step_of = &item->eval.step;
+        break;
+    case ITEM_CHECKPOINT:
+        id = item->checkpoint.run_id;
+        step_of = &item->checkpoint.step;
+        break;
+    case ITEM_RUN_CREATE:
+    case ITEM_RUN_UPDATE:
+    case ITEM_RUN_TRANSITION:
+        id = item->run->run_id;
+        break;
+    case ITEM_FLUSH:
+        break;
+    }
+    char run_id[64] = "", step[32] = "";
+    ddt_store_copy_quotable(run_id, sizeof run_id, id);   /* NULL: "" */
+    if (step_of)
+        snprintf(step, sizeof step, " step=%lld", (long long)*step_of);
+    ddt_log(DDT_LOG_ERR, "store: write failed, record lost kind=%s run_id=\"%s\"%s error=\"%s\" hint=\"%s\"",
+              ddt_store_item_names[item->kind], run_id, step, s->why, failure_hint(s->why_code));
+}
+
+static void rollback_if_open(ddt_store *s)
+{
+    /* some errors (SQLITE_FULL, IOERR, BUSY, NOMEM) have rolled the transaction back already */
+    if (!sqlite3_get_autocommit(s->db) && run_stmt(s, s->stmt[STMT_ROLLBACK]) != SQLITE_OK)
+        ddt_log(DDT_LOG_ERR, "store: rollback failed error=\"%s\" hint=\"%s\"", s->why, failure_hint(s->why_code));
+}
+
+/* every item of the batch answered with rc, after BEGIN or COMMIT failed (one log line) */
+static void fail_batch(ddt_store *s, int n, const char *what)
+{
+    ddt_log(DDT_LOG_ERR, "store: %s failed, records lost items=%d error=\"%s\" hint=\"%s\"", what, n, s->why,
+              failure_hint(s->why_code));
+    int rc = ddt_store_errno_of(s->why_code ? s->why_code : SQLITE_ERROR);
+    for (int i = 0; i < n; i++)
+        s->results[i] = rc;
+    s->batch_logged = n;
+}
+
+/* one item in its own transaction (the replay of a failed batch) */
+static void write_alone(ddt_store *s, int i)
+{
+    const store_item *item = &s->batch[i];
+    if (item->kind == ITEM_FLUSH) {
+        s->results[i] = 0;
+        return;
+    }
+    int rc = run_stmt(s, s->stmt[STMT_BEGIN]);
+    if (rc == SQLITE_OK) {
+        rc = write_item(s, item, &s->results[i]);
+        if (rc == SQLITE_OK)
+            rc = run_stmt(s, s->stmt[STMT_COMMIT]);
+        if (rc != SQLITE_OK)
+            rollback_if_open(s);
+    }
+    if (rc != SQLITE_OK) {
+        s->results[i] = ddt_store_errno_of(rc);
+        log_item_failure(s, item);
+    }
+}
+
+/* s->batch[0..n) written, s->results[] filled */
+static void write_batch(ddt_store *s, int n)
+{
+    s->batch_logged = 0;
+    if (run_stmt(s, s->stmt[STMT_BEGIN]) != SQLITE_OK) {
+        fail_batch(s, n, "begin");
+        return;
+    }
+    int failed = 0;
+    for (int i = 0; i < n && !failed; i++)
+        failed = write_item(s, &s->batch[i], &s->results[i]) != SQLITE_OK;
+    if (!failed) {
+        if (run_stmt(s, s->stmt[STMT_COMMIT]) == SQLITE_OK)
+            return;
+        rollback_if_open(s);
+        fail_batch(s, n, "commit");
+        return;
+    }
+    /* an item failed: nothing of the batch is kept; again one item at a time, so that only
+     * the failing items are lost (and each is logged) */
+    rollback_if_open(s);
+    for (int i = 0; i < n; i++)
+        write_alone(s, i);
+    if (s->batch_logged > LOG_FAILURES_PER_BATCH)
+        ddt_log(DDT_LOG_ERR, "store: more records lost in this batch, not logged one by one failed=%d items=%d",
+                  s->batch_logged - LOG_FAILURES_PER_BATCH, n);
+}
+
+void *ddt_store_writer_main(void *arg)
+{
+    ddt_store *s = arg;
+    for (;;) {
+        pthread_mutex_lock(&s->lock);
+        while (s->count == 0 && !s->stopping)
+            pthread_cond_wait(&s->not_empty, &s->lock);
+        if (s->count == 0) {   /* stopping, and everything written */
+            pthread_mutex_unlock(&s->lock);
+            break;
+        }
+        int n = s->count < BATCH_MAX ? s->count : BATCH_MAX;
+        for (int i = 0; i < n; i++)
+            s->batch[i] = s->queue[(s->head + i) % QUEUE_CAPACITY];
+        s->head = (s->head + n) % QUEUE_CAPACITY;
+        s->count -= n;
+        pthread_cond_broadcast(&s->not_full);
+        pthread_mutex_unlock(&s->lock);
+
+        write_batch(s, n);
+
+        /* answers, in queue order: a flush counts the failures of everything before it */
+        pthread_mutex_lock(&s->lock);
+        for (int i = 0; i < n; i++) {
+            store_item *item = &s->batch[i];
+            if (item->kind == ITEM_FLUSH) {
+                item->flush->rc = s->failures ? -EIO : 0;
+                item->flush->done = 1;
+                s->failures = 0;
+            } else if (item_is_sync(item->kind)) {
+                item->run->answer.rc = s->results[i];
+                item->run->answer.done = 1;
+            } else if (s->results[i] != 0) {
+                s->failures++;
+            }
+        }
+        pthread_cond_broadcast(&s->answered);
+        pthread_mutex_unlock(&s->lock);
+        for (int i = 0; i < n; i++)
+            ddt_store_item_free(&s->batch[i]);
+    }
+    return NULL;
+}
