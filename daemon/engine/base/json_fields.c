@@ -31,11 +31,8 @@ static const char *duplicate_key(const cJSON *node)
     return NULL;
 }
 
-cJSON *ddt_json_parse_file(const char *path, size_t max_bytes, char *err, size_t err_len)
+cJSON *ddt_json_parse_object(const char *path, const char *text, char *err, size_t err_len)
 {
-    char *text = ddt_read_text_file(path, max_bytes, err, err_len);
-    if (!text)
-        return NULL;
     const char *end = NULL;
     /* length + 1: require_null_terminated looks for the NUL within the length */
     cJSON *root = cJSON_ParseWithLengthOpts(text, strlen(text) + 1, &end, 1);
@@ -47,6 +44,15 @@ cJSON *ddt_json_parse_file(const char *path, size_t max_bytes, char *err, size_t
         cJSON_Delete(root);
         root = NULL;
     }
+    return root;
+}
+
+cJSON *ddt_json_parse_file(const char *path, size_t max_bytes, char *err, size_t err_len)
+{
+    char *text = ddt_read_text_file(path, max_bytes, err, err_len);
+    if (!text)
+        return NULL;
+    cJSON *root = ddt_json_parse_object(path, text, err, err_len);
     const char *twice = root ? duplicate_key(root) : NULL;
     if (twice) {
         snprintf(err, err_len, "%s: \"%s\" appears twice in one object", path, twice);

@@ -17,7 +17,9 @@ typedef struct ddt_json_ctx {
 
 /* -EINVAL with err = "PATH: field what" */
 int ddt_json_fail(const ddt_json_ctx *j, const char *field, const char *what);
-/* Parses a whole file as a JSON object; NULL with err. */
+/* text (NUL-terminated, read from path) parsed as a JSON object; NULL with err = "PATH: ..." */
+cJSON *ddt_json_parse_object(const char *path, const char *text, char *err, size_t err_len);
+/* Parses a whole file as a JSON object, no key twice in one object; NULL with err. */
 cJSON *ddt_json_parse_file(const char *path, size_t max_bytes, char *err, size_t err_len);
 /* An integer in [lo, hi]; when missing or null: dflt if has_default, else an error. */
 int ddt_json_int(const ddt_json_ctx *j, const cJSON *obj, const char *field, int64_t lo,

@@ -9,6 +9,7 @@
 #include "tokenizer_unicode.h"
 
 #include "base/errors.h"
+#include "base/json_fields.h"
 #include "base/read_file.h"
 
 #include <cjson/cJSON.h>
@@ -536,18 +537,10 @@ ddt_tokenizer *ddt_tokenizer_open(const char *path, char *err, size_t err_len)
     char *text = ddt_read_text_file(path, max_file_bytes, err, err_len);
     if (!text)
         return NULL;
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(text, strlen(text) + 1, &end, 1);
-    if (!root || !cJSON_IsObject(root)) {
-        if (root)
-            ddt_fail_path(err, err_len, -EINVAL, path, "must hold a JSON object");
-        else
-            ddt_fail_path(err, err_len, -EINVAL, path, "invalid JSON near byte %ld", (long)(end ? end - text : 0));
-        cJSON_Delete(root);
-        free(text);
-        return NULL;
-    }
+    cJSON *root = ddt_json_parse_object(path, text, err, err_len);
     free(text);
+    if (!root)
+        return NULL;
     loader ld = {.path = path, .err = err, .err_len = err_len};
     byte_level_alphabet(&ld);
     ld.t = calloc(1, sizeof *ld.t);
