@@ -47,4 +47,10 @@ int ddk_loss_check_call(const ddk_loss_params *p, const float *student_hidden,
                         const float *teacher_hidden, const void *lm_head,
                         const int32_t *labels, const float *weights, const ddk_loss_result *out);
 
+/* The sum of w_i (weights, or 1 each when NULL) over the positions that count, and in *counted
+ * their number: a position does not count when its label is < 0 (labels, host memory, or NULL)
+ * or its weight is not > 0. */
+double ddk_loss_weight_sum(int64_t n, const int32_t *labels, const float *weights,
+                           int64_t *counted);
+
 #endif

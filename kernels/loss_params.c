@@ -1,9 +1,10 @@
-/* loss_params.c: validation of the loss's parameters and its workspace arithmetic, shared by
- * every backend and by the memory planner (ddk_loss_workspace_bytes).
+/* loss_params.c: validation of the loss's parameters, its workspace arithmetic and the weight
+ * sum, shared by every backend and by the memory planner (ddk_loss_workspace_bytes).
  *
  * Tested by tests/test_loss.c (bad parameters refused with nothing written, a bf16 head without
  * bf16_products among them; the allocator's measured peak equals ddk_loss_workspace_bytes
- * exactly, with an fp32 or a bf16 head).
+ * exactly, with an fp32 or a bf16 head; weights, ignored labels and nothing counted against the
+ * float64 reference).
  */
 #include "loss_internal.h"
 
@@ -73,4 +74,19 @@ int ddk_loss_check_call(const ddk_loss_params *p, const float *student_hidden,
                 weight_sum += weights[i];
         }
     return isfinite(weight_sum) ? 0 : -EINVAL;
+}
+
+double ddk_loss_weight_sum(int64_t n, const int32_t *labels, const float *weights,
+                           int64_t *counted)
+{
+    double weight_sum = 0.0;
+    *counted = 0;
+    for (int64_t i = 0; i < n; i++) {
+        float w = weights ? weights[i] : 1.0f;
+        if ((labels && labels[i] < 0) || !(w > 0.0f))
+            continue;
+        weight_sum += w;
+        (*counted)++;
+    }
+    return weight_sum;
 }

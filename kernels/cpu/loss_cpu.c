@@ -35,7 +35,7 @@
  * Legend: n positions, H hidden, V vocabulary, m rows of the current chunk, w tile width.
  */
 #include "ddk.h"
-#include "loss_internal.h"
+#include "loss_row.h"   /* the arithmetic per position, the CUDA kernels' too; loss_internal.h */
 #include "cpu_backend.h"
 #include "ddk_vmath.h"
 
@@ -43,7 +43,7 @@
 #include <math.h>
 #include <string.h>
 
-/* One call's constants. */
+/* One call's products against the head (its constants are a ddk_loss_consts, loss_row.h). */
 typedef struct loss_run {
     const ddk_backend *be;
     /* the products on an fp32 head: be->matmul, or be->matmul_bf16 when p->bf16_products */
@@ -53,23 +53,18 @@ typedef struct loss_run {
     const float *head32;      /* lm_head (V, H) fp32, or NULL ... */
     const uint16_t *head16;   /* ... when it is bf16 (p->head_bf16): be->matmul_w16 / _nn */
     int64_t H;
-    float alpha, T, invT, lambda, invTc;
-    int kl;          /* the KL term is computed (alpha > 0; the teacher is then present) */
-    int kl_scaled;   /* ... with T != 1, so softmax(zs/T) is not softmax(zs) */
-    int cap;         /* lambda > 0: CAP is trained on (its value is reported either way) */
-    int cap_scaled;  /* Tc != 1, so softmax(zs/Tc) is not softmax(zs) */
-    int given_labels;
 } loss_run;
 
 /* ------------------------------------------------------------------------------------------
  * Statistics of one tile row. The kernels are instantiated per term combination so that each
  * loop is branch-free (a generic loop would compute every exp for every term), and written on
  * ddk_vmath.h's 8-lane vectors: GCC does not vectorise ddk_expf in a `#pragma omp simd` loop
- * on AVX2, and scalar exps were half the loss's time there (ddk_vmath.h says why).
+ * on AVX2, and scalar exps were half the loss's time there (ddk_vmath.h says why). A column's
+ * terms and its gradient are loss_row.h's (DDK_LOSS_COLUMN, DDK_LOSS_GRAD), on 8 lanes.
  */
 
 typedef struct tile_sums {
-    double s, rest, sT, c, cd, t, td;   /* as in ddk_loss_row, for this tile only */
+    double v[DDK_LOSS_SUMS];   /* as in ddk_loss_row, for this tile only (DDK_SUM_* order) */
 } tile_sums;
 
 /* 8 float lanes sum SUM_BLOCK columns, then merge into double */
@@ -89,31 +84,23 @@ typedef struct lane_sums {
     ddk_f8 s, rest, sT, c, cd, t, td;
 } lane_sums;
 
-/* Adds 8 columns (zs, zt: their logits) to the lane sums. keep: the lanes that count (all
- * but a row's padding); rest leaves out the lane whose column minus the label's is 0. A -inf
- * column adds 0 to every sum: e = 0 there, and the products with -inf (e dc, et (zt - zs)) are
- * selected away where their e is 0, never multiplied (SPEC.md section 1). */
+/* loss_row.h's NONZERO on 8 lanes: x where e != 0, else 0 (selected, never 0 * -inf) */
+#define LANES_NONZERO(e, x) ddk_f8_select((e) != ddk_f8_splat(0.0f), (x), ddk_f8_splat(0.0f))
+/* its EXP for the sums: 0 in the lanes that are not columns (keep, lane_sums_add's) */
+#define KEPT_EXPF8(x) ddk_f8_select(keep, ddk_expf8(x), ddk_f8_splat(0.0f))
+
+/* Adds 8 columns (zs, zt: their logits) to the lane sums (DDK_LOSS_COLUMN). keep: the lanes
+ * that count (all but a row's padding); rest leaves out the lane whose column minus the
+ * label's is 0. A -inf column adds 0 to every sum (loss_row.h). */
 static inline __attribute__((always_inline)) void
 lane_sums_add(lane_sums *a, ddk_f8 zs, ddk_f8 zt, ddk_i8 keep, ddk_i8 from_label, float s_max,
               float t_max, float invT, float invTc, const int kl, const int kl_scaled,
               const int cap_scaled)
 {
-    const ddk_f8 zero = ddk_f8_splat(0.0f);
-    ddk_f8 d = zs - s_max;                                /* <= 0 */
-    ddk_f8 e = ddk_f8_select(keep, ddk_expf8(d), zero);
-    a->s += e;
-    a->rest += ddk_f8_select(from_label == 0, zero, e);
-    if (kl_scaled)
-        a->sT += ddk_f8_select(keep, ddk_expf8(d * invT), zero);
-    ddk_f8 dc = cap_scaled ? d * invTc : d;
-    ddk_f8 ec = cap_scaled ? ddk_f8_select(keep, ddk_expf8(dc), zero) : e;
-    a->c += ec;
-    a->cd += ddk_f8_select(ec != zero, ec * dc, zero);
-    if (kl) {
-        ddk_f8 et = ddk_f8_select(keep, ddk_expf8((zt - t_max) * invT), zero);
-        a->t += et;
-        a->td += ddk_f8_select(et != zero, et * ((zt - zs) * invT), zero);
-    }
+    ddk_f8 e;
+    DDK_LOSS_COLUMN(ddk_f8, a, e, zs, zt, s_max, t_max, invT, invTc, kl, kl_scaled, cap_scaled,
+                    KEPT_EXPF8, LANES_NONZERO);
+    a->rest += ddk_f8_select(from_label == 0, ddk_f8_splat(0.0f), e);
 }
 
 static inline __attribute__((always_inline)) tile_sums
@@ -123,7 +110,7 @@ tile_sums_impl(const float *zs, const float *zt, int64_t w, float s_max, float t
 {
     const ddk_i8 all = { -1, -1, -1, -1, -1, -1, -1, -1 };
     const ddk_f8 zero = ddk_f8_splat(0.0f);
-    tile_sums out = { 0, 0, 0, 0, 0, 0, 0 };
+    tile_sums out = { { 0, 0, 0, 0, 0, 0, 0 } };
     for (int64_t b0 = 0; b0 < w; b0 += SUM_BLOCK) {
         const int64_t b1 = w - b0 < SUM_BLOCK ? w : b0 + SUM_BLOCK;
         lane_sums a = { zero, zero, zero, zero, zero, zero, zero };
@@ -136,13 +123,13 @@ tile_sums_impl(const float *zs, const float *zt, int64_t w, float s_max, float t
             lane_sums_add(&a, load_tail(zs + v, b1 - v), kl ? load_tail(zt + v, b1 - v) : zero,
                           lane_index < (int32_t)(b1 - v), from_label, s_max, t_max, invT, invTc,
                           kl, kl_scaled, cap_scaled);
-        out.s += ddk_f8_sum(a.s);
-        out.rest += ddk_f8_sum(a.rest);
-        out.sT += ddk_f8_sum(a.sT);
-        out.c += ddk_f8_sum(a.c);
-        out.cd += ddk_f8_sum(a.cd);
-        out.t += ddk_f8_sum(a.t);
-        out.td += ddk_f8_sum(a.td);
+        out.v[DDK_SUM_S] += ddk_f8_sum(a.s);
+        out.v[DDK_SUM_REST] += ddk_f8_sum(a.rest);
+        out.v[DDK_SUM_ST] += ddk_f8_sum(a.sT);
+        out.v[DDK_SUM_C] += ddk_f8_sum(a.c);
+        out.v[DDK_SUM_CD] += ddk_f8_sum(a.cd);
+        out.v[DDK_SUM_T] += ddk_f8_sum(a.t);
+        out.v[DDK_SUM_TD] += ddk_f8_sum(a.td);
     }
     return out;
 }
@@ -159,7 +146,7 @@ typedef tile_sums (*tile_sums_fn)(const float *zs, const float *zt, int64_t w, f
 TILE_SUMS(0, 0, 0) TILE_SUMS(0, 0, 1) TILE_SUMS(1, 0, 0) TILE_SUMS(1, 0, 1)
 TILE_SUMS(1, 1, 0) TILE_SUMS(1, 1, 1)
 
-static tile_sums_fn pick_tile_sums(const loss_run *k)
+static tile_sums_fn pick_tile_sums(const ddk_loss_consts *k)
 {
     static const tile_sums_fn table[2][2][2] = {   /* [kl][kl_scaled][cap_scaled] */
         { { tile_sums_000, tile_sums_001 }, { tile_sums_000, tile_sums_001 } },
@@ -168,106 +155,25 @@ static tile_sums_fn pick_tile_sums(const loss_run *k)
     return table[k->kl][k->kl_scaled][k->cap_scaled];
 }
 
-static void row_init(const loss_run *k, ddk_loss_row *r, int32_t label, float weight)
-{
-    memset(r, 0, sizeof *r);
-    r->s_arg = -1;
-    r->label = label;
-    r->ignored = label < 0 && k->given_labels ? 1 : !(weight > 0.0f);
-}
-
-/* Merges one tile (columns off .. off+w) of one position into its running statistics.
- * zs (w), zt (w) or NULL when no teacher logits are used. While a maximum is -inf (a tile of
- * -inf columns first) its sums are 0: they are shifted by 0 and never rescaled (from -inf,
- * exp(-inf - -inf) would be NaN). */
-static void row_stats_tile(const loss_run *k, tile_sums_fn sums, ddk_loss_row *r,
+/* Merges one tile (columns off .. off+w) of one position into its running statistics
+ * (loss_row.h): the tile's maxima decide, what earlier tiles summed is brought to the new
+ * maxima, then this tile's sums at them are added. zs (w), zt (w) or NULL when no teacher
+ * logits are used. */
+static void row_stats_tile(const ddk_loss_consts *k, tile_sums_fn sums, ddk_loss_row *r,
                            const float *zs, const float *zt, int64_t off, int64_t w)
 {
-    int first = r->s_arg < 0;
-    float tile_s_max;
-    int64_t tile_s_arg = ddk_vargmax(zs, w, &tile_s_max);
-    float s_max = first || tile_s_max > r->s_max ? tile_s_max : r->s_max;
-    if (first || tile_s_max > r->s_max)              /* strictly: earlier tiles keep ties */
-        r->s_arg = (int32_t)(off + tile_s_arg);
-
-    int64_t label_col = -1;                          /* the label's column in this tile */
-    float t_max = r->t_max;
-    if (zt) {
-        float tile_t_max;
-        int64_t tile_t_arg = ddk_vargmax(zt, w, &tile_t_max);
-        int moved = first || tile_t_max > r->t_max;
-        if (moved)
-            t_max = tile_t_max;
-        if (!k->given_labels && moved)
-            label_col = tile_t_arg;
-    }
-    if (k->given_labels && r->label >= off && r->label < off + w)
-        label_col = r->label - off;
-
-    /* bring what earlier tiles summed to the new maxima */
-    if (!first && r->s_max > -INFINITY) {
-        double ds = (double)r->s_max - s_max, f = exp(ds);
-        r->s_sum *= f;
-        r->s_rest *= f;
-        if (k->kl_scaled)
-            r->sT_sum *= exp(ds * k->invT);
-        double dc = ds * k->invTc, fc = exp(dc);
-        r->c_dot = fc * (r->c_dot + r->c_sum * dc);
-        r->c_sum *= fc;
-    }
-    if (!first && k->kl && r->t_max > -INFINITY) {
-        double ft = exp(((double)r->t_max - t_max) * k->invT);
-        r->t_sum *= ft;
-        r->t_dot *= ft;
-    }
-    r->s_max = s_max;
-    r->t_max = t_max;
-
-    tile_sums ts = sums(zs, zt, w, s_max > -INFINITY ? s_max : 0.0f,
-                        t_max > -INFINITY ? t_max : 0.0f, label_col, k->invT, k->invTc);
-    if (label_col >= 0 && !k->given_labels) {
-        /* the teacher's argmax moved into this tile: the old label's mass becomes "rest" */
-        r->s_rest = r->s_sum + ts.rest;
-        r->label = (int32_t)(off + label_col);
-    } else {
-        r->s_rest += ts.rest;
-    }
-    if (label_col >= 0)
-        r->z_label = zs[label_col];
-    r->s_sum += ts.s;
-    r->sT_sum += ts.sT;
-    r->c_sum += ts.c;
-    r->c_dot += ts.cd;
-    r->t_sum += ts.t;
-    r->t_dot += ts.td;
-}
-
-/* ------------------------------------------------------------------------------------------
- * Per-position terms, from the finished statistics.
- */
-
-typedef struct loss_terms {
-    double ce, kl, cap, l;
-} loss_terms;
-
-static loss_terms row_terms(const loss_run *k, ddk_loss_row *r)
-{
-    loss_terms t = { 0, 0, 0, 0 };
-    double d_y = (double)r->z_label - r->s_max;      /* log p_y + log s_sum, <= 0 */
-    /* CE = log(s_sum / e_y) = log1p(rest / e_y): exact as p_y -> 1 */
-    t.ce = d_y > -600.0 ? log1p(r->s_rest * exp(-d_y)) : log(r->s_sum) - d_y;
-    if (k->kl) {
-        double sT = k->kl_scaled ? r->sT_sum : r->s_sum;
-        /* sum pt (log pt - log ps) = E_pt[(zt - zs)/T] - lse(zt/T) + lse(zs/T) */
-        t.kl = (double)k->T * k->T *
-               (r->t_dot / r->t_sum + ((double)r->s_max - r->t_max) * k->invT +
-                log(sT) - log(r->t_sum));
-    }
-    r->confident = r->s_arg == r->label;
-    r->entropy = log(r->c_sum) - r->c_dot / r->c_sum;
-    t.cap = r->confident ? r->entropy : 0.0;
-    t.l = (1.0 - k->alpha) * t.ce + k->alpha * t.kl + k->lambda * t.cap;
-    return t;
+    float tile_s_max, tile_t_max = 0.0f;
+    const int64_t tile_s_arg = ddk_vargmax(zs, w, &tile_s_max);
+    const int64_t tile_t_arg = zt ? ddk_vargmax(zt, w, &tile_t_max) : 0;
+    const ddk_loss_tile p =
+        ddk_loss_tile_of(r, tile_s_max, tile_t_max, (int)tile_t_arg, zt != NULL, off, w, k);
+    ddk_loss_row_rescale(r, &p, (int)tile_s_arg, off, k);
+    const tile_sums ts = sums(zs, zt, w, p.s_max > -INFINITY ? p.s_max : 0.0f,
+                              p.t_max > -INFINITY ? p.t_max : 0.0f, p.label_col, k->invT,
+                              k->invTc);
+    ddk_loss_row_add(r, &p, ts.v, off, k);
+    if (p.label_col >= 0)
+        r->z_label = zs[p.label_col];
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -276,30 +182,18 @@ static loss_terms row_terms(const loss_run *k, ddk_loss_row *r)
 
 typedef struct grad_coeffs {
     float s_max, t_max;
-    float a;          /* of exp(zs - s_max): (1-alpha) softmax, plus the KL's ps when T = 1 */
-    float b;          /* of exp((zs - s_max)/T): the KL's ps when T != 1 */
-    float bt;         /* of exp((zt - t_max)/T): the KL's pt */
-    float kc;         /* of pc (log pc + H): CAP */
-    float cap_shift;  /* H - log c_sum, so log pc + H = (zs - s_max)/Tc + cap_shift */
+    ddk_loss_grad_coeffs g;   /* loss_row.h's (g_label unused: the label's element is apart) */
     float invT, invTc;
 } grad_coeffs;
 
-/* g of 8 columns (z, zt: their logits); 0 at a -inf column (and its teacher's) */
+/* g of 8 columns (z, zt: their logits), DDK_LOSS_GRAD; 0 at a -inf column (and its teacher's) */
 static inline __attribute__((always_inline)) ddk_f8
 grad_lanes(ddk_f8 z, ddk_f8 zt, const grad_coeffs *g, const int kl, const int kl_scaled,
            const int cap)
 {
-    ddk_f8 d = z - g->s_max;
-    ddk_f8 gv = g->a * ddk_expf8(d);
-    if (kl_scaled)
-        gv += g->b * ddk_expf8(d * g->invT);
-    if (kl)
-        gv -= g->bt * ddk_expf8((zt - g->t_max) * g->invT);
-    if (cap) {   /* a -inf column: 0, not 0 * -inf */
-        ddk_f8 dc = d * g->invTc, ec = ddk_expf8(dc);
-        gv += ddk_f8_select(ec != ddk_f8_splat(0.0f), g->kc * ec * (dc + g->cap_shift),
-                            ddk_f8_splat(0.0f));
-    }
+    ddk_f8 gv;
+    DDK_LOSS_GRAD(ddk_f8, gv, z, zt, &g->g, g->s_max, g->t_max, g->invT, g->invTc, kl, kl_scaled,
+                  cap, ddk_expf8, LANES_NONZERO);
     return gv;
 }
 
@@ -330,7 +224,7 @@ typedef void (*grad_tile_fn)(float *z, const float *zt, int64_t w, const grad_co
 GRAD_TILE(0, 0, 0) GRAD_TILE(0, 0, 1) GRAD_TILE(1, 0, 0) GRAD_TILE(1, 0, 1)
 GRAD_TILE(1, 1, 0) GRAD_TILE(1, 1, 1)
 
-static grad_tile_fn pick_grad_tile(const loss_run *k, int confident)
+static grad_tile_fn pick_grad_tile(const ddk_loss_consts *k, int confident)
 {
     static const grad_tile_fn table[2][2][2] = {   /* [kl][kl_scaled][cap] */
         { { grad_tile_000, grad_tile_001 }, { grad_tile_000, grad_tile_001 } },
@@ -339,46 +233,17 @@ static grad_tile_fn pick_grad_tile(const loss_run *k, int confident)
     return table[k->kl][k->kl_scaled][k->cap && confident];   /* c_i = 0: no CAP gradient */
 }
 
-static grad_coeffs row_grad_coeffs(const loss_run *k, const ddk_loss_row *r)
+/* the row's coefficients (loss_row.h) with what grad_lanes reads beside them */
+static grad_coeffs row_grad_coeffs(const ddk_loss_consts *k, const ddk_loss_row *r)
 {
-    double scale = r->scale;
-    double kl_coef = scale * k->alpha * k->T;
-    grad_coeffs g = {
+    grad_coeffs c = {
         .s_max = r->s_max,
         .t_max = r->t_max,
-        .a = (float)(scale * (1.0 - k->alpha) / r->s_sum),
+        .g = ddk_loss_row_grad_coeffs(k, r, r->scale),
         .invT = k->invT,
         .invTc = k->invTc,
     };
-    if (k->kl) {
-        if (k->kl_scaled)
-            g.b = (float)(kl_coef / r->sT_sum);
-        else
-            g.a += (float)(kl_coef / r->s_sum);
-        g.bt = (float)(kl_coef / r->t_sum);
-    }
-    if (k->cap && r->confident) {
-        g.kc = (float)(-scale * k->lambda * k->invTc / r->c_sum);
-        g.cap_shift = (float)(r->entropy - log(r->c_sum));
-    }
-    return g;
-}
-
-/* The label's element, from the statistics in double: p_y - 1 = -rest / s_sum. */
-static float grad_at_label(const loss_run *k, const ddk_loss_row *r, float zt_label)
-{
-    double scale = r->scale, d = (double)r->z_label - r->s_max;
-    double g = -(1.0 - k->alpha) * r->s_rest / r->s_sum;
-    if (k->kl) {
-        double ps = k->kl_scaled ? exp(d * k->invT) / r->sT_sum : exp(d) / r->s_sum;
-        double pt = exp(((double)zt_label - r->t_max) * k->invT) / r->t_sum;
-        g += k->alpha * k->T * (ps - pt);
-    }
-    if (k->cap && r->confident) {
-        double dc = d * k->invTc, log_pc = dc - log(r->c_sum);
-        g -= k->lambda * k->invTc * exp(log_pc) * (log_pc + r->entropy);
-    }
-    return (float)(scale * g);
+    return c;
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -386,25 +251,26 @@ static float grad_at_label(const loss_run *k, const ddk_loss_row *r, float zt_la
  */
 
 /* z (m, w) = x (m, H) . W[off .. off+w) (w, H)^T */
-static void tile_logits(const loss_run *k, const float *x, int64_t m, int64_t off, int64_t w,
+static void tile_logits(const loss_run *run, const float *x, int64_t m, int64_t off, int64_t w,
                         float *z)
 {
-    const int64_t H = k->H;
-    if (k->head16)
-        k->be->matmul_w16(k->be, m, w, H, 1.0f, x, H, k->head16 + off * H, H, 0.0f, z, w);
+    const int64_t H = run->H;
+    if (run->head16)
+        run->be->matmul_w16(run->be, m, w, H, 1.0f, x, H, run->head16 + off * H, H, 0.0f, z, w);
     else
-        k->product(k->be, 0, 1, m, w, H, 1.0f, x, H, k->head32 + off * H, H, 0.0f, z, w);
+        run->product(run->be, 0, 1, m, w, H, 1.0f, x, H, run->head32 + off * H, H, 0.0f, z, w);
 }
 
 /* dhs (m, H) = g (m, w) . W[off .. off+w) (w, H) + beta dhs */
-static void tile_grad(const loss_run *k, const float *g, int64_t m, int64_t off, int64_t w,
+static void tile_grad(const loss_run *run, const float *g, int64_t m, int64_t off, int64_t w,
                       float beta, float *dhs)
 {
-    const int64_t H = k->H;
-    if (k->head16)
-        k->be->matmul_w16_nn(k->be, m, H, w, 1.0f, g, w, k->head16 + off * H, H, beta, dhs, H);
+    const int64_t H = run->H;
+    if (run->head16)
+        run->be->matmul_w16_nn(run->be, m, H, w, 1.0f, g, w, run->head16 + off * H, H, beta, dhs,
+                               H);
     else
-        k->product(k->be, 0, 0, m, H, w, 1.0f, g, w, k->head32 + off * H, H, beta, dhs, H);
+        run->product(run->be, 0, 0, m, H, w, 1.0f, g, w, run->head32 + off * H, H, beta, dhs, H);
 }
 
 int ddk_cpu_loss(const ddk_backend *be, const ddk_loss_params *p,
@@ -425,15 +291,8 @@ int ddk_cpu_loss(const ddk_backend *be, const ddk_loss_params *p,
         return rc;
 
     const int64_t n = p->n, H = p->hidden, V = p->vocab;
-    double weight_sum = 0.0;
-    int64_t counted = 0;
-    for (int64_t i = 0; i < n; i++) {
-        float w = weights ? weights[i] : 1.0f;
-        if ((labels && labels[i] < 0) || !(w > 0.0f))
-            continue;
-        weight_sum += w;
-        counted++;
-    }
+    int64_t counted;
+    const double weight_sum = ddk_loss_weight_sum(n, labels, weights, &counted);
     if (counted == 0) {   /* nothing to learn from: loss 0, gradient 0 */
         if (grad_student)
             memset(grad_student, 0, (size_t)(n * H) * sizeof(float));
@@ -451,23 +310,14 @@ int ddk_cpu_loss(const ddk_backend *be, const ddk_loss_params *p,
     float *zt = shape.uses_teacher ? (float *)(workspace + shape.rows_bytes + shape.logits_bytes)
                                    : NULL;                                   /* (chunk, width) */
 
-    loss_run k = {
+    const loss_run run = {
         .be = be,
         .product = p->bf16_products ? be->matmul_bf16 : be->matmul,
         .head32 = p->head_bf16 ? NULL : lm_head,
         .head16 = p->head_bf16 ? lm_head : NULL,
         .H = H,
-        .alpha = p->kl_weight,
-        .T = p->kl_temperature,
-        .invT = 1.0f / p->kl_temperature,
-        .lambda = p->cap_weight,
-        .invTc = 1.0f / p->cap_temperature,
-        .kl = p->kl_weight > 0.0f,
-        .kl_scaled = p->kl_weight > 0.0f && p->kl_temperature != 1.0f,
-        .cap = p->cap_weight > 0.0f,
-        .cap_scaled = p->cap_temperature != 1.0f,
-        .given_labels = labels != NULL,
     };
+    const ddk_loss_consts k = ddk_loss_consts_of(p, labels != NULL);
     tile_sums_fn sums = pick_tile_sums(&k);
     const int64_t width = shape.width;
     const int tiled = width < V;
@@ -479,13 +329,14 @@ int ddk_cpu_loss(const ddk_backend *be, const ddk_loss_params *p,
         const float *hs = student_hidden + r0 * H;                            /* (m, H) */
         const float *ht = zt ? teacher_hidden + r0 * H : NULL;                /* (m, H) */
         for (int64_t r = 0; r < m; r++)
-            row_init(&k, &rows[r], labels ? labels[r0 + r] : -1, weights ? weights[r0 + r] : 1.0f);
+            ddk_loss_row_init(&rows[r], labels ? labels[r0 + r] : -1,
+                              weights ? weights[r0 + r] : 1.0f, k.given_labels);
 
         for (int64_t off = 0; off < V; off += width) {
             const int64_t w = V - off < width ? V - off : width;
-            tile_logits(&k, hs, m, off, w, zs);
+            tile_logits(&run, hs, m, off, w, zs);
             if (zt)
-                tile_logits(&k, ht, m, off, w, zt);
+                tile_logits(&run, ht, m, off, w, zt);
             for (int64_t r = 0; r < m; r++)
                 if (!rows[r].ignored)
                     row_stats_tile(&k, sums, &rows[r], zs + r * w, zt ? zt + r * w : NULL, off, w);
@@ -496,7 +347,7 @@ int ddk_cpu_loss(const ddk_backend *be, const ddk_loss_params *p,
             double l = 0.0;
             if (!row->ignored) {
                 double w = weights ? weights[r0 + r] : 1.0;
-                loss_terms t = row_terms(&k, row);
+                const ddk_loss_terms t = ddk_loss_row_terms(&k, row);
                 row->scale = w / weight_sum;
                 l = t.l;
                 sum_l += w * t.l;
@@ -515,9 +366,9 @@ int ddk_cpu_loss(const ddk_backend *be, const ddk_loss_params *p,
         for (int64_t off = 0; off < V; off += width) {
             const int64_t w = V - off < width ? V - off : width;
             if (tiled) {
-                tile_logits(&k, hs, m, off, w, zs);
+                tile_logits(&run, hs, m, off, w, zs);
                 if (k.kl)
-                    tile_logits(&k, ht, m, off, w, zt);
+                    tile_logits(&run, ht, m, off, w, zt);
             }
             for (int64_t r = 0; r < m; r++) {
                 const ddk_loss_row *row = &rows[r];
@@ -531,9 +382,10 @@ int ddk_cpu_loss(const ddk_backend *be, const ddk_loss_params *p,
                 grad_coeffs c = row_grad_coeffs(&k, row);
                 pick_grad_tile(&k, row->confident)(g, t, w, &c);
                 if (row->label >= off && row->label < off + w)
-                    g[row->label - off] = grad_at_label(&k, row, zt_label);
+                    g[row->label - off] = ddk_loss_grad_at_label(&k, row, row->scale,
+                                                                 zt_label);
             }
-            tile_grad(&k, zs, m, off, w, off == 0 ? 0.0f : 1.0f, dhs);   /* accumulated over tiles */
+            tile_grad(&run, zs, m, off, w, off == 0 ? 0.0f : 1.0f, dhs);   /* accumulated over tiles */
         }
     }
     ddk_free(be->alloc, workspace, shape.workspace_bytes);

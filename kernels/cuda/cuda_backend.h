@@ -1,5 +1,5 @@
 /* cuda_backend.h: what the CUDA backend's files share (not installed): the stream, grid and
- * scratch helpers of backend_cuda.cu and every op's entry point (contracts in ddk.h, struct
+ * scratch helpers of stream_cuda.cu and every op's entry point (contracts in ddk.h, struct
  * ddk_backend). C++ linkage: the names carry their parameter types, so a declaration that drifted
  * from its definition is a link error, not a silent mismatch.
  */
@@ -10,7 +10,7 @@
 
 #include <cuda_runtime.h>
 
-/* backend_cuda.cu: be's stream (and its GPU made current), its multiprocessors, its scratch of
+/* stream_cuda.cu: be's stream (and its GPU made current), its multiprocessors, its scratch of
  * DDK_CUDA_SCRATCH_FLOATS floats (made with the stream, held under a lock) */
 enum { DDK_CUDA_SCRATCH_FLOATS = 1 << 20 };
 cudaStream_t ddk_cuda_stream(const ddk_backend *be);
@@ -66,8 +66,24 @@ void ddk_cuda_adamw(const ddk_backend *be, float *w, float *g, float *m, float *
                     int64_t count, const ddk_adamw_scalars *s);
 void ddk_cuda_uniform_noise(const ddk_backend *be, float *x, int64_t count, float sigma, uint64_t seed);
 
-/* backend_cuda.cu: matmul_w16's (trans_w 1) and matmul_w16_nn's (trans_w 0) panel loop on a
- * panel of rows x ceil8(kp) bf16 values in scratch the caller holds locked (contract there) */
+/* matmul_cuda.cu: the products (cuBLAS), and matmul_w16's (trans_w 1) and matmul_w16_nn's
+ * (trans_w 0) panel loop on a panel of rows x ceil8(kp) bf16 values in scratch the caller holds
+ * locked (contract there) */
+void ddk_cuda_matmul(const ddk_backend *be, int trans_a, int trans_b, int64_t m, int64_t n,
+                     int64_t k, float alpha, const float *a, int64_t lda, const float *b,
+                     int64_t ldb, float beta, float *c, int64_t ldc);
+void ddk_cuda_matmul_bf16(const ddk_backend *be, int trans_a, int trans_b, int64_t m,
+                          int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+                          const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
+void ddk_cuda_matmul_w16(const ddk_backend *be, int64_t m, int64_t n, int64_t k, float alpha,
+                         const float *a, int64_t lda, const uint16_t *w, int64_t ldw,
+                         float beta, float *c, int64_t ldc);
+void ddk_cuda_matmul_w16_nn(const ddk_backend *be, int64_t m, int64_t n, int64_t k, float alpha,
+                            const float *a, int64_t lda, const uint16_t *w, int64_t ldw,
+                            float beta, float *c, int64_t ldc);
+void ddk_cuda_matmul_16(const ddk_backend *be, int trans_a, int trans_b, int64_t m, int64_t n,
+                        int64_t k, float alpha, const uint16_t *a, int64_t lda,
+                        const uint16_t *b, int64_t ldb, float beta, float *c, int64_t ldc);
 void ddk_cuda_w16_product(const ddk_backend *be, int trans_w, int64_t m, int64_t n, int64_t k,
                           float alpha, const float *a, int64_t lda, const uint16_t *w,
                           int64_t ldw, float beta, float *c, int64_t ldc, uint16_t *panel,

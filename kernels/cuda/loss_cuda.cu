@@ -22,10 +22,11 @@
  *      order, and thread 0 merges the tile into the row in double with the CPU's online
  *      rescaling; after the last tile it also forms CE, KL, CAP, the entropy, c_i,
  *      per_position and, once per row, everything of the gradient that depends on the row
- *      alone: loss_cpu.c's row_grad_coeffs (the float coefficients a, b, bt, kc, cap_shift, with
- *      the row factor w_i / sum w in them) and its grad_at_label (the label's element, in double
- *      from the statistics: 1 - p_y is s_rest / s_sum, no cancellation as p_y -> 1). -inf
- *      columns add 0 to every sum and get gradient 0 (0 * -inf is masked), as on the CPU;
+ *      alone: loss_row.h's ddk_loss_row_grad_coeffs (the float coefficients a, b, bt, kc,
+ *      cap_shift, with the row factor w_i / sum w in them) and ddk_loss_grad_at_label (the
+ *      label's element, in double from the statistics: 1 - p_y is s_rest / s_sum, no
+ *      cancellation as p_y -> 1). -inf columns add 0 to every sum and get gradient 0
+ *      (0 * -inf is masked), as on the CPU;
  *   3. per tile (recomputed when tiled): grad_kernel forms g = d l_i / d zs in place over the
  *      student logits from those coefficients, in float per logit exactly as loss_cpu.c's
  *      grad_tile (which is float per logit too, with the same float coefficients: so the two
@@ -41,7 +42,8 @@
  * Fields of ddk_loss_row (loss_internal.h, shared with the CPU) that this file reuses once
  * nothing reads them any more; float values held in double fields are exact:
  *   - during the statistics, scale (set only at the finish) holds zt_y, the teacher's logit at
- *     the label, from the tile that holds the label to the finish (grad_at_label's input);
+ *     the label, from the tile that holds the label to the finish (ddk_loss_grad_at_label's
+ *     input);
  *   - after the finish, c_dot holds CE_i and t_dot KL_i for reduce_kernel (CAP_i is c_i *
  *     entropy), and s_sum, sT_sum, t_sum, c_sum, s_rest, scale hold the gradient's a, b, bt, kc,
  *     cap_shift and the label's element (ddk_loss_row_finish, ddk_loss_grad_row_of).
@@ -89,7 +91,7 @@
 #include "cuda_check.h"
 #include "launch.h"
 
-#include "loss_online.h"   /* the kernels' arithmetic, and loss_internal.h */
+#include "loss_online.h"   /* the kernels' arithmetic (with loss_row.h's, the CPU's too) */
 
 #include <cuda_runtime.h>
 #include <errno.h>
@@ -99,7 +101,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* One call's constants are a ddk_loss_consts (loss_online.h, loss_cpu.c's loss_run). */
+/* One call's constants are a ddk_loss_consts (loss_row.h, as on the CPU). */
 enum { THREADS = DDK_LOSS_THREADS, WARPS = THREADS / 32, NSUMS = DDK_LOSS_SUMS, NTERMS = 5 };
 
 /* ------------------------------------------------------------------------------------------
@@ -162,7 +164,8 @@ __device__ static void block_sums(float s[NSUMS], double total[NSUMS])
 }
 
 /* ------------------------------------------------------------------------------------------
- * 1. Rows (loss_cpu.c's row_init). labels, weights: the chunk's (m), or NULL.
+ * 1. Rows (loss_row.h's ddk_loss_row_init, as on the CPU). labels, weights: the chunk's (m), or
+ * NULL.
  */
 
 __global__ static void rows_init_kernel(ddk_loss_row *rows, int64_t m, const int32_t *labels,
@@ -171,19 +174,15 @@ __global__ static void rows_init_kernel(ddk_loss_row *rows, int64_t m, const int
     for (int64_t r = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; r < m;
          r += (int64_t)gridDim.x * blockDim.x) {
         ddk_loss_row row;
-        memset(&row, 0, sizeof row);
-        int32_t label = labels ? labels[r] : -1;
-        float weight = weights ? weights[r] : 1.0f;
-        row.s_arg = -1;
-        row.label = label;
-        row.ignored = label < 0 && given_labels ? 1 : !(weight > 0.0f);
+        ddk_loss_row_init(&row, labels ? labels[r] : -1, weights ? weights[r] : 1.0f,
+                          given_labels);
         rows[r] = row;
     }
 }
 
 /* ------------------------------------------------------------------------------------------
  * 2. Statistics of one tile (loss_cpu.c's row_stats_tile), and after the last tile the terms
- * (row_terms). One block per row (grid-stride over rows), one pass over the row: the
+ * (ddk_loss_row_terms). One block per row (grid-stride over rows), one pass over the row: the
  * arithmetic is loss_online.h's, this kernel adds the loads and the block reductions.
  * zs, zt (m, w): the tile's logits (zt NULL when the teacher is not used); columns off..off+w.
  * weights (m) or NULL, per_position (m) or NULL: the chunk's.
@@ -272,7 +271,7 @@ stats_kernel(ddk_loss_row *rows, int64_t m, const float *zs, const float *zt, in
             if (t)
                 R.scale = t[p.label_col];   /* zt_y until the finish (see the header) */
         }
-        if (finish) {   /* row_terms, then c_dot := CE_i and t_dot := KL_i (see the header) */
+        if (finish) {   /* the terms, then c_dot := CE_i and t_dot := KL_i (see the header) */
             const double wi = weights ? (double)weights[r] : 1.0;
             const double l = ddk_loss_row_finish(&R, &k, wi / weight_sum);
             if (per_position)
@@ -336,7 +335,7 @@ __global__ static void reduce_kernel(const ddk_loss_row *rows, int64_t m, const 
             continue;
         const double wi = weights ? (double)weights[r] : 1.0;
         const double ce = R.c_dot, kl = R.t_dot, cap = R.confident ? R.entropy : 0.0;
-        const double l = (1.0 - k.alpha) * ce + k.alpha * kl + k.lambda * cap;
+        const double l = ddk_loss_combine(&k, ce, kl, cap);
         acc[0] += wi * l;
         acc[1] += wi * ce;
         acc[2] += wi * kl;
@@ -456,16 +455,8 @@ int ddk_cuda_loss(const ddk_backend *be, const ddk_loss_params *p, const float *
         CUDA_CHECK(cudaStreamSynchronize(stream));
     rc = ddk_loss_check_call(p, student_hidden, teacher_hidden, lm_head, labels_host,
                              weights_host, out);
-    double weight_sum = 0.0;
     int64_t counted = 0;
-    if (rc == 0)
-        for (int64_t i = 0; i < n; i++) {
-            float wi = weights_host ? weights_host[i] : 1.0f;
-            if ((labels_host && labels_host[i] < 0) || !(wi > 0.0f))
-                continue;
-            weight_sum += wi;
-            counted++;
-        }
+    const double weight_sum = rc ? 0.0 : ddk_loss_weight_sum(n, labels_host, weights_host, &counted);
     free(labels_host);
     free(weights_host);
     if (rc) {
@@ -494,17 +485,7 @@ int ddk_cuda_loss(const ddk_backend *be, const ddk_loss_params *p, const float *
     float *zt = shape.uses_teacher ? (float *)(workspace + shape.rows_bytes + shape.logits_bytes)
                                    : NULL;                                   /* (chunk, width) */
 
-    ddk_loss_consts k;
-    k.alpha = p->kl_weight;
-    k.T = p->kl_temperature;
-    k.invT = 1.0f / p->kl_temperature;
-    k.lambda = p->cap_weight;
-    k.invTc = 1.0f / p->cap_temperature;
-    k.kl = p->kl_weight > 0.0f;
-    k.kl_scaled = p->kl_weight > 0.0f && p->kl_temperature != 1.0f;
-    k.cap = p->cap_weight > 0.0f;
-    k.cap_scaled = p->cap_temperature != 1.0f;
-    k.given_labels = labels != NULL;
+    const ddk_loss_consts k = ddk_loss_consts_of(p, labels != NULL);
     const int64_t width = shape.width;
     const int tiled = width < V;
     /* the scratch (see the header): the chunks' sums (scratch_chunks, NTERMS) in its first half,
