@@ -2,7 +2,7 @@
  * ONE table (config.c) names every setting with its type, default, bounds, whether SIGHUP
  * reloads it and its help; parsing, validation, --help, the start-up summary and GET /status
  * all read it. Unknown keys and bad values are start-up errors naming the key.
- * Tested by tests/daemon/api_e2e.py (start-up, reload, status) and tests/test_daemon_config.c.
+ * Tested by tests/daemon/api_e2e.py (start-up, reload, status).
  */
 #ifndef DDT_CONFIG_H
 #define DDT_CONFIG_H

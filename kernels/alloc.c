@@ -11,7 +11,7 @@
  * the kernel each call cost 16,000 page faults per call (about 10% of a CPU loss call). Cached
  * bytes are not "current": the budget and the peak count what is handed out.
  *
- * Tested by tests/test_alloc.c (budget, peak, refusals, threads).
+ * Tested by tests/kernels/test_alloc.c (budget, peak, refusals, threads).
  */
 #include "ddk.h"
 #include "alloc_device.h"

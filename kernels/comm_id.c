@@ -2,7 +2,7 @@
  * other through POST /nccl/unique-id and the run config's "cluster" section) and the err
  * sentences of ddk_comm_*. Plain C, in every build; the communicator itself is
  * cuda/comm_nccl.cu (or cuda/comm_none.c without CUDA).
- * Tested by tests/test_comm.c.
+ * Tested by tests/kernels/test_comm.c.
  */
 #include "comm_internal.h"
 

@@ -1,6 +1,6 @@
 /* comm_internal.h: what the two builds of the NCCL communicator (cuda/comm_nccl.cu with NCCL,
  * cuda/comm_none.c without) share from comm_id.c: the unique id as hex, and err sentences.
- * Not installed; tested through ddk.h's ddk_comm_* in tests/test_comm.c.
+ * Not installed; tested through ddk.h's ddk_comm_* in tests/kernels/test_comm.c.
  */
 #ifndef DDK_COMM_INTERNAL_H
 #define DDK_COMM_INTERNAL_H

@@ -2,7 +2,7 @@
  * one table of these figures. The planner reads a card's memory from it (`ddtreed plan --card`),
  * tests/simt runs every CUDA kernel under each card's shared memory and thread limits, and the
  * CUDA backend reads the same attributes from the GPU it runs on. Tested by tests/simt
- * (test_simt_kernels: the limits each profile gives the launches) and tests/test_engine.c (the
+ * (test_simt_kernels: the limits each profile gives the launches) and tests/engine/test_engine.c (the
  * plan of the 96 GB card).
  *
  * Sources: CUDA C++ Programming Guide, "Technical Specifications per Compute Capability" (9.0,

@@ -1,7 +1,7 @@
 /* fatal.c: ddk_fatal and ddk_set_fatal_hook (ddk.h). The hook runs at most once: a
  * fatal error inside the hook goes straight to abort(); one on another thread meanwhile (a
  * device fault seen by several rank threads) waits for the first thread's hook to end the
- * process. Tested by tests/test_alloc.c. */
+ * process. Tested by tests/kernels/test_alloc.c. */
 #include "ddk.h"
 
 #include <pthread.h>

@@ -1,6 +1,6 @@
 /* loss_internal.h: what every backend's loss shares: parameter checks, the workspace layout
  * (the planner's prediction is this exact arithmetic) and the per-position softmax statistics.
- * Not installed; tested through ddk_loss_cpu in tests/test_loss.c.
+ * Not installed; tested through ddk_loss_cpu in tests/kernels/test_loss.c.
  */
 #ifndef DDK_LOSS_INTERNAL_H
 #define DDK_LOSS_INTERNAL_H

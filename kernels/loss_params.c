@@ -1,7 +1,7 @@
 /* loss_params.c: validation of the loss's parameters, its workspace arithmetic and the weight
  * sum, shared by every backend and by the memory planner (ddk_loss_workspace_bytes).
  *
- * Tested by tests/test_loss.c (bad parameters refused with nothing written, a bf16 head without
+ * Tested by tests/kernels/test_loss.c (bad parameters refused with nothing written, a bf16 head without
  * bf16_products among them; the allocator's measured peak equals ddk_loss_workspace_bytes
  * exactly, with an fp32 or a bf16 head; weights, ignored labels and nothing counted against the
  * float64 reference).

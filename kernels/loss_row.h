@@ -28,8 +28,8 @@
  * -inf (a tile or row with only -inf columns so far) are 0 and are shifted by 0, never
  * rescaled (exp(-inf - -inf) would be NaN); a NaN logit still gives NaN.
  *
- * Tested through both backends: tests/test_loss.c (ddk_loss_cpu against a float64 reference,
- * finite differences, tile and chunk invariance), tests/test_loss_online.c (the CUDA kernels'
+ * Tested through both backends: tests/kernels/test_loss.c (ddk_loss_cpu against a float64 reference,
+ * finite differences, tile and chunk invariance), tests/kernels/test_loss_online.c (the CUDA kernels'
  * arithmetic on the host, against ddk_loss_cpu and sums in double, -inf columns) and the SIMT
  * emulation (tests/simt: loss_cuda.cu's kernels against the CPU backend under each card).
  *

@@ -26,7 +26,7 @@
  * dropout or other masks. The engine does not need the anchors sorted for correctness, only for
  * speed: an unsorted group makes the run of rows per tile longer, its extra rows use nothing.
  * Anchors are clamped to [0, S]; padded blocks' anchors are never read.
- * Tested by tests/test_attention.c (float64 dense-mask reference, finite differences, guard
+ * Tested by tests/kernels/test_attention.c (float64 dense-mask reference, finite differences, guard
  * words, budgets; tree attention against a float64 reference of the tree's mask and, on a
  * chain, against causal attention); benchmarked against a dense-mask implementation by
  * tests/bench/bench_attention.c.

@@ -2,8 +2,8 @@
  * its matrix product, which is one BLAS call (OpenBLAS), and its memory ops (zero, copy, the
  * strided copy_rows: a memcpy per row).
  *
- * Tested by tests/test_loss.c (matmul against a naive product, the loss op against the float64
- * reference) and tests/test_ops.c (matmul, zero, copy, copy_rows).
+ * Tested by tests/kernels/test_loss.c (matmul against a naive product, the loss op against the float64
+ * reference) and tests/kernels/test_ops.c (matmul, zero, copy, copy_rows).
  */
 #include "ddk.h"
 #include "cpu_backend.h"

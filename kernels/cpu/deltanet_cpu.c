@@ -9,7 +9,7 @@
  * c reaches -100 and more inside a chunk of strong decays, where float's absolute error (1e-5)
  * would enter every exp(c_i - c_j) as a relative error of that size; in double the differences
  * are exact to float's last bit, and the chunked form agrees with the recurrence to rounding.
- * Tested by tests/test_ops.c (float64 references of both ops; chunk 1, 3, 64 and > T against
+ * Tested by tests/kernels/test_ops.c (float64 references of both ops; chunk 1, 3, 64 and > T against
  * the recurrence, the state out included).
  *
  * Legend: T tokens, C channels (conv) or the chunk's length (Lc <= chunk), K taps; nk / nv key

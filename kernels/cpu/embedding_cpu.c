@@ -1,7 +1,7 @@
 /* embedding_cpu.c: the frozen token embedding on the CPU: rows of the (V, H) table gathered
  * by token id, from an fp32 table (embedding) or from the target's bf16 table as stored
  * (embedding_w16, widened exactly). No backward: the drafter never trains the target's embedding.
- * Tested by tests/test_ops.c.
+ * Tested by tests/kernels/test_ops.c.
  */
 #include "ddk.h"
 #include "ddk_bf16.h"

@@ -26,11 +26,11 @@
  * head (head_bf16, the frozen target's lm_head as a GPU holds it) is read in place through
  * be->matmul_w16 (logits) and be->matmul_w16_nn (gradient), which widen it a panel at a time:
  * the same bits as bf16_products on the head widened to fp32, and the same workspace.
- * Tested by tests/test_loss.c (float64 C reference, finite differences, chunk/tile
+ * Tested by tests/kernels/test_loss.c (float64 C reference, finite differences, chunk/tile
  * invariance, budgets, the bf16 head bit for bit against the widened one, rows wider than a
  * sum block, logits of +-200, the 8-lane kernels against the scalar exp),
- * tests/test_loss_online.c (-inf columns, also whole -inf tiles: finite, gradient 0 there, the
- * values of the vocabulary without them) and tests/loss_torch_check.py (PyTorch autograd).
+ * tests/kernels/test_loss_online.c (-inf columns, also whole -inf tiles: finite, gradient 0 there, the
+ * values of the vocabulary without them) and tests/oracle/loss_torch_check.py (PyTorch autograd).
  *
  * Legend: n positions, H hidden, V vocabulary, m rows of the current chunk, w tile width.
  */

@@ -1,7 +1,7 @@
 /* norm_cpu.c: RMSNorm forward and backward on the CPU (SPEC.md section 2: plain Qwen3 form,
  * float32, also used per head for q_norm/k_norm with rows = tokens * heads), and the gated
  * RMSNorm of Qwen3.5's DeltaNet output (SPEC.md 3.1, forward only).
- * Tested by tests/test_ops.c (float64 reference, finite differences).
+ * Tested by tests/kernels/test_ops.c (float64 reference, finite differences).
  * Legend: rows independent vectors of d values.
  */
 #include "ddk.h"

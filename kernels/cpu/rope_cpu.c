@@ -4,7 +4,7 @@
  * rotary), both through one loop, so rope_partial with rd = d is rope bit for bit. The backward
  * (rope only; the target is frozen) is the same rotation by the negative angle. Angles are formed
  * in double, so large positions keep their precision.
- * Tested by tests/test_ops.c (float64 reference; inverse(rope(x)) = x; rope_partial against its
+ * Tested by tests/kernels/test_ops.c (float64 reference; inverse(rope(x)) = x; rope_partial against its
  * own reference, rd = d against rope).
  * Legend: rows tokens, heads per token, d head dim, rd rotated dims (even, <= d).
  */

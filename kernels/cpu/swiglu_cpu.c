@@ -1,7 +1,7 @@
 /* swiglu_cpu.c: the drafter's and the target's MLP gate on the CPU: h = silu(gate) * up,
  * silu(x) = x sigmoid(x), and its backward; gate and up fp32, or bf16 as a bf16 step keeps them
  * (widened: the same arithmetic, so the same bits as on fp32 copies of the values).
- * Tested by tests/test_ops.c (float64 reference, finite differences; the bf16 forms bit for bit
+ * Tested by tests/kernels/test_ops.c (float64 reference, finite differences; the bf16 forms bit for bit
  * against the fp32 ones).
  */
 #include "ddk.h"

@@ -11,7 +11,7 @@
  * Deliberately not here: threads or vectorisation (each op is O(T x width), next to the
  * projections' O(T x width x H)).
  *
- * Tested by tests/test_ops.c (against float64 formulas, and bit for bit against a copy of the
+ * Tested by tests/kernels/test_ops.c (against float64 formulas, and bit for bit against a copy of the
  * engine's loops).
  *
  * Legend: T tokens, heads of d values (l2norm_heads, row stride ld), nv value heads, count

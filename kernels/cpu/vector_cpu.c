@@ -15,8 +15,8 @@
  * matmul_w16 (W^T) and matmul_w16_nn (W) widen their W panel instead of rounding it (exact),
  * never all of W at once.
  *
- * Tested by tests/test_ops.c (against plain loops and a float64 product of rounded operands)
- * and tests/test_optimizer.c (the update, through the trainer's optimiser).
+ * Tested by tests/kernels/test_ops.c (against plain loops and a float64 product of rounded operands)
+ * and tests/engine/model/test_optimizer.c (the update, through the trainer's optimiser).
  */
 #include "ddk.h"
 #include "ddk_bf16.h"

@@ -61,7 +61,7 @@
  * kernels refuse (ddk.h, ddk_cuda_attention_kernels); the checks and the entry points below are
  * shared by both.
  *
- * Tested by tests/test_backend_ops.c against the CPU backend (skipped without a GPU), with both
+ * Tested by tests/kernels/test_backend_ops.c against the CPU backend (skipped without a GPU), with both
  * kernel sets (tree attention, which has one kernel, once).
  *
  * Legend: S context rows, A blocks, B block size, nh query heads, nkv kv heads, G = nh / nkv,

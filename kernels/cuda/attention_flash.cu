@@ -58,9 +58,9 @@
  *
  * Numerics against the CPU's fp32: q, k, v, dout rounded to bf16 (2^-9 relative each), the
  * probabilities rounded to bf16 before p v, ds before ds k and ds^T q; every sum fp32. Tested by
- * tests/test_backend_ops.c against the CPU backend at bf16 tolerances (skipped without a GPU),
+ * tests/kernels/test_backend_ops.c against the CPU backend at bf16 tolerances (skipped without a GPU),
  * including two identical backward calls giving the same bits; the row rules by
- * tests/test_attention.c on the CPU; and without a GPU, from this source, by the SIMT emulation
+ * tests/kernels/test_attention.c on the CPU; and without a GPU, from this source, by the SIMT emulation
  * under each card's limits (tests/simt/test_simt_kernels.cpp: the instances each card gets, the
  * same bits with blocks and threads run in the reverse order).
  *

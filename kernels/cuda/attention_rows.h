@@ -1,6 +1,6 @@
 /* attention_rows.h: which keys a query row of the CUDA flash attention sees (SPEC.md section 2
  * step 4, section 3), as plain inline functions that compile both for the kernels
- * (attention_flash.cu, __host__ __device__) and for the CPU (tests/test_attention.c checks them
+ * (attention_flash.cu, __host__ __device__) and for the CPU (tests/kernels/test_attention.c checks them
  * against SPEC.md's rules written out key by key, and their monotonicity in the row, on which
  * the kernels' per-tile key ranges rest). Not installed; C and CUDA.
  *

@@ -8,7 +8,7 @@
  * once, at the first query; an unknown value is reported once on stderr and taken as auto.
  * ddk_cuda_set_attention_kernels overrides it for the process. It also keeps the record of
  * fallbacks (ddk_cuda_fallbacks: flash in force, the SIMT kernels ran). Tested by
- * tests/test_backend_ops.c, which runs every attention case with both, and
+ * tests/kernels/test_backend_ops.c, which runs every attention case with both, and
  * tests/simt/test_simt_kernels.cpp (a fallback recorded once per call, said in a sentence).
  */
 #include "ddk.h"

@@ -30,7 +30,7 @@
  * deltanet_cuda.cu, its conv1d + silu, gated RMSNorm and partial RoPE in ops_cuda.cu, its bf16
  * embedding gather, l2 norms, gates and output gate in target_cuda.cu.
  *
- * Tested by tests/test_backend_ops.c against the CPU backend (skipped without a GPU).
+ * Tested by tests/kernels/test_backend_ops.c against the CPU backend (skipped without a GPU).
  */
 #include "ddk.h"
 #include "cuda_backend.h"

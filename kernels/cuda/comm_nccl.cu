@@ -14,7 +14,7 @@
  * -EIO with NCCL's message. A CUDA error on a local GPU is no peer's: a device error, which ends
  * the process (ddk_fatal).
  *
- * Built only with CUDA (comm_none.c otherwise). Tested by tests/test_comm.c: argument checks
+ * Built only with CUDA (comm_none.c otherwise). Tested by tests/kernels/test_comm.c: argument checks
  * and unique ids without a GPU, a 1-rank all-reduce on one GPU, a 2-rank sum on two, and with
  * two an all-reduce while another thread copies over a link between the same GPUs.
  */

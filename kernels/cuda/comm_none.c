@@ -3,7 +3,7 @@
  * one GPU per run). Every call says -ENOSYS and why, so a caller (the daemon's POST
  * /nccl/unique-id: 501; the run config's check of a multi-GPU run) can tell the user. A CUDA build
  * with NCCL compiles comm_nccl.cu instead.
- * The same for the GPU link (ddk_link_*). Tested by tests/test_comm.c (its -ENOSYS branch).
+ * The same for the GPU link (ddk_link_*). Tested by tests/kernels/test_comm.c (its -ENOSYS branch).
  */
 #include "ddk.h"
 #include "comm_internal.h"

@@ -47,7 +47,7 @@
  * between a head's column blocks (each block forms them again: ceil(dv / 32) times), a parallel
  * scan over chunks.
  *
- * Tested by tests/test_backend_ops.c against the CPU backend (recurrence and chunks of 64 with a
+ * Tested by tests/kernels/test_backend_ops.c against the CPU backend (recurrence and chunks of 64 with a
  * short last chunk, dk = dv = 128 with nv = 2 nk, small and odd shapes, dk = dv = 256, and the
  * chunked form against the recurrence on the GPU itself; skipped without a GPU), and from these
  * sources through the SIMT emulation under each card's limits by tests/simt/test_simt_kernels.cpp.

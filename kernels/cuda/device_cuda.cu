@@ -3,7 +3,7 @@
  * out-of-memory path behave on a GPU exactly as on the CPU (alloc.c).
  *
  * Deliberately not here (the CUDA backend's issue): ops, streams, NCCL.
- * Tested by tests/test_cuda_device.c, which reports skipped on a machine without a GPU.
+ * Tested by tests/kernels/test_cuda_device.c, which reports skipped on a machine without a GPU.
  */
 #include "ddk.h"
 #include "alloc_device.h"

@@ -1,6 +1,6 @@
 /* device_none.c: the GPU entry points of a libddk built without CUDA (DDTREE_CUDA=OFF or no
  * nvcc): such a build sees no GPU, so callers take their CPU path. The CUDA build compiles
- * device_cuda.cu instead. Tested by tests/test_cuda_device.c (skipped without GPUs). */
+ * device_cuda.cu instead. Tested by tests/kernels/test_cuda_device.c (skipped without GPUs). */
 #include "ddk.h"
 
 #include <errno.h>

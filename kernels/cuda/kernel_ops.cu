@@ -2,7 +2,7 @@
  * the cuBLAS products, zero, copy, copy_rows and synchronize), in one place for both tables that
  * hold them: the GPU's (backend_cuda.cu) and the SIMT emulation's (tests/simt/simt_backend.cpp,
  * which runs them from these same sources on the CPU); and ddk_cuda_instances, what a GPU's
- * limits choose of them. Tested through both: tests/test_backend_ops.c on a GPU,
+ * limits choose of them. Tested through both: tests/kernels/test_backend_ops.c on a GPU,
  * tests/simt/test_simt_kernels.cpp everywhere (the instances of each card's profile). */
 #include "ddk.h"
 #include "cuda_backend.h"

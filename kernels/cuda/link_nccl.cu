@@ -22,7 +22,7 @@
  * a copy runs after the NCCL operations queued there before it, and before those after it.
  * Copies into one member run in the order they were queued (its one stream).
  *
- * Built only with CUDA and NCCL (comm_none.c otherwise). Tested by tests/test_comm.c: argument
+ * Built only with CUDA and NCCL (comm_none.c otherwise). Tested by tests/kernels/test_comm.c: argument
  * checks without a GPU; with two GPUs a copy ordered against both backends (a receive after the
  * receiver's queued reads of its buffer) and copies from another thread during all-reduces on
  * the same GPUs (skipped with fewer).

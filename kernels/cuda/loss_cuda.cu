@@ -77,11 +77,11 @@
  * several rows or several blocks per row (a chunk is hundreds of rows or more: enough blocks),
  * a vectorised or fused grad_kernel. Each is to buy a measured speed-up.
  *
- * Tested by tests/test_loss_online.c, always, without a GPU: stats_kernel's and grad_kernel's
+ * Tested by tests/kernels/test_loss_online.c, always, without a GPU: stats_kernel's and grad_kernel's
  * arithmetic (loss_online.h) emulated on the host with the kernel's column assignment and merge
  * rules, against ddk_loss_cpu, the float64 reference and sums in double (tiles, ties, labels
- * moving between tiles, p_y -> 1, -inf columns); and on a GPU by tests/test_backend_ops.c (loss
- * cases against ddk_loss_cpu, fp32 and bf16 heads) and tests/test_step_cuda.c (the drafter's
+ * moving between tiles, p_y -> 1, -inf columns); and on a GPU by tests/kernels/test_backend_ops.c (loss
+ * cases against ddk_loss_cpu, fp32 and bf16 heads) and tests/engine/train/test_step_cuda.c (the drafter's
  * step, bf16 head included), skipped without one.
  *
  * Legend: n positions, H hidden, V vocabulary, m rows of the current chunk, w tile width.

@@ -35,7 +35,7 @@
  * no column, or only -inf ones) are 0 and are shifted by 0, never rescaled.
  *
  * Deliberately not here: the loads and the block reductions (shuffles, shared memory), which
- * are the kernel's. Tested by tests/test_loss_online.c: it runs these functions on the host
+ * are the kernel's. Tested by tests/kernels/test_loss_online.c: it runs these functions on the host
  * with the kernel's column assignment and merge rules (the warps' float sums in order, not by
  * shuffles), against ddk_loss_cpu and the float64 reference, and checks the row statistics
  * against sums in double.

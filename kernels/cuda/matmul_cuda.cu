@@ -4,7 +4,7 @@
  * ddk_cuda_w16_product, serves the loss's bf16 head too), matmul_16 (both operands bf16), which
  * backend_cuda.cu sets into a GPU's table (declared in cuda_backend.h).
  *
- * Tested by tests/test_backend_ops.c against the CPU backend (skipped without a GPU).
+ * Tested by tests/kernels/test_backend_ops.c against the CPU backend (skipped without a GPU).
  */
 #include "ddk.h"
 #include "cuda_backend.h"
@@ -67,7 +67,7 @@ void ddk_cuda_matmul(const ddk_backend *be, int trans_a, int trans_b, int64_t m,
 /* The same product on the tensor cores: fp32 in memory (a, b, c all CUDA_R_32F), cuBLAS
  * down-converts a and b to bf16 (CUBLAS_COMPUTE_32F_FAST_16BF; its header says "or TF32", which
  * is finer) and accumulates in fp32. The rounding mode of that conversion is not documented:
- * tests/test_backend_ops.c holds the tolerance against the CPU's round-to-nearest-even. */
+ * tests/kernels/test_backend_ops.c holds the tolerance against the CPU's round-to-nearest-even. */
 void ddk_cuda_matmul_bf16(const ddk_backend *be, int trans_a, int trans_b, int64_t m,
                           int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
                           const float *b, int64_t ldb, float beta, float *c, int64_t ldc)

@@ -15,7 +15,7 @@
  * later one: no cycle, no deadlock. Its price: an all-reduce waits for the copies queued before
  * it on its GPUs, and a copy for the all-reduce queued before it.
  *
- * Defined in comm_nccl.cu. Not installed; tested through ddk.h by tests/test_comm.c (with two
+ * Defined in comm_nccl.cu. Not installed; tested through ddk.h by tests/kernels/test_comm.c (with two
  * GPUs: an all-reduce and link copies from another thread at once, on the same GPUs).
  */
 #ifndef DDK_NCCL_ORDER_H

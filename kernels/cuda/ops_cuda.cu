@@ -11,9 +11,9 @@
  *
  * Numbers against the CPU backend (the reference): reductions are float here (double there),
  * in a fixed order, so results are deterministic for a given shape and GPU; the RoPE angles are
- * formed in double as on the CPU. tests/test_backend_ops.c holds the tolerances and why.
+ * formed in double as on the CPU. tests/kernels/test_backend_ops.c holds the tolerances and why.
  *
- * Tested by tests/test_backend_ops.c (every op x shapes, against the CPU backend; skipped
+ * Tested by tests/kernels/test_backend_ops.c (every op x shapes, against the CPU backend; skipped
  * without a GPU).
  *
  * Legend: rows independent vectors (tokens, or tokens * heads), d values per vector, heads per

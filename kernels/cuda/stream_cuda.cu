@@ -2,7 +2,7 @@
  * the stream (and the GPU made current), the multiprocessors, the scratch under its lock and the
  * cuBLAS handle, and their making, once per GPU (ddk_cuda_stream_setup, from ddk_backend_cuda).
  * Under the SIMT emulation tests/simt/simt_backend.cpp stands in for this file.
- * Tested through the backend: tests/test_backend_ops.c on a GPU (skipped without one).
+ * Tested through the backend: tests/kernels/test_backend_ops.c on a GPU (skipped without one).
  */
 #include "ddk.h"
 #include "cuda_backend.h"

@@ -2,7 +2,7 @@
  * table, and the stream, cuBLAS handle and scratch made for it (stream_cuda.cu). backend_cuda.cu
  * keeps one per GPU and sets each up once; the kernel files reach the stream, multiprocessors
  * and scratch through cuda_backend.h, the products (matmul_cuda.cu) the cuBLAS handle here.
- * Tested through the backend: tests/test_backend_ops.c on a GPU (skipped without one).
+ * Tested through the backend: tests/kernels/test_backend_ops.c on a GPU (skipped without one).
  */
 #ifndef DDK_STREAM_CUDA_H
 #define DDK_STREAM_CUDA_H

@@ -15,7 +15,7 @@
  * Deliberately not here: fusing these steps with the projections around them (each is
  * O(T x width), memory-bound, small next to the O(T x width x H) products; CONVENTIONS.md).
  *
- * Tested by tests/test_backend_ops.c (every op x shapes, against the CPU backend; skipped
+ * Tested by tests/kernels/test_backend_ops.c (every op x shapes, against the CPU backend; skipped
  * without a GPU).
  *
  * Legend: rows gathered tokens, H hidden size, V vocabulary; T tokens, heads of d values (row

@@ -22,7 +22,7 @@
  * Deliberately not here: vector (16-byte) loads, a fused norm-and-update. Memory-bound ops, each
  * one pass over its buffers; a faster variant is to buy a measured speed-up first.
  *
- * Tested by tests/test_backend_ops.c (every op against the CPU backend, sumsq run twice for the
+ * Tested by tests/kernels/test_backend_ops.c (every op against the CPU backend, sumsq run twice for the
  * same bits, a count past 2^31; skipped without a GPU).
  *
  * Legend: count elements; w, g, m, v a parameter tensor, its gradient and AdamW moments.

@@ -9,9 +9,9 @@
  *   - the fused, chunked lm_head + CE + KL + CAP loss of SPEC.md section 1, with the exact
  *     entry point ddk_loss_cpu() that outside tools call.
  *
- * Tested by tests/test_alloc.c, tests/test_loss.c (float64 C reference),
- * tests/loss_torch_check.py (PyTorch autograd), tests/test_ops.c and tests/test_attention.c (the
- * CPU backend's ops against float64 references), tests/test_backend_ops.c (every other backend
+ * Tested by tests/kernels/test_alloc.c, tests/kernels/test_loss.c (float64 C reference),
+ * tests/oracle/loss_torch_check.py (PyTorch autograd), tests/kernels/test_ops.c and tests/kernels/test_attention.c (the
+ * CPU backend's ops against float64 references), tests/kernels/test_backend_ops.c (every other backend
  * against the CPU's) and benchmarked by tests/bench/.
  *
  * Dimension legend: n positions, H hidden size, V vocabulary. Row-major throughout;

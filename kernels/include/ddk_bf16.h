@@ -1,6 +1,6 @@
 /* ddk_bf16.h: bfloat16 <-> float32, round to nearest even (the one rounding of the project:
  * the safetensors writer, the CPU backend's bf16 products). Header-only; tested by
- * tests/test_safetensors.c (conversions, ties, NaN, overflow) and tests/test_ops.c (bf16 products).
+ * tests/engine/model/test_safetensors.c (conversions, ties, NaN, overflow) and tests/kernels/test_ops.c (bf16 products).
  */
 #ifndef DDK_BF16_H
 #define DDK_BF16_H

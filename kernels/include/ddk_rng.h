@@ -1,7 +1,7 @@
 /* ddk_rng.h: the one seeded random number generator of ddtree (splitmix64): the same numbers
  * on every machine and device, for initialisation, synthetic data, feature noise (ddk_rng_at, on
  * the GPU too), tests and benchmarks. Header-only.
- * Tested through its users (tests/test_engine.c checks determinism of initialisation).
+ * Tested through its users (tests/engine/test_engine.c checks determinism of initialisation).
  */
 #ifndef DDK_RNG_H
 #define DDK_RNG_H

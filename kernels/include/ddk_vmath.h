@@ -8,7 +8,7 @@
  * is the same function on 8 lanes of GCC's vector extension (clang has it too), where the
  * clamps are lane masks, so hot loops (the loss) run 8 lanes wide on any x86-64 (two SSE halves
  * without AVX); its lanes equal ddk_expf's bit for bit. Tested through the loss against float64
- * references (tests/test_loss.c, which also checks ddk_expf8 against ddk_expf).
+ * references (tests/kernels/test_loss.c, which also checks ddk_expf8 against ddk_expf).
  */
 #ifndef DDK_VMATH_H
 #define DDK_VMATH_H

@@ -101,7 +101,7 @@ with open(sys.argv[3], "wb") as f:
         text = b"".join(piece[i] for i in ids[offsets[s]:offsets[s + 1]])
         f.write(struct.pack("<I", len(text)) + text)
 PY
-rust=$(RAYON_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false node "$repo/tests/tokenizer_reference.js" bench "$npm" \
+rust=$(RAYON_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false node "$repo/tests/engine/data/tokenizer_reference.js" bench "$npm" \
        "$tokenizer" "$work/docs.bin")
 rust_tokens=$(awk '{print $2}' <<<"$rust")
 rust_seconds=$(awk '{print $4}' <<<"$rust")

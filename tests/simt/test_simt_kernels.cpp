@@ -16,7 +16,7 @@
  * a 99 KB card's block takes, and over a cache), tree attention. Determinism: every flash backward
  * and the loss are run again with blocks and threads in the reverse order and must give the same
  * bits; on no card may the flash path fall back to the SIMT kernels (the log must name the flash
- * kernels), nor the chunked DeltaNet be refused. Tolerances as tests/test_backend_ops.c, each with
+ * kernels), nor the chunked DeltaNet be refused. Tolerances as tests/kernels/test_backend_ops.c, each with
  * its reason there; the emulated mma sums in double, so the flash ones hold with room.
  *
  * Usage: test_simt_kernels [CARD...] (default h200 b200 rtx-pro-6000). ctest: simt_kernels_CARD,
