@@ -9,7 +9,7 @@
 # FILE.c defines ddt_schema_sql[] (NUL-terminated texts, NULL after the last),
 # ddt_schema_names[] (file names) and ddt_schema_count, read by daemon/engine/record/store_schema.c.
 # Migration N is the file numbered N: 0001, 0002, ... with no gap and no duplicate (a build
-# error says which), because store.c sets PRAGMA user_version = N after applying it. The texts
+# error says which), because store_schema.c sets PRAGMA user_version = N after applying it. The texts
 # are written as byte arrays, so no SQL character needs escaping for C.
 
 if(NOT CMAKE_SCRIPT_MODE_FILE)

@@ -3,8 +3,8 @@
  * in fp32 and in the stored type), one prefill's workspace, one generating sequence's cache and the prefill's matrix
  * FLOPs, and eval.speculative's speculator (its cache from the same arithmetic). The workspace and cache figures are the implementations' own arithmetic (with the
  * CPU causal attention's workspace, ddk_causal_attention_workspace_bytes; the DeltaNet core's
- * few kilobytes of scratch are left out) (target.c's
- * ddt_target_rows_bytes / ddt_target_cache_bytes, target_qwen35.c's ddt_qwen35_*), so the plan
+ * few kilobytes of scratch are left out) (target_dense.c's ddt_target_rows_bytes,
+ * target_dense_cache.c's ddt_target_cache_bytes, target_qwen35.c's ddt_qwen35_*), so the plan
  * and the allocations agree by construction; the parameter counts come from the same tensor
  * tables the loaders read.
  * Tested by tests/engine/train/test_trainer.c (the host's measured peak of CPU runs against the plan) and

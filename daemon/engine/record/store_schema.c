@@ -1,6 +1,6 @@
 /* store_schema.c: the store's database brought to this binary's schema (see store_schema.h):
  * the checks before anything is written, the pragmas, the migrations of schema/; and SQLite's
- * result codes as negative errnos, for the writer (store.c) too.
+ * result codes as negative errnos, for the writer (store_writer.c) too.
  *
  * Opening (store.c's ddt_store_open calls these in this order, after the connection's
  * busy_timeout): the parent directory must exist; user_version is read before anything is
@@ -9,8 +9,8 @@
  * cmake/embed_schema.cmake) from user_version + 1 to the newest, each in its own transaction
  * together with its PRAGMA user_version.
  *
- * Not here: the connection, its statements and the writer thread (store.c), reading
- * (store_read.c), a migration down to an older schema (a newer database is refused).
+ * Not here: the connection, its statements and the writer thread (store.c, store_writer.c),
+ * reading (store_read.c), a migration down to an older schema (a newer database is refused).
  *
  * Tested by tests/engine/record/test_store.c (a fresh database, reopening, a newer one refused untouched, a
  * missing directory, a database ddtreed did not create, the migration from version 1).
