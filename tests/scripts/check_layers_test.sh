@@ -39,7 +39,7 @@ fresh   # two files of one room that call each other
 printf '\nint ddt_layers_probe_a(void);\nint ddt_layers_probe_b(void);\nint ddt_layers_probe_a(void) { return ddt_layers_probe_b(); }\n' >>"$work/t/daemon/engine/eval/acceptance.c"
 printf '\nint ddt_layers_probe_a(void);\nint ddt_layers_probe_b(void);\nint ddt_layers_probe_b(void) { return ddt_layers_probe_a(); }\n' >>"$work/t/daemon/engine/eval/speculate.c"
 refused "a cycle inside a room (acceptance.c <-> speculate.c)" \
-    'a cycle between daemon/engine/eval/acceptance, daemon/engine/eval/speculate'
+    'a cycle between 2 units \(daemon/engine/eval/acceptance, daemon/engine/eval/speculate\)'
 
 fresh   # a May use line naming a folder that is no room
 sed -i 's/^May use: .*/May use: `daemon\/engine\/nowhere`/' "$work/t/daemon/engine/eval/README.md"
