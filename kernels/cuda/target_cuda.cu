@@ -1,6 +1,6 @@
 /* target_cuda.cu: the frozen target's small ops on the GPU (contracts in ddk.h, struct
  * ddk_backend): the bf16 embedding gather (embedding_w16), the rounding of matmul_w16's fp32
- * operand into bf16 (ddk_cuda_round_bf16_rows, called by backend_cuda.cu's matmul_w16), and the
+ * operand into bf16 (ddk_cuda_round_bf16_rows, called by matmul_cuda.cu's matmul_w16), and the
  * Qwen3.5 target's element-wise steps: the DeltaNet's q / k l2 normalisation (l2norm_heads) and
  * gates (delta_gates), the gated attention's output gate (sigmoid_mul). Plain kernels, each queued
  * on the backend's stream (backend_cuda.cu); none allocates.

@@ -15,7 +15,7 @@
  * scratch, under its lock; the call returns the value to the host, so it waits for the stream.
  *
  * axpby and adamw are elementwise and write each element from the thread that read it, so x may
- * be y (axpby). They follow the CPU's operation order (daemon/engine/vector_cpu.c's adamw_loop);
+ * be y (axpby). They follow the CPU's operation order (kernels/cpu/vector_cpu.c's adamw_loop);
  * contraction into FMAs may differ between nvcc and the C compiler, so results agree to float
  * rounding, not bit for bit (except axpby with beta = 0: one product, the same on both sides).
  *

@@ -36,7 +36,7 @@
 #include "ddk.h"
 #include "check.h"
 #include "ddk_rng.h"
-#include "../kernels/cuda/attention_rows.h"   /* the CUDA flash kernels' row rules, host side */
+#include "../../kernels/cuda/attention_rows.h"   /* the CUDA flash kernels' row rules, host side */
 
 #include <errno.h>
 #include <math.h>

@@ -37,7 +37,7 @@
 #include "check.h"
 #include "ddk_rng.h"
 #include "loss_reference.h"
-#include "../kernels/cuda/loss_online.h"   /* the CUDA kernels' arithmetic, host side */
+#include "../../kernels/cuda/loss_online.h"   /* the CUDA kernels' arithmetic, host side */
 
 #include <float.h>
 #include <math.h>

@@ -1,4 +1,4 @@
-/* simt_backend.cpp: what the kernel files take from backend_cuda.cu (cuda_backend.h), under the
+/* simt_backend.cpp: what the kernel files take from stream_cuda.cu and matmul_cuda.cu (cuda_backend.h), under the
  * SIMT emulation: the stream (none: every launch runs when made), the multiprocessors of the
  * profile in force, and the backend's scratch of DDK_CUDA_SCRATCH_FLOATS floats, filled with NaN
  * at every lock so that a kernel reading scratch it did not write shows. The backend handed to the
@@ -42,7 +42,7 @@ const ddk_backend *simt_backend(void)
     return &table;
 }
 
-/* matmul_w16's panel loop (backend_cuda.cu, cuBLAS), which the loss calls with a bf16 head: a
+/* matmul_w16's panel loop (matmul_cuda.cu, cuBLAS), which the loss calls with a bf16 head: a
  * product, not a kernel, so the CPU's matmul_w16 (trans_w 1) or matmul_w16_nn (trans_w 0) on the
  * same operands; the panel is left as it was (the caller reads nothing back from it) */
 void ddk_cuda_w16_product(const ddk_backend *be, int trans_w, int64_t m, int64_t n, int64_t k,

@@ -1,6 +1,7 @@
 /* tokenizer_unicode.h: the Unicode of Hugging Face's tokenizers where it differs from this
  * machine's libraries (tokenizer_unicode.c): the characters its Oniguruma has in a general
  * category and Debian's lacks (tokenizer_unicode_table.h), and NFC as its normaliser does it.
+ * Internal to the tokenizer's files, not a public header.
  * Tested by tests/engine/data/test_tokenizer.c.
  */
 #ifndef DDT_TOKENIZER_UNICODE_H

@@ -14,7 +14,7 @@
 #include "ddk_vmath.h"
 #include "generate.h"
 #include "ddk_rng.h"
-#include "target_dense_cache.h"
+#include "target_layers.h"   /* ddt_target_host_backend */
 
 #include <errno.h>
 #include <stdio.h>

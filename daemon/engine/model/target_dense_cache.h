@@ -3,6 +3,8 @@
  * (target_ops.h) they follow; everyone else reaches them through target.h's ddt_target_cache.
  * What both targets share (the products, the embedding, the staged loading) is target_layers.h,
  * included here for the callers that reach it through this header.
+ * Tested by tests/engine/data/test_source.c (the cache against prefills, verify and rollback) and
+ * tests/engine/eval/test_speculate.c.
  *
  * Legend: as target.h.
  */

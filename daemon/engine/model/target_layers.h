@@ -3,6 +3,8 @@
  * products and the embedding on the weights as stored, the token ids' upload, the SwiGLU MLP,
  * the taps, a tree rollback's compaction of keys and values, and the staged loading of their
  * weight blocks (target_layers.c). Callers reach it through target.h.
+ * Tested through both targets: tests/engine/test_engine.c, tests/engine/data/test_source.c,
+ * tests/engine/model/test_qwen35.c and tests/oracle/features_torch_check.py.
  *
  * Legend: as target.h.
  */

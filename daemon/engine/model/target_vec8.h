@@ -1,6 +1,6 @@
 /* target_vec8.h: the 8-wide vector loops of an fp32 CPU target's decode step, header only (static
  * inline, so each loop keeps them inlined): what target_layers.c's matrix-vector product and
- * target_dense_cache.c's cached attention share. Tested through them: tests/engine/data/test_source.c (the
+ * target_dense_cache.c's cached attention share; internal to model/. Tested through them: tests/engine/data/test_source.c (the
  * dense cache's fast path against prefills) and tests/engine/model/test_qwen35.c (the qwen3_5 cache's).
  */
 #ifndef DDT_TARGET_VEC8_H

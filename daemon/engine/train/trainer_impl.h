@@ -1,5 +1,5 @@
 /* trainer_impl.h: the trainer's state (struct ddt_trainer, its ranks' rank_state) and the calls
- * between the files that implement trainer.h. They use each other in one direction, each file
+ * between the files that implement trainer.h; internal to train/, not a public header. They use each other in one direction, each file
  * only the ones listed after it:
  *   cadence.c     the cadence of a run: ddt_trainer_advance, _hold, _finish
  *   open.c        ddt_trainer_open, _open_parsed, _close: the run's config, data, ranks, weights
