@@ -288,6 +288,7 @@ static void get_metrics(ddt_api *a, ddt_http_response *res)
     }
     if (a->http)
         m.code_count = ddt_http_counts(a->http, m.codes, m.code_counts, DDT_METRICS_MAX_CODES);
+    ddt_ui_login_counts(&a->login_limit, &m.login_failures, &m.login_refused);
     size_t len = 0;
     res->status = 200;
     res->body = ddt_metrics_render(&m, &len);
@@ -339,7 +340,7 @@ void ddt_api_handle(void *ctx, const ddt_http_request *req, ddt_http_response *r
     if (verdict == DDT_UI_REFUSED)
         return;
     if (!strcmp(p, "/ui") || !strncmp(p, "/ui/", 4)) {
-        ddt_ui_handle(&a->access, verdict, req, res);
+        ddt_ui_handle(&a->access, &a->login_limit, verdict, req, res);
     } else if (!strcmp(p, "/healthz")) {
         if (method_is(req, "GET", res, "GET"))
             get_healthz(a, res);

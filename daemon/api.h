@@ -11,6 +11,7 @@
 #include "http.h"
 #include "runs.h"
 #include "ui_access.h"
+#include "ui_login_limit.h"
 
 typedef struct ddt_api {
     ddt_runs *runs;
@@ -19,6 +20,7 @@ typedef struct ddt_api {
     double started_s;            /* monotonic time of the start, for uptime */
     ddt_http_server *http;       /* for the request counts of /metrics; may be NULL */
     ddt_ui_access access;        /* the browser's rules and the web view's secrets (ui_access.h) */
+    ddt_ui_login_limit login_limit;   /* wrong tokens at the login, per address (ui_login_limit.h) */
 } ddt_api;
 
 void ddt_api_handle(void *api, const ddt_http_request *req, ddt_http_response *res);

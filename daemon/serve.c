@@ -240,6 +240,7 @@ int ddt_cmd_serve(int argc, char **argv)
     }
     d.api = (ddt_api){ .runs = d.runs, .config = &d.config, .started_s = ddt_mono_s() };
     snprintf(d.api.db_path, sizeof d.api.db_path, "%s", db);
+    ddt_ui_login_limit_init(&d.api.login_limit);
     if (ddt_ui_access_init(&d.api.access, d.config.token, err, sizeof err)) {
         ddt_log(DDT_LOG_ERR, "web view: %s", err);
         ddt_runs_close(d.runs);
@@ -281,6 +282,7 @@ int ddt_cmd_serve(int argc, char **argv)
 
     /* stopping: no new requests, every run to its step boundary and a checkpoint */
     ddt_http_stop(d.http);
+    ddt_ui_login_limit_destroy(&d.api.login_limit);
     ddt_runs_close(d.runs);
     ddk_set_fatal_hook(NULL);
     ddt_store_close(d.store);

@@ -6,6 +6,8 @@
  */
 #include "ui.h"
 #include "ui_assets.h"
+#include "base/ddt_time.h"
+#include "base/log.h"
 
 #include <ctype.h>
 #include <stdio.h>
@@ -102,13 +104,29 @@ static int form_value(const char *body, const char *key, char *out, size_t out_l
     return 0;
 }
 
-static void login(const ddt_ui_access *access, const ddt_http_request *req, ddt_http_response *res)
+/* a try at the login: refused (429) while its address must wait (ui_login_limit.h), else the
+ * token checked, a wrong one counted and logged */
+static void login(const ddt_ui_access *access, ddt_ui_login_limit *limit, const ddt_http_request *req,
+                  ddt_http_response *res)
 {
+    const char *client = req->client ? req->client : "local";
+    int64_t now_ms = (int64_t)(ddt_mono_s() * 1000.0);
+    int64_t wait_s = ddt_ui_login_wait(limit, client, now_ms);
+    if (wait_s > 0) {
+        login_page(res, 429, "Too many wrong tokens from this address: wait a little, then try again.");
+        res->retry_after = wait_s;
+        return;
+    }
     char given[512];
-    if (form_value(req->body, "token", given, sizeof given) && ddt_ui_access_login(access, given, res))
+    if (form_value(req->body, "token", given, sizeof given) && ddt_ui_access_login(access, given, res)) {
+        ddt_ui_login_succeeded(limit, client);
         see_other(res, "/ui");
-    else
-        login_page(res, 401, "That is not the daemon's token (the token setting of its configuration).");
+        return;
+    }
+    int failures = ddt_ui_login_failed(limit, client, now_ms);
+    ddt_log(DDT_LOG_WARNING, "ui: wrong token at the login client=%s in_a_row=%d%s", client, failures,
+            failures >= DDT_UI_LOGIN_FREE ? " hint=\"the next tries from this address wait (429)\"" : "");
+    login_page(res, 401, "That is not the daemon's token (the token setting of its configuration).");
 }
 
 static void get_asset(const char *name, ddt_http_response *res)
@@ -138,8 +156,8 @@ static int is_get(const ddt_http_request *req, ddt_http_response *res)
     return 0;
 }
 
-void ddt_ui_handle(const ddt_ui_access *access, ddt_ui_verdict verdict, const ddt_http_request *req,
-                   ddt_http_response *res)
+void ddt_ui_handle(const ddt_ui_access *access, ddt_ui_login_limit *limit, ddt_ui_verdict verdict,
+                   const ddt_http_request *req, ddt_http_response *res)
 {
     const char *p = req->path;
     if (!strncmp(p, "/ui/assets/", 11)) {
@@ -149,7 +167,7 @@ void ddt_ui_handle(const ddt_ui_access *access, ddt_ui_verdict verdict, const dd
     }
     if (!strcmp(p, "/ui/login")) {
         if (!strcmp(req->method, "POST"))
-            login(access, req, res);
+            login(access, limit, req, res);
         else if (is_get(req, res) && verdict == DDT_UI_ALLOWED)
             see_other(res, "/ui");   /* logged in, or a listener that wants no token */
         else if (verdict == DDT_UI_LOGIN)

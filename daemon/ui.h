@@ -9,9 +9,11 @@
 
 #include "http.h"
 #include "ui_access.h"
+#include "ui_login_limit.h"
 
 /* req->path is /ui or under it; verdict is ddt_ui_access_check's (ALLOWED or LOGIN) */
-void ddt_ui_handle(const ddt_ui_access *access, ddt_ui_verdict verdict, const ddt_http_request *req,
+void ddt_ui_handle(const ddt_ui_access *access, ddt_ui_login_limit *limit, ddt_ui_verdict verdict,
+                   const ddt_http_request *req,
                    ddt_http_response *res);
 
 #endif

@@ -312,6 +312,11 @@ static enum MHD_Result send_response(ddt_http_server *s, struct MHD_Connection *
         ok = MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, res->allow) == MHD_YES;
     if (ok && res->set_cookie[0])
         ok = MHD_add_response_header(r, MHD_HTTP_HEADER_SET_COOKIE, res->set_cookie) == MHD_YES;
+    if (ok && res->retry_after > 0) {
+        char seconds[24];
+        snprintf(seconds, sizeof seconds, "%lld", (long long)res->retry_after);
+        ok = MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, seconds) == MHD_YES;
+    }
     if (ok)
         ok = MHD_add_response_header(r, "X-Content-Type-Options", "nosniff") == MHD_YES;
     if (ok && res->content_type && !strncmp(res->content_type, "text/html", 9))
@@ -325,6 +330,18 @@ static enum MHD_Result send_response(ddt_http_server *s, struct MHD_Connection *
     if (queued == MHD_YES)
         count_status(s, res->status);
     return queued;
+}
+
+/* the peer's address as text into out (left as it is on the Unix socket, or when unknown) */
+static void peer_address(struct MHD_Connection *conn, int is_tcp, char *out, socklen_t len)
+{
+    const union MHD_ConnectionInfo *info = is_tcp ? MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS)
+                                                  : NULL;
+    const struct sockaddr *sa = info ? info->client_addr : NULL;
+    if (sa && sa->sa_family == AF_INET)
+        inet_ntop(AF_INET, &((const struct sockaddr_in *)(const void *)sa)->sin_addr, out, len);
+    else if (sa && sa->sa_family == AF_INET6)
+        inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)(const void *)sa)->sin6_addr, out, len);
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
@@ -386,6 +403,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     req.cookie = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_COOKIE);
     req.sec_fetch_site = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Sec-Fetch-Site");
     req.csrf = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "X-DDTree-CSRF");
+    char client[INET6_ADDRSTRLEN] = "local";
+    peer_address(conn, l->is_tcp, client, sizeof client);
+    req.client = client;
     query_fill q = {&req, 0};
     MHD_get_connection_values(conn, MHD_GET_ARGUMENT_KIND, add_query, &q);
     if (q.overflow) {

@@ -38,6 +38,7 @@ typedef struct ddt_http_request {
     ddt_http_via via;
     int unauthenticated;     /* the listener wants the token and the request has none that matches */
     const char *host, *origin, *cookie, *sec_fetch_site, *csrf;   /* headers; NULL when absent */
+    const char *client;      /* the peer's address ("127.0.0.1", "::1"); "local" on the Unix socket */
 } ddt_http_request;
 
 typedef struct ddt_http_response {
@@ -48,6 +49,7 @@ typedef struct ddt_http_response {
     char location[256];         /* a Location header when not empty */
     char allow[64];             /* an Allow header (405) when not empty */
     char set_cookie[192];       /* a Set-Cookie header when not empty */
+    int64_t retry_after;        /* a Retry-After header (seconds) when > 0 (429, 503) */
 } ddt_http_response;
 
 typedef void (*ddt_http_handler)(void *ctx, const ddt_http_request *req, ddt_http_response *res);

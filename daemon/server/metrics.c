@@ -277,6 +277,13 @@ char *ddt_metrics_render(const ddt_metrics_snapshot *m, size_t *len)
         end_uint(&t, m->code_counts[c]);
     }
 
+    family(&t, "ddtree_ui_login_failures_total", "counter",
+           "Wrong tokens at the web view's login (each logged with its client address).");
+    put(&t, "ddtree_ui_login_failures_total %" PRIu64 "\n", m->login_failures);
+    family(&t, "ddtree_ui_login_refused_total", "counter",
+           "Login tries answered 429: their address had to wait after wrong tokens.");
+    put(&t, "ddtree_ui_login_refused_total %" PRIu64 "\n", m->login_refused);
+
     if (t.failed || !t.data) {
         free(t.data);
         return NULL;

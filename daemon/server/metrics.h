@@ -47,6 +47,7 @@ typedef struct ddt_metrics_snapshot {
     int code_count;
     int codes[DDT_METRICS_MAX_CODES];
     uint64_t code_counts[DDT_METRICS_MAX_CODES];
+    uint64_t login_failures, login_refused;         /* the web view's login (ui_login_limit.h) */
 } ddt_metrics_snapshot;
 
 /* The exposition text (malloc'd), *len its length. */

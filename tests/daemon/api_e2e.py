@@ -675,6 +675,57 @@ def case_tcp_token(t, env):
 
 
 # ------------------------------------------------------------------------------------------
+# 2b. the web view's login: wrong tokens limited per client address (daemon/ui_login_limit.c)
+
+def case_login_limit(t, env):
+    port = free_port()
+    d = Daemon(env, t, config={"listen": "127.0.0.1:%d" % port, "token": TOKEN}).start()
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+
+    def login(source, token):
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=30 * SLOW, source_address=(source, 0))
+        try:
+            c.request("POST", "/ui/login", body="token=" + token, headers=form)
+            r = c.getresponse()
+            r.read()
+            return r.status, {k.lower(): v for k, v in r.getheaders()}
+        finally:
+            c.close()
+
+    # wrong tokens from one address until it is told to wait: the first few are answered 401, then
+    # 429 (each wait doubles, so one comes however slowly the requests go)
+    statuses, headers = [], {}
+    for _ in range(14):
+        status, headers = login("127.0.0.2", "wrong")
+        statuses.append(status)
+        if status == 429:
+            break
+    t.check(statuses[:3] == [401, 401, 401], "the first three wrong tokens were not each a 401: %r" % statuses)
+    t.require(statuses[-1] == 429, "wrong tokens from one address never got a 429: %r" % statuses)
+    wait = headers.get("retry-after", "")
+    t.require(wait.isdigit() and int(wait) >= 1, "429 without a Retry-After of whole seconds: %r" % headers)
+    # meanwhile the right token from another address logs in
+    status, h = login("127.0.0.1", TOKEN)
+    t.check(status == 303 and "ddtree_session=" in h.get("set-cookie", ""),
+            "the right token from another address while one waits: %d %r" % (status, h))
+    text = d.unix.get("/metrics").body.decode()
+    fails = re.search(r"^ddtree_ui_login_failures_total (\d+)$", text, re.M)
+    refused = re.search(r"^ddtree_ui_login_refused_total (\d+)$", text, re.M)
+    t.check(fails and int(fails.group(1)) == statuses.count(401) and refused and int(refused.group(1)) >= 1,
+            "/metrics does not count the wrong tokens (%d) and the refusal: %r %r"
+            % (statuses.count(401), fails and fails.group(0), refused and refused.group(0)))
+    t.check("wrong token at the login client=127.0.0.2" in open(d.log_path, "rb").read().decode("utf-8", "replace"),
+            "the daemon's log does not name the address of the wrong tokens:\n%s" % d.log_tail())
+    # once the wait is over, the right token from the waiting address logs in, and clears its count
+    time.sleep(int(wait) + 0.2)
+    status, h = login("127.0.0.2", TOKEN)
+    t.check(status == 303, "the right token after the wait: %d %r" % (status, h))
+    status, _ = login("127.0.0.2", "wrong")
+    t.check(status == 401, "a wrong token after a login counts from zero again: %d" % status)
+    d.stop()
+
+
+# ------------------------------------------------------------------------------------------
 # 3. bad inputs: status, error body, nothing stored
 
 def case_bad_inputs(t, env):
@@ -1340,6 +1391,7 @@ def case_speculate(t, env):
 CASES = [
     ("unix_routes", case_unix_routes, False),
     ("tcp_token", case_tcp_token, False),
+    ("login_limit", case_login_limit, False),
     ("bad_inputs", case_bad_inputs, False),
     ("pause_rechunk", case_pause_rechunk, False),
     ("kill9_restart", case_kill9_restart, False),

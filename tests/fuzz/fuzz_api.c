@@ -272,6 +272,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     write_template();
     env.api = (ddt_api){ .config = &env.config, .started_s = mono_s(), .http = NULL };
     snprintf(env.api.db_path, sizeof env.api.db_path, "%s", env.db);
+    ddt_ui_login_limit_init(&env.api.login_limit);
     env_open();
     return 0;
 }
