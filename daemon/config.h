@@ -19,6 +19,8 @@ typedef struct ddt_daemon_config {
     char token[256];            /* bearer token for TCP */
     int64_t max_connections;
     int64_t connection_timeout_s;
+    int64_t max_connections_per_address;
+    int64_t request_timeout_s;
     char log_level[16];         /* err | warning | info | debug (reloadable) */
     int64_t max_parallel_runs;  /* runs trained at once (reloadable) */
     int watchdog;               /* ping systemd's watchdog while trainers progress */

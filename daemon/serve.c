@@ -251,7 +251,9 @@ int ddt_cmd_serve(int argc, char **argv)
     ddt_http_config hc = { .socket_path = d.config.socket, .listen = d.config.listen,
                            .token = *d.config.token ? d.config.token : NULL,
                            .max_connections = (unsigned)d.config.max_connections,
-                           .timeout_s = (unsigned)d.config.connection_timeout_s };
+                           .timeout_s = (unsigned)d.config.connection_timeout_s,
+                           .max_per_address = (unsigned)d.config.max_connections_per_address,
+                           .request_timeout_s = (unsigned)d.config.request_timeout_s };
     if (ddt_http_start(&hc, ddt_api_handle, &d.api, &d.http, err, sizeof err)) {
         ddt_log(DDT_LOG_ERR, "listeners: %s", err);
         ddt_runs_close(d.runs);

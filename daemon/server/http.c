@@ -22,8 +22,14 @@
  * (the login form's token is in it); any other is 401 here. Responses are counted per status code (atomics)
  * for /metrics. MHD's own messages become single log lines "<4>http: libmicrohttpd: ...".
  *
+ * Slow and abusive clients: a TCP listener takes at most max_per_address connections from one
+ * address (MHD closes the rest at once), and every connection's request must be in whole,
+ * headers and body, within request_timeout_s of its start (or of its previous answer on a
+ * kept-alive connection): a sweeper thread shuts down the ones that are not (MHD's own timeout
+ * counts only idleness, which a header line every few seconds resets).
+ *
  * Not here: routing and JSON bodies of the API (the API module's handler), TLS (put a proxy in
- * front of a public listener), per-IP limits (one operator, one socket).
+ * front of a public listener).
  *
  * Tested by tests/daemon/server/test_http.c (libcurl over the Unix socket and TCP) and tests/daemon/api_e2e.py.
  */
@@ -35,6 +41,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -50,8 +57,10 @@
 #include <unistd.h>
 
 enum {
-    DEFAULT_MAX_CONNECTIONS = 64,
+    DEFAULT_MAX_CONNECTIONS = 256,
+    DEFAULT_MAX_PER_ADDRESS = 16,
     DEFAULT_TIMEOUT_S = 30,
+    DEFAULT_REQUEST_TIMEOUT_S = 30,
     CONNECTION_MEMORY_LIMIT = 64 * 1024,  /* per connection: headers + read buffer (MHD: 32 KiB) */
     FIRST_BODY_CAPACITY = 4096,
     STOP_DRAIN_MS = 2000,                 /* stop waits this long for connections in flight */
@@ -63,6 +72,18 @@ static const char json_type[] = "application/json";
 /* ------------------------------------------------------------------------------------------
  * The server
  */
+
+/* A connection's clock for the whole-request deadline: since when it has been taking in its
+ * current request (accepted, or its last response sent), or paused (< 0) while its complete
+ * request is answered. fd is our own dup of its socket: the sweeper shuts down that socket and
+ * never another one that reused MHD's descriptor number. */
+typedef struct conn_clock {
+    int fd;
+    double since_s;
+    int closed;                          /* shut down by the sweeper */
+    char client[INET6_ADDRSTRLEN];
+    struct conn_clock *prev, *next;
+} conn_clock;
 
 typedef struct listener {
     struct ddt_http_server *server;
@@ -83,6 +104,15 @@ struct ddt_http_server {
     atomic_uint_fast64_t counts[STATUS_MAX - STATUS_MIN + 1];
     pthread_mutex_t log_lock;
     char last_log[256];  /* MHD's latest message: a failed start quotes it */
+
+    /* the whole-request deadline: every open connection's clock, and the sweeper that closes the
+     * connections whose request is not in after request_timeout_s */
+    pthread_mutex_t clock_lock;
+    pthread_cond_t clock_wake;
+    conn_clock *clocks;
+    double request_timeout_s;
+    pthread_t sweeper;
+    int sweeper_started, stopping;
 };
 
 /* MHD's messages, as single log lines; the latest is kept for the error of a failed start */
@@ -332,6 +362,98 @@ static enum MHD_Result send_response(ddt_http_server *s, struct MHD_Connection *
     return queued;
 }
 
+/* ------------------------------------------------------------------------------------------
+ * The whole-request deadline
+ */
+
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* conn's clock set to since (< 0: paused) */
+static void clock_set(ddt_http_server *s, struct MHD_Connection *conn, double since)
+{
+    const union MHD_ConnectionInfo *info = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    conn_clock *c = info ? info->socket_context : NULL;
+    if (!c)
+        return;
+    pthread_mutex_lock(&s->clock_lock);
+    c->since_s = since;
+    pthread_mutex_unlock(&s->clock_lock);
+}
+
+/* The sweeper: once a second, the connections whose request has taken longer than
+ * request_timeout_s are shut down (MHD then sees them end and closes them). */
+static void *sweep(void *arg)
+{
+    ddt_http_server *s = arg;
+    pthread_mutex_lock(&s->clock_lock);
+    while (!s->stopping) {
+        double now = mono_s();
+        for (conn_clock *c = s->clocks; c; c = c->next)
+            if (!c->closed && c->since_s >= 0 && now - c->since_s > s->request_timeout_s) {
+                shutdown(c->fd, SHUT_RDWR);
+                c->closed = 1;
+                ddt_log(DDT_LOG_WARNING, "http: a request was not in after %.0f s, its connection closed client=%s "
+                        "hint=\"a client that sends its request this slowly is stalled or abusive\"",
+                        s->request_timeout_s, c->client);
+            }
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += 1;
+        pthread_cond_timedwait(&s->clock_wake, &s->clock_lock, &until);
+    }
+    pthread_mutex_unlock(&s->clock_lock);
+    return NULL;
+}
+
+static void peer_address(struct MHD_Connection *conn, int is_tcp, char *out, socklen_t len);
+
+/* MHD_OPTION_NOTIFY_CONNECTION: a clock for each connection from its start to its end */
+static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe)
+{
+    listener *l = cls;
+    ddt_http_server *s = l->server;
+    conn_clock *c = *socket_context;
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *info = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        c = info ? calloc(1, sizeof *c) : NULL;
+        if (!c)
+            return;   /* out of memory: this connection has no deadline but its idle timeout */
+        c->fd = fcntl(info->connect_fd, F_DUPFD_CLOEXEC, 0);
+        if (c->fd < 0) {
+            free(c);
+            return;
+        }
+        snprintf(c->client, sizeof c->client, "local");
+        peer_address(conn, l->is_tcp, c->client, sizeof c->client);
+        c->since_s = mono_s();
+        pthread_mutex_lock(&s->clock_lock);
+        c->next = s->clocks;
+        if (s->clocks)
+            s->clocks->prev = c;
+        s->clocks = c;
+        pthread_mutex_unlock(&s->clock_lock);
+        *socket_context = c;
+    } else if (toe == MHD_CONNECTION_NOTIFY_CLOSED && c) {
+        pthread_mutex_lock(&s->clock_lock);
+        if (c->prev)
+            c->prev->next = c->next;
+        else
+            s->clocks = c->next;
+        if (c->next)
+            c->next->prev = c->prev;
+        pthread_mutex_unlock(&s->clock_lock);
+        close(c->fd);
+        free(c);
+        *socket_context = NULL;
+    }
+}
+
 /* the peer's address as text into out (left as it is on the Unix socket, or when unknown) */
 static void peer_address(struct MHD_Connection *conn, int is_tcp, char *out, socklen_t len)
 {
@@ -376,7 +498,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         return MHD_YES;
     }
 
-    /* the last call: the whole body is in */
+    /* the last call: the whole body is in (the deadline stops until the answer is sent) */
+    clock_set(s, conn, -1.0);
     ddt_http_response res;
     memset(&res, 0, sizeof res);
     if (st->unauthorized) {
@@ -426,6 +549,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
                          enum MHD_RequestTerminationCode toe)
 {
+    listener *l = cls;
+    clock_set(l->server, conn, mono_s());   /* a kept-alive connection's next request starts now */
     request_state *st = *req_cls;
     if (st) {
         free(st->body);
@@ -456,9 +581,14 @@ static struct MHD_Daemon *start_daemon(ddt_http_server *s, listener *l, const dd
     }
     unsigned max_connections = c->max_connections ? c->max_connections : DEFAULT_MAX_CONNECTIONS;
     unsigned timeout_s = c->timeout_s ? c->timeout_s : DEFAULT_TIMEOUT_S;
+    /* one address's share of a TCP listener; the Unix socket's clients have no address to tell
+     * apart (and one operator) */
+    unsigned per_address = !l->is_tcp ? 0 : c->max_per_address ? c->max_per_address : DEFAULT_MAX_PER_ADDRESS;
     return MHD_start_daemon(flags, port, NULL, NULL, on_request, l,
                             MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, s,
-                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL,
+                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, l,
+                            MHD_OPTION_NOTIFY_CONNECTION, on_connection, l,
+                            MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_address,
                             MHD_OPTION_CONNECTION_LIMIT, max_connections,
                             MHD_OPTION_CONNECTION_TIMEOUT, timeout_s,
                             MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)CONNECTION_MEMORY_LIMIT,
@@ -693,11 +823,20 @@ int ddt_http_start(const ddt_http_config *c, ddt_http_handler handler, void *ctx
     s->handler = handler;
     s->ctx = ctx;
     pthread_mutex_init(&s->log_lock, NULL);
+    pthread_mutex_init(&s->clock_lock, NULL);
+    pthread_cond_init(&s->clock_wake, NULL);
+    s->request_timeout_s = c->request_timeout_s ? c->request_timeout_s : DEFAULT_REQUEST_TIMEOUT_S;
     s->unix_listener = (listener){s, NULL, 0, 0, -1};
     s->tcp_listener = (listener){s, NULL, 1, loopback, -1};
     for (int j = 0; j <= STATUS_MAX - STATUS_MIN; j++)
         atomic_init(&s->counts[j], 0);
-    int rc = 0;
+    int rc = pthread_create(&s->sweeper, NULL, sweep, s);
+    if (rc) {
+        snprintf(err, err_len, "cannot start the request deadline's thread (%s)", strerror(rc));
+        rc = -rc;
+        goto fail;
+    }
+    s->sweeper_started = 1;
     if (c->token && c->token[0] && !(s->token = strdup(c->token))) {
         snprintf(err, err_len, "out of memory");
         rc = -ENOMEM;
@@ -786,8 +925,17 @@ void ddt_http_stop(ddt_http_server *s)
         if (ls[j]->quiesced_fd >= 0)
             close(ls[j]->quiesced_fd);
     }
+    if (s->sweeper_started) {
+        pthread_mutex_lock(&s->clock_lock);
+        s->stopping = 1;
+        pthread_cond_signal(&s->clock_wake);
+        pthread_mutex_unlock(&s->clock_lock);
+        pthread_join(s->sweeper, NULL);
+    }
     free(s->socket_path);
     free(s->token);
     pthread_mutex_destroy(&s->log_lock);
+    pthread_mutex_destroy(&s->clock_lock);
+    pthread_cond_destroy(&s->clock_wake);
     free(s);
 }

@@ -60,6 +60,9 @@ typedef struct ddt_http_config {
     const char *token;          /* bearer token; required when listen is not a loopback address */
     unsigned max_connections;   /* per listener */
     unsigned timeout_s;         /* idle connections are closed after this */
+    unsigned max_per_address;   /* TCP: connections from one client address at once */
+    unsigned request_timeout_s; /* a request's whole time (headers and body); then its connection
+                                   is closed, however slowly its bytes trickle in */
 } ddt_http_config;
 
 typedef struct ddt_http_server ddt_http_server;

@@ -726,6 +726,73 @@ def case_login_limit(t, env):
 
 
 # ------------------------------------------------------------------------------------------
+# 2c. slow and abusive clients: one address's share of the TCP listener, and a whole-request
+# deadline that a header line every half second does not reset (daemon/server/http.c)
+
+def case_slow_clients(t, env):
+    port = free_port()
+    d = Daemon(env, t, config={"listen": "127.0.0.1:%d" % port, "max_connections_per_address": 16,
+                                "request_timeout_s": 3, "connection_timeout_s": 30}).start()
+    import select
+    trickling = []
+    for _ in range(64):   # from 127.0.0.2: a request line, then a header line every 0.5 s, never the end
+        c = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        c.bind(("127.0.0.2", 0))
+        c.connect(("127.0.0.1", port))
+        c.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        trickling.append(c)
+    start = time.monotonic()
+    open_at = {c: None for c in trickling}   # None: still open; else when the daemon closed it
+    scrape = Client(("127.0.0.1", port))
+    latencies, held_after_1s = [], None
+
+    def tick():
+        now = time.monotonic() - start
+        for c in trickling:
+            if open_at[c] is not None:
+                continue
+            gone = False
+            try:
+                readable, _, _ = select.select([c], [], [], 0)
+                if readable and not c.recv(4096):
+                    gone = True
+                if not gone:
+                    c.sendall(b"X-Slow: 1\r\n")
+            except OSError:
+                gone = True
+            if gone:
+                open_at[c] = now
+        return sum(1 for c in trickling if open_at[c] is None)
+
+    deadline = 20 * SLOW
+    while time.monotonic() - start < deadline:
+        still = tick()
+        if held_after_1s is None and time.monotonic() - start >= 1.0:
+            held_after_1s = still
+        t0 = time.monotonic()   # a Prometheus-style scrape from another address, meanwhile
+        r = scrape.get("/metrics")
+        latencies.append(time.monotonic() - t0)
+        t.check(r.status == 200, "a scrape from 127.0.0.1 while 127.0.0.2 trickles: %r" % r)
+        if still == 0:
+            break
+        time.sleep(0.5)
+    for c in trickling:
+        c.close()
+    t.check(held_after_1s is not None and 1 <= held_after_1s <= 16,
+            "connections from one address still open after 1 s: %s (want 1 to 16, the per-address limit)"
+            % held_after_1s)
+    closed = [v for v in open_at.values() if v is not None]
+    t.check(len(closed) == 64, "%d of 64 trickling connections still open after %.0f s: the whole-request "
+            "deadline (3 s) did not close them" % (64 - len(closed), deadline))
+    t.note("%d scrapes answered while 64 connections trickled from another address, the slowest in %.3f s"
+           % (len(latencies), max(latencies)))
+    log = open(d.log_path, "rb").read().decode("utf-8", "replace")
+    t.check("its connection closed client=127.0.0.2" in log, "the deadline's closures are not logged with "
+            "the client's address:\n%s" % d.log_tail())
+    d.stop()
+
+
+# ------------------------------------------------------------------------------------------
 # 3. bad inputs: status, error body, nothing stored
 
 def case_bad_inputs(t, env):
@@ -1392,6 +1459,7 @@ CASES = [
     ("unix_routes", case_unix_routes, False),
     ("tcp_token", case_tcp_token, False),
     ("login_limit", case_login_limit, False),
+    ("slow_clients", case_slow_clients, False),
     ("bad_inputs", case_bad_inputs, False),
     ("pause_rechunk", case_pause_rechunk, False),
     ("kill9_restart", case_kill9_restart, False),

@@ -209,7 +209,7 @@ static int free_port(void)
 
 static ddt_http_config config(const char *sock, const char *listen, const char *tok)
 {
-    ddt_http_config c = {sock, listen, tok, 16, 10};
+    ddt_http_config c = {.socket_path = sock, .listen = listen, .token = tok, .max_connections = 16, .timeout_s = 10};
     return c;
 }
 
