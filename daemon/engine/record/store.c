@@ -6,7 +6,9 @@
  * The writer takes everything queued, up to BATCH_MAX items, and writes it in one
  * BEGIN IMMEDIATE transaction with persistent prepared statements. When an item's statement
  * fails, the batch is rolled back and written again one item per transaction, so that only the
- * bad item is lost and its failure is logged with its run and step. Synchronous calls (run
+ * bad item is lost and its failure is logged with its run and step. A database locked by another
+ * process (a DB browser, a backup, a script holding BEGIN IMMEDIATE) is waited for, as long as it
+ * takes, batch and all: the producers wait on the full ring meanwhile, and nothing is dropped. Synchronous calls (run
  * create / update, flush) travel through the same ring and wait for the answer of the writer,
  * which comes after the commit; items are answered in queue order, so a flush answers for
  * everything enqueued before it. A failed item is reported by the first flush answered after
@@ -269,6 +271,14 @@ void ddt_store_new_run_id(char *out, size_t len)
     x = ddk_rng_next(&x);
     snprintf(out, len, "r%04d%02d%02d-%02d%02d%02d-%06x", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
              tm.tm_hour, tm.tm_min, tm.tm_sec, (unsigned)(x >> 40));
+}
+
+int64_t ddt_store_lock_waits(ddt_store *s)
+{
+    pthread_mutex_lock(&s->lock);
+    int64_t n = s->lock_waits;
+    pthread_mutex_unlock(&s->lock);
+    return n;
 }
 
 int ddt_store_flush(ddt_store *s)

@@ -24,6 +24,9 @@ int ddt_store_open(const char *path, ddt_store **out, char *err, size_t err_len)
 void ddt_store_close(ddt_store *s);
 /* Blocks until everything enqueued before the call is committed (0) or failed (-EIO). */
 int ddt_store_flush(ddt_store *s);
+/* How many times the writer found ddtree.db locked by another process and waited (each wait is
+ * busy_timeout long): nothing is lost meanwhile, the records wait in the queue. */
+int64_t ddt_store_lock_waits(ddt_store *s);
 
 /* Enqueued (never blocks on disk; a bounded queue applies back-pressure when full). */
 void ddt_store_step(ddt_store *s, const ddt_step_record *r);

@@ -19,6 +19,7 @@ enum {
     BATCH_MAX = 512,         /* items per transaction: one fsync-free WAL commit each */
     BUSY_TIMEOUT_MS = 5000,  /* another connection's write lock (a reader never takes one) */
     LOG_FAILURES_PER_BATCH = 4,
+    LOCKED_GIVE_UP_STOPPING_S = 30,   /* closing: how long a locked database is waited for */
 };
 
 /* ------------------------------------------------------------------------------------------
@@ -34,6 +35,7 @@ typedef enum {
     ITEM_RUN_UPDATE,
     ITEM_RUN_TRANSITION,
     ITEM_FLUSH,
+    ITEM_ANSWERED,   /* a run request answered while the database was locked: nothing to write */
 } item_kind;
 
 /* What a synchronous caller waits for; on its stack, answered under the store's lock. */
@@ -124,6 +126,8 @@ struct ddt_store {
     store_item *batch;                   /* BATCH_MAX */
     int *results;                        /* per batch item: 0 or a negative errno */
     int batch_logged;                    /* failures logged in this batch */
+    int64_t lock_waits;                  /* BEGINs that found the database locked and were retried
+                                            (under lock: ddt_store_lock_waits) */
     char why[512];                       /* the last failure, for the log */
     int why_code;                        /* its SQLite extended code (0: not SQLite's) */
     int had_row;                         /* the last run_stmt's statement gave a row */

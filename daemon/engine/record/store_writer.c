@@ -1,12 +1,14 @@
 /* store_writer.c: the store's writer thread (store_impl.h): the items of its queue, the one
  * writer connection's statements, each item's rows, and the batches: everything taken from the
- * ring, up to BATCH_MAX items, written in one BEGIN IMMEDIATE transaction; a batch with a failing
- * item rolled back and written again one item per transaction, so that only the bad item is lost,
- * and logged with its run and step; the answers to the waiting callers in queue order.
+ * ring, up to BATCH_MAX items, written in one BEGIN IMMEDIATE transaction (a database locked by
+ * another process waited for, never given up: begin_waiting); a batch with a failing item rolled
+ * back and written again one item per transaction, so that only the bad item is lost, and logged
+ * with its run and step; the answers to the waiting callers in queue order.
  * Tested through store.h by tests/engine/record/test_store.c and tests/engine/run/test_run_state.c.
  */
 #include "store_impl.h"
 #include "store_schema.h"
+#include "base/ddt_time.h"
 #include "base/log.h"
 #include "run/run_state.h"
 
@@ -23,7 +25,7 @@ const char *const ddt_store_item_names[] = {
     [ITEM_STEP] = "step",           [ITEM_EVENT] = "event",
     [ITEM_EVAL] = "eval",           [ITEM_CHECKPOINT] = "checkpoint",
     [ITEM_RUN_CREATE] = "run_create", [ITEM_RUN_UPDATE] = "run_update",
-    [ITEM_RUN_TRANSITION] = "run_transition", [ITEM_FLUSH] = "flush",
+    [ITEM_RUN_TRANSITION] = "run_transition", [ITEM_FLUSH] = "flush", [ITEM_ANSWERED] = "answered",
 };
 
 void ddt_store_item_free(store_item *item)
@@ -308,6 +310,7 @@ static int write_item(ddt_store *s, const store_item *item, int *result)
         rc = write_transition(s, item->run, result);
         break;
     case ITEM_FLUSH:
+    case ITEM_ANSWERED:
         break;
     }
     if (rc != SQLITE_OK)
@@ -347,6 +350,7 @@ static void log_item_failure(ddt_store *s, const store_item *item)
         id = item->run->run_id;
         break;
     case ITEM_FLUSH:
+    case ITEM_ANSWERED:
         break;
     }
     char run_id[64] = "", step[32] = "";
@@ -375,15 +379,79 @@ static void fail_batch(ddt_store *s, int n, const char *what)
     s->batch_logged = n;
 }
 
+/* 1 when code says another connection holds the write lock (after busy_timeout's wait) */
+static int is_locked(int code)
+{
+    return (code & 0xff) == SQLITE_BUSY || (code & 0xff) == SQLITE_LOCKED;
+}
+
+/* item answered now with code's errno when it is a run request (its caller's strings are not
+ * read again: nothing is left to write) */
+static void answer_if_run_request(store_item *item, int code)
+{
+    if (item->kind == ITEM_RUN_CREATE || item->kind == ITEM_RUN_UPDATE || item->kind == ITEM_RUN_TRANSITION) {
+        item->run->answer.rc = ddt_store_errno_of(code);
+        item->run->answer.done = 1;
+        item->kind = ITEM_ANSWERED;
+    }
+}
+
+/* While the database is locked, the run requests among batch[first, first + count) and in the
+ * ring behind it are answered with code's errno, as before the store waited: a run's create,
+ * update or transition is refused, not held up, so the API answers (and a caller that holds
+ * the lock itself is not left waiting on it). */
+static void answer_run_requests(ddt_store *s, int first, int count, int code)
+{
+    pthread_mutex_lock(&s->lock);
+    for (int i = first; i < first + count; i++)
+        answer_if_run_request(&s->batch[i], code);
+    for (int k = 0; k < s->count; k++)
+        answer_if_run_request(&s->queue[(s->head + k) % QUEUE_CAPACITY], code);
+    pthread_cond_broadcast(&s->answered);
+    pthread_mutex_unlock(&s->lock);
+}
+
+/* BEGIN IMMEDIATE for batch[first, first + count), waiting out another process's write lock (a
+ * DB browser, a backup, a script): each try waits busy_timeout (5 s) inside SQLite, then again,
+ * for as long as it takes, while the producers wait on the full queue; no record is dropped.
+ * The batch's run requests are answered at the first wait (answer_run_requests). Only a
+ * closing store gives up, after LOCKED_GIVE_UP_STOPPING_S. SQLITE_OK, or the failure's code. */
+static int begin_waiting(ddt_store *s, int first, int count)
+{
+    int rc = run_stmt(s, s->stmt[STMT_BEGIN]);
+    if (!is_locked(rc))
+        return rc;
+    answer_run_requests(s, first, count, rc);
+    double since = ddt_mono_s();
+    ddt_log(DDT_LOG_WARNING, "store: ddtree.db is locked by another process, waiting; records are kept path=\"%s\" "
+            "error=\"%s\" hint=\"%s\"", s->path, s->why, failure_hint(s->why_code));
+    for (;;) {
+        pthread_mutex_lock(&s->lock);
+        s->lock_waits++;
+        int give_up = s->stopping && ddt_mono_s() - since > LOCKED_GIVE_UP_STOPPING_S;
+        pthread_mutex_unlock(&s->lock);
+        if (give_up)
+            return rc;
+        rc = run_stmt(s, s->stmt[STMT_BEGIN]);
+        if (!is_locked(rc))
+            break;
+        answer_run_requests(s, first, count, rc);   /* and those queued since */
+    }
+    if (rc == SQLITE_OK)
+        ddt_log(DDT_LOG_NOTICE, "store: ddtree.db writable again after %.0f s path=\"%s\"", ddt_mono_s() - since,
+                s->path);
+    return rc;
+}
+
 /* one item in its own transaction (the replay of a failed batch) */
 static void write_alone(ddt_store *s, int i)
 {
     const store_item *item = &s->batch[i];
-    if (item->kind == ITEM_FLUSH) {
+    if (item->kind == ITEM_FLUSH || item->kind == ITEM_ANSWERED) {
         s->results[i] = 0;
         return;
     }
-    int rc = run_stmt(s, s->stmt[STMT_BEGIN]);
+    int rc = begin_waiting(s, i, 1);
     if (rc == SQLITE_OK) {
         rc = write_item(s, item, &s->results[i]);
         if (rc == SQLITE_OK)
@@ -401,7 +469,7 @@ static void write_alone(ddt_store *s, int i)
 static void write_batch(ddt_store *s, int n)
 {
     s->batch_logged = 0;
-    if (run_stmt(s, s->stmt[STMT_BEGIN]) != SQLITE_OK) {
+    if (begin_waiting(s, 0, n) != SQLITE_OK) {
         fail_batch(s, n, "begin");
         return;
     }
@@ -457,7 +525,7 @@ void *ddt_store_writer_main(void *arg)
             } else if (item_is_sync(item->kind)) {
                 item->run->answer.rc = s->results[i];
                 item->run->answer.done = 1;
-            } else if (s->results[i] != 0) {
+            } else if (item->kind != ITEM_ANSWERED && s->results[i] != 0) {
                 s->failures++;
             }
         }

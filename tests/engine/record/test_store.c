@@ -746,6 +746,57 @@ static void test_failure_reported(void)
     ddt_store_close(s);
 }
 
+/* another process's write lock (BEGIN IMMEDIATE from a DB browser, a backup, a script) is waited
+ * out: the writer's BEGIN finds the database busy after busy_timeout, counts a wait, tries again,
+ * and every record queued meanwhile is committed once the lock is gone; both moments logged. A
+ * run request queued with them is answered -EBUSY at the first wait, not held up until the end. */
+static void test_locked_waited(void)
+{
+    char path[256], log_path[256];
+    db_path(log_path, sizeof log_path, "locked.log");
+    ddt_store *s = open_fresh(path, sizeof path, "locked.db", "lk");
+    if (!s)
+        return;
+    sqlite3 *other = NULL;
+    check(sqlite3_open_v2(path, &other, SQLITE_OPEN_READWRITE, NULL) == SQLITE_OK &&
+              sqlite3_exec(other, "BEGIN IMMEDIATE", NULL, NULL, NULL) == SQLITE_OK,
+          "the other connection cannot take the write lock");
+    fflush(stderr);
+    int saved = dup(2), log_fd = open(log_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    dup2(log_fd, 2);
+    close(log_fd);
+    for (int step = 0; step < 200; step++) {
+        ddt_step_record r = make_step("lk", step, 1);
+        ddt_store_step(s, &r);
+    }
+    /* answered while the lock is still held (this thread holds it until the call returns) */
+    int update = ddt_store_run_update(s, "lk", "running", 199, -1, 1000, -1, -1, NULL);
+    /* until the writer has found the lock and waited once (5 s of busy_timeout each try) */
+    for (int tenths = 0; tenths < 1200 && ddt_store_lock_waits(s) < 1; tenths++)
+        nanosleep(&(struct timespec){ 0, 100 * 1000 * 1000 }, NULL);
+    int64_t waits = ddt_store_lock_waits(s);
+    sqlite3_exec(other, "COMMIT", NULL, NULL, NULL);
+    sqlite3_close(other);
+    int rc = ddt_store_flush(s);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+
+    check(waits >= 1, "the writer never found the database locked (waits %lld)", (long long)waits);
+    check(update == -EBUSY, "a run update during the lock = %d, not -EBUSY at the first wait", update);
+    check(rc == 0, "flush after the lock = %d: records were lost", rc);
+    check(count_in(path, "SELECT count(*) FROM steps WHERE run_id = 'lk'") == 200,
+          "%lld of 200 steps queued during the lock were committed",
+          (long long)count_in(path, "SELECT count(*) FROM steps WHERE run_id = 'lk'"));
+    size_t len = 0;
+    char *log = (char *)read_file(log_path, &len);
+    check(log && strstr(log, "ddtree.db is locked by another process, waiting; records are kept") &&
+              strstr(log, "ddtree.db writable again after"),
+          "the wait and its end are not logged: %s", log ? log : "(none)");
+    free(log);
+    ddt_store_close(s);
+}
+
 /* a reader holding a snapshot does not stop the writer (WAL) and sees the commits after it */
 static void test_reader_during_writes(void)
 {
@@ -810,6 +861,7 @@ int main(void)
         { "a NaN metric is stored as NULL", test_nan_is_null },
         { "a refused record: logged, flush -EIO once, batch kept", test_failure_reported },
         { "a reader sees commits while the writer runs (WAL)", test_reader_during_writes },
+        { "another process's write lock is waited out, no record lost", test_locked_waited },
         { "close writes what is queued", test_close_drains },
     };
     run_cases(cases, sizeof cases / sizeof cases[0]);
