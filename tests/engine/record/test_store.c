@@ -709,6 +709,23 @@ static void test_nan_is_null(void)
     ddt_store_close(s);
 }
 
+/* stderr (the store's log lines) into log_path until restore_stderr(the returned descriptor) */
+static int capture_stderr(const char *log_path)
+{
+    fflush(stderr);
+    int saved = dup(2), log_fd = open(log_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    dup2(log_fd, 2);
+    close(log_fd);
+    return saved;
+}
+
+static void restore_stderr(int saved)
+{
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+}
+
 /* a record the database refuses: one log line, flush -EIO once, the batch's others kept */
 static void test_failure_reported(void)
 {
@@ -718,19 +735,14 @@ static void test_failure_reported(void)
     if (!s)
         return;
 
-    fflush(stderr);
-    int saved = dup(2), log_fd = open(log_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    dup2(log_fd, 2);
-    close(log_fd);
+    int saved = capture_stderr(log_path);
     for (int step = 0; step < 50; step++) {
         ddt_step_record r = make_step(step == 25 ? "ghost" : "ok", step, 1);   /* ghost: no run */
         ddt_store_step(s, &r);
     }
     int first = ddt_store_flush(s);
     int second = ddt_store_flush(s);
-    fflush(stderr);
-    dup2(saved, 2);
-    close(saved);
+    restore_stderr(saved);
 
     check(first == -EIO, "flush after a refused record = %d, not -EIO", first);
     check(second == 0, "the failure was reported twice (second flush %d)", second);
@@ -761,10 +773,7 @@ static void test_locked_waited(void)
     check(sqlite3_open_v2(path, &other, SQLITE_OPEN_READWRITE, NULL) == SQLITE_OK &&
               sqlite3_exec(other, "BEGIN IMMEDIATE", NULL, NULL, NULL) == SQLITE_OK,
           "the other connection cannot take the write lock");
-    fflush(stderr);
-    int saved = dup(2), log_fd = open(log_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    dup2(log_fd, 2);
-    close(log_fd);
+    int saved = capture_stderr(log_path);
     for (int step = 0; step < 200; step++) {
         ddt_step_record r = make_step("lk", step, 1);
         ddt_store_step(s, &r);
@@ -778,9 +787,7 @@ static void test_locked_waited(void)
     sqlite3_exec(other, "COMMIT", NULL, NULL, NULL);
     sqlite3_close(other);
     int rc = ddt_store_flush(s);
-    fflush(stderr);
-    dup2(saved, 2);
-    close(saved);
+    restore_stderr(saved);
 
     check(waits >= 1, "the writer never found the database locked (waits %lld)", (long long)waits);
     check(update == -EBUSY, "a run update during the lock = %d, not -EBUSY at the first wait", update);
