@@ -55,8 +55,10 @@ int ddt_ui_login_failed(ddt_ui_login_limit *l, const char *client, int64_t now_m
     a->failures++;
     a->seen_ms = now_ms;
     int over = a->failures - DDT_UI_LOGIN_FREE + 1;   /* 1: the try after the last free one waits 1 s */
-    int64_t wait_s = over <= 0 ? 0 : over > 10 ? DDT_UI_LOGIN_MAX_WAIT_S : (int64_t)1 << (over - 1);
-    a->next_ms = now_ms + 1000 * (wait_s < DDT_UI_LOGIN_MAX_WAIT_S ? wait_s : DDT_UI_LOGIN_MAX_WAIT_S);
+    int64_t wait_s = over <= 0 ? 0 : over > 30 ? DDT_UI_LOGIN_MAX_WAIT_S : (int64_t)1 << (over - 1);
+    if (wait_s > DDT_UI_LOGIN_MAX_WAIT_S)
+        wait_s = DDT_UI_LOGIN_MAX_WAIT_S;
+    a->next_ms = now_ms + 1000 * wait_s;
     l->failures_total++;
     int failures = a->failures;
     pthread_mutex_unlock(&l->lock);

@@ -34,6 +34,7 @@
  * Tested by tests/daemon/server/test_http.c (libcurl over the Unix socket and TCP) and tests/daemon/api_e2e.py.
  */
 #include "http.h"
+#include "base/ddt_time.h"
 #include "base/log.h"
 
 #include <cjson/cJSON.h>
@@ -366,13 +367,6 @@ static enum MHD_Result send_response(ddt_http_server *s, struct MHD_Connection *
  * The whole-request deadline
  */
 
-static double mono_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* conn's clock set to since (< 0: paused) */
 static void clock_set(ddt_http_server *s, struct MHD_Connection *conn, double since)
 {
@@ -392,7 +386,7 @@ static void *sweep(void *arg)
     ddt_http_server *s = arg;
     pthread_mutex_lock(&s->clock_lock);
     while (!s->stopping) {
-        double now = mono_s();
+        double now = ddt_mono_s();
         for (conn_clock *c = s->clocks; c; c = c->next)
             if (!c->closed && c->since_s >= 0 && now - c->since_s > s->request_timeout_s) {
                 shutdown(c->fd, SHUT_RDWR);
@@ -410,7 +404,17 @@ static void *sweep(void *arg)
     return NULL;
 }
 
-static void peer_address(struct MHD_Connection *conn, int is_tcp, char *out, socklen_t len);
+/* the peer's address as text into out (left as it is on the Unix socket, or when unknown) */
+static void peer_address(struct MHD_Connection *conn, int is_tcp, char *out, socklen_t len)
+{
+    const union MHD_ConnectionInfo *info = is_tcp ? MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS)
+                                                  : NULL;
+    const struct sockaddr *sa = info ? info->client_addr : NULL;
+    if (sa && sa->sa_family == AF_INET)
+        inet_ntop(AF_INET, &((const struct sockaddr_in *)(const void *)sa)->sin_addr, out, len);
+    else if (sa && sa->sa_family == AF_INET6)
+        inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)(const void *)sa)->sin6_addr, out, len);
+}
 
 /* MHD_OPTION_NOTIFY_CONNECTION: a clock for each connection from its start to its end */
 static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
@@ -431,7 +435,7 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
         }
         snprintf(c->client, sizeof c->client, "local");
         peer_address(conn, l->is_tcp, c->client, sizeof c->client);
-        c->since_s = mono_s();
+        c->since_s = ddt_mono_s();
         pthread_mutex_lock(&s->clock_lock);
         c->next = s->clocks;
         if (s->clocks)
@@ -452,18 +456,6 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
         free(c);
         *socket_context = NULL;
     }
-}
-
-/* the peer's address as text into out (left as it is on the Unix socket, or when unknown) */
-static void peer_address(struct MHD_Connection *conn, int is_tcp, char *out, socklen_t len)
-{
-    const union MHD_ConnectionInfo *info = is_tcp ? MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS)
-                                                  : NULL;
-    const struct sockaddr *sa = info ? info->client_addr : NULL;
-    if (sa && sa->sa_family == AF_INET)
-        inet_ntop(AF_INET, &((const struct sockaddr_in *)(const void *)sa)->sin_addr, out, len);
-    else if (sa && sa->sa_family == AF_INET6)
-        inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)(const void *)sa)->sin6_addr, out, len);
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
@@ -550,7 +542,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
                          enum MHD_RequestTerminationCode toe)
 {
     listener *l = cls;
-    clock_set(l->server, conn, mono_s());   /* a kept-alive connection's next request starts now */
+    clock_set(l->server, conn, ddt_mono_s());   /* a kept-alive connection's next request starts now */
     request_state *st = *req_cls;
     if (st) {
         free(st->body);
