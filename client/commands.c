@@ -82,6 +82,20 @@ static int ddc_print_status(const ddc_ctx *ctx, const ddc_args *args, const char
     }
     puts(any ? "" : " none");
 
+    const cJSON *health = ddc_get(root, "health");
+    if (health) {
+        const cJSON *store = ddc_get(health, "store");
+        double held = 0, queued = 0;
+        ddc_number(ddc_get(health, "runs_held"), &held);
+        ddc_number(ddc_get(store, "queued"), &queued);
+        const char *cause = ddc_string(ddc_get(store, "cause"));
+        if (cJSON_IsTrue(ddc_get(store, "degraded")))   /* the cause whole: a path, a pid, what to do */
+            printf("health: DEGRADED: %s; %.0f record(s) waiting, %.0f run(s) held until it is over\n",
+                   cause ? cause : "-", queued, held);
+        else
+            printf("health: ok%s\n", held > 0 ? ", but runs are held (see ddtreectl runs)" : "");
+    }
+
     const cJSON *devices = ddc_get(root, "devices"), *device;
     if (cJSON_GetArraySize(devices) == 0) {
         puts("devices: none");

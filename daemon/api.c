@@ -30,10 +30,35 @@ static void reply(ddt_http_response *res, int status, cJSON *o)
  * Handlers
  */
 
+/* The daemon's health into o: "status" "ok", or "degraded" while the store cannot write (its
+ * records wait in its queue and the runs it would record are held, paused until it can), and
+ * "store": {"degraded", "cause", "since_ms", "queued", "lock_waits"}, "runs_held". */
+static void add_health(ddt_api *a, cJSON *o)
+{
+    ddt_store_health h = { 0 };
+    if (a->store)
+        ddt_store_get_health(a->store, &h);
+    cJSON_AddStringToObject(o, "status", h.degraded ? "degraded" : "ok");
+    cJSON *store = cJSON_AddObjectToObject(o, "store");
+    cJSON_AddBoolToObject(store, "degraded", h.degraded);
+    if (h.degraded) {
+        cJSON_AddStringToObject(store, "cause", h.cause);
+        cJSON_AddNumberToObject(store, "since_ms", (double)h.since_ms);
+    } else {
+        cJSON_AddNullToObject(store, "cause");
+        cJSON_AddNullToObject(store, "since_ms");
+    }
+    cJSON_AddNumberToObject(store, "queued", h.queued);
+    cJSON_AddNumberToObject(store, "lock_waits", (double)h.lock_waits);
+    cJSON_AddNumberToObject(o, "runs_held", (double)ddt_runs_held(a->runs));
+}
+
+/* 200 while the daemon answers, degraded or not: a degraded store is waited out, not a reason
+ * to restart the daemon (its body says which) */
 static void get_healthz(ddt_api *a, ddt_http_response *res)
 {
     cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "status", "ok");
+    add_health(a, o);
     cJSON_AddStringToObject(o, "version", DDK_VERSION);
     reply(res, 200, o);
 }
@@ -80,6 +105,7 @@ static void get_status(ddt_api *a, ddt_http_response *res)
     for (int s = 0; s < DDT_RUN_STATE_COUNT; s++)
         cJSON_AddNumberToObject(runs, ddt_run_state_name(s), (double)counts[s]);
     cJSON_AddItemToObject(o, "config", ddt_daemon_config_json(a->config));
+    add_health(a, cJSON_AddObjectToObject(o, "health"));
     reply(res, 200, o);
 }
 
@@ -289,6 +315,13 @@ static void get_metrics(ddt_api *a, ddt_http_response *res)
     if (a->http)
         m.code_count = ddt_http_counts(a->http, m.codes, m.code_counts, DDT_METRICS_MAX_CODES);
     ddt_ui_login_counts(&a->login_limit, &m.login_failures, &m.login_refused);
+    if (a->store) {
+        ddt_store_health h;
+        ddt_store_get_health(a->store, &h);
+        m.store_degraded = h.degraded;
+        m.store_queued = h.queued;
+        m.store_lock_waits = (uint64_t)h.lock_waits;
+    }
     size_t len = 0;
     res->status = 200;
     res->body = ddt_metrics_render(&m, &len);

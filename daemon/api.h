@@ -15,6 +15,7 @@
 
 typedef struct ddt_api {
     ddt_runs *runs;
+    ddt_store *store;            /* for the health: whether it can write (ddt_store_get_health) */
     const ddt_daemon_config *config;
     char db_path[1100];
     double started_s;            /* monotonic time of the start, for uptime */

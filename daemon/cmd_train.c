@@ -10,9 +10,12 @@
  * evaluation (the baseline at step 0, every eval.every_steps, the end), then a summary. The
  * run's state moves along run_state.h's table as the daemon's does (ddt_store_run_transition):
  * queued or the state it was resumed from -> running -> completed or failed; --stop-after N is
- * the daemon's pause after N steps (running -> pausing -> its checkpoint -> paused). A run left
- * running or pausing is first marked interrupted (crash recovery), a finished one does not
- * resume.
+ * the daemon's pause after N steps (running -> pausing -> its checkpoint -> paused). A hold
+ * (ddt_trainer_ready: the store cannot write, a checkpoint or the export failed) is a pause that
+ * ends by itself (running -> paused -> running, waiting in place); data that cannot be read
+ * (-EIO) ends the run paused, to resume from its newest checkpoint once the file is fixed. A
+ * run left running or pausing is first marked interrupted (crash recovery), a finished one does
+ * not resume.
  * Tested by tests/daemon/train_cli_test.sh (through scripts/test) and scripts/demo.
  */
 #include "base/read_file.h"
@@ -92,6 +95,32 @@ static void print_eval(const ddt_acceptance *a, int64_t step, FILE *out)
     for (int i = 0; i < a->n_budgets; i++)
         fprintf(out, ", tau_tree(%lld) %.3f", (long long)a->budgets[i], ddt_acceptance_tau_tree(a, i));
     fprintf(out, ", acc_1 %.3f (%lld blocks)\n", ddt_acceptance_acc(a, 1), (long long)a->blocks);
+}
+
+/* ddt_trainer_ready at a step boundary: 0 when the run may go on; else the run is recorded
+ * paused with why (from *at), and this waits, asking again every second, until it is ready,
+ * then records it running again and answers 1. The same hold as the daemon's: the store cannot
+ * write, a checkpoint or the export owed. */
+static int hold(ddt_store *store, ddt_trainer *t, ddt_run_state *at)
+{
+    char why[1400];
+    if (ddt_trainer_ready(t, why, sizeof why))
+        return 0;
+    const char *id = ddt_trainer_run_id(t);
+    int64_t step = ddt_trainer_step_count(t);
+    fprintf(stderr, "\nrun %s paused at step %lld: %s\nit goes on by itself once this is over (Ctrl-C stops it; "
+            "ddtreed train --resume goes on from its newest checkpoint)\n", id, (long long)step, why);
+    int rc = ddt_store_run_transition(store, id, *at, DDT_RUN_PAUSED, step, -1, ddt_wall_ms(), why);
+    if (rc == 0 || rc == -EINPROGRESS)
+        *at = DDT_RUN_PAUSED;
+    do
+        nanosleep(&(struct timespec){ 1, 0 }, NULL);
+    while (!ddt_trainer_ready(t, why, sizeof why));
+    fprintf(stderr, "run %s goes on: what held it is over\n", id);
+    rc = ddt_store_run_transition(store, id, *at, DDT_RUN_RUNNING, step, -1, ddt_wall_ms(), "");
+    if (rc == 0 || rc == -EINPROGRESS)
+        *at = DDT_RUN_RUNNING;
+    return 1;
 }
 
 static void format_eta(double seconds, char *out, size_t len)
@@ -204,10 +233,18 @@ int ddt_cmd_train(int argc, char **argv)
             end = DDT_RUN_PAUSED;
             break;
         }
-        if ((rc = ddt_trainer_advance(t, &o, err, sizeof err)))
+        if (hold(store, t, &at))
+            continue;   /* it went on after a hold: ask again */
+        if ((rc = ddt_trainer_advance(t, &o, err, sizeof err))) {
+            if (rc == -EIO)   /* its data could not be read: paused, to go on once the file is fixed */
+                end = DDT_RUN_PAUSED;
             break;   /* failed */
-        if (o.done) {   /* complete, even when the export fails (rc: an error event, exit 1) */
-            rc = ddt_trainer_finish(t, err, sizeof err);
+        }
+        if (o.done) {   /* complete once the final checkpoint and the export are written */
+            if (ddt_trainer_finish(t, err, sizeof err)) {
+                fprintf(stderr, "%sddtreed train: %s\n", tty ? "\n" : "", err);
+                continue;   /* owed: held until written (hold) */
+            }
             finished = 1;
             end = DDT_RUN_COMPLETED;
             break;
@@ -253,9 +290,9 @@ int ddt_cmd_train(int argc, char **argv)
     char export_dir[2200];
     snprintf(export_dir, sizeof export_dir, "%s/export", ddt_trainer_run_dir(t));
     int recorded = ddt_store_run_transition(store, ddt_trainer_run_id(t), at, end, ddt_trainer_step_count(t), -1,
-                                            ddt_wall_ms(), end == DDT_RUN_FAILED ? err : NULL);
+                                            ddt_wall_ms(), end == DDT_RUN_FAILED || (rc && end == DDT_RUN_PAUSED) ? err : NULL);
     ddt_store_close(store);
-    if (recorded)
+    if (recorded && recorded != -EINPROGRESS)   /* kept in the queue: written by the close */
         fprintf(stderr, "ddtreed train: the run's end (%s) was not recorded in %s: %s\n", ddt_run_state_name(end),
                 db, strerror(-recorded));
 
@@ -280,7 +317,8 @@ int ddt_cmd_train(int argc, char **argv)
     if (finished && !rc)
         printf("  export        %s\n", export_dir);
     else if (end == DDT_RUN_PAUSED)
-        printf("  resume with   ddtreed train --resume %s --run %s\n", state_dir, ddt_trainer_run_id(t));
+        printf("  resume with   ddtreed train --resume %s --run %s%s\n", state_dir, ddt_trainer_run_id(t),
+               rc ? " (once the file named above is fixed: from its newest checkpoint)" : "");
     ddt_trainer_close(t);
     return rc ? 1 : 0;
 }

@@ -61,5 +61,8 @@ void ddt_runs_metrics(ddt_runs *r, ddt_metrics_snapshot *m);
 int ddt_runs_progressing(ddt_runs *r, double stall_s);
 /* "2 running, 1 queued" for systemd's STATUS= */
 void ddt_runs_summary(ddt_runs *r, char *out, size_t len);
+/* runs paused by a fault (the store cannot write, a checkpoint or the export owed) that go on by
+ * themselves once it is over */
+int64_t ddt_runs_held(ddt_runs *r);
 
 #endif

@@ -65,6 +65,9 @@ typedef struct run {
     uint64_t gpus;                      /* the GPUs its worker holds (bit i: cuda:i) */
     pthread_t thread;
     double last_progress_s;             /* monotonic time of its last step or control */
+    int hold;                           /* paused by ddt_trainer_ready (the store cannot write, a
+                                           checkpoint or the export owed), not by the user: it goes
+                                           on by itself, and a shutdown leaves it interrupted */
     /* requests, applied at the next step boundary */
     int want_pause, want_resume, want_cancel, want_checkpoint, want_export, want_spec;
     ddt_trainer_spec_request spec_request;   /* want_spec's */

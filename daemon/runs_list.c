@@ -48,7 +48,10 @@ void ddt_runs_unlock(ddt_runs *r)
     pthread_mutex_unlock(&r->lock);
     while (w) {   /* in any order: the store commits them in the order they were enqueued */
         int rc = ddt_store_wait(w->store, w->pending);
-        if (rc)
+        if (rc == -EINPROGRESS)   /* the store is degraded: the write waits in its queue, in order */
+            ddt_log(DDT_LOG_WARNING, "run=%s state change from=%s to=%s kept in the store's queue: written once "
+                    "ddtree.db can be written", w->id, ddt_run_state_name(w->from), ddt_run_state_name(w->to));
+        else if (rc)
             ddt_log(DDT_LOG_ERR, "run=%s state change from=%s to=%s not recorded: %s", w->id,
                     ddt_run_state_name(w->from), ddt_run_state_name(w->to), strerror(-rc));
         pending_write *next = w->next;

@@ -193,6 +193,11 @@ int ddt_runs_control(ddt_runs *r, const char *id, ddt_run_action action, const c
     int live = u->has_thread && !u->thread_done;
     switch (action) {
     case DDT_RUN_PAUSE:
+        if (u->state == DDT_RUN_PAUSED && u->hold) {   /* held by a fault: now the user's pause, kept */
+            u->hold = 0;
+            *reply = state_reply(DDT_RUN_PAUSED);
+            break;
+        }
         if (u->state != DDT_RUN_RUNNING && u->state != DDT_RUN_PAUSING) {
             rc = illegal(u, "pause", err, err_len);
             break;

@@ -209,31 +209,60 @@ static void *worker_main(void *arg)
         const ddt_trainer_spec_request spec_request = u->spec_request;
         u->want_checkpoint = u->want_export = u->want_spec = 0;
         ddt_runs_unlock(r);
-        if (want_ckpt || pause)
+        if (want_ckpt || (pause && !u->hold))
             checkpoint(u, t, want_ckpt);
         if (want_export)
             export_now(u, t);
         ddt_speculate_totals spec;
         int spec_done = want_spec && speculate_now(r, u, t, &spec_request, &spec) == 0;
+        /* a hold: the store cannot write, or a checkpoint or the export is owed */
+        char why[1400];
+        int held = !pause && !ddt_trainer_ready(t, why, sizeof why);
         pthread_mutex_lock(&r->lock);
         note_checkpoint(u, t);
         if (spec_done)
             record_spec(u, spec_request.step >= 0 ? spec_request.step : ddt_trainer_step_count(t), &spec);
-        if (pause) {
+        if (held && !u->hold) {
+            u->hold = 1;
+            ddt_log(DDT_LOG_WARNING, "run=%s paused at step %lld, it goes on by itself once this is over: %s", u->id,
+                    (long long)ddt_trainer_step_count(t), why);
+        }
+        if (pause || held) {
             u->want_pause = 0;
             if (u->state != DDT_RUN_PAUSED)
-                ddt_runs_set_state(r, u, DDT_RUN_PAUSED, NULL);
+                ddt_runs_set_state(r, u, DDT_RUN_PAUSED, held ? why : NULL);
             ddt_runs_settle(r);
             while (!u->want_resume && !u->want_cancel && !r->closing && !u->want_checkpoint && !u->want_export &&
-                   !u->want_spec)
-                pthread_cond_wait(&r->wake, &r->lock);
+                   !u->want_spec) {
+                if (!u->hold) {
+                    pthread_cond_wait(&r->wake, &r->lock);
+                    continue;
+                }
+                /* held: is it over? asked about once a second, outside the lock */
+                struct timespec at;
+                clock_gettime(CLOCK_REALTIME, &at);
+                at.tv_sec += 1;
+                if (pthread_cond_timedwait(&r->wake, &r->lock, &at) != ETIMEDOUT || !u->hold)
+                    continue;
+                ddt_runs_unlock(r);
+                int ready = ddt_trainer_ready(t, why, sizeof why);
+                pthread_mutex_lock(&r->lock);
+                note_checkpoint(u, t);
+                if (ready && u->hold) {
+                    ddt_log(DDT_LOG_NOTICE, "run=%s goes on: what held it is over", u->id);
+                    u->want_resume = 1;
+                }
+            }
             if (u->want_resume) {
                 u->want_resume = 0;
-                ddt_runs_set_state(r, u, DDT_RUN_RUNNING, NULL);
+                ddt_runs_set_state(r, u, DDT_RUN_RUNNING, u->hold ? "" : NULL);
+                u->hold = 0;
             } else if (r->closing && !u->want_cancel) {
-                break;   /* it stays paused (checkpointed): a restart leaves it to the user */
+                if (u->hold)   /* not the user's pause: the next start goes on from its newest checkpoint */
+                    ddt_runs_set_state(r, u, DDT_RUN_INTERRUPTED, NULL);
+                break;   /* a paused one stays paused (checkpointed): a restart leaves it to the user */
             } else if (!u->want_cancel && !r->closing) {
-                u->want_pause = 1;   /* a checkpoint, export or speculation while paused: do it, stay paused */
+                u->want_pause = !u->hold;   /* a checkpoint, export or speculation while paused: do it, stay paused */
             }
             continue;
         }
@@ -241,18 +270,25 @@ static void *worker_main(void *arg)
 
         /* ---- the trainer's next thing (a step and what falls due after it), outside the lock ---- */
         rc = ddt_trainer_advance(t, &o, err, sizeof err);
-        char finish_err[1024];
+        char finish_err[1024] = "";
         if (rc == 0 && o.done && ddt_trainer_finish(t, finish_err, sizeof finish_err))
-            ddt_log(DDT_LOG_ERR, "run=%s at its end: %s", u->id, finish_err);
+            ddt_log(DDT_LOG_ERR, "run=%s at its end: %s", u->id, finish_err);   /* owed: the run holds */
         if (*o.warning)
             ddt_log(DDT_LOG_ERR, "run=%s %s", u->id, o.warning);
         pthread_mutex_lock(&r->lock);
         note_checkpoint(u, t);
+        if (rc == -EIO) {   /* its data could not be read: fixed, a resume goes on from its newest checkpoint */
+            char unread[2300];
+            snprintf(unread, sizeof unread, "%.2000s; fix it, then resume the run: it goes on from its newest "
+                     "checkpoint", err);
+            ddt_runs_set_state(r, u, DDT_RUN_PAUSED, unread);
+            break;
+        }
         if (rc) {
             ddt_runs_set_state(r, u, DDT_RUN_FAILED, err);
             break;
         }
-        if (o.done) {   /* the training is complete, even when its export failed (an error event) */
+        if (o.done && !*finish_err) {   /* complete: the final checkpoint and the export are written */
             ddt_runs_set_state(r, u, DDT_RUN_COMPLETED, NULL);
             break;
         }

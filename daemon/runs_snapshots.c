@@ -83,6 +83,7 @@ static cJSON *run_json(const run *u)
         cJSON_AddStringToObject(o, "error", u->error);
     else
         cJSON_AddNullToObject(o, "error");
+    cJSON_AddBoolToObject(o, "held", u->hold);   /* paused by a fault: it goes on by itself (error says why) */
     return o;
 }
 
@@ -186,8 +187,20 @@ void ddt_runs_metrics(ddt_runs *r, ddt_metrics_snapshot *m)
     for (int b = 0; b <= DDT_METRICS_BUCKETS; b++)
         m->step_buckets[b] = cumulative += r->step_buckets[b];
     m->step_seconds_sum = r->step_seconds_sum;
+    for (int i = 0; i < r->count; i++)
+        m->runs_held += r->runs[i]->hold;
     m->step_count = r->step_count;
     pthread_mutex_unlock(&r->lock);
+}
+
+int64_t ddt_runs_held(ddt_runs *r)
+{
+    int64_t n = 0;
+    pthread_mutex_lock(&r->lock);
+    for (int i = 0; i < r->count; i++)
+        n += r->runs[i]->hold;
+    pthread_mutex_unlock(&r->lock);
+    return n;
 }
 
 int ddt_runs_progressing(ddt_runs *r, double stall_s)

@@ -238,7 +238,7 @@ int ddt_cmd_serve(int argc, char **argv)
         ddt_store_close(d.store);
         return 1;
     }
-    d.api = (ddt_api){ .runs = d.runs, .config = &d.config, .started_s = ddt_mono_s() };
+    d.api = (ddt_api){ .runs = d.runs, .store = d.store, .config = &d.config, .started_s = ddt_mono_s() };
     snprintf(d.api.db_path, sizeof d.api.db_path, "%s", db);
     ddt_ui_login_limit_init(&d.api.login_limit);
     if (ddt_ui_access_init(&d.api.access, d.config.token, err, sizeof err)) {

@@ -284,6 +284,19 @@ char *ddt_metrics_render(const ddt_metrics_snapshot *m, size_t *len)
            "Login tries answered 429: their address had to wait after wrong tokens.");
     put(&t, "ddtree_ui_login_refused_total %" PRIu64 "\n", m->login_refused);
 
+    family(&t, "ddtree_store_degraded", "gauge",
+           "1 while the store cannot write (file system full, ddtree.db locked by another process, I/O error): "
+           "its records wait, runs are held.");
+    put(&t, "ddtree_store_degraded %d\n", m->store_degraded);
+    family(&t, "ddtree_store_queued_records", "gauge", "Records waiting in the store's queue to be committed.");
+    put(&t, "ddtree_store_queued_records %" PRId64 "\n", m->store_queued);
+    family(&t, "ddtree_store_lock_waits_total", "counter",
+           "Writes that found ddtree.db locked by another process and waited.");
+    put(&t, "ddtree_store_lock_waits_total %" PRIu64 "\n", m->store_lock_waits);
+    family(&t, "ddtree_runs_held", "gauge",
+           "Runs paused by a fault (the store cannot write, a checkpoint or export failed), to go on by themselves.");
+    put(&t, "ddtree_runs_held %" PRId64 "\n", m->runs_held);
+
     if (t.failed || !t.data) {
         free(t.data);
         return NULL;

@@ -48,6 +48,10 @@ typedef struct ddt_metrics_snapshot {
     int codes[DDT_METRICS_MAX_CODES];
     uint64_t code_counts[DDT_METRICS_MAX_CODES];
     uint64_t login_failures, login_refused;         /* the web view's login (ui_login_limit.h) */
+    int store_degraded;                             /* the store cannot write now (store.h's health) */
+    int64_t store_queued;                           /* records waiting in its queue */
+    uint64_t store_lock_waits;                      /* tries that found ddtree.db locked */
+    int64_t runs_held;                              /* runs paused by a fault, to go on by themselves */
 } ddt_metrics_snapshot;
 
 /* The exposition text (malloc'd), *len its length. */

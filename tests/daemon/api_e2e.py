@@ -1034,6 +1034,61 @@ def case_kill9_restart(t, env):
     d2.stop()
 
 
+def case_store_locked(t, env):
+    """another process holds ddtree.db's write lock: the store says degraded (/healthz, /metrics,
+    ddtreectl status, with the holder's pid and the path), the run pauses (held) instead of
+    queueing steps it cannot record, and goes on by itself once the lock is gone; no step lost"""
+    d = Daemon(env, t).start()
+    rid = d.submit(run_config(LONG))
+    d.wait_run(rid, "running past step 5", lambda x: x["state"] == "running" and x["step"] >= 5)
+    lock = sqlite3.connect(d.db, timeout=30, isolation_level=None)
+    lock.execute("BEGIN IMMEDIATE")
+    try:
+        held = d.wait_run(rid, "held by the lock", lambda x: x["state"] == "paused" and x.get("held"), 60)
+        t.check("write lock" in (held.get("error") or ""), "the held run's error does not say why: %s" % held.get("error"))
+        h = d.unix.get("/healthz")
+        body = h.json()
+        t.check(h.status == 200 and body["status"] == "degraded", "/healthz while locked: %s %s" % (h.status, body))
+        cause = body["store"]["cause"] or ""
+        t.check("pid %d" % os.getpid() in cause and d.db in cause,
+                "the cause names neither the lock's holder (pid %d) nor the path: %s" % (os.getpid(), cause))
+        t.check(body["runs_held"] == 1 and body["store"]["degraded"] is True, "/healthz: %s" % body)
+        _, samples = parse_metrics(t, d.unix.get("/metrics").body.decode())
+        value = {name: [x.value for x in find(samples, name)] for name in
+                 ("ddtree_store_degraded", "ddtree_runs_held", "ddtree_store_lock_waits_total")}
+        t.check(value["ddtree_store_degraded"] == [1.0] and value["ddtree_runs_held"] == [1.0] and
+                value["ddtree_store_lock_waits_total"][0] >= 1, "/metrics does not say degraded, held and the waits: %s"
+                % value)
+        status = d.unix.get("/status").json()
+        t.check(status["health"]["status"] == "degraded", "/status's health: %s" % status.get("health"))
+        if env.ddtreectl:
+            res = env.ctl(["--socket", d.socket, "status"])
+            t.check(res.returncode == 0 and "health: DEGRADED" in res.stdout and "pid %d" % os.getpid() in res.stdout,
+                    "ddtreectl status while locked: %s" % res.out)
+        step_held = d.run(rid)["step"]
+        time.sleep(1.5)
+        t.check(d.run(rid)["step"] == step_held, "the run stepped while held (%d -> %d)"
+                % (step_held, d.run(rid)["step"]))
+    finally:
+        lock.execute("COMMIT")
+        lock.close()
+    d.wait_run(rid, "going on by itself past step %d" % (step_held + 10),
+               lambda x: x["state"] == "running" and x["step"] > step_held + 10, 60)
+    body = d.unix.get("/healthz").json()
+    t.check(body["status"] == "ok" and body["runs_held"] == 0, "/healthz after the lock: %s" % body)
+    d.unix.post("/runs/%s/cancel" % rid)
+    d.wait_state(rid, "cancelled")
+    steps = db_steps(d.db, rid)
+    t.check(steps == list(range(1, len(steps) + 1)) and steps[-1] > step_held,
+            "steps lost: %d rows, last %s, held at %d" % (len(steps), steps[-1] if steps else None, step_held))
+    names = [(e["detail"].get("state"), e["detail"].get("error", "")) for e in d.events(rid) if e["kind"] == "state"]
+    paused = [n for n, (st, err) in enumerate(names) if st == "paused" and "write lock" in err]
+    t.check(paused and names[paused[0] + 1][0] == "running",
+            "state events do not show the hold (paused, naming the lock) then running: %s" % names)
+    t.note("held at step %d; %d steps recorded, none lost" % (step_held, len(steps)))
+    d.stop()
+
+
 # ------------------------------------------------------------------------------------------
 # 6. SIGTERM: checkpoint at the exit step, no socket left, resumes
 
@@ -1463,6 +1518,7 @@ CASES = [
     ("bad_inputs", case_bad_inputs, False),
     ("pause_rechunk", case_pause_rechunk, False),
     ("kill9_restart", case_kill9_restart, False),
+    ("store_locked", case_store_locked, False),
     ("sigterm", case_sigterm, False),
     ("ddtreectl", case_ddtreectl, True),
     ("concurrency", case_concurrency, False),

@@ -1,11 +1,12 @@
 /* errors.c: "what is wrong" and "PATH: what is wrong" errors, and the writes, fsyncs and
- * directory fsync of files written to last (errors.h). */
+ * directory fsync of files written to last, and the free space checked before them (errors.h). */
 #include "errors.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 int ddt_fail(char *err, size_t err_len, int rc, const char *fmt, ...)
@@ -74,4 +75,16 @@ int ddt_fsync_dir(const char *dir)
         rc = -errno;
     close(fd);
     return rc;
+}
+
+int ddt_check_free_space(const char *dir, const char *what, unsigned long long need, char *err, size_t err_len)
+{
+    struct statvfs fs;
+    if (statvfs(dir, &fs) != 0)
+        return 0;
+    unsigned long long free_bytes = (unsigned long long)fs.f_bavail * fs.f_frsize;
+    if (free_bytes >= need)
+        return 0;
+    return ddt_fail_path(err, err_len, -ENOSPC, dir, "%s needs %.1f MB, the file system has %.1f MB free: free "
+                         "space there", what, need / 1e6, free_bytes / 1e6);
 }

@@ -7,8 +7,10 @@
  * BEGIN IMMEDIATE transaction with persistent prepared statements. When an item's statement
  * fails, the batch is rolled back and written again one item per transaction, so that only the
  * bad item is lost and its failure is logged with its run and step. A database locked by another
- * process (a DB browser, a backup, a script holding BEGIN IMMEDIATE) is waited for, as long as it
- * takes, batch and all: the producers wait on the full ring meanwhile, and nothing is dropped. Synchronous calls (run
+ * process (a DB browser, a backup, a script holding BEGIN IMMEDIATE), a full file system or an
+ * I/O error is waited out, as long as it takes, batch and all (the store is degraded meanwhile:
+ * ddt_store_get_health, which the trainer's callers read to pause their runs); a full ring holds the
+ * producers, and nothing is dropped. Synchronous calls (run
  * create / update, flush) travel through the same ring and wait for the answer of the writer,
  * which comes after the commit; items are answered in queue order, so a flush answers for
  * everything enqueued before it. A failed item is reported by the first flush answered after
@@ -26,11 +28,11 @@
  * event, so the batch (or, replayed, its own transaction) writes both or neither; the update
  * matches the row only in state `from`, and without a match no event is written. The run manager
  * enqueues under its lock (ddt_store_run_transition_enqueue: the order of its changes is the
- * queue's) and waits for the answer (ddt_store_wait) after releasing it.
+ * queue's) and waits for the answer (ddt_store_wait) after releasing it; while the store is
+ * degraded the wait returns at once and the write stays queued, committed in its order later.
  *
- * Not here: reading (the HTTP handlers and tools open their own connections), retrying a
- * failed write (a locked or full disk is logged and reported by flush; the trainer decides),
- * deleting runs or old checkpoints, the schema and its migrations (store_schema.c), the writer
+ * Not here: reading (the HTTP handlers and tools open their own connections), deciding what a
+ * run does while the store is degraded (the run manager and `ddtreed train` pause it), deleting runs or old checkpoints, the schema and its migrations (store_schema.c), the writer
  * thread and its batches (store_writer.c).
  *
  * Tested by tests/engine/record/test_store.c and tests/engine/run/test_run_state.c (every transition).
@@ -184,13 +186,6 @@ int ddt_store_run_update(ddt_store *s, const char *run_id, const char *state, in
     return enqueue_and_wait(s, &item, &q.answer);
 }
 
-/* A transition in flight (ddt_store_run_transition_enqueue): the request the writer answers and
- * the copies of the strings it reads, freed by ddt_store_wait. */
-struct ddt_store_pending {
-    run_request q;
-    char *run_id, *error, *detail;
-};
-
 int ddt_store_run_transition_enqueue(ddt_store *s, const char *run_id, ddt_run_state from, ddt_run_state to,
                                      int64_t step, int64_t last_checkpoint_step, int64_t ts_ms,
                                      const char *error, ddt_store_pending **pending)
@@ -232,14 +227,16 @@ int ddt_store_run_transition_enqueue(ddt_store *s, const char *run_id, ddt_run_s
 int ddt_store_wait(ddt_store *s, ddt_store_pending *p)
 {
     pthread_mutex_lock(&s->lock);
-    while (!p->q.answer.done)
+    while (!p->q.answer.done && !s->degraded)
         pthread_cond_wait(&s->answered, &s->lock);
+    if (!p->q.answer.done) {   /* kept in the queue: the writer writes it, then frees it */
+        p->q.abandoned = 1;
+        pthread_mutex_unlock(&s->lock);
+        return -EINPROGRESS;
+    }
     pthread_mutex_unlock(&s->lock);
     int rc = p->q.answer.rc;
-    free(p->run_id);
-    free(p->error);
-    free(p->detail);
-    free(p);
+    ddt_store_pending_free(p);
     return rc;
 }
 
@@ -273,12 +270,13 @@ void ddt_store_new_run_id(char *out, size_t len)
              tm.tm_hour, tm.tm_min, tm.tm_sec, (unsigned)(x >> 40));
 }
 
-int64_t ddt_store_lock_waits(ddt_store *s)
+void ddt_store_get_health(ddt_store *s, ddt_store_health *h)
 {
     pthread_mutex_lock(&s->lock);
-    int64_t n = s->lock_waits;
+    *h = (ddt_store_health){ .degraded = s->degraded, .since_ms = s->degraded ? s->degraded_since_ms : 0,
+                             .queued = s->count, .capacity = QUEUE_CAPACITY, .lock_waits = s->lock_waits };
+    snprintf(h->cause, sizeof h->cause, "%s", s->degraded ? s->cause : "");
     pthread_mutex_unlock(&s->lock);
-    return n;
 }
 
 int ddt_store_flush(ddt_store *s)

@@ -24,9 +24,23 @@ int ddt_store_open(const char *path, ddt_store **out, char *err, size_t err_len)
 void ddt_store_close(ddt_store *s);
 /* Blocks until everything enqueued before the call is committed (0) or failed (-EIO). */
 int ddt_store_flush(ddt_store *s);
-/* How many times the writer found ddtree.db locked by another process and waited (each wait is
- * busy_timeout long): nothing is lost meanwhile, the records wait in the queue. */
-int64_t ddt_store_lock_waits(ddt_store *s);
+/* Whether the store can write now. Degraded: the writer's last try failed for a cause that is
+ * not a record's (the state directory's file system full, another process holding ddtree.db's
+ * write lock, an I/O error, a read-only file); the records wait in the queue, in order, and the
+ * writer tries again (every busy_timeout for a lock, else after 0.25 s doubling to 5 s) until
+ * one commits. Meanwhile a run's create or update is refused (-EBUSY, -ENOSPC, ...: nothing is
+ * acknowledged that is not stored) and ddt_store_wait returns -EINPROGRESS, its transition kept
+ * queued. A queue item is ~450 bytes and the queue holds QUEUE_CAPACITY (4096, 1.8 MB); a full
+ * queue holds its producers, which is why runs pause while the store is degraded. */
+typedef struct ddt_store_health {
+    int degraded;
+    int64_t since_ms;      /* wall clock when it became degraded (0: healthy) */
+    int queued;            /* items waiting in the queue */
+    int capacity;          /* what it holds (QUEUE_CAPACITY): full, it holds its producers */
+    int64_t lock_waits;    /* tries that found the database locked, since the store opened */
+    char cause[640];       /* degraded: what is wrong, the path, what to do ("" when healthy) */
+} ddt_store_health;
+void ddt_store_get_health(ddt_store *s, ddt_store_health *h);
 
 /* Enqueued (never blocks on disk; a bounded queue applies back-pressure when full). */
 void ddt_store_step(ddt_store *s, const ddt_step_record *r);
@@ -66,7 +80,8 @@ int ddt_store_run_transition(ddt_store *s, const char *run_id, ddt_run_state fro
  * state and must not wait on the disk under it (the run manager): _enqueue checks and queues the
  * write (with copies of the strings) in the order of the calls, and gives *pending; ddt_store_wait
  * waits for its commit and answers what ddt_store_run_transition would have (it frees *pending:
- * call it exactly once). -EPERM, -EINVAL or -ENOMEM come from _enqueue, with nothing queued
+ * call it exactly once), or, while the store is degraded, returns -EINPROGRESS at once: the write
+ * stays queued and is committed in its order (ddt_store_run_transition answers the same). -EPERM, -EINVAL or -ENOMEM come from _enqueue, with nothing queued
  * and *pending NULL. */
 typedef struct ddt_store_pending ddt_store_pending;
 int ddt_store_run_transition_enqueue(ddt_store *s, const char *run_id, ddt_run_state from, ddt_run_state to,

@@ -19,8 +19,12 @@ enum {
     BATCH_MAX = 512,         /* items per transaction: one fsync-free WAL commit each */
     BUSY_TIMEOUT_MS = 5000,  /* another connection's write lock (a reader never takes one) */
     LOG_FAILURES_PER_BATCH = 4,
-    LOCKED_GIVE_UP_STOPPING_S = 30,   /* closing: how long a locked database is waited for */
+    UNWRITABLE_GIVE_UP_STOPPING_S = 30,   /* closing: how long an unwritable database is waited for */
 };
+/* The pause between two tries of a batch the database did not take (not for a lock: busy_timeout
+ * has waited inside SQLite): from the first to the longest, doubling. */
+#define RETRY_PAUSE_FIRST_S 0.25
+#define RETRY_PAUSE_LONGEST_S 5.0
 
 /* ------------------------------------------------------------------------------------------
  * Items of the queue
@@ -50,6 +54,8 @@ typedef struct run_request {
     const char *run_id, *name, *config_json, *state, *error;
     const char *from_state, *detail_json;   /* run_transition: the state it leaves, its event */
     int starts, finishes;                   /* run_transition: to running, to a final state */
+    int abandoned;                          /* run_transition: its waiter left it queued (the store
+                                               degraded): the writer frees it once written */
     int64_t max_steps, created_ms, step, last_checkpoint_step, now_ms, started_ms, finished_ms;
 } run_request;
 
@@ -75,6 +81,15 @@ typedef struct store_item {
         sync_answer *flush;     /* ITEM_FLUSH */
     };
 } store_item;
+
+/* A transition in flight (ddt_store_run_transition_enqueue): the request the writer answers and
+ * the copies of the strings it reads; freed by ddt_store_wait, or by the writer when its waiter
+ * left it queued (q.abandoned). */
+struct ddt_store_pending {
+    run_request q;   /* first: the writer finds the pending from its request */
+    char *run_id, *error, *detail;
+};
+void ddt_store_pending_free(struct ddt_store_pending *p);
 
 /* the item kinds' names, for the log */
 extern const char *const ddt_store_item_names[];
@@ -119,6 +134,13 @@ struct ddt_store {
     int head, count;
     int stopping;
     int64_t failures;                    /* failed items not yet reported by a flush */
+    /* degraded: the writer's last try failed for a cause not of the items (a full file system,
+     * another process's write lock, an I/O error): the batch waits and is tried again */
+    int degraded;
+    int degraded_code;                   /* its SQLite extended code */
+    double degraded_since_s;             /* monotonic */
+    int64_t degraded_since_ms;           /* wall clock, for the health */
+    char cause[640];                     /* what is wrong, where, what to do (ddt_store_get_health) */
     pthread_t writer;
     int writer_started;
 
@@ -126,8 +148,9 @@ struct ddt_store {
     store_item *batch;                   /* BATCH_MAX */
     int *results;                        /* per batch item: 0 or a negative errno */
     int batch_logged;                    /* failures logged in this batch */
-    int64_t lock_waits;                  /* BEGINs that found the database locked and were retried
-                                            (under lock: ddt_store_lock_waits) */
+    int64_t lock_waits;                  /* tries that found the database locked and were repeated
+                                            (under lock: ddt_store_get_health) */
+    double retry_pause_s;                /* the next pause before a try (RETRY_PAUSE_*) */
     char why[512];                       /* the last failure, for the log */
     int why_code;                        /* its SQLite extended code (0: not SQLite's) */
     int had_row;                         /* the last run_stmt's statement gave a row */

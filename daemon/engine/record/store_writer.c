@@ -1,9 +1,12 @@
 /* store_writer.c: the store's writer thread (store_impl.h): the items of its queue, the one
  * writer connection's statements, each item's rows, and the batches: everything taken from the
- * ring, up to BATCH_MAX items, written in one BEGIN IMMEDIATE transaction (a database locked by
- * another process waited for, never given up: begin_waiting); a batch with a failing item rolled
- * back and written again one item per transaction, so that only the bad item is lost, and logged
- * with its run and step; the answers to the waiting callers in queue order.
+ * ring, up to BATCH_MAX items, written in one BEGIN IMMEDIATE transaction; a database that cannot
+ * be written for a cause not of the items (its file system full, another process's write lock,
+ * an I/O error) waited out, the batch kept and tried again, the store degraded meanwhile
+ * (wait_writable; never given up unless closing); a batch with an item that fails on its own
+ * (a constraint: a bug of the caller) rolled back and written again one item per transaction,
+ * so that only the bad item is lost, and logged with its run and step; the answers to the
+ * waiting callers in queue order.
  * Tested through store.h by tests/engine/record/test_store.c and tests/engine/run/test_run_state.c.
  */
 #include "store_impl.h"
@@ -13,9 +16,12 @@
 #include "run/run_state.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 /* ------------------------------------------------------------------------------------------
  * Items of the queue
@@ -385,65 +391,164 @@ static int is_locked(int code)
     return (code & 0xff) == SQLITE_BUSY || (code & 0xff) == SQLITE_LOCKED;
 }
 
-/* item answered now with code's errno when it is a run request (its caller's strings are not
- * read again: nothing is left to write) */
+/* 1 when code is the database's, not the item's: the file system full, a lock, an I/O error, a
+ * read-only or vanished file, no memory, a damaged file. Such a failure is waited out, the batch
+ * kept; any other (a constraint, a malformed record: a bug of the caller) loses the item alone. */
+static int is_unwritable(int code)
+{
+    switch (code & 0xff) {
+    case SQLITE_BUSY:
+    case SQLITE_LOCKED:
+    case SQLITE_FULL:
+    case SQLITE_IOERR:
+    case SQLITE_READONLY:
+    case SQLITE_CANTOPEN:
+    case SQLITE_PERM:
+    case SQLITE_NOMEM:
+    case SQLITE_CORRUPT:
+    case SQLITE_NOTADB:
+    case SQLITE_PROTOCOL:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+/* The process that holds ddtree.db's write lock, or 0 when it cannot be known: in WAL mode the
+ * writer's lock is a POSIX lock on byte 120 of the -shm file (SQLite's WAL_WRITE_LOCK), which
+ * F_GETLK reports with its owner (a lock of this process is never reported: it conflicts with
+ * none of ours). */
+static pid_t lock_holder(const char *db_path)
+{
+    char shm[1200];
+    snprintf(shm, sizeof shm, "%s-shm", db_path);
+    int fd = open(shm, O_RDWR | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 120, .l_len = 1 };
+    pid_t pid = fcntl(fd, F_GETLK, &fl) == 0 && fl.l_type != F_UNLCK ? fl.l_pid : 0;
+    close(fd);
+    return pid;
+}
+
+/* s->cause: what keeps code's write out, where, and what to do */
+static void describe_cause(ddt_store *s, int code)
+{
+    if (is_locked(code)) {
+        pid_t pid = lock_holder(s->path);
+        char who[64] = "another process";
+        if (pid > 0)
+            snprintf(who, sizeof who, "another process (pid %d)", (int)pid);
+        snprintf(s->cause, sizeof s->cause, "%s holds the write lock of %s: stop it or let it finish (only ddtreed "
+                 "writes it); the records wait", who, s->path);
+    } else if ((code & 0xff) == SQLITE_FULL) {
+        snprintf(s->cause, sizeof s->cause, "the state directory's file system is full: %s cannot grow; free "
+                 "space there; the records wait", s->path);
+    } else {
+        snprintf(s->cause, sizeof s->cause, "%s cannot be written: %s; %s; the records wait", s->path, s->why,
+                 failure_hint(code));
+    }
+}
+
+/* item answered now with code's errno when it is a run's create or update: its caller's strings
+ * live on its stack and its answer is wanted now (a transition owns copies and stays queued) */
 static void answer_if_run_request(store_item *item, int code)
 {
-    if (item->kind == ITEM_RUN_CREATE || item->kind == ITEM_RUN_UPDATE || item->kind == ITEM_RUN_TRANSITION) {
+    if (item->kind == ITEM_RUN_CREATE || item->kind == ITEM_RUN_UPDATE) {
         item->run->answer.rc = ddt_store_errno_of(code);
         item->run->answer.done = 1;
         item->kind = ITEM_ANSWERED;
     }
 }
 
-/* While the database is locked, the run requests among batch[first, first + count) and in the
- * ring behind it are answered with code's errno, as before the store waited: a run's create,
- * update or transition is refused, not held up, so the API answers (and a caller that holds
- * the lock itself is not left waiting on it). */
-static void answer_run_requests(ddt_store *s, int first, int count, int code)
+/* The writer found the database unwritable (code) for batch[first, first + count): the store
+ * is degraded (said once in the log, and by ddt_store_get_health), the run creates and updates in
+ * the batch and the ring are answered with code's errno (the API answers, refused, not held up;
+ * the waiters of transitions return, their writes kept queued), then a pause before the next
+ * try (none after a lock: busy_timeout waited). 0: try again; -1: give up, only when the store
+ * is closing and has been degraded for UNWRITABLE_GIVE_UP_STOPPING_S. */
+static int wait_writable(ddt_store *s, int code, int first, int count)
 {
+    double now = ddt_mono_s();
     pthread_mutex_lock(&s->lock);
+    int first_failure = !s->degraded, new_cause = s->degraded_code != code;
+    if (first_failure) {
+        s->degraded = 1;
+        s->degraded_since_s = now;
+        s->degraded_since_ms = ddt_wall_ms();
+        s->retry_pause_s = RETRY_PAUSE_FIRST_S;
+    }
+    s->degraded_code = code;
+    if (new_cause)
+        describe_cause(s, code);
+    if (is_locked(code))
+        s->lock_waits++;
+    int give_up = s->stopping && now - s->degraded_since_s > UNWRITABLE_GIVE_UP_STOPPING_S;
+    double pause = is_locked(code) ? 0 : s->retry_pause_s;
+    if (!is_locked(code))
+        s->retry_pause_s = pause * 2 < RETRY_PAUSE_LONGEST_S ? pause * 2 : RETRY_PAUSE_LONGEST_S;
     for (int i = first; i < first + count; i++)
         answer_if_run_request(&s->batch[i], code);
     for (int k = 0; k < s->count; k++)
         answer_if_run_request(&s->queue[(s->head + k) % QUEUE_CAPACITY], code);
     pthread_cond_broadcast(&s->answered);
     pthread_mutex_unlock(&s->lock);
+    if (new_cause)
+        ddt_log(DDT_LOG_WARNING, "store: cannot write, waiting; records are kept error=\"%s\" cause=\"%s\"", s->why,
+                s->cause);
+    if (give_up)
+        return -1;
+    if (pause > 0)
+        nanosleep(&(struct timespec){ (time_t)pause, (long)((pause - (time_t)pause) * 1e9) }, NULL);
+    return 0;
 }
 
-/* BEGIN IMMEDIATE for batch[first, first + count), waiting out another process's write lock (a
- * DB browser, a backup, a script): each try waits busy_timeout (5 s) inside SQLite, then again,
- * for as long as it takes, while the producers wait on the full queue; no record is dropped.
- * The batch's run requests are answered at the first wait (answer_run_requests). Only a
- * closing store gives up, after LOCKED_GIVE_UP_STOPPING_S. SQLITE_OK, or the failure's code. */
-static int begin_waiting(ddt_store *s, int first, int count)
+/* a commit after the store was degraded: healthy again, said in the log */
+static void writable_again(ddt_store *s)
 {
+    pthread_mutex_lock(&s->lock);
+    int was = s->degraded;
+    double since = s->degraded_since_s;
+    s->degraded = 0;
+    s->degraded_code = 0;
+    pthread_mutex_unlock(&s->lock);
+    if (was)
+        ddt_log(DDT_LOG_NOTICE, "store: writable again after %.0f s, the records kept are written path=\"%s\"",
+                ddt_mono_s() - since, s->path);
+}
+
+/* batch[first, first + count) in one transaction: SQLITE_OK, or the failing code (s->why) with
+ * *bad the item that failed (-1: BEGIN or COMMIT) and the transaction rolled back */
+static int try_items(ddt_store *s, int first, int count, int *bad)
+{
+    *bad = -1;
     int rc = run_stmt(s, s->stmt[STMT_BEGIN]);
-    if (!is_locked(rc))
-        return rc;
-    answer_run_requests(s, first, count, rc);
-    double since = ddt_mono_s();
-    ddt_log(DDT_LOG_WARNING, "store: ddtree.db is locked by another process, waiting; records are kept path=\"%s\" "
-            "error=\"%s\" hint=\"%s\"", s->path, s->why, failure_hint(s->why_code));
-    for (;;) {
-        pthread_mutex_lock(&s->lock);
-        s->lock_waits++;
-        int give_up = s->stopping && ddt_mono_s() - since > LOCKED_GIVE_UP_STOPPING_S;
-        pthread_mutex_unlock(&s->lock);
-        if (give_up)
-            return rc;
-        rc = run_stmt(s, s->stmt[STMT_BEGIN]);
-        if (!is_locked(rc))
-            break;
-        answer_run_requests(s, first, count, rc);   /* and those queued since */
-    }
+    for (int i = first; i < first + count && rc == SQLITE_OK; i++)
+        if ((rc = write_item(s, &s->batch[i], &s->results[i])) != SQLITE_OK)
+            *bad = i;
     if (rc == SQLITE_OK)
-        ddt_log(DDT_LOG_NOTICE, "store: ddtree.db writable again after %.0f s path=\"%s\"", ddt_mono_s() - since,
-                s->path);
+        rc = run_stmt(s, s->stmt[STMT_COMMIT]);
+    if (rc != SQLITE_OK)
+        rollback_if_open(s);
     return rc;
 }
 
-/* one item in its own transaction (the replay of a failed batch) */
+/* batch[first, first + count) written, waiting out an unwritable database (wait_writable) as
+ * long as it takes: SQLITE_OK, or the code of an item's own failure (*bad), or of giving up. */
+static int write_waiting(ddt_store *s, int first, int count, int *bad)
+{
+    for (;;) {
+        int rc = try_items(s, first, count, bad);
+        if (rc == SQLITE_OK) {
+            writable_again(s);
+            return rc;
+        }
+        if (!is_unwritable(rc) || wait_writable(s, rc, first, count))
+            return rc;
+    }
+}
+
+/* one item in its own transaction (the replay of a batch with a bad item) */
 static void write_alone(ddt_store *s, int i)
 {
     const store_item *item = &s->batch[i];
@@ -451,14 +556,8 @@ static void write_alone(ddt_store *s, int i)
         s->results[i] = 0;
         return;
     }
-    int rc = begin_waiting(s, i, 1);
-    if (rc == SQLITE_OK) {
-        rc = write_item(s, item, &s->results[i]);
-        if (rc == SQLITE_OK)
-            rc = run_stmt(s, s->stmt[STMT_COMMIT]);
-        if (rc != SQLITE_OK)
-            rollback_if_open(s);
-    }
+    int bad;
+    int rc = write_waiting(s, i, 1, &bad);
     if (rc != SQLITE_OK) {
         s->results[i] = ddt_store_errno_of(rc);
         log_item_failure(s, item);
@@ -469,28 +568,29 @@ static void write_alone(ddt_store *s, int i)
 static void write_batch(ddt_store *s, int n)
 {
     s->batch_logged = 0;
-    if (begin_waiting(s, 0, n) != SQLITE_OK) {
-        fail_batch(s, n, "begin");
+    int bad;
+    int rc = write_waiting(s, 0, n, &bad);
+    if (rc == SQLITE_OK)
         return;
-    }
-    int failed = 0;
-    for (int i = 0; i < n && !failed; i++)
-        failed = write_item(s, &s->batch[i], &s->results[i]) != SQLITE_OK;
-    if (!failed) {
-        if (run_stmt(s, s->stmt[STMT_COMMIT]) == SQLITE_OK)
-            return;
-        rollback_if_open(s);
-        fail_batch(s, n, "commit");
+    if (bad < 0 || is_unwritable(rc)) {   /* given up: the store is closing on an unwritable database */
+        fail_batch(s, n, "write");
         return;
     }
     /* an item failed: nothing of the batch is kept; again one item at a time, so that only
      * the failing items are lost (and each is logged) */
-    rollback_if_open(s);
     for (int i = 0; i < n; i++)
         write_alone(s, i);
     if (s->batch_logged > LOG_FAILURES_PER_BATCH)
         ddt_log(DDT_LOG_ERR, "store: more records lost in this batch, not logged one by one failed=%d items=%d",
                   s->batch_logged - LOG_FAILURES_PER_BATCH, n);
+}
+
+void ddt_store_pending_free(struct ddt_store_pending *p)
+{
+    free(p->run_id);
+    free(p->error);
+    free(p->detail);
+    free(p);
 }
 
 void *ddt_store_writer_main(void *arg)
@@ -514,6 +614,8 @@ void *ddt_store_writer_main(void *arg)
 
         write_batch(s, n);
 
+        struct ddt_store_pending *abandoned[BATCH_MAX];   /* transitions whose waiters left */
+        int n_abandoned = 0;
         /* answers, in queue order: a flush counts the failures of everything before it */
         pthread_mutex_lock(&s->lock);
         for (int i = 0; i < n; i++) {
@@ -525,6 +627,8 @@ void *ddt_store_writer_main(void *arg)
             } else if (item_is_sync(item->kind)) {
                 item->run->answer.rc = s->results[i];
                 item->run->answer.done = 1;
+                if (item->kind == ITEM_RUN_TRANSITION && item->run->abandoned)
+                    abandoned[n_abandoned++] = (struct ddt_store_pending *)item->run;
             } else if (item->kind != ITEM_ANSWERED && s->results[i] != 0) {
                 s->failures++;
             }
@@ -533,6 +637,8 @@ void *ddt_store_writer_main(void *arg)
         pthread_mutex_unlock(&s->lock);
         for (int i = 0; i < n; i++)
             ddt_store_item_free(&s->batch[i]);
+        for (int i = 0; i < n_abandoned; i++)
+            ddt_store_pending_free(abandoned[i]);
     }
     return NULL;
 }

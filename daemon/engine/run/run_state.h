@@ -32,8 +32,11 @@
  *            shutdown (SIGTERM: a checkpoint first), crash recovery (found at start-up
  *            by the daemon or `ddtreed train --resume`); the same from RUNNING
  *
- *   and into the final states, which have no way out (a paused run stays paused through a
- *   shutdown: the daemon did not stop under it):
+ *   and PAUSED -> INTERRUPTED: a shutdown of a run that a fault paused (ddt_trainer_ready: the
+ *   store cannot write, a checkpoint owed), which the next start resumes by itself;
+ *
+ *   and into the final states, which have no way out (a run the user paused stays paused
+ *   through a shutdown: the daemon did not stop under it):
  *
  *       RUNNING, PAUSING            -- the last step (checkpoint, export) -->  COMPLETED
  *       RUNNING, PAUSING            -- a step fails ------------------------>  FAILED
@@ -43,7 +46,10 @@
  *
  * A paused run's worker waits at its boundary (runs_scheduler.c's pause wait) for resume (RUNNING),
  * cancel (CANCELLED), a shutdown (it stays PAUSED and the worker ends), or a checkpoint or
- * export (done, and it stays PAUSED). rechunk, checkpoint and export change no state. No state
+ * export (done, and it stays PAUSED). A run paused by a fault (the store cannot write, a
+ * checkpoint or the export owed) goes back to RUNNING by itself once it is over, and a shutdown
+ * leaves it INTERRUPTED; one paused because its data could not be read has no worker (a resume
+ * queues it, from its newest checkpoint). rechunk, checkpoint and export change no state. No state
  * goes to itself: a request that finds the run where it would take it (pause of a pausing
  * run) changes nothing and writes no event.
  */
@@ -91,6 +97,7 @@ static const ddt_run_transition ddt_run_transitions[] = {
     { DDT_RUN_PAUSED, DDT_RUN_RUNNING },          /* resume: its worker waits */
     { DDT_RUN_PAUSED, DDT_RUN_QUEUED },           /* resume (no worker) */
     { DDT_RUN_PAUSED, DDT_RUN_CANCELLED },        /* cancel */
+    { DDT_RUN_PAUSED, DDT_RUN_INTERRUPTED },      /* shutdown of a run held by a fault, not the user */
     { DDT_RUN_INTERRUPTED, DDT_RUN_RUNNING },     /* start: from its newest checkpoint */
     { DDT_RUN_INTERRUPTED, DDT_RUN_QUEUED },      /* resume */
     { DDT_RUN_INTERRUPTED, DDT_RUN_FAILED },      /* no worker thread, or the trainer failed */

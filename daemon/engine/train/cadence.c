@@ -1,16 +1,24 @@
 /* cadence.c: the cadence of a run (trainer.h): ddt_trainer_advance (a new run's baseline
  * evaluation, or a step and then the evaluation, the speculative one and the checkpoint that
  * fall due), ddt_trainer_hold (a checkpoint at a stop) and ddt_trainer_finish (the final
- * checkpoint and the export); a due one that fails is an "error" event and the outcome's warning.
+ * checkpoint and the export); a due one that fails is an "error" event and the outcome's warning,
+ * and a checkpoint or the export that fails is owed: ddt_trainer_ready holds the run until it is
+ * written (and while the store cannot write).
  * Tested by tests/engine/train/test_trainer.c (the cadence's evaluations and every_evals),
  * tests/daemon/train_cli_test.sh (`ddtreed train` stopped, resumed and finished) and tests/daemon/api_e2e.py
  * (daemon_vs_foreground: the daemon's runs and `ddtreed train` write the same records).
  */
 #include "trainer.h"
 #include "trainer_impl.h"
+#include "base/ddt_time.h"
 #include "base/log.h"
 
 #include <stdio.h>
+
+/* how soon a checkpoint or an export that failed is tried again (seconds): the first time, and
+ * at the longest, doubling between */
+#define HOLD_RETRY_FIRST_S 1.0
+#define HOLD_RETRY_LONGEST_S 60.0
 
 /* attention that ran the SIMT kernels for want of a tensor-core instance on a GPU
  * (ddk_cuda_fallbacks): said once a run, a log line and a "kernel_fallback" event */
@@ -36,6 +44,65 @@ static void error_event(ddt_trainer *t, ddt_trainer_outcome *o, const char *what
     char message[1100];
     snprintf(message, sizeof message, "%s failed: %.1000s", what, why);
     ddt_trainer_store_message(t, "error", t->step, -1, message);
+}
+
+/* what failed (a checkpoint, the final export) is owed: the run holds until it is written */
+static void owe(ddt_trainer *t, const char *what, const char *why)
+{
+    t->owed = 1;
+    t->owed_what = what;
+    snprintf(t->owed_why, sizeof t->owed_why, "%s at step %lld failed: %.1000s", what, (long long)t->step, why);
+    t->retry_pause_s = HOLD_RETRY_FIRST_S;
+    t->retry_at_s = ddt_mono_s() + t->retry_pause_s;
+}
+
+/* the final export, once (ddt_trainer_finish and its retry) */
+static int final_export(ddt_trainer *t, char *err, size_t err_len)
+{
+    char dir[2200];
+    snprintf(dir, sizeof dir, "%s/export", t->run_dir);
+    int rc = t->exported ? 0 : ddt_trainer_export(t, dir, err, err_len);
+    t->exported = rc == 0;
+    return rc;
+}
+
+int ddt_trainer_ready(ddt_trainer *t, char *why, size_t why_len)
+{
+    if (t->store) {
+        ddt_store_health h;
+        ddt_store_get_health(t->store, &h);
+        if (h.degraded) {
+            snprintf(why, why_len, "the store cannot write: %s", h.cause);
+            return 0;
+        }
+        if (h.queued > h.capacity / 2) {   /* before a full queue would hold this thread inside a step */
+            snprintf(why, why_len, "the store is behind: %d of the %d records its queue holds are waiting", h.queued,
+                     h.capacity);
+            return 0;
+        }
+    }
+    if (!t->owed)
+        return 1;
+    double now = ddt_mono_s();
+    if (now >= t->retry_at_s) {
+        char err[1024];
+        int rc = t->checkpoint_step == t->step ? 0 : ddt_trainer_checkpoint(t, err, sizeof err);
+        if (rc == 0 && t->step >= t->cfg.steps)
+            rc = final_export(t, err, sizeof err);
+        if (rc == 0) {
+            t->owed = 0;
+            ddt_log(DDT_LOG_NOTICE, "run %s, step %lld: what was owed is written: %s", t->run_id, (long long)t->step,
+                    t->owed_why);
+            return 1;
+        }
+        snprintf(t->owed_why, sizeof t->owed_why, "%s at step %lld failed: %.1000s", t->owed_what,
+                 (long long)t->step, err);   /* the newest reason */
+        t->retry_pause_s = 2 * t->retry_pause_s < HOLD_RETRY_LONGEST_S ? 2 * t->retry_pause_s : HOLD_RETRY_LONGEST_S;
+        t->retry_at_s = now + t->retry_pause_s;
+    }
+    snprintf(why, why_len, "%s; tried again in %.0f s, the run goes on once it is written", t->owed_why,
+             t->retry_at_s - now > 0 ? t->retry_at_s - now : 0);
+    return 0;
 }
 
 int ddt_trainer_advance(ddt_trainer *t, ddt_trainer_outcome *o, char *err, size_t err_len)
@@ -74,10 +141,12 @@ int ddt_trainer_advance(ddt_trainer *t, ddt_trainer_outcome *o, char *err, size_
         }
     }
     if (!baseline && t->step % c->checkpoint_every == 0 && t->step < c->steps) {
-        if (ddt_trainer_checkpoint(t, why, sizeof why) == 0)
+        if (ddt_trainer_checkpoint(t, why, sizeof why) == 0) {
             o->checkpointed = 1;
-        else
+        } else {
             error_event(t, o, "the checkpoint", why);
+            owe(t, "the checkpoint", why);
+        }
     }
     return 0;
 }
@@ -85,19 +154,21 @@ int ddt_trainer_advance(ddt_trainer *t, ddt_trainer_outcome *o, char *err, size_
 int ddt_trainer_hold(ddt_trainer *t, char *err, size_t err_len)
 {
     int rc = t->checkpoint_step == t->step ? 0 : ddt_trainer_checkpoint(t, err, err_len);
-    if (rc)
+    if (rc) {
         error_event(t, NULL, "the checkpoint", err);
+        owe(t, "the checkpoint", err);
+    }
     return rc;
 }
 
 int ddt_trainer_finish(ddt_trainer *t, char *err, size_t err_len)
 {
-    char dir[2200], why[1024];
+    char why[1024];
     int rc = ddt_trainer_hold(t, err, err_len);
-    snprintf(dir, sizeof dir, "%s/export", t->run_dir);
-    int exported = ddt_trainer_export(t, dir, why, sizeof why);
+    int exported = final_export(t, why, sizeof why);
     if (exported) {
         error_event(t, NULL, "the export", why);
+        owe(t, "the export", why);
         if (!rc)
             snprintf(err, err_len, "%s", why);
     }

@@ -10,6 +10,7 @@
 #include "trainer.h"
 #include "trainer_impl.h"
 #include "base/ddt_time.h"
+#include "base/errors.h"
 #include "record/checkpoint.h"
 
 #include <cjson/cJSON.h>
@@ -127,13 +128,21 @@ int ddt_trainer_rechunk(ddt_trainer *t, int64_t chunk, int64_t vocab_tile, char 
     return 0;
 }
 
+/* what a checkpoint or an export of the drafter writes at most beside its tensors (JSON files) */
+enum { JSON_BYTES_MAX = 1 << 20 };
+
 int ddt_trainer_checkpoint(ddt_trainer *t, char *err, size_t err_len)
 {
+    /* weights and both moments in F32 */
+    int rc = ddt_check_free_space(t->run_dir, "the checkpoint", 3ull * 4 * (unsigned long long)t->total + JSON_BYTES_MAX,
+                                  err, err_len);
+    if (rc)
+        return rc;
     pull_weights(t);
     const ddt_checkpoint_meta meta = checkpoint_meta(t);
     char path[2400];
     int64_t bytes = 0;
-    int rc = ddt_checkpoint_write(t->run_dir, &meta, t->params, &t->adam, (int)t->cfg.checkpoint_keep, path,
+    rc = ddt_checkpoint_write(t->run_dir, &meta, t->params, &t->adam, (int)t->cfg.checkpoint_keep, path,
                                   sizeof path, &bytes, err, err_len);
     if (rc == 0)
         t->checkpoint_step = t->step;
@@ -148,8 +157,13 @@ int ddt_trainer_checkpoint(ddt_trainer *t, char *err, size_t err_len)
 
 int ddt_trainer_export(ddt_trainer *t, const char *out_dir, char *err, size_t err_len)
 {
+    /* the weights, F32 at most; checked in the run's directory, which holds the export */
+    int rc = ddt_check_free_space(t->run_dir, "the export", 4ull * (unsigned long long)t->total + JSON_BYTES_MAX, err,
+                                  err_len);
+    if (rc)
+        return rc;
     pull_weights(t);
-    int rc = ddt_export_write(out_dir, &t->cfg.drafter, t->params, err, err_len);
+    rc = ddt_export_write(out_dir, &t->cfg.drafter, t->params, err, err_len);
     if (rc == 0)
         ddt_trainer_event(t, "export", "{\"step\": %lld, \"written\": true}", (long long)t->step);
     return rc;

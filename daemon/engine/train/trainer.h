@@ -97,8 +97,9 @@ int ddt_trainer_export(ddt_trainer *t, const char *out_dir, char *err, size_t er
  * or s == train.steps (with eval.speculative, the speculative one after it on every E-th: the
  * k-th evaluation, k = ceil(s / eval.every_steps), when k % E == 0), and the checkpoint when s % checkpoint.every_steps == 0 and
  * s < train.steps (the last one is finish's). A due evaluation or checkpoint that fails is an
- * "error" event and a warning in the outcome; the run goes on. The callers own the run's
- * state (run_state.h) and the controls. */
+ * "error" event and a warning in the outcome; after a failed evaluation the run goes on, after a
+ * failed checkpoint (or export) it holds (ddt_trainer_ready) until it is written. The callers own
+ * the run's state (run_state.h) and the controls. */
 typedef struct ddt_trainer_outcome {
     int done;                     /* every step is done: nothing happened; finish is next */
     int stepped;                  /* rec is the step just done */
@@ -111,14 +112,28 @@ typedef struct ddt_trainer_outcome {
     char warning[1024];           /* "" or the evaluation or checkpoint that failed, and why */
 } ddt_trainer_outcome;
 
-/* 0 (see *o), or a step's failure with err: the run has failed. */
+/* Whether the run may go on at this boundary: 1, or 0 with why (a hold, which the callers make a
+ * pause that ends by itself once this answers 1 again):
+ *   - the store cannot write (ddt_store_get_health: a full file system, another process's write
+ *     lock on ddtree.db, an I/O error), or its queue is more than half full: its records wait in
+ *     its queue, and no step is taken that would add to them;
+ *   - a checkpoint or the final export failed (ENOSPC, EIO, EROFS, no room by statvfs): no step
+ *     is taken without a restart point. This call tries it again (after 1 s, doubling to 60 s
+ *     between tries), and answers 1 once it is written.
+ * The callers (the daemon's worker, `ddtreed train`) ask before each advance and, while held,
+ * about once a second. */
+int ddt_trainer_ready(ddt_trainer *t, char *why, size_t why_len);
+
+/* 0 (see *o), or a step's failure with err: the run has failed (-EIO: its data could not be
+ * read; the callers pause it, to go on from its newest checkpoint once the file is fixed). */
 int ddt_trainer_advance(ddt_trainer *t, ddt_trainer_outcome *o, char *err, size_t err_len);
 /* A stop at a step boundary (a pause, a cancel, the daemon stopping): a checkpoint, unless
  * this trainer already wrote one at this step; a failure is also an "error" event. */
 int ddt_trainer_hold(ddt_trainer *t, char *err, size_t err_len);
 /* After the last step: the final checkpoint (ddt_trainer_hold) and the serving export into
- * runs/<id>/export. Both are tried; 0, or the first failure with err (each failure is also an
- * "error" event): the training itself is complete either way. */
+ * runs/<id>/export (once: a second call after a failure writes only what is missing). Both are
+ * tried; 0, or the first failure with err (each failure is also an "error" event, and owed: the
+ * callers hold the run, not complete, until ddt_trainer_ready has written it). */
 int ddt_trainer_finish(ddt_trainer *t, char *err, size_t err_len);
 
 #endif

@@ -179,6 +179,13 @@ struct ddt_trainer {
     ddt_memory_plan plan;
     int baseline_done;            /* the step-0 evaluation of a new run (ddt_trainer_advance) */
     int64_t checkpoint_step;      /* the step of this trainer's newest checkpoint; -1: none yet */
+    /* a checkpoint or the final export that failed is owed: the run holds until ddt_trainer_ready
+     * writes it (tried again after retry_pause_s, doubling from HOLD_RETRY_FIRST_S to _LONGEST_S) */
+    int owed;
+    const char *owed_what;        /* "the checkpoint", "the export" */
+    char owed_why[1200];
+    double retry_at_s, retry_pause_s; /* monotonic */
+    int exported;                 /* the final export (ddt_trainer_finish) is written */
     /* speculative decoding (eval.speculative, POST /runs/{id}/speculate): rank 0's speculator
      * over the target beside it, opened once (at open with eval.speculative, else on first use) */
     ddt_speculator *spec;

@@ -758,10 +758,23 @@ static void test_failure_reported(void)
     ddt_store_close(s);
 }
 
+/* polls h until the store says degraded (or 120 s): its health then */
+static ddt_store_health wait_degraded(ddt_store *s)
+{
+    ddt_store_health h;
+    ddt_store_get_health(s, &h);
+    for (int tenths = 0; tenths < 1200 && !h.degraded; tenths++) {
+        nanosleep(&(struct timespec){ 0, 100 * 1000 * 1000 }, NULL);
+        ddt_store_get_health(s, &h);
+    }
+    return h;
+}
+
 /* another process's write lock (BEGIN IMMEDIATE from a DB browser, a backup, a script) is waited
- * out: the writer's BEGIN finds the database busy after busy_timeout, counts a wait, tries again,
- * and every record queued meanwhile is committed once the lock is gone; both moments logged. A
- * run request queued with them is answered -EBUSY at the first wait, not held up until the end. */
+ * out: the writer's BEGIN finds the database busy after busy_timeout, the store says degraded
+ * with the cause, tries again, and every record queued meanwhile is committed once the lock is
+ * gone; both moments logged. A run update queued with them is answered -EBUSY at the first wait,
+ * not held up; a run's transition is kept (its wait returns -EINPROGRESS) and written after. */
 static void test_locked_waited(void)
 {
     char path[256], log_path[256];
@@ -779,27 +792,140 @@ static void test_locked_waited(void)
         ddt_store_step(s, &r);
     }
     /* answered while the lock is still held (this thread holds it until the call returns) */
-    int update = ddt_store_run_update(s, "lk", "running", 199, -1, 1000, -1, -1, NULL);
-    /* until the writer has found the lock and waited once (5 s of busy_timeout each try) */
-    for (int tenths = 0; tenths < 1200 && ddt_store_lock_waits(s) < 1; tenths++)
-        nanosleep(&(struct timespec){ 0, 100 * 1000 * 1000 }, NULL);
-    int64_t waits = ddt_store_lock_waits(s);
+    int update = ddt_store_run_update(s, "lk", NULL, 199, -1, 1000, -1, -1, NULL);
+    ddt_store_health h = wait_degraded(s);
+    int moved = ddt_store_run_transition(s, "lk", DDT_RUN_QUEUED, DDT_RUN_RUNNING, 199, -1, 1001, NULL);
     sqlite3_exec(other, "COMMIT", NULL, NULL, NULL);
     sqlite3_close(other);
     int rc = ddt_store_flush(s);
+    ddt_store_health after;
+    ddt_store_get_health(s, &after);
     restore_stderr(saved);
 
-    check(waits >= 1, "the writer never found the database locked (waits %lld)", (long long)waits);
+    check(h.degraded && h.lock_waits >= 1 && strstr(h.cause, "holds the write lock of") && strstr(h.cause, path),
+          "the store did not say it waits for the lock (degraded %d, waits %lld, cause '%s')", h.degraded,
+          (long long)h.lock_waits, h.cause);
+    check(h.since_ms > 0 && h.queued >= 0, "since %lld, queued %d", (long long)h.since_ms, h.queued);
     check(update == -EBUSY, "a run update during the lock = %d, not -EBUSY at the first wait", update);
+    check(moved == -EINPROGRESS, "a transition during the lock = %d, not kept queued (-EINPROGRESS)", moved);
     check(rc == 0, "flush after the lock = %d: records were lost", rc);
+    check(!after.degraded && !*after.cause, "still degraded after the lock went: %s", after.cause);
     check(count_in(path, "SELECT count(*) FROM steps WHERE run_id = 'lk'") == 200,
           "%lld of 200 steps queued during the lock were committed",
           (long long)count_in(path, "SELECT count(*) FROM steps WHERE run_id = 'lk'"));
+    check(count_in(path, "SELECT count(*) FROM runs WHERE id = 'lk' AND state = 'running'") == 1 &&
+              count_in(path, "SELECT count(*) FROM events WHERE run_id = 'lk' AND kind = 'state'") == 1,
+          "the transition kept during the lock was not written after it");
     size_t len = 0;
     char *log = (char *)read_file(log_path, &len);
-    check(log && strstr(log, "ddtree.db is locked by another process, waiting; records are kept") &&
-              strstr(log, "ddtree.db writable again after"),
+    check(log && strstr(log, "store: cannot write, waiting; records are kept") &&
+              strstr(log, "store: writable again after"),
           "the wait and its end are not logged: %s", log ? log : "(none)");
+    free(log);
+    ddt_store_close(s);
+}
+
+/* ---- A full disk, through a VFS over the default one whose writes fail with SQLITE_FULL while
+ * disk_full is set (SQLite's own way to put a layer under a connection: the store's writer opens
+ * its database through the default VFS, which this one becomes for the test). */
+static sqlite3_vfs *unix_vfs;
+static sqlite3_vfs full_vfs;
+static sqlite3_io_methods full_methods;
+static volatile int disk_full;
+typedef struct full_file {
+    sqlite3_file base;
+    sqlite3_file *real;   /* the default VFS's file, right after this struct */
+} full_file;
+#define REAL(f) (((full_file *)(f))->real)
+
+static int full_close(sqlite3_file *f) { return REAL(f)->pMethods->xClose(REAL(f)); }
+static int full_read(sqlite3_file *f, void *b, int n, sqlite3_int64 o) { return REAL(f)->pMethods->xRead(REAL(f), b, n, o); }
+static int full_write(sqlite3_file *f, const void *b, int n, sqlite3_int64 o)
+{
+    return disk_full ? SQLITE_FULL : REAL(f)->pMethods->xWrite(REAL(f), b, n, o);
+}
+static int full_truncate(sqlite3_file *f, sqlite3_int64 n) { return REAL(f)->pMethods->xTruncate(REAL(f), n); }
+static int full_sync(sqlite3_file *f, int flags) { return REAL(f)->pMethods->xSync(REAL(f), flags); }
+static int full_size(sqlite3_file *f, sqlite3_int64 *n) { return REAL(f)->pMethods->xFileSize(REAL(f), n); }
+static int full_lock(sqlite3_file *f, int l) { return REAL(f)->pMethods->xLock(REAL(f), l); }
+static int full_unlock(sqlite3_file *f, int l) { return REAL(f)->pMethods->xUnlock(REAL(f), l); }
+static int full_reserved(sqlite3_file *f, int *r) { return REAL(f)->pMethods->xCheckReservedLock(REAL(f), r); }
+static int full_control(sqlite3_file *f, int op, void *a) { return REAL(f)->pMethods->xFileControl(REAL(f), op, a); }
+static int full_sector(sqlite3_file *f) { return REAL(f)->pMethods->xSectorSize(REAL(f)); }
+static int full_device(sqlite3_file *f) { return REAL(f)->pMethods->xDeviceCharacteristics(REAL(f)); }
+static int full_shm_map(sqlite3_file *f, int i, int n, int w, void volatile **p) { return REAL(f)->pMethods->xShmMap(REAL(f), i, n, w, p); }
+static int full_shm_lock(sqlite3_file *f, int o, int n, int fl) { return REAL(f)->pMethods->xShmLock(REAL(f), o, n, fl); }
+static void full_shm_barrier(sqlite3_file *f) { REAL(f)->pMethods->xShmBarrier(REAL(f)); }
+static int full_shm_unmap(sqlite3_file *f, int d) { return REAL(f)->pMethods->xShmUnmap(REAL(f), d); }
+static int full_fetch(sqlite3_file *f, sqlite3_int64 o, int n, void **p) { return REAL(f)->pMethods->xFetch(REAL(f), o, n, p); }
+static int full_unfetch(sqlite3_file *f, sqlite3_int64 o, void *p) { return REAL(f)->pMethods->xUnfetch(REAL(f), o, p); }
+
+static int full_open(sqlite3_vfs *vfs, const char *name, sqlite3_file *f, int flags, int *out_flags)
+{
+    (void)vfs;
+    full_file *ff = (full_file *)f;
+    ff->real = (sqlite3_file *)(ff + 1);
+    int rc = unix_vfs->xOpen(unix_vfs, name, ff->real, flags, out_flags);
+    f->pMethods = rc == SQLITE_OK && ff->real->pMethods ? &full_methods : NULL;
+    return rc;
+}
+
+static void full_vfs_install(void)
+{
+    unix_vfs = sqlite3_vfs_find(NULL);
+    full_vfs = *unix_vfs;
+    full_vfs.zName = "ddtree-test-full";
+    full_vfs.szOsFile = (int)sizeof(full_file) + unix_vfs->szOsFile;
+    full_vfs.xOpen = full_open;
+    full_methods = (sqlite3_io_methods){ 3, full_close, full_read, full_write, full_truncate, full_sync, full_size,
+                                         full_lock, full_unlock, full_reserved, full_control, full_sector,
+                                         full_device, full_shm_map, full_shm_lock, full_shm_barrier,
+                                         full_shm_unmap, full_fetch, full_unfetch };
+    sqlite3_vfs_register(&full_vfs, 1);
+}
+
+/* The state directory's file system full: every write fails (SQLITE_FULL), the store says
+ * degraded naming the file system and the path, keeps the records in order, and commits them all
+ * once space is back (today's loss: "commit failed, records lost"). The test's own reads and
+ * the store's opening come before the disk fills. */
+static void test_full_waited(void)
+{
+    char path[256], log_path[256];
+    db_path(log_path, sizeof log_path, "full.log");
+    full_vfs_install();
+    ddt_store *s = open_fresh(path, sizeof path, "full.db", "fu");
+    if (!s) {
+        sqlite3_vfs_unregister(&full_vfs);
+        return;
+    }
+    write_steps(s, "fu", 0, 10, 1);
+    check(ddt_store_flush(s) == 0, "the steps before the disk filled");
+    int saved = capture_stderr(log_path);
+    disk_full = 1;
+    write_steps(s, "fu", 10, 300, 2);
+    ddt_store_event(s, "fu", 5, "note", "{\"step\": 299}");
+    ddt_store_health h = wait_degraded(s);
+    int created = ddt_store_run_create(s, "later", "", "{}", 5, 6);
+    disk_full = 0;
+    int rc = ddt_store_flush(s);
+    restore_stderr(saved);
+    sqlite3_vfs_unregister(&full_vfs);
+
+    check(h.degraded && strstr(h.cause, "file system is full") && strstr(h.cause, path),
+          "the store did not say the disk is full: degraded %d, cause '%s'", h.degraded, h.cause);
+    check(created == -ENOSPC, "a run created on a full disk = %d, not refused with -ENOSPC", created);
+    check(rc == 0, "flush after space came back = %d: records were lost", rc);
+    check(count_in(path, "SELECT count(*) FROM steps WHERE run_id = 'fu'") == 300 &&
+              count_in(path, "SELECT count(*) FROM step_devices WHERE run_id = 'fu'") == 10 + 290 * 2 &&
+              count_in(path, "SELECT count(*) FROM events WHERE run_id = 'fu' AND kind = 'note'") == 1,
+          "%lld of 300 steps (and their devices, the event) written after the disk was full",
+          (long long)count_in(path, "SELECT count(*) FROM steps WHERE run_id = 'fu'"));
+    check(count_in(path, "SELECT count(*) FROM runs WHERE id = 'later'") == 0, "a refused run was written");
+    size_t len = 0;
+    char *log = (char *)read_file(log_path, &len);
+    check(log && strstr(log, "file system is full") && strstr(log, "writable again after") &&
+              !strstr(log, "records lost"),
+          "the log does not say the wait and its end, or says records lost: %s", log ? log : "(none)");
     free(log);
     ddt_store_close(s);
 }
@@ -869,6 +995,7 @@ int main(void)
         { "a refused record: logged, flush -EIO once, batch kept", test_failure_reported },
         { "a reader sees commits while the writer runs (WAL)", test_reader_during_writes },
         { "another process's write lock is waited out, no record lost", test_locked_waited },
+        { "a full file system is waited out, the store degraded meanwhile, no record lost", test_full_waited },
         { "close writes what is queued", test_close_drains },
     };
     run_cases(cases, sizeof cases / sizeof cases[0]);

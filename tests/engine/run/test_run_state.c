@@ -49,7 +49,7 @@ static const int legal[N][N] = {
     /* Q  */ { 0, 1, 0, 0, 0, 1, 1, 0 },   /* start; cannot start; cancel */
     /* R  */ { 0, 0, 1, 1, 1, 1, 1, 1 },   /* pause; stop-after; last step; fails; cancel; shutdown */
     /* PG */ { 0, 1, 0, 1, 1, 1, 1, 1 },   /* resume; boundary; last step; fails; cancel; shutdown */
-    /* PD */ { 1, 1, 0, 0, 0, 0, 1, 0 },   /* resume (no worker); resume; cancel */
+    /* PD */ { 1, 1, 0, 0, 0, 0, 1, 1 },   /* resume (no worker); resume; cancel; shutdown of a held run */
     /* C  */ { 0, 0, 0, 0, 0, 0, 0, 0 },
     /* F  */ { 0, 0, 0, 0, 0, 0, 0, 0 },
     /* X  */ { 0, 0, 0, 0, 0, 0, 0, 0 },
