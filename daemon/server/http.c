@@ -64,7 +64,7 @@ enum {
     DEFAULT_REQUEST_TIMEOUT_S = 30,
     CONNECTION_MEMORY_LIMIT = 64 * 1024,  /* per connection: headers + read buffer (MHD: 32 KiB) */
     FIRST_BODY_CAPACITY = 4096,
-    STOP_DRAIN_MS = 2000,                 /* stop waits this long for connections in flight */
+    STOP_DRAIN_MS = 2000,                 /* stop waits this long for requests being answered */
     STATUS_MIN = 100, STATUS_MAX = 599,
 };
 
@@ -886,13 +886,16 @@ fail:
 }
 
 /* the connections of l's daemon still open (0 when it has none or cannot say) */
-static unsigned open_connections(const listener *l)
+/* connections whose complete request is being answered (their clock paused): what a stop waits
+ * for; an idle keep-alive connection, or one still trickling its request in, is not */
+static int answering(ddt_http_server *s)
 {
-    if (!l->daemon)
-        return 0;
-    const union MHD_DaemonInfo *info = MHD_get_daemon_info(l->daemon,
-                                                           MHD_DAEMON_INFO_CURRENT_CONNECTIONS);
-    return info ? info->num_connections : 0;
+    int n = 0;
+    pthread_mutex_lock(&s->clock_lock);
+    for (const conn_clock *c = s->clocks; c; c = c->next)
+        n += !c->closed && c->since_s < 0;
+    pthread_mutex_unlock(&s->clock_lock);
+    return n;
 }
 
 void ddt_http_stop(ddt_http_server *s)
@@ -900,14 +903,14 @@ void ddt_http_stop(ddt_http_server *s)
     if (!s)
         return;
     listener *ls[2] = {&s->unix_listener, &s->tcp_listener};
-    /* stop accepting; requests in flight go on (a keep-alive connection is bounded by
-     * STOP_DRAIN_MS) */
+    /* stop accepting; the requests being answered are finished (for at most STOP_DRAIN_MS), and
+     * the other connections (idle, or a request not yet in) are closed at once */
     for (int j = 0; j < 2; j++)
         if (ls[j]->daemon)
             ls[j]->quiesced_fd = MHD_quiesce_daemon(ls[j]->daemon);
     remove_socket_file(s);
     for (int waited = 0; waited < STOP_DRAIN_MS; waited += 10) {
-        if (!open_connections(ls[0]) && !open_connections(ls[1]))
+        if (!answering(s))
             break;
         nanosleep(&(struct timespec){0, 10 * 1000 * 1000}, NULL);
     }

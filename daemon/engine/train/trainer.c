@@ -129,7 +129,7 @@ int ddt_trainer_rechunk(ddt_trainer *t, int64_t chunk, int64_t vocab_tile, char 
 }
 
 /* what a checkpoint or an export of the drafter writes at most beside its tensors (JSON files) */
-enum { JSON_BYTES_MAX = 1 << 20 };
+enum { JSON_BYTES_MAX = 64 << 10 };
 
 int ddt_trainer_checkpoint(ddt_trainer *t, char *err, size_t err_len)
 {
