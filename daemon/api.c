@@ -115,6 +115,8 @@ static void config_error(ddt_http_response *res, int rc, const char *field, cons
 {
     if (rc == -EBADMSG)
         ddt_http_error(res, 400, "invalid_json", NULL, "%s", err);
+    else if (rc == -EAGAIN)   /* the store cannot write now (its health says why): nothing was stored */
+        ddt_http_error(res, 503, "store_unavailable", NULL, "%s; try again once it can", err);
     else
         ddt_http_error(res, rc == -EINVAL ? 400 : 500, rc == -EINVAL ? "invalid_config" : "internal",
                        *field ? field : NULL, "%s", err);

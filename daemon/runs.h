@@ -36,7 +36,8 @@ int ddt_runs_open(const char *state_dir, const char *db_path, ddt_store *store, 
 void ddt_runs_close(ddt_runs *r);
 void ddt_runs_set_parallel(ddt_runs *r, int max_parallel);
 
-/* Validates and queues a run config: 0 with its id, or -EINVAL with err and field. */
+/* Validates and queues a run config: 0 with its id, or -EINVAL with err and field, or -EAGAIN
+ * while the store cannot write (nothing is stored; err says why). */
 int ddt_runs_submit(ddt_runs *r, const char *json, size_t len, char *id, size_t id_len,
                     char *err, size_t err_len, char *field, size_t field_len);
 /* A control request: 0 with *reply (the 2xx body; *status 200 or 202), -ENOENT (no such run),

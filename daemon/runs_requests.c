@@ -45,9 +45,13 @@ int ddt_runs_submit(ddt_runs *r, const char *json, size_t len, char *id, size_t 
         ddt_store_new_run_id(u->id, sizeof u->id);
     }
     if (rc) {
-        snprintf(err, err_len, "the database refused the run (%s)", strerror(-rc));
+        ddt_store_health h = { 0 };
+        if (r->store)
+            ddt_store_get_health(r->store, &h);
+        snprintf(err, err_len, "the database refused the run (%s)%s%.600s", strerror(-rc),
+                 h.degraded ? ": the store cannot write now: " : "", h.cause);
         ddt_runs_free_run(u);
-        return rc;
+        return h.degraded ? -EAGAIN : rc;
     }
     pthread_mutex_lock(&r->lock);
     while (!r->store && ddt_runs_find(r, u->id))   /* no store to refuse a repeated id */

@@ -1061,6 +1061,10 @@ def case_store_locked(t, env):
                 % value)
         status = d.unix.get("/status").json()
         t.check(status["health"]["status"] == "degraded", "/status's health: %s" % status.get("health"))
+        refused = d.unix.post("/runs", run_config(5, name="while-locked"))
+        t.check(refused.status == 503 and refused.json()["error"]["code"] == "store_unavailable"
+                and "write lock" in refused.json()["error"]["message"],
+                "POST /runs while the store cannot write: %s %s" % (refused.status, short(refused.body)))
         if env.ddtreectl:
             res = env.ctl(["--socket", d.socket, "status"])
             t.check(res.returncode == 0 and "health: DEGRADED" in res.stdout and "pid %d" % os.getpid() in res.stdout,
@@ -1085,6 +1089,7 @@ def case_store_locked(t, env):
     paused = [n for n, (st, err) in enumerate(names) if st == "paused" and "write lock" in err]
     t.check(paused and names[paused[0] + 1][0] == "running",
             "state events do not show the hold (paused, naming the lock) then running: %s" % names)
+    t.check(not db_query(d.db, "SELECT id FROM runs WHERE name = 'while-locked'"), "the refused run was stored")
     t.note("held at step %d; %d steps recorded, none lost" % (step_held, len(steps)))
     d.stop()
 
