@@ -9,6 +9,7 @@
 #include "store_impl.h"
 #include "store_schema.h"
 #include "base/ddt_time.h"
+#include "base/fault.h"
 #include "base/log.h"
 #include "run/run_state.h"
 
@@ -477,6 +478,7 @@ static void write_batch(ddt_store *s, int n)
     for (int i = 0; i < n && !failed; i++)
         failed = write_item(s, &s->batch[i], &s->results[i]) != SQLITE_OK;
     if (!failed) {
+        ddt_fault_point("store.mid_commit");   /* a test hook (base/fault.h) */
         if (run_stmt(s, s->stmt[STMT_COMMIT]) == SQLITE_OK)
             return;
         rollback_if_open(s);
