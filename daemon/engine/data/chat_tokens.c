@@ -1,6 +1,7 @@
 /* chat_tokens.c: conversations to input ids and loss masks (chat_tokens.h): render, encode
  * the whole text once, then each span edge as a token index by SPEC.md section 8's rule; and
- * JSON Lines files mapped with their lines indexed.
+ * JSON Lines files mapped with their lines indexed, a line a run reads copied out through a
+ * guarded read (base/mapped.h: EIO naming the file, not SIGBUS, when the file is cut under it).
  * Not here: the templates (chat_template.c), the BPE (tokenizer.c), counts.
  * Tested by tests/engine/data/test_chat_tokens.c.
  *
@@ -9,6 +10,7 @@
 #include "chat_tokens.h"
 #include "ddk.h"
 #include "base/errors.h"
+#include "base/mapped.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -286,9 +288,15 @@ int ddt_chat_file_open(const char *path, ddt_chat_file *f, char *err, size_t err
             return ddt_fail_path(err, err_len, -e, path, "cannot be mapped: %s", strerror(e));
         }
         f->data = m;
+        f->fd = fd;   /* kept while mapped */
         madvise(m, f->size, MADV_SEQUENTIAL);
+    } else {
+        close(fd);
     }
-    close(fd);
+    if (!(f->path = strdup(path))) {
+        ddt_chat_file_close(f);
+        return ddt_fail_path(err, err_len, -ENOMEM, path, "out of memory");
+    }
     int64_t n = 0;
     for (const char *p = f->data, *end = f->data + f->size; p && p < end; n++) {
         const char *nl = memchr(p, '\n', (size_t)(end - p));
@@ -312,9 +320,12 @@ int ddt_chat_file_open(const char *path, ddt_chat_file *f, char *err, size_t err
 
 void ddt_chat_file_close(ddt_chat_file *f)
 {
-    if (f->data)
+    if (f->data) {
         munmap((void *)f->data, f->size);
+        close(f->fd);
+    }
     free(f->starts);
+    free(f->path);
     memset(f, 0, sizeof *f);
 }
 
@@ -328,4 +339,43 @@ const char *ddt_chat_file_line(const ddt_chat_file *f, int64_t i, size_t *len)
         n--;
     *len = n;
     return line;
+}
+
+/* what ddt_chat_file_copy_line asks of the guarded read */
+typedef struct line_copy {
+    char *to;
+    const char *from;
+    size_t len;
+} line_copy;
+
+static void copy_line(void *arg)
+{
+    const line_copy *c = arg;
+    memcpy(c->to, c->from, c->len);
+}
+
+int ddt_chat_file_copy_line(const ddt_chat_file *f, int64_t i, char **buf, size_t *cap, size_t *len, char *err,
+                            size_t err_len)
+{
+    size_t n = (size_t)(f->starts[i + 1] - f->starts[i]);
+    if (n + 1 > *cap) {
+        char *grown = realloc(*buf, n + 1);
+        if (!grown)
+            return ddt_fail_path(err, err_len, -ENOMEM, f->path, "no memory for line %lld (%zu bytes)", (long long)i + 1,
+                                 n);
+        *buf = grown;
+        *cap = n + 1;
+    }
+    const ddt_mapped_file m = { f->path, f->fd, f->data, f->size };
+    line_copy c = { *buf, f->data + f->starts[i], n };
+    int rc = n ? ddt_mapped_read(&m, (size_t)f->starts[i], copy_line, &c, err, err_len) : 0;
+    if (rc)
+        return rc;
+    if (n && (*buf)[n - 1] == '\n')   /* the newline cut as ddt_chat_file_line cuts it */
+        n--;
+    if (n && (*buf)[n - 1] == '\r')
+        n--;
+    (*buf)[n] = '\0';
+    *len = n;
+    return 0;
 }

@@ -89,12 +89,21 @@ typedef struct ddt_chat_file {
     size_t size;
     int64_t n_lines;
     int64_t *starts;    /* (n_lines + 1) */
+    char *path;         /* the mapping's, and */
+    int fd;             /* its descriptor, open while mapped (for ddt_chat_file_copy_line) */
 } ddt_chat_file;
 
 /* 0, or a negative errno with err ("PATH: ...") when it cannot be read. */
 int ddt_chat_file_open(const char *path, ddt_chat_file *f, char *err, size_t err_len);
 void ddt_chat_file_close(ddt_chat_file *f);   /* a zeroed one is a no-op */
-/* line i in [0, n_lines), *len its bytes without the newline */
+/* line i in [0, n_lines), *len its bytes without the newline, in the mapping: for a file read
+ * once, at once (a page that cannot be read raises SIGBUS) */
 const char *ddt_chat_file_line(const ddt_chat_file *f, int64_t i, size_t *len);
+/* line i copied out of the mapping into *buf (grown as needed, *cap its size; NUL-terminated),
+ * *len its bytes, through base/mapped.h's guarded read: what a run reads again and again while
+ * the file may change under it. 0, or -EIO ("PATH: ... offset ...": the file shrank or a page
+ * cannot be read) or -ENOMEM, with err. */
+int ddt_chat_file_copy_line(const ddt_chat_file *f, int64_t i, char **buf, size_t *cap, size_t *len, char *err,
+                            size_t err_len);
 
 #endif

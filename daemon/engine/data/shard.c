@@ -4,7 +4,9 @@
  * one it reads and a file it refuses to read it would never write.
  * The feature rule works on the stored bits (BF16, F16 or F32, little-endian): an all-ones
  * exponent is NaN or Inf, a zero magnitude is zero, and "the same at every position" is a
- * byte comparison of each row with the sequence's first.
+ * byte comparison of each row with the sequence's first. A shard stays mapped while a run reads
+ * it: its rows are read through base/mapped.h (EIO naming the file and the offset, not SIGBUS,
+ * when it cannot be read or was cut).
  * Not here: the safetensors container (safetensors.c) and the checked copies of tensors
  * (tensor_load.c), both used as they are.
  * Tested by tests/engine/data/test_shard.c.
@@ -14,6 +16,7 @@
 #include "shard.h"
 #include "ddk.h"
 #include "base/errors.h"
+#include "base/mapped.h"
 #include "model/tensor_load.h"
 
 #include <cjson/cJSON.h>
@@ -375,14 +378,35 @@ static void rows_to_f32(const ddt_st_tensor *t, int64_t first, int64_t count, fl
     }
 }
 
-void ddt_shard_rows(const ddt_shard *sh, int64_t first, int64_t count, int32_t *input_ids, uint8_t *loss_mask,
-                    float *features, float *teacher_hidden)
+/* what ddt_shard_rows asks of the guarded read */
+typedef struct rows_request {
+    const ddt_shard *sh;
+    int64_t first, count;
+    int32_t *input_ids;
+    uint8_t *loss_mask;
+    float *features, *teacher_hidden;
+} rows_request;
+
+static void read_rows(void *arg)
 {
-    memcpy(input_ids, (const unsigned char *)sh->input_ids->data + 4 * first, (size_t)count * sizeof(int32_t));
-    memcpy(loss_mask, (const uint8_t *)sh->loss_mask->data + first, (size_t)count);
-    rows_to_f32(sh->features, first, count, features);
-    if (teacher_hidden)
-        rows_to_f32(sh->teacher, first, count, teacher_hidden);
+    const rows_request *r = arg;
+    const ddt_shard *sh = r->sh;
+    memcpy(r->input_ids, (const unsigned char *)sh->input_ids->data + 4 * r->first, (size_t)r->count * sizeof(int32_t));
+    memcpy(r->loss_mask, (const uint8_t *)sh->loss_mask->data + r->first, (size_t)r->count);
+    rows_to_f32(sh->features, r->first, r->count, r->features);
+    if (r->teacher_hidden)
+        rows_to_f32(sh->teacher, r->first, r->count, r->teacher_hidden);
+}
+
+int ddt_shard_rows(const ddt_shard *sh, int64_t first, int64_t count, int32_t *input_ids, uint8_t *loss_mask,
+                   float *features, float *teacher_hidden, char *err, size_t err_len)
+{
+    const ddt_st_file *f = &sh->file;
+    const ddt_mapped_file m = { f->path, f->fd, f->map, f->map_bytes };
+    rows_request r = { sh, first, count, input_ids, loss_mask, features, teacher_hidden };
+    const size_t offset = (size_t)((const unsigned char *)sh->input_ids->data - (const unsigned char *)f->map) +
+                          4 * (size_t)first;
+    return ddt_mapped_read(&m, offset, read_rows, &r, err, err_len);
 }
 
 int ddt_shard_write(const char *path, const ddt_shard_data *d, char *err, size_t err_len)

@@ -104,9 +104,11 @@ void ddt_shard_close(ddt_shard *sh);   /* a zeroed one is a no-op */
 
 /* Rows [first, first + count) as the engine holds them: input_ids (count), loss_mask (count),
  * features (count, L_t*H) and, when teacher_hidden is not NULL, teacher_hidden (count, H), the
- * floats converted to float32. The shard must hold a teacher when teacher_hidden is asked. */
-void ddt_shard_rows(const ddt_shard *sh, int64_t first, int64_t count, int32_t *input_ids,
-                    uint8_t *loss_mask, float *features, float *teacher_hidden);
+ * floats converted to float32. The shard must hold a teacher when teacher_hidden is asked.
+ * Read from the mapping through base/mapped.h: 0, or -EIO with err = "PATH: ... offset ..." when
+ * the file shrank since it was opened or a page cannot be read (the outputs then undefined). */
+int ddt_shard_rows(const ddt_shard *sh, int64_t first, int64_t count, int32_t *input_ids, uint8_t *loss_mask,
+                   float *features, float *teacher_hidden, char *err, size_t err_len);
 
 /* What ddt_shard_write writes. */
 typedef struct ddt_shard_data {

@@ -58,6 +58,8 @@ typedef struct chat_worker {      /* one thread's */
     int has_gen;
     int64_t epoch;                /* the loader's permutation: for epoch, -1 none */
     int64_t *perm;                /* (n_train) */
+    char *line;                   /* (line_cap) the line read, copied out of its file's mapping */
+    size_t line_cap;
 } chat_worker;
 
 static int accepts(const ddt_source_config *c)
@@ -172,9 +174,11 @@ static int produce(const ddt_source_base *b, chat_worker *w, int64_t g, int feat
     const int64_t S = c->seq_len;
     const int k = file_of(d, g);
     size_t len;
-    const char *line = ddt_chat_file_line(&d->files[k], g - d->first_line[k], &len);
+    int rc = ddt_chat_file_copy_line(&d->files[k], g - d->first_line[k], &w->line, &w->line_cap, &len, err, err_len);
+    if (rc)
+        return rc;
     ddt_chat chat;
-    ddt_chat_refusal r = ddt_chat_parse_line(line, len, &chat, why, why_len);
+    ddt_chat_refusal r = ddt_chat_parse_line(w->line, len, &chat, why, why_len);
     if (r)
         return (int)r;
     int64_t n = 0;
@@ -196,8 +200,8 @@ static int produce(const ddt_source_base *b, chat_worker *w, int64_t g, int feat
         if (!r) {
             const int64_t cap = c->max_new_tokens > 0 && P + c->max_new_tokens < S ? P + c->max_new_tokens : S;
             const ddt_generate_params p = { c->temperature, c->top_p };
-            int rc = ddt_generate_until(&w->gen, &p, ddt_generate_seed(c->seed, g, "regenerate"), w->prompt.ids, P,
-                                        cap, d->enc.im_end, q->input_ids, NULL, &n);
+            rc = ddt_generate_until(&w->gen, &p, ddt_generate_seed(c->seed, g, "regenerate"), w->prompt.ids, P,
+                                    cap, d->enc.im_end, q->input_ids, NULL, &n);
             if (rc) {
                 ddt_chat_free(&chat);
                 return ddt_fail(err, err_len, rc, "line %lld: the target's regeneration failed: %s", (long long)g + 1,
@@ -257,6 +261,7 @@ static void worker_free(chat_worker *w)
     if (w->has_gen)
         ddt_generator_free(&w->gen);
     free(w->perm);
+    free(w->line);
     free(w);
 }
 
@@ -456,10 +461,13 @@ static int heldout_prompt(ddt_source_base *b, void *w, int64_t i, const int32_t 
     const int64_t g = d->heldout_lines[i];
     const int k = file_of(d, g);
     size_t len;
-    const char *line = ddt_chat_file_line(&d->files[k], g - d->first_line[k], &len);
+    int rc = ddt_chat_file_copy_line(&d->files[k], g - d->first_line[k], &cw->line, &cw->line_cap, &len, err,
+                                     err_len);
+    if (rc)
+        return rc;
     char why[512];
     ddt_chat chat;
-    ddt_chat_refusal r = ddt_chat_parse_line(line, len, &chat, why, sizeof why);
+    ddt_chat_refusal r = ddt_chat_parse_line(cw->line, len, &chat, why, sizeof why);
     if (r == DDT_CHAT_OK) {
         r = ddt_chat_tokens_prompt(&d->enc, &chat, &cw->prompt, why, sizeof why);
         ddt_chat_free(&chat);

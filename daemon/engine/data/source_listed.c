@@ -274,8 +274,10 @@ static int fill_item(const ddt_source_base *b, const listed *l, int64_t index, d
     }
     const int teacher = b->cfg.want_teacher;
     const int64_t F = b->cfg.n_taps * b->H;
-    ddt_shard_rows(&l->shards[it->shard], it->start, n, q->input_ids, q->loss_mask, q->features,
-                   teacher ? q->teacher_hidden : NULL);
+    int rc = ddt_shard_rows(&l->shards[it->shard], it->start, n, q->input_ids, q->loss_mask, q->features,
+                            teacher ? q->teacher_hidden : NULL, err, err_len);
+    if (rc)
+        return rc;
     memset(q->features + n * F, 0, (size_t)(pad * F) * sizeof(float));
     if (teacher)
         memset(q->teacher_hidden + n * b->H, 0, (size_t)(pad * b->H) * sizeof(float));

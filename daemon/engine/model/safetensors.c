@@ -228,8 +228,10 @@ void ddt_st_close(ddt_st_file *f)
 {
     if (!f)
         return;
-    if (f->map)
+    if (f->map) {
         munmap(f->map, f->map_bytes);
+        close(f->fd);
+    }
     for (int i = 0; i < f->count; i++)
         free(f->tensors[i].name);
     free(f->tensors);
@@ -587,13 +589,15 @@ int ddt_st_open(const char *path, ddt_st_file *f, char *err, size_t err_len)
     size_t map_bytes = (size_t)st.st_size;
     void *map = mmap(NULL, map_bytes, PROT_READ, MAP_PRIVATE, fd, 0);
     int map_errno = errno;
-    close(fd);   /* the mapping holds the file */
-    if (map == MAP_FAILED)
+    if (map == MAP_FAILED) {
+        close(fd);
         return ddt_fail_path(err, err_len, -map_errno, path, "cannot map %zu bytes: %s", map_bytes,
                        strerror(map_errno));
+    }
 
     f->map = map;
     f->map_bytes = map_bytes;
+    f->fd = fd;   /* kept while mapped: the size now, for guarded reads (base/mapped.h) */
     f->path = strdup(path);
     int rc = f->path ? parse_mapped(f, err, err_len)
                      : ddt_fail_path(err, err_len, -ENOMEM, path, "out of memory");

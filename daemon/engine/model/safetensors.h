@@ -28,6 +28,7 @@ typedef struct ddt_st_file {
     char *path;
     void *map;
     size_t map_bytes;
+    int fd;   /* open while mapped (its size now: base/mapped.h's guarded reads) */
     int count;
     ddt_st_tensor *tensors;   /* (count), in the order of their data offsets */
     int meta_count;

@@ -22,6 +22,7 @@
  * Legend: P floats in all parameters (the table's total), n entries of the parameter table.
  */
 #include "base/errors.h"
+#include "base/fault.h"
 #include "checkpoint.h"
 #include "export_impl.h"
 #include "base/json_fields.h"
@@ -462,6 +463,7 @@ int ddt_checkpoint_write(const char *run_dir, const ddt_checkpoint_meta *meta, c
     free(state_text);
     if (rc == 0 && (rc = ddt_fsync_dir(tmp)) != 0)
         ddt_fail(err, err_len, rc, "%s: fsync: %s", tmp, strerror(-rc));
+    ddt_fault_point("checkpoint.tensors_written");   /* a test hook (base/fault.h) */
     if (rc == 0)
         rc = ddt_install_dir(tmp, final, aside, ckdir, err, err_len);
     if (rc != 0) {

@@ -21,6 +21,7 @@
  * Legend: P floats in all parameters (the table's total), n entries of the parameter table.
  */
 #include "base/errors.h"
+#include "base/fault.h"
 #include "export.h"
 #include "export_impl.h"
 #include "base/json_fields.h"
@@ -118,6 +119,7 @@ int ddt_install_dir(const char *tmp, const char *final, const char *aside, const
             rename(aside, final);
         return ddt_fail(err, err_len, rc, "%s: cannot rename %s into place: %s", final, tmp, strerror(-rc));
     }
+    ddt_fault_point("dir.renamed");   /* a test hook (base/fault.h) */
     int rc = ddt_fsync_dir(parent);
     if (rc != 0) {   /* the rename may not survive a crash: undo it rather than report a maybe */
         rename(final, tmp);
@@ -454,6 +456,7 @@ static int write_export_files(const char *dir, const ddt_drafter_config *c, cons
         rc = ddt_fail(err, err_len, -ENOMEM, "%s: out of memory for the export", dir);
     if (rc == 0 && !(rc = ddt_path_join(path, sizeof path, "%s/config.json", dir)))
         rc = ddt_write_text_file(path, config, err, err_len);
+    ddt_fault_point("export.config_written");   /* a test hook (base/fault.h) */
     if (rc == 0) {
         for (int64_t j = 0; j < total; j++)
             weights[j] = ddt_f32_to_bf16(params[j]);

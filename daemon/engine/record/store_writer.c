@@ -12,6 +12,7 @@
 #include "store_impl.h"
 #include "store_schema.h"
 #include "base/ddt_time.h"
+#include "base/fault.h"
 #include "base/log.h"
 #include "run/run_state.h"
 
@@ -526,8 +527,10 @@ static int try_items(ddt_store *s, int first, int count, int *bad)
     for (int i = first; i < first + count && rc == SQLITE_OK; i++)
         if ((rc = write_item(s, &s->batch[i], &s->results[i])) != SQLITE_OK)
             *bad = i;
-    if (rc == SQLITE_OK)
+    if (rc == SQLITE_OK) {
+        ddt_fault_point("store.mid_commit");   /* a test hook (base/fault.h) */
         rc = run_stmt(s, s->stmt[STMT_COMMIT]);
+    }
     if (rc != SQLITE_OK)
         rollback_if_open(s);
     return rc;

@@ -2,7 +2,8 @@
  * directory and row, its config (a resumed run's from its newest checkpoint), the target's shape,
  * the data (a source, or generated data's rules when the ranks sample), the host's weights, the
  * ranks (ranks.c), GPU ranks' NCCL communicator, the weights initialised or resumed and pushed to
- * the ranks, the memory plan, the speculator; ddt_trainer_close frees all of it.
+ * the ranks (and the checkpoint resumed from recorded again), the memory plan, the speculator;
+ * ddt_trainer_close frees all of it.
  * Tested by tests/engine/train/test_trainer.c (exact resume; config errors and what a GPU run is refused,
  * before any step; a GPU the node does not have, leaving nothing behind),
  * tests/daemon/train_cli_test.sh (--resume; bad configs) and tests/daemon/api_e2e.py (runs opened and resumed
@@ -16,7 +17,9 @@
 #include "split.h"
 
 #include <cjson/cJSON.h>
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,6 +55,25 @@ static int resume_from(ddt_trainer *t, const char *ckpt, char *err, size_t err_l
         snprintf(err, err_len, "the data source cannot seek to cursor %lld", (long long)m.cursor);
     ddt_checkpoint_meta_free(&m);
     return rc;
+}
+
+/* The checkpoint a run resumes from (ckpt), recorded again: its checkpoints row (the time now)
+ * and the runs row's last_checkpoint_step. A crash after its directory was renamed into place and
+ * before its row was committed left it on disk and out of the store, which would never list it
+ * (tests/faults: "kill: checkpoint renamed"). Best effort, as every record of the trainer. */
+static void record_resumed_checkpoint(ddt_trainer *t, const char *ckpt)
+{
+    int64_t bytes = 0;
+    DIR *d = opendir(ckpt);
+    for (struct dirent *e; d && (e = readdir(d));) {
+        struct stat st;
+        if (!fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) && S_ISREG(st.st_mode))
+            bytes += (int64_t)st.st_size;
+    }
+    if (d)
+        closedir(d);
+    ddt_store_checkpoint(t->store, t->run_id, t->step, ckpt, bytes, ddt_wall_ms());
+    ddt_store_run_checkpointed(t->store, t->run_id, t->step, ddt_wall_ms());
 }
 
 /* The config of a run to resume: the newest checkpoint's state.json. */
@@ -228,6 +250,8 @@ int ddt_trainer_open_parsed(const ddt_run_config *config, const char *config_jso
         rc = ddt_store_run_create(store, t->run_id, t->cfg.name, t->config_json, t->cfg.steps, ddt_wall_ms());
         rc = rc == -EEXIST ? 0 : rc;   /* the daemon creates the row when it queues the run */
     }
+    if (!rc && store && resume)
+        record_resumed_checkpoint(t, ckpt);
     if (!rc && *t->devices_note) {   /* once the run's row exists; again at each resume */
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "message", t->devices_note);

@@ -443,7 +443,8 @@ static void check_shard_read(const char *path, ddt_dtype kind, int teacher, cons
     int32_t ids[T];
     uint8_t mask[T];
     float features[T * F], teacher_hidden[T * H];
-    ddt_shard_rows(&sh, 5, 5, ids, mask, features, teacher ? teacher_hidden : NULL);   /* sequence 3 */
+    check(ddt_shard_rows(&sh, 5, 5, ids, mask, features, teacher ? teacher_hidden : NULL, err, sizeof err) == 0,
+          "%s shard: rows 5 .. 10 not read: %s", made_by, err);   /* sequence 3 */
     int same = !memcmp(ids, fixture_ids + 5, 5 * sizeof *ids) && !memcmp(mask, fixture_mask + 5, 5);
     for (int i = 0; i < 5 * F; i++)
         same &= features[i] == stored(fixture_features[5 * F + i], kind);
