@@ -54,7 +54,6 @@ SYNTHETIC = {
     "checkpoint": {"every_steps": 3, "keep": 2},
     "eval": {"every_steps": 6, "sequences": 2},
 }
-LONG = 100000   # steps of a run that must still be training when its file is truncated
 VOCAB, SEQUENCES, SEQ_TOKENS = 64, 64, 20   # the llama fixture's vocabulary, its token file's sequences
 
 
@@ -214,6 +213,7 @@ class Ctx:
         self.errors, self.notes, self.logs = [], [], []
         self.crashes = []          # "LABEL: signal N" for every process a signal nobody sent ended
         self.data_file = None      # the file a data case breaks
+        self.data_whole = None     # a whole copy of it, to put back
         self.mounts = []           # tmpfs mounts, unmounted when the case ends
 
     def check(self, cond, msg):
@@ -348,15 +348,20 @@ def truncated_while_training(fraction=0.5, at_step=3, then_steps=0):
     return inject
 
 
-def error_names_file(*words):
-    """check: the run's error (runs row) and the process's log name the case's data file and words"""
-    def check(ctx):
+def fixed_and_resumed(*words):
+    """recover: the run left paused by its data file, its error (runs row) and the process's log
+    naming the file and words; the file put back whole; then `ddtreed train --resume`, which
+    must complete the run from its newest checkpoint"""
+    def recover(ctx):
         run = Snapshot(ctx.state).run or {}
         error, log = run.get("error") or "", ctx.log_text()
+        ctx.check(run.get("state") == "paused", "the run is %s after its data failed, not paused" % run.get("state"))
         for want in (ctx.data_file,) + words:
             ctx.check(want in error and want in log, "the error does not say %r: runs.error %r" % (want, error))
         ctx.notes.append("error: " + error)
-    return check
+        shutil.copyfile(ctx.data_whole, ctx.data_file)
+        resume(ctx)
+    return recover
 
 
 def export_whole(ctx):
@@ -464,7 +469,7 @@ def shards_run(steps=12, every=3, eval_every=12):
     a training read"""
     def setup(ctx):
         fx = ctx.env.fixtures.make()
-        ctx.data_file = os.path.join(ctx.dir, "shard.safetensors")
+        ctx.data_file, ctx.data_whole = os.path.join(ctx.dir, "shard.safetensors"), fx.shard
         shutil.copyfile(fx.shard, ctx.data_file)
         cfg = json.loads(json.dumps(SYNTHETIC))
         cfg["target"] = {"kind": "shards", "path": fx.target, "shards": [ctx.data_file]}
@@ -480,7 +485,7 @@ def tokens_run(steps):
     """setup: a run of the llama target on a copy of its token file"""
     def setup(ctx):
         fx = ctx.env.fixtures.make()
-        ctx.data_file = os.path.join(ctx.dir, "tokens.safetensors")
+        ctx.data_file, ctx.data_whole = os.path.join(ctx.dir, "tokens.safetensors"), fx.tokens
         shutil.copyfile(fx.tokens, ctx.data_file)
         cfg = json.loads(json.dumps(SYNTHETIC))
         cfg["target"] = {"kind": "hf", "path": fx.target, "tokens": ctx.data_file}
@@ -491,10 +496,7 @@ def tokens_run(steps):
     return setup
 
 
-# A data error ends the run today ("failed", the error naming the file). Once a data error pauses
-# the run (it is then resumed from its newest checkpoint), make these "paused", or recover=resume
-# and "completed" where the file is whole again.
-DATA_ERROR_STATE = "failed"
+SHARD_STEPS = 3000   # a shard run still training when its file is cut (a few seconds)
 
 CASES = [
     # a crash at each durable write: the run resumes from a good checkpoint and completes
@@ -507,10 +509,12 @@ CASES = [
     Case("kill: daemon, checkpoint renamed", synthetic, daemon_killed_at("dir.renamed@2"), daemon_restart,
          "completed"),
     # a data file that fails to read: a clean error naming the file, no crash, no record lost
-    Case("shard: EIO midway", shards_run(), train_with("data.read@15"), None, DATA_ERROR_STATE,
-         checks=[error_names_file("offset", "Input/output error")]),
-    Case("shard: truncated while open", shards_run(steps=LONG, eval_every=6), truncated_while_training(), None,
-         DATA_ERROR_STATE, checks=[error_names_file("truncated while in use")]),
+    # data that cannot be read pauses the run, naming the file; put back, the run resumes from
+    # its newest checkpoint and completes
+    Case("shard: EIO midway", shards_run(), train_with("data.read@15"),
+         fixed_and_resumed("offset", "Input/output error"), "completed"),
+    Case("shard: truncated while open", shards_run(steps=SHARD_STEPS, eval_every=6), truncated_while_training(),
+         fixed_and_resumed("truncated while in use"), "completed"),
     # a token file is read whole when the run opens it: a cut afterwards does not reach the run
     Case("token file: truncated while open", tokens_run(2000), truncated_while_training(then_steps=5), None,
          "completed"),

@@ -250,6 +250,8 @@ int ddt_trainer_open_parsed(const ddt_run_config *config, const char *config_jso
         rc = ddt_store_run_create(store, t->run_id, t->cfg.name, t->config_json, t->cfg.steps, ddt_wall_ms());
         rc = rc == -EEXIST ? 0 : rc;   /* the daemon creates the row when it queues the run */
     }
+    if (!rc && resume)
+        t->checkpoint_step = t->step;   /* on disk already: a stop or the end here writes none again */
     if (!rc && store && resume)
         record_resumed_checkpoint(t, ckpt);
     if (!rc && *t->devices_note) {   /* once the run's row exists; again at each resume */
