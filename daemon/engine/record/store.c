@@ -279,9 +279,30 @@ void ddt_store_get_health(ddt_store *s, ddt_store_health *h)
     pthread_mutex_unlock(&s->lock);
 }
 
+int ddt_store_commit_queued(ddt_store *s)
+{
+    sync_answer *answer = calloc(1, sizeof *answer);
+    if (!answer)
+        return -ENOMEM;
+    store_item item = { .kind = ITEM_FLUSH, .flush = answer };
+    enqueue(s, &item);
+    pthread_mutex_lock(&s->lock);
+    while (!answer->done && !s->degraded)
+        pthread_cond_wait(&s->answered, &s->lock);
+    if (!answer->done) {   /* kept in the queue: the writer answers it, then frees it */
+        answer->abandoned = 1;
+        pthread_mutex_unlock(&s->lock);
+        return -EINPROGRESS;
+    }
+    pthread_mutex_unlock(&s->lock);
+    int rc = answer->rc;
+    free(answer);
+    return rc;
+}
+
 int ddt_store_flush(ddt_store *s)
 {
-    sync_answer answer = { 0, 0 };
+    sync_answer answer = { 0 };
     store_item item = { .kind = ITEM_FLUSH, .flush = &answer };
     return enqueue_and_wait(s, &item, &answer);
 }

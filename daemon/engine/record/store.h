@@ -24,6 +24,10 @@ int ddt_store_open(const char *path, ddt_store **out, char *err, size_t err_len)
 void ddt_store_close(ddt_store *s);
 /* Blocks until everything enqueued before the call is committed (0) or failed (-EIO). */
 int ddt_store_flush(ddt_store *s);
+/* ddt_store_flush, but while the store is degraded (ddt_store_get_health) it returns -EINPROGRESS
+ * at once, the records left waiting in order: what a checkpoint asks first, so that a crash
+ * after it never loses a record older than it (the run resumes after them). -ENOMEM. */
+int ddt_store_commit_queued(ddt_store *s);
 /* Whether the store can write now. Degraded: the writer's last try failed for a cause that is
  * not a record's (the state directory's file system full, another process holding ddtree.db's
  * write lock, an I/O error, a read-only file); the records wait in the queue, in order, and the

@@ -46,6 +46,7 @@ typedef enum {
 typedef struct sync_answer {
     int done;
     int rc;
+    int abandoned;   /* a flush whose waiter left (the store degraded): the writer frees it */
 } sync_answer;
 
 /* run_create / run_update / run_transition: the caller's strings, valid while it waits */

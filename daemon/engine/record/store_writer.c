@@ -627,6 +627,8 @@ void *ddt_store_writer_main(void *arg)
                 item->flush->rc = s->failures ? -EIO : 0;
                 item->flush->done = 1;
                 s->failures = 0;
+                if (item->flush->abandoned)   /* ddt_store_commit_queued's, on the heap */
+                    free(item->flush);
             } else if (item_is_sync(item->kind)) {
                 item->run->answer.rc = s->results[i];
                 item->run->answer.done = 1;

@@ -138,6 +138,11 @@ int ddt_trainer_checkpoint(ddt_trainer *t, char *err, size_t err_len)
                                   err, err_len);
     if (rc)
         return rc;
+    /* the records before it committed first: a crash after the checkpoint must not take records
+     * older than the step a resume goes on from */
+    if (t->store && (rc = ddt_store_commit_queued(t->store)) == -EINPROGRESS)
+        return ddt_fail(err, err_len, rc, "the store cannot write: the records before the checkpoint wait in its "
+                        "queue, and the checkpoint is written after them");
     pull_weights(t);
     const ddt_checkpoint_meta meta = checkpoint_meta(t);
     char path[2400];

@@ -899,13 +899,17 @@ static void test_full_waited(void)
         return;
     }
     write_steps(s, "fu", 0, 10, 1);
-    check(ddt_store_flush(s) == 0, "the steps before the disk filled");
+    int committed = ddt_store_commit_queued(s);
+    check(committed == 0 && count_in(path, "SELECT count(*) FROM steps WHERE run_id = 'fu'") == 10,
+          "commit_queued before the disk filled = %d, %lld steps committed", committed,
+          (long long)count_in(path, "SELECT count(*) FROM steps WHERE run_id = 'fu'"));
     int saved = capture_stderr(log_path);
     disk_full = 1;
     write_steps(s, "fu", 10, 300, 2);
     ddt_store_event(s, "fu", 5, "note", "{\"step\": 299}");
     ddt_store_health h = wait_degraded(s);
     int created = ddt_store_run_create(s, "later", "", "{}", 5, 6);
+    int kept = ddt_store_commit_queued(s);   /* a checkpoint's question: answered at once, not held */
     disk_full = 0;
     int rc = ddt_store_flush(s);
     restore_stderr(saved);
@@ -914,6 +918,7 @@ static void test_full_waited(void)
     check(h.degraded && strstr(h.cause, "file system is full") && strstr(h.cause, path),
           "the store did not say the disk is full: degraded %d, cause '%s'", h.degraded, h.cause);
     check(created == -ENOSPC, "a run created on a full disk = %d, not refused with -ENOSPC", created);
+    check(kept == -EINPROGRESS, "commit_queued while the disk is full = %d, not -EINPROGRESS", kept);
     check(rc == 0, "flush after space came back = %d: records were lost", rc);
     check(count_in(path, "SELECT count(*) FROM steps WHERE run_id = 'fu'") == 300 &&
               count_in(path, "SELECT count(*) FROM step_devices WHERE run_id = 'fu'") == 10 + 290 * 2 &&
