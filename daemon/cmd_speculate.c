@@ -400,8 +400,9 @@ int ddt_cmd_speculate(int argc, char **argv)
     target_open = rc == 0;
     if (!rc) rc = ddt_target_max_positions(a.target, &ctx, err, sizeof err);
     /* the configuration against the target first (a wrong hidden_size is said as such, not as
-     * the tensor shapes it implies), then the whole export */
-    if (!rc) rc = ddt_drafter_config_load(a.drafter, &dc, err, sizeof err);
+     * the tensor shapes it implies), then the whole export; each file against the export's
+     * manifest before it is read */
+    if (!rc) rc = ddt_export_read_config(a.drafter, &dc, err, sizeof err);
     if (!rc) rc = check_drafter(&a, &dc, &m, err, sizeof err);
     if (!rc) rc = ddt_export_read(a.drafter, &dc, &host_params, err, sizeof err);
     if (!rc && a.stop >= m.vocab)

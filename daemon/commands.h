@@ -14,6 +14,7 @@ int ddt_cmd_train(int argc, char **argv);
 int ddt_cmd_plan(int argc, char **argv);
 int ddt_cmd_export(int argc, char **argv);
 int ddt_cmd_speculate(int argc, char **argv);
+int ddt_cmd_verify(int argc, char **argv);
 int ddt_cmd_serve(int argc, char **argv);
 
 #endif

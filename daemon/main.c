@@ -20,6 +20,7 @@
     "  plan      the memory plan of a run config\n"                                           \
     "  export    the serving export of a run's checkpoint\n"                                 \
     "  speculate speculative decoding of a target with a drafter export (tau_spec, lossless)\n" \
+    "  verify    the checksums of the checkpoints and exports in a state, run or export directory\n" \
     "  --version\n"
 
 int main(int argc, char **argv)
@@ -52,6 +53,8 @@ int main(int argc, char **argv)
         return ddt_cmd_export(argc - 1, argv + 1);
     if (!strcmp(argv[1], "speculate"))
         return ddt_cmd_speculate(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "verify"))
+        return ddt_cmd_verify(argc - 1, argv + 1);
     fprintf(stderr, "ddtreed: unknown command '%s'\n" USAGE, argv[1]);
     return 2;
 }

@@ -10,7 +10,7 @@ export PATH="$PATH:/usr/local/cuda/bin"   # nvcc, where the CUDA toolkit is inst
 # The build and test dependencies (Debian 12 package names).
 DDTREE_PACKAGES=(build-essential cmake pkg-config libopenblas-dev libcjson-dev libsqlite3-dev libmicrohttpd-dev
                  libuv1-dev libcurl4-openssl-dev python3 python3-numpy python3-torch python3-prometheus-client systemd
-                 libonig-dev libutf8proc-dev python3-jinja2)
+                 libonig-dev libutf8proc-dev python3-jinja2 libxxhash-dev)
 
 ddtree_install() {
     local missing=() p

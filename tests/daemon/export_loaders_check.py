@@ -25,7 +25,12 @@ source, cited per check; the facts, not their code):
 - z-lab's MLX loader (dflash/model_mlx.py load_draft): the keys it indexes without a default,
   max_position_embeddings among them.
 Besides: torch_dtype and dtype are "bfloat16" and every tensor is BF16 (finite), __metadata__ is
-{"format": "pt"}, the file obeys SPEC.md section 4's safetensors rules, max_position_embeddings is
+{"format": "pt"}, the file obeys SPEC.md section 4's safetensors rules, the directory holds
+config.json, model.safetensors and ddtree-manifest.json alone, the manifest leaving the loaders
+as they are (vLLM's DefaultModelLoader._prepare_weights, vllm/model_executor/model_loader/
+default_loader.py, globs "*.safetensors", "*.bin", then "*.pt" and reads model.safetensors.index.json
+when there is one: model.safetensors alone matches; Hugging Face's from_pretrained opens
+config.json and model.safetensors by name) and listing those two files with their sizes, max_position_embeddings is
 the target's (32768 for a synthetic target, the documented default; stories260K's 512 from its
 config.json when --model-dir is at hand), and `ddtreed export` of the run's checkpoint writes the
 same files.
@@ -35,6 +40,7 @@ Last line: `N passed, M failed`.
 """
 
 import argparse
+import fnmatch
 import glob
 import json
 import os
@@ -55,6 +61,8 @@ except ImportError:
     sys.exit(SKIPPED)
 
 DEFAULT_MAX_POSITIONS = 32768   # model_config.h DDT_MAX_POSITIONS_DEFAULT: Qwen3Config's default
+MANIFEST = "ddtree-manifest.json"   # export.h DDT_EXPORT_MANIFEST
+WEIGHT_GLOBS = ("*.safetensors", "*.bin", "*.pt")   # vLLM's allow_patterns, "*.pt" its fallback
 
 DRAFTER = {"num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "intermediate_size": 48,
            "block_size": 4}
@@ -258,9 +266,34 @@ def weight_mapping(c, header, errors):
         errors.append("SGLang: DFLASH fc.weight shape mismatch")
 
 
+def check_files(out, errors):
+    """the export's files: the two a loader reads, and the manifest of both, which no loader's
+    patterns take for weights or an index"""
+    files = sorted(os.listdir(out))
+    if files != ["config.json", MANIFEST, "model.safetensors"]:
+        errors.append(f"the export holds {files}")
+    weights = sorted({f for f in files for p in WEIGHT_GLOBS if fnmatch.fnmatch(f, p)})
+    if weights != ["model.safetensors"] or any(f.endswith(".index.json") for f in files):
+        errors.append(f"the loaders' weight patterns match {weights}")
+    with open(os.path.join(out, MANIFEST)) as f:
+        m = json.load(f)
+    listed = m.get("files", {})
+    if m.get("format") != "ddtree-manifest" or m.get("version") != 1 or sorted(listed) != ["config.json",
+                                                                                           "model.safetensors"]:
+        errors.append(f"manifest {m}")
+        return
+    for name, entry in listed.items():
+        size = os.path.getsize(os.path.join(out, name))
+        hex_ok = isinstance(entry.get("xxh64"), str) and len(entry["xxh64"]) == 16 and \
+            all(c in "0123456789abcdef" for c in entry["xxh64"])
+        if entry.get("size") != size or not hex_ok or sorted(entry) != ["size", "xxh64"]:
+            errors.append(f"manifest entry of {name}: {entry}, the file has {size} bytes")
+
+
 def check_export(out, max_positions, notes):
     """every reading of the export in out; a list of errors"""
     errors = []
+    check_files(out, errors)
     with open(os.path.join(out, "config.json")) as f:
         c = json.load(f)
     if c.get("architectures") != ["DFlashDraftModel"] or c.get("model_type") != "qwen3":
@@ -324,7 +357,7 @@ def case(ddtreed, work, name, cfg, max_positions):
     notes = []
     live, again = train_and_export(ddtreed, work, name, cfg)
     errors = check_export(live, max_positions, notes)
-    for f in ("config.json", "model.safetensors"):
+    for f in ("config.json", "model.safetensors", MANIFEST):
         with open(os.path.join(live, f), "rb") as a, open(os.path.join(again, f), "rb") as b:
             if a.read() != b.read():
                 errors.append(f"ddtreed export's {f} differs from the trainer's")

@@ -6,6 +6,7 @@
 # tau_spec <= B, tau_spec_tree(K) >= tau_spec for K >= B-1, calls > 0, one entry per prompt); the
 # same on stories260K when MODELS_DIR/stories260k is there ("skipped" otherwise); and the bad
 # inputs, each refused with a non-zero status and a message naming the file and the field: an
+# export with a byte flipped in model.safetensors or config.json (against its manifest), an
 # export missing a tensor, a config.json with a wrong hidden_size, vocab_size, num_target_layers
 # or tap id, a prompt longer than the target's context, a tree budget above the cap, bad command
 # lines (status 2). python3 with its json and struct modules only.
@@ -219,7 +220,29 @@ if [ "$out" = ok ]; then ok "--prompts-max 2, the chain alone"; else fail "--pro
 # ------------------------------------------------------------------------------------------
 # bad inputs: each names the file and the field
 base=(--target "$tdir" --prompts "$work/prompts.safetensors" --gen-len 8)
-cp -r "$export" "$work/no_tensor"
+# a copy of the export edited by hand: without its manifest (as another trainer's export, or one
+# written before checksums) the edit is read, not refused as a corrupt file
+edited_copy() {
+    rm -rf "$2" && cp -r "$1" "$2" && rm "$2/ddtree-manifest.json"
+}
+# a byte flipped in a file of the export: refused before anything is decoded, the file named with
+# both checksums and what to do
+for f in model.safetensors config.json; do
+    rm -rf "$work/flipped" && cp -r "$export" "$work/flipped"
+    python3 -c 'import sys; p = sys.argv[1]; b = bytearray(open(p, "rb").read()); b[len(b) // 2] ^= 1
+open(p, "wb").write(b)' "$work/flipped/$f"
+    refused "an export with a byte flipped in $f" 1 "${base[@]}" --drafter "$work/flipped" -- \
+        "$work/flipped/$f is corrupt (expected xxh64 " "ddtreed export RUN_DIR --out DIR"
+done
+# without the manifest it is read as before, a warning logged
+edited_copy "$export" "$work/unsummed"
+out=$("$ddtreed" speculate "${base[@]}" --drafter "$work/unsummed" --prompts-max 1 2>&1)
+if [ $? -eq 0 ] && grep -qF "<4>export: read unverified path=\"$work/unsummed\"" <<<"$out"; then
+    ok "an export without its manifest: read, unverified, with a warning"
+else
+    fail "an export without its manifest: read, unverified, with a warning" "$out"
+fi
+edited_copy "$export" "$work/no_tensor"
 python3 "$py" drop "$export/model.safetensors" "$work/no_tensor/model.safetensors" layers.0.mlp.up_proj.weight
 refused "an export without a tensor" 1 "${base[@]}" --drafter "$work/no_tensor" -- \
     "$work/no_tensor/model.safetensors" "tensor 'layers.0.mlp.up_proj.weight' is missing"
@@ -232,17 +255,17 @@ for bad in 'hidden_size|64|hidden_size 64 does not match the target'"'"'s 32' \
     IFS='|' read -r -a edit <<<"$bad"
     want=${edit[-1]}
     unset 'edit[-1]'
-    rm -rf "$work/bad_config" && cp -r "$export" "$work/bad_config"
+    edited_copy "$export" "$work/bad_config"
     python3 "$py" config "$work/bad_config/config.json" "${edit[@]}"
     refused "config.json: a wrong ${edit[0]}" 1 "${base[@]}" --drafter "$work/bad_config" -- \
         "$work/bad_config/config.json: " "$want" "$tdir/config.json"
 done
-rm -rf "$work/bad_config" && cp -r "$export" "$work/bad_config"
+edited_copy "$export" "$work/bad_config"
 python3 "$py" config "$work/bad_config/config.json" block_size 300
 refused "config.json: a block_size past the slots" 1 "${base[@]}" --drafter "$work/bad_config" -- \
     "$work/bad_config/config.json: block_size 300: speculation drafts at most 256 slots"
 # a tap id past the export's own num_target_layers: its reader (model_config.c) refuses it
-rm -rf "$work/bad_config" && cp -r "$export" "$work/bad_config"
+edited_copy "$export" "$work/bad_config"
 python3 "$py" config "$work/bad_config/config.json" dflash_config.target_layer_ids '[1, 3]'
 refused "config.json: a tap id past its num_target_layers" 1 "${base[@]}" --drafter "$work/bad_config" -- \
     "$work/bad_config/config.json: dflash_config.target_layer_ids" "is not a layer of the target"

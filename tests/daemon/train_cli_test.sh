@@ -2,8 +2,10 @@
 # train_cli_test.sh DDTREED EXAMPLES_DIR: ddtreed's run commands end to end, as a user runs
 # them: every example passes `ddtreed plan`; a short run stopped with --stop-after, resumed
 # with --resume to its end, exported again with `ddtreed export`, its SQLite records read
-# back; bad configs and bad command lines refused with the field named and the right exit
-# status (1: refused, 2: usage). One line per case, a final "N passed, M failed".
+# back; a byte flipped in a checkpoint and in an export found by `ddtreed verify` and refused by
+# `ddtreed export`, the resume falling back to the checkpoint before (its event, its log line);
+# bad configs and bad command lines refused with the field named and the right exit status (1:
+# refused, 2: usage). One line per case, a final "N passed, M failed".
 set -uo pipefail
 ddtreed=$1 examples=$2
 source "$(dirname "$0")/../cases.sh"
@@ -146,6 +148,114 @@ print("ok")
 PY
 )
 if [ "$out" = ok ]; then ok "records in ddtree.db"; else fail "records in ddtree.db" "$out"; fi
+
+# checksums: a byte flipped in the newest checkpoint's state.safetensors is found by `ddtreed
+# verify` (exit 1) and refused by `ddtreed export`; --resume falls back to the checkpoint before
+# it, with a checkpoint_corrupt event and a log line; a flipped byte in the export, a checkpoint
+# written before checksums, and verify's command line
+flip() {   # flip FILE: the lowest bit of its middle byte
+    python3 -c 'import sys; p = sys.argv[1]; b = bytearray(open(p, "rb").read()); b[len(b) // 2] ^= 1
+open(p, "wb").write(b)' "$1"
+}
+# verify_case NAME RC DIR PATTERN...: `ddtreed verify DIR` exits RC, prints as many lines as
+# patterns, each matching one (grep -E)
+verify_case() {
+    local name=$1 want=$2 dir=$3 out rc p
+    shift 3
+    out=$("$ddtreed" verify "$dir" 2>&1)
+    rc=$?
+    [ "$rc" -eq "$want" ] || { fail "$name" "exit $rc, want $want"$'\n'"$out"; return; }
+    [ "$(wc -l <<<"$out")" -eq $# ] || { fail "$name" "$(wc -l <<<"$out") lines, want $#"$'\n'"$out"; return; }
+    for p in "$@"; do
+        grep -qE -e "$p" <<<"$out" || { fail "$name" "no line matches: $p"$'\n'"$out"; return; }
+    done
+    ok "$name"
+}
+cs="$work/checksums"
+"$ddtreed" train "$work/run.json" --state-dir "$cs" --stop-after 5 >/dev/null 2>&1
+csrun=$(ls "$cs/runs" | head -n 1)
+ck="$cs/runs/$csrun/checkpoints"
+hex='[0-9a-f]{16}'
+verify_case "verify: a state directory's checkpoints, good" 0 "$cs" "^$ck/step-00000004: good$" "^$ck/step-00000005: good$"
+flip "$ck/step-00000005/state.safetensors"
+verify_case "verify: a flipped byte in the newest checkpoint" 1 "$cs" "^$ck/step-00000004: good$" \
+    "^$ck/step-00000005: corrupt: state.safetensors \(expected xxh64 $hex, got $hex\)$"
+verify_case "verify: the run directory" 1 "$cs/runs/$csrun/" "^$ck/step-00000004: good$" "^$ck/step-00000005: corrupt: "
+verify_case "verify: the good checkpoint alone" 0 "$ck/step-00000004" "^$ck/step-00000004: good$"
+out=$("$ddtreed" export "$cs/runs/$csrun" --out "$work/cs_export" 2>&1)
+if [ $? -eq 1 ] && grep -qE "$ck/step-00000005/state.safetensors is corrupt \(expected xxh64 $hex, got $hex\): " <<<"$out" &&
+   grep -qF -- "--step N" <<<"$out" && [ ! -e "$work/cs_export" ]; then
+    ok "export of a corrupt checkpoint refused, the file and what to do named"
+else
+    fail "export of a corrupt checkpoint refused, the file and what to do named" "$out"
+fi
+out=$("$ddtreed" train --resume "$cs" 2>&1)
+if [ $? -eq 0 ] && grep -q "completed at step 6 of 6" <<<"$out" &&
+   grep -qF "checkpoint passed over at resume path=\"$ck/step-00000005\"" <<<"$out" &&
+   grep -qF "resumed_from=4" <<<"$out"; then
+    ok "train --resume: a corrupt newest checkpoint passed over, resumed from the one before"
+else
+    fail "train --resume: a corrupt newest checkpoint passed over, resumed from the one before" "$out"
+fi
+out=$(/usr/bin/python3 - "$cs/ddtree.db" "$csrun" "$ck" <<'PY' 2>&1
+import json, sqlite3, sys
+db = sqlite3.connect(sys.argv[1])
+rows = [json.loads(d) for (d,) in db.execute(
+    "select detail_json from events where run_id = ? and kind = 'checkpoint_corrupt'", (sys.argv[2],))]
+assert len(rows) == 1, rows
+e = rows[0]
+assert e["checkpoint"] == sys.argv[3] + "/step-00000005" and e["step"] == 5 and e["resumed_from"] == 4, e
+assert e["moved_to"] == sys.argv[3] + "/corrupt-step-00000005", e
+assert e["file"] == "state.safetensors" and e["verdict"] == "corrupt", e
+assert e["message"].startswith("corrupt: state.safetensors (expected xxh64 "), e
+state = db.execute("select state, step from runs where id = ?", (sys.argv[2],)).fetchone()
+assert state == ("completed", 6), state
+print("ok")
+PY
+)
+if [ "$out" = ok ]; then ok "the checkpoint_corrupt event in ddtree.db"; else fail "the checkpoint_corrupt event in ddtree.db" "$out"; fi
+# the corrupt checkpoint moved aside (kept for the operator, no longer one of the `keep` newest:
+# the good step 4 stays); the new one and the export good
+if [ -f "$ck/corrupt-step-00000005/state.safetensors" ]; then
+    ok "the corrupt checkpoint moved aside to corrupt-step-00000005"
+else
+    fail "the corrupt checkpoint moved aside to corrupt-step-00000005" "$(ls "$ck")"
+fi
+verify_case "verify after the resume: the good one before, the new one and the export good" 0 "$cs" \
+    "^$ck/step-00000004: good$" "^$ck/step-00000006: good$" "^$cs/runs/$csrun/export: good$"
+flip "$cs/runs/$csrun/export/model.safetensors"
+verify_case "verify: a flipped byte in the export" 1 "$cs/runs/$csrun/export" \
+    "^$cs/runs/$csrun/export: corrupt: model.safetensors \(expected xxh64 $hex, got $hex\)$"
+cp -r "$ck/step-00000006" "$work/before_checksums"
+/usr/bin/python3 - "$work/before_checksums/state.json" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+del s["files"]
+s["version"] = 3
+json.dump(s, open(sys.argv[1], "w"))
+PY
+verify_case "verify: a checkpoint written before checksums" 0 "$work/before_checksums" \
+    "^$work/before_checksums: unverified \(written before checksums\)$"
+mkdir -p "$work/old_run/checkpoints" && cp -r "$work/before_checksums" "$work/old_run/checkpoints/step-00000006"
+out=$("$ddtreed" export "$work/old_run" --out "$work/old_export" 2>&1)
+if [ $? -eq 0 ] && grep -qF "<4>checkpoint: read unverified path=\"$work/old_run/checkpoints/step-00000006\"" <<<"$out" &&
+   [ -f "$work/old_export/ddtree-manifest.json" ]; then
+    ok "export of a checkpoint written before checksums: read with a warning, the export with its manifest"
+else
+    fail "export of a checkpoint written before checksums: read with a warning, the export with its manifest" "$out"
+fi
+rm "$work/before_checksums/state.safetensors"
+verify_case "verify: a checkpoint without its tensors" 1 "$work/before_checksums" \
+    "^$work/before_checksums: incomplete: state.safetensors missing$"
+mkdir -p "$work/empty"
+for bad in "|DIR is required" "$work/nowhere|no such directory" "$work/run.json|not a directory" \
+           "$work/empty|holds no checkpoint or export" "--fast|DIR is not an option"; do
+    IFS='|' read -r arg want <<<"$bad"
+    out=$("$ddtreed" verify ${arg:+"$arg"} 2>&1)
+    if [ $? -eq 2 ] && grep -qF -- "$want" <<<"$out"; then ok "verify refuses: $want"; else fail "verify refuses: $want" "$out"; fi
+done
+out=$("$ddtreed" verify "$cs" "$cs" 2>&1)
+if [ $? -eq 2 ] && grep -q "one DIR only" <<<"$out"; then ok "verify refuses: two directories"; else fail "verify refuses: two directories" "$out"; fi
 
 # a split on CPU ranks (2 drafter ranks, 1 target rank one step ahead), paused and resumed: the
 # losses of the same run with the host's target, step for step

@@ -17,6 +17,7 @@
  * tables and a reference, a table of corrupted files, sharded model directories and writer
  * failures.
  */
+#include "base/checksum.h"
 #include "base/errors.h"
 #include "safetensors.h"
 #include "ddk_bf16.h"
@@ -953,6 +954,13 @@ int ddt_st_write(const char *path, const ddt_st_entry *tensors, int count,
                  const char *const *meta_keys, const char *const *meta_values, int meta_count,
                  char *err, size_t err_len)
 {
+    return ddt_st_write_summed(path, tensors, count, meta_keys, meta_values, meta_count, NULL, err, err_len);
+}
+
+int ddt_st_write_summed(const char *path, const ddt_st_entry *tensors, int count,
+                        const char *const *meta_keys, const char *const *meta_values, int meta_count,
+                        ddt_checksum *sum, char *err, size_t err_len)
+{
     size_t *bytes = calloc((size_t)(count > 0 ? count : 0) + 1, sizeof(*bytes));
     if (!bytes)
         return ddt_fail_path(err, err_len, -ENOMEM, path, "out of memory");
@@ -964,6 +972,9 @@ int ddt_st_write(const char *path, const ddt_st_entry *tensors, int count,
         rc = build_header(path, tensors, count, bytes, meta_keys, meta_values, meta_count,
                           &header, &header_bytes, err, err_len);
     char *tmp_path = NULL;
+    ddt_checksum_stream *summing = NULL;   /* over the bytes as written */
+    if (rc == 0 && sum && !(summing = ddt_checksum_begin()))
+        rc = ddt_fail_path(err, err_len, -ENOMEM, path, "out of memory");
     if (rc == 0) {
         size_t n = strlen(path) + 5;
         tmp_path = malloc(n);
@@ -972,11 +983,8 @@ int ddt_st_write(const char *path, const ddt_st_entry *tensors, int count,
         else
             rc = ddt_fail_path(err, err_len, -ENOMEM, path, "out of memory");
     }
-    if (rc != 0) {
-        free(bytes);
-        free(header);
-        return rc;
-    }
+    if (rc != 0)
+        goto done;
 
     int fd = open(tmp_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) {
@@ -985,8 +993,13 @@ int ddt_st_write(const char *path, const ddt_st_entry *tensors, int count,
         goto done;   /* nothing of ours to remove */
     }
     rc = ddt_write_all(fd, header, header_bytes);
-    for (int i = 0; rc == 0 && i < count; i++)
+    if (summing)
+        ddt_checksum_update(summing, header, header_bytes);
+    for (int i = 0; rc == 0 && i < count; i++) {
         rc = ddt_write_all(fd, tensors[i].data, bytes[i]);
+        if (summing)
+            ddt_checksum_update(summing, tensors[i].data, bytes[i]);
+    }
     const char *failed = rc != 0 ? "write" : NULL;
     if (failed)
         close(fd);
@@ -1009,6 +1022,11 @@ int ddt_st_write(const char *path, const ddt_st_entry *tensors, int count,
                 strerror(-rc));
 
 done:
+    if (summing) {
+        ddt_checksum written = ddt_checksum_end(summing);
+        if (rc == 0)
+            *sum = written;
+    }
     free(tmp_path);
     free(header);
     free(bytes);

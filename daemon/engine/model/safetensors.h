@@ -1,8 +1,8 @@
 /* safetensors.h: the safetensors format (SPEC.md section 4): a reader over mmap that enforces
  * every rule of the format with an error naming the file and the broken rule, sharded Hugging
  * Face checkpoints (model.safetensors.index.json), a writer (atomic: temporary name, fsync,
- * rename; header padded to a multiple of 8; __metadata__), and dtype conversions (BF16 with
- * round-to-nearest-even).
+ * rename; header padded to a multiple of 8; __metadata__; the checksum of what it wrote on
+ * request), and dtype conversions (BF16 with round-to-nearest-even).
  * Tested by tests/engine/model/test_safetensors.c.
  */
 #ifndef DDT_SAFETENSORS_H
@@ -82,5 +82,11 @@ typedef struct ddt_st_entry {
 int ddt_st_write(const char *path, const ddt_st_entry *tensors, int count,
                  const char *const *meta_keys, const char *const *meta_values, int meta_count,
                  char *err, size_t err_len);
+/* ddt_st_write, and *sum := the checksum of the bytes written (base/checksum.h; computed as
+ * they are written, not read back) on success. */
+struct ddt_checksum;
+int ddt_st_write_summed(const char *path, const ddt_st_entry *tensors, int count,
+                        const char *const *meta_keys, const char *const *meta_values, int meta_count,
+                        struct ddt_checksum *sum, char *err, size_t err_len);
 
 #endif

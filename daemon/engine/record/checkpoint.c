@@ -8,8 +8,13 @@
  * skips them and the next write removes them.
  * state.json is written and read here only (ddt_checkpoint_meta); its drafter is the export's
  * config.json object (export.c's drafter_keys, through export_impl.h).
- * state.json versions 2 and 1 (the first form) are read too: what their drafter did not say
- * comes from its layer_types and, for max_position_embeddings, from the run config's target.
+ * state.json records state.safetensors' size and xxHash64 (base/checksum.h), taken from the
+ * bytes as they are written; every read of the tensors first reads the file back whole against
+ * them and refuses it, naming the file, both checksums and what to do, when it differs. A resume
+ * (ddt_checkpoint_read_newest) passes over newer checkpoints that do not verify, newest first.
+ * state.json versions 3, 2 and 1 (the first form) are read too, their tensors unverified (a
+ * warning logged): what their drafter did not say comes from its layer_types and, for
+ * max_position_embeddings, from the run config's target.
  * The export of a kept checkpoint (ddt_checkpoint_export) is made from the checkpoint alone:
  * its state.json says the drafter, its tensors the weights, and export.c writes the export.
  *
@@ -21,11 +26,13 @@
  *
  * Legend: P floats in all parameters (the table's total), n entries of the parameter table.
  */
+#include "base/checksum.h"
 #include "base/errors.h"
 #include "base/fault.h"
 #include "checkpoint.h"
 #include "export_impl.h"
 #include "base/json_fields.h"
+#include "base/log.h"
 #include "run/run_config.h"
 #include "model/safetensors.h"
 
@@ -40,13 +47,18 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-enum { CKPT_NAME_MAX = 96 };
+enum { CKPT_NAME_MAX = DDT_CHECKPOINT_NAME_MAX };
 /* state.json is kilobytes (the run config, the drafter's keys); the cap only stops a
  * corrupted file from being read whole. */
 #define CKPT_STATE_JSON_MAX (64u << 20)
 /* state.json's "version"; the first form had none (and "resolved" for "drafter"), version 2's
- * drafter lacked the keys of drafter_keys marked `since` 3 */
-enum { STATE_VERSION = 3 };
+ * drafter lacked the keys of drafter_keys marked `since` 3, versions before 4 had no "files"
+ * (their checkpoints are read unverified) */
+enum { STATE_VERSION = 4, FILES_SINCE = 4 };
+static const char tensors_name[] = "state.safetensors", state_name[] = "state.json";
+static const char checkpoint_remedy[] =
+    "resume or export from an earlier checkpoint (`ddtreed verify RUN_DIR` says which are good; `ddtreed export "
+    "RUN_DIR --step N`), or restore this one from a copy";
 
 static const char *const state_prefix[3] = { "param.", "adam_m.", "adam_v." };
 static const char step_tensor[] = "adam_step";
@@ -56,10 +68,7 @@ static const char checkpoint_format[] = "ddtree-checkpoint", checkpoint_version[
  * Step directories: "step-" and at least 8 digits
  */
 
-typedef struct step_dir {
-    int64_t step;
-    char name[CKPT_NAME_MAX];
-} step_dir;
+typedef ddt_checkpoint_dir step_dir;
 
 static int parse_step_name(const char *name, int64_t *step)
 {
@@ -116,6 +125,18 @@ static int list_steps(const char *ckdir, step_dir **dirs, int *count)
     if (*count > 1)
         qsort(*dirs, (size_t)*count, sizeof **dirs, step_dir_newer_first);
     return 0;
+}
+
+int ddt_checkpoint_dirs(const char *run_dir, ddt_checkpoint_dir **dirs, int *count)
+{
+    char ckdir[CKPT_PATH_MAX];
+    *dirs = NULL;
+    *count = 0;
+    if (!run_dir)
+        return -EINVAL;
+    if (ddt_path_join(ckdir, sizeof ckdir, "%s/checkpoints", run_dir))
+        return -ENAMETOOLONG;
+    return list_steps(ckdir, dirs, count);
 }
 
 /* Both files present and state.safetensors opens (every rule of the format holds). */
@@ -208,7 +229,11 @@ static const struct meta_int {
 };
 enum { META_INTS = sizeof meta_ints / sizeof meta_ints[0] };
 static const char *const state_keys[] = { "version", "run_id", "step", "cursor", "chunk", "vocab_tile",
-                                          "config", "drafter", NULL };
+                                          "config", "drafter", "files", NULL };
+/* versions 2 and 3: the same but "files" */
+static const char *const unsummed_state_keys[] = { "version", "run_id", "step", "cursor", "chunk", "vocab_tile",
+                                                   "config", "drafter", NULL };
+static const char *const files_keys[] = { tensors_name, NULL };
 static const char *const first_state_keys[] = { "run_id", "step", "cursor", "chunk", "vocab_tile", "config",
                                                 "resolved", NULL };
 /* what the first form's run config left to the target */
@@ -248,17 +273,23 @@ static int check_meta(const ddt_checkpoint_meta *m, char *err, size_t err_len)
     return rc;
 }
 
-/* state.json's text for m: malloc'd, NULL when out of memory */
-static char *meta_text(const ddt_checkpoint_meta *m)
+/* state.json's text for m, recording state.safetensors' checksum: malloc'd, NULL when out of
+ * memory */
+static char *meta_text(const ddt_checkpoint_meta *m, const ddt_checksum *tensors)
 {
-    cJSON *o = cJSON_CreateObject();
+    cJSON *o = cJSON_CreateObject(), *files = NULL, *sum = NULL;
     int ok = o && cJSON_AddNumberToObject(o, "version", STATE_VERSION) && cJSON_AddStringToObject(o, "run_id", m->run_id);
     for (int i = 0; ok && i < META_INTS; i++)
         ok = cJSON_AddNumberToObject(o, meta_ints[i].key, (double)*meta_int(m, i)) != NULL;
     ok = ok && cJSON_AddStringToObject(o, "config", m->config_json);
     cJSON *drafter = ok ? ddt_drafter_json(&m->drafter) : NULL;
-    if (!drafter || !cJSON_AddItemToObject(o, "drafter", drafter)) {
+    ok = drafter && cJSON_AddItemToObject(o, "drafter", drafter);
+    if (!ok)
         cJSON_Delete(drafter);
+    ok = ok && (files = cJSON_AddObjectToObject(o, "files")) && (sum = ddt_checksum_json(tensors)) &&
+         cJSON_AddItemToObject(files, tensors_name, sum);
+    if (!ok) {
+        cJSON_Delete(sum);
         cJSON_Delete(o);
         return NULL;
     }
@@ -308,59 +339,100 @@ static int first_form_drafter(const ddt_json_ctx *j, const cJSON *root, const ch
     return rc ? rc : ddt_check_drafter(&r, d);
 }
 
-int ddt_checkpoint_read_meta(const char *ckpt_dir, ddt_checkpoint_meta *meta, char *err, size_t err_len)
+/* root's keys beside "version" (and "files") into *meta, every key checked */
+static int meta_from_json(const ddt_json_ctx *j, const cJSON *root, int64_t version, ddt_checkpoint_meta *meta)
 {
-    if (!ckpt_dir || !meta)
-        return ddt_fail(err, err_len, -EINVAL, "checkpoint: a required argument is NULL");
-    char path[CKPT_PATH_MAX], where[CKPT_PATH_MAX + 16];
-    if (ddt_path_join(path, sizeof path, "%s/state.json", ckpt_dir))
+    char where[CKPT_PATH_MAX + 16];
+    ddt_checkpoint_meta m;
+    memset(&m, 0, sizeof m);
+    int rc = ddt_json_only(j, root, version == 1 ? first_state_keys : version < FILES_SINCE ? unsummed_state_keys
+                                                                                             : state_keys);
+    const char *run_id = NULL, *config = NULL;
+    if (!rc && !(rc = text_key(j, root, "run_id", &run_id)) && strlen(run_id) >= sizeof m.run_id)
+        rc = ddt_json_fail(j, "run_id", "must be shorter than 40 characters");
+    for (int i = 0; !rc && i < META_INTS; i++)
+        rc = ddt_json_int(j, root, meta_ints[i].key, meta_ints[i].lo, json_int_max, 0, 0, meta_int(&m, i));
+    if (!rc)
+        rc = text_key(j, root, "config", &config);
+    const cJSON *drafter = NULL;
+    int64_t max_positions = 0;   /* version 2's drafter does not say it */
+    if (!rc && version == 1)
+        rc = first_form_drafter(j, root, config, &m.drafter);
+    else if (!rc && !(rc = object_key(j, root, "drafter", &drafter)) &&
+             !(rc = version < 3 ? config_max_positions(j, config, &max_positions) : 0)) {
+        snprintf(where, sizeof where, "%s: drafter", j->path);
+        rc = ddt_drafter_from_json(&(ddt_json_ctx){ where, j->err, j->err_len }, drafter, version, max_positions,
+                                   &m.drafter);
+    }
+    if (!rc && !(m.config_json = strdup(config)))
+        rc = ddt_fail(j->err, j->err_len, -ENOMEM, "%s: out of memory", j->path);
+    if (!rc) {
+        snprintf(m.run_id, sizeof m.run_id, "%s", run_id);
+        *meta = m;
+    }
+    return rc;
+}
+
+/* What state.json records of state.safetensors: from version 4 on, its checksum. */
+typedef struct tensors_record {
+    int recorded;   /* 0: a state.json written before checksums */
+    ddt_checksum sum;
+} tensors_record;
+
+/* CKPT_DIR/state.json: into meta, every key checked (ddt_checkpoint_read_meta), or when meta is
+ * NULL only its version and "files" (a read of the tensors alone); *rec its record of the
+ * tensors. 0, or -EINVAL with err naming the file and the key; meta and rec as they were then. */
+static int read_state(const char *ckpt_dir, ddt_checkpoint_meta *meta, tensors_record *rec, char *err,
+                      size_t err_len)
+{
+    char path[CKPT_PATH_MAX];
+    if (ddt_path_join(path, sizeof path, "%s/%s", ckpt_dir, state_name))
         return ddt_fail(err, err_len, -ENAMETOOLONG, "%s: path too long", ckpt_dir);
     cJSON *root = ddt_json_parse_file(path, CKPT_STATE_JSON_MAX, err, err_len);
     if (!root)
         return -EINVAL;
     ddt_json_ctx j = { path, err, err_len };
-    ddt_checkpoint_meta m;
-    memset(&m, 0, sizeof m);
     int64_t version = 1;   /* the first form had no "version" */
+    tensors_record r = { 0 };
     int rc = 0;
     if (cJSON_GetObjectItemCaseSensitive(root, "version") &&
         ddt_json_int(&j, root, "version", 2, STATE_VERSION, 0, 0, &version))
-        rc = ddt_json_fail(&j, "version", "must be 2 or 3 (this build reads those and the first form, without one)");
-    if (!rc)
-        rc = ddt_json_only(&j, root, version == 1 ? first_state_keys : state_keys);
-    const char *run_id = NULL, *config = NULL;
-    if (!rc && !(rc = text_key(&j, root, "run_id", &run_id)) && strlen(run_id) >= sizeof m.run_id)
-        rc = ddt_json_fail(&j, "run_id", "must be shorter than 40 characters");
-    for (int i = 0; !rc && i < META_INTS; i++)
-        rc = ddt_json_int(&j, root, meta_ints[i].key, meta_ints[i].lo, json_int_max, 0, 0, meta_int(&m, i));
-    if (!rc)
-        rc = text_key(&j, root, "config", &config);
-    const cJSON *drafter = NULL;
-    int64_t max_positions = 0;   /* version 2's drafter does not say it */
-    if (!rc && version == 1)
-        rc = first_form_drafter(&j, root, config, &m.drafter);
-    else if (!rc && !(rc = object_key(&j, root, "drafter", &drafter)) &&
-             !(rc = version < STATE_VERSION ? config_max_positions(&j, config, &max_positions) : 0)) {
-        snprintf(where, sizeof where, "%s: drafter", path);
-        rc = ddt_drafter_from_json(&(ddt_json_ctx){ where, err, err_len }, drafter, version, max_positions, &m.drafter);
+        rc = ddt_json_fail(&j, "version", "must be 2, 3 or 4 (this build reads those and the first form, without one)");
+    const cJSON *files = NULL;
+    if (!rc && version >= FILES_SINCE && !(rc = object_key(&j, root, "files", &files))) {
+        char where[CKPT_PATH_MAX + 16];
+        snprintf(where, sizeof where, "%s: files", path);
+        ddt_json_ctx f = { where, err, err_len };
+        if (!(rc = ddt_json_only(&f, files, files_keys)) && !(rc = ddt_checksum_from_json(&f, files, tensors_name, &r.sum)))
+            r.recorded = 1;
     }
-    if (!rc && !(m.config_json = strdup(config)))
-        rc = ddt_fail(err, err_len, -ENOMEM, "%s: out of memory", path);
-    if (!rc) {
-        snprintf(m.run_id, sizeof m.run_id, "%s", run_id);
-        *meta = m;
-    }
+    if (!rc && meta)
+        rc = meta_from_json(&j, root, version, meta);
+    if (!rc)
+        *rec = r;
     cJSON_Delete(root);
     return rc;
+}
+
+int ddt_checkpoint_read_meta(const char *ckpt_dir, ddt_checkpoint_meta *meta, char *err, size_t err_len)
+{
+    if (!ckpt_dir || !meta)
+        return ddt_fail(err, err_len, -EINVAL, "checkpoint: a required argument is NULL");
+    tensors_record rec;
+    return read_state(ckpt_dir, meta, &rec, err, err_len);
 }
 
 /* ------------------------------------------------------------------------------------------
  * state.safetensors
  */
 
-static int write_state(const char *tmp, const ddt_drafter_config *c, const float *params,
-                       const ddt_adamw_state *adam, const char *state_text, char *err, size_t err_len)
+/* state.safetensors, then state.json recording its checksum (taken as it is written), into tmp */
+static int write_state(const char *tmp, const ddt_checkpoint_meta *meta, const float *params,
+                       const ddt_adamw_state *adam, char *err, size_t err_len)
 {
+    const ddt_drafter_config *c = &meta->drafter;
+    ddt_checksum sum;
+    char *state_text = NULL;
     ddt_param *table;
     int64_t total;
     int n = ddt_param_table(c, &table, &total);
@@ -387,14 +459,17 @@ static int write_state(const char *tmp, const ddt_drafter_config *c, const float
     const char *const keys[] = { "format", "version" };
     const char *const values[] = { checkpoint_format, checkpoint_version };
     char path[CKPT_PATH_MAX];
-    rc = ddt_path_join(path, sizeof path, "%s/state.safetensors", tmp);
+    rc = ddt_path_join(path, sizeof path, "%s/%s", tmp, tensors_name);
     if (rc == 0)
-        rc = ddt_st_write(path, entries, 3 * n + 1, keys, values, 2, err, err_len);
-    if (rc == 0 && !(rc = ddt_path_join(path, sizeof path, "%s/state.json", tmp)))
+        rc = ddt_st_write_summed(path, entries, 3 * n + 1, keys, values, 2, &sum, err, err_len);
+    if (rc == 0 && !(state_text = meta_text(meta, &sum)))
+        rc = ddt_fail(err, err_len, -ENOMEM, "%s: out of memory for state.json", tmp);
+    if (rc == 0 && !(rc = ddt_path_join(path, sizeof path, "%s/%s", tmp, state_name)))
         rc = ddt_write_text_file(path, state_text, err, err_len);
     if (rc == -ENAMETOOLONG)
         ddt_fail(err, err_len, rc, "%s: path too long", tmp);
 done:
+    free(state_text);
     free(names);
     free(entries);
     free(table);
@@ -420,7 +495,6 @@ int ddt_checkpoint_write(const char *run_dir, const ddt_checkpoint_meta *meta, c
     int rc = check_meta(meta, err, err_len);
     if (rc != 0)
         return rc;
-    const ddt_drafter_config *c = &meta->drafter;
     const int64_t step = meta->step;
     struct stat st;
     if (stat(run_dir, &st) != 0)
@@ -451,16 +525,9 @@ int ddt_checkpoint_write(const char *run_dir, const ddt_checkpoint_meta *meta, c
     }
     remove_stale_temporaries(ckdir);
 
-    char *state_text = meta_text(meta);
-    if (!state_text)
-        return ddt_fail(err, err_len, -ENOMEM, "%s: out of memory for state.json", final);
-    rc = mkdir(tmp, 0755) != 0 ? ddt_fail(err, err_len, -errno, "%s: cannot create: %s", tmp, strerror(errno)) : 0;
-    if (rc != 0) {
-        free(state_text);
-        return rc;
-    }
-    rc = write_state(tmp, c, params, adam, state_text, err, err_len);
-    free(state_text);
+    if (mkdir(tmp, 0755) != 0)
+        return ddt_fail(err, err_len, -errno, "%s: cannot create: %s", tmp, strerror(errno));
+    rc = write_state(tmp, meta, params, adam, err, err_len);
     if (rc == 0 && (rc = ddt_fsync_dir(tmp)) != 0)
         ddt_fail(err, err_len, rc, "%s: fsync: %s", tmp, strerror(-rc));
     ddt_fault_point("checkpoint.tensors_written");   /* a test hook (base/fault.h) */
@@ -583,30 +650,102 @@ static int check_state(const ddt_st_file *f, const ddt_param *table, int n, char
     return 0;
 }
 
-int ddt_checkpoint_read(const char *ckpt_dir, const ddt_drafter_config *c, float *params,
-                        ddt_adamw_state *adam, ddt_checkpoint_meta *meta, char *err, size_t err_len)
+/* ------------------------------------------------------------------------------------------
+ * Verification: state.safetensors against state.json's record, read back whole
+ */
+
+/* ckpt_dir's files into *v: both present, state.json read as read_state reads it (into meta
+ * unless NULL), state.safetensors' size and checksum those it records. 0 when they verify (v
+ * GOOD, or UNVERIFIED: a state.json before version 4); else err says v with what to do:
+ * -ENOENT (a file missing), -EINVAL (state.json refused, as its reader says it), -EBADMSG
+ * (state.safetensors not as recorded); meta as it was then. */
+static int verify_checkpoint(const char *dir, ddt_checkpoint_meta *meta, ddt_verdict *v, char *err, size_t err_len)
 {
+    static const char *const files[] = { state_name, tensors_name };
+    char path[CKPT_PATH_MAX];
+    struct stat st;
+    ddt_verdict_good(v);
+    for (int i = 0; i < 2; i++) {
+        if (ddt_path_join(path, sizeof path, "%s/%s", dir, files[i]))
+            return ddt_fail(err, err_len, -ENAMETOOLONG, "%s: path too long", dir);
+        if (stat(path, &st) != 0 && errno == ENOENT) {
+            ddt_verdict_set(v, DDT_VERDICT_INCOMPLETE, files[i], "missing");
+            return ddt_verdict_fail(v, dir, checkpoint_remedy, err, err_len);
+        }
+    }
+    tensors_record rec;
+    int rc = read_state(dir, meta, &rec, err, err_len);
+    if (rc) {
+        ddt_path_join(path, sizeof path, "%s/%s", dir, state_name);
+        ddt_verdict_unreadable(v, state_name, path, err);
+        return rc;
+    }
+    if (!rec.recorded)
+        v->state = DDT_VERDICT_UNVERIFIED;
+    else if (ddt_checksum_verify(dir, tensors_name, &rec.sum, v) != DDT_VERDICT_GOOD) {
+        ddt_checkpoint_meta_free(meta);
+        return ddt_verdict_fail(v, dir, checkpoint_remedy, err, err_len);
+    }
+    return 0;
+}
+
+int ddt_checkpoint_verify(const char *ckpt_dir, ddt_verdict *v)
+{
+    int rc = ckpt_dir && v ? ddt_directory(ckpt_dir) : -EINVAL;
+    if (rc != 0)
+        return rc;
+    ddt_checkpoint_meta meta;
+    char err[2048], path[CKPT_PATH_MAX];
+    if (verify_checkpoint(ckpt_dir, &meta, v, err, sizeof err) == 0)
+        ddt_checkpoint_meta_free(&meta);
+    ddt_st_file f;   /* what a checkpoint before checksums can still be checked for: the format */
+    if (v->state == DDT_VERDICT_UNVERIFIED && !ddt_path_join(path, sizeof path, "%s/%s", ckpt_dir, tensors_name)) {
+        if (ddt_st_open(path, &f, err, sizeof err))
+            ddt_verdict_unreadable(v, tensors_name, path, err);
+        else
+            ddt_st_close(&f);
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Reading a checkpoint back
+ */
+
+/* ddt_checkpoint_read, and *v: what its files are worth when that is why it failed (INCOMPLETE,
+ * CORRUPT: a resume passes it over); GOOD or UNVERIFIED otherwise. */
+static int read_checkpoint(const char *ckpt_dir, const ddt_drafter_config *c, float *params, ddt_adamw_state *adam,
+                           ddt_checkpoint_meta *meta, ddt_verdict *v, char *err, size_t err_len)
+{
+    ddt_verdict_good(v);
     if (!ckpt_dir || !c || !params || (adam && (!adam->m || !adam->v)))
         return ddt_fail(err, err_len, -EINVAL, "checkpoint: a required argument is NULL");
     char why[512], path[CKPT_PATH_MAX];
     if (ddt_drafter_config_check(c, why, sizeof why))
         return ddt_fail(err, err_len, -EINVAL, "%s: the drafter configuration: %s", ckpt_dir, why);
-    if (ddt_path_join(path, sizeof path, "%s/state.safetensors", ckpt_dir))
+    if (ddt_path_join(path, sizeof path, "%s/%s", ckpt_dir, tensors_name))
         return ddt_fail(err, err_len, -ENAMETOOLONG, "%s: path too long", ckpt_dir);
-    ddt_st_file f;
-    int rc = ddt_st_open(path, &f, err, err_len);
+    ddt_checkpoint_meta read_meta;   /* before any output is written: a failure leaves them as they were */
+    int rc = verify_checkpoint(ckpt_dir, meta ? &read_meta : NULL, v, err, err_len);
     if (rc != 0)
         return rc;
+    if (v->state == DDT_VERDICT_UNVERIFIED)
+        ddt_log(DDT_LOG_WARNING, "checkpoint: read unverified path=\"%s\" reason=\"state.json records no checksum: "
+                "written before checksums\"", ckpt_dir);
+    ddt_st_file f;
+    if ((rc = ddt_st_open(path, &f, err, err_len)) != 0) {
+        ddt_verdict_unreadable(v, tensors_name, path, err);
+        if (meta)
+            ddt_checkpoint_meta_free(&read_meta);
+        return rc;
+    }
     ddt_param *table;
     int64_t total;
     int n = ddt_param_table(c, &table, &total);
-    ddt_checkpoint_meta read_meta;
     if (n < 0)
         rc = ddt_fail(err, err_len, -ENOMEM, "%s: out of memory", path);
     if (rc == 0)
         rc = check_state(&f, table, n, err, err_len);
-    if (rc == 0 && meta)   /* before any output is written: a failure leaves them as they were */
-        rc = ddt_checkpoint_read_meta(ckpt_dir, &read_meta, err, err_len);
     if (rc == 0) {
         float *family[3] = { params, adam ? adam->m : NULL, adam ? adam->v : NULL };   /* (P) each */
         for (int k = 0; k < 3 && family[k]; k++)
@@ -620,9 +759,94 @@ int ddt_checkpoint_read(const char *ckpt_dir, const ddt_drafter_config *c, float
             memcpy(&adam->step, ddt_st_find(&f, step_tensor)->data, sizeof adam->step);
         if (meta)
             *meta = read_meta;
+    } else if (meta) {
+        ddt_checkpoint_meta_free(&read_meta);
     }
     free(table);
     ddt_st_close(&f);
+    return rc;
+}
+
+int ddt_checkpoint_read(const char *ckpt_dir, const ddt_drafter_config *c, float *params,
+                        ddt_adamw_state *adam, ddt_checkpoint_meta *meta, char *err, size_t err_len)
+{
+    ddt_verdict v;
+    return read_checkpoint(ckpt_dir, c, params, adam, meta, &v, err, err_len);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * A resume: the newest checkpoint that verifies
+ */
+
+int ddt_checkpoint_newest_meta(const char *run_dir, ddt_checkpoint_meta *meta, char *path, size_t path_len,
+                               char *err, size_t err_len)
+{
+    char why[1024];
+    step_dir *dirs;
+    int count;
+    if (!run_dir || !meta || !path)
+        return ddt_fail(err, err_len, -EINVAL, "checkpoint: a required argument is NULL");
+    int rc = ddt_checkpoint_dirs(run_dir, &dirs, &count);
+    if (rc != 0 || count == 0)
+        return ddt_fail(err, err_len, rc ? rc : -ENOENT, "%s has no checkpoint", run_dir);
+    rc = -ENOENT;
+    for (int i = 0; i < count && rc != 0; i++) {
+        if (ddt_path_join(path, path_len, "%s/checkpoints/%s", run_dir, dirs[i].name))
+            rc = ddt_fail(err, err_len, -ENAMETOOLONG, "%s: a checkpoint's path is longer than the buffer", run_dir);
+        else   /* the newest one's error is the one said when none reads */
+            rc = ddt_checkpoint_read_meta(path, meta, i ? why : err, i ? sizeof why : err_len);
+    }
+    free(dirs);
+    return rc;
+}
+
+int ddt_checkpoint_read_newest(const char *run_dir, const ddt_drafter_config *c, float *params,
+                               ddt_adamw_state *adam, ddt_checkpoint_meta *meta, char *path, size_t path_len,
+                               ddt_checkpoint_passed **passed, int *passed_count, char *err, size_t err_len)
+{
+    step_dir *dirs;
+    int count;
+    *passed = NULL;
+    *passed_count = 0;
+    int rc = ddt_checkpoint_dirs(run_dir, &dirs, &count);
+    if (rc != 0 || count == 0)
+        return ddt_fail(err, err_len, rc ? rc : -ENOENT, "%s has no checkpoint to resume from", run_dir);
+    ddt_checkpoint_passed *over = calloc((size_t)count, sizeof *over);   /* the ones passed over */
+    int n_over = 0, looking = over != NULL;
+    rc = over ? -EBADMSG : ddt_fail(err, err_len, -ENOMEM, "%s: out of memory", run_dir);
+    for (int i = 0; looking && i < count; i++) {
+        ddt_checkpoint_passed *p = &over[n_over];
+        p->step = dirs[i].step;
+        if (ddt_path_join(p->dir, sizeof p->dir, "%s/checkpoints/%s", run_dir, dirs[i].name))
+            rc = ddt_fail(err, err_len, -ENAMETOOLONG, "%s: a checkpoint's path is too long", run_dir);
+        else
+            rc = read_checkpoint(p->dir, c, params, adam, meta, &p->verdict, err, err_len);
+        looking = rc != 0 && (p->verdict.state == DDT_VERDICT_CORRUPT || p->verdict.state == DDT_VERDICT_INCOMPLETE);
+        if (looking) {   /* the next, older one */
+            n_over++;
+            rc = -EBADMSG;
+        } else if (rc == 0 && ddt_path_join(path, path_len, "%s", p->dir)) {
+            rc = ddt_fail(err, err_len, -ENAMETOOLONG, "%s: longer than the path buffer", p->dir);
+        }
+    }
+    if (rc == -EBADMSG) {   /* none verifies: each one named */
+        size_t at = (size_t)snprintf(err, err_len, "%s: no checkpoint to resume from verifies:", run_dir);
+        for (int i = 0; i < n_over && at < err_len; i++) {
+            char said[1024];
+            ddt_verdict_text(&over[i].verdict, said, sizeof said);
+            at += (size_t)snprintf(err + at, err_len - at, " %s %s;", strrchr(over[i].dir, '/') + 1, said);
+        }
+        if (at < err_len)
+            snprintf(err + at, err_len - at, " restore one from a copy (`ddtreed verify %s` checks them), or start "
+                     "the run again", run_dir);
+    }
+    free(dirs);
+    if (n_over > 0) {
+        *passed = over;
+        *passed_count = n_over;
+    } else {
+        free(over);
+    }
     return rc;
 }
 

@@ -1,5 +1,7 @@
-/* export.c: the serving export (SPEC.md section 5; see export.h): config.json and
- * model.safetensors, written and read back, so one file owns the export format both ways.
+/* export.c: the serving export (SPEC.md section 5; see export.h): config.json,
+ * model.safetensors and the manifest of both (ddtree-manifest.json: each file's size and
+ * xxHash64, taken as it is written), written and read back, every file checked against the
+ * manifest before it is read, so one file owns the export format both ways.
  *
  * An export is a directory built under a temporary name next to its final place: every file
  * written and fsynced, the directory fsynced, renamed into place, the parent fsynced. A crash
@@ -20,11 +22,13 @@
  *
  * Legend: P floats in all parameters (the table's total), n entries of the parameter table.
  */
+#include "base/checksum.h"
 #include "base/errors.h"
 #include "base/fault.h"
 #include "export.h"
 #include "export_impl.h"
 #include "base/json_fields.h"
+#include "base/log.h"
 #include "model/model_config.h"
 #include "model/safetensors.h"
 #include "model/tensor_load.h"
@@ -81,6 +85,15 @@ int ddt_write_text_file(const char *path, const char *text, char *err, size_t er
 static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
 {
     return remove(path) != 0 ? -1 : 0;
+}
+
+/* 0 when path is a directory (followed through links), else -errno (-ENOTDIR) */
+int ddt_directory(const char *path)
+{
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return -errno;
+    return S_ISDIR(st.st_mode) ? 0 : -ENOTDIR;
 }
 
 /* path and everything under it (symbolic links removed, never followed); a missing path is
@@ -440,11 +453,128 @@ int ddt_param_table(const ddt_drafter_config *c, ddt_param **table, int64_t *tot
     return *table ? ddt_drafter_param_table(c, *table, total) : -1;
 }
 
-/* config.json and model.safetensors (BF16, the table's names, format pt) into dir */
+/* ------------------------------------------------------------------------------------------
+ * The manifest: every file of the export with its size and checksum (docs/formats.md)
+ */
+
+static const char manifest_name[] = DDT_EXPORT_MANIFEST, manifest_format[] = "ddtree-manifest";
+enum { MANIFEST_VERSION = 1, EXPORT_FILES = 2 };
+static const char *const export_files[EXPORT_FILES] = { "config.json", "model.safetensors" };
+static const char *const manifest_keys[] = { "format", "version", "files", NULL };
+/* the manifest is a few hundred bytes; the cap only stops a damaged one from being read whole */
+#define MANIFEST_MAX (1u << 20)
+static const char export_remedy[] =
+    "write the export again from its run's checkpoint (`ddtreed export RUN_DIR --out DIR`) or restore it from a "
+    "copy; `ddtreed verify DIR` checks every file";
+
+/* the manifest of the export's files, sums[i] that of export_files[i]: malloc'd text, NULL when
+ * out of memory */
+static char *manifest_text(const ddt_checksum sums[EXPORT_FILES])
+{
+    cJSON *o = cJSON_CreateObject(), *files = NULL;
+    int ok = o && cJSON_AddStringToObject(o, "format", manifest_format) &&
+             cJSON_AddNumberToObject(o, "version", MANIFEST_VERSION) && (files = cJSON_AddObjectToObject(o, "files"));
+    for (int i = 0; ok && i < EXPORT_FILES; i++) {
+        cJSON *entry = ddt_checksum_json(&sums[i]);
+        ok = entry && cJSON_AddItemToObject(files, export_files[i], entry);
+        if (!ok)
+            cJSON_Delete(entry);
+    }
+    if (!ok) {
+        cJSON_Delete(o);
+        return NULL;
+    }
+    return ddt_json_text(o);
+}
+
+/* A manifest's file name: a plain name inside the export, never a path out of it. */
+static int plain_name(const char *name)
+{
+    return name[0] && !strchr(name, '/') && strcmp(name, ".") && strcmp(name, "..") && strlen(name) < 200;
+}
+
+/* The manifest's "files" (manifest: its parsed root, j its path), each of the export's files
+ * listed: 0, or -EINVAL with err saying what is wrong. */
+static int manifest_files(const ddt_json_ctx *j, const cJSON *manifest, const cJSON **files)
+{
+    int64_t version = 0;
+    const char *format = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(manifest, "format"));
+    int rc = ddt_json_only(j, manifest, manifest_keys);
+    if (!rc && (!format || strcmp(format, manifest_format)))
+        rc = ddt_json_fail(j, "format", "must be \"ddtree-manifest\"");
+    if (!rc)
+        rc = ddt_json_int(j, manifest, "version", MANIFEST_VERSION, MANIFEST_VERSION, 0, 0, &version);
+    *files = cJSON_GetObjectItemCaseSensitive(manifest, "files");
+    if (!rc && !cJSON_IsObject(*files))
+        rc = ddt_json_fail(j, "files", "must be an object of file name -> {size, xxh64}");
+    for (int i = 0; !rc && i < EXPORT_FILES; i++)
+        if (!cJSON_GetObjectItemCaseSensitive(*files, export_files[i]))
+            rc = ddt_fail(j->err, j->err_len, -EINVAL, "%s: files does not list %s", j->path, export_files[i]);
+    for (const cJSON *f = rc ? NULL : (*files)->child; !rc && f; f = f->next)
+        if (!plain_name(f->string))
+            rc = ddt_fail(j->err, j->err_len, -EINVAL, "%s: files: \"%.200s\" is not a file name in the export",
+                          j->path, f->string);
+    return rc;
+}
+
+/* DIR's files against its manifest into *v, the one named `only` (NULL: every one listed). No
+ * manifest: UNVERIFIED when config.json and model.safetensors are there (an export written
+ * before checksums, or by another trainer), INCOMPLETE naming the one that is not. */
+static void verify_export(const char *dir, const char *only, ddt_verdict *v)
+{
+    char path[CKPT_PATH_MAX], why[1200] = "";
+    struct stat st;
+    ddt_verdict_good(v);
+    if (ddt_path_join(path, sizeof path, "%s/%s", dir, manifest_name)) {
+        ddt_verdict_set(v, DDT_VERDICT_CORRUPT, manifest_name, "path too long to read");
+        return;
+    }
+    if (lstat(path, &st) != 0 && errno == ENOENT) {
+        for (int i = 0; i < EXPORT_FILES && v->state == DDT_VERDICT_GOOD; i++) {
+            char file[CKPT_PATH_MAX];
+            if (!ddt_path_join(file, sizeof file, "%s/%s", dir, export_files[i]) && stat(file, &st) != 0)
+                ddt_verdict_set(v, DDT_VERDICT_INCOMPLETE, export_files[i], "missing");
+        }
+        if (v->state == DDT_VERDICT_GOOD)
+            v->state = DDT_VERDICT_UNVERIFIED;
+        return;
+    }
+    cJSON *manifest = ddt_json_parse_file(path, MANIFEST_MAX, why, sizeof why);
+    ddt_json_ctx j = { path, why, sizeof why };
+    const cJSON *files = NULL;
+    int rc = manifest ? manifest_files(&j, manifest, &files) : -EINVAL;
+    for (const cJSON *f = rc ? NULL : files->child; f && v->state == DDT_VERDICT_GOOD; f = f->next) {
+        ddt_checksum want;
+        if (only && strcmp(f->string, only))
+            continue;
+        if ((rc = ddt_checksum_from_json(&j, files, f->string, &want)))
+            break;
+        ddt_checksum_verify(dir, f->string, &want, v);
+    }
+    if (rc)
+        ddt_verdict_unreadable(v, manifest_name, path, why);
+    cJSON_Delete(manifest);
+}
+
+int ddt_export_verify(const char *dir, ddt_verdict *v)
+{
+    int rc = dir && v ? ddt_directory(dir) : -EINVAL;
+    if (rc == 0)
+        verify_export(dir, NULL, v);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * The export written
+ */
+
+/* config.json, model.safetensors (BF16, the table's names, format pt) and the manifest of
+ * both into dir: each checksum taken from the bytes as they are written */
 static int write_export_files(const char *dir, const ddt_drafter_config *c, const float *params,
                               char *err, size_t err_len)
 {
     char path[CKPT_PATH_MAX];
+    ddt_checksum sums[EXPORT_FILES];   /* of export_files */
     char *config = ddt_json_text(ddt_drafter_json(c));
     ddt_param *table;
     int64_t total;
@@ -454,8 +584,10 @@ static int write_export_files(const char *dir, const ddt_drafter_config *c, cons
     int rc = 0;
     if (!config || !weights || !entries)
         rc = ddt_fail(err, err_len, -ENOMEM, "%s: out of memory for the export", dir);
-    if (rc == 0 && !(rc = ddt_path_join(path, sizeof path, "%s/config.json", dir)))
+    if (rc == 0 && !(rc = ddt_path_join(path, sizeof path, "%s/%s", dir, export_files[0]))) {
+        sums[0] = ddt_checksum_of(config, strlen(config));
         rc = ddt_write_text_file(path, config, err, err_len);
+    }
     ddt_fault_point("export.config_written");   /* a test hook (base/fault.h) */
     if (rc == 0) {
         for (int64_t j = 0; j < total; j++)
@@ -465,9 +597,15 @@ static int write_export_files(const char *dir, const ddt_drafter_config *c, cons
                                          .shape = { table[i].shape[0], table[i].shape[1] },
                                          .data = weights + table[i].offset };
         const char *const key[] = { "format" }, *const value[] = { "pt" };
-        if (!(rc = ddt_path_join(path, sizeof path, "%s/model.safetensors", dir)))
-            rc = ddt_st_write(path, entries, n, key, value, 1, err, err_len);
+        if (!(rc = ddt_path_join(path, sizeof path, "%s/%s", dir, export_files[1])))
+            rc = ddt_st_write_summed(path, entries, n, key, value, 1, &sums[1], err, err_len);
     }
+    char *manifest = rc == 0 ? manifest_text(sums) : NULL;
+    if (rc == 0 && !manifest)
+        rc = ddt_fail(err, err_len, -ENOMEM, "%s: out of memory for the manifest", dir);
+    if (rc == 0 && !(rc = ddt_path_join(path, sizeof path, "%s/%s", dir, manifest_name)))
+        rc = ddt_write_text_file(path, manifest, err, err_len);
+    free(manifest);
     if (rc == -ENAMETOOLONG)
         ddt_fail(err, err_len, rc, "%s: path too long", dir);
     free(entries);
@@ -552,11 +690,29 @@ static int export_tensors(const ddt_st_file *f, const char *path, const ddt_para
     return rc;
 }
 
+int ddt_export_read_config(const char *dir, ddt_drafter_config *c, char *err, size_t err_len)
+{
+    if (!dir || !c)
+        return ddt_fail(err, err_len, -EINVAL, "export read: a required argument is NULL");
+    ddt_verdict v;
+    verify_export(dir, export_files[0], &v);
+    if (v.state == DDT_VERDICT_INCOMPLETE || v.state == DDT_VERDICT_CORRUPT)
+        return ddt_verdict_fail(&v, dir, export_remedy, err, err_len);
+    return ddt_drafter_config_load(dir, c, err, err_len);
+}
+
 int ddt_export_read(const char *dir, ddt_drafter_config *c, float **params, char *err, size_t err_len)
 {
     if (!dir || !c || !params)
         return ddt_fail(err, err_len, -EINVAL, "export read: a required argument is NULL");
     *params = NULL;
+    ddt_verdict v;
+    verify_export(dir, NULL, &v);
+    if (v.state == DDT_VERDICT_INCOMPLETE || v.state == DDT_VERDICT_CORRUPT)
+        return ddt_verdict_fail(&v, dir, export_remedy, err, err_len);
+    if (v.state == DDT_VERDICT_UNVERIFIED)
+        ddt_log(DDT_LOG_WARNING, "export: read unverified path=\"%s\" reason=\"no %s: written before checksums, or "
+                "not by ddtree\"", dir, manifest_name);
     int rc = ddt_drafter_config_load(dir, c, err, err_len);
     if (rc != 0)
         return rc;

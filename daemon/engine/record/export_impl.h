@@ -29,6 +29,8 @@ __attribute__((format(printf, 3, 4)))
 int ddt_path_join(char *out, size_t len, const char *fmt, ...);
 /* path created (it must not exist) with text, fsynced: 0, or -errno with nothing left */
 int ddt_write_text_file(const char *path, const char *text, char *err, size_t err_len);
+/* 0 when path is a directory (a link followed), else -errno (-ENOTDIR) */
+int ddt_directory(const char *path);
 /* path and everything under it, never following a link; a missing path is no error: 0 or -errno */
 int ddt_remove_tree(const char *path);
 /* The directory built at tmp becomes final (one already there renamed to aside, removed once

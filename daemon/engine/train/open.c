@@ -1,9 +1,10 @@
 /* open.c: a trainer opened (ddt_trainer_open, ddt_trainer_open_parsed) and closed: the run's
  * directory and row, its config (a resumed run's from its newest checkpoint), the target's shape,
  * the data (a source, or generated data's rules when the ranks sample), the host's weights, the
- * ranks (ranks.c), GPU ranks' NCCL communicator, the weights initialised or resumed and pushed to
- * the ranks (and the checkpoint resumed from recorded again), the memory plan, the speculator;
- * ddt_trainer_close frees all of it.
+ * ranks (ranks.c), GPU ranks' NCCL communicator, the weights initialised or resumed (from the
+ * newest checkpoint that verifies, newer ones passed over with a "checkpoint_corrupt" event, and
+ * the checkpoint resumed from recorded again) and pushed to the ranks, the memory plan, the
+ * speculator; ddt_trainer_close frees all of it.
  * Tested by tests/engine/train/test_trainer.c (exact resume; config errors and what a GPU run is refused,
  * before any step; a GPU the node does not have, leaving nothing behind),
  * tests/daemon/train_cli_test.sh (--resume; bad configs) and tests/daemon/api_e2e.py (runs opened and resumed
@@ -12,6 +13,7 @@
 #include "trainer.h"
 #include "trainer_impl.h"
 #include "base/ddt_time.h"
+#include "base/log.h"
 #include "data/batch.h"
 #include "record/checkpoint.h"
 #include "split.h"
@@ -36,10 +38,48 @@ static int make_dir(const char *path, char *err, size_t err_len)
     return 0;
 }
 
-static int resume_from(ddt_trainer *t, const char *ckpt, char *err, size_t err_len)
+/* A newer checkpoint the resume passed over: moved aside to checkpoints/corrupt-step-NNNNNNNN (so
+ * that it counts no more among the `keep` newest, which would otherwise prune a good one for
+ * it, and the operator finds it to inspect or restore), a warning, and the run's event
+ * "checkpoint_corrupt" naming it, where it went, the file, what is wrong and the step resumed from. */
+static void report_passed(ddt_trainer *t, const ddt_checkpoint_passed *p, int64_t resumed_from)
+{
+    char said[1024], aside[4200];
+    ddt_verdict_text(&p->verdict, said, sizeof said);
+    const char *base = strrchr(p->dir, '/');
+    snprintf(aside, sizeof aside, "%.*s/corrupt-%s", base ? (int)(base - p->dir) : 1, base ? p->dir : ".",
+             base ? base + 1 : p->dir);
+    if (rename(p->dir, aside) != 0)
+        snprintf(aside, sizeof aside, "%s", p->dir);   /* left where it is: the log says so */
+    ddt_log(DDT_LOG_WARNING, "run %s: checkpoint passed over at resume path=\"%s\" moved_to=\"%s\" verdict=\"%s\" "
+            "resumed_from=%lld", t->run_id, p->dir, aside, said, (long long)resumed_from);
+    cJSON *d = cJSON_CreateObject();
+    cJSON_AddStringToObject(d, "checkpoint", p->dir);
+    cJSON_AddStringToObject(d, "moved_to", aside);
+    cJSON_AddNumberToObject(d, "step", (double)p->step);
+    cJSON_AddStringToObject(d, "file", p->verdict.file);
+    cJSON_AddStringToObject(d, "verdict", p->verdict.state == DDT_VERDICT_INCOMPLETE ? "incomplete" : "corrupt");
+    cJSON_AddStringToObject(d, "message", said);
+    cJSON_AddNumberToObject(d, "resumed_from", (double)resumed_from);
+    char *detail = cJSON_PrintUnformatted(d);
+    if (detail && t->store)
+        ddt_store_event(t->store, t->run_id, ddt_wall_ms(), "checkpoint_corrupt", detail);
+    free(detail);
+    cJSON_Delete(d);
+}
+
+/* The weights, moments and place in the data of the run's newest checkpoint that verifies
+ * (ckpt: its path), each newer one passed over reported. */
+static int resume_from(ddt_trainer *t, char *ckpt, size_t ckpt_len, char *err, size_t err_len)
 {
     ddt_checkpoint_meta m;
-    int rc = ddt_checkpoint_read(ckpt, &t->cfg.drafter, t->params, &t->adam, &m, err, err_len);
+    ddt_checkpoint_passed *passed;
+    int n_passed;
+    int rc = ddt_checkpoint_read_newest(t->run_dir, &t->cfg.drafter, t->params, &t->adam, &m, ckpt, ckpt_len,
+                                        &passed, &n_passed, err, err_len);
+    for (int i = 0; rc == 0 && i < n_passed; i++)
+        report_passed(t, &passed[i], m.step);
+    free(passed);
     if (rc)
         return rc;
     t->step = m.step;
@@ -76,7 +116,8 @@ static void record_resumed_checkpoint(ddt_trainer *t, const char *ckpt)
     ddt_store_run_checkpointed(t->store, t->run_id, t->step, ddt_wall_ms());
 }
 
-/* The config of a run to resume: the newest checkpoint's state.json. */
+/* The config of a run to resume: the newest checkpoint's state.json that reads (a checkpoint
+ * whose tensors do not verify is passed over later, by resume_from). */
 static char *resume_config(const char *run_dir, char *ckpt, size_t ckpt_len, char *err, size_t err_len)
 {
     int64_t step;
@@ -85,7 +126,8 @@ static char *resume_config(const char *run_dir, char *ckpt, size_t ckpt_len, cha
         return NULL;
     }
     ddt_checkpoint_meta m;
-    return ddt_checkpoint_read_meta(ckpt, &m, err, err_len) ? NULL : m.config_json;   /* the caller's now */
+    return ddt_checkpoint_newest_meta(run_dir, &m, ckpt, ckpt_len, err, err_len) ? NULL
+                                                                                 : m.config_json;   /* the caller's now */
 }
 
 int ddt_trainer_open(const char *config_json, size_t len, const char *state_dir,
@@ -229,7 +271,7 @@ int ddt_trainer_open_parsed(const ddt_run_config *config, const char *config_jso
         t->chunk = t->cfg.chunk;
         t->vocab_tile = t->cfg.vocab_tile;
         if (*ckpt) {
-            rc = resume_from(t, ckpt, err, err_len);
+            rc = resume_from(t, ckpt, sizeof ckpt, err, err_len);
         } else {
             ddt_drafter_init(&t->cfg.drafter, t->params, ddt_batch_seed(t->cfg.seed, 0, 0, SEED_INIT));
             memset(t->adam.m, 0, (size_t)t->total * sizeof(float));

@@ -19,6 +19,7 @@
  * Fixtures are written by the test under a mkdtemp directory, removed at the end.
  * ctest: one line per case, a final "N passed, M failed".
  */
+#include "base/checksum.h"
 #include "base/read_file.h"
 #include "check.h"
 #include "record/checkpoint.h"
@@ -166,6 +167,20 @@ static ddt_checkpoint_meta fixture_meta(const fixture *f, int64_t step, const ch
 }
 
 static int metas_equal(const ddt_checkpoint_meta *a, const ddt_checkpoint_meta *b);
+static void edit_state(const char *dir, const char *dotted, const char *value);
+
+/* dir/state.json recording dir/state.safetensors as it is now: a checkpoint edited on purpose,
+ * which its reader then takes as written (the checks behind the checksum are what is tested) */
+static void record_tensors(const char *dir)
+{
+    char path[1024], err[1024] = "", hex[DDT_CHECKSUM_HEX], json[128];
+    snprintf(path, sizeof path, "%s/state.safetensors", dir);
+    ddt_checksum sum;
+    check(ddt_checksum_file(path, &sum, err, sizeof err) == 0, "checksum of %s: %s", path, err);
+    ddt_checksum_hex(sum.xxh64, hex);
+    snprintf(json, sizeof json, "{\"size\": %lld, \"xxh64\": \"%s\"}", (long long)sum.size, hex);
+    edit_state(dir, "files.state.safetensors", json);
+}
 
 static int write_step(const char *run, int64_t step, const fixture *f, const char *config, int keep,
                       char *path, size_t path_len, int64_t *bytes)
@@ -327,7 +342,7 @@ static void test_latest(void)
 }
 
 /* rewrites dir/state.safetensors from itself: `drop` left out, `reshape` given its 2-d shape
- * transposed, `retype` written as BF16 */
+ * transposed, `retype` written as BF16; state.json records the new file */
 static void rewrite_state(const char *dir, const char *drop, const char *reshape, const char *retype)
 {
     char path[1024], err[1024] = "";
@@ -364,6 +379,7 @@ static void rewrite_state(const char *dir, const char *drop, const char *reshape
     free(half);
     free(entries);
     ddt_st_close(&st);
+    record_tensors(dir);
 }
 
 /* a read of dir with c must fail with an error naming `named`, leaving every output untouched */
@@ -654,8 +670,9 @@ static void rewrite_export_tensors(const char *src, const char *dir, const char 
 }
 
 /* ddt_export_read: config.json to an equal configuration, the weights bf16(params) widened, bit
- * for bit (NaN, inf, -0 included); a missing tensor, one beside the table's, or no
- * model.safetensors refused naming the file and the tensor, *params NULL */
+ * for bit (NaN, inf, -0 included); a missing tensor or one beside the table's (in an export
+ * without a manifest, as another trainer writes it), or no model.safetensors refused naming the
+ * file and the tensor, *params NULL */
 static void test_export_read(void)
 {
     char dir[512], out[600], bad[600], path[1024], err[1024] = "";
@@ -690,6 +707,8 @@ static void test_export_read(void)
         snprintf(bad, sizeof bad, "%s/bad%zu", dir, i);
         check(ddt_export_write(bad, &f->c, f->params, err, sizeof err) == 0, "export: %s", err);
         rewrite_export_tensors(out, bad, cases[i].drop, cases[i].extra);
+        snprintf(path, sizeof path, "%s/%s", bad, DDT_EXPORT_MANIFEST);   /* as another trainer's export */
+        check(unlink(path) == 0, "unlink %s", path);
         params = &sentinel;   /* must come back NULL */
         err[0] = '\0';
         rc = ddt_export_read(bad, &back, &params, err, sizeof err);
@@ -794,15 +813,26 @@ static int metas_equal(const ddt_checkpoint_meta *a, const ddt_checkpoint_meta *
            !strcmp(a->config_json, b->config_json) && configs_equal(&a->drafter, &b->drafter);
 }
 
-/* the object holding the dotted key in doc (NULL when there is none), and the key's last name */
+/* the object holding the dotted key in doc, and the key's last name: each step down takes the
+ * longest name before a dot that is an object there (state.json's "files" holds
+ * "state.safetensors", a name with a dot) */
 static cJSON *path_parent(cJSON *doc, const char *dotted, char *last, size_t last_len)
 {
     cJSON *at = doc;
-    const char *from = dotted, *dot;
-    while (at && (dot = strchr(from, '.')) != NULL) {
-        snprintf(last, last_len, "%.*s", (int)(dot - from), from);
-        at = cJSON_GetObjectItemCaseSensitive(at, last);
-        from = dot + 1;
+    const char *from = dotted;
+    for (int deeper = 1; at && deeper && !cJSON_GetObjectItemCaseSensitive(at, from);) {
+        deeper = 0;
+        for (size_t n = strlen(from); n-- > 0 && !deeper;) {
+            if (from[n] != '.')
+                continue;
+            snprintf(last, last_len, "%.*s", (int)n, from);
+            cJSON *inner = cJSON_GetObjectItemCaseSensitive(at, last);
+            if (cJSON_IsObject(inner)) {
+                at = inner;
+                from += n + 1;
+                deeper = 1;
+            }
+        }
     }
     snprintf(last, last_len, "%s", from);
     return at;
@@ -889,7 +919,13 @@ static void test_meta_refuses(void)
         { "vocab_tile", "1.5", "vocab_tile must be an integer" },
         { "config", "{}", "config must be a string" },
         { "run_id", "7", "run_id must be a string" },
-        { "version", "4", "version must be 2 or 3" },
+        { "version", "5", "version must be 2, 3 or 4" },
+        { "files", NULL, "files is missing" },
+        { "files", "[]", "files must be an object" },
+        { "files.state.safetensors", NULL, "files: state.safetensors is missing" },
+        { "files.model.safetensors", "{}", "files: model.safetensors is not a known field" },
+        { "files.state.safetensors.xxh64", "\"ABCDEF0123456789\"", "files: state.safetensors: xxh64 must be 16" },
+        { "files.state.safetensors.size", "-1", "files: state.safetensors: size must be" },
         { "rng", "\"0x9e37\"", "rng is not a known field" },
         { "drafter", NULL, "drafter is missing" },
         { "drafter", "[]", "drafter must be an object" },
@@ -971,6 +1007,7 @@ static void test_meta_refuses(void)
                                          "drafter.torch_dtype", "drafter.dtype" };
     write_file(path, good);
     edit_state(dir, "version", "2");
+    edit_state(dir, "files", NULL);
     edit_state(dir, "config", run_config);
     for (int i = 0; i < 4; i++)
         edit_state(dir, newer[i], NULL);
@@ -1128,6 +1165,371 @@ static void test_export_from_checkpoint(void)
     ddt_checkpoint_meta_free(&meta);
 }
 
+/* ------------------------------------------------------------------------------------------
+ * Checksums: taken as a file is written, verified by reading it back
+ */
+
+/* path with the byte at `at` (-1: the middle one) flipped in its lowest bit; a second flip
+ * undoes it */
+static void flip_byte(const char *path, long at)
+{
+    FILE *f = fopen(path, "r+b");
+    check(f != NULL, "cannot open %s", path);
+    if (!f)
+        return;
+    if (at < 0 && fseek(f, 0, SEEK_END) == 0)
+        at = ftell(f) / 2;
+    int c = fseek(f, at, SEEK_SET) == 0 ? fgetc(f) : EOF;
+    check(c != EOF && fseek(f, at, SEEK_SET) == 0 && fputc(c ^ 1, f) != EOF, "cannot flip byte %ld of %s", at, path);
+    fclose(f);
+}
+
+/* the checksum of dir/name as 16 hex digits */
+static void file_hex(const char *dir, const char *name, char hex[DDT_CHECKSUM_HEX])
+{
+    char path[1024], err[1024] = "";
+    ddt_checksum sum = { 0 };
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    check(ddt_checksum_file(path, &sum, err, sizeof err) == 0, "checksum of %s: %s", path, err);
+    ddt_checksum_hex(sum.xxh64, hex);
+}
+
+/* the verdict's text must be `want` */
+static void check_verdict(const ddt_verdict *v, const char *what, const char *want)
+{
+    char text[1024];
+    ddt_verdict_text(v, text, sizeof text);
+    check(!strcmp(text, want), "%s: '%s', expected '%s'", what, text, want);
+}
+
+/* xxHash64's published vectors; the stream in uneven pieces, a file read back in blocks and
+ * the hex form agree with them */
+static void test_checksum(void)
+{
+    check(ddt_checksum_of("", 0).xxh64 == 0xef46db3751d8e999ull, "xxh64 of no bytes is not ef46db3751d8e999");
+    check(ddt_checksum_of("abc", 3).xxh64 == 0x44bc2cf5ad770999ull, "xxh64 of \"abc\" is not 44bc2cf5ad770999");
+    static unsigned char data[3 << 20];   /* past one block of the file reader */
+    for (size_t i = 0; i < sizeof data; i++)
+        data[i] = (unsigned char)(i * 7 + (i >> 13));
+    const ddt_checksum whole = ddt_checksum_of(data, sizeof data);
+    ddt_checksum_stream *s = ddt_checksum_begin();
+    static const size_t pieces[] = { 1, 31, 32, 1000, 65536 };
+    size_t at = 0;
+    for (size_t i = 0; s && i < sizeof pieces / sizeof pieces[0]; at += pieces[i++])
+        ddt_checksum_update(s, data + at, pieces[i]);
+    if (s)
+        ddt_checksum_update(s, data + at, sizeof data - at);
+    ddt_checksum streamed = s ? ddt_checksum_end(s) : (ddt_checksum){ 0 };
+    check(streamed.xxh64 == whole.xxh64 && streamed.size == (int64_t)sizeof data, "the stream differs from the whole");
+
+    char path[600], err[1024] = "", hex[DDT_CHECKSUM_HEX];
+    snprintf(path, sizeof path, "%s/checksum.bin", root);
+    FILE *f = fopen(path, "wb");
+    check(f && fwrite(data, 1, sizeof data, f) == sizeof data, "cannot write %s", path);
+    if (f)
+        fclose(f);
+    ddt_checksum read_back = { 0 };
+    check(ddt_checksum_file(path, &read_back, err, sizeof err) == 0 && read_back.xxh64 == whole.xxh64 &&
+              read_back.size == whole.size,
+          "the file read back differs: %s", err);
+    unlink(path);
+    check(ddt_checksum_file(path, &read_back, err, sizeof err) == -ENOENT && strstr(err, path),
+          "a missing file: %s", err);
+
+    uint64_t h = 0;
+    ddt_checksum_hex(0x0123456789abcdefull, hex);
+    check(!strcmp(hex, "0123456789abcdef"), "hex form %s", hex);
+    check(ddt_checksum_from_hex(hex, &h) == 0 && h == 0x0123456789abcdefull, "hex form read back");
+    static const char *const refused[] = { "0123456789ABCDEF", "0123456789abcde", "0123456789abcdef0",
+                                           "0123456789abcdeg", "" };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++)
+        check(ddt_checksum_from_hex(refused[i], &h) == -EINVAL, "hex '%s' not refused", refused[i]);
+}
+
+/* state.json records state.safetensors as written; a byte flipped, the file cut short or
+ * missing, or state.json unreadable, is refused by every reader naming the file (both checksums
+ * when they differ) and what to do, outputs untouched, and ddt_checkpoint_verify says it */
+static void test_checkpoint_corrupt(void)
+{
+    char run[512], dir[700], tensors[800], out[800], ckpt[1200], err[2048] = "", want[DDT_CHECKSUM_HEX],
+        got[DDT_CHECKSUM_HEX], expect[1600];
+    new_dir("corrupt", run, sizeof run);
+    fixture *f = fixture_new(101);
+    write_step(run, 9, f, "{}", 3, dir, sizeof dir, NULL);
+    snprintf(tensors, sizeof tensors, "%s/state.safetensors", dir);
+    snprintf(out, sizeof out, "%s/export", run);
+
+    /* the record, taken while writing, is the file's as read back */
+    snprintf(expect, sizeof expect, "%s/state.json", dir);
+    char *text = ddt_read_text_file(expect, 1 << 22, err, sizeof err);
+    cJSON *doc = text ? cJSON_Parse(text) : NULL;
+    const cJSON *files = cJSON_GetObjectItemCaseSensitive(doc, "files");
+    const cJSON *rec = cJSON_GetObjectItemCaseSensitive(files, "state.safetensors");
+    file_hex(dir, "state.safetensors", want);
+    check(cJSON_GetObjectItemCaseSensitive(doc, "version")->valuedouble == 4, "state.json is not version 4");
+    check(cJSON_GetArraySize(files) == 1 && cJSON_GetObjectItemCaseSensitive(rec, "size") &&
+              cJSON_GetObjectItemCaseSensitive(rec, "size")->valuedouble == (double)file_size(tensors) &&
+              !strcmp(string_or_empty(cJSON_GetObjectItemCaseSensitive(rec, "xxh64")), want),
+          "state.json's files do not record state.safetensors as it is (%s)", want);
+    cJSON_Delete(doc);
+    free(text);
+    ddt_verdict v;
+    check(ddt_checkpoint_verify(dir, &v) == 0, "verify of a directory failed");
+    check_verdict(&v, "a checkpoint as written", "good");
+
+    /* one byte flipped */
+    flip_byte(tensors, -1);
+    file_hex(dir, "state.safetensors", got);
+    float *params = sentinel_floats(f->total), *m = sentinel_floats(f->total), *vv = sentinel_floats(f->total);
+    ddt_adamw_state adam = { .step = -7, .m = m, .v = vv };
+    ddt_checkpoint_meta meta = { .step = -7 };
+    int rc = ddt_checkpoint_read(dir, &f->c, params, &adam, &meta, err, sizeof err);
+    snprintf(expect, sizeof expect, "%s is corrupt (expected xxh64 %s, got %s): ", tensors, want, got);
+    check(rc == -EBADMSG && strstr(err, expect) && strstr(err, "earlier checkpoint") && strstr(err, "ddtreed verify"),
+          "a flipped byte: rc %d, '%s', expected '%s...'", rc, err, expect);
+    check(all_sentinel(params, f->total + guard_words) && all_sentinel(m, f->total + guard_words) &&
+              adam.step == -7 && meta.step == -7 && meta.config_json == NULL,
+          "a refused read wrote into its outputs");
+    rc = ddt_checkpoint_read(dir, &f->c, params, NULL, NULL, err, sizeof err);
+    check(rc == -EBADMSG && strstr(err, expect), "the weights alone: rc %d, %s", rc, err);
+    check(ddt_checkpoint_verify(dir, &v) == 0 && v.state == DDT_VERDICT_CORRUPT && !strcmp(v.file, "state.safetensors"),
+          "verify of a flipped byte: state %d file %s", v.state, v.file);
+    snprintf(expect, sizeof expect, "corrupt: state.safetensors (expected xxh64 %s, got %s)", want, got);
+    check_verdict(&v, "a flipped byte", expect);
+    rc = ddt_checkpoint_export(run, 9, out, ckpt, sizeof ckpt, err, sizeof err);
+    check(rc == -EBADMSG && strstr(err, tensors) && !is_dir(out), "export of a corrupt checkpoint: rc %d, %s", rc, err);
+    flip_byte(tensors, -1);
+    check(ddt_checkpoint_verify(dir, &v) == 0 && v.state == DDT_VERDICT_GOOD, "the byte flipped back is not good");
+
+    /* cut short, missing, state.json unreadable */
+    int64_t size = file_size(tensors);
+    check(truncate(tensors, size - 8) == 0, "truncate %s", tensors);
+    ddt_checkpoint_verify(dir, &v);
+    snprintf(expect, sizeof expect, "corrupt: state.safetensors (expected %lld bytes, got %lld)", (long long)size,
+             (long long)size - 8);
+    check_verdict(&v, "a file cut short", expect);
+    unlink(tensors);
+    ddt_checkpoint_verify(dir, &v);
+    check_verdict(&v, "a missing file", "incomplete: state.safetensors missing");
+    rc = ddt_checkpoint_read(dir, &f->c, params, &adam, NULL, err, sizeof err);
+    check(rc == -ENOENT && strstr(err, tensors) && strstr(err, "is missing"), "a missing file: rc %d, %s", rc, err);
+    write_step(run, 9, f, "{}", 3, dir, sizeof dir, NULL);
+    snprintf(expect, sizeof expect, "%s/state.json", dir);
+    write_file(expect, "{\"version\": 4,");
+    ddt_checkpoint_verify(dir, &v);
+    check(v.state == DDT_VERDICT_CORRUPT && !strcmp(v.file, "state.json") && strstr(v.detail, "invalid JSON") &&
+              !strstr(v.detail, dir),
+          "an unreadable state.json: state %d, %s: %s", v.state, v.file, v.detail);
+    check(ddt_checkpoint_verify(tensors, &v) == -ENOTDIR, "verify of a file is not -ENOTDIR");
+    free(params);
+    free(m);
+    free(vv);
+    fixture_free(f);
+}
+
+/* a state.json before checksums (version 3, no "files") reads, its tensors unverified (the
+ * warning it logs: train_cli_test.sh); verify says so, and still refuses a tensors file that is
+ * not one */
+static void test_checkpoint_unverified(void)
+{
+    char run[512], dir[700], path[800], err[2048] = "";
+    new_dir("unverified", run, sizeof run);
+    fixture *f = fixture_new(103);
+    write_step(run, 2, f, "{}", 3, dir, sizeof dir, NULL);
+    edit_state(dir, "files", NULL);
+    edit_state(dir, "version", "3");
+    float *params = sentinel_floats(f->total);
+    ddt_checkpoint_meta meta;
+    int rc = ddt_checkpoint_read(dir, &f->c, params, NULL, &meta, err, sizeof err);
+    check(rc == 0 && !memcmp(params, f->params, (size_t)f->total * sizeof(float)), "version 3: %s", err);
+    if (rc == 0)
+        ddt_checkpoint_meta_free(&meta);
+    ddt_verdict v;
+    ddt_checkpoint_verify(dir, &v);
+    check_verdict(&v, "version 3", "unverified (written before checksums)");
+    snprintf(path, sizeof path, "%s/state.safetensors", dir);
+    write_file(path, "not a safetensors file");
+    ddt_checkpoint_verify(dir, &v);
+    check(v.state == DDT_VERDICT_CORRUPT && !strcmp(v.file, "state.safetensors"),
+          "an unverified checkpoint's malformed tensors: state %d %s", v.state, v.file);
+    free(params);
+    fixture_free(f);
+}
+
+/* ddt_checkpoint_read_newest: the newest checkpoint that verifies, the newer ones passed over
+ * newest first with what is wrong; none verifying is -EBADMSG naming each, outputs untouched.
+ * The next write prunes by count as before (a corrupt checkpoint counts, an incomplete one
+ * neither counts nor goes). */
+static void test_read_newest(void)
+{
+    char run[512], dir[700], path[1200], ckdir[700], err[4096] = "";
+    new_dir("newest", run, sizeof run);
+    fixture *fx[3] = { fixture_new(111), fixture_new(112), fixture_new(113) };
+    for (int i = 0; i < 3; i++)
+        write_step(run, i + 1, fx[i], "{\"n\": 1}", 5, NULL, 0, NULL);
+    snprintf(ckdir, sizeof ckdir, "%s/checkpoints", run);
+    snprintf(path, sizeof path, "%s/step-00000003/state.safetensors", ckdir);
+    flip_byte(path, -1);   /* in the data: the file is still well formed */
+    snprintf(path, sizeof path, "%s/step-00000002/state.safetensors", ckdir);
+    unlink(path);
+
+    const fixture *f = fx[0];
+    float *params = sentinel_floats(f->total), *m = sentinel_floats(f->total), *v = sentinel_floats(f->total);
+    ddt_adamw_state adam = { .m = m, .v = v };
+    ddt_checkpoint_meta meta;
+    ddt_checkpoint_passed *passed = NULL;
+    int n = -1;
+    int rc = ddt_checkpoint_read_newest(run, &f->c, params, &adam, &meta, dir, sizeof dir, &passed, &n, err,
+                                        sizeof err);
+    snprintf(path, sizeof path, "%s/step-00000001", ckdir);
+    check(rc == 0 && !strcmp(dir, path) && meta.step == 1 &&
+              !memcmp(params, f->params, (size_t)f->total * sizeof(float)) && adam.step == f->adam.step,
+          "resumed from %s (rc %d, step %lld): %s", dir, rc, (long long)meta.step, err);
+    if (rc == 0)
+        ddt_checkpoint_meta_free(&meta);
+    check(n == 2 && passed && passed[0].step == 3 && passed[0].verdict.state == DDT_VERDICT_CORRUPT &&
+              !strcmp(passed[0].verdict.file, "state.safetensors") && strstr(passed[0].dir, "/step-00000003") &&
+              passed[1].step == 2 && passed[1].verdict.state == DDT_VERDICT_INCOMPLETE,
+          "passed over: %d", n);
+    free(passed);
+
+    /* the newest state.json that reads (a resume's config): step 3's */
+    check(ddt_checkpoint_newest_meta(run, &meta, dir, sizeof dir, err, sizeof err) == 0 && meta.step == 3,
+          "newest meta: %s", err);
+    ddt_checkpoint_meta_free(&meta);
+
+    /* none verifies */
+    snprintf(path, sizeof path, "%s/step-00000001/state.safetensors", ckdir);
+    flip_byte(path, -1);
+    float *untouched = sentinel_floats(f->total);
+    rc = ddt_checkpoint_read_newest(run, &f->c, untouched, NULL, NULL, dir, sizeof dir, &passed, &n, err, sizeof err);
+    check(rc == -EBADMSG && n == 3 && strstr(err, run) && strstr(err, "step-00000003 corrupt: state.safetensors (expected xxh64") &&
+              strstr(err, "step-00000002 incomplete: state.safetensors missing") &&
+              strstr(err, "step-00000001 corrupt: state.safetensors") && strstr(err, "ddtreed verify"),
+          "none verifies: rc %d, %d passed, %s", rc, n, err);
+    check(all_sentinel(untouched, f->total + guard_words), "a resume that found nothing wrote into its outputs");
+    free(passed);
+    char empty[600];
+    new_dir("newest_empty", empty, sizeof empty);
+    rc = ddt_checkpoint_read_newest(empty, &f->c, untouched, NULL, NULL, dir, sizeof dir, &passed, &n, err, sizeof err);
+    check(rc == -ENOENT && n == 0 && passed == NULL, "a run without checkpoints: rc %d", rc);
+
+    /* pruning as before: keep 2 after step 4 leaves 4 and the corrupt 3, removes 1, leaves the incomplete 2 */
+    write_step(run, 4, fx[1], "{\"n\": 1}", 2, NULL, 0, NULL);
+    for (int step = 1; step <= 4; step++) {
+        snprintf(path, sizeof path, "%s/step-%08d", ckdir, step);
+        check(is_dir(path) == (step != 1), "after the write of step 4 (keep 2): step %d %s", step,
+              step == 1 ? "is still there" : "was removed");
+    }
+    free(untouched);
+    free(params);
+    free(m);
+    free(v);
+    for (int i = 0; i < 3; i++)
+        fixture_free(fx[i]);
+}
+
+/* The export's manifest lists config.json and model.safetensors as written, beside exactly those
+ * two; a byte flipped in either, a missing file or a manifest that does not read is refused by
+ * the readers naming the file and what to do, *params NULL, and ddt_export_verify says it;
+ * without a manifest the export reads, unverified (its warning: speculate_cli_test.sh). */
+static void test_export_corrupt(void)
+{
+    char dir[512], out[600], path[1024], err[2048] = "", want[DDT_CHECKSUM_HEX], got[DDT_CHECKSUM_HEX],
+        expect[1600];
+    new_dir("export_corrupt", dir, sizeof dir);
+    fixture *f = fixture_new(121);
+    snprintf(out, sizeof out, "%s/drafter", dir);
+    check(ddt_export_write(out, &f->c, f->params, err, sizeof err) == 0, "export: %s", err);
+    check(count_entries(out, "") == 3, "the export holds %d files, expected 3", count_entries(out, ""));
+
+    snprintf(path, sizeof path, "%s/%s", out, DDT_EXPORT_MANIFEST);
+    char *text = ddt_read_text_file(path, 1 << 20, err, sizeof err);
+    cJSON *doc = text ? cJSON_Parse(text) : NULL;
+    const cJSON *files = cJSON_GetObjectItemCaseSensitive(doc, "files");
+    check(!strcmp(string_or_empty(cJSON_GetObjectItemCaseSensitive(doc, "format")), "ddtree-manifest") &&
+              cJSON_GetObjectItemCaseSensitive(doc, "version")->valuedouble == 1 && cJSON_GetArraySize(files) == 2,
+          "the manifest is not {format ddtree-manifest, version 1, files of 2}:\n%s", text ? text : "");
+    static const char *const names[] = { "config.json", "model.safetensors" };
+    for (int i = 0; i < 2; i++) {
+        char file[1024];
+        snprintf(file, sizeof file, "%s/%s", out, names[i]);
+        file_hex(out, names[i], want);
+        const cJSON *e = cJSON_GetObjectItemCaseSensitive(files, names[i]);
+        check(e && cJSON_GetObjectItemCaseSensitive(e, "size")->valuedouble == (double)file_size(file) &&
+                  !strcmp(string_or_empty(cJSON_GetObjectItemCaseSensitive(e, "xxh64")), want),
+              "the manifest does not record %s as it is", names[i]);
+    }
+    cJSON_Delete(doc);
+    ddt_verdict v;
+    check(ddt_export_verify(out, &v) == 0, "verify of an export failed");
+    check_verdict(&v, "an export as written", "good");
+
+    ddt_drafter_config back;
+    float *params = NULL, sentinel = 0;
+    for (int i = 0; i < 2; i++) {   /* one byte of each file flipped */
+        snprintf(path, sizeof path, "%s/%s", out, names[i]);
+        file_hex(out, names[i], want);
+        flip_byte(path, i == 0 ? 10 : -1);
+        file_hex(out, names[i], got);
+        params = &sentinel;
+        int rc = ddt_export_read(out, &back, &params, err, sizeof err);
+        snprintf(expect, sizeof expect, "%s is corrupt (expected xxh64 %s, got %s): ", path, want, got);
+        check(rc == -EBADMSG && params == NULL && strstr(err, expect) && strstr(err, "ddtreed export"),
+              "%s flipped: rc %d, '%s'", names[i], rc, err);
+        rc = ddt_export_read_config(out, &back, err, sizeof err);
+        check(i == 0 ? rc == -EBADMSG && strstr(err, expect) : rc == 0,
+              "%s flipped, config.json read alone: rc %d, %s", names[i], rc, err);
+        ddt_export_verify(out, &v);
+        snprintf(expect, sizeof expect, "corrupt: %s (expected xxh64 %s, got %s)", names[i], want, got);
+        check_verdict(&v, names[i], expect);
+        flip_byte(path, i == 0 ? 10 : -1);
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors", out);
+    rename(path, expect);
+    ddt_export_verify(out, &v);
+    check_verdict(&v, "no model.safetensors", "incomplete: model.safetensors missing");
+    rename(expect, path);
+
+    /* the manifest damaged: refused naming it */
+    snprintf(path, sizeof path, "%s/%s", out, DDT_EXPORT_MANIFEST);
+    static const struct { const char *text, *named; } manifests[] = {
+        { "{\"format\": \"ddtree-manifest\",", "invalid JSON" },
+        { "{\"format\": \"ddtree-manifest\", \"version\": 1, \"files\": {\"config.json\": {}}}", "model.safetensors" },
+        { "{\"format\": \"ddtree-manifest\", \"version\": 2, \"files\": {}}", "version must be" },
+        { "{\"format\": \"x\", \"version\": 1, \"files\": {}}", "format must be" },
+    };
+    for (size_t i = 0; i < sizeof manifests / sizeof manifests[0]; i++) {
+        write_file(path, manifests[i].text);
+        ddt_export_verify(out, &v);
+        check(v.state == DDT_VERDICT_CORRUPT && !strcmp(v.file, DDT_EXPORT_MANIFEST) &&
+                  strstr(v.detail, manifests[i].named),
+              "manifest %zu: state %d, %s: %s", i, v.state, v.file, v.detail);
+        params = &sentinel;
+        int rc = ddt_export_read(out, &back, &params, err, sizeof err);
+        check(rc == -EBADMSG && params == NULL && strstr(err, path), "read with manifest %zu: %d %s", i, rc, err);
+    }
+    /* a name leading out of the export is never read */
+    write_file(path, "{\"format\": \"ddtree-manifest\", \"version\": 1, \"files\": {\"config.json\": "
+                     "{\"size\": 1, \"xxh64\": \"0000000000000000\"}, \"model.safetensors\": {\"size\": 1, \"xxh64\": "
+                     "\"0000000000000000\"}, \"../drafter/config.json\": {\"size\": 1, \"xxh64\": \"0000000000000000\"}}}");
+    ddt_export_verify(out, &v);
+    check(v.state == DDT_VERDICT_CORRUPT && strstr(v.detail, "is not a file name in the export"),
+          "a path in the manifest: %d %s", v.state, v.detail);
+
+    /* no manifest: unverified, read */
+    unlink(path);
+    ddt_export_verify(out, &v);
+    check_verdict(&v, "no manifest", "unverified (written before checksums)");
+    params = NULL;
+    int rc = ddt_export_read(out, &back, &params, err, sizeof err);
+    check(rc == 0 && params && configs_equal(&back, &f->c), "an export without a manifest: %s", err);
+    free(params);
+    check(ddt_export_verify(path, &v) == -ENOENT, "verify of a missing directory is not -ENOENT");
+    free(text);
+    fixture_free(f);
+}
+
 /* ------------------------------------------------------------------------------------------ */
 
 static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
@@ -1154,6 +1556,11 @@ int main(void)
         { "export_read", test_export_read },
         { "state_json_refuses", test_meta_refuses },
         { "export_from_checkpoint", test_export_from_checkpoint },
+        { "checksum", test_checksum },
+        { "checkpoint_corrupt", test_checkpoint_corrupt },
+        { "checkpoint_unverified", test_checkpoint_unverified },
+        { "checkpoint_read_newest", test_read_newest },
+        { "export_corrupt", test_export_corrupt },
     };
     run_cases(cases, sizeof cases / sizeof cases[0]);
     nftw(root, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
