@@ -230,7 +230,7 @@ cp -r "$ck/step-00000006" "$work/before_checksums"
 /usr/bin/python3 - "$work/before_checksums/state.json" <<'PY'
 import json, sys
 s = json.load(open(sys.argv[1]))
-del s["files"]
+del s["files"], s["seal"]
 s["version"] = 3
 json.dump(s, open(sys.argv[1], "w"))
 PY

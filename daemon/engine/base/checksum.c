@@ -97,6 +97,72 @@ int ddt_checksum_from_hex(const char *hex, uint64_t *h)
     return 0;
 }
 
+/* The 16 digits of text's seal: the value of its last "seal" key, when nothing but the object's
+ * end follows it; NULL when there is none. */
+static const char *find_seal(const char *text, size_t len)
+{
+    static const char key[] = "\"seal\"";
+    const char *last = NULL;
+    for (const char *p = text; (p = memmem(p, len - (size_t)(p - text), key, sizeof key - 1)); p++)
+        last = p;
+    if (!last)
+        return NULL;
+    const char *p = last + sizeof key - 1, *end = text + len;
+    while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r'))
+        p++;
+    if (p == end || *p++ != ':')
+        return NULL;
+    while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r'))
+        p++;
+    if (end - p < 18 || p[0] != '"' || p[17] != '"')
+        return NULL;
+    const char *digits = p + 1;
+    for (p += 18; p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r' || *p == '}'); p++)
+        ;
+    return p == end && memchr(digits + 17, '}', (size_t)(end - digits - 17)) ? digits : NULL;
+}
+
+/* the checksum of text with its seal's digits as zeros */
+static uint64_t sealed_sum(const char *text, size_t len, const char *digits)
+{
+    XXH64_state_t *st = XXH64_createState();
+    if (!st)
+        return 0;
+    XXH64_reset(st, 0);
+    XXH64_update(st, text, (size_t)(digits - text));
+    XXH64_update(st, DDT_SEAL_ZERO, 16);
+    XXH64_update(st, digits + 16, len - (size_t)(digits + 16 - text));
+    uint64_t h = XXH64_digest(st);
+    XXH64_freeState(st);
+    return h;
+}
+
+int ddt_checksum_seal(char *text)
+{
+    size_t len = strlen(text);
+    char *digits = (char *)find_seal(text, len);
+    if (!digits || memcmp(digits, DDT_SEAL_ZERO, 16))
+        return -EINVAL;
+    char hex[DDT_CHECKSUM_HEX];
+    ddt_checksum_hex(sealed_sum(text, len, digits), hex);
+    memcpy(digits, hex, 16);
+    return 0;
+}
+
+int ddt_checksum_check_seal(const char *text, size_t len, uint64_t *want, uint64_t *got)
+{
+    const char *digits = find_seal(text, len);
+    char hex[DDT_CHECKSUM_HEX];
+    if (!digits)
+        return -ENOENT;
+    memcpy(hex, digits, 16);
+    hex[16] = '\0';
+    *got = sealed_sum(text, len, digits);
+    if (ddt_checksum_from_hex(hex, want))   /* not hex digits: a byte changed there */
+        *want = ~*got;
+    return *want == *got ? 0 : -EBADMSG;
+}
+
 /* ------------------------------------------------------------------------------------------
  * The JSON form {"size": N, "xxh64": "HEX"}
  */

@@ -49,6 +49,18 @@ cJSON *ddt_checksum_json(const ddt_checksum *c);
  * "PATH: NAME.size must be ..." (j names the file). */
 int ddt_checksum_from_json(const ddt_json_ctx *j, const cJSON *obj, const char *name, ddt_checksum *out);
 
+/* A JSON text sealed with its own checksum (state.json, which records the other files' but
+ * cannot hold its own beside itself): its object's last key "seal" holds the xxHash64 of the
+ * whole text taken with those 16 digits as DDT_SEAL_ZERO, so that a byte changed anywhere, in a
+ * value that still parses too (a digit of the step, of the run config), is found. */
+#define DDT_SEAL_ZERO "0000000000000000"
+/* text's seal (the last key "seal": DDT_SEAL_ZERO as made) set to the checksum of the text: 0, or
+ * -EINVAL when text does not end with that key. */
+int ddt_checksum_seal(char *text);
+/* text (len bytes)'s seal checked: 0 when it matches; -EBADMSG when it differs (*want the
+ * recorded checksum, *got the text's); -ENOENT when text ends with no "seal" key. */
+int ddt_checksum_check_seal(const char *text, size_t len, uint64_t *want, uint64_t *got);
+
 /* ------------------------------------------------------------------------------------------
  * Verdicts: what a directory's files are worth
  */

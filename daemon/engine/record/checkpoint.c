@@ -27,6 +27,7 @@
  * Legend: P floats in all parameters (the table's total), n entries of the parameter table.
  */
 #include "base/checksum.h"
+#include "base/read_file.h"
 #include "base/errors.h"
 #include "base/fault.h"
 #include "checkpoint.h"
@@ -229,7 +230,7 @@ static const struct meta_int {
 };
 enum { META_INTS = sizeof meta_ints / sizeof meta_ints[0] };
 static const char *const state_keys[] = { "version", "run_id", "step", "cursor", "chunk", "vocab_tile",
-                                          "config", "drafter", "files", NULL };
+                                          "config", "drafter", "files", "seal", NULL };
 /* versions 2 and 3: the same but "files" */
 static const char *const unsummed_state_keys[] = { "version", "run_id", "step", "cursor", "chunk", "vocab_tile",
                                                    "config", "drafter", NULL };
@@ -293,7 +294,12 @@ static char *meta_text(const ddt_checkpoint_meta *m, const ddt_checksum *tensors
         cJSON_Delete(o);
         return NULL;
     }
-    return ddt_json_text(o);
+    char *text = cJSON_AddStringToObject(o, "seal", DDT_SEAL_ZERO) ? ddt_json_text(o) : (cJSON_Delete(o), NULL);
+    if (text && ddt_checksum_seal(text)) {   /* the last key is the seal's: a bug if not */
+        free(text);
+        text = NULL;
+    }
+    return text;
 }
 
 /* What the forms before version 3 did not say, max_position_embeddings: the run config's
@@ -379,6 +385,25 @@ typedef struct tensors_record {
     ddt_checksum sum;
 } tensors_record;
 
+/* state.json's seal (base/checksum.h: a changed byte anywhere in it): 0, or -EBADMSG with err
+ * naming the file and both checksums */
+static int check_seal(const char *path, char *err, size_t err_len)
+{
+    char *text = ddt_read_text_file(path, CKPT_STATE_JSON_MAX, err, err_len);
+    if (!text)
+        return -EIO;
+    uint64_t want = 0, got = 0;
+    int rc = ddt_checksum_check_seal(text, strlen(text), &want, &got);
+    free(text);
+    char w[DDT_CHECKSUM_HEX], g[DDT_CHECKSUM_HEX];
+    ddt_checksum_hex(want, w);
+    ddt_checksum_hex(got, g);
+    if (rc == -ENOENT)
+        return ddt_fail(err, err_len, -EBADMSG, "%s is corrupt (its \"seal\", the last key, is missing or damaged)",
+                        path);
+    return rc ? ddt_fail(err, err_len, rc, "%s is corrupt (its seal: expected xxh64 %s, got %s)", path, w, g) : 0;
+}
+
 /* CKPT_DIR/state.json: into meta, every key checked (ddt_checkpoint_read_meta), or when meta is
  * NULL only its version and "files" (a read of the tensors alone); *rec its record of the
  * tensors. 0, or -EINVAL with err naming the file and the key; meta and rec as they were then. */
@@ -399,6 +424,8 @@ static int read_state(const char *ckpt_dir, ddt_checkpoint_meta *meta, tensors_r
         ddt_json_int(&j, root, "version", 2, STATE_VERSION, 0, 0, &version))
         rc = ddt_json_fail(&j, "version", "must be 2, 3 or 4 (this build reads those and the first form, without one)");
     const cJSON *files = NULL;
+    if (!rc && version >= FILES_SINCE)
+        rc = check_seal(path, err, err_len);
     if (!rc && version >= FILES_SINCE && !(rc = object_key(&j, root, "files", &files))) {
         char where[CKPT_PATH_MAX + 16];
         snprintf(where, sizeof where, "%s: files", path);

@@ -839,7 +839,9 @@ static cJSON *path_parent(cJSON *doc, const char *dotted, char *last, size_t las
 }
 
 /* dir/state.json with the value at the dotted key replaced by (or, when absent, given) the JSON
- * text `value`, or removed when value is NULL */
+ * text `value`, or removed when value is NULL; sealed again as a writer seals it (base/checksum.h:
+ * the last key, from version 4 on) unless the seal is the key edited: what the tests check lies
+ * behind the seal */
 static void edit_state(const char *dir, const char *dotted, const char *value)
 {
     char path[1024], err[1024] = "", last[128];
@@ -856,7 +858,16 @@ static void edit_state(const char *dir, const char *dotted, const char *value)
         else
             cJSON_AddItemToObject(parent, last, v);
     }
+    const cJSON *version = doc ? cJSON_GetObjectItemCaseSensitive(doc, "version") : NULL;
+    int seal = strcmp(dotted, "seal") && cJSON_IsNumber(version) && version->valuedouble >= 4;
+    if (doc && strcmp(dotted, "seal")) {
+        cJSON_DeleteItemFromObjectCaseSensitive(doc, "seal");
+        if (seal)
+            cJSON_AddStringToObject(doc, "seal", DDT_SEAL_ZERO);
+    }
     char *edited = doc ? cJSON_Print(doc) : NULL;
+    if (edited && seal)
+        check(ddt_checksum_seal(edited) == 0, "%s: not sealed again", path);
     if (edited)
         write_file(path, edited);
     free(edited);
@@ -1249,6 +1260,48 @@ static void test_checksum(void)
 /* state.json records state.safetensors as written; a byte flipped, the file cut short or
  * missing, or state.json unreadable, is refused by every reader naming the file (both checksums
  * when they differ) and what to do, outputs untouched, and ddt_checkpoint_verify says it */
+/* state.json is sealed with its own checksum (base/checksum.h): a byte changed where the JSON
+ * still parses (the step 9 made 8), in the seal's digits, or the seal removed, is refused as
+ * corrupt naming the file, not read as another checkpoint */
+static void test_state_sealed(void)
+{
+    char run[512], dir[700], path[800], err[2048] = "";
+    new_dir("sealed", run, sizeof run);
+    fixture *f = fixture_new(103);
+    write_step(run, 9, f, "{}", 3, dir, sizeof dir, NULL);
+    snprintf(path, sizeof path, "%s/state.json", dir);
+    char *text = ddt_read_text_file(path, 1 << 22, err, sizeof err);
+    char *step = text ? strstr(text, "\"step\":\t9") : NULL;
+    char *seal = text ? strstr(text, "\"seal\":\t\"") : NULL;
+    check(step && seal, "state.json lacks its step or its seal: %s", text ? text : err);
+    const char *const what[] = { "a digit that still parses", "a digit of the seal", "the seal's key" };
+    for (int k = 0; step && seal && k < 3; k++) {
+        char *edited = strdup(text);
+        if (k == 0)
+            edited[step - text + 8] = '8';
+        else if (k == 1)
+            edited[seal - text + 9] ^= 1;
+        else
+            edited[seal - text + 1] = 'S';
+        write_file(path, edited);
+        free(edited);
+        ddt_checkpoint_meta meta = { .step = -7 };
+        int rc = ddt_checkpoint_read_meta(dir, &meta, err, sizeof err);
+        check(rc == -EBADMSG && strstr(err, path) && strstr(err, "is corrupt") && meta.step == -7,
+              "%s changed in state.json: rc %d, %s", what[k], rc, err);
+        ddt_verdict v;
+        check(ddt_checkpoint_verify(dir, &v) == 0 && v.state == DDT_VERDICT_CORRUPT && !strcmp(v.file, "state.json"),
+              "%s changed in state.json: verify says state %d, file %s", what[k], v.state, v.file);
+    }
+    if (text)
+        write_file(path, text);
+    ddt_checkpoint_meta meta;
+    check(ddt_checkpoint_read_meta(dir, &meta, err, sizeof err) == 0 && meta.step == 9, "state.json put back: %s", err);
+    ddt_checkpoint_meta_free(&meta);
+    free(text);
+    fixture_free(f);
+}
+
 static void test_checkpoint_corrupt(void)
 {
     char run[512], dir[700], tensors[800], out[800], ckpt[1200], err[2048] = "", want[DDT_CHECKSUM_HEX],
@@ -1558,6 +1611,7 @@ int main(void)
         { "export_from_checkpoint", test_export_from_checkpoint },
         { "checksum", test_checksum },
         { "checkpoint_corrupt", test_checkpoint_corrupt },
+        { "state_sealed", test_state_sealed },
         { "checkpoint_unverified", test_checkpoint_unverified },
         { "checkpoint_read_newest", test_read_newest },
         { "export_corrupt", test_export_corrupt },
