@@ -214,6 +214,7 @@ class Ctx:
         self.crashes = []          # "LABEL: signal N" for every process a signal nobody sent ended
         self.data_file = None      # the file a data case breaks
         self.data_whole = None     # a whole copy of it, to put back
+        self.flipped = None        # the checkpoint a flip case damaged
         self.mounts = []           # tmpfs mounts, unmounted when the case ends
 
     def check(self, cond, msg):
@@ -449,6 +450,85 @@ def daemon_restart(ctx):
     ctx.check(run and run["state"] == "completed", "the restarted daemon did not complete the run: %s" % run)
 
 
+# ---- a flipped byte (checksums: docs/formats.md)
+
+def flip_middle(path):
+    """one byte in the middle of path, its lowest bit flipped"""
+    at = os.path.getsize(path) // 2
+    with open(path, "r+b") as f:
+        f.seek(at)
+        byte = f.read(1)[0]
+        f.seek(at)
+        f.write(bytes([byte ^ 1]))
+
+
+def run_dir(ctx):
+    snap = Snapshot(ctx.state)
+    return os.path.join(ctx.state, "runs", snap.run["id"]) if snap.run else ""
+
+
+def checkpoint_flipped(name):
+    """inject: the run paused at step 7 (checkpoints at 3, 6 and 7, two kept), then one byte
+    flipped in the middle of the newest checkpoint's NAME"""
+    def inject(ctx):
+        rc, _ = ctx.train([ctx.config, "--state-dir", ctx.state, "--stop-after", "7"], label="paused")
+        ctx.check(rc == 0, "the run did not pause at step 7 (exit %s)" % rc)
+        ckdir = os.path.join(run_dir(ctx), "checkpoints")
+        ctx.flipped = os.path.join(ckdir, sorted(n for n in os.listdir(ckdir) if n.startswith("step-"))[-1])
+        flip_middle(os.path.join(ctx.flipped, name))
+        ctx.notes.append("flipped: %s/%s" % (os.path.basename(ctx.flipped), name))
+    return inject
+
+
+def resumed_past_corrupt(name):
+    """recover: `ddtreed train --resume` passes over the corrupt checkpoint (named, with its file,
+    in the log and a checkpoint_corrupt event, moved aside) and completes from the one before"""
+    def recover(ctx):
+        rc, log = ctx.train(["--resume", ctx.state], label="resume")
+        ctx.check(rc == 0 and "completed at step" in log, "the resume did not complete the run (exit %s)" % rc)
+        ctx.check("checkpoint passed over at resume path=\"%s\"" % ctx.flipped in log and name in log,
+                  "the log does not name the corrupt checkpoint and its file %s" % name)
+        con = sqlite3.connect("file:%s?mode=ro" % os.path.join(ctx.state, "ddtree.db"), uri=True)
+        events = [json.loads(d) for (d,) in con.execute("SELECT detail_json FROM events WHERE kind = 'checkpoint_corrupt'")]
+        con.close()
+        ctx.check(len(events) == 1 and events[0]["file"] == name and events[0]["checkpoint"] == ctx.flipped,
+                  "the checkpoint_corrupt event: %s" % events)
+        aside = os.path.join(os.path.dirname(ctx.flipped), "corrupt-" + os.path.basename(ctx.flipped))
+        ctx.check(os.path.isfile(os.path.join(aside, name)), "the corrupt checkpoint was not moved aside to %s" % aside)
+    return recover
+
+
+def verify(ctx, directory):
+    p = subprocess.run([ctx.env.ddtreed, "verify", directory], capture_output=True, text=True, timeout=60)
+    return p.returncode, p.stdout + p.stderr
+
+
+def export_flipped(name):
+    """inject: the run completed, then one byte flipped in the middle of its export's NAME:
+    `ddtreed verify` must find the export corrupt"""
+    def inject(ctx):
+        rc, _ = ctx.train([ctx.config, "--state-dir", ctx.state], label="run")
+        ctx.check(rc == 0, "the run did not complete (exit %s)" % rc)
+        export = os.path.join(run_dir(ctx), "export")
+        flip_middle(os.path.join(export, name))
+        rc, out = verify(ctx, export)
+        ctx.check(rc == 1 and "%s: corrupt: " % export in out, "ddtreed verify of the flipped export: exit %s, %s"
+                  % (rc, out.strip()))
+        ctx.notes.append("flipped: export/%s; verify: %s" % (name, out.strip().split(": ", 1)[-1]))
+    return inject
+
+
+def export_written_again(ctx):
+    """recover: `ddtreed export RUN_DIR --out RUN_DIR/export` from the newest checkpoint (the
+    final one), after which the export verifies"""
+    run, t0 = run_dir(ctx), time.monotonic()
+    p = subprocess.run([ctx.env.ddtreed, "export", run, "--out", os.path.join(run, "export")], capture_output=True,
+                       text=True, timeout=120)
+    ctx.check(p.returncode == 0, "ddtreed export failed: %s" % (p.stdout + p.stderr)[-1000:])
+    rc, out = verify(ctx, os.path.join(run, "export"))
+    ctx.check(rc == 0 and out.strip().endswith(": good"), "the export written again does not verify: %s" % out)
+
+
 # ------------------------------------------------------------------------------------------
 # The cases
 
@@ -456,11 +536,12 @@ class Case:
     """name; setup(ctx) writes the run config (and sets ctx.data_file); inject(ctx) runs the fault;
     recover(ctx) restarts or resumes (None: the run is left as the fault left it); state: the
     runs row's expected final state; checks: more check(ctx) after the recovery; requires(env):
-    None, or why the case cannot run here (it is then reported skipped)"""
+    None, or why the case cannot run here (it is then reported skipped); resumes: the recovery
+    resumes the run (False: it mends a file of a finished run, no step is trained again)"""
 
-    def __init__(self, name, setup, inject, recover, state, checks=(), requires=None):
+    def __init__(self, name, setup, inject, recover, state, checks=(), requires=None, resumes=True):
         self.name, self.setup, self.inject, self.recover = name, setup, inject, recover
-        self.state, self.checks, self.requires = state, checks, requires
+        self.state, self.checks, self.requires, self.resumes = state, checks, requires, resumes
 
 
 def shards_run(steps=12, every=3, eval_every=12):
@@ -518,6 +599,15 @@ CASES = [
     # a token file is read whole when the run opens it: a cut afterwards does not reach the run
     Case("token file: truncated while open", tokens_run(2000), truncated_while_training(then_steps=5), None,
          "completed"),
+] + [
+    # one flipped byte in each file of a checkpoint: the resume passes over it, from the one before
+    Case("flipped: checkpoint %s" % name, synthetic, checkpoint_flipped(name), resumed_past_corrupt(name), "completed")
+    for name in ("state.safetensors", "state.json")
+] + [
+    # one flipped byte in each file of an export: verify finds it, an export from the checkpoint mends it
+    Case("flipped: export %s" % name, synthetic, export_flipped(name), export_written_again, "completed",
+         resumes=False)
+    for name in ("config.json", "model.safetensors", "ddtree-manifest.json")
 ]
 
 
@@ -572,7 +662,7 @@ def run_case(env, case):
         before = Snapshot(ctx.state)
         restart_ms = None
         if case.recover:
-            restart_ms = int(time.time() * 1000)
+            restart_ms = int(time.time() * 1000) if case.resumes else None
             t0 = time.monotonic()
             case.recover(ctx)
             row.recover_s = time.monotonic() - t0
