@@ -111,6 +111,13 @@ static void family(text *t, const char *name, const char *type, const char *help
     put(t, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
+/* a family of one sample without labels: its HELP and TYPE, then "name value" */
+static void unlabeled(text *t, const char *name, const char *type, const char *help, uint64_t value)
+{
+    family(t, name, type, help);
+    put(t, "%s %" PRIu64 "\n", name, value);
+}
+
 /* name{key="value" : the caller adds more labels with label(), then ends with a value */
 static void sample(text *t, const char *name, const char *key, const char *value)
 {
@@ -277,25 +284,20 @@ char *ddt_metrics_render(const ddt_metrics_snapshot *m, size_t *len)
         end_uint(&t, m->code_counts[c]);
     }
 
-    family(&t, "ddtree_ui_login_failures_total", "counter",
-           "Wrong tokens at the web view's login (each logged with its client address).");
-    put(&t, "ddtree_ui_login_failures_total %" PRIu64 "\n", m->login_failures);
-    family(&t, "ddtree_ui_login_refused_total", "counter",
-           "Login tries answered 429: their address had to wait after wrong tokens.");
-    put(&t, "ddtree_ui_login_refused_total %" PRIu64 "\n", m->login_refused);
-
-    family(&t, "ddtree_store_degraded", "gauge",
-           "1 while the store cannot write (file system full, ddtree.db locked by another process, I/O error): "
-           "its records wait, runs are held.");
-    put(&t, "ddtree_store_degraded %d\n", m->store_degraded);
-    family(&t, "ddtree_store_queued_records", "gauge", "Records waiting in the store's queue to be committed.");
-    put(&t, "ddtree_store_queued_records %" PRId64 "\n", m->store_queued);
-    family(&t, "ddtree_store_lock_waits_total", "counter",
-           "Writes that found ddtree.db locked by another process and waited.");
-    put(&t, "ddtree_store_lock_waits_total %" PRIu64 "\n", m->store_lock_waits);
-    family(&t, "ddtree_runs_held", "gauge",
-           "Runs paused by a fault (the store cannot write, a checkpoint or export failed), to go on by themselves.");
-    put(&t, "ddtree_runs_held %" PRId64 "\n", m->runs_held);
+    unlabeled(&t, "ddtree_ui_login_failures_total", "counter",
+              "Wrong tokens at the web view's login (each logged with its client address).", m->login_failures);
+    unlabeled(&t, "ddtree_ui_login_refused_total", "counter",
+              "Login tries answered 429: their address had to wait after wrong tokens.", m->login_refused);
+    unlabeled(&t, "ddtree_store_degraded", "gauge",
+              "1 while the store cannot write (file system full, ddtree.db locked by another process, I/O error): "
+              "its records wait, runs are held.", (uint64_t)m->store_degraded);
+    unlabeled(&t, "ddtree_store_queued_records", "gauge", "Records waiting in the store's queue to be committed.",
+              (uint64_t)m->store_queued);
+    unlabeled(&t, "ddtree_store_lock_waits_total", "counter",
+              "Writes that found ddtree.db locked by another process and waited.", m->store_lock_waits);
+    unlabeled(&t, "ddtree_runs_held", "gauge",
+              "Runs paused by a fault (the store cannot write, a checkpoint or export failed), to go on by themselves.",
+              (uint64_t)m->runs_held);
 
     if (t.failed || !t.data) {
         free(t.data);
