@@ -1,13 +1,17 @@
 #!/usr/bin/python3
 """faults.py: the fault-injection suite (issue 26, item 7; tests/faults/README.md): ddtreed's runs
-under a crash at each durable write and under a data file that fails to read; each case injected,
-recovered, its records counted, and one table row printed for it.
+under a crash at each durable write, a data file that fails to read, a full disk at each durable
+write and a database locked by another process; each case injected, recovered, its records
+counted, and one table row printed for it.
 
 Every case drives the real binary on a tiny CPU run: a synthetic target, or a tiny llama target
 written here with its token file and its feature shard (`ddtreed features`), through `ddtreed
 train` in the foreground or `ddtreed serve` over its Unix socket. A crash is a kill point armed
 by DDTREE_FAULT (daemon/engine/base/fault.h: the process SIGKILLs itself there); a data fault is
-the hook's EIO (data.read) or a file truncated under the running process.
+the hook's EIO (data.read) or a file truncated under the running process; a full disk is a tmpfs
+(root only: else the case is skipped) filled by a file; a lock is this process's BEGIN IMMEDIATE
+on ddtree.db. A full disk or a lock holds the run (paused, in place); the recovery frees the
+space or lets the lock go and the run must go on by itself.
 
 Per case (the table's columns):
   final state  the runs row's state at the end (the expected one in brackets when it differs)
@@ -16,8 +20,10 @@ Per case (the table's columns):
                complete on disk after the fault or at the end without a checkpoints row, the
                runs row missing
   redone       steps trained twice: the last step recorded before the fault less the step the
-               recovery resumed from (its "state" event into running)
-  recover      wall seconds from the restart to the run's final state: a figure, never asserted
+               recovery resumed from (its "state" event into running; a held run's: the step
+               it was held at), 0 at least
+  recover      wall seconds from the restart (a held run's: from the space freed or the lock let
+               go) to the run's final state: a figure, never asserted
 A case fails when a record is lost, the run does not end in its expected state, the fault did
 not fire, a process died of a signal nobody sent (a crash), or one of the case's own checks fails
 (the error names the file; the steps redone have the losses of their first time, bit for bit).
@@ -27,6 +33,7 @@ Usage: faults.py --ddtreed BIN [--only NAME,...] [--keep] [--table FILE]
 Exit 0 all passed, 1 a failure, 77 skipped (no ddtreed).
 """
 import argparse
+import errno
 import http.client
 import json
 import os
@@ -146,14 +153,16 @@ class Snapshot:
     def __init__(self, state_dir):
         self.steps, self.ckpt_rows, self.ckpt_dirs, self.run = {}, set(), set(), None
         self.running = []   # (ts_ms, step) of each "state" event into running
+        self.states = []    # (ts_ms, state, step, error) of each "state" event, in order
         db = os.path.join(state_dir, "ddtree.db")
         if os.path.exists(db):
             con = sqlite3.connect("file:%s?mode=ro" % db, uri=True, timeout=10)
             try:
                 self.steps = {s: (loss, ts) for s, loss, ts in con.execute("SELECT step, loss, ts_ms FROM steps")}
                 self.ckpt_rows = {s for (s,) in con.execute("SELECT step FROM checkpoints")}
-                for ts, detail in con.execute("SELECT ts_ms, detail_json FROM events WHERE kind = 'state'"):
+                for ts, detail in con.execute("SELECT ts_ms, detail_json FROM events WHERE kind = 'state' ORDER BY id"):
                     d = json.loads(detail or "{}")
+                    self.states.append((ts, d.get("state"), d.get("step"), d.get("error") or ""))
                     if d.get("state") == "running":
                         self.running.append((ts, d.get("step")))
                 rows = con.execute("SELECT id, state, step, error FROM runs").fetchall()
@@ -216,6 +225,13 @@ class Ctx:
         self.data_whole = None     # a whole copy of it, to put back
         self.flipped = None        # the checkpoint a flip case damaged
         self.mounts = []           # tmpfs mounts, unmounted when the case ends
+        self.on_end = []           # what the case leaves to undo (processes, a lock), done before the unmount
+        self.started = 0           # the processes started (each log's number)
+        self.bg = None             # a hold case's `ddtreed train` (Background), or its daemon
+        self.daemon = None
+        self.disk = None           # the tmpfs a full-disk case fills, its fill file, a lock case's connection
+        self.fill = None
+        self.lock = None
 
     def check(self, cond, msg):
         if not cond:
@@ -227,7 +243,8 @@ class Ctx:
             json.dump(cfg, f)
 
     def log_path(self, label):
-        return os.path.join(self.dir, "%s-%d.log" % (label, len(self.logs)))
+        self.started += 1
+        return os.path.join(self.dir, "%s-%d.log" % (label, self.started))
 
     def finished(self, label, rc, log, killed_by_fault=False):
         """a process's end: a death by a signal is a crash unless the armed kill point sent it"""
@@ -250,11 +267,12 @@ class Ctx:
             log = f.read()
         return self.finished(label, rc, log, killed_by_fault=fault is not None), log
 
-    def tmpfs(self, megabytes, name="tmpfs"):
-        """a tmpfs of that size mounted at the case's dir/name (a disk that fills up), unmounted
-        when the case ends; Skip when this process cannot mount one (not root, or refused)"""
-        path = os.path.join(self.dir, name)
-        os.makedirs(path)
+    def tmpfs(self, megabytes, name="tmpfs", at=None):
+        """a tmpfs of that size mounted at the case's dir/name, or at the empty directory at (a disk
+        that fills up), unmounted when the case ends; Skip when this process cannot mount one (not
+        root, or refused)"""
+        path = at or os.path.join(self.dir, name)
+        os.makedirs(path, exist_ok=at is not None)
         if os.geteuid() != 0:
             raise Skip("a tmpfs needs root (or use a write-failure point of base/fault.h)")
         p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=%dm,mode=0700" % megabytes, "tmpfs", path],
@@ -263,6 +281,16 @@ class Ctx:
             raise Skip("mount -t tmpfs refused: %s" % (p.stderr.strip() or "exit %d" % p.returncode))
         self.mounts.append(path)
         return path
+
+    def end(self):
+        """the processes left running killed, the lock released, the mounts undone"""
+        for undo in reversed(self.on_end):
+            try:
+                undo()
+            except Exception:
+                self.errors.append("at the case's end:\n" + traceback.format_exc())
+        self.on_end = []
+        self.unmount()
 
     def unmount(self):
         for path in reversed(self.mounts):
@@ -409,6 +437,20 @@ class Daemon:
         finally:
             conn.close()
 
+    def kill(self):
+        """SIGKILL, when it still runs (a case that failed midway: its end)"""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+            with open(self.log_path) as f:
+                self.ctx.logs.append(("serve (killed at the case's end)", f.read()))
+        self.log.close()
+
+    def get(self, path):
+        """GET path's JSON (None when it does not answer 200)"""
+        status, body = self.request("GET", path)
+        return json.loads(body) if status == 200 else None
+
     def end(self, stop=True, timeout=30):
         """SIGTERM when stop (else it must end by itself), then its exit status; its log kept"""
         if stop and self.proc.poll() is None:
@@ -528,6 +570,363 @@ def export_written_again(ctx):
     rc, out = verify(ctx, os.path.join(run, "export"))
     ctx.check(rc == 0 and out.strip().endswith(": good"), "the export written again does not verify: %s" % out)
 
+# ---- holds: a full disk, a locked database (the run waits in place and goes on by itself)
+
+def run_config(steps, every=None, keep=1, eval_every=None, speed="fast"):
+    """the synthetic run of steps steps, a checkpoint every `every` (default: only the final one),
+    keep of them kept, an evaluation every eval_every (default: the baseline and the end); speed:
+    "fast" ~0.7 ms a step here (SYNTHETIC's model), "medium" ~5 ms, "slow" ~9 ms"""
+    cfg = json.loads(json.dumps(SYNTHETIC))
+    cfg["train"]["steps"] = steps
+    cfg["checkpoint"] = {"every_steps": every or steps, "keep": keep}
+    cfg["eval"]["every_steps"] = eval_every or steps
+    if speed != "fast":
+        cfg["target"]["hidden_size"] = 64
+        cfg["train"].update(seq_len=96 if speed == "medium" else 128, sequences_per_step=4)
+    return cfg
+
+
+class Background:
+    """a ddtreed process the case works on while it runs (its log: the case's LABEL-N.log),
+    killed at the case's end if it still runs"""
+
+    def __init__(self, ctx, args, label):
+        self.ctx, self.label = ctx, label
+        self.path = ctx.log_path(label)
+        self.out = open(self.path, "w")
+        self.proc = subprocess.Popen([ctx.env.ddtreed] + args, stdin=subprocess.DEVNULL, stdout=self.out,
+                                     stderr=subprocess.STDOUT, env=fault_env(None), start_new_session=True)
+        ctx.on_end.append(self.kill)
+
+    def log(self):
+        with open(self.path) as f:
+            return f.read()
+
+    def wait_log(self, text, timeout):
+        """its log once it says text; None after timeout seconds, or when it ended without"""
+        deadline = time.monotonic() + timeout
+        while True:
+            ended = self.proc.poll() is not None
+            log = self.log()
+            if text in log:
+                return log
+            if ended or time.monotonic() > deadline:
+                return None
+            time.sleep(0.05)
+
+    def wait(self, timeout):
+        """(its exit status, its log) once it ends by itself; killed after timeout seconds (None)"""
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            rc = None
+            self.ctx.check(False, "%s did not end within %d s" % (self.label, timeout))
+        self.out.close()
+        log = self.log()
+        return self.ctx.finished(self.label, rc, log), log
+
+    def kill(self):
+        """SIGKILL, when it still runs (a case that failed midway: its end), its log kept"""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+            self.ctx.logs.append((self.label + " (killed at the case's end)", self.log()))
+        self.out.close()
+
+
+def wait_until(what, timeout, every=0.05):
+    """what()'s first true value, polled (a read error counts as not yet); None after timeout s"""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            value = what()
+        except (sqlite3.Error, OSError, ValueError, TypeError, KeyError):   # not there yet
+            value = None
+        if value or time.monotonic() > deadline:
+            return value or None
+        time.sleep(every)
+
+
+def fill(directory, leave=0):
+    """directory's file system filled by the file directory/fill: written until ENOSPC (leave 0:
+    not a byte left), or to leave bytes free (rounded up to a block); its path"""
+    path = os.path.join(directory, "fill")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        if leave:
+            fs = os.statvfs(directory)
+            size = fs.f_bavail * fs.f_frsize - leave
+            size -= size % fs.f_frsize
+            block = b"\0" * (1 << 20)
+            while size > 0:
+                size -= os.write(fd, block[:min(size, len(block))])
+        else:
+            chunk = 1 << 20
+            while chunk:
+                try:
+                    os.write(fd, b"\0" * chunk)
+                except OSError as e:
+                    if e.errno != errno.ENOSPC:
+                        raise
+                    chunk //= 16   # 1 MiB, 64 KiB, 4 KiB, 256, 16, 1: the last block's bytes too
+    finally:
+        os.close(fd)
+    return path
+
+
+def run_dir_of(ctx):
+    return os.path.join(ctx.state, "runs", Snapshot(ctx.state).run["id"])
+
+
+def copy_into(src, dst):
+    """src's entries copied into the directory dst"""
+    for name in os.listdir(src):
+        (shutil.copytree if os.path.isdir(os.path.join(src, name)) else shutil.copy2)(
+            os.path.join(src, name), os.path.join(dst, name))
+
+
+def wait_held(ctx, seconds=60):
+    """the hold, in the log of ctx.bg (`ddtreed train` prints "run ID paused at step N: WHY"):
+    that line, or a failed check"""
+    log = ctx.bg.wait_log("paused at step", seconds)
+    ctx.check(log, "the run was not held within %d s of the fault (exit %s)" % (seconds, ctx.bg.proc.poll()))
+    line = [x for x in (log or "").splitlines() if "paused at step" in x]
+    if line:
+        ctx.notes.append("the log: " + line[0].strip()[:300])
+    return line[0] if line else ""
+
+
+def store_on_tmpfs(megabytes, config):
+    """setup: the state directory (ddtree.db, the run's checkpoints and export) on a tmpfs"""
+    def setup(ctx):
+        ctx.disk = ctx.tmpfs(megabytes)
+        ctx.state = os.path.join(ctx.disk, "state")
+        ctx.write_config(config)
+    return setup
+
+
+def config(cfg):
+    """setup: the run config cfg (the state directory on the case's disk)"""
+    return lambda ctx: ctx.write_config(cfg)
+
+
+def daemon_on_tmpfs(megabytes, cfg):
+    """setup: the daemon's state directory on a tmpfs; cfg the run it is given"""
+    def setup(ctx):
+        ctx.disk = ctx.tmpfs(megabytes)
+        ctx.state = os.path.join(ctx.disk, "state")
+        ctx.daemon_config = cfg
+    return setup
+
+
+def filled_while_training(ctx):
+    """inject: `ddtreed train` in the background; once it has recorded a step, the state
+    directory's file system filled to the last byte: the store's next commit fails (SQLITE_FULL)
+    and the run is held at its next step boundary"""
+    ctx.bg = Background(ctx, ["train", ctx.config, "--state-dir", ctx.state], "faulty")
+    step = wait_until(lambda: Snapshot(ctx.state).last_step, 60)
+    if not ctx.check(step, "the run recorded no step within 60 s"):
+        return
+    ctx.fill = fill(ctx.disk)
+    ctx.notes.append("the disk filled at step %d" % step)
+    line = wait_held(ctx)
+    ctx.check(not line or "the store cannot write" in line, "held, but not by the store: %s" % line)
+
+
+def checkpoint_dir_filled(ctx):
+    """inject: the run paused at step 10 (with its checkpoint); its checkpoints directory put on
+    a 1 MB tmpfs, the checkpoint copied back in, the rest filled; `ddtreed train --resume` in the
+    background: the checkpoint of step 20 fails (ENOSPC: the free space is checked on the run's
+    directory, on the big disk) and the run is held, the database unaffected"""
+    rc, log = ctx.train([ctx.config, "--state-dir", ctx.state, "--stop-after", "10"], label="paused")
+    if not ctx.check(rc == 0, "the run did not pause at step 10 (exit %s)" % rc):
+        return
+    ckdir = os.path.join(run_dir_of(ctx), "checkpoints")
+    aside = os.path.join(ctx.dir, "checkpoints-aside")
+    os.rename(ckdir, aside)
+    ctx.tmpfs(1, at=ckdir)
+    copy_into(aside, ckdir)
+    ctx.fill = fill(ckdir)
+    ctx.bg = Background(ctx, ["train", "--resume", ctx.state], "resume")
+    wait_held(ctx)
+
+
+def safetensors_data_bytes(path):
+    with open(path, "rb") as f:
+        header = struct.unpack("<Q", f.read(8))[0]
+    return os.path.getsize(path) - 8 - header
+
+
+def export_room_short(ctx):
+    """inject: the run paused at step 11 of 12; its directory put on a tmpfs (its content copied
+    back in) filled to leave room for the final checkpoint (what ddt_trainer_checkpoint's statvfs
+    asks: its tensors and 64 KiB) and no more; `ddtreed train --resume` in the background: it
+    trains step 12, writes the final checkpoint, and the export (4 bytes a parameter and 64 KiB)
+    is refused for space: the run is held at step 12 with its checkpoint written. keep is 2, so
+    that the checkpoint of step 11 stays (its pruning would make room for the export)."""
+    rc, log = ctx.train([ctx.config, "--state-dir", ctx.state, "--stop-after", "11"], label="paused")
+    if not ctx.check(rc == 0, "the run did not pause at step 11 (exit %s)" % rc):
+        return
+    run_dir = run_dir_of(ctx)
+    aside = os.path.join(ctx.dir, "run-aside")
+    os.rename(run_dir, aside)
+    ctx.tmpfs(4, at=run_dir)
+    copy_into(aside, run_dir)
+    tensors = safetensors_data_bytes(os.path.join(run_dir, "checkpoints", "step-00000011", "state.safetensors"))
+    ctx.fill = fill(run_dir, leave=tensors + (64 << 10) + 4096)
+    ctx.bg = Background(ctx, ["train", "--resume", ctx.state], "resume")
+    line = wait_held(ctx)
+    ctx.check(not line or "the export" in line, "held, but not by the export: %s" % line)
+
+
+def wal_restarts(db):
+    """how many times ddtree.db's WAL was restarted from its start (the WAL header's checkpoint
+    sequence number; 0: never, every commit so far appended to it)"""
+    with open(db + "-wal", "rb") as f:
+        header = f.read(32)
+    return struct.unpack(">I", header[12:16])[0] if len(header) == 32 else 0
+
+
+def daemon_resumed_on_full_disk(ctx):
+    """inject: `ddtreed serve` on a tmpfs; a run paused by the user (POST pause); the disk filled;
+    POST resume: the running state change cannot be committed (SQLITE_FULL), the store is
+    degraded and the run held at its next step boundary.
+    SQLite reuses its WAL file from its start once a checkpoint has copied it all into ddtree.db
+    (after 1000 pages), and a commit that fits in the WAL's old length needs no new block: the
+    disk filled then, the resume's commit could pass and a later one fail. This run is too short
+    for that (250 steps, about 2.5 frames each, and the pause comes early), so every commit
+    appends to the WAL and needs a new block: checked before the fill (the WAL's restarts: 0)."""
+    d = ctx.daemon = Daemon(ctx)
+    ctx.on_end.append(d.kill)
+    status, body = d.request("POST", "/runs", ctx.daemon_config)
+    if not ctx.check(status == 201, "POST /runs: %s %s" % (status, body[:300])):
+        return
+    rid = json.loads(body)["id"]
+    ctx.check(wait_until(lambda: d.get("/runs/" + rid)["step"] >= 1, 60), "the run did not step within 60 s")
+    status, body = d.request("POST", "/runs/%s/pause" % rid)
+    ctx.check(status == 202, "POST pause: %s %s" % (status, body[:300]))
+    ctx.check(wait_until(lambda: Snapshot(ctx.state).run["state"] == "paused", 60), "the run did not pause")
+    paused_at = Snapshot(ctx.state).run["step"]
+    db = os.path.join(ctx.state, "ddtree.db")
+    if not ctx.check(wal_restarts(db) == 0 and paused_at < 250, "the WAL was restarted before the fill (paused "
+                     "at step %d): the resume's commit could pass on the full disk" % paused_at):
+        return
+    ctx.fill = fill(ctx.disk)
+    status, body = d.request("POST", "/runs/%s/resume" % rid)
+    ctx.check(status == 202, "POST resume: %s %s" % (status, body[:300]))
+    health = wait_until(lambda: (lambda h: h if h["status"] == "degraded" else None)(d.get("/healthz")), 60)
+    cause = ((health or {}).get("store") or {}).get("cause") or ""
+    ctx.check("file system is full" in cause, "/healthz did not say the store is degraded by the full disk: %s"
+              % health)
+    held = wait_until(lambda: (lambda r: r if r["held"] else None)(d.get("/runs/" + rid)), 60)
+    ctx.check(held and held["state"] == "paused" and "the store cannot write" in (held["error"] or ""),
+              "GET /runs/%s did not show the run held by the store: %s" % (rid, held))
+    with open(d.log_path) as f:
+        log = f.read()
+    ctx.check("state change from=paused to=running kept in the store's queue" in log,
+              "the resume's state change was not kept in the store's queue (it did not meet the full disk)")
+    ctx.notes.append("paused by the user at step %d; /healthz: %s" % (paused_at, cause[:120]))
+
+
+def daemon_freed(ctx):
+    """recover: the fill deleted; the held run must go on and complete"""
+    d = ctx.daemon
+    if not (d and ctx.fill):   # the injection failed before it filled the disk
+        return
+    os.unlink(ctx.fill)
+    run = wait_until(lambda: (lambda r: r if r["state"] in ("completed", "failed", "cancelled") else None)(
+        Snapshot(ctx.state).run), 120)
+    health = d.get("/healthz") or {}
+    ctx.check(health.get("status") == "ok", "/healthz after the recovery: %s" % health)
+    ctx.check(d.end() == 0, "ddtreed serve did not exit 0 on SIGTERM")
+    ctx.check(run and run["state"] == "completed", "the run did not complete: %s" % run)
+
+
+def locked_while_training(seconds):
+    """inject: `ddtreed train` in the background; once it has recorded a step, this process (not
+    ddtreed) takes ddtree.db's write lock (BEGIN IMMEDIATE) and keeps it `seconds`: the store's
+    commit waits out its 5 s busy timeout and the store is degraded, naming this process's pid;
+    the run is held (at the latest when the store's queue is half full: LOCKED_RUN)"""
+    def inject(ctx):
+        ctx.bg = Background(ctx, ["train", ctx.config, "--state-dir", ctx.state], "faulty")
+        step = wait_until(lambda: Snapshot(ctx.state).last_step, 60)
+        if not ctx.check(step, "the run recorded no step within 60 s"):
+            return
+        ctx.lock = sqlite3.connect(os.path.join(ctx.state, "ddtree.db"), isolation_level=None, timeout=30)
+        ctx.on_end.append(ctx.lock.close)
+        ctx.lock.execute("BEGIN IMMEDIATE")
+        locked = time.monotonic()
+        ctx.notes.append("locked at step %d for %d s by pid %d" % (step, seconds, os.getpid()))
+        wait_held(ctx, seconds)
+        cause = "another process (pid %d) holds the write lock" % os.getpid()
+        ctx.check(ctx.bg.wait_log(cause, max(1, locked + seconds - time.monotonic())),
+                  "the store did not log %r while the lock was held" % cause)
+        time.sleep(max(0.0, locked + seconds - time.monotonic()))
+    return inject
+
+
+def freed(ctx):
+    """recover: the fill deleted, or the lock let go (COMMIT); the held run must go on by itself
+    and complete"""
+    if ctx.lock:
+        ctx.lock.execute("COMMIT")
+    elif ctx.fill:
+        os.unlink(ctx.fill)
+    if not ctx.bg:   # the injection failed before it started the run
+        return
+    rc, log = ctx.bg.wait(180)
+    ctx.check(rc == 0 and "completed at step" in log, "the held run did not complete (exit %s)" % rc)
+
+
+def hold_recorded(*causes):
+    """check: the run was held and went on: a "paused" state event whose error says each word of
+    one of causes (tuples of words; the first the one expected, another noted), a "running" one
+    after it, and the log saying both ("paused at step", "goes on: what held it is over")"""
+    def check(ctx):
+        states = Snapshot(ctx.state).states
+        for n, words in enumerate(causes):
+            held = [i for i, (ts, state, step, error) in enumerate(states)
+                    if state == "paused" and all(w in error for w in words)]
+            if held:
+                break
+        if not ctx.check(held, "no paused event saying %s; the state events: %s"
+                         % (" or ".join(repr(w) for w in causes), [(s, step, e[:100]) for _, s, step, e in states])):
+            return
+        ts, state, step, error = states[held[0]]
+        if n:
+            ctx.notes.append("held by %s, not %s: %s" % (words, causes[0], error[:200]))
+        ctx.check(any(s == "running" for _, s, _, _ in states[held[0] + 1:]),
+                  "no running event after the hold at step %d: %s" % (step, [s for _, s, _, _ in states]))
+        log = "\n".join(text for label, text in ctx.logs)
+        ctx.check(all(w in log for w in words) and "goes on: what held it is over" in log,
+                  "the log does not say the hold (%s) and its end" % (words,))
+    return check
+
+
+def states_in_order(*wanted):
+    """check: the run's state events hold wanted in this order (others may come between)"""
+    def check(ctx):
+        got = [s for _, s, _, _ in Snapshot(ctx.state).states]
+        it = iter(got)
+        ctx.check(all(w in it for w in wanted), "the state events %s do not go %s" % (got, " -> ".join(wanted)))
+    return check
+
+
+def no_error(*whats):
+    """check: no "error" event of what (e.g. "the checkpoint"): only the fault's write failed"""
+    def check(ctx):
+        con = sqlite3.connect("file:%s?mode=ro" % os.path.join(ctx.state, "ddtree.db"), uri=True)
+        try:
+            messages = [json.loads(d).get("message", "") for (d,) in
+                        con.execute("SELECT detail_json FROM events WHERE kind = 'error'")]
+        finally:
+            con.close()
+        for what in whats:
+            bad = [m for m in messages if m.startswith(what)]
+            ctx.check(not bad, "%s failed too: %s" % (what, bad[:2]))
+    return check
+
 
 # ------------------------------------------------------------------------------------------
 # The cases
@@ -536,12 +935,15 @@ class Case:
     """name; setup(ctx) writes the run config (and sets ctx.data_file); inject(ctx) runs the fault;
     recover(ctx) restarts or resumes (None: the run is left as the fault left it); state: the
     runs row's expected final state; checks: more check(ctx) after the recovery; requires(env):
-    None, or why the case cannot run here (it is then reported skipped); resumes: the recovery
-    resumes the run (False: it mends a file of a finished run, no step is trained again)"""
+    None, or why the case cannot run here (it is then reported skipped); in_place: the fault
+    holds the run and the recovery frees what held it (a full disk, a lock): the run goes on by
+    itself where it waited, from no checkpoint; resumes: the recovery resumes the run (False: it
+    mends a file of a finished run, no step is trained again)"""
 
-    def __init__(self, name, setup, inject, recover, state, checks=(), requires=None, resumes=True):
+    def __init__(self, name, setup, inject, recover, state, checks=(), requires=None, in_place=False, resumes=True):
         self.name, self.setup, self.inject, self.recover = name, setup, inject, recover
-        self.state, self.checks, self.requires, self.resumes = state, checks, requires, resumes
+        self.state, self.checks, self.requires, self.in_place = state, checks, requires, in_place
+        self.resumes = resumes
 
 
 def shards_run(steps=12, every=3, eval_every=12):
@@ -577,6 +979,14 @@ def tokens_run(steps):
     return setup
 
 
+# the locked cases' run: ~5 ms a step here, so that the store's 5 s busy timeout ends (the store
+# degraded, naming the lock) long before its queue is half full (2,048 records, a step one: that
+# holds the run too, "the store is behind", on a machine twice as fast); 2,600 steps, so that it
+# is held either way before it ends
+LOCKED_RUN = run_config(2600, speed="medium")
+LOCK_CAUSES = (("the store cannot write", "another process (pid %d) holds the write lock" % os.getpid()),
+               ("the store is behind",))
+
 SHARD_STEPS = 3000   # a shard run still training when its file is cut (a few seconds)
 
 CASES = [
@@ -599,6 +1009,24 @@ CASES = [
     # a token file is read whole when the run opens it: a cut afterwards does not reach the run
     Case("token file: truncated while open", tokens_run(2000), truncated_while_training(then_steps=5), None,
          "completed"),
+    # a full disk at each durable write, the database locked by another process: the run is held
+    # (paused, where it is) and goes on by itself once the space or the lock is back
+    Case("disk full: step records", store_on_tmpfs(16, run_config(4000)), filled_while_training, freed, "completed",
+         checks=[hold_recorded(("the store cannot write", "file system is full"))], in_place=True),
+    Case("disk full: a checkpoint", config(run_config(60, every=20, eval_every=30)), checkpoint_dir_filled, freed,
+         "completed", checks=[hold_recorded(("the checkpoint at step 20 failed", "No space left on device"))],
+         in_place=True),
+    Case("disk full: the export", config(run_config(12, keep=2)), export_room_short, freed, "completed",
+         checks=[hold_recorded(("the export at step 12 failed", "the export needs", "MB free")),
+                 no_error("the checkpoint"), export_whole], in_place=True),
+    Case("disk full: the runs row", daemon_on_tmpfs(16, run_config(250, speed="slow")), daemon_resumed_on_full_disk,
+         daemon_freed, "completed",
+         checks=[hold_recorded(("the store cannot write", "file system is full")),
+                 states_in_order("paused", "running", "paused", "running", "completed")], in_place=True),
+    Case("db locked 15 s", config(LOCKED_RUN), locked_while_training(15), freed, "completed",
+         checks=[hold_recorded(*LOCK_CAUSES)], in_place=True),
+    Case("db locked 120 s", config(LOCKED_RUN), locked_while_training(120), freed, "completed",
+         checks=[hold_recorded(*LOCK_CAUSES)], in_place=True),
 ] + [
     # one flipped byte in each file of a checkpoint: the resume passes over it, from the one before
     Case("flipped: checkpoint %s" % name, synthetic, checkpoint_flipped(name), resumed_past_corrupt(name), "completed")
@@ -640,10 +1068,16 @@ def measure(ctx, before, after, restart_ms, row):
     if not resumes:
         return
     resumed_from = resumes[0]
-    row.redone = before.last_step - resumed_from
-    ctx.notes.append("resumed from step %d; %d step(s) recorded before the fault" % (resumed_from, before.last_step))
-    ctx.check(resumed_from in before.ckpt_dirs or resumed_from in after.ckpt_rows,
-              "resumed from step %d, not a checkpoint that was on disk" % resumed_from)
+    row.redone = max(0, before.last_step - resumed_from)   # rows still queued at the fault: none redone
+    if ctx.case.in_place:   # a hold: the run went on where it waited, its state in memory
+        held = [step for ts, state, step, error in after.states if state == "paused" and error]
+        ctx.notes.append("went on at step %d, where it was held; %d step(s) recorded before the resource was freed"
+                         % (resumed_from, before.last_step))
+        ctx.check(resumed_from in held, "went on at step %d, not at a step it was held at (%s)" % (resumed_from, held))
+    else:
+        ctx.notes.append("resumed from step %d; %d step(s) recorded before the fault" % (resumed_from, before.last_step))
+        ctx.check(resumed_from in before.ckpt_dirs or resumed_from in after.ckpt_rows,
+                  "resumed from step %d, not a checkpoint that was on disk" % resumed_from)
     differ = [s for s in sorted(before.steps) if s > resumed_from and s in after.steps and
               after.steps[s][0] != before.steps[s][0]]
     ctx.check(not differ, "steps redone with other losses than the first time (not resumed exactly): %s" % differ[:10])
@@ -677,7 +1111,7 @@ def run_case(env, case):
     except Exception:
         ctx.errors.append("exception:\n" + traceback.format_exc())
     finally:
-        ctx.unmount()
+        ctx.end()
     for crash in ctx.crashes:
         ctx.errors.append("a crash: " + crash)
     if ctx.errors:
