@@ -103,7 +103,7 @@ static void print_eval(const ddt_acceptance *a, int64_t step, FILE *out)
  * write, a checkpoint or the export owed. */
 static int hold(ddt_store *store, ddt_trainer *t, ddt_run_state *at)
 {
-    char why[1400];
+    char why[1600];
     if (ddt_trainer_ready(t, why, sizeof why))
         return 0;
     const char *id = ddt_trainer_run_id(t);
@@ -113,9 +113,16 @@ static int hold(ddt_store *store, ddt_trainer *t, ddt_run_state *at)
     int rc = ddt_store_run_transition(store, id, *at, DDT_RUN_PAUSED, step, -1, ddt_wall_ms(), why);
     if (rc == 0 || rc == -EINPROGRESS)
         *at = DDT_RUN_PAUSED;
-    do
+    char said[sizeof why];
+    snprintf(said, sizeof said, "%s", why);
+    for (;;) {
         nanosleep(&(struct timespec){ 1, 0 }, NULL);
-    while (!ddt_trainer_ready(t, why, sizeof why));
+        if (ddt_trainer_ready(t, why, sizeof why))
+            break;
+        if (strcmp(why, said))   /* held for another reason now */
+            fprintf(stderr, "run %s still held at step %lld, now: %s\n", id, (long long)step, why);
+        snprintf(said, sizeof said, "%s", why);
+    }
     fprintf(stderr, "run %s goes on: what held it is over\n", id);
     rc = ddt_store_run_transition(store, id, *at, DDT_RUN_RUNNING, step, -1, ddt_wall_ms(), "");
     if (rc == 0 || rc == -EINPROGRESS)

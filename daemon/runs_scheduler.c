@@ -216,7 +216,7 @@ static void *worker_main(void *arg)
         ddt_speculate_totals spec;
         int spec_done = want_spec && speculate_now(r, u, t, &spec_request, &spec) == 0;
         /* a hold: the store cannot write, or a checkpoint or the export is owed */
-        char why[1400];
+        char why[1600];
         int held = !pause && !ddt_trainer_ready(t, why, sizeof why);
         pthread_mutex_lock(&r->lock);
         note_checkpoint(u, t);
@@ -251,6 +251,8 @@ static void *worker_main(void *arg)
                 if (ready && u->hold) {
                     ddt_log(DDT_LOG_NOTICE, "run=%s goes on: what held it is over", u->id);
                     u->want_resume = 1;
+                } else if (u->hold) {   /* the reason now (the trainer says a change: a "held" event) */
+                    snprintf(u->error, sizeof u->error, "%s", why);
                 }
             }
             if (u->want_resume) {

@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -77,14 +78,31 @@ int ddt_fsync_dir(const char *dir)
     return rc;
 }
 
+/* bytes as "N.N MB", or "N.N KB" below 10 MB (a tiny run's sizes would all read 0.1 MB) */
+static void size_text(unsigned long long bytes, char *out, size_t len)
+{
+    if (bytes >= 10000000ull)
+        snprintf(out, len, "%.1f MB", bytes / 1e6);
+    else
+        snprintf(out, len, "%.1f KB", bytes / 1e3);
+}
+
 int ddt_check_free_space(const char *dir, const char *what, unsigned long long need, char *err, size_t err_len)
 {
+    char at[4096];
+    snprintf(at, sizeof at, "%s", dir);
     struct statvfs fs;
-    if (statvfs(dir, &fs) != 0)
+    int rc;
+    while ((rc = statvfs(at, &fs)) != 0 && errno == ENOENT && strrchr(at, '/') && strrchr(at, '/') != at)
+        *strrchr(at, '/') = '\0';   /* not made yet: the file system it will be made on */
+    if (rc != 0)
         return 0;
     unsigned long long free_bytes = (unsigned long long)fs.f_bavail * fs.f_frsize;
     if (free_bytes >= need)
         return 0;
-    return ddt_fail_path(err, err_len, -ENOSPC, dir, "%s needs %.1f MB, the file system has %.1f MB free: free "
-                         "space there", what, need / 1e6, free_bytes / 1e6);
+    char needed[32], left[32];
+    size_text(need, needed, sizeof needed);
+    size_text(free_bytes, left, sizeof left);
+    return ddt_fail_path(err, err_len, -ENOSPC, at, "%s needs %s, the file system has %s free: free space there", what,
+                         needed, left);
 }

@@ -23,8 +23,9 @@ const char *ddt_sync_close(int fd, int *rc);
 int ddt_fsync_dir(const char *dir);
 
 /* Before a file of known size is written under dir (a checkpoint, an export): 0 when dir's file
- * system has room for need bytes (statvfs: the blocks free to an unprivileged user), else
- * -ENOSPC with err "DIR: WHAT needs N MB, the file system has M MB free: free space there",
+ * system (its nearest existing parent's, when dir is not made yet) has room for need bytes
+ * (statvfs: the blocks free to an unprivileged user), else -ENOSPC with err "DIR: WHAT needs
+ * N KB, the file system has M KB free: free space there" (MB from 10 MB),
  * so that a run pauses before a half-written file rather than after. A failing statvfs is
  * not a refusal (the write then says what is wrong). */
 int ddt_check_free_space(const char *dir, const char *what, unsigned long long need, char *err, size_t err_len);

@@ -14,6 +14,7 @@
 #include "base/log.h"
 
 #include <stdio.h>
+#include <string.h>
 
 /* how soon a checkpoint or an export that failed is tried again (seconds): the first time, and
  * at the longest, doubling between */
@@ -66,25 +67,38 @@ static int final_export(ddt_trainer *t, char *err, size_t err_len)
     return rc;
 }
 
+/* A hold for why (into out): 0. Its reason kept; a hold whose reason changes (the store behind,
+ * then locked; another error of the checkpoint) says the new one: a "held" event and a log
+ * line (the first is the callers' pause, with its state event). */
+static int held(ddt_trainer *t, const char *why, char *out, size_t out_len)
+{
+    if (*t->held_why && strcmp(t->held_why, why)) {
+        ddt_log(DDT_LOG_WARNING, "run %s, step %lld: still held, now: %s", t->run_id, (long long)t->step, why);
+        if (t->store)
+            ddt_trainer_store_message(t, "held", t->step, -1, why);
+    }
+    snprintf(t->held_why, sizeof t->held_why, "%s", why);
+    snprintf(out, out_len, "%s", why);
+    return 0;
+}
+
 int ddt_trainer_ready(ddt_trainer *t, char *why, size_t why_len)
 {
+    char reason[sizeof t->held_why];
     if (t->store) {
         ddt_store_health h;
         ddt_store_get_health(t->store, &h);
         if (h.degraded) {
-            snprintf(why, why_len, "the store cannot write: %s", h.cause);
-            return 0;
+            snprintf(reason, sizeof reason, "the store cannot write: %s", h.cause);
+            return held(t, reason, why, why_len);
         }
         if (h.queued > h.capacity / 2) {   /* before a full queue would hold this thread inside a step */
-            snprintf(why, why_len, "the store is behind: %d of the %d records its queue holds are waiting", h.queued,
-                     h.capacity);
-            return 0;
+            snprintf(reason, sizeof reason, "the store is behind: more than half of the %d records its queue holds "
+                     "are waiting to be written", h.capacity);
+            return held(t, reason, why, why_len);
         }
     }
-    if (!t->owed)
-        return 1;
-    double now = ddt_mono_s();
-    if (now >= t->retry_at_s) {
+    if (t->owed && ddt_mono_s() >= t->retry_at_s) {
         char err[1024];
         int rc = t->checkpoint_step == t->step ? 0 : ddt_trainer_checkpoint(t, err, sizeof err);
         if (rc == 0 && t->step >= t->cfg.steps)
@@ -93,16 +107,21 @@ int ddt_trainer_ready(ddt_trainer *t, char *why, size_t why_len)
             t->owed = 0;
             ddt_log(DDT_LOG_NOTICE, "run %s, step %lld: what was owed is written: %s", t->run_id, (long long)t->step,
                     t->owed_why);
-            return 1;
+        } else {
+            snprintf(t->owed_why, sizeof t->owed_why, "%s at step %lld failed: %.1000s", t->owed_what,
+                     (long long)t->step, err);   /* the newest reason */
+            t->retry_pause_s = 2 * t->retry_pause_s < HOLD_RETRY_LONGEST_S ? 2 * t->retry_pause_s
+                                                                            : HOLD_RETRY_LONGEST_S;
+            t->retry_at_s = ddt_mono_s() + t->retry_pause_s;
         }
-        snprintf(t->owed_why, sizeof t->owed_why, "%s at step %lld failed: %.1000s", t->owed_what,
-                 (long long)t->step, err);   /* the newest reason */
-        t->retry_pause_s = 2 * t->retry_pause_s < HOLD_RETRY_LONGEST_S ? 2 * t->retry_pause_s : HOLD_RETRY_LONGEST_S;
-        t->retry_at_s = now + t->retry_pause_s;
     }
-    snprintf(why, why_len, "%s; tried again in %.0f s, the run goes on once it is written", t->owed_why,
-             t->retry_at_s - now > 0 ? t->retry_at_s - now : 0);
-    return 0;
+    if (t->owed) {
+        snprintf(reason, sizeof reason, "%s; tried again after 1 s, then at longer waits up to a minute: the run goes "
+                 "on once it is written", t->owed_why);
+        return held(t, reason, why, why_len);
+    }
+    t->held_why[0] = '\0';
+    return 1;
 }
 
 int ddt_trainer_advance(ddt_trainer *t, ddt_trainer_outcome *o, char *err, size_t err_len)

@@ -134,8 +134,10 @@ enum { JSON_BYTES_MAX = 64 << 10 };
 int ddt_trainer_checkpoint(ddt_trainer *t, char *err, size_t err_len)
 {
     /* weights and both moments in F32 */
-    int rc = ddt_check_free_space(t->run_dir, "the checkpoint", 3ull * 4 * (unsigned long long)t->total + JSON_BYTES_MAX,
-                                  err, err_len);
+    char dir[2200];
+    snprintf(dir, sizeof dir, "%s/checkpoints", t->run_dir);
+    int rc = ddt_check_free_space(dir, "the checkpoint", 3ull * 4 * (unsigned long long)t->total + JSON_BYTES_MAX, err,
+                                  err_len);
     if (rc)
         return rc;
     /* the records before it committed first: a crash after the checkpoint must not take records
@@ -162,8 +164,8 @@ int ddt_trainer_checkpoint(ddt_trainer *t, char *err, size_t err_len)
 
 int ddt_trainer_export(ddt_trainer *t, const char *out_dir, char *err, size_t err_len)
 {
-    /* the weights, F32 at most; checked in the run's directory, which holds the export */
-    int rc = ddt_check_free_space(t->run_dir, "the export", 4ull * (unsigned long long)t->total + JSON_BYTES_MAX, err,
+    /* the weights, F32 at most; checked where the export goes (written beside it, then renamed) */
+    int rc = ddt_check_free_space(out_dir, "the export", 4ull * (unsigned long long)t->total + JSON_BYTES_MAX, err,
                                   err_len);
     if (rc)
         return rc;

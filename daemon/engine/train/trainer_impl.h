@@ -186,6 +186,7 @@ struct ddt_trainer {
     char owed_why[1200];
     double retry_at_s, retry_pause_s; /* monotonic */
     int exported;                 /* the final export (ddt_trainer_finish) is written */
+    char held_why[1600];          /* "" or why ddt_trainer_ready last held the run */
     /* speculative decoding (eval.speculative, POST /runs/{id}/speculate): rank 0's speculator
      * over the target beside it, opened once (at open with eval.speculative, else on first use) */
     ddt_speculator *spec;
