@@ -110,7 +110,9 @@ static int hold(ddt_store *store, ddt_trainer *t, ddt_run_state *at)
     int64_t step = ddt_trainer_step_count(t);
     fprintf(stderr, "\nrun %s paused at step %lld: %s\nit goes on by itself once this is over (Ctrl-C stops it; "
             "ddtreed train --resume goes on from its newest checkpoint)\n", id, (long long)step, why);
-    int rc = ddt_store_run_transition(store, id, *at, DDT_RUN_PAUSED, step, -1, ddt_wall_ms(), why);
+    char error[sizeof why + 8];
+    snprintf(error, sizeof error, DDT_HOLD_PREFIX "%s", why);
+    int rc = ddt_store_run_transition(store, id, *at, DDT_RUN_PAUSED, step, -1, ddt_wall_ms(), error);
     if (rc == 0 || rc == -EINPROGRESS)
         *at = DDT_RUN_PAUSED;
     char said[sizeof why];
@@ -224,7 +226,7 @@ int ddt_cmd_train(int argc, char **argv)
     int tty = isatty(2);
     double tau_start = -1, first_loss = -1, last_loss = 0, tok_s = 0, elapsed = 0;
     int64_t peak = 0, done_here = 0;
-    int have_eval = 0, finished = 0;
+    int have_eval = 0, finished = 0, unreadable = 0;
     ddt_acceptance acc;   /* the newest evaluation */
     ddt_trainer_outcome o;
     ddt_run_state at = DDT_RUN_RUNNING, end = DDT_RUN_FAILED;
@@ -243,8 +245,8 @@ int ddt_cmd_train(int argc, char **argv)
         if (hold(store, t, &at))
             continue;   /* it went on after a hold: ask again */
         if ((rc = ddt_trainer_advance(t, &o, err, sizeof err))) {
-            if (rc == -EIO)   /* its data could not be read: paused, to go on once the file is fixed */
-                end = DDT_RUN_PAUSED;
+            unreadable = rc == -ENODATA;   /* its data could not be read: paused, to go on once it is fixed */
+            end = unreadable ? DDT_RUN_PAUSED : end;
             break;   /* failed */
         }
         if (o.done) {   /* complete once the final checkpoint and the export are written */
@@ -297,7 +299,7 @@ int ddt_cmd_train(int argc, char **argv)
     char export_dir[2200];
     snprintf(export_dir, sizeof export_dir, "%s/export", ddt_trainer_run_dir(t));
     int recorded = ddt_store_run_transition(store, ddt_trainer_run_id(t), at, end, ddt_trainer_step_count(t), -1,
-                                            ddt_wall_ms(), end == DDT_RUN_FAILED || (rc && end == DDT_RUN_PAUSED) ? err : NULL);
+                                            ddt_wall_ms(), end == DDT_RUN_FAILED || unreadable ? err : NULL);
     ddt_store_close(store);
     if (recorded && recorded != -EINPROGRESS)   /* kept in the queue: written by the close */
         fprintf(stderr, "ddtreed train: the run's end (%s) was not recorded in %s: %s\n", ddt_run_state_name(end),
@@ -325,7 +327,7 @@ int ddt_cmd_train(int argc, char **argv)
         printf("  export        %s\n", export_dir);
     else if (end == DDT_RUN_PAUSED)
         printf("  resume with   ddtreed train --resume %s --run %s%s\n", state_dir, ddt_trainer_run_id(t),
-               rc ? " (once the file named above is fixed: from its newest checkpoint)" : "");
+               unreadable ? " (once the file named above is fixed: from its newest checkpoint)" : "");
     ddt_trainer_close(t);
     return rc ? 1 : 0;
 }

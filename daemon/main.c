@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #define USAGE                                                                                    \
     "usage: ddtreed [COMMAND] [options]\n"                                                       \
@@ -23,8 +24,20 @@
     "  verify    the checksums of the checkpoints and exports in a state, run or export directory\n" \
     "  --version\n"
 
+/* Open files up to the hard limit: every mapped shard and chat file keeps its descriptor (a run
+ * may list 1024 shards, the usual soft limit); systemd's unit sets its own. */
+static void raise_open_files(void)
+{
+    struct rlimit l;
+    if (getrlimit(RLIMIT_NOFILE, &l) == 0 && l.rlim_cur < l.rlim_max) {
+        l.rlim_cur = l.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &l);
+    }
+}
+
 int main(int argc, char **argv)
 {
+    raise_open_files();
     if (argc < 2 || argv[1][0] == '-') {   /* options only: the daemon */
         if (argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
             fputs(USAGE, stdout);

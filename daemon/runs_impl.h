@@ -43,7 +43,7 @@ typedef struct run {
     ddt_run_state state;
     int64_t step, max_steps, last_checkpoint_step;
     int64_t created_ms, started_ms, updated_ms, finished_ms;
-    char error[1600];                   /* the failure, or why a fault holds it */
+    char error[1700];                   /* the failure, or why a fault holds it ("held: ...") */
     int has_record;
     ddt_step_record last;               /* the newest step */
     double tokens_total;

@@ -81,6 +81,8 @@ void ddt_runs_set_state(ddt_runs *r, run *u, ddt_run_state s, const char *error)
         return;
     }
     u->state = s;
+    if (s != DDT_RUN_PAUSED)
+        u->hold = 0;   /* a held run is paused: any other state ends the hold */
     u->updated_ms = ddt_wall_ms();
     if (s == DDT_RUN_RUNNING && u->started_ms < 0)   /* as the store does to the row */
         u->started_ms = u->updated_ms;

@@ -190,7 +190,8 @@ static void *worker_main(void *arg)
     for (;;) {
         /* ---- the step boundary: requests ---- */
         if (r->closing || u->want_cancel) {
-            ddt_run_state end = r->closing ? DDT_RUN_INTERRUPTED : DDT_RUN_CANCELLED;
+            /* a cancel wins over a shutdown (a run the user paused and cancelled is not resumed) */
+            ddt_run_state end = u->want_cancel ? DDT_RUN_CANCELLED : DDT_RUN_INTERRUPTED;
             ddt_runs_unlock(r);
             checkpoint(u, t, 0);   /* a final checkpoint is kept */
             pthread_mutex_lock(&r->lock);
@@ -215,9 +216,11 @@ static void *worker_main(void *arg)
             export_now(u, t);
         ddt_speculate_totals spec;
         int spec_done = want_spec && speculate_now(r, u, t, &spec_request, &spec) == 0;
-        /* a hold: the store cannot write, or a checkpoint or the export is owed */
-        char why[1600];
+        /* a hold: the store cannot write, or a checkpoint or the export is owed; recorded as
+         * "held: WHY" (run_state.h's DDT_HOLD_PREFIX) */
+        char why[1600], reason[sizeof why + 8];
         int held = !pause && !ddt_trainer_ready(t, why, sizeof why);
+        snprintf(reason, sizeof reason, DDT_HOLD_PREFIX "%s", held ? why : "");
         pthread_mutex_lock(&r->lock);
         note_checkpoint(u, t);
         if (spec_done)
@@ -230,7 +233,9 @@ static void *worker_main(void *arg)
         if (pause || held) {
             u->want_pause = 0;
             if (u->state != DDT_RUN_PAUSED)
-                ddt_runs_set_state(r, u, DDT_RUN_PAUSED, held ? why : NULL);
+                ddt_runs_set_state(r, u, DDT_RUN_PAUSED, held ? reason : NULL);
+            else if (held)
+                snprintf(u->error, sizeof u->error, "%s", reason);
             ddt_runs_settle(r);
             while (!u->want_resume && !u->want_cancel && !r->closing && !u->want_checkpoint && !u->want_export &&
                    !u->want_spec) {
@@ -252,13 +257,15 @@ static void *worker_main(void *arg)
                     ddt_log(DDT_LOG_NOTICE, "run=%s goes on: what held it is over", u->id);
                     u->want_resume = 1;
                 } else if (u->hold) {   /* the reason now (the trainer says a change: a "held" event) */
-                    snprintf(u->error, sizeof u->error, "%s", why);
+                    snprintf(reason, sizeof reason, DDT_HOLD_PREFIX "%s", why);
+                    snprintf(u->error, sizeof u->error, "%s", reason);
                 }
             }
-            if (u->want_resume) {
+            if (u->want_resume) {   /* the user's, or the hold is over */
                 u->want_resume = 0;
-                ddt_runs_set_state(r, u, DDT_RUN_RUNNING, u->hold ? "" : NULL);
-                u->hold = 0;
+                if (u->hold)   /* the user's resume tries an owed checkpoint at once, not at its next try */
+                    ddt_trainer_retry_now(t);
+                ddt_runs_set_state(r, u, DDT_RUN_RUNNING, u->hold ? "" : NULL);   /* (clears the hold) */
             } else if (r->closing && !u->want_cancel) {
                 if (u->hold)   /* not the user's pause: the next start goes on from its newest checkpoint */
                     ddt_runs_set_state(r, u, DDT_RUN_INTERRUPTED, NULL);
@@ -279,7 +286,7 @@ static void *worker_main(void *arg)
             ddt_log(DDT_LOG_ERR, "run=%s %s", u->id, o.warning);
         pthread_mutex_lock(&r->lock);
         note_checkpoint(u, t);
-        if (rc == -EIO) {   /* its data could not be read: fixed, a resume goes on from its newest checkpoint */
+        if (rc == -ENODATA) {   /* its data could not be read: fixed, a resume goes on from its newest checkpoint */
             char unread[2300];
             snprintf(unread, sizeof unread, "%.2000s; fix it, then resume the run: it goes on from its newest "
                      "checkpoint", err);
@@ -377,9 +384,11 @@ int ddt_runs_open(const char *state_dir, const char *db_path, ddt_store *store, 
             snprintf(u->config_error, sizeof u->config_error, "%s", why);
             ddt_log(DDT_LOG_WARNING, "run=%s its config does not parse: %s", u->id, why);
         }
-        /* the daemon stopped (or died) under these: they resume from their checkpoints */
-        if (u->state == DDT_RUN_RUNNING || u->state == DDT_RUN_PAUSING)
-            ddt_runs_set_state(r, u, DDT_RUN_INTERRUPTED, NULL);
+        /* the daemon stopped (or died) under these, or while a fault held them: they resume from
+         * their checkpoints */
+        if (u->state == DDT_RUN_RUNNING || u->state == DDT_RUN_PAUSING ||
+            (u->state == DDT_RUN_PAUSED && !strncmp(u->error, DDT_HOLD_PREFIX, strlen(DDT_HOLD_PREFIX))))
+            ddt_runs_set_state(r, u, DDT_RUN_INTERRUPTED, "");
     }
     ddt_store_free_runs(rows, count);
     if (rc == 0)

@@ -92,8 +92,8 @@ static void on_device_error(const char *message)
     ddt_log(DDT_LOG_ERR, "device error: %s; ending so that systemd restarts the daemon and the runs "
             "resume from their last checkpoints", message);
     sd_notify_text("STATUS=device error: ending for a restart");
-    if (fatal_store)
-        ddt_store_flush(fatal_store);
+    if (fatal_store)   /* not while the store cannot write: that could wait for ever */
+        ddt_store_commit_queued(fatal_store);
 }
 
 /* ------------------------------------------------------------------------------------------

@@ -1094,6 +1094,31 @@ def case_store_locked(t, env):
     d.stop()
 
 
+def case_held_restart(t, env):
+    """a run a fault held ("paused", error "held: ...") when the daemon died is resumed at the next
+    start, as a run it stopped under; a run the user paused stays paused"""
+    d = Daemon(env, t, config={"max_parallel_runs": 2}).start()
+    held, mine = d.submit(run_config(LONG)), d.submit(run_config(LONG, name="mine"))
+    for rid in (held, mine):
+        d.wait_state(rid, "running", min_step=6)
+        t.require(d.unix.post("/runs/%s/pause" % rid).status == 202, "pause")
+        d.wait_state(rid, "paused")
+    d.kill()
+    # what a hold leaves in the row (its worker wrote it, then the daemon died): the fixture
+    con = sqlite3.connect(d.db)
+    con.execute("UPDATE runs SET error = 'held: the checkpoint at step 6 failed: no space' WHERE id = ?", (held,))
+    con.commit()
+    con.close()
+    d2 = Daemon(env, t, state_dir=d.state_dir, socket_path=d.socket, config={"max_parallel_runs": 2}).start()
+    step = d2.run(held)["step"]
+    d2.wait_run(held, "the held run resumed past step %d" % (step + 3),
+                lambda x: x["state"] == "running" and x["step"] > step + 3 and not x["error"])
+    names = [e["detail"].get("state") for e in d2.events(held) if e["kind"] == "state"]
+    t.check(names[-2:] == ["interrupted", "running"], "the held run's last state events: %s" % names[-4:])
+    t.check(d2.run(mine)["state"] == "paused", "a run the user paused came back %s" % d2.run(mine)["state"])
+    d2.stop()
+
+
 # ------------------------------------------------------------------------------------------
 # 6. SIGTERM: checkpoint at the exit step, no socket left, resumes
 
@@ -1532,6 +1557,7 @@ CASES = [
     ("pause_rechunk", case_pause_rechunk, False),
     ("kill9_restart", case_kill9_restart, False),
     ("store_locked", case_store_locked, False),
+    ("held_restart", case_held_restart, False),
     ("sigterm", case_sigterm, False),
     ("ddtreectl", case_ddtreectl, True),
     ("concurrency", case_concurrency, False),

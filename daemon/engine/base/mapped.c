@@ -54,13 +54,13 @@ int ddt_mapped_read(const ddt_mapped_file *f, size_t offset, void (*read)(void *
 {
     int rc = ddt_fault_io("data.read");
     if (rc)
-        return ddt_fail_path(err, err_len, rc, f->path, "cannot be read at offset %zu: %s (injected: DDTREE_FAULT "
-                             "data.read)", offset, strerror(-rc));
+        return ddt_fail_path(err, err_len, -ENODATA, f->path, "cannot be read at offset %zu: %s (injected: "
+                             "DDTREE_FAULT data.read)", offset, strerror(-rc));
     struct stat st;
     if (fstat(f->fd, &st) != 0)
         return ddt_fail_path(err, err_len, -errno, f->path, "cannot stat: %s", strerror(errno));
     if ((uint64_t)st.st_size < (uint64_t)f->bytes)
-        return ddt_fail_path(err, err_len, -EIO, f->path, "is %lld bytes now, %zu when it was opened: truncated "
+        return ddt_fail_path(err, err_len, -ENODATA, f->path, "is %lld bytes now, %zu when it was opened: truncated "
                              "while in use, its data from offset %lld on gone (reading at offset %zu)",
                              (long long)st.st_size, f->bytes, (long long)st.st_size, offset);
     pthread_once(&install_once, install);
@@ -71,7 +71,7 @@ int ddt_mapped_read(const ddt_mapped_file *f, size_t offset, void (*read)(void *
     if (sigsetjmp(env, 1)) {   /* the mask saved: SIGBUS, blocked in the handler, unblocked again */
         const uintptr_t at = (uintptr_t)fault_address, base = (uintptr_t)f->base;
         const size_t where = at >= base && at - base < f->bytes ? (size_t)(at - base) : offset;
-        return ddt_fail_path(err, err_len, -EIO, f->path, "a read at offset %zu failed (SIGBUS: an I/O error, or "
+        return ddt_fail_path(err, err_len, -ENODATA, f->path, "a read at offset %zu failed (SIGBUS: an I/O error, or "
                              "the file shrank while mapped)", where);
     }
     guard = &env;

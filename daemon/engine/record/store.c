@@ -38,6 +38,7 @@
  * Tested by tests/engine/record/test_store.c and tests/engine/run/test_run_state.c (every transition).
  */
 #include "ddk_rng.h"
+#include "base/ddt_time.h"
 #include "base/errors.h"
 #include "store.h"
 #include "store_impl.h"
@@ -411,6 +412,7 @@ void ddt_store_close(ddt_store *s)
     if (s->writer_started) {
         pthread_mutex_lock(&s->lock);
         s->stopping = 1;
+        s->stopping_since_s = ddt_mono_s();
         pthread_cond_signal(&s->not_empty);
         pthread_mutex_unlock(&s->lock);
         pthread_join(s->writer, NULL);   /* it writes everything queued before it exits */

@@ -39,7 +39,8 @@ typedef enum {
     ITEM_RUN_UPDATE,
     ITEM_RUN_TRANSITION,
     ITEM_FLUSH,
-    ITEM_ANSWERED,   /* a run request answered while the database was locked: nothing to write */
+    ITEM_ANSWERED,   /* a run's create or update answered while the database could not be written:
+                        nothing to write */
 } item_kind;
 
 /* What a synchronous caller waits for; on its stack, answered under the store's lock. */
@@ -134,6 +135,7 @@ struct ddt_store {
     store_item *queue;                   /* ring of QUEUE_CAPACITY */
     int head, count;
     int stopping;
+    double stopping_since_s;             /* monotonic: when ddt_store_close began */
     int64_t failures;                    /* failed items not yet reported by a flush */
     /* degraded: the writer's last try failed for a cause not of the items (a full file system,
      * another process's write lock, an I/O error): the batch waits and is tried again */
@@ -147,6 +149,7 @@ struct ddt_store {
 
     /* the writer thread's own */
     store_item *batch;                   /* BATCH_MAX */
+    int batch_count;                     /* items in it now */
     int *results;                        /* per batch item: 0 or a negative errno */
     int batch_logged;                    /* failures logged in this batch */
     int64_t lock_waits;                  /* tries that found the database locked and were repeated

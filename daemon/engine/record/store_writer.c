@@ -17,11 +17,12 @@
 #include "run/run_state.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 /* ------------------------------------------------------------------------------------------
@@ -416,19 +417,33 @@ static int is_unwritable(int code)
 }
 
 /* The process that holds ddtree.db's write lock, or 0 when it cannot be known: in WAL mode the
- * writer's lock is a POSIX lock on byte 120 of the -shm file (SQLite's WAL_WRITE_LOCK), which
- * F_GETLK reports with its owner (a lock of this process is never reported: it conflicts with
- * none of ours). */
+ * writer's lock is a POSIX write lock on byte 120 of the -shm file (SQLite's WAL_WRITE_LOCK),
+ * which /proc/locks lists with its owner. Read there, not by F_GETLK: opening and closing the
+ * -shm file here would drop every POSIX lock this process holds on it (close() releases them
+ * all), SQLite's own included. */
 static pid_t lock_holder(const char *db_path)
 {
-    char shm[1200];
+    char shm[1200], line[256];
+    struct stat st;
     snprintf(shm, sizeof shm, "%s-shm", db_path);
-    int fd = open(shm, O_RDWR | O_CLOEXEC);
-    if (fd < 0)
-        return 0;
-    struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 120, .l_len = 1 };
-    pid_t pid = fcntl(fd, F_GETLK, &fl) == 0 && fl.l_type != F_UNLCK ? fl.l_pid : 0;
-    close(fd);
+    FILE *locks = stat(shm, &st) == 0 ? fopen("/proc/locks", "re") : NULL;
+    pid_t pid = 0;
+    while (locks && !pid && fgets(line, sizeof line, locks)) {
+        /* "1: POSIX  ADVISORY  WRITE 4711 08:01:123456 120 120" (a waiter's line has "->") */
+        char kind[16], mode[16], rw[16], end[24];
+        long owner;
+        unsigned maj, min;
+        unsigned long long ino, start;
+        if (!strstr(line, "->") &&
+            sscanf(line, "%*d: %15s %15s %15s %ld %x:%x:%llu %llu %23s", kind, mode, rw, &owner, &maj, &min, &ino,
+                   &start, end) == 9 &&
+            !strcmp(kind, "POSIX") && !strcmp(rw, "WRITE") && maj == major(st.st_dev) && min == minor(st.st_dev) &&
+            ino == (unsigned long long)st.st_ino && start <= 120 &&
+            (!strcmp(end, "EOF") || strtoull(end, NULL, 10) >= 120) && owner != getpid())
+            pid = (pid_t)owner;
+    }
+    if (locks)
+        fclose(locks);
     return pid;
 }
 
@@ -462,12 +477,12 @@ static void answer_if_run_request(store_item *item, int code)
     }
 }
 
-/* The writer found the database unwritable (code) for batch[first, first + count): the store
+/* The writer found the database unwritable (code) writing from batch[first] on: the store
  * is degraded (said once in the log, and by ddt_store_get_health), the run creates and updates in
- * the batch and the ring are answered with code's errno (the API answers, refused, not held up;
+ * batch[first, first + count) and the ring are answered with code's errno (the API answers, refused, not held up;
  * the waiters of transitions return, their writes kept queued), then a pause before the next
  * try (none after a lock: busy_timeout waited). 0: try again; -1: give up, only when the store
- * is closing and has been degraded for UNWRITABLE_GIVE_UP_STOPPING_S. */
+ * has been closing for UNWRITABLE_GIVE_UP_STOPPING_S. */
 static int wait_writable(ddt_store *s, int code, int first, int count)
 {
     double now = ddt_mono_s();
@@ -484,7 +499,7 @@ static int wait_writable(ddt_store *s, int code, int first, int count)
         describe_cause(s, code);
     if (is_locked(code))
         s->lock_waits++;
-    int give_up = s->stopping && now - s->degraded_since_s > UNWRITABLE_GIVE_UP_STOPPING_S;
+    int give_up = s->stopping && now - s->stopping_since_s > UNWRITABLE_GIVE_UP_STOPPING_S;
     double pause = is_locked(code) ? 0 : s->retry_pause_s;
     if (!is_locked(code))
         s->retry_pause_s = pause * 2 < RETRY_PAUSE_LONGEST_S ? pause * 2 : RETRY_PAUSE_LONGEST_S;
@@ -546,7 +561,9 @@ static int write_waiting(ddt_store *s, int first, int count, int *bad)
             writable_again(s);
             return rc;
         }
-        if (!is_unwritable(rc) || wait_writable(s, rc, first, count))
+        /* the run requests answered are the batch's from `first` to its end: those before are
+         * committed (a replay one item at a time) */
+        if (!is_unwritable(rc) || wait_writable(s, rc, first, s->batch_count - first))
             return rc;
     }
 }
@@ -615,6 +632,7 @@ void *ddt_store_writer_main(void *arg)
         pthread_cond_broadcast(&s->not_full);
         pthread_mutex_unlock(&s->lock);
 
+        s->batch_count = n;
         write_batch(s, n);
 
         struct ddt_store_pending *abandoned[BATCH_MAX];   /* transitions whose waiters left */

@@ -39,7 +39,8 @@
  *   through a shutdown: the daemon did not stop under it):
  *
  *       RUNNING, PAUSING            -- the last step (checkpoint, export) -->  COMPLETED
- *       RUNNING, PAUSING            -- a step fails ------------------------>  FAILED
+ *       RUNNING, PAUSING            -- a step fails (not for unreadable ---->  FAILED
+ *                                      data: that pauses it, with no worker)
  *       QUEUED, INTERRUPTED         -- no worker thread, the trainer fails ->  FAILED
  *       QUEUED, RUNNING, PAUSING,   -- cancel (with a worker: a final      ->  CANCELLED
  *       PAUSED, INTERRUPTED            checkpoint first)
@@ -83,7 +84,8 @@ static const ddt_run_transition ddt_run_transitions[] = {
     { DDT_RUN_QUEUED, DDT_RUN_FAILED },           /* no worker thread, or the trainer failed */
     { DDT_RUN_QUEUED, DDT_RUN_CANCELLED },        /* cancel (no worker) */
     { DDT_RUN_RUNNING, DDT_RUN_PAUSING },         /* pause */
-    { DDT_RUN_RUNNING, DDT_RUN_PAUSED },          /* --stop-after; a pause read just before a resume */
+    { DDT_RUN_RUNNING, DDT_RUN_PAUSED },          /* --stop-after; a pause read just before a resume; a
+                                                     hold (a fault); its data could not be read */
     { DDT_RUN_RUNNING, DDT_RUN_COMPLETED },       /* the last step */
     { DDT_RUN_RUNNING, DDT_RUN_FAILED },          /* a step failed */
     { DDT_RUN_RUNNING, DDT_RUN_CANCELLED },       /* cancel, at the boundary */
@@ -122,6 +124,11 @@ static inline int ddt_run_state_parse(const char *name, ddt_run_state *out)
         }
     return -EINVAL;
 }
+
+/* How a run held by a fault is recorded: paused, its error "held: WHY" (the daemon's worker and
+ * `ddtreed train` write it so); a daemon that starts with such a run marks it interrupted and
+ * resumes it, as it does a run it stopped under (a crash while a run was held). */
+#define DDT_HOLD_PREFIX "held: "
 
 /* 1 when the table has (from, to) */
 static inline int ddt_run_transition_legal(ddt_run_state from, ddt_run_state to)

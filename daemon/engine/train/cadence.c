@@ -82,6 +82,11 @@ static int held(ddt_trainer *t, const char *why, char *out, size_t out_len)
     return 0;
 }
 
+void ddt_trainer_retry_now(ddt_trainer *t)
+{
+    t->retry_at_s = 0;
+}
+
 int ddt_trainer_ready(ddt_trainer *t, char *why, size_t why_len)
 {
     char reason[sizeof t->held_why];

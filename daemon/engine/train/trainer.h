@@ -123,9 +123,13 @@ typedef struct ddt_trainer_outcome {
  * The callers (the daemon's worker, `ddtreed train`) ask before each advance and, while held,
  * about once a second. */
 int ddt_trainer_ready(ddt_trainer *t, char *why, size_t why_len);
+/* An owed checkpoint or export tried at the next ddt_trainer_ready, not after its wait (a user's
+ * resume of a held run). */
+void ddt_trainer_retry_now(ddt_trainer *t);
 
-/* 0 (see *o), or a step's failure with err: the run has failed (-EIO: its data could not be
- * read; the callers pause it, to go on from its newest checkpoint once the file is fixed). */
+/* 0 (see *o), or a step's failure with err: the run has failed (-ENODATA: its data could not be
+ * read, base/mapped.h; the callers pause it, to go on from its newest checkpoint once the file
+ * is fixed). */
 int ddt_trainer_advance(ddt_trainer *t, ddt_trainer_outcome *o, char *err, size_t err_len);
 /* A stop at a step boundary (a pause, a cancel, the daemon stopping): a checkpoint, unless
  * this trainer already wrote one at this step; a failure is also an "error" event. */

@@ -2,10 +2,10 @@
  *   - a whole file read through the guard; one shrunk since it was mapped refused before any read,
  *     the file and the sizes named;
  *   - a page that cannot be read (past the end of a file cut under its mapping, the size check
- *     out of the way, as an I/O error's SIGBUS would come): -EIO naming the file and the offset,
+ *     out of the way, as an I/O error's SIGBUS would come): -ENODATA naming the file and the offset,
  *     and the next read of the same thread guarded again;
  *   - a SIGBUS outside a guarded read still ends the process (the handler hides no bug);
- *   - a chat file's line copied out of its mapping, and -EIO once the file is cut.
+ *   - a chat file's line copied out of its mapping, and -ENODATA once the file is cut.
  * The fault point data.read's -EIO is tested in test_fault.c and through tests/faults.
  */
 #include "base/mapped.h"
@@ -70,7 +70,7 @@ static void test_guarded_reads(void)
     /* cut to one page: the size check refuses, naming the file and both sizes */
     check(ftruncate(m.fd, PAGE) == 0, "ftruncate");
     int rc = ddt_mapped_read(&m, 2 * PAGE, copy, &whole, err, sizeof err);
-    check(rc == -EIO && strstr(err, path) && strstr(err, "4096 bytes now, 12288 when it was opened") &&
+    check(rc == -ENODATA && strstr(err, path) && strstr(err, "4096 bytes now, 12288 when it was opened") &&
           strstr(err, "truncated"), "a shrunk file: rc %d, %s", rc, err);
 
     /* the size check out of the way: the page past the end raises SIGBUS inside the guard */
@@ -79,10 +79,10 @@ static void test_guarded_reads(void)
     copy_request past = { out, map + 2 * PAGE + 16, 64 };
     err[0] = '\0';
     rc = ddt_mapped_read(&cut, 2 * PAGE + 16, copy, &past, err, sizeof err);
-    check(rc == -EIO && strstr(err, path) && strstr(err, "a read at offset 8208 failed (SIGBUS"),
+    check(rc == -ENODATA && strstr(err, path) && strstr(err, "a read at offset 8208 failed (SIGBUS"),
           "a page that cannot be read: rc %d, %s", rc, err);
     rc = ddt_mapped_read(&cut, 2 * PAGE + 16, copy, &past, err, sizeof err);
-    check(rc == -EIO, "the same thread's next faulting read is guarded too: rc %d", rc);
+    check(rc == -ENODATA, "the same thread's next faulting read is guarded too: rc %d", rc);
     copy_request first = { out, map, 16 };
     check(ddt_mapped_read(&cut, 0, copy, &first, err, sizeof err) == 0 && out[15] == 15,
           "a read of the page still there after two faults: %s", err);
@@ -127,7 +127,7 @@ static void test_chat_line(void)
           "line 322 copied without its newline: rc %d, %s", rc, rc ? err : line);
     check(truncate(path, 100) == 0, "truncate");
     rc = ddt_chat_file_copy_line(&c, 321, &line, &cap, &len, err, sizeof err);
-    check(rc == -EIO && strstr(err, path) && strstr(err, "truncated"), "a cut chat file: rc %d, %s", rc, err);
+    check(rc == -ENODATA && strstr(err, path) && strstr(err, "truncated"), "a cut chat file: rc %d, %s", rc, err);
     free(line);
     ddt_chat_file_close(&c);
 }
