@@ -18,8 +18,36 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define PLAN_USAGE "usage: ddtreed plan CONFIG.json [--budget BYTES] [--card NAME] [--json]\n"
+
+/* The files the run would read, as POST /runs and `ddtreed train` check them
+ * (ddt_run_config_check_files), when the target is here (its weights beside its config.json): a
+ * run of this config would be refused. A target not at hand (planning for another machine from
+ * its config.json alone) is planned all the same, the files' sentence printed as a remark. */
+static int check_files(const ddt_run_config *c, char *err, size_t err_len, char *field, size_t field_len)
+{
+    int64_t hidden, vocab, layers;
+    int tied;
+    char why[2048];
+    if (c->target_kind == DDT_SOURCE_SYNTHETIC ||
+        ddt_run_config_target_shape(c, &hidden, &vocab, &layers, &tied, why, sizeof why))
+        return 0;   /* the shape's trouble is the planner's remark */
+    int rc = ddt_run_config_check_files(c, vocab, why, sizeof why, field, field_len);
+    if (rc == 0)
+        return 0;
+    char weights[DDT_RUN_PATH + 40], index[DDT_RUN_PATH + 40];
+    snprintf(weights, sizeof weights, "%s/model.safetensors", c->target_path);
+    snprintf(index, sizeof index, "%s/model.safetensors.index.json", c->target_path);
+    if (c->target_kind == DDT_SOURCE_HF && (!access(weights, F_OK) || !access(index, F_OK))) {
+        snprintf(err, err_len, "%s", why);
+        return rc;
+    }
+    fprintf(stderr, "ddtreed plan: %s (the target's weights are not here: planned all the same)\n", why);
+    *field = '\0';
+    return 0;
+}
 
 int ddt_cmd_plan(int argc, char **argv)
 {
@@ -50,7 +78,7 @@ int ddt_cmd_plan(int argc, char **argv)
         fputs(PLAN_USAGE, stderr);
         return 2;
     }
-    char *text = ddt_read_text_file(config, 1 << 20, err, sizeof err);
+    char *text = ddt_run_config_read_file(config, err, sizeof err);   /* relative paths: the file's folder */
     ddt_run_config c = { 0 };   /* freed on every path, a file that could not be read included */
     int rc = text ? ddt_run_config_parse(text, strlen(text), &c, err, sizeof err, field, sizeof field) : -EINVAL;
     free(text);
@@ -59,6 +87,8 @@ int ddt_cmd_plan(int argc, char **argv)
     if (rc == 0)
         rc = ddt_run_config_check_budget(&c, budget ? budget : c.budget_bytes,
                                          budget ? "--budget" : "memory.budget_bytes", err, sizeof err);
+    if (rc == 0)
+        rc = check_files(&c, err, sizeof err, field, sizeof field);
     ddt_memory_plan plan;
     char note[256] = "", remark[2048] = "";
     if (rc == 0)

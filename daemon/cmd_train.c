@@ -179,7 +179,8 @@ int ddt_cmd_train(int argc, char **argv)
 
     char err[2048] = "", field[160] = "", run_id[256] = "";
     char *json = NULL;
-    if (!resume && !(json = ddt_read_text_file(config, 1 << 20, err, sizeof err))) {
+    /* relative paths in the file: against its folder (not this shell's directory) */
+    if (!resume && !(json = ddt_run_config_read_file(config, err, sizeof err))) {
         fprintf(stderr, "ddtreed train: %s\n", err);
         return 1;
     }

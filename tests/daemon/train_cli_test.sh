@@ -27,8 +27,10 @@ plan_case() {
     ok "$name"
 }
 
-# from the repository root, where the examples' relative paths (examples/qwen3.6-27b) lead
+# from the repository root (a config's relative paths lead from its own folder, wherever it runs)
 root=$(cd "$examples/.." && pwd)
+# an example changed into $work: its relative target.path made absolute (it would lead from $work)
+derive() { sed -e "s#\"path\": \"qwen3.6-27b\"#\"path\": \"$root/examples/qwen3.6-27b\"#" "$@"; }
 for f in "$examples"/*.json; do
     if out=$(cd "$root" && "$ddtreed" plan "$f" 2>&1) && grep -q "predicted peak" <<<"$out"; then
         ok "plan $(basename "$f")"
@@ -45,7 +47,7 @@ plan_case "plan seed-ddtree-96gb.json: the rtx-pro-6000 named, a split of 3 targ
     "^  card rtx-pro-6000 (.*): memory [0-9.]* GB, shared memory [0-9.]* KiB per block (.*), [0-9]* threads per SM$" \
     -- examples/seed-ddtree-96gb.json
 # without memory.budget_bytes the card's memory is the budget (libddk's figure, read back from --json)
-sed 's/"budget_bytes": 95000000000, //' "$root/examples/seed-ddtree-96gb.json" >"$work/card96.json"
+derive -e 's/"budget_bytes": 95000000000, //' "$root/examples/seed-ddtree-96gb.json" >"$work/card96.json"
 out=$(cd "$root" && "$ddtreed" plan "$work/card96.json" 2>&1)
 json=$(cd "$root" && "$ddtreed" plan "$work/card96.json" --json 2>/dev/null)
 if [ $? -eq 0 ] && grep -q "budget [0-9.]* GB, the rtx-pro-6000's memory: fits" <<<"$out" &&
@@ -76,14 +78,14 @@ plan_case "plan --budget beyond the card refused" 1 \
 plan_case "plan --card: an unknown card refused, the known ones named" 2 \
     '--card: "rtx6000" is not a card ddtree knows: name one of .*rtx-pro-6000' "h100" \
     -- examples/seed-ddtree-96gb.json --card rtx6000
-sed 's/"card": "rtx-pro-6000"/"card": "rtx6000"/' "$root/examples/seed-ddtree-96gb.json" >"$work/badcard.json"
+derive -e 's/"card": "rtx-pro-6000"/"card": "rtx6000"/' "$root/examples/seed-ddtree-96gb.json" >"$work/badcard.json"
 plan_case "memory.card: an unknown card refused, the known ones named" 1 \
     'memory.card: "rtx6000" is not a card ddtree knows: name one of .*h100.*rtx-pro-6000' -- "$work/badcard.json"
-sed 's/"budget_bytes": 95000000000/"budget_bytes": 200000000000/' "$root/examples/seed-ddtree-96gb.json" >"$work/overcard.json"
+derive -e 's/"budget_bytes": 95000000000/"budget_bytes": 200000000000/' "$root/examples/seed-ddtree-96gb.json" >"$work/overcard.json"
 plan_case "memory.budget_bytes beyond the card refused" 1 \
     "memory.budget_bytes: 200000000000 bytes (200.0 GB) is beyond the rtx-pro-6000's memory" -- "$work/overcard.json"
 # "same" planned away from the node: its 5 GPUs, 2 proposed for the target, so 3 drafter ranks of 2 of the 5 sequences each
-sed 's/"devices": \["cuda:5", "cuda:6", "cuda:7"\]/"devices": "same"/' "$root/examples/seed-ddtree-96gb.json" >"$work/same96.json"
+derive -e 's/"devices": \["cuda:5", "cuda:6", "cuda:7"\]/"devices": "same"/' "$root/examples/seed-ddtree-96gb.json" >"$work/same96.json"
 plan_case "plan: co-location on 95 GB does not fit, a split is proposed, its drafter ranks planned" 1 \
     "proposed: co-location does not fit" "co-located, the target and the drafter need" \
     "per device (rank) of 3 (the proposed split's drafter ranks): 49152 positions (2 sequences x 1024 anchors" \
@@ -286,6 +288,69 @@ if [ $? -eq 1 ] && grep -q "train.lr" <<<"$out"; then ok "plan refuses it too"; 
 if [ $? -eq 2 ]; then ok "usage errors exit 2"; else fail "usage errors exit 2"; fi
 out=$("$ddtreed" train --resume "$work/nowhere" 2>&1)
 if [ $? -eq 1 ] && grep -q "no run to resume" <<<"$out"; then ok "resume of nothing"; else fail "resume of nothing" "$out"; fi
+
+# Runs that could not start are refused before they start (issue 27), naming the field and what
+# to do, by `ddtreed train` and `ddtreed plan` alike: a misspelled JSONL path, a missing token
+# file, chat data without tokenizer.json, a tokenizer whose ids pass the target's vocabulary.
+# The target: a config.json of 100 ids and a weights file (stat only: nothing is loaded).
+mkdir -p "$work/files/model" "$work/files/conf"
+/usr/bin/python3 - "$work/files/model" <<'PY'
+import json, os, sys
+d = sys.argv[1]
+json.dump({"model_type": "qwen3", "hidden_size": 16, "num_hidden_layers": 12, "num_attention_heads": 2,
+           "num_key_value_heads": 1, "head_dim": 8, "intermediate_size": 32, "vocab_size": 100,
+           "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": False,
+           "max_position_embeddings": 4096}, open(os.path.join(d, "config.json"), "w"))
+open(os.path.join(d, "model.safetensors"), "wb").close()
+bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))   # GPT-2's byte alphabet
+cs, n = bs[:], 0
+for b in range(256):
+    if b not in bs:
+        bs.append(b); cs.append(256 + n); n += 1
+vocab = {chr(c): i for i, c in enumerate(sorted(cs, key=lambda c: bs[cs.index(c)]))}
+byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}
+json.dump({"version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
+           "pre_tokenizer": byte_level, "post_processor": byte_level, "decoder": byte_level,
+           "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                     "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
+                     "vocab": vocab, "merges": []}}, open(os.path.join(d, "big_tokenizer.json"), "w"))
+PY
+echo '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}' >"$work/files/chat.jsonl"
+files_case() {   # files_case NAME PATTERN BODY: train and plan refuse CONFIG (in conf/) naming PATTERN
+    printf '{"name": "files", "target": {"kind": "hf", %s}, "train": {"steps": 2, "seq_len": 16}}\n' "$3" \
+        >"$work/files/conf/run.json"
+    local t p
+    t=$("$ddtreed" train "$work/files/conf/run.json" --state-dir "$work/files/s" 2>&1)
+    local trc=$?
+    p=$("$ddtreed" plan "$work/files/conf/run.json" 2>&1)
+    local prc=$?
+    if [ $trc -eq 1 ] && [ $prc -eq 1 ] && grep -q -e "$2" <<<"$t" && grep -q -e "$2" <<<"$p"; then
+        ok "train and plan refuse: $1"
+    else
+        fail "train and plan refuse: $1" "train: $t"$'\n'"plan: $p"
+    fi
+}
+# relative paths lead from the config's folder (conf/), not from here
+files_case "a misspelled JSONL path" 'target.data.files\[1\]: ".*/files/conf/../chta.jsonl": no such file or directory: give the path of a JSON Lines file' \
+    '"path": "../model", "data": {"files": ["../chat.jsonl", "../chta.jsonl"]}'
+files_case "a token file that is not there" 'target.tokens: ".*/files/conf/../chat.tokens": no such file or directory: give the token file `ddtreed tokenize` wrote' \
+    '"path": "../model", "tokens": "../chat.tokens"'
+printf '{"target": {"kind": "hf", "path": "../mdoel"}}\n' >"$work/files/conf/run.json"
+out=$("$ddtreed" train "$work/files/conf/run.json" --state-dir "$work/files/s" 2>&1)
+if [ $? -eq 1 ] && grep -q 'target.path: .*/files/conf/../mdoel/config.json: cannot open' <<<"$out"; then
+    ok "train refuses a misspelled target.path, naming the field"
+else
+    fail "train refuses a misspelled target.path, naming the field" "$out"
+fi
+files_case "chat data without tokenizer.json" 'target.path: ".*/model/tokenizer.json": no such file or directory: chat data is tokenized with the model.s own Hugging Face tokenizer.json' \
+    '"path": "../model", "data": {"files": ["../chat.jsonl"]}'
+ln -s big_tokenizer.json "$work/files/model/tokenizer.json"
+files_case "a tokenizer past the target's vocabulary" 'target.path: ".*/model/tokenizer.json": its ids run to 255, past the target.s vocab_size 100 (config.json): it is not this model.s tokenizer' \
+    '"path": "../model", "data": {"files": ["../chat.jsonl"]}'
+printf '{"train": {"learning_rate": 0.001, "step": 3}}\n' >"$work/files/typo.json"
+out=$("$ddtreed" plan "$work/files/typo.json" 2>&1)
+if grep -q "train.learning_rate: is not a known field: did you mean train.lr?" <<<"$out"; then
+    ok "an unknown key: did you mean"; else fail "an unknown key: did you mean" "$out"; fi
 
 docs=$(dirname "$0")/../../docs/run-config.md
 if diff <("$ddtreed" train --help | sed -n '/^| field/,$p') <(sed -n '/^| field/,$p' "$docs") >/dev/null; then

@@ -103,8 +103,75 @@ int ddt_json_only(const ddt_json_ctx *j, const cJSON *obj, const char *const *al
         int known = 0;
         for (const char *const *a = allowed; *a && !known; a++)
             known = !strcmp(item->string, *a);
-        if (!known)
-            return ddt_json_fail(j, item->string, "is not a known field (unknown keys are errors, not ignored)");
+        if (!known) {
+            char near[128], what[256] = "is not a known field (unknown keys are errors, not ignored)";
+            if (ddt_json_nearest(item->string, allowed, NULL, near, sizeof near))
+                snprintf(what, sizeof what, "is not a known field: did you mean %s? (unknown keys are errors, "
+                         "not ignored)", near);
+            return ddt_json_fail(j, item->string, what);
+        }
     }
     return 0;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * "Did you mean": the nearest known key
+ */
+
+/* Damerau-Levenshtein distance (optimal string alignment) of a[0, n) and b[0, m), both < 64;
+ * 99 beyond */
+static int edit_distance(const char *a, size_t n, const char *b, size_t m)
+{
+    if (n >= 64 || m >= 64)
+        return 99;
+    int d[64][64];
+    for (size_t i = 0; i <= n; i++)
+        d[i][0] = (int)i;
+    for (size_t k = 0; k <= m; k++)
+        d[0][k] = (int)k;
+    for (size_t i = 1; i <= n; i++)
+        for (size_t k = 1; k <= m; k++) {
+            int cost = a[i - 1] != b[k - 1], best = d[i - 1][k - 1] + cost;
+            if (d[i - 1][k] + 1 < best)
+                best = d[i - 1][k] + 1;
+            if (d[i][k - 1] + 1 < best)
+                best = d[i][k - 1] + 1;
+            if (i > 1 && k > 1 && a[i - 1] == b[k - 2] && a[i - 2] == b[k - 1] && d[i - 2][k - 2] + 1 < best)
+                best = d[i - 2][k - 2] + 1;
+            d[i][k] = best;
+        }
+    return d[n][m];
+}
+
+/* the length of key's level ("train." of "train.step": 6; 0 at the top) */
+static size_t level_length(const char *key)
+{
+    const char *dot = strrchr(key, '.');
+    return dot ? (size_t)(dot - key) + 1 : 0;
+}
+
+int ddt_json_nearest(const char *key, const char *const *known, const char *const *aliases, char *out,
+                     size_t len)
+{
+    const size_t level = level_length(key), name_len = strlen(key) - level;
+    const char *best = NULL;
+    int best_d = 4;
+    for (const char *const *k = known; *k; k++) {
+        if (level_length(*k) != level || strncmp(*k, key, level))
+            continue;
+        int d = edit_distance(key + level, name_len, *k + level, strlen(*k) - level);
+        if (d < best_d && 2 * (size_t)d <= name_len)
+            best = *k, best_d = d;
+    }
+    for (const char *const *a = aliases; !best && a && a[0]; a += 2)
+        if (!strcmp(key + level, a[0]))
+            for (const char *const *k = known; *k && !best; k++)
+                if (level_length(*k) == level && !strncmp(*k, key, level) && !strcmp(*k + level, a[1]))
+                    best = *k;
+    for (const char *const *k = known; !best && *k; k++)
+        if (!strcmp(*k + level_length(*k), key + level))
+            best = *k;
+    if (best)
+        snprintf(out, len, "%s", best);
+    return best != NULL;
 }

@@ -27,7 +27,18 @@ int ddt_json_int(const ddt_json_ctx *j, const cJSON *obj, const char *field, int
 /* A finite number in [lo, hi] (lo_open: > lo); missing: as above. */
 int ddt_json_number(const ddt_json_ctx *j, const cJSON *obj, const char *field, double lo,
                     int lo_open, double hi, int has_default, double dflt, double *out);
-/* Every key of obj is one of allowed (NULL-terminated): else an error naming the first other. */
+/* Every key of obj is one of allowed (NULL-terminated): else an error naming the first other,
+ * with "did you mean X?" when ddt_json_nearest finds one. */
 int ddt_json_only(const ddt_json_ctx *j, const cJSON *obj, const char *const *allowed);
+
+/* The known key nearest to an unknown one, for "did you mean X?" (into out; 1, or 0 when none).
+ * Keys may be dotted paths ("train.step"): a key is compared with the known ones of its own
+ * level ("train.*") by Damerau-Levenshtein distance on its last name, at most 3 and at most half
+ * that name's length ("step" -> "steps", "pth" -> "path", "prompt_length" -> "prompt_len"); then
+ * aliases, pairs of names {"learning_rate", "lr", ...} ending with NULL (may be NULL), when the
+ * alias is known at the key's level ("train.learning_rate" -> "train.lr"); last, a known key of
+ * another level with the same last name ("lr" -> "train.lr"). known ends with NULL. */
+int ddt_json_nearest(const char *key, const char *const *known, const char *const *aliases, char *out,
+                     size_t len);
 
 #endif

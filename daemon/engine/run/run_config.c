@@ -14,6 +14,7 @@
 #include "run_config.h"
 #include "model/model_config.h"
 #include "model/target.h"
+#include "base/json_fields.h"
 #include "ddk.h"
 
 #include <cjson/cJSON.h>
@@ -604,6 +605,40 @@ static void apply_defaults(ddt_run_config *c)
             kinds[fields[i].type].set_default(c, &fields[i]);
 }
 
+/* The usual names of other trainers (Hugging Face's TrainingArguments, PyTorch) for the
+ * table's, at the same level: "did you mean" hints where the spelling is too far apart. */
+static const char *const aliases[] = {
+    "learning_rate", "lr", "max_steps", "steps", "num_steps", "steps", "train_steps", "steps",
+    "batch_size", "sequences_per_step", "per_device_train_batch_size", "sequences_per_step",
+    "gradient_accumulation_steps", "grad_accum", "max_grad_norm", "grad_clip", "warmup_ratio", "warmup_fraction",
+    "max_seq_len", "seq_len", "max_length", "seq_len", "sequence_length", "seq_len", "model", "path",
+    "model_path", "path", "dir", "path", "dataset", "data", NULL, NULL,
+};
+
+/* The known path nearest to an unknown one (ddt_json_nearest over the table's paths and their
+ * object levels), into out: 1, or 0 when none is near. */
+static int nearest_field(const char *path, char *out, size_t len)
+{
+    const char *known[FIELD_COUNT * 4 + 1];
+    char levels[FIELD_COUNT * 2][64];
+    int n = 0, n_levels = 0;
+    for (int i = 0; i < FIELD_COUNT; i++) {
+        known[n++] = fields[i].path;
+        for (const char *dot = strchr(fields[i].path, '.'); dot; dot = strchr(dot + 1, '.')) {
+            size_t at = (size_t)(dot - fields[i].path);
+            int seen = at >= sizeof levels[0];
+            for (int k = 0; k < n_levels && !seen; k++)
+                seen = strlen(levels[k]) == at && !strncmp(levels[k], fields[i].path, at);
+            if (!seen && n_levels < (int)(sizeof levels / sizeof *levels)) {
+                snprintf(levels[n_levels], sizeof levels[0], "%.*s", (int)at, fields[i].path);
+                known[n++] = levels[n_levels++];
+            }
+        }
+    }
+    known[n] = NULL;
+    return ddt_json_nearest(path, known, aliases, out, len);
+}
+
 static int parse_object(const parse_ctx *p, const cJSON *obj, const char *prefix)
 {
     for (const cJSON *item = obj->child; item; item = item->next) {
@@ -619,7 +654,10 @@ static int parse_object(const parse_ctx *p, const cJSON *obj, const char *prefix
                 return fail(p, path, "must be %s", "an object");
             rc = parse_object(p, item, path);
         } else if (!f) {
-            rc = fail(p, path, "is not a known field (%s)", "unknown keys are errors, not ignored");
+            char near[200];
+            rc = nearest_field(path, near, sizeof near)
+                     ? fail(p, path, "is not a known field: did you mean %s? (unknown keys are errors, not ignored)", near)
+                     : fail(p, path, "is not a known field (%s)", "unknown keys are errors, not ignored");
         } else {
             rc = kinds[f->type].parse(p, f, item);
         }
@@ -893,7 +931,13 @@ int ddt_run_config_target_shape(const ddt_run_config *c, int64_t *hidden, int64_
 {
     ddt_source_config s;
     ddt_run_config_source(c, &s);
-    return ddt_source_target_shape(&s, hidden, vocab, layers, tied, err, err_len);
+    int rc = ddt_source_target_shape(&s, hidden, vocab, layers, tied, err, err_len);
+    if (rc && strncmp(err, "target.", 7)) {   /* the file at fault is target.path's config.json */
+        char why[1024];
+        snprintf(why, sizeof why, "%s", err);
+        snprintf(err, err_len, "target.path: %s", why);
+    }
+    return rc;
 }
 
 void ddt_run_config_source(const ddt_run_config *c, ddt_source_config *s)

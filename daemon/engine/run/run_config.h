@@ -149,6 +149,25 @@ const ddk_device_profile *ddt_run_config_card(const char *name, char *err, size_
 int ddt_run_config_check_budget(const ddt_run_config *c, int64_t budget, const char *what, char *err,
                                 size_t err_len);
 
+/* run_files.c: the files c names, checked before a run is accepted (POST /runs, `ddtreed
+ * train`, `ddtreed plan`), cheaply: target.path a directory, target.tokens, target.shards[i] and
+ * target.data.files[i] files; with chat data, target.path's tokenizer.json there, of a supported
+ * kind, its ids within vocab (the target's vocab_size: ddt_run_config_target_shape). 0, or
+ * -EINVAL with err (what is wrong and what to do) and field ("target.data.files[0]"). */
+int ddt_run_config_check_files(const ddt_run_config *c, int64_t vocab, char *err, size_t err_len, char *field,
+                               size_t field_len);
+/* Every path c names absolute (what the API requires: the daemon's working directory is not
+ * the user's): 0, or -EINVAL naming the first relative one's field. */
+int ddt_run_config_check_absolute(const ddt_run_config *c, char *err, size_t err_len, char *field, size_t field_len);
+/* The config text json with its relative paths (target.path, target.tokens, target.shards[],
+ * target.data.files[]) made dir/PATH (dir: the config file's folder, absolute), for the commands
+ * that read a config file. A new string (free() it), json's copy when nothing changes or it is
+ * not a JSON object (the parser then says why); NULL without memory. */
+char *ddt_run_config_rebase(const char *json, const char *dir);
+/* A config file (at most 1 MB) read and rebased against its own folder (ddt_run_config_rebase):
+ * what `ddtreed train` and `ddtreed plan` parse. NULL with err. */
+char *ddt_run_config_read_file(const char *path, char *err, size_t err_len);
+
 /* Markdown table of every field (path, type, default, bounds, help): the reference docs. */
 void ddt_run_config_print_reference(FILE *out);
 

@@ -211,6 +211,9 @@ int ddt_trainer_open_parsed(const ddt_run_config *config, const char *config_jso
         rc = ddt_run_config_target_shape(c, &hidden, &vocab, &layers, &tied, err, err_len);
         if (!rc)
             rc = ddt_run_config_resolve(c, hidden, vocab, layers, err, err_len);
+        char field[160];   /* its sentence names the field */
+        if (!rc)
+            rc = ddt_run_config_check_files(c, vocab, err, err_len, field, sizeof field);
         ddt_source_config sc;
         ddt_run_config_source(c, &sc);
         sc.tokens_only = dev.colocated || dev.target_ranks;   /* the ranks compute the features */
