@@ -106,7 +106,7 @@ bad = [("invalid_json", b'{"messages": [oops'), ("not_a_conversation", b'{"foo":
                          b'{"role": "assistant", "content": "no"}]}'),
        ("no_user_message", b'{"messages": [{"role": "assistant", "content": "hi"}]}'),
        ("invalid_utf8", b'{"messages": [{"role": "user", "content": "a\xff"}, {"role": "assistant", "content": "b"}]}'),
-       ("invalid_json", b'')]
+       ("blank_line", b'')]
 def write(path, n, bad_every, first_bad):
     expected = {}
     with open(path, "wb") as f:

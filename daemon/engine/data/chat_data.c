@@ -26,6 +26,7 @@ static const char *const refusal_names[DDT_CHAT_REFUSAL_COUNT] = {
     [DDT_CHAT_TEMPLATE_REFUSED] = "template_refused",
     [DDT_CHAT_NOT_TRAINED] = "too_few_trained_tokens",
     [DDT_CHAT_PROMPT_TOO_LONG] = "prompt_too_long",
+    [DDT_CHAT_BLANK] = "blank_line",
 };
 
 const char *ddt_chat_refusal_name(ddt_chat_refusal reason)
@@ -200,6 +201,35 @@ static ddt_chat_refusal parse_tool_calls(const cJSON *calls, int index, ddt_chat
 }
 
 /* One message of the list, checked whole; its role for the normalisation. */
+/* content as a list of parts [{"type": "text", "text": "..."}]: the texts joined with nothing
+ * between them (Qwen3.5's render_content); a part without a text string (an image) is refused */
+static ddt_chat_refusal content_parts(const cJSON *parts, int index, ddt_chat_message *m, char *err,
+                                      size_t err_len)
+{
+    size_t total = 1, at = 0;
+    int k = 0;
+    const cJSON *part;
+    cJSON_ArrayForEach(part, parts) {
+        const cJSON *text = cJSON_GetObjectItemCaseSensitive(part, "text"),
+                    *type = cJSON_GetObjectItemCaseSensitive(part, "type");
+        if (!cJSON_IsString(text) || (type && !(cJSON_IsString(type) && !strcmp(type->valuestring, "text"))))
+            return ddt_chat_refuse(err, err_len, DDT_CHAT_NO_CONTENT, "message %d: content part %d is not "
+                                   "{\"type\": \"text\", \"text\": \"...\"} (only text is trained on)", index, k);
+        total += strlen(text->valuestring);
+        k++;
+    }
+    m->content = malloc(total);
+    if (!m->content)
+        abort();
+    cJSON_ArrayForEach(part, parts) {
+        const char *text = cJSON_GetObjectItemCaseSensitive(part, "text")->valuestring;
+        memcpy(m->content + at, text, strlen(text));
+        at += strlen(text);
+    }
+    m->content[at] = '\0';
+    return DDT_CHAT_OK;
+}
+
 static ddt_chat_refusal parse_message(const cJSON *item, int index, ddt_chat_message *m,
                                       char *err, size_t err_len)
 {
@@ -219,10 +249,12 @@ static ddt_chat_refusal parse_message(const cJSON *item, int index, ddt_chat_mes
     const cJSON *content = cJSON_GetObjectItemCaseSensitive(item, "content");
     if (!content)
         content = cJSON_GetObjectItemCaseSensitive(item, "value");
+    if (cJSON_IsArray(content))
+        return content_parts(content, index, m, err, err_len);
     if (!cJSON_IsString(content))
         return ddt_chat_refuse(err, err_len, DDT_CHAT_NO_CONTENT,
-                      "message %d (%s) has no \"content\" (or \"value\") string", index,
-                      role->valuestring);
+                      "message %d (%s) has no \"content\" (or \"value\") string, nor a list of "
+                      "text parts", index, role->valuestring);
     m->content = dup_or_abort(content->valuestring);
     if (m->role != DDT_CHAT_ASSISTANT)
         return DDT_CHAT_OK;
@@ -301,6 +333,12 @@ ddt_chat_refusal ddt_chat_parse_line(const char *line, size_t len, ddt_chat *cha
     const char *defect = string_defect(line, len, &at);
     if (defect)
         return ddt_chat_refuse(err, err_len, DDT_CHAT_BAD_UTF8, "%s at byte %zu", defect, at);
+
+    size_t blank = 0;
+    while (blank < len && strchr(" \t\r\n", line[blank]) && line[blank])
+        blank++;
+    if (blank == len)
+        return ddt_chat_refuse(err, err_len, DDT_CHAT_BLANK, "a blank line (no conversation)");
 
     char *text = malloc(len + 1);
     if (!text)

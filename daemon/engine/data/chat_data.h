@@ -2,7 +2,10 @@
  * or a refusal with its reason, for the caller to count by reason with the line number.
  *
  * Accepted shapes: {"messages": [{"role", "content", "reasoning_content"?, "tool_calls"?}]}
- * or ShareGPT {"conversations": [{"from", "value"}]} (human -> user, gpt -> assistant).
+ * or ShareGPT {"conversations": [{"from", "value"}]} (human -> user, gpt -> assistant). A content
+ * may be a list of parts, OpenAI's [{"type": "text", "text": "..."}]: their texts joined with
+ * nothing between them, as Qwen3.5's template renders them (render_content); a part that is not
+ * text (an image) refuses the line (no_content).
  * Normalisation (as SpecForge does): messages before the first user message are dropped
  * except a first system message, kept as given; the conversation is cut at the first
  * assistant message that does not follow a user or tool message, or tool message that does
@@ -38,6 +41,7 @@ typedef enum ddt_chat_refusal {
     DDT_CHAT_NOT_TRAINED,        /* fewer than two consecutive masked tokens (chat_tokens.h),
                                     after any cut to a length */
     DDT_CHAT_PROMPT_TOO_LONG,    /* regeneration: the prompt leaves no room for an answer */
+    DDT_CHAT_BLANK,              /* an empty line, or spaces alone: no conversation, not bad JSON */
     DDT_CHAT_REFUSAL_COUNT
 } ddt_chat_refusal;
 

@@ -66,6 +66,20 @@ static int spans_well_formed(const ddt_chat_rendered *r, ddt_chat_template tmpl)
 // ----------------------------------------------------------------------------
 // normalisation and refusals
 
+/* a content given as a list of text parts is their texts joined (Qwen3.5's render_content) */
+static void test_content_parts(void)
+{
+    const char *line = "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": "
+                       "\"Hello, \"}, {\"text\": \"world\"}]}, {\"role\": \"assistant\", \"content\": []}]}";
+    ddt_chat chat;
+    char err[256] = "";
+    ddt_chat_refusal rc = ddt_chat_parse_line(line, strlen(line), &chat, err, sizeof err);
+    check(rc == DDT_CHAT_OK && chat.n_messages == 2 && !strcmp(chat.messages[0].content, "Hello, world") &&
+              !strcmp(chat.messages[1].content, ""), "content parts: %d %s", (int)rc, err);
+    if (rc == DDT_CHAT_OK)
+        ddt_chat_free(&chat);
+}
+
 static void test_refusals(void)
 {
     static const struct {
@@ -73,7 +87,11 @@ static void test_refusals(void)
         ddt_chat_refusal want;
     } lines[] = {
         {"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}", DDT_CHAT_BAD_JSON},
-        {"", DDT_CHAT_BAD_JSON},
+        {"", DDT_CHAT_BLANK},   /* a blank line is no conversation, not bad JSON (issue 27) */
+        {" \t\r", DDT_CHAT_BLANK},
+        {"{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image\", \"image\": \"x.png\"}]}]}",
+         DDT_CHAT_NO_CONTENT},
+        {"{\"messages\": [{\"role\": \"user\", \"content\": [\"hi\"]}]}", DDT_CHAT_NO_CONTENT},
         {"[{\"role\": \"user\", \"content\": \"hi\"}]", DDT_CHAT_NOT_CONVERSATION},
         {"{\"messages\": {\"role\": \"user\"}}", DDT_CHAT_NOT_CONVERSATION},
         {"{\"text\": \"hi\"}", DDT_CHAT_NOT_CONVERSATION},
@@ -696,6 +714,7 @@ int main(void)
 {
     static const test_case cases[] = {
         {"refusals with their reasons", test_refusals},
+        {"content as a list of text parts", test_content_parts},
         {"normalisation (SpecForge's rule)", test_normalisation},
         {"spans and options", test_spans_and_options},
         {"special tokens in user/system/tool text", test_special_tokens},
