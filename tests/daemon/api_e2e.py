@@ -820,7 +820,30 @@ def case_bad_inputs(t, env):
         return cfg
 
     big = json.dumps(variant(lambda x: x.update(name="n" * (2 << 20)))).encode()
+    # runs that could not start, refused at submit (issue 27): an hf target whose files are
+    # stat'ed only (a config.json of 100 ids, an empty weights file), a JSON Lines file
+    model = os.path.join(os.path.dirname(d.state_dir), "files_model")
+    os.makedirs(model, exist_ok=True)
+    json.dump({"model_type": "qwen3", "hidden_size": 16, "num_hidden_layers": 12, "num_attention_heads": 2,
+               "num_key_value_heads": 1, "head_dim": 8, "intermediate_size": 32, "vocab_size": 100,
+               "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "max_position_embeddings": 4096},
+              open(os.path.join(model, "config.json"), "w"))
+    open(os.path.join(model, "model.safetensors"), "wb").close()
+    chat = os.path.join(os.path.dirname(d.state_dir), "files_chat.jsonl")
+    with open(chat, "w") as f:
+        f.write('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n')
+
+    def hf(**target):
+        return variant(lambda x: x.update(target=dict(dict(kind="hf", path=model), **target)))
+
     rows = [
+        ("a relative target.path", "POST", "/runs", hf(path="models/x"), 400, "target.path"),
+        ("a relative JSONL path", "POST", "/runs", hf(data={"files": ["chat.jsonl"]}), 400, "target.data.files[0]"),
+        ("a misspelled JSONL path", "POST", "/runs", hf(data={"files": [chat, chat + "x"]}), 400,
+         "target.data.files[1]"),
+        ("a misspelled token file", "POST", "/runs", hf(tokens=chat + ".tokens"), 400, "target.tokens"),
+        ("chat data without tokenizer.json", "POST", "/runs", hf(data={"files": [chat]}), 400, "target.path"),
+        ("a misspelled target.path", "POST", "/runs", hf(path=model + "x"), 400, "target.path"),
         # what, method, path, body, status, field
         ("malformed JSON", "POST", "/runs", '{"name": "x", ', 400, None),
         ("empty body", "POST", "/runs", "", 400, None),
