@@ -46,30 +46,36 @@ static int stat_kind(const char *path, int dir, char *why, size_t len)
     return -1;
 }
 
+/* each of paths (n) a file, else refused as "LIST[i]: "PATH": why: todo" */
+static int check_list(const char (*paths)[DDT_RUN_PATH], int n, const char *list, const char *todo, char *err,
+                      size_t err_len, char *field, size_t field_len)
+{
+    char why[128], name[64], quoted[1100];
+    for (int i = 0; i < n; i++)
+        if (stat_kind(paths[i], 0, why, sizeof why)) {
+            snprintf(name, sizeof name, "%s[%d]", list, i);
+            snprintf(quoted, sizeof quoted, "\"%s\": %s", paths[i], why);
+            return refuse(err, err_len, field, field_len, name, "%s: %s", quoted, todo);
+        }
+    return 0;
+}
+
 /* the data files: chat files (entries of target.data.files), token file, shards */
 static int check_data_files(const ddt_run_config *c, char *err, size_t err_len, char *field, size_t field_len)
 {
-    char why[128], name[64], quoted[1100];
-    for (int i = 0; i < c->chat_file_count; i++)
-        if (stat_kind(c->chat_files[i], 0, why, sizeof why)) {
-            snprintf(name, sizeof name, "target.data.files[%d]", i);
-            snprintf(quoted, sizeof quoted, "\"%s\"", c->chat_files[i]);
-            return refuse(err, err_len, field, field_len, name, "%s: %s: give the path of a JSON Lines file of "
-                          "conversations (docs/chat-data.md)", quoted, why);
-        }
+    char why[128], quoted[1100];
+    int rc = check_list((const char (*)[DDT_RUN_PATH])c->chat_files, c->chat_file_count, "target.data.files",
+                        "give the path of a JSON Lines file of conversations (docs/chat-data.md)", err, err_len,
+                        field, field_len);
+    if (rc)
+        return rc;
     if (*c->target_tokens && stat_kind(c->target_tokens, 0, why, sizeof why)) {
         snprintf(quoted, sizeof quoted, "\"%s\"", c->target_tokens);
         return refuse(err, err_len, field, field_len, "target.tokens", "%s: %s: give the token file `ddtreed "
                       "tokenize` wrote (or target.data.files for JSON Lines conversations)", quoted, why);
     }
-    for (int i = 0; i < c->shard_count; i++)
-        if (stat_kind(c->shards[i], 0, why, sizeof why)) {
-            snprintf(name, sizeof name, "target.shards[%d]", i);
-            snprintf(quoted, sizeof quoted, "\"%s\"", c->shards[i]);
-            return refuse(err, err_len, field, field_len, name, "%s: %s: give the feature shards `ddtreed "
-                          "features` wrote", quoted, why);
-        }
-    return 0;
+    return check_list((const char (*)[DDT_RUN_PATH])c->shards, c->shard_count, "target.shards",
+                      "give the feature shards `ddtreed features` wrote", err, err_len, field, field_len);
 }
 
 int ddt_run_config_check_files(const ddt_run_config *c, int64_t vocab, char *err, size_t err_len, char *field,
