@@ -24,6 +24,7 @@
 #include "record/checkpoint.h"
 #include "data/chat_tokens.h"
 #include "commands.h"
+#include "record/dir_kind.h"
 #include "base/errors.h"
 #include "data/shard.h"
 #include "eval/speculate.h"
@@ -138,6 +139,23 @@ static int parse_args(int argc, char **argv, spec_args *a)
 /* ------------------------------------------------------------------------------------------
  * The inputs checked against each other: every refusal names the file and the field
  */
+
+/* --drafter names an export (or a directory this cannot tell): 0; else -EINVAL with err saying
+ * what it is and what to give instead */
+static int drafter_is_export(const char *dir, char *err, size_t err_len)
+{
+    ddt_dir_kind kind = ddt_dir_kind_of(dir);
+    const char *instead = kind == DDT_DIR_RUN ? "give its export, RUN_DIR/export (written when the run completes), "
+                                                "or write one: ddtreed export RUN_DIR --out DIR"
+                          : kind == DDT_DIR_CHECKPOINT ? "export it first: ddtreed export RUN_DIR --step N --out DIR"
+                          : kind == DDT_DIR_STATE ? "give a run's export: DIR/runs/<id>/export"
+                          : kind == DDT_DIR_MODEL ? "that is --target's; --drafter takes a drafter export (RUN_DIR/"
+                                                    "export, or ddtreed export RUN_DIR --out DIR)"
+                                                  : NULL;
+    return instead ? ddt_fail(err, err_len, -EINVAL, "--drafter %s is %s, not a drafter export: %s", dir,
+                              ddt_dir_kind_name(kind), instead)
+                   : 0;
+}
 
 /* ddt_speculate_check_drafter, said with both files named */
 static int check_drafter(const spec_args *a, const ddt_drafter_config *dc, const ddt_target_model *m, char *err,
@@ -402,6 +420,7 @@ int ddt_cmd_speculate(int argc, char **argv)
     /* the configuration against the target first (a wrong hidden_size is said as such, not as
      * the tensor shapes it implies), then the whole export; each file against the export's
      * manifest before it is read */
+    if (!rc) rc = drafter_is_export(a.drafter, err, sizeof err);
     if (!rc) rc = ddt_export_read_config(a.drafter, &dc, err, sizeof err);
     if (!rc) rc = check_drafter(&a, &dc, &m, err, sizeof err);
     if (!rc) rc = ddt_export_read(a.drafter, &dc, &host_params, err, sizeof err);

@@ -15,6 +15,7 @@
  * Tested by tests/daemon/train_cli_test.sh.
  */
 #include "commands.h"
+#include "record/dir_kind.h"
 #include "record/checkpoint.h"
 
 #include <dirent.h>
@@ -39,14 +40,6 @@ static int is_dir(const char *path)
 {
     struct stat st;
     return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-/* whether DIR/name exists */
-static int has(const char *dir, const char *name)
-{
-    char path[VERIFY_PATH_MAX];
-    struct stat st;
-    return snprintf(path, sizeof path, "%s/%s", dir, name) < (int)sizeof path && stat(path, &st) == 0;
 }
 
 /* one line: the path and the verdict */
@@ -165,17 +158,19 @@ int ddt_cmd_verify(int argc, char **argv)
     }
     verify_tally t = { 0 };
     int rc = 0;
-    if (has(dir, "state.json") || has(dir, "state.safetensors"))
+    ddt_dir_kind kind = ddt_dir_kind_of(dir);
+    if (kind == DDT_DIR_CHECKPOINT)
         verify_checkpoint(&t, dir);
-    else if (has(dir, DDT_EXPORT_MANIFEST) || has(dir, "config.json") || has(dir, "model.safetensors"))
+    else if (kind == DDT_DIR_EXPORT)
         verify_export(&t, dir);
-    else if (has(dir, "checkpoints") || has(dir, "export"))
+    else if (kind == DDT_DIR_RUN)
         rc = verify_run(&t, dir);
-    else if (has(dir, "runs"))
+    else if (kind == DDT_DIR_STATE)
         rc = verify_state(&t, dir);
     else {
-        fprintf(stderr, "ddtreed verify: %s holds no checkpoint or export: name a state directory (with runs/), a "
-                "run directory (checkpoints/, export/), a checkpoint (state.json) or an export (config.json)\n", dir);
+        fprintf(stderr, "ddtreed verify: %s is %s: name a state directory (with runs/), a run directory "
+                "(checkpoints/, export/), a checkpoint (state.json) or an export (config.json)\n", dir,
+                ddt_dir_kind_name(kind));
         return 2;
     }
     if (t.checked == 0 && rc == 0)

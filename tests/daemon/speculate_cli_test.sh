@@ -192,6 +192,23 @@ else
     fail "train + export a drafter on the tiny target" "$out"
 fi
 
+# --drafter given what is not an export: what it is and what to give instead
+state_dir=$(ls -d "$work"/state.* | head -n 1)
+run_dir="$state_dir/runs/$(ls "$state_dir/runs" | head -n 1)"
+ckpt_dir="$run_dir/checkpoints/$(ls "$run_dir/checkpoints" | grep '^step-' | head -n 1)"
+for bad in "$run_dir|is a run directory, not a drafter export: give its export, RUN_DIR/export" \
+           "$ckpt_dir|is a checkpoint, not a drafter export: export it first: ddtreed export RUN_DIR --step N" \
+           "$state_dir|is a state directory, not a drafter export: give a run's export: DIR/runs/<id>/export" \
+           "$tdir|is a target model (its config.json has no dflash_config), not a drafter export: that is --target's"; do
+    IFS='|' read -r dir want <<<"$bad"
+    out=$("$ddtreed" speculate --target "$tdir" --drafter "$dir" --prompts "$work/prompts.safetensors" 2>&1)
+    if [ $? -eq 1 ] && grep -qF -- "$want" <<<"$out"; then
+        ok "speculate --drafter $(basename "$dir"): $want"
+    else
+        fail "speculate --drafter $(basename "$dir"): $want" "$out"
+    fi
+done
+
 out=$("$ddtreed" speculate --target "$tdir" --drafter "$export" --prompts "$work/prompts.safetensors" \
       --gen-len 24 --prompt-len 10 --tree 4,16 --out "$work/result.json" 2>&1 >"$work/summary.json")
 rc=$?

@@ -128,6 +128,14 @@ if [ $? -eq 0 ] && grep -q "completed at step 6 of 6" <<<"$out" && [ -f "$state/
 else
     fail "train --resume completes and exports" "$out"
 fi
+# export given a state directory, a checkpoint, or a step not kept: what to give instead
+for bad in "$state||is a state directory: give one of its runs, $state/runs/<id> (its runs: $run)" \
+           "$state/runs/$run/checkpoints/step-00000004||is a checkpoint: give its run directory" \
+           "$state/runs/$run|--step 3|no complete checkpoint of step 3; the kept steps: 4"; do
+    IFS='|' read -r dir args want <<<"$bad"
+    out=$("$ddtreed" export "$dir" --out "$work/x" $args 2>&1)
+    if [ $? -eq 1 ] && grep -qF -- "$want" <<<"$out"; then ok "export refuses: $want"; else fail "export refuses: $want" "$out"; fi
+done
 out=$("$ddtreed" export "$state/runs/$run" --out "$work/export" --step 4 2>&1)
 if [ $? -eq 0 ] && [ -f "$work/export/config.json" ] && grep -q DFlashDraftModel "$work/export/config.json"; then
     ok "export --step 4"
@@ -251,7 +259,7 @@ verify_case "verify: a checkpoint without its tensors" 1 "$work/before_checksums
     "^$work/before_checksums: incomplete: state.safetensors missing$"
 mkdir -p "$work/empty"
 for bad in "|DIR is required" "$work/nowhere|no such directory" "$work/run.json|not a directory" \
-           "$work/empty|holds no checkpoint or export" "--fast|DIR is not an option"; do
+           "$work/empty|directories: name a state directory (with runs/)" "--fast|DIR is not an option"; do
     IFS='|' read -r arg want <<<"$bad"
     out=$("$ddtreed" verify ${arg:+"$arg"} 2>&1)
     if [ $? -eq 2 ] && grep -qF -- "$want" <<<"$out"; then ok "verify refuses: $want"; else fail "verify refuses: $want" "$out"; fi
@@ -342,8 +350,15 @@ if [ $? -eq 1 ] && grep -q 'target.path: .*/files/conf/../mdoel/config.json: can
 else
     fail "train refuses a misspelled target.path, naming the field" "$out"
 fi
-files_case "chat data without tokenizer.json" 'target.path: ".*/model/tokenizer.json": no such file or directory: chat data is tokenized with the model.s own Hugging Face tokenizer.json' \
+files_case "chat data without tokenizer.json" 'target.path: .*/model/tokenizer.json: no such file: chat data is tokenized with the model.s own Hugging Face tokenizer.json' \
     '"path": "../model", "data": {"files": ["../chat.jsonl"]}'
+out=$("$ddtreed" tokenize --model "$work/files/model" --chat "$work/files/chat.jsonl" --template qwen3 \
+      --out "$work/files/t.safetensors" 2>&1)
+if [ $? -eq 1 ] && grep -q "model/tokenizer.json: no such file: chat data is tokenized with the model's own Hugging Face tokenizer.json: put the one that came with the model" <<<"$out"; then
+    ok "tokenize without tokenizer.json says what chat data needs"
+else
+    fail "tokenize without tokenizer.json says what chat data needs" "$out"
+fi
 ln -s big_tokenizer.json "$work/files/model/tokenizer.json"
 files_case "a tokenizer past the target's vocabulary" 'target.path: ".*/model/tokenizer.json": its ids run to 255, past the target.s vocab_size 100 (config.json): it is not this model.s tokenizer' \
     '"path": "../model", "data": {"files": ["../chat.jsonl"]}'

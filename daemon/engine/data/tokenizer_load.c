@@ -14,6 +14,7 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -534,6 +535,13 @@ ddt_tokenizer *ddt_tokenizer_open(const char *path, char *err, size_t err_len)
     pthread_once(&onig_once, onig_start);
     /* not ddt_json_parse_file: its duplicate-key check is quadratic in an object's keys, and a
      * vocabulary has 150,000 of them */
+    struct stat st;
+    if (stat(path, &st) != 0 && errno == ENOENT) {   /* the common first mistake: say what it must be */
+        ddt_fail_path(err, err_len, -ENOENT, path, "no such file: chat data is tokenized with the model's own "
+                      "Hugging Face tokenizer.json: put the one that came with the model (its Hub repository has "
+                      "it) in the model directory");
+        return NULL;
+    }
     char *text = ddt_read_text_file(path, max_file_bytes, err, err_len);
     if (!text)
         return NULL;
