@@ -100,7 +100,10 @@ static void fill(const ddt_run_config *c, int tied_head, int64_t chunk, int64_t 
     p->optimizer = 2 * total * F;
     /* a GPU's copy is bf16 in a split and with train.precision bf16 (train/ranks.c round_host_head) */
     const int head16_copy = p->gpu && (placement == DDT_PLACE_SPLIT || c->bf16);
-    p->frozen_head = placement == DDT_PLACE_SAME || (placement == DDT_PLACE_SPLIT && !p->gpu) ? 0
+    /* a CPU rank never copies the head: it reads the host target's, a replica's or target rank
+     * 0's in place, counted under the target already (train/ranks.c); only a shards run's head,
+     * which no target holds, is counted here */
+    p->frozen_head = placement == DDT_PLACE_SAME || (placement != DDT_PLACE_NONE && !p->gpu) ? 0
                      : (tied_head ? 1 : 2) * V * H * (head16_copy ? 2 : F);
     p->batch = nseq * c->seq_len * ((d->taps + (uses_teacher ? 1 : 0)) * H * F + 5) +
                nseq * c->max_anchors * 5;
@@ -287,6 +290,7 @@ void ddt_plan_print(const ddt_run_config *c, const ddt_memory_plan *p, FILE *out
         p->target.placement == DDT_PLACE_SAME && !p->gpu ? "none: the rank reads its fp32 replica's embed_tokens and lm_head in place"
         : p->target.placement == DDT_PLACE_SAME ? "none: the rank reads its bf16 replica's embed_tokens and lm_head in place"
         : p->target.placement == DDT_PLACE_SPLIT && !p->gpu ? "none: the rank reads target rank 0's fp32 replica's embed_tokens and lm_head in place"
+        : p->target.placement == DDT_PLACE_HOST && !p->gpu ? "none: the rank reads the host target's fp32 embed_tokens and lm_head in place"
         : p->target.placement == DDT_PLACE_SPLIT || (p->gpu && c->bf16)
             ? "embed_tokens and lm_head, a bf16 copy per GPU (the loss reads it as stored)"
             : "embed_tokens and lm_head, fp32");
