@@ -926,7 +926,9 @@ def case_bad_inputs(t, env):
 def case_pause_rechunk(t, env):
     d = Daemon(env, t).start()
     c = d.unix
-    rid = d.submit(run_config(LONG))
+    cfg = run_config(LONG)
+    cfg["target"]["vocab_size"] = 2048   # a loss workspace that a smaller chunk shrinks (the peak falls)
+    rid = d.submit(cfg)
     d.wait_state(rid, "running", min_step=20)
     r = c.post("/runs/%s/pause" % rid)
     t.check(r.status == 202 and r.json().get("state") == "pausing", "POST pause: %r" % r)
@@ -972,6 +974,20 @@ def case_pause_rechunk(t, env):
     t.check(all(recs[s]["chunk"] == 4096 for s in range(S - 2, S) if s in recs and s > s1),
             "steps before applies_from_step %d already have chunk 8: %s" % (S, {s: recs[s]["chunk"] for s in recs}))
     t.check(d.run(rid)["chunk"] == 8, "GET /runs/ID chunk after rechunk: %r" % d.run(rid)["chunk"])
+    # the run's peak is the largest of its steps' (the earlier chunk's), not the newest step's
+    # smaller one; per device too; newest_step is the newest step's
+    peak = d.run(rid)["peak_memory_bytes"]
+    rows = db_query(d.db, "SELECT MAX(peak_bytes) FROM steps WHERE run_id = ?", (rid,))
+    dev_rows = db_query(d.db, "SELECT device, MAX(peak_bytes) FROM step_devices WHERE run_id = ? GROUP BY device",
+                        (rid,))
+    newest = d.steps(rid, after=d.run(rid)["step"] - 1, limit=1)
+    t.check(peak["max"] == rows[0][0] and peak["newest_step"] < peak["max"],
+            "peak_memory_bytes after rechunk 4096 -> 8: %r; the steps' largest %r (the newest step's must be "
+            "below it)" % (peak, rows[0][0]))
+    t.check(all(peak["devices"].get("cpu:%d" % dv) == mx for dv, mx in dev_rows),
+            "peak_memory_bytes.devices %r, the steps' largest per device %r" % (peak["devices"], dev_rows))
+    t.check(not newest or newest[0]["peak_bytes"] <= peak["max"], "the newest step's peak %r above max %r"
+            % (newest and newest[0]["peak_bytes"], peak["max"]))
     ev = [e for e in d.events(rid) if e["kind"] == "rechunk"]
     t.check(ev, "no event of kind rechunk")
     if ev:
