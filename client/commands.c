@@ -9,6 +9,7 @@
 #include "ddtreectl.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* ---------------------------------------------------------------------------------------------
@@ -213,6 +214,9 @@ static void ddc_plan_line(const char *label, int has_bytes, double bytes, double
         printf("  %-22s %12s\n", label, missing);
 }
 
+/* The plan's table: the parts of one drafter device's peak (peak_parts, which sum to it; an older
+ * daemon's bytes otherwise), the peak, the budget; then whether the run as configured fits (the
+ * exit status: 1 when not), and a proposed split's devices to write. */
 static int ddc_print_plan(const ddc_ctx *ctx, const ddc_args *args, const char *path, const cJSON *plan,
                           long status)
 {
@@ -223,19 +227,34 @@ static int ddc_print_plan(const ddc_ctx *ctx, const ddc_args *args, const char *
     double scale = (peak >= 1e9 || budget >= 1e9) ? 1e9 : 1e6;
     const char *unit = scale == 1e9 ? "GB" : "MB";
 
-    double ranks = 0;
-    int one_rank = ddc_number(ddc_get(plan, "ranks"), &ranks) && ranks == 1;
-    printf("memory plan of \"%s\": %s rank%s, %s positions per rank, chunk %s, vocab tile %s\n",
-           ddc_fmt_value(ddc_get(plan, "name")).s, ddc_fmt_count(ddc_get(plan, "ranks")).s, one_rank ? "" : "s",
-           ddc_fmt_thousands(ddc_get(plan, "positions_per_rank")).s, ddc_fmt_count(ddc_get(plan, "chunk")).s,
-           ddc_fmt_count(ddc_get(plan, "vocab_tile")).s);
+    double ranks = 0, target_ranks = 0;
+    const cJSON *proposal = ddc_get(plan, "proposal");
+    const int proposed = cJSON_IsObject(proposal) && ddc_number(ddc_get(proposal, "drafter_ranks"), &ranks) &&
+                         ddc_number(ddc_get(proposal, "target_ranks"), &target_ranks);
+    if (proposed)
+        printf("memory plan of \"%s\" as the split proposed: %g drafter GPU%s beside %g target GPU%s (the config "
+               "names %s), %s positions per drafter GPU, chunk %s, vocab tile %s\n",
+               ddc_fmt_value(ddc_get(plan, "name")).s, ranks, ranks == 1 ? "" : "s", target_ranks,
+               target_ranks == 1 ? "" : "s", ddc_fmt_count(ddc_get(plan, "ranks")).s,
+               ddc_fmt_thousands(ddc_get(plan, "positions_per_rank")).s, ddc_fmt_count(ddc_get(plan, "chunk")).s,
+               ddc_fmt_count(ddc_get(plan, "vocab_tile")).s);
+    else
+        printf("memory plan of \"%s\": %s rank%s, %s positions per rank, chunk %s, vocab tile %s\n",
+               ddc_fmt_value(ddc_get(plan, "name")).s, ddc_fmt_count(ddc_get(plan, "ranks")).s,
+               ddc_number(ddc_get(plan, "ranks"), &ranks) && ranks == 1 ? "" : "s",
+               ddc_fmt_thousands(ddc_get(plan, "positions_per_rank")).s, ddc_fmt_count(ddc_get(plan, "chunk")).s,
+               ddc_fmt_count(ddc_get(plan, "vocab_tile")).s);
+    const cJSON *parts = ddc_object(ddc_get(plan, "peak_parts"));
     const cJSON *component;
-    cJSON_ArrayForEach(component, ddc_object(ddc_get(plan, "bytes"))) {
+    if (!parts)
+        parts = ddc_object(ddc_get(plan, "bytes"));
+    cJSON_ArrayForEach(component, parts) {
         double bytes = 0;
         if (!component->string)
             continue;
         char label[64];
-        snprintf(label, sizeof label, "%s", component->string);
+        snprintf(label, sizeof label, "%s", !strcmp(component->string, "target") ? "target (co-located)"
+                                            : component->string);
         for (char *c = label; *c; c++)
             *c = *c == '_' ? ' ' : *c;
         int has_bytes = ddc_number(component, &bytes);
@@ -245,6 +264,12 @@ static int ddc_print_plan(const ddc_ctx *ctx, const ddc_args *args, const char *
     const char *budget_from = ddc_string(ddc_get(plan, "budget_from"));
     ddc_plan_line(budget_from && !strcmp(budget_from, "card") ? "budget (card memory)" : "budget", has_budget,
                   budget, scale, unit, "none set");
+    const cJSON *target = ddc_get(plan, "target");
+    const char *placement = ddc_string(ddc_get(target, "placement"));
+    double target_peak = 0;
+    if (placement && strcmp(placement, "same") && ddc_number(ddc_get(target, "peak_bytes"), &target_peak))
+        printf("target (%s): %.3f %s %s\n", placement, target_peak / scale, unit,
+               !strcmp(placement, "host") ? "in host memory" : "on each target device");
     const cJSON *card = ddc_get(plan, "card");
     double memory = 0, smem = 0, threads = 0;
     if (cJSON_IsObject(card) && ddc_number(ddc_get(card, "memory_bytes"), &memory) &&
@@ -253,8 +278,26 @@ static int ddc_print_plan(const ddc_ctx *ctx, const ddc_args *args, const char *
         printf("card %s: memory %.3f GB, shared memory %g KiB per block, %g threads per SM\n",
                ddc_fmt_value(ddc_get(card, "name")).s, memory / 1e9, smem / 1024, threads);
     const cJSON *fits = ddc_get(plan, "fits");
-    puts(cJSON_IsBool(fits) ? (cJSON_IsTrue(fits) ? "fits" : "does not fit") : "fits: -");
-    return 0;
+    const char *why = ddc_string(ddc_get(plan, "why"));
+    if (!cJSON_IsBool(fits)) {
+        puts("fits: -");
+        return 1;
+    }
+    if (cJSON_IsTrue(fits)) {
+        puts("fits");
+        return 0;
+    }
+    printf("does not fit as configured%s%s\n", why ? ": " : "", why ? why : "");
+    if (proposed) {
+        char *write = cJSON_PrintUnformatted(ddc_get(proposal, "config"));
+        if (cJSON_IsTrue(ddc_get(proposal, "fits")))
+            printf("fits as a split (the figures above); write into the run config (merged: the target's other "
+                   "keys stay):\n  %s\n", write ? write : "-");
+        else
+            puts("the split proposed (the figures above) does not fit either");
+        free(write);
+    }
+    return 1;
 }
 
 static int ddc_cmd_plan(ddc_ctx *ctx, const ddc_args *args)

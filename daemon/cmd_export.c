@@ -55,7 +55,11 @@ int ddt_cmd_export(int argc, char **argv)
     const char *run_dir = NULL, *out = NULL;
     int64_t step = -1;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--out") && i + 1 < argc)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            fputs(EXPORT_USAGE "The serving export (SPEC.md section 5) of RUN_DIR's newest checkpoint, or of step N, "
+                  "into DIR.\n", stdout);
+            return 0;
+        } else if (!strcmp(argv[i], "--out") && i + 1 < argc)
             out = argv[++i];
         else if (!strcmp(argv[i], "--step") && i + 1 < argc && !ddt_parse_count(argv[i + 1], &step))
             i++;

@@ -6,7 +6,7 @@
  * for the config's memory.budget_bytes and memory.card; the budget is checked against the card
  * after both.
  * Tested by tests/daemon/train_cli_test.sh (every example must pass it; the 96 GB card's plan, and the
- * card and budget refused).
+ * card and budget refused; the seed's split proposed under 95 GB, --budget's forms, --help).
  */
 #include "base/read_file.h"
 #include "commands.h"
@@ -21,6 +21,18 @@
 #include <unistd.h>
 
 #define PLAN_USAGE "usage: ddtreed plan CONFIG.json [--budget BYTES] [--card NAME] [--json]\n"
+#define PLAN_HELP                                                                                   \
+    PLAN_USAGE                                                                                      \
+    "The memory plan of a run config without starting it (as POST /plan): what one device holds\n"  \
+    "at its busiest, where the target runs, and the chunk / vocab_tile that fit the budget.\n"       \
+    "  --budget BYTES  a device's budget instead of memory.budget_bytes: 96000000000, 96e9, 96GB,\n"  \
+    "                  96G (1000s), 96GiB (1024s)\n"                                                \
+    "  --card NAME     the card planned for instead of memory.card (its memory is the budget\n"      \
+    "                  when none is given)\n"                                                       \
+    "  --json          POST /plan's reply instead of the table\n"                                   \
+    "Exit status: 0 when the run as configured fits (POST /plan's \"fits\"); 1 when it does not,\n" \
+    "a proposed split included (the plan prints the \"devices\" and \"target.devices\" to write),\n" \
+    "or the config is refused; 2 for a command line not understood.\n"
 
 /* The files the run would read, as POST /runs and `ddtreed train` check them
  * (ddt_run_config_check_files), when the target is here (its weights beside its config.json): a
@@ -57,9 +69,12 @@ int ddt_cmd_plan(int argc, char **argv)
     int json = 0;
     char err[2048] = "", field[160] = "";
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--json")) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            fputs(PLAN_HELP, stdout);
+            return 0;
+        } else if (!strcmp(argv[i], "--json")) {
             json = 1;
-        } else if (!strcmp(argv[i], "--budget") && i + 1 < argc && !ddt_parse_count(argv[i + 1], &budget)) {
+        } else if (!strcmp(argv[i], "--budget") && i + 1 < argc && !ddt_parse_bytes(argv[i + 1], &budget)) {
             i++;
         } else if (!strcmp(argv[i], "--card") && i + 1 < argc) {
             if (!(card = ddt_run_config_card(argv[++i], err, sizeof err))) {
@@ -69,8 +84,10 @@ int ddt_cmd_plan(int argc, char **argv)
         } else if (argv[i][0] != '-' && !config) {
             config = argv[i];
         } else {
-            fprintf(stderr, "ddtreed plan: %s: not understood (--budget wants a number of bytes, --card a card's "
-                    "name)\n" PLAN_USAGE, argv[i]);
+            fprintf(stderr, "ddtreed plan: %s%s%s: not understood (--budget wants bytes: 96000000000, 96e9, 96GB, "
+                    "96G or 96GiB; --card a card's name; see --help)\n" PLAN_USAGE, argv[i],
+                    !strcmp(argv[i], "--budget") && i + 1 < argc ? " " : "",
+                    !strcmp(argv[i], "--budget") && i + 1 < argc ? argv[i + 1] : "");
             return 2;
         }
     }
@@ -79,6 +96,7 @@ int ddt_cmd_plan(int argc, char **argv)
         return 2;
     }
     char *text = ddt_run_config_read_file(config, err, sizeof err);   /* relative paths: the file's folder */
+    const int unread = !text;   /* err names the file already */
     ddt_run_config c = { 0 };   /* freed on every path, a file that could not be read included */
     int rc = text ? ddt_run_config_parse(text, strlen(text), &c, err, sizeof err, field, sizeof field) : -EINVAL;
     free(text);
@@ -97,7 +115,10 @@ int ddt_cmd_plan(int argc, char **argv)
     if (*remark)
         fprintf(stderr, "ddtreed plan: %s\n", remark);
     if (rc) {
-        fprintf(stderr, "ddtreed plan: %s: %s\n", config, err);
+        if (unread)
+            fprintf(stderr, "ddtreed plan: %s\n", err);
+        else
+            fprintf(stderr, "ddtreed plan: %s: %s\n", config, err);
         ddt_run_config_free(&c);
         return 1;
     }
@@ -112,5 +133,5 @@ int ddt_cmd_plan(int argc, char **argv)
     }
     ddt_run_config_free(&c);
     /* a proposal (co-location did not fit) is printed, but the config as written does not run */
-    return plan.fits && !plan.target.proposed ? 0 : 1;
+    return ddt_plan_fits(&plan) ? 0 : 1;
 }

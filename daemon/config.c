@@ -4,8 +4,10 @@
 #include "base/log.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 typedef enum setting_type { S_STRING, S_INT, S_BOOL, S_LEVEL } setting_type;
 
@@ -213,6 +215,33 @@ cJSON *ddt_daemon_config_json(const ddt_daemon_config *c)
         }
     }
     return o;
+}
+
+int ddt_parse_bytes(const char *text, int64_t *out)
+{
+    static const struct { const char *unit; double scale; } units[] = {
+        { "", 1 }, { "b", 1 }, { "k", 1e3 }, { "kb", 1e3 }, { "m", 1e6 }, { "mb", 1e6 }, { "g", 1e9 },
+        { "gb", 1e9 }, { "t", 1e12 }, { "tb", 1e12 }, { "kib", 1024.0 }, { "mib", 1048576.0 },
+        { "gib", 1073741824.0 }, { "tib", 1099511627776.0 },
+    };
+    if (ddt_parse_count(text, out) == 0)   /* exact beyond 2^53 */
+        return 0;
+    char *end;
+    errno = 0;
+    const double v = strtod(text, &end);
+    if (errno || end == text || !(v >= 0) || (*text < '0' || *text > '9'))
+        return -1;
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
+        if (strcasecmp(end, units[i].unit))
+            continue;
+        /* a unit's decimal (1.1GB) rounds to the byte; bytes themselves must be whole */
+        const double bytes = units[i].scale > 1 ? round(v * units[i].scale) : v;
+        if (bytes > 4611686018427387904.0 || bytes != floor(bytes))
+            return -1;
+        *out = (int64_t)bytes;
+        return 0;
+    }
+    return -1;
 }
 
 int ddt_parse_count(const char *text, int64_t *out)

@@ -40,6 +40,11 @@ void ddt_daemon_config_print_help(FILE *out);
 void ddt_daemon_config_log(const ddt_daemon_config *c);
 /* A non-negative decimal integer (flags, query strings): 0, or -1 when text is anything else. */
 int ddt_parse_count(const char *text, int64_t *out);
+/* A number of bytes (`ddtreed plan --budget`): an integer, a decimal with an exponent that comes
+ * to whole bytes (96e9, 9.6e10), or a number with a unit: decimal B, KB, MB, GB, TB (96GB,
+ * 96G, 95.5GB: 1000s) or binary KiB, MiB, GiB, TiB (96GiB: 1024s), case-insensitive, no space.
+ * 0, or -1 when text is anything else (negative, a fraction of a byte without a unit, over 2^62). */
+int ddt_parse_bytes(const char *text, int64_t *out);
 
 /* Every setting as a JSON object (the token hidden), for GET /status. */
 cJSON *ddt_daemon_config_json(const ddt_daemon_config *c);

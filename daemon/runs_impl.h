@@ -46,6 +46,9 @@ typedef struct run {
     char error[1700];                   /* the failure, or why a fault holds it ("held: ...") */
     int has_record;
     ddt_step_record last;               /* the newest step */
+    int64_t peak_bytes;                 /* the largest of its steps' peaks (a re-chunk lowers the
+                                           newest step's, not this), and per device */
+    int64_t device_peak_bytes[DDT_STORE_MAX_DEVICES];
     double tokens_total;
     uint64_t oom_recoveries;
     double tau_chain;                   /* < 0 until evaluated */

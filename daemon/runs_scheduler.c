@@ -75,6 +75,11 @@ static void record_step(ddt_runs *r, run *u, const ddt_step_record *rec)
 {
     u->has_record = 1;
     u->last = *rec;
+    if (rec->peak_bytes > u->peak_bytes)
+        u->peak_bytes = rec->peak_bytes;
+    for (int d = 0; d < rec->devices && d < DDT_STORE_MAX_DEVICES; d++)
+        if (rec->device_peak_bytes[d] > u->device_peak_bytes[d])
+            u->device_peak_bytes[d] = rec->device_peak_bytes[d];
     u->step = rec->step;
     u->tokens_total += (double)rec->tokens;
     u->chunk = rec->chunk;

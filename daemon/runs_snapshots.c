@@ -62,14 +62,17 @@ static cJSON *run_json(const run *u)
     }
     add_number_or_null(o, "tokens_per_s", has, s->tokens_per_s);
     add_number_or_null(o, "positions_per_s", has, s->positions_per_s);
+    /* the run's peak: the largest over its steps (a re-chunk to a smaller chunk lowers the
+     * newest step's, newest_step, not the run's), per device too */
     cJSON *peak = cJSON_AddObjectToObject(o, "peak_memory_bytes");
-    add_number_or_null(peak, "max", has, (double)s->peak_bytes);
+    add_number_or_null(peak, "max", has, (double)u->peak_bytes);
     cJSON *devices = cJSON_AddObjectToObject(peak, "devices");
     for (int d = 0; has && d < s->devices; d++) {
         char k[24];
         snprintf(k, sizeof k, "cpu:%d", d);
-        cJSON_AddNumberToObject(devices, k, (double)s->device_peak_bytes[d]);
+        cJSON_AddNumberToObject(devices, k, (double)u->device_peak_bytes[d]);
     }
+    add_number_or_null(peak, "newest_step", has, (double)s->peak_bytes);
     add_number_or_null(o, "chunk", has || u->chunk > 0, (double)(has ? s->chunk : u->chunk));
     add_number_or_null(o, "vocab_tile", has || u->chunk > 0, (double)(has ? s->vocab_tile : u->vocab_tile));
     cJSON_AddNumberToObject(o, "tokens_total", u->tokens_total);

@@ -119,8 +119,22 @@
 
   // ---- plan and config -----------------------------------------------------------------------
 
+  // the plan at the run's chunk now: its config with the chunk / vocab_tile of its newest step
+  // (a re-chunk, by hand or after an out-of-memory step, moves the prediction with it)
+  let plannedFor = null;   // the run's chunk / vocab_tile the plan was asked at (the plan may pick a smaller chunk)
+  async function replan() {
+    const chunk = run && run.chunk, tile = run && run.vocab_tile;
+    plannedFor = `${chunk}/${tile}`;
+    const loss = { ...(config.loss || {}) };
+    if (Number.isInteger(chunk) && chunk > 0) loss.chunk = chunk;
+    if (Number.isInteger(tile)) loss.vocab_tile = tile;
+    plan = await api("POST", "/plan", { ...config, loss }).catch((e) => ({ error: e.message }));
+    showPlan();
+  }
+
   function showPlan() {
     const body = document.querySelector("#plan tbody");
+    body.replaceChildren();
     const row = (k, v) => body.append(el("tr", {}, el("th", {}, k), el("td", {}, v)));
     if (!plan.bytes) return row("plan", plan.error);
     row("ranks", plan.ranks);
@@ -129,7 +143,10 @@
     row("predicted peak", bytes(plan.predicted_peak_bytes));
     row("budget", plan.budget_bytes ? bytes(plan.budget_bytes) : "none (the device's memory)");
     row("chunk / vocab_tile", `${plan.chunk} / ${plan.vocab_tile}`);
-    row("fits", plan.fits ? "yes" : `no: ${plan.why || ""}`);
+    row("fits", plan.fits ? "yes" : `no, as configured: ${plan.why || ""}`);
+    if (plan.proposal)
+      row("proposed split", `${plan.proposal.fits ? "fits" : "does not fit either"} (the figures above): write ` +
+          JSON.stringify(plan.proposal.config));
     if (plan.target) row("target", `${plan.target.placement}, peak ${bytes(plan.target.peak_bytes)}`);
   }
 
@@ -175,6 +192,7 @@
   async function refresh() {
     run = await api("GET", path);
     showRun();
+    if (config && plan && plan.bytes && plannedFor !== `${run.chunk}/${run.vocab_tile}`) await replan();
     await newSteps();
     await newEvents();
     await newEvals();
@@ -189,8 +207,8 @@
     try {
       config = await api("GET", `${path}/config`);
       document.getElementById("config").textContent = JSON.stringify(config, null, 2);
-      plan = await api("POST", "/plan", config).catch((e) => ({ error: e.message }));
-      showPlan();
+      run = await api("GET", path);
+      await replan();
       await loadSteps();
     } catch (e) {
       status(e.message, true);

@@ -22,6 +22,8 @@ Cases:
  10 speculate       eval.speculative: tau_spec in GET /runs/ID, the evals rows and /metrics;
                     POST /runs/ID/speculate of the live weights and a checkpoint's, its refusals,
                     ddtreectl speculate
+ 11 plan_fits       "fits" alike in POST /plan and ddtreectl plan (exit status), the table's
+                    rows summing to its peak, the seed's split proposed under 95 GB
 
 Output: "ok   NAME" or "FAIL NAME" with indented details, then "N passed, M failed".
 Exit 0 all passed, 1 a failure, 77 skipped (ddtreed, ddtreectl or prometheus_client missing;
@@ -949,7 +951,9 @@ def case_bad_inputs(t, env):
 def case_pause_rechunk(t, env):
     d = Daemon(env, t).start()
     c = d.unix
-    rid = d.submit(run_config(LONG))
+    cfg = run_config(LONG)
+    cfg["target"]["vocab_size"] = 2048   # a loss workspace that a smaller chunk shrinks (the peak falls)
+    rid = d.submit(cfg)
     d.wait_state(rid, "running", min_step=20)
     r = c.post("/runs/%s/pause" % rid)
     t.check(r.status == 202 and r.json().get("state") == "pausing", "POST pause: %r" % r)
@@ -995,6 +999,20 @@ def case_pause_rechunk(t, env):
     t.check(all(recs[s]["chunk"] == 4096 for s in range(S - 2, S) if s in recs and s > s1),
             "steps before applies_from_step %d already have chunk 8: %s" % (S, {s: recs[s]["chunk"] for s in recs}))
     t.check(d.run(rid)["chunk"] == 8, "GET /runs/ID chunk after rechunk: %r" % d.run(rid)["chunk"])
+    # the run's peak is the largest of its steps' (the earlier chunk's), not the newest step's
+    # smaller one; per device too; newest_step is the newest step's
+    peak = d.run(rid)["peak_memory_bytes"]
+    rows = db_query(d.db, "SELECT MAX(peak_bytes) FROM steps WHERE run_id = ?", (rid,))
+    dev_rows = db_query(d.db, "SELECT device, MAX(peak_bytes) FROM step_devices WHERE run_id = ? GROUP BY device",
+                        (rid,))
+    newest = d.steps(rid, after=d.run(rid)["step"] - 1, limit=1)
+    t.check(peak["max"] == rows[0][0] and peak["newest_step"] < peak["max"],
+            "peak_memory_bytes after rechunk 4096 -> 8: %r; the steps' largest %r (the newest step's must be "
+            "below it)" % (peak, rows[0][0]))
+    t.check(all(peak["devices"].get("cpu:%d" % dv) == mx for dv, mx in dev_rows),
+            "peak_memory_bytes.devices %r, the steps' largest per device %r" % (peak["devices"], dev_rows))
+    t.check(not newest or newest[0]["peak_bytes"] <= peak["max"], "the newest step's peak %r above max %r"
+            % (newest and newest[0]["peak_bytes"], peak["max"]))
     ev = [e for e in d.events(rid) if e["kind"] == "rechunk"]
     t.check(ev, "no event of kind rechunk")
     if ev:
@@ -1571,6 +1589,61 @@ def case_speculate(t, env):
 
 
 
+# ------------------------------------------------------------------------------------------
+# 11. plan_fits: "fits" means the run as configured fits, alike in POST /plan, ddtreectl plan's
+# exit status and its table, whose rows sum to the peak (issue 27)
+
+def ctl_plan_rows(text):
+    """the byte rows of ddtreectl plan's table (label -> value) and its predicted peak"""
+    rows = {}
+    for line in text.splitlines():
+        m = re.match(r"^  (\S.*?)\s+([0-9.]+) (GB|MB)$", line)
+        if m:
+            rows[m.group(1)] = float(m.group(2)) * (1e9 if m.group(3) == "GB" else 1e6)
+    peak = rows.pop("predicted peak", None)
+    rows.pop("budget", None)
+    rows.pop("budget (card memory)", None)
+    return rows, peak
+
+
+def case_plan_fits(t, env):
+    d = Daemon(env, t).start()
+    base = env.tmpdir(t.name)
+    seed = json.load(open(os.path.join(EXAMPLES, "seed-ddtree.json")))
+    seed["target"]["path"] = os.path.abspath(os.path.join(EXAMPLES, "qwen3.6-27b"))
+    for budget, want_fits in ((149000000000, True), (95000000000, False)):
+        cfg = dict(seed, memory={"budget_bytes": budget})
+        path = os.path.join(base, "seed-%d.json" % budget)
+        with open(path, "w") as f:
+            json.dump(cfg, f)
+        r = d.unix.post("/plan", cfg)
+        t.require(r.status == 200, "POST /plan of the seed at %d: %r" % (budget, r))
+        p = r.json()
+        t.check(p["fits"] is want_fits, "POST /plan of the seed at %.0f GB: fits %r, want %r (%s)"
+                % (budget / 1e9, p["fits"], want_fits, p.get("why")))
+        t.check(sum(p["peak_parts"].values()) == p["predicted_peak_bytes"],
+                "POST /plan peak_parts %r do not sum to predicted_peak_bytes %r" % (p["peak_parts"], p["predicted_peak_bytes"]))
+        res = env.ctl(["--socket", d.socket, "plan", path])
+        t.check(res.returncode == (0 if want_fits else 1), "ddtreectl plan of the seed at %.0f GB: exit %d, want %d %s"
+                % (budget / 1e9, res.returncode, 0 if want_fits else 1, res.out))
+        rows, peak = ctl_plan_rows(res.stdout)
+        t.check(peak and abs(sum(rows.values()) - peak) <= 0.0005e9 * len(rows),
+                "ddtreectl plan at %.0f GB: its rows %r sum to %.3f GB, not its peak %r" % (budget / 1e9, rows,
+                sum(rows.values()) / 1e9, peak))
+        if want_fits:
+            t.check("target (co-located)" in rows and res.stdout.rstrip().endswith("fits"),
+                    "ddtreectl plan of the seed at 149 GB: no target row or no verdict: %s" % res.stdout)
+        else:
+            prop = p.get("proposal") or {}
+            t.check(p["target"]["proposed"] and prop.get("fits") is True and
+                    prop.get("config") == {"devices": ["cuda:%d" % i for i in range(5)],
+                                           "target": {"devices": ["cuda:5", "cuda:6", "cuda:7"]}},
+                    "POST /plan at 95 GB: the split proposed and what to write: %r" % prop)
+            t.check("does not fit as configured" in res.stdout and json.dumps(prop.get("config"), separators=(",", ":")) in res.stdout,
+                    "ddtreectl plan at 95 GB does not say so and what to write: %s" % res.stdout)
+    d.stop()
+
+
 CASES = [
     ("unix_routes", case_unix_routes, False),
     ("tcp_token", case_tcp_token, False),
@@ -1586,6 +1659,7 @@ CASES = [
     ("concurrency", case_concurrency, False),
     ("daemon_vs_foreground", case_daemon_vs_foreground, False),
     ("speculate", case_speculate, False),
+    ("plan_fits", case_plan_fits, False),
 ]
 
 

@@ -87,14 +87,56 @@ plan_case "memory.budget_bytes beyond the card refused" 1 \
 # "same" planned away from the node: its 5 GPUs, 2 proposed for the target, so 3 drafter ranks of 2 of the 5 sequences each
 derive -e 's/"devices": \["cuda:5", "cuda:6", "cuda:7"\]/"devices": "same"/' "$root/examples/seed-ddtree-96gb.json" >"$work/same96.json"
 plan_case "plan: co-location on 95 GB does not fit, a split is proposed, its drafter ranks planned" 1 \
-    "proposed: co-location does not fit" "co-located, the target and the drafter need" \
-    "per device (rank) of 3 (the proposed split's drafter ranks): 49152 positions (2 sequences x 1024 anchors" \
+    "proposed: co-location does not fit" \
+    "does NOT fit as configured: co-located, the target and the drafter need" \
+    "as the split proposed (co-located does not fit): per drafter GPU of 3, beside 2 target GPU(s); the config names 5" \
+    "^  49152 positions at a time (2 sequence(s) x 1024 anchors x block 24; a rank takes 2 of the step's 5 sequences)" \
+    'fits as a split (the figures above): 3 drafter GPU(s), 2 target GPU(s)' \
+    '^    {"devices": \["cuda:0", "cuda:1", "cuda:2"\], "target": {"devices": \["cuda:3", "cuda:4"\]}}$' \
     -- "$work/same96.json"
 sed 's/"budget_bytes": 95000000000, //' "$work/same96.json" >"$work/same96card.json"
 plan_case "plan: co-location on the rtx-pro-6000's whole memory does not fit either, a split is proposed" 1 \
     "proposed: co-location does not fit" \
-    "co-located, the target and the drafter need [0-9.]* GB per GPU against a budget of" \
-    "the rtx-pro-6000's memory: fits" -- "$work/same96card.json"
+    "the rtx-pro-6000's memory: does NOT fit as configured: co-located, the target and the drafter need [0-9.]* GB per GPU against a budget of" \
+    "fits as a split" -- "$work/same96card.json"
+# issue 27: the seed (8 GPUs) under 95 GB does not fit as configured (exit 1, "fits" false) but as
+# the split printed, which, written into the config, plans as it said and exits 0
+plan_case "plan: the seed under 95 GB: not as configured, the split to write printed" 1 \
+    "budget 95.000 GB: does NOT fit as configured" "fits as a split (the figures above): 5 drafter GPU(s), 3 target GPU(s)" \
+    '^    {"devices": \["cuda:0", "cuda:1", "cuda:2", "cuda:3", "cuda:4"\], "target": {"devices": \["cuda:5", "cuda:6", "cuda:7"\]}}$' \
+    "^  predicted peak  *93.637 GB" -- examples/seed-ddtree.json --budget 95000000000
+json=$(cd "$root" && "$ddtreed" plan examples/seed-ddtree.json --budget 95e9 --json 2>/dev/null)
+/usr/bin/python3 - "$json" "$root/examples/seed-ddtree.json" "$work/seed-split.json" <<'PY' &&
+import json, sys
+p = json.loads(sys.argv[1])
+assert p["fits"] is False and p["target"]["proposed"] and p["proposal"]["fits"] is True, p
+assert sum(p["peak_parts"].values()) == p["predicted_peak_bytes"], p["peak_parts"]
+c = json.load(open(sys.argv[2]))
+c["devices"] = p["proposal"]["config"]["devices"]
+c["target"].update(p["proposal"]["config"]["target"])
+json.dump(c, open(sys.argv[3], "w"))
+PY
+    plan_case "plan: the split proposed, written into the config, fits" 0 "budget 95.000 GB: fits" \
+        "^  predicted peak  *93.637 GB" -- "$work/seed-split.json" --budget 95GB ||
+    fail "plan --json: the seed under 95 GB: fits false, the proposal fits, peak_parts sum to the peak" "$json"
+for b in 96000000000 96e9 96GB 96G 96gb 96GiB; do
+    want=96000000000; [ "$b" = 96GiB ] && want=103079215104
+    out=$(cd "$root" && "$ddtreed" plan examples/seed-ddtree.json --budget "$b" --json 2>/dev/null)
+    if /usr/bin/python3 -c 'import json, sys; assert json.loads(sys.argv[1])["budget_bytes"] == int(sys.argv[2])' "$out" "$want"; then
+        ok "plan --budget $b is $want bytes"
+    else
+        fail "plan --budget $b is $want bytes" "$out"
+    fi
+done
+plan_case "plan --budget 96x: not understood, the forms named" 2 "--budget 96x: not understood (--budget wants bytes: .*96GiB" \
+    -- examples/seed-ddtree.json --budget 96x
+printf '{"name": ' >"$work/badjson.json"
+plan_case "plan: a file that is not JSON is named" 1 "^ddtreed plan: $work/badjson.json: .*not valid JSON" \
+    -- "$work/badjson.json"
+for cmd in plan export; do
+    out=$("$ddtreed" $cmd --help 2>&1)
+    if [ $? -eq 0 ] && grep -q "^usage: ddtreed $cmd" <<<"$out"; then ok "$cmd --help"; else fail "$cmd --help" "$out"; fi
+done
 for bad in 'overlap|"devices": ["cuda:0", "cuda:1"], "target": {"kind": "synthetic", "devices": ["cuda:1"]}|cuda:1, a drafter GPU too' \
            'cpu ranks|"devices": "cpu", "target": {"kind": "synthetic", "devices": ["cuda:0"]}|the drafter trains on CPU ranks' \
            'shards|"target": {"kind": "shards", "path": "/x", "shards": ["/x/a"], "devices": ["cuda:0"]}|no target at train time' \

@@ -71,6 +71,46 @@ static void target_bytes(const ddt_run_config *c, const ddt_target_footprint *f,
         t->host = generating ? ddt_source_heldout_token_bytes(&src) : t->queue;
 }
 
+/* What one drafter device holds at its busiest, as parts that sum to its peak: what it holds
+ * throughout (SAME: the replica's weights and generator; SAME, HOST: rank 0's speculator; SPLIT:
+ * the second batch slot), then the step's transient bytes: its activations with the larger of
+ * the loss's and the attention's workspaces (never held at the same time), or, co-located, the
+ * replica's prefill when that is larger (it runs before the step, not during it). */
+static int plan_parts(const ddt_memory_plan *p, const ddt_target_plan *t, ddt_plan_part *out)
+{
+    const ddt_placement placement = t ? t->placement : DDT_PLACE_NONE;
+    int n = 0;
+#define PART(k, b) (out[n++] = (ddt_plan_part){ (k), (b) })
+    PART("weights", p->weights);
+    PART("gradients", p->gradients);
+    PART("optimizer", p->optimizer);
+    PART("frozen_head", p->frozen_head);
+    PART("batch", p->batch);
+    if (placement == DDT_PLACE_SAME) {
+        PART("target", t->weights);
+        if (t->cache)
+            PART("generator", t->cache);
+    }
+    if ((placement == DDT_PLACE_SAME || placement == DDT_PLACE_HOST) && t->speculator)
+        PART("speculator", t->speculator);
+    if (placement == DDT_PLACE_SPLIT)
+        PART("handoff", t->handoff);
+    const int64_t ws = p->loss_workspace > p->attention_workspace ? p->loss_workspace : p->attention_workspace;
+    if (placement == DDT_PLACE_SAME && t->workspace > p->activations + ws) {
+        PART("target_prefill", t->workspace);
+    } else {
+        PART("activations", p->activations);
+        PART(p->loss_workspace >= p->attention_workspace ? "loss_workspace" : "attention_workspace", ws);
+    }
+#undef PART
+    return n;
+}
+
+int ddt_plan_parts(const ddt_memory_plan *p, ddt_plan_part parts[DDT_PLAN_PARTS])
+{
+    return plan_parts(p, &p->target, parts);
+}
+
 /* The drafter's figures at (chunk, tile), and the peak of one drafter device with the target as
  * t places it: SAME adds its weights and, generating, its generator (cache and workspace, opened
  * with the replica) to what the device holds throughout and its forward (run by the rank before
@@ -100,7 +140,10 @@ static void fill(const ddt_run_config *c, int tied_head, int64_t chunk, int64_t 
     p->optimizer = 2 * total * F;
     /* a GPU's copy is bf16 in a split and with train.precision bf16 (train/ranks.c round_host_head) */
     const int head16_copy = p->gpu && (placement == DDT_PLACE_SPLIT || c->bf16);
-    p->frozen_head = placement == DDT_PLACE_SAME || (placement == DDT_PLACE_SPLIT && !p->gpu) ? 0
+    /* a CPU rank never copies the head: it reads the host target's, a replica's or target rank
+     * 0's in place, counted under the target already (train/ranks.c); only a shards run's head,
+     * which no target holds, is counted here */
+    p->frozen_head = placement == DDT_PLACE_SAME || (placement != DDT_PLACE_NONE && !p->gpu) ? 0
                      : (tied_head ? 1 : 2) * V * H * (head16_copy ? 2 : F);
     p->batch = nseq * c->seq_len * ((d->taps + (uses_teacher ? 1 : 0)) * H * F + 5) +
                nseq * c->max_anchors * 5;
@@ -118,24 +161,18 @@ static void fill(const ddt_run_config *c, int tied_head, int64_t chunk, int64_t 
     p->attention_workspace = aws > 0 ? aws : 0;
     p->chunk = chunk;
     p->vocab_tile = tile;
-    /* the loss's and the attention's workspaces are never held at the same time */
-    int64_t held = p->weights + p->gradients + p->optimizer + p->frozen_head + p->batch,
-            transient = p->activations + (p->loss_workspace > p->attention_workspace ? p->loss_workspace
-                                                                                     : p->attention_workspace);
-    if (placement == DDT_PLACE_SAME || placement == DDT_PLACE_HOST)
-        held += t->speculator;   /* rank 0's, opened with the trainer */
-    if (placement == DDT_PLACE_SAME) {
-        held += t->weights + t->cache;
-        if (t->workspace > transient)
-            transient = t->workspace;
-    } else if (placement == DDT_PLACE_SPLIT) {
+    if (placement == DDT_PLACE_SPLIT) {
         t->handoff = p->batch;
-        held += t->handoff;
         t->peak = t->weights + t->workspace + t->cache + t->send;
     } else if (placement == DDT_PLACE_HOST) {
         t->peak = t->weights + t->workspace + t->cache + t->queue;
     }
-    p->peak = held + transient;
+    /* the peak is the sum of its parts, one arithmetic for the plan, its table and its JSON */
+    ddt_plan_part parts[DDT_PLAN_PARTS];
+    const int n = plan_parts(p, t, parts);
+    p->peak = 0;
+    for (int i = 0; i < n; i++)
+        p->peak += parts[i].bytes;
 }
 
 /* The drafter's devices at the config's chunk, else the largest chunk (then vocab_tile) that fits
@@ -254,15 +291,43 @@ static void row(FILE *out, const char *what, int64_t bytes, int64_t scale, const
     fprintf(out, "  %-22s %12.3f %s   %s\n", what, bytes / (gb ? 1e9 : 1e6), gb ? "GB" : "MB", how);
 }
 
+static cJSON *cuda_name(int32_t gpu)
+{
+    char name[24];
+    snprintf(name, sizeof name, "cuda:%d", (int)gpu);
+    return cJSON_CreateString(name);
+}
+
+/* a proposed split's "devices" and "target.devices" as a JSON merge patch of the run config
+ * (POST /plan's proposal.config) */
+static void proposal_lines(const ddt_memory_plan *p, FILE *out)
+{
+    fputs("    {\"devices\": [", out);
+    for (int64_t i = 0; i < p->ranks; i++)
+        fprintf(out, "%s\"cuda:%d\"", i ? ", " : "", (int)p->split_devices[i]);
+    fputs("], \"target\": {\"devices\": [", out);
+    for (int64_t i = 0; i < p->target.devices; i++)
+        fprintf(out, "%s\"cuda:%d\"", i ? ", " : "", (int)p->split_target_devices[i]);
+    fputs("]}}\n", out);
+}
+
 void ddt_plan_print(const ddt_run_config *c, const ddt_memory_plan *p, FILE *out)
 {
     const ddt_drafter_config *d = &c->drafter;
     char how[200];
-    fprintf(out, "memory plan of \"%s\", per device (rank) of %lld%s: %lld positions "
-            "(%lld sequences x %lld anchors x block %lld) at a time, vocabulary %lld\n", c->name,
-            (long long)p->ranks, p->target.proposed ? " (the proposed split's drafter ranks)" : "",
-            (long long)p->positions, (long long)(p->positions / (c->max_anchors * d->block_size)),
-            (long long)c->max_anchors, (long long)d->block_size, (long long)d->vocab);
+    if (p->target.proposed)
+        fprintf(out, "memory plan of \"%s\" as the split proposed (co-located does not fit): per drafter GPU of "
+                "%lld, beside %lld target GPU(s); the config names %lld\n", c->name, (long long)p->ranks,
+                (long long)p->target.devices, (long long)c->ranks);
+    else
+        fprintf(out, "memory plan of \"%s\", per device (rank) of %lld\n", c->name, (long long)p->ranks);
+    const int64_t world = c->cluster_world ? c->cluster_world : p->ranks,
+                  per_rank = (c->sequences_per_step + world - 1) / world;
+    fprintf(out, "  %lld positions at a time (%lld sequence(s) x %lld anchors x block %lld; a rank takes %lld of "
+            "the step's %lld sequences%s), vocabulary %lld\n", (long long)p->positions,
+            (long long)(p->positions / (c->max_anchors * d->block_size)), (long long)c->max_anchors,
+            (long long)d->block_size, (long long)per_rank, (long long)c->sequences_per_step,
+            c->grad_accum > 1 ? " over its micro-batches" : "", (long long)d->vocab);
     fprintf(out, "  one logits tensor: %lld x %lld x 2 B = %.2f GB in bf16 (%.2f GB in fp32); "
             "a naive KL holds three\n", (long long)p->positions, (long long)d->vocab,
             2.0 * p->positions * d->vocab / 1e9, 4.0 * p->positions * d->vocab / 1e9);
@@ -287,6 +352,7 @@ void ddt_plan_print(const ddt_run_config *c, const ddt_memory_plan *p, FILE *out
         p->target.placement == DDT_PLACE_SAME && !p->gpu ? "none: the rank reads its fp32 replica's embed_tokens and lm_head in place"
         : p->target.placement == DDT_PLACE_SAME ? "none: the rank reads its bf16 replica's embed_tokens and lm_head in place"
         : p->target.placement == DDT_PLACE_SPLIT && !p->gpu ? "none: the rank reads target rank 0's fp32 replica's embed_tokens and lm_head in place"
+        : p->target.placement == DDT_PLACE_HOST && !p->gpu ? "none: the rank reads the host target's fp32 embed_tokens and lm_head in place"
         : p->target.placement == DDT_PLACE_SPLIT || (p->gpu && c->bf16)
             ? "embed_tokens and lm_head, a bf16 copy per GPU (the loss reads it as stored)"
             : "embed_tokens and lm_head, fp32");
@@ -350,6 +416,20 @@ void ddt_plan_print(const ddt_run_config *c, const ddt_memory_plan *p, FILE *out
         snprintf(of_card, sizeof of_card, ", the %s's memory", c->card->name);
     else if (c->card && p->gpu)
         snprintf(of_card, sizeof of_card, " of the %s's %.3f GB", c->card->name, c->card->memory_bytes / 1e9);
+    if (t->proposed) {   /* the figures above are the split's, not the config's */
+        fprintf(out, "  budget %.3f GB%s: does NOT fit as configured: %s\n", p->budget / 1e9, of_card, p->why);
+        if (p->fits) {
+            fprintf(out, "  fits as a split (the figures above): %lld drafter GPU(s), %lld target GPU(s); write "
+                    "into the run config (merged: the target's other keys stay):\n", (long long)p->ranks, (long long)t->devices);
+            proposal_lines(p, out);
+        } else {
+            fprintf(out, "  the split proposed (the figures above: %lld drafter GPU(s), %lld target GPU(s)) does not "
+                    "fit either%s\n", (long long)p->ranks, (long long)t->devices,
+                    p->target.peak > p->budget ? ": a target GPU is over the budget" : " even at the smallest chunk "
+                    "and vocab_tile tried");
+        }
+        return;
+    }
     if (p->budget)
         fprintf(out, "  budget %.3f GB%s: %s\n", p->budget / 1e9, of_card,
                 p->fits ? "fits" : "does NOT fit even at the smallest chunk and vocab_tile tried");
@@ -391,9 +471,27 @@ char *ddt_plan_json(const ddt_run_config *c, const ddt_memory_plan *p, const cha
     }
     cJSON_AddNumberToObject(o, "chunk", (double)p->chunk);
     cJSON_AddNumberToObject(o, "vocab_tile", (double)p->vocab_tile);
-    cJSON_AddBoolToObject(o, "fits", p->fits);
+    cJSON_AddBoolToObject(o, "fits", ddt_plan_fits(p));
     if (*p->why)
         cJSON_AddStringToObject(o, "why", p->why);
+    ddt_plan_part parts[DDT_PLAN_PARTS];
+    const int n = ddt_plan_parts(p, parts);
+    cJSON *sum = cJSON_AddObjectToObject(o, "peak_parts");
+    for (int i = 0; i < n; i++)
+        cJSON_AddNumberToObject(sum, parts[i].key, (double)parts[i].bytes);
+    if (p->target.proposed) {   /* what to write for the split the figures are of */
+        cJSON *q = cJSON_AddObjectToObject(o, "proposal");
+        cJSON_AddBoolToObject(q, "fits", p->fits);
+        cJSON_AddNumberToObject(q, "drafter_ranks", (double)p->ranks);
+        cJSON_AddNumberToObject(q, "target_ranks", (double)p->target.devices);
+        cJSON *w = cJSON_AddObjectToObject(q, "config");
+        cJSON *dv = cJSON_AddArrayToObject(w, "devices");
+        for (int64_t i = 0; i < p->ranks; i++)
+            cJSON_AddItemToArray(dv, cuda_name(p->split_devices[i]));
+        cJSON *tv = cJSON_AddArrayToObject(cJSON_AddObjectToObject(w, "target"), "devices");
+        for (int64_t i = 0; i < p->target.devices; i++)
+            cJSON_AddItemToArray(tv, cuda_name(p->split_target_devices[i]));
+    }
     const ddt_target_plan *t = &p->target;
     if (t->placement != DDT_PLACE_NONE) {
         static const char *const names[] = { "none", "host", "same", "split" };
@@ -434,12 +532,36 @@ int ddt_run_footprint(const ddt_run_config *c, ddt_target_footprint *f, char *er
     return rc;
 }
 
+/* A proposed split's GPUs (p->ranks drafter GPUs, then p->target.devices target GPUs): the n
+ * GPUs the config names or "all" resolved to (ids) first, then the others of the node's in
+ * order, so that the drafter keeps the GPUs it was given where it can */
+static void split_gpus(const int32_t *ids, int n, int node_gpus, ddt_memory_plan *p)
+{
+    int32_t order[DDT_MAX_RANKS];
+    int count = 0;
+    for (int i = 0; i < n && count < DDT_MAX_RANKS; i++)
+        order[count++] = ids[i];
+    for (int g = 0; g < node_gpus && count < DDT_MAX_RANKS; g++) {
+        int seen = 0;
+        for (int i = 0; i < n; i++)
+            seen |= ids[i] == g;
+        if (!seen)
+            order[count++] = g;
+    }
+    for (int i = 0; i < count; i++) {
+        if (i < p->ranks)
+            p->split_devices[i] = order[i];
+        else if (i - p->ranks < p->target.devices)
+            p->split_target_devices[i - p->ranks] = order[i];
+    }
+}
+
 int ddt_plan_config(ddt_run_config *c, ddt_node node, int64_t budget, ddt_memory_plan *plan, char *note,
                     size_t note_len, char *remark, size_t remark_len, char *err, size_t err_len, char *field,
                     size_t field_len)
 {
     *note = *remark = '\0';
-    ddt_devices dev;
+    ddt_devices dev = { 0 };
     char why[1024];
     int rc = ddt_run_config_devices(c, node, &dev, why, sizeof why, field, field_len);
     int gpu = dev.gpu, node_gpus = node.gpus, colocated = dev.colocated;
@@ -472,5 +594,10 @@ int ddt_plan_config(ddt_run_config *c, ddt_node node, int64_t budget, ddt_memory
     }
     if ((rc = ddt_run_config_resolve(c, hidden, vocab, layers, err, err_len)))
         return rc;
-    return ddt_plan(c, budget, tied, has_target ? &f : NULL, gpu, colocated, node_gpus, plan);
+    rc = ddt_plan(c, budget, tied, has_target ? &f : NULL, gpu, colocated, node_gpus, plan);
+    if (rc == 0 && plan->target.proposed) {
+        const int listed = c->devices_kind == DDT_DEVICES_LIST;
+        split_gpus(listed ? c->gpu_ids : dev.gpu_ids, listed || dev.gpu ? (int)c->ranks : 0, node_gpus, plan);
+    }
+    return rc;
 }

@@ -71,8 +71,31 @@ typedef struct ddt_memory_plan {
     int64_t chunk, vocab_tile;/* chosen (the config's when they fit or there is no budget) */
     int fits;                 /* the drafter's devices, and the target's under SPLIT */
     ddt_target_plan target;
-    char why[512];            /* "" or why it does not fit, in figures */
+    char why[512];            /* "" or why it does not fit, in figures (a proposed split: why the
+                                 placement configured does not) */
+    /* a proposed split (target.proposed; ddt_plan_config): the GPUs to write as "devices" (ranks
+     * of them) and as "target.devices" (target.devices of them), the config's GPUs first */
+    int32_t split_devices[DDT_MAX_RANKS], split_target_devices[DDT_MAX_RANKS];
 } ddt_memory_plan;
+
+/* Whether the run as configured fits: its placement planned (not a proposal) and every device
+ * within the budget. A proposed split that fits is not: the config must name it first. This is
+ * POST /plan's "fits", and `ddtreed plan` / `ddtreectl plan` exit 0 only then. */
+static inline int ddt_plan_fits(const ddt_memory_plan *p)
+{
+    return p->fits && !p->target.proposed;
+}
+
+/* One part of a drafter device's peak (ddt_plan_parts): a JSON key of POST /plan's
+ * "peak_parts" ("weights", "target", "loss_workspace", ...) and its bytes. */
+typedef struct ddt_plan_part {
+    const char *key;
+    int64_t bytes;
+} ddt_plan_part;
+enum { DDT_PLAN_PARTS = 12 };
+
+/* The parts of p's peak, in the table's order; they sum to p->peak exactly. Their count. */
+int ddt_plan_parts(const ddt_memory_plan *p, ddt_plan_part parts[DDT_PLAN_PARTS]);
 
 /* c must be resolved (ddt_run_config_resolve), and c->ranks be the ranks the run takes on the
  * node (ddt_devices.ranks: "all" parses as 1). budget 0 = the config's, else on GPU ranks the

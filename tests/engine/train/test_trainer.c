@@ -7,7 +7,8 @@
  *   - an out-of-memory step under a budget that forces it is retried with a smaller chunk
  *     (then a vocab_tile) and the run goes on; a budget below the floor fails with a message
  *     that says what would fit;
- *   - the planner's prediction against the accounting allocator's measured peak (15%);
+ *   - the planner's prediction against the accounting allocator's measured peak (15%), and
+ *     with a 151,680-token vocabulary (10%: no frozen head counted per CPU rank);
  *   - run config errors name the field (train.precision, devices, cluster.* among them), good
  *     configs parse to what they say, ddt_run_config_devices resolves "devices" against 0, 1,
  *     2 and 8 GPUs: "all" takes no more GPUs than sequences per step and says so, more ranks
@@ -273,6 +274,32 @@ static void test_plan_vs_peak(void)
           measured, predicted, 100.0 * (measured - predicted) / predicted);
     printf("  # plan %.0f bytes, measured %.0f (%+.1f%%)\n", predicted, measured,
            100.0 * (measured - predicted) / predicted);
+    ddt_trainer_close(t);
+}
+
+/* A real vocabulary on CPU ranks (151,680 tokens, Qwen's): the head the rank reads is the host
+ * target's, counted under the target, not again per rank (issue 27: 56.8 MB predicted for an
+ * 18.0 MB peak). The step record's peak (rank 0's allocator) against the plan's (10%). */
+static void test_plan_real_vocab(void)
+{
+    char json[4096];
+    with_vocab(TINY("1", ""), 151680, json, sizeof json);
+    ddt_trainer *t = open_run(json, NULL);
+    if (!t)
+        return;
+    double losses[2];
+    ddt_step_record rec = { 0 };
+    if (run_steps(t, 2, losses, &rec) == 0) {
+        const ddt_memory_plan *p = ddt_trainer_plan(t);
+        const double predicted = (double)p->peak, measured = (double)rec.peak_bytes;
+        check(p->target.placement == DDT_PLACE_HOST && p->frozen_head == 0,
+              "a CPU rank copies no head of the host target (placement %d, frozen head %lld)", p->target.placement,
+              (long long)p->frozen_head);
+        check(fabs(measured - predicted) <= 0.10 * predicted, "vocabulary 151680: measured peak %.0f vs the plan's "
+              "%.0f (%+.1f%%)", measured, predicted, 100.0 * (measured - predicted) / predicted);
+        printf("  # vocabulary 151680: plan %.1f MB, measured %.1f MB (%+.1f%%)\n", predicted / 1e6, measured / 1e6,
+               100.0 * (measured - predicted) / predicted);
+    }
     ddt_trainer_close(t);
 }
 
@@ -1294,6 +1321,7 @@ int main(void)
         { "out-of-memory recovery", test_oom_recovery },
         { "plan vs measured peak", test_plan_vs_peak },
         { "the target's plan vs the host's peak", test_plan_target_host },
+        { "plan vs measured peak with a 151680-token vocabulary on CPU", test_plan_real_vocab },
         { "target.devices same on CPU ranks: the host run's losses bit for bit", test_colocated_same_losses },
         { "co-located generated data: exact resume from the trainer's cursor", test_colocated_resume },
         { "co-located plan vs rank 0's and the host's peaks", test_plan_colocated_peak },
