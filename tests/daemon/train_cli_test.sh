@@ -111,7 +111,10 @@ import json, sys
 p = json.loads(sys.argv[1])
 assert p["fits"] is False and p["target"]["proposed"] and p["proposal"]["fits"] is True, p
 assert sum(p["peak_parts"].values()) == p["predicted_peak_bytes"], p["peak_parts"]
+import os
 c = json.load(open(sys.argv[2]))
+# its relative target.path is the example's folder's: absolute in the copy
+c["target"]["path"] = os.path.join(os.path.dirname(sys.argv[2]), c["target"]["path"])
 c["devices"] = p["proposal"]["config"]["devices"]
 c["target"].update(p["proposal"]["config"]["target"])
 json.dump(c, open(sys.argv[3], "w"))
