@@ -145,6 +145,8 @@ typedef enum ddc_option_kind {
     DDC_OPT_SECONDS, /* a time in [min, max] seconds, default_value when not given */
     DDC_OPT_STATE,   /* a run state's name, for a query (the daemon judges it) */
     DDC_OPT_COUNTS,  /* a comma-separated list of 1 to 8 positive integers ("8,32") */
+    DDC_OPT_DIR,     /* a directory: non-empty; a relative one is made absolute against the
+                        working directory (the daemon resolves paths on its own machine) */
 } ddc_option_kind;
 
 typedef struct ddc_option {
@@ -166,6 +168,7 @@ typedef struct ddc_value {
     const char *text; /* as given */
     long long count;  /* DDC_OPT_COUNT */
     double seconds;   /* DDC_OPT_SECONDS (its default when not given) */
+    char path[4096];  /* DDC_OPT_DIR, absolute */
 } ddc_value;
 
 typedef struct ddc_command ddc_command;

@@ -71,6 +71,7 @@ typedef struct run {
     /* requests, applied at the next step boundary */
     int want_pause, want_resume, want_cancel, want_checkpoint, want_export, want_spec;
     ddt_trainer_spec_request spec_request;   /* want_spec's */
+    char export_dir[2200];              /* want_export's destination (POST export's reply says it) */
     int64_t want_chunk, want_tile;      /* -1: none */
     struct ddt_runs *owner;
 } run;
