@@ -152,7 +152,7 @@ static int ddc_cmd_runs(ddc_ctx *ctx, const ddc_args *args)
     int rc = ddc_request(ctx, "GET", path, NULL, 0, &root, NULL);
     if (rc || !root)
         return rc;
-    const cJSON *runs = ddc_get(root, "runs"), *run;
+    const cJSON *runs = ddc_get(root, "runs");
     if (!cJSON_IsArray(runs)) {
         fputs("ddtreectl: the answer to GET /runs has no \"runs\" list\n", stderr);
         cJSON_Delete(root);
@@ -169,11 +169,20 @@ static int ddc_cmd_runs(ddc_ctx *ctx, const ddc_args *args)
         {.header = "TOK/S", .width = 10},      {.header = "NAME"},
     };
     ddc_text cells[DDC_RUN_COLUMNS];
-    cJSON_ArrayForEach(run, runs)
-        ddc_table_fit(columns, DDC_RUN_COLUMNS, ddc_run_cells(run, cells));
+    int count = cJSON_GetArraySize(runs);
+    const cJSON **order = malloc((size_t)count * sizeof *order);
+    if (!order) {
+        fputs("ddtreectl: out of memory for the runs table\n", stderr);
+        cJSON_Delete(root);
+        return 1;
+    }
+    count = ddc_runs_newest_first(runs, order, count);   /* newest first, as the web view lists them */
+    for (int k = 0; k < count; k++)
+        ddc_table_fit(columns, DDC_RUN_COLUMNS, ddc_run_cells(order[k], cells));
     ddc_table_header(columns, DDC_RUN_COLUMNS);
-    cJSON_ArrayForEach(run, runs)
-        ddc_table_row(columns, DDC_RUN_COLUMNS, ddc_run_cells(run, cells));
+    for (int k = 0; k < count; k++)
+        ddc_table_row(columns, DDC_RUN_COLUMNS, ddc_run_cells(order[k], cells));
+    free(order);
     cJSON_Delete(root);
     return 0;
 }
@@ -607,7 +616,7 @@ const ddc_command ddc_commands[] = {
      .help = "the daemon: version, uptime, backend, devices, runs by state"},
     {.name = "runs", .run = ddc_cmd_runs,
      .options = {[DDC_RUNS_STATE] = {.name = "--state", .kind = DDC_OPT_STATE, .value_name = "S"}},
-     .help = "list runs (S: queued, running, paused, completed, ...)"},
+     .help = "list runs, newest first (S: queued, running, paused, completed, ...)"},
     {.name = "start", .operand = DDC_OPERAND_FILE, .run = ddc_cmd_start,
      .options = {[DDC_START_QUIET] = {.name = "--quiet", .kind = DDC_OPT_FLAG}},
      .help = "enqueue a run from a run config (FILE '-' reads stdin);\n"

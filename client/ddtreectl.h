@@ -75,6 +75,11 @@ ddc_text ddc_fmt_time(const cJSON *item);            /* ms since the epoch, loca
 ddc_text ddc_duration_text(double seconds);          /* 70 -> "1m10s"; negative -> "-" */
 ddc_text ddc_step_of_max(const cJSON *run);          /* "120/1500" */
 
+/* The runs of GET /runs (in the daemon's order, oldest first) into order[0..n), newest first: by
+ * created_ms, the later of two equal ones first; what the web view's runs table does too. The
+ * count put in order (at most cap). */
+int ddc_runs_newest_first(const cJSON *runs, const cJSON **order, int cap);
+
 /* A column of a table. Cells are two spaces apart; the last column is not padded. */
 typedef struct ddc_column {
     const char *header;
