@@ -116,6 +116,21 @@ static void record_spec(run *u, int64_t step, const ddt_speculate_totals *t)
         u->spec_seconds += t->tree_seconds[i];
 }
 
+/* an "error" event {"step", "message"} of what a request asked for and failed after its 202 */
+static void error_event(ddt_runs *r, run *u, int64_t step, const char *message)
+{
+    if (!r->store)
+        return;
+    cJSON *d = cJSON_CreateObject();
+    cJSON_AddNumberToObject(d, "step", (double)step);
+    cJSON_AddStringToObject(d, "message", message);
+    char *detail = cJSON_PrintUnformatted(d);
+    if (detail)
+        ddt_store_event(r->store, u->id, ddt_wall_ms(), "error", detail);
+    free(detail);
+    cJSON_Delete(d);
+}
+
 /* POST /runs/{id}/speculate, outside the lock: 0 with the totals, or logged and an error event */
 static int speculate_now(ddt_runs *r, run *u, ddt_trainer *t, const ddt_trainer_spec_request *q,
                          ddt_speculate_totals *out)
@@ -125,18 +140,9 @@ static int speculate_now(ddt_runs *r, run *u, ddt_trainer *t, const ddt_trainer_
     if (!rc)
         return 0;
     ddt_log(DDT_LOG_ERR, "run=%s speculative evaluation failed: %s", u->id, err);
-    if (r->store) {
-        cJSON *d = cJSON_CreateObject();
-        char message[1200];
-        snprintf(message, sizeof message, "the speculative evaluation (POST speculate) failed: %s", err);
-        cJSON_AddNumberToObject(d, "step", (double)(q->step >= 0 ? q->step : ddt_trainer_step_count(t)));
-        cJSON_AddStringToObject(d, "message", message);
-        char *detail = cJSON_PrintUnformatted(d);
-        if (detail)
-            ddt_store_event(r->store, u->id, ddt_wall_ms(), "error", detail);
-        free(detail);
-        cJSON_Delete(d);
-    }
+    char message[1200];
+    snprintf(message, sizeof message, "the speculative evaluation (POST speculate) failed: %s", err);
+    error_event(r, u, q->step >= 0 ? q->step : ddt_trainer_step_count(t), message);
     return rc;
 }
 
@@ -156,18 +162,9 @@ static void export_now(ddt_runs *r, run *u, ddt_trainer *t, const char *dir)
     if (!ddt_trainer_export(t, dir, err, sizeof err))
         return;
     ddt_log(DDT_LOG_ERR, "run=%s export into %s failed: %s", u->id, dir, err);
-    if (r->store) {
-        cJSON *d = cJSON_CreateObject();
-        char message[1400];
-        snprintf(message, sizeof message, "the export (POST export) into %s failed: %s", dir, err);
-        cJSON_AddNumberToObject(d, "step", (double)ddt_trainer_step_count(t));
-        cJSON_AddStringToObject(d, "message", message);
-        char *detail = cJSON_PrintUnformatted(d);
-        if (detail)
-            ddt_store_event(r->store, u->id, ddt_wall_ms(), "error", detail);
-        free(detail);
-        cJSON_Delete(d);
-    }
+    char message[3400];   /* the directory (2200) and err (1024) whole */
+    snprintf(message, sizeof message, "the export (POST export) into %s failed: %s", dir, err);
+    error_event(r, u, ddt_trainer_step_count(t), message);
 }
 
 /* what the trainer did, into the snapshot (with the lock) */
