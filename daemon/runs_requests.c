@@ -387,7 +387,7 @@ int ddt_runs_control(ddt_runs *r, const char *id, ddt_run_action action, const c
                                 (double)(u->step + (live && u->state == DDT_RUN_RUNNING ? 2 : 1)));
         break;
     case DDT_RUN_CHECKPOINT:
-        if (!live || u->state == DDT_RUN_QUEUED) {
+        if (!ddt_runs_has_worker(u)) {
             rc = illegal(u, "checkpoint", err, err_len);
             break;
         }
@@ -398,7 +398,7 @@ int ddt_runs_control(ddt_runs *r, const char *id, ddt_run_action action, const c
         break;
     case DDT_RUN_SPECULATE: {
         /* the worker holds the target and the speculator: a run without one is refused */
-        if (!live || (u->state != DDT_RUN_RUNNING && u->state != DDT_RUN_PAUSING && u->state != DDT_RUN_PAUSED)) {
+        if (!ddt_runs_has_worker(u)) {
             snprintf(err, err_len, "cannot speculate on run %s: it is %s and has no worker holding its target; "
                      "run `ddtreed speculate` on its export", u->id, ddt_run_state_name(u->state));
             rc = -EBUSY;
@@ -455,7 +455,7 @@ int ddt_runs_control(ddt_runs *r, const char *id, ddt_run_action action, const c
         break;
     }
     case DDT_RUN_EXPORT: {
-        int has_worker = live && u->state != DDT_RUN_QUEUED;
+        int has_worker = ddt_runs_has_worker(u);
         if (has_worker && u->want_export) {
             snprintf(err, err_len, "run %s already has an export waiting for the next step boundary (into %s)",
                      u->id, u->export_dir);

@@ -86,7 +86,7 @@ static cJSON *run_json(const run *u)
     cJSON_AddBoolToObject(o, "held", u->hold);   /* paused by a fault: it goes on by itself (error says why) */
     /* a worker holds it (checkpoint and export at its next step boundary; without one, export
      * writes the newest checkpoint's) */
-    cJSON_AddBoolToObject(o, "worker", u->has_thread && !u->thread_done && u->state != DDT_RUN_QUEUED);
+    cJSON_AddBoolToObject(o, "worker", ddt_runs_has_worker(u));
     return o;
 }
 
