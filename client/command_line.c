@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* ---------------------------------------------------------------------------------------------
  * The usage text */
@@ -194,6 +195,15 @@ static int ddc_check_value(const ddc_command *command, int k, ddc_value *value)
             if (!*end)
                 return 0;
         }
+    }
+    case DDC_OPT_DIR: {
+        char cwd[2048];
+        int n = !*text ? -1
+                : text[0] == '/' ? snprintf(value->path, sizeof value->path, "%s", text)
+                : getcwd(cwd, sizeof cwd) ? snprintf(value->path, sizeof value->path, "%s/%s", cwd, text) : -1;
+        if (n < 0 || n >= (int)sizeof value->path)
+            return ddc_usage_error("%s: %s wants a directory, not '%s'", command->name, option->name, text);
+        return 0;
     }
     case DDC_OPT_FLAG:
         return 0;

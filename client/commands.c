@@ -152,7 +152,7 @@ static int ddc_cmd_runs(ddc_ctx *ctx, const ddc_args *args)
     int rc = ddc_request(ctx, "GET", path, NULL, 0, &root, NULL);
     if (rc || !root)
         return rc;
-    const cJSON *runs = ddc_get(root, "runs"), *run;
+    const cJSON *runs = ddc_get(root, "runs");
     if (!cJSON_IsArray(runs)) {
         fputs("ddtreectl: the answer to GET /runs has no \"runs\" list\n", stderr);
         cJSON_Delete(root);
@@ -169,11 +169,20 @@ static int ddc_cmd_runs(ddc_ctx *ctx, const ddc_args *args)
         {.header = "TOK/S", .width = 10},      {.header = "NAME"},
     };
     ddc_text cells[DDC_RUN_COLUMNS];
-    cJSON_ArrayForEach(run, runs)
-        ddc_table_fit(columns, DDC_RUN_COLUMNS, ddc_run_cells(run, cells));
+    int count = cJSON_GetArraySize(runs);
+    const cJSON **order = malloc((size_t)count * sizeof *order);
+    if (!order) {
+        fputs("ddtreectl: out of memory for the runs table\n", stderr);
+        cJSON_Delete(root);
+        return 1;
+    }
+    count = ddc_runs_newest_first(runs, order, count);   /* newest first, as the web view lists them */
+    for (int k = 0; k < count; k++)
+        ddc_table_fit(columns, DDC_RUN_COLUMNS, ddc_run_cells(order[k], cells));
     ddc_table_header(columns, DDC_RUN_COLUMNS);
-    cJSON_ArrayForEach(run, runs)
-        ddc_table_row(columns, DDC_RUN_COLUMNS, ddc_run_cells(run, cells));
+    for (int k = 0; k < count; k++)
+        ddc_table_row(columns, DDC_RUN_COLUMNS, ddc_run_cells(order[k], cells));
+    free(order);
     cJSON_Delete(root);
     return 0;
 }
@@ -480,21 +489,37 @@ static int ddc_cmd_speculate(ddc_ctx *ctx, const ddc_args *args)
     return 0;
 }
 
-static int ddc_print_export(const ddc_ctx *ctx, const ddc_args *args, const char *path, const cJSON *root,
-                            long status)
-{
-    const char *id = args->operand;
-    const char *export_dir = ddc_string(ddc_get(root, "path"));
-    if (status == 202)
-        printf("run %s: export started%s%s\n", id, export_dir ? ", into " : "", export_dir ? export_dir : "");
-    else
-        printf("run %s: exported to %s\n", id, export_dir ? export_dir : "-");
-    return 0;
-}
+enum { DDC_EXPORT_OUT }; /* its options */
 
+/* POST /runs/{id}/export, {"out": DIR} with --out: where it went (200) or goes (202) */
 static int ddc_cmd_export(ddc_ctx *ctx, const ddc_args *args)
 {
-    return ddc_one_request(ctx, args, "POST", "/export", ddc_print_export);
+    char *body = NULL;
+    if (args->option[DDC_EXPORT_OUT].given) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "out", args->option[DDC_EXPORT_OUT].path);
+        body = cJSON_PrintUnformatted(o);
+        cJSON_Delete(o);
+        if (!body) {
+            fputs("ddtreectl: out of memory for the request\n", stderr);
+            return 1;
+        }
+    }
+    cJSON *root;
+    long status = 0;
+    int rc = ddc_run_request(ctx, "POST", args->operand, "/export", body, body ? strlen(body) : 0, &root, &status);
+    free(body);
+    if (rc || !root)
+        return rc;
+    const char *dir = ddc_string(ddc_get(root, "path"));
+    if (status == 202)
+        printf("run %s: export of step %s at the next step boundary, into %s\n", args->operand,
+               ddc_fmt_count(ddc_get(root, "step")).s, dir ? dir : "-");
+    else
+        printf("run %s: exported step %s (its newest checkpoint) to %s\n", args->operand,
+               ddc_fmt_count(ddc_get(root, "step")).s, dir ? dir : "-");
+    cJSON_Delete(root);
+    return 0;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -633,7 +658,7 @@ const ddc_command ddc_commands[] = {
      .help = "the daemon: version, uptime, backend, devices, runs by state"},
     {.name = "runs", .run = ddc_cmd_runs,
      .options = {[DDC_RUNS_STATE] = {.name = "--state", .kind = DDC_OPT_STATE, .value_name = "S"}},
-     .help = "list runs (S: queued, running, paused, completed, ...)"},
+     .help = "list runs, newest first (S: queued, running, paused, completed, ...)"},
     {.name = "start", .operand = DDC_OPERAND_FILE, .run = ddc_cmd_start,
      .options = {[DDC_START_QUIET] = {.name = "--quiet", .kind = DDC_OPT_FLAG}},
      .help = "enqueue a run from a run config (FILE '-' reads stdin);\n"
@@ -669,7 +694,9 @@ const ddc_command ddc_commands[] = {
     {.name = "events", .operand = DDC_OPERAND_RUN_ID, .run = ddc_cmd_events,
      .help = "state changes, re-chunks, OOM recoveries, checkpoints"},
     {.name = "export", .operand = DDC_OPERAND_RUN_ID, .run = ddc_cmd_export,
-     .help = "write the serving export of the latest checkpoint"},
+     .options = {[DDC_EXPORT_OUT] = {.name = "--out", .kind = DDC_OPT_DIR, .value_name = "DIR"}},
+     .help = "the serving export of the live weights (else the newest checkpoint)\n"
+             "into DIR; default runs/ID/exports/step-N, kept beside the final export"},
     {.name = "nccl-id", .run = ddc_cmd_nccl_id,
      .help = "a new NCCL unique id from this daemon (rank 0 of a run over\n"
              "several daemons: their configs' cluster.unique_id)"},

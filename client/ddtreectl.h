@@ -75,6 +75,11 @@ ddc_text ddc_fmt_time(const cJSON *item);            /* ms since the epoch, loca
 ddc_text ddc_duration_text(double seconds);          /* 70 -> "1m10s"; negative -> "-" */
 ddc_text ddc_step_of_max(const cJSON *run);          /* "120/1500" */
 
+/* The runs of GET /runs (in the daemon's order, oldest first) into order[0..n), newest first: by
+ * created_ms, the later of two equal ones first; what the web view's runs table does too. The
+ * count put in order (at most cap). */
+int ddc_runs_newest_first(const cJSON *runs, const cJSON **order, int cap);
+
 /* A column of a table. Cells are two spaces apart; the last column is not padded. */
 typedef struct ddc_column {
     const char *header;
@@ -145,6 +150,8 @@ typedef enum ddc_option_kind {
     DDC_OPT_SECONDS, /* a time in [min, max] seconds, default_value when not given */
     DDC_OPT_STATE,   /* a run state's name, for a query (the daemon judges it) */
     DDC_OPT_COUNTS,  /* a comma-separated list of 1 to 8 positive integers ("8,32") */
+    DDC_OPT_DIR,     /* a directory: non-empty; a relative one is made absolute against the
+                        working directory (the daemon resolves paths on its own machine) */
 } ddc_option_kind;
 
 typedef struct ddc_option {
@@ -166,6 +173,7 @@ typedef struct ddc_value {
     const char *text; /* as given */
     long long count;  /* DDC_OPT_COUNT */
     double seconds;   /* DDC_OPT_SECONDS (its default when not given) */
+    char path[4096];  /* DDC_OPT_DIR, absolute */
 } ddc_value;
 
 typedef struct ddc_command ddc_command;

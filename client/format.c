@@ -177,6 +177,32 @@ ddc_text ddc_step_of_max(const cJSON *run)
     return ddc_textf("%s/%s", ddc_fmt_count(ddc_get(run, "step")).s, ddc_fmt_count(ddc_get(run, "max_steps")).s);
 }
 
+/* created_ms, or -1 when it has none */
+static double ddc_created(const cJSON *run)
+{
+    double t;
+    return ddc_number(ddc_get(run, "created_ms"), &t) ? t : -1;
+}
+
+int ddc_runs_newest_first(const cJSON *runs, const cJSON **order, int cap)
+{
+    int n = 0;
+    const cJSON *run;
+    cJSON_ArrayForEach(run, ddc_array(runs)) {
+        if (n == cap)
+            break;
+        /* before every run created at the same time or earlier (one of the same time came before it) */
+        double t = ddc_created(run);
+        int k = n;
+        while (k > 0 && ddc_created(order[k - 1]) <= t)
+            k--;
+        memmove(order + k + 1, order + k, (size_t)(n - k) * sizeof *order);
+        order[k] = run;
+        n++;
+    }
+    return n;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Tables: one column list says the header and the row, so that they cannot disagree */
 

@@ -173,8 +173,9 @@ static void post_control(ddt_api *a, const char *id, const char *verb, const ddt
         return;
     }
     cJSON *body = NULL;
-    /* speculate's body is optional (every field is): none is {} */
-    if (verbs[v].action == DDT_RUN_RECHUNK || (verbs[v].action == DDT_RUN_SPECULATE && req->body_len > 0)) {
+    /* speculate's and export's bodies are optional (every field is): none is {} */
+    if (verbs[v].action == DDT_RUN_RECHUNK ||
+        ((verbs[v].action == DDT_RUN_SPECULATE || verbs[v].action == DDT_RUN_EXPORT) && req->body_len > 0)) {
         const char *end = NULL;
         body = cJSON_ParseWithLengthOpts(req->body, req->body_len + 1, &end, 1);
         if (!body) {

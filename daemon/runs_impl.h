@@ -74,6 +74,7 @@ typedef struct run {
     /* requests, applied at the next step boundary */
     int want_pause, want_resume, want_cancel, want_checkpoint, want_export, want_spec;
     ddt_trainer_spec_request spec_request;   /* want_spec's */
+    char export_dir[2200];              /* want_export's destination (POST export's reply says it) */
     int64_t want_chunk, want_tile;      /* -1: none */
     struct ddt_runs *owner;
 } run;
@@ -95,6 +96,11 @@ struct ddt_runs {
 /* runs_list.c */
 run *ddt_runs_find(ddt_runs *r, const char *id);   /* with the lock; NULL when unknown */
 int ddt_runs_active(ddt_run_state s);              /* 1 unless s is final */
+/* 1 while a worker holds u at its step boundaries (running, pausing, paused), with the lock: a
+ * checkpoint, export or speculation asked of it is done by the worker. Not once the worker has
+ * left its loop (completed, failed, cancelled or interrupted, its thread still closing): what
+ * was asked then would never be done */
+int ddt_runs_has_worker(const run *u);
 /* releases the lock, then waits for the state writes made under it */
 void ddt_runs_unlock(ddt_runs *r);
 /* ddt_runs_unlock and lock again, when there are writes to wait for */

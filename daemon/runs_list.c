@@ -27,6 +27,12 @@ int ddt_runs_active(ddt_run_state s)
     return !ddt_run_state_final(s);
 }
 
+int ddt_runs_has_worker(const run *u)
+{
+    return u->has_thread && !u->thread_done &&
+           (u->state == DDT_RUN_RUNNING || u->state == DDT_RUN_PAUSING || u->state == DDT_RUN_PAUSED);
+}
+
 /* The state writes this thread enqueued while holding the lock (ddt_runs_set_state), newest
  * first; ddt_runs_unlock() waits for them once the lock is released. */
 typedef struct pending_write {

@@ -12,10 +12,14 @@
 #include "base/log.h"
 #include "record/checkpoint.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 int ddt_runs_submit(ddt_runs *r, const char *json, size_t len, char *id, size_t id_len,
                     char *err, size_t err_len, char *field, size_t field_len)
@@ -154,6 +158,133 @@ static int parse_speculate(const cJSON *body, const ddt_run_config *c, ddt_train
     return 0;
 }
 
+/* ------------------------------------------------------------------------------------------
+ * POST /runs/{id}/export's destination
+ */
+
+/* whether dir is a directory that an export may replace: an empty one, or an earlier export
+ * (its model.safetensors) */
+static int replaceable(const char *dir)
+{
+    char f[2400];
+    struct stat st;
+    snprintf(f, sizeof f, "%s/model.safetensors", dir);
+    if (stat(f, &st) == 0)
+        return 1;
+    DIR *d = opendir(dir);
+    if (!d)
+        return 0;
+    int empty = 1;
+    for (struct dirent *e; empty && (e = readdir(d));)
+        empty = !strcmp(e->d_name, ".") || !strcmp(e->d_name, "..");
+    closedir(d);
+    return empty;
+}
+
+/* The export's directory from the body {"out": "/abs/dir", "replace_final": bool} (each may be
+ * omitted) into dir: without out, runs/<id>/exports/step-NNNNNNNN (made here), which the run's
+ * final export (runs/<id>/export) never touches. out is absolute, its parent exists, it is not
+ * inside another run's directory nor this run's except as exports/NAME, or export itself with
+ * replace_final (the final export then replaces it); when it exists it is an empty directory or
+ * an earlier export. 0, or -EINVAL naming the field. */
+static int export_destination(ddt_runs *r, run *u, const cJSON *body, int64_t step, char *dir, size_t dir_len,
+                              char *err, size_t err_len, char *field, size_t field_len)
+{
+    const cJSON *out = NULL;
+    int replace_final = 0;
+    if (body && !cJSON_IsObject(body)) {
+        snprintf(err, err_len, "the body must be a JSON object {\"out\": \"/absolute/dir\", \"replace_final\": "
+                 "false} (each may be omitted)");
+        return -EINVAL;
+    }
+    for (const cJSON *item = body ? body->child : NULL; item; item = item->next) {
+        if (!strcmp(item->string, "out")) {
+            out = item;
+        } else if (!strcmp(item->string, "replace_final") && cJSON_IsBool(item)) {
+            replace_final = cJSON_IsTrue(item);
+        } else {
+            snprintf(field, field_len, "%s", item->string);
+            snprintf(err, err_len, !strcmp(item->string, "replace_final") ? "replace_final must be true or false"
+                     : "%s is not an export field (out, replace_final)", item->string);
+            return -EINVAL;
+        }
+    }
+    char runs_dir[1100];
+    snprintf(runs_dir, sizeof runs_dir, "%s/runs", r->state_dir);
+    if (!out) {
+        char exports[2200];
+        snprintf(exports, sizeof exports, "%s/%s/exports", runs_dir, u->id);
+        if (mkdir(exports, 0755) && errno != EEXIST) {
+            snprintf(err, err_len, "cannot make %s: %s", exports, strerror(errno));
+            return -EIO;
+        }
+        if (snprintf(dir, dir_len, "%s/step-%08lld", exports, (long long)step) >= (int)dir_len) {
+            snprintf(err, err_len, "the state directory's path is too long for an export");
+            return -ENAMETOOLONG;
+        }
+        return 0;
+    }
+    snprintf(field, field_len, "out");
+    const char *text = cJSON_IsString(out) ? out->valuestring : NULL;
+    size_t len = text ? strlen(text) : 0;
+    while (len > 1 && text[len - 1] == '/')
+        len--;
+    if (!text || text[0] != '/' || len >= 2000) {
+        snprintf(err, err_len, "out must be an absolute path of at most 2000 bytes (the directory the export "
+                 "is written to, on the daemon's machine)");
+        return -EINVAL;
+    }
+    char given[2048], parent[2048], real_parent[PATH_MAX], real_runs[PATH_MAX];
+    snprintf(given, sizeof given, "%.*s", (int)len, text);
+    const char *name = strrchr(given, '/') + 1;
+    snprintf(parent, sizeof parent, "%.*s", name - given > 1 ? (int)(name - given - 1) : 1, given);
+    if (!*name || !strcmp(name, ".") || !strcmp(name, "..")) {
+        snprintf(err, err_len, "out must name a directory to write (%s ends in '%s')", given, name);
+        return -EINVAL;
+    }
+    struct stat st;
+    if (!realpath(parent, real_parent) || stat(real_parent, &st) || !S_ISDIR(st.st_mode)) {
+        snprintf(err, err_len, "out: the directory it goes in (%s) does not exist on the daemon's machine; "
+                 "make it first", parent);
+        return -EINVAL;
+    }
+    if (snprintf(dir, dir_len, "%s/%s", strcmp(real_parent, "/") ? real_parent : "", name) >= (int)dir_len) {
+        snprintf(err, err_len, "out is too long once its links are resolved (%s/%s)", real_parent, name);
+        return -EINVAL;
+    }
+    /* inside the runs' directory: only this run's exports/NAME, or its export when asked */
+    size_t n = realpath(runs_dir, real_runs) ? strlen(real_runs) : 0;
+    if (n && !strncmp(dir, real_runs, n) && (dir[n] == '/' || !dir[n])) {
+        const char *rest = dir[n] ? dir + n + 1 : "";
+        size_t id_len = strcspn(rest, "/");
+        int own = id_len == strlen(u->id) && !strncmp(rest, u->id, id_len) && rest[id_len] == '/';
+        const char *inside = own ? rest + id_len + 1 : "";
+        int allowed = own && ((!strncmp(inside, "exports/", 8) && inside[8] && !strchr(inside + 8, '/')) ||
+                              (!strcmp(inside, "export") && replace_final));
+        if (!allowed) {
+            if (!own)
+                snprintf(err, err_len, "out (%s) is inside %s%.*s's directory: choose a directory outside %s",
+                         dir, id_len ? "run " : "the runs", (int)id_len, rest, real_runs);
+            else if (!strcmp(inside, "export"))
+                snprintf(err, err_len, "out (%s) is the run's final export, which the run's end writes again: "
+                         "leave out out for %s/%s/exports/step-%08lld, or add \"replace_final\": true", dir,
+                         runs_dir, u->id, (long long)step);
+            else
+                snprintf(err, err_len, "out (%s) is inside the run's own directory: only exports/NAME (or its "
+                         "final export with replace_final) may be written there", dir);
+            return -EINVAL;
+        }
+    }
+    if (lstat(dir, &st) == 0 && (!S_ISDIR(st.st_mode) || !replaceable(dir))) {
+        snprintf(err, err_len, "out (%s) exists and is %s: an export replaces only an empty directory or an "
+                 "earlier export; choose a new directory", dir, S_ISDIR(st.st_mode) ? "not an export" :
+                 S_ISLNK(st.st_mode) ? "a symbolic link" : "not a directory");
+        return -EINVAL;
+    }
+    *field = '\0';
+    return 0;
+}
+
 int ddt_runs_control(ddt_runs *r, const char *id, ddt_run_action action, const cJSON *body,
                      cJSON **reply, int *status, char *err, size_t err_len, char *field,
                      size_t field_len)
@@ -256,7 +387,7 @@ int ddt_runs_control(ddt_runs *r, const char *id, ddt_run_action action, const c
                                 (double)(u->step + (live && u->state == DDT_RUN_RUNNING ? 2 : 1)));
         break;
     case DDT_RUN_CHECKPOINT:
-        if (!live || u->state == DDT_RUN_QUEUED) {
+        if (!ddt_runs_has_worker(u)) {
             rc = illegal(u, "checkpoint", err, err_len);
             break;
         }
@@ -267,7 +398,7 @@ int ddt_runs_control(ddt_runs *r, const char *id, ddt_run_action action, const c
         break;
     case DDT_RUN_SPECULATE: {
         /* the worker holds the target and the speculator: a run without one is refused */
-        if (!live || (u->state != DDT_RUN_RUNNING && u->state != DDT_RUN_PAUSING && u->state != DDT_RUN_PAUSED)) {
+        if (!ddt_runs_has_worker(u)) {
             snprintf(err, err_len, "cannot speculate on run %s: it is %s and has no worker holding its target; "
                      "run `ddtreed speculate` on its export", u->id, ddt_run_state_name(u->state));
             rc = -EBUSY;
@@ -324,22 +455,51 @@ int ddt_runs_control(ddt_runs *r, const char *id, ddt_run_action action, const c
         break;
     }
     case DDT_RUN_EXPORT: {
-        char dir[2200];
-        snprintf(dir, sizeof dir, "%s/runs/%s/export", r->state_dir, u->id);
+        int has_worker = ddt_runs_has_worker(u);
+        if (has_worker && u->want_export) {
+            snprintf(err, err_len, "run %s already has an export waiting for the next step boundary (into %s)",
+                     u->id, u->export_dir);
+            rc = -EBUSY;
+            break;
+        }
+        char run_dir[2100], ckpt[2400], dir[sizeof u->export_dir];
+        snprintf(run_dir, sizeof run_dir, "%s/runs/%s", r->state_dir, u->id);
+        /* the step its weights are of: the next step boundary's, or the newest checkpoint's */
+        int64_t step = u->step + (u->state == DDT_RUN_PAUSED ? 0 : 1);
+        if (!has_worker && ddt_checkpoint_latest(run_dir, &step, ckpt, sizeof ckpt)) {
+            snprintf(err, err_len, "cannot export run %s: it is %s, has no worker and no complete checkpoint to "
+                     "export", u->id, ddt_run_state_name(u->state));
+            rc = -EBUSY;
+            break;
+        }
+        if ((rc = export_destination(r, u, body, step, dir, sizeof dir, err, err_len, field, field_len)))
+            break;
         *reply = cJSON_CreateObject();
         cJSON_AddStringToObject(*reply, "path", dir);
-        if (live && u->state != DDT_RUN_QUEUED) {
+        cJSON_AddNumberToObject(*reply, "step", (double)step);
+        if (has_worker) {
+            snprintf(u->export_dir, sizeof u->export_dir, "%s", dir);
             u->want_export = 1;
             pthread_cond_broadcast(&r->wake);
         } else {   /* no worker: from its newest checkpoint, now (outside the lock) */
-            char run_dir[2100], ckpt[2400];
-            snprintf(run_dir, sizeof run_dir, "%s/runs/%s", r->state_dir, u->id);
             ddt_runs_unlock(r);
-            rc = ddt_checkpoint_export(run_dir, -1, dir, ckpt, sizeof ckpt, err, err_len);
+            rc = ddt_checkpoint_export(run_dir, step, dir, ckpt, sizeof ckpt, err, err_len);
             if (rc) {
                 cJSON_Delete(*reply);
                 *reply = NULL;
                 return rc == -ENOENT ? -EBUSY : rc;
+            }
+            if (r->store) {   /* as the trainer's export event says it */
+                cJSON *d = cJSON_CreateObject();
+                cJSON_AddNumberToObject(d, "step", (double)step);
+                cJSON_AddBoolToObject(d, "written", 1);
+                cJSON_AddStringToObject(d, "path", dir);
+                cJSON_AddStringToObject(d, "checkpoint", ckpt);
+                char *detail = cJSON_PrintUnformatted(d);
+                if (detail)
+                    ddt_store_event(r->store, id, ddt_wall_ms(), "export", detail);
+                free(detail);
+                cJSON_Delete(d);
             }
             *status = 200;
             return 0;

@@ -121,6 +121,21 @@ static void record_spec(run *u, int64_t step, const ddt_speculate_totals *t)
         u->spec_seconds += t->tree_seconds[i];
 }
 
+/* an "error" event {"step", "message"} of what a request asked for and failed after its 202 */
+static void error_event(ddt_runs *r, run *u, int64_t step, const char *message)
+{
+    if (!r->store)
+        return;
+    cJSON *d = cJSON_CreateObject();
+    cJSON_AddNumberToObject(d, "step", (double)step);
+    cJSON_AddStringToObject(d, "message", message);
+    char *detail = cJSON_PrintUnformatted(d);
+    if (detail)
+        ddt_store_event(r->store, u->id, ddt_wall_ms(), "error", detail);
+    free(detail);
+    cJSON_Delete(d);
+}
+
 /* POST /runs/{id}/speculate, outside the lock: 0 with the totals, or logged and an error event */
 static int speculate_now(ddt_runs *r, run *u, ddt_trainer *t, const ddt_trainer_spec_request *q,
                          ddt_speculate_totals *out)
@@ -130,18 +145,9 @@ static int speculate_now(ddt_runs *r, run *u, ddt_trainer *t, const ddt_trainer_
     if (!rc)
         return 0;
     ddt_log(DDT_LOG_ERR, "run=%s speculative evaluation failed: %s", u->id, err);
-    if (r->store) {
-        cJSON *d = cJSON_CreateObject();
-        char message[1200];
-        snprintf(message, sizeof message, "the speculative evaluation (POST speculate) failed: %s", err);
-        cJSON_AddNumberToObject(d, "step", (double)(q->step >= 0 ? q->step : ddt_trainer_step_count(t)));
-        cJSON_AddStringToObject(d, "message", message);
-        char *detail = cJSON_PrintUnformatted(d);
-        if (detail)
-            ddt_store_event(r->store, u->id, ddt_wall_ms(), "error", detail);
-        free(detail);
-        cJSON_Delete(d);
-    }
+    char message[1200];
+    snprintf(message, sizeof message, "the speculative evaluation (POST speculate) failed: %s", err);
+    error_event(r, u, q->step >= 0 ? q->step : ddt_trainer_step_count(t), message);
     return rc;
 }
 
@@ -153,12 +159,17 @@ static void checkpoint(run *u, ddt_trainer *t, int always)
         ddt_log(DDT_LOG_ERR, "run=%s checkpoint failed: %s", u->id, err);
 }
 
-static void export_now(run *u, ddt_trainer *t)
+/* POST export, outside the lock: into dir, the request's destination (runs_requests.c); a failure
+ * is logged and an error event (the request was answered 202 before) */
+static void export_now(ddt_runs *r, run *u, ddt_trainer *t, const char *dir)
 {
-    char dir[2200], err[1024];
-    snprintf(dir, sizeof dir, "%s/export", ddt_trainer_run_dir(t));
-    if (ddt_trainer_export(t, dir, err, sizeof err))
-        ddt_log(DDT_LOG_ERR, "run=%s export failed: %s", u->id, err);
+    char err[1024];
+    if (!ddt_trainer_export(t, dir, err, sizeof err))
+        return;
+    ddt_log(DDT_LOG_ERR, "run=%s export into %s failed: %s", u->id, dir, err);
+    char message[3400];   /* the directory (2200) and err (1024) whole */
+    snprintf(message, sizeof message, "the export (POST export) into %s failed: %s", dir, err);
+    error_event(r, u, ddt_trainer_step_count(t), message);
 }
 
 /* what the trainer did, into the snapshot (with the lock) */
@@ -213,12 +224,14 @@ static void *worker_main(void *arg)
         int want_ckpt = u->want_checkpoint, want_export = u->want_export, pause = u->want_pause,
             want_spec = u->want_spec;
         const ddt_trainer_spec_request spec_request = u->spec_request;
+        char export_dir[sizeof u->export_dir];
+        snprintf(export_dir, sizeof export_dir, "%s", u->export_dir);
         u->want_checkpoint = u->want_export = u->want_spec = 0;
         ddt_runs_unlock(r);
         if (want_ckpt || (pause && !u->hold))
             checkpoint(u, t, want_ckpt);
         if (want_export)
-            export_now(u, t);
+            export_now(r, u, t, export_dir);
         ddt_speculate_totals spec;
         int spec_done = want_spec && speculate_now(r, u, t, &spec_request, &spec) == 0;
         /* a hold: the store cannot write, or a checkpoint or the export is owed; recorded as
@@ -313,6 +326,14 @@ static void *worker_main(void *arg)
             record_eval(u, &o.acceptance);
         if (o.speculated)
             record_spec(u, ddt_trainer_step_count(t), &o.spec);
+    }
+    if (u->want_export) {   /* asked for during the last step (or before a cancel): its reply named dir */
+        char export_dir[sizeof u->export_dir];
+        snprintf(export_dir, sizeof export_dir, "%s", u->export_dir);
+        u->want_export = 0;
+        ddt_runs_unlock(r);
+        export_now(r, u, t, export_dir);
+        pthread_mutex_lock(&r->lock);
     }
 done:
     ddt_runs_unlock(r);

@@ -87,6 +87,9 @@ static cJSON *run_json(const run *u)
     else
         cJSON_AddNullToObject(o, "error");
     cJSON_AddBoolToObject(o, "held", u->hold);   /* paused by a fault: it goes on by itself (error says why) */
+    /* a worker holds it (checkpoint and export at its next step boundary; without one, export
+     * writes the newest checkpoint's) */
+    cJSON_AddBoolToObject(o, "worker", ddt_runs_has_worker(u));
     return o;
 }
 

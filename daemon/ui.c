@@ -1,5 +1,6 @@
 /* ui.c: the web view's routes (ui.h). A page is one of the embedded HTML files with its
- * {{csrf}} placeholder filled (hex digits of our own: nothing a user typed reaches a page);
+ * {{csrf}} placeholder filled (hex digits of our own: nothing a user typed reaches a page) and
+ * {{logout}} (" hidden" where no login is wanted);
  * the login page's {{message}} is one of two fixed sentences.
  * Not here: the access rules (ui_access.c), the pages' logic (the scripts in web/).
  * Tested by tests/daemon/ui_browser_test.mjs.
@@ -204,6 +205,9 @@ void ddt_ui_handle(const ddt_ui_access *access, ddt_ui_login_limit *limit, ddt_u
                        "scripts/lib/web.sh, then ddtree_web_install; scripts/test does both) and build again");
         return;
     }
-    const char *keys[] = { "csrf" }, *values[] = { access->csrf };
-    page(res, 200, name, keys, values, 1);
+    /* "Log out" only where there is a session to end: a listener that wants the token, reached
+     * with the login's cookie (not the Unix socket, a loopback listener without a token, or a
+     * tool's bearer header) */
+    const char *keys[] = { "csrf", "logout" }, *values[] = { access->csrf, req->unauthenticated ? "" : " hidden" };
+    page(res, 200, name, keys, values, 2);
 }

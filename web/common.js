@@ -46,12 +46,20 @@ const ddtree = (() => {
     if (v !== 0 && (Math.abs(v) >= 1e5 || Math.abs(v) < 1e-3)) return v.toExponential(2);
     return Number(v.toPrecision(digits)).toString();
   }
+  /* decimal units, as the planner and ddtreectl print them (client/format.c's ddc_fmt_bytes) */
   function bytes(v) {
     if (v === null || v === undefined || !Number.isFinite(v)) return dash;
-    const units = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let u = 0;
-    while (Math.abs(v) >= 1024 && u < units.length - 1) { v /= 1024; u++; }
-    return `${u ? v.toFixed(1) : v} ${units[u]}`;
+    if (v < 1e3) return `${v.toFixed(0)} B`;
+    if (v < 1e6) return `${(v / 1e3).toFixed(1)} kB`;
+    if (v < 1e9) return `${(v / 1e6).toFixed(1)} MB`;
+    return `${(v / 1e9).toFixed(2)} GB`;
+  }
+  /* a value the daemon has not got yet (null) as a dash, not "null" */
+  const known = (v) => (v === null || v === undefined ? dash : v);
+  /* GET /runs' runs, newest first: by created_ms, the later of equal ones first (as ddtreectl) */
+  function newestFirst(runs) {
+    const at = (r) => (Number.isFinite(r.created_ms) ? r.created_ms : -1);
+    return runs.map((r, i) => [r, i]).sort((a, b) => at(b[0]) - at(a[0]) || b[1] - a[1]).map((x) => x[0]);
   }
   function duration(s) {
     if (s === null || !Number.isFinite(s) || s < 0) return dash;
@@ -98,5 +106,6 @@ const ddtree = (() => {
   const runPage = (id) => `/ui/runs/${encodeURIComponent(id)}`;
   const runPath = (id) => `/runs/${encodeURIComponent(id)}`;
 
-  return { api, el, num, bytes, duration, eta, finished, STATES, status, every, after, runPage, runPath };
+  return { api, el, num, bytes, known, newestFirst, duration, eta, finished, STATES, status, every, after, runPage,
+           runPath };
 })();

@@ -10,7 +10,7 @@
 "use strict";
 
 (() => {
-  const { api, el, num, bytes, duration, eta, finished, status, every, after } = ddtree;
+  const { api, el, num, bytes, known, duration, eta, finished, status, every, after } = ddtree;
   const id = decodeURIComponent(location.pathname.slice("/ui/runs/".length));
   const path = ddtree.runPath(id);
   const HISTORY = 1500, RECENT = 500, PAGE = 2000, RELOAD_AT = 6000, EVENTS_SHOWN = 300, POLL_MS = 1500;
@@ -66,13 +66,14 @@
 
   // ---- header, summary and controls ----------------------------------------------------------
 
+  /* what daemon/runs_requests.c allows the run now (its 409s); r is GET /runs/{id} */
   const ENABLED = {
-    pause: (s) => s === "running",
-    resume: (s) => ["pausing", "paused", "interrupted"].includes(s),
-    cancel: (s) => !finished(s),
-    checkpoint: (s) => ["running", "pausing", "paused"].includes(s),
-    export: (s) => s !== "queued",
-    rechunk: (s) => !finished(s),
+    pause: (r) => r.state === "running" || (r.state === "paused" && r.held),
+    resume: (r) => ["pausing", "paused", "interrupted"].includes(r.state),
+    cancel: (r) => !finished(r.state),
+    checkpoint: (r) => r.worker,
+    export: (r) => r.worker || r.last_checkpoint_step !== null,   /* without a worker: its newest checkpoint */
+    rechunk: (r) => !finished(r.state),
   };
 
   function showRun() {
@@ -83,13 +84,14 @@
     st.dataset.state = run.state;
     const parts = [`step ${run.step} / ${run.max_steps}`, `loss ${num(run.loss)}`, `tau_chain ${num(run.tau_chain)}`,
                    `${num(run.tokens_per_s)} tokens/s`, `peak ${bytes(run.peak_memory_bytes && run.peak_memory_bytes.max)}`,
-                   `ETA ${duration(eta(run))}`, `chunk ${run.chunk} / vocab_tile ${run.vocab_tile}`,
+                   `ETA ${duration(eta(run))}`, `chunk ${known(run.chunk)} / vocab_tile ${known(run.vocab_tile)}`,
                    `last checkpoint ${run.last_checkpoint_step === null ? "none" : run.last_checkpoint_step}`,
                    `OOM recoveries ${run.oom_recoveries}`];
     if (run.error) parts.push(`error: ${run.error}`);
     document.getElementById("summary").textContent = parts.join(" \u00b7 ");
     for (const b of document.querySelectorAll("[data-action]"))
-      b.disabled = !ENABLED[b.dataset.action](run.state);
+      b.disabled = !ENABLED[b.dataset.action](run);
+    for (const i of document.querySelectorAll("#rechunk input")) i.disabled = !ENABLED.rechunk(run);
   }
 
   async function act(action, body) {
@@ -142,7 +144,7 @@
     for (const [k, v] of Object.entries(plan.bytes)) row(k, bytes(v));
     row("predicted peak", bytes(plan.predicted_peak_bytes));
     row("budget", plan.budget_bytes ? bytes(plan.budget_bytes) : "none (the device's memory)");
-    row("chunk / vocab_tile", `${plan.chunk} / ${plan.vocab_tile}`);
+    row("chunk / vocab_tile", `${known(plan.chunk)} / ${known(plan.vocab_tile)}`);
     row("fits", plan.fits ? "yes" : `no, as configured: ${plan.why || ""}`);
     if (plan.proposal)
       row("proposed split", `${plan.proposal.fits ? "fits" : "does not fit either"} (the figures above): write ` +

@@ -1,6 +1,7 @@
 /* runs.js: the runs table (GET /ui): name, state, step / steps, loss, tau, tokens/s, peak
  * memory and ETA of every run, filtered by state, refreshed every two seconds; runs ticked
- * here open side by side in the compare view. Names are written as text.
+ * here open side by side in the compare view, newest first (as ddtreectl runs), each with its id
+ * (names may repeat). Names are written as text.
  * Tested by tests/daemon/ui_browser_test.mjs.
  */
 "use strict";
@@ -18,6 +19,7 @@
     return el("tr", { dataset: { id: r.id, state: r.state } },
       el("td", {}, box),
       el("td", {}, el("a", { href: ddtree.runPage(r.id), className: "run-name" }, r.name || r.id)),
+      el("td", {}, el("code", { className: "run-id" }, r.id)),
       el("td", {}, el("span", { className: "state", dataset: { state: r.state } }, r.state)),
       el("td", {}, `${r.step} / ${r.max_steps}`),
       el("td", {}, num(r.loss)),
@@ -30,7 +32,7 @@
   async function refresh() {
     const state = document.getElementById("state-filter").value;
     const runs = (await api("GET", state ? `/runs?state=${encodeURIComponent(state)}` : "/runs")).runs;
-    document.querySelector("#runs tbody").replaceChildren(...runs.slice().reverse().map(row));
+    document.querySelector("#runs tbody").replaceChildren(...ddtree.newestFirst(runs).map(row));
     document.getElementById("empty").hidden = runs.length > 0;
     ddtree.status(`${runs.length} run${runs.length === 1 ? "" : "s"}, updated ${new Date().toLocaleTimeString()}`);
   }

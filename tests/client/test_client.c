@@ -81,6 +81,13 @@ static void test_formatters(void)
         {ddc_fmt_bytes, "406700", "406.7 kB"},
         {ddc_fmt_bytes, "10100000", "10.1 MB"},
         {ddc_fmt_bytes, "25280000000", "25.28 GB"},
+        /* decimal units, as the planner prints them; tests/daemon/ui_browser_test.mjs holds the
+         * web view's ddtree.bytes to this same table */
+        {ddc_fmt_bytes, "0", "0 B"},
+        {ddc_fmt_bytes, "1000", "1.0 kB"},
+        {ddc_fmt_bytes, "1048576", "1.0 MB"},
+        {ddc_fmt_bytes, "423566", "423.6 kB"},
+        {ddc_fmt_bytes, "149000000000", "149.00 GB"},
         {ddc_fmt_bytes, "null", "-"},
         {ddc_fmt_value, "42", "42"},
         {ddc_fmt_value, "0.5", "0.5"},
@@ -109,6 +116,22 @@ static void test_formatters(void)
     CHECK_TEXT(ddc_duration_text(7384).s, "2h03m");
     CHECK_TEXT(ddc_duration_text(90000).s, "1d01h");
     CHECK_TEXT(ddc_duration_text(-1).s, "-");
+}
+
+/* ddtreectl runs: newest first by created_ms, a later one of the same time first, none last */
+static void test_runs_order(void)
+{
+    cJSON *runs = cJSON_Parse("[{\"id\": \"a\", \"created_ms\": 1}, {\"id\": \"b\", \"created_ms\": 3},"
+                              " {\"id\": \"c\", \"created_ms\": 2}, {\"id\": \"e\"},"
+                              " {\"id\": \"d\", \"created_ms\": 3}]");
+    const cJSON *order[8];
+    int n = ddc_runs_newest_first(runs, order, 8);
+    char ids[16] = "";
+    for (int k = 0; k < n; k++)
+        strcat(ids, ddc_string(ddc_get(order[k], "id")));
+    CHECK_TEXT(ids, "dbcae");
+    CHECK(ddc_runs_newest_first(runs, order, 2) == 2, "a cap of 2 put more than 2 runs");
+    cJSON_Delete(runs);
 }
 
 static void test_sparkline(void)
@@ -277,6 +300,7 @@ static void test_arguments(void)
 int main(void)
 {
     test_formatters();
+    test_runs_order();
     test_sparkline();
     test_table();
     test_usage();

@@ -24,6 +24,8 @@ Cases:
                     ddtreectl speculate
  11 plan_fits       "fits" alike in POST /plan and ddtreectl plan (exit status), the table's
                     rows summing to its peak, the seed's split proposed under 95 GB
+ 12 export_dest     a manual export (default runs/ID/exports/step-N, or out / --out) survives the
+                    final export; bad destinations are 400 naming out
 
 Output: "ok   NAME" or "FAIL NAME" with indented details, then "N passed, M failed".
 Exit 0 all passed, 1 a failure, 77 skipped (ddtreed, ddtreectl or prometheus_client missing;
@@ -1433,7 +1435,8 @@ def run_records(db, rid):
               "FROM steps WHERE run_id = ? ORDER BY step")
     evals = q("SELECT step, tau_chain, tau_tree_json, acc_json FROM evals WHERE run_id = ? ORDER BY step")
     ckpts = q("SELECT step, bytes FROM checkpoints WHERE run_id = ? ORDER BY step")
-    events = [(k, json.loads(d)) for k, d in q("SELECT kind, detail_json FROM events WHERE run_id = ? ORDER BY id")]
+    events = [(k, {f: v for f, v in json.loads(d).items() if f != "path"})   # an export's path is where it ran
+              for k, d in q("SELECT kind, detail_json FROM events WHERE run_id = ? ORDER BY id")]
     row = q("SELECT name, state, step, max_steps, last_checkpoint_step, error FROM runs WHERE id = ?")
     return {"steps": steps, "evals": evals, "checkpoints": ckpts, "events": events, "row": row}
 
@@ -1641,6 +1644,89 @@ def case_plan_fits(t, env):
                     "POST /plan at 95 GB: the split proposed and what to write: %r" % prop)
             t.check("does not fit as configured" in res.stdout and json.dumps(prop.get("config"), separators=(",", ":")) in res.stdout,
                     "ddtreectl plan at 95 GB does not say so and what to write: %s" % res.stdout)
+
+
+# 12. export destinations
+
+def file_bytes(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def case_export_dest(t, env):
+    """a manual export (POST, ddtreectl) goes to runs/ID/exports/step-N or --out DIR and survives
+    the run's final export (runs/ID/export); a bad destination is a 400 naming out"""
+    d = Daemon(env, t).start()
+    base = env.tmpdir(t.name)
+    STEPS = 2000
+    rid = d.submit(run_config(STEPS))
+    other = d.submit(run_config(LONG, name="other"))
+    d.wait_state(rid, "running", min_step=5)
+    t.require(d.unix.post("/runs/%s/pause" % rid).status == 202, "POST pause")
+    paused = d.wait_state(rid, "paused")["step"]
+    runs = os.path.join(os.path.realpath(d.state_dir), "runs")
+    r = d.unix.post("/runs/%s/export" % rid)
+    want = os.path.join(runs, rid, "exports", "step-%08d" % paused)
+    t.require(r.status == 202 and r.json().get("path") == want and r.json().get("step") == paused,
+              "POST export of a paused run: %r, want path %s step %d" % (r, want, paused))
+    t.require(wait_for(lambda: any(e["kind"] == "export" and e["detail"].get("path") == want
+                                   for e in d.events(rid)), 20),
+              "no export event with path %s: %s" % (want, [e for e in d.events(rid) if e["kind"] == "export"]))
+    manual = file_bytes(os.path.join(want, "model.safetensors"))
+
+    # bad destinations: 400 naming out (or the unknown field), nothing written
+    os.makedirs(os.path.join(base, "busy"))
+    with open(os.path.join(base, "busy", "notes.txt"), "w") as f:
+        f.write("mine\n")
+    bad = [("a relative path", {"out": "rel/dir"}, "out"),
+           ("not a string", {"out": 7}, "out"),
+           ("a missing parent", {"out": os.path.join(base, "no", "such", "dir")}, "out"),
+           ("another run's directory", {"out": os.path.join(runs, other)}, "out"),
+           ("the run's final export", {"out": os.path.join(runs, rid, "export")}, "out"),
+           ("the run's checkpoints", {"out": os.path.join(runs, rid, "checkpoints")}, "out"),
+           ("a directory that is not an export", {"out": os.path.join(base, "busy")}, "out"),
+           ("the state directory", {"out": d.state_dir}, "out"),
+           ("an unknown field", {"where": "/tmp/x"}, "where"),
+           ("replace_final not a bool", {"out": os.path.join(base, "x"), "replace_final": "yes"}, "replace_final")]
+    for what, body, field in bad:
+        check_error(t, "POST export with %s" % what, d.unix.post("/runs/%s/export" % rid, body), 400, field)
+    t.check(os.listdir(os.path.join(base, "busy")) == ["notes.txt"], "a refused export touched busy/")
+    t.check(not os.path.exists(os.path.join(runs, rid, "export")), "a refused export wrote the final export")
+
+    # --out through ddtreectl (relative: made absolute against its working directory)
+    if env.ddtreectl:
+        res = subprocess.run([os.path.abspath(env.ddtreectl), "--socket", d.socket, "export", rid, "--out", "by-ctl"], cwd=base,
+                             capture_output=True, text=True, timeout=30 * SLOW)
+        out_dir = os.path.join(os.path.realpath(base), "by-ctl")
+        t.check(res.returncode == 0 and out_dir in res.stdout,
+                "ddtreectl export --out by-ctl: exit %d %r, want %s" % (res.returncode, res.stdout + res.stderr, out_dir))
+        t.check(wait_for(lambda: os.path.exists(os.path.join(out_dir, "model.safetensors")), 20),
+                "ddtreectl export --out: %s/model.safetensors never appeared" % out_dir)
+        res = env.ctl(["--socket", d.socket, "export", rid, "--out", "/no/such/parent/x"])
+        t.check(res.returncode == 1 and "out" in res.stderr, "ddtreectl export --out into nothing: exit %s %s"
+                % (res.returncode, res.out))
+
+    # the run ends: its final export is runs/ID/export; the manual one is still there, unchanged
+    t.require(d.unix.post("/runs/%s/resume" % rid).status == 202, "POST resume")
+    d.wait_state(rid, "completed", timeout=120)
+    final = os.path.join(runs, rid, "export", "model.safetensors")
+    t.require(os.path.exists(final), "the run has no final export")
+    t.check(file_bytes(os.path.join(want, "model.safetensors")) == manual,
+            "the manual export of step %d changed when the run ended" % paused)
+    t.check(file_bytes(final) != manual, "the final export holds the step-%d weights" % paused)
+
+    # no worker (completed): from its newest checkpoint, now (200), kept beside the final export
+    sid = rid
+    r = d.unix.post("/runs/%s/export" % sid)
+    want = os.path.join(runs, sid, "exports", "step-%08d" % STEPS)
+    t.check(r.status == 200 and r.json().get("path") == want, "POST export of a completed run: %r, want %s" % (r, want))
+    t.check(os.path.exists(os.path.join(want, "model.safetensors")), "%s has no model.safetensors" % want)
+    ev = [e["detail"] for e in d.events(sid) if e["kind"] == "export"]
+    t.check(any(e.get("path") == want for e in ev) and any(e.get("path") == os.path.dirname(final) for e in ev),
+            "the completed run's export events do not name %s and its final export: %s" % (want, ev))
+    r = d.unix.post("/runs/%s/export" % sid, {"out": os.path.join(runs, sid, "export"), "replace_final": True})
+    t.check(r.status == 200, "POST export onto the final export with replace_final: %r" % r)
+    t.check(d.unix.post("/runs/%s/cancel" % other).status == 202, "POST cancel of the other run")
     d.stop()
 
 
@@ -1660,6 +1746,7 @@ CASES = [
     ("daemon_vs_foreground", case_daemon_vs_foreground, False),
     ("speculate", case_speculate, False),
     ("plan_fits", case_plan_fits, False),
+    ("export_dest", case_export_dest, False),
 ]
 
 

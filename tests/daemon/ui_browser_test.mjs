@@ -13,6 +13,11 @@
 //   4 the compare view of both runs draws their loss
 //   5 refused: a cross-origin POST (from a page of another origin, and with a foreign Origin),
 //     a POST from a browser without the CSRF token, a DNS-rebound Host; none paused the run
+//   6 a second daemon on a loopback port without a token: no "Log out"; a run that failed
+//     before its first step (a GPU this node lacks) shows no "null" and every control disabled
+// Also: "Log out" shows where the token is wanted, the runs table lists newest first with each
+// run's id, ddtree.bytes prints the decimal units of tests/client (the same table), and the
+// short run, completed, may be exported (its checkpoint) but not checkpointed.
 // and no page logged a console error. Every wait is for a condition, with a generous deadline.
 //
 //   node ui_browser_test.mjs --ddtreed PATH --web-dir build-web --examples DIR --out BUILD/ui
@@ -92,6 +97,17 @@ const daemon = spawn(args.ddtreed, ["serve", "--config", path.join(out, "ddtreed
                                     "--socket", path.join(state, "api.sock")], { stdio: ["ignore", log, log] });
 let exited = null;
 daemon.on("exit", (code, signal) => { exited = { code, signal }; });
+// the second one: no token (its pages want no login, so they offer no "Log out")
+const state2 = path.join(out, "state2");
+fs.mkdirSync(state2, { recursive: true });
+const port2 = await freePort();
+const base2 = `http://127.0.0.1:${port2}`;
+fs.writeFileSync(path.join(out, "ddtreed2.json"), JSON.stringify({ listen: `127.0.0.1:${port2}` }));
+const log2 = fs.openSync(path.join(out, "ddtreed2.log"), "w");
+const daemon2 = spawn(args.ddtreed, ["serve", "--config", path.join(out, "ddtreed2.json"), "--state-dir", state2,
+                                     "--socket", path.join(state2, "api.sock")], { stdio: ["ignore", log2, log2] });
+let exited2 = null;
+daemon2.on("exit", (code, signal) => { exited2 = { code, signal }; });
 
 async function call(method, p, body, headers = {}) {
   const r = await fetch(base + p, {
@@ -129,6 +145,15 @@ try {
   const a = await call("POST", "/runs", long), b = await call("POST", "/runs", short);
   if (a.status !== 201 || b.status !== 201) throw new Error(`POST /runs: ${a.text} ${b.text}`);
   const idA = a.json.id, idB = b.json.id;
+  await until("the second ddtreed answering GET /healthz", async () => {
+    if (exited2) throw new Error(`the second ddtreed exited ${JSON.stringify(exited2)}: see ${out}/ddtreed2.log`);
+    return (await fetch(`${base2}/healthz`)).status === 200;
+  });
+  const gpuless = { ...tiny, name: "gpu-less", devices: ["cuda:15"] };
+  const f = await fetch(`${base2}/runs`, { method: "POST", headers: { "Content-Type": "application/json" },
+                                           body: JSON.stringify(gpuless) });
+  if (f.status !== 201) throw new Error(`POST /runs (second daemon): ${await f.text()}`);
+  const idF = (await f.json()).id;
   phase("daemon and runs");
 
   // ---- the browser -------------------------------------------------------------------------
@@ -153,6 +178,7 @@ try {
   const cookie = (await browser.cookies(base)).find((c) => c.name === "ddtree_session");
   check(cookie && cookie.httpOnly && cookie.sameSite === "Strict",
         `the session cookie is not HttpOnly + SameSite=Strict: ${JSON.stringify(cookie)}`);
+  check(await page.isVisible("#logout"), "no \"Log out\" on a listener that wants the token");
   // from here on (the wrong token's 401 above is logged by the browser, as it should be)
   page.on("console", (m) => { if (m.type() === "error") consoleErrors.push(`${page.url()}: ${m.text()}`); });
   page.on("pageerror", (e) => consoleErrors.push(`${page.url()}: ${e.message}`));
@@ -165,6 +191,17 @@ try {
   check(shownName === INJECTION, `the injected run name shows as ${JSON.stringify(shownName)}, not as its text`);
   check(await page.locator("#runs img").count() === 0, "the injected name made an <img> in the runs table");
   check(await page.evaluate(() => window.__pwned === undefined), "the injected name's script ran");
+  const order = await page.$$eval("#runs tbody tr", (rows) => rows.map((r) => r.dataset.id));
+  check(order.join() === [idB, idA].join(), `the runs table is not newest first: ${order}, want ${[idB, idA]}`);
+  const shownId = await page.textContent(`#runs tr[data-id="${idA}"] .run-id`);
+  check(shownId === idA, `the runs table shows ${JSON.stringify(shownId)} as tiny's id, not ${idA}`);
+  // the same table as tests/client/test_client.c's ddc_fmt_bytes cases: one convention, decimal
+  const BYTES = [[999, "999 B"], [406700, "406.7 kB"], [10100000, "10.1 MB"], [25280000000, "25.28 GB"],
+                 [0, "0 B"], [1000, "1.0 kB"], [1048576, "1.0 MB"], [423566, "423.6 kB"],
+                 [149000000000, "149.00 GB"]];
+  const formatted = await page.evaluate((vs) => vs.map((v) => ddtree.bytes(v)), BYTES.map((x) => x[0]));
+  check(formatted.join("|") === BYTES.map((x) => x[1]).join("|"),
+        `ddtree.bytes: ${formatted.join(", ")}, want ${BYTES.map((x) => x[1]).join(", ")}`);
   phase("runs table");
 
   // 3 the run page: loss points, pause, resume, screenshot
@@ -188,6 +225,11 @@ try {
   await page.goto(`${base}/ui/runs/${idB}`);
   await page.waitForFunction((n) => document.getElementById("run-name").textContent === n, INJECTION);
   check(await page.locator("h1 img").count() === 0, "the injected name made an <img> on its run page");
+  // completed: no worker, a checkpoint: Export (from it) but no Checkpoint, Pause or Cancel
+  await page.waitForFunction(() => document.getElementById("run-state").textContent === "completed");
+  const doneControls = await page.$$eval("[data-action]", (bs) => Object.fromEntries(bs.map((b) => [b.dataset.action, b.disabled])));
+  check(!doneControls.export && doneControls.checkpoint && doneControls.pause && doneControls.cancel && doneControls.rechunk,
+        `the completed run's controls (disabled): ${JSON.stringify(doneControls)}`);
 
   // 4 compare
   await page.goto(`${base}/ui`);
@@ -223,6 +265,21 @@ try {
   check(pauses === 1, `tiny was paused ${pauses} times, only the page's pause may have paused it`);
   phase("refusals");
 
+  // 6 the second daemon: no token, no "Log out"; a failed run without a step or a checkpoint
+  await page.goto(`${base2}/ui`);
+  await page.waitForSelector(`#runs tr[data-id="${idF}"][data-state="failed"]`);
+  check(!(await page.isVisible("#logout")), "\"Log out\" on a listener without a token");
+  await page.goto(`${base2}/ui/runs/${idF}`);
+  await page.waitForFunction(() => document.getElementById("run-state").textContent === "failed");
+  const summary = await page.textContent("#summary");
+  check(!/null|undefined|NaN/.test(summary), `the failed run's summary says ${JSON.stringify(summary)}`);
+  check(!(await page.isVisible("#logout")), "\"Log out\" on a run page of a listener without a token");
+  const failedControls = await page.$$eval("[data-action]", (bs) => bs.filter((b) => !b.disabled).map((b) => b.dataset.action));
+  check(failedControls.length === 0, `the failed run (no worker, no checkpoint) offers ${failedControls}`);
+  const exportAnswer = await fetch(`${base2}/runs/${idF}/export`, { method: "POST" });
+  check(exportAnswer.status === 409, `POST export of the failed run: ${exportAnswer.status}, the page's rule says 409`);
+  phase("no token, a failed run");
+
   // the page's fetch without a token above logs a 403: the one console error that is expected
   const unexpected = consoleErrors.filter((m) => !m.includes("403"));
   check(unexpected.length === 0, `console errors: ${unexpected.join(" | ")}`);
@@ -232,8 +289,11 @@ try {
   if (browser) await browser.close();
   for (const d of fs.readdirSync(out)) if (d.startsWith("chromium-")) fs.rmSync(path.join(out, d), { recursive: true, force: true });
   daemon.kill("SIGTERM");
+  daemon2.kill("SIGTERM");
   await until("ddtreed stopping", () => exited, 120000).catch((e) => { failures.push(e.message); daemon.kill("SIGKILL"); });
   if (exited && exited.code !== 0) failures.push(`ddtreed exited ${JSON.stringify(exited)} (see ${out}/ddtreed.log)`);
+  await until("the second ddtreed stopping", () => exited2, 120000).catch((e) => { failures.push(e.message); daemon2.kill("SIGKILL"); });
+  if (exited2 && exited2.code !== 0) failures.push(`the second ddtreed exited ${JSON.stringify(exited2)} (see ${out}/ddtreed2.log)`);
 }
 
 console.log(`timings: ${timings.join(", ")}; total ${((Date.now() - started) / 1000).toFixed(1)} s`);

@@ -171,7 +171,16 @@ int ddt_trainer_export(ddt_trainer *t, const char *out_dir, char *err, size_t er
         return rc;
     pull_weights(t);
     rc = ddt_export_write(out_dir, &t->cfg.drafter, t->params, err, err_len);
-    if (rc == 0)
-        ddt_trainer_event(t, "export", "{\"step\": %lld, \"written\": true}", (long long)t->step);
+    if (rc == 0 && t->store) {   /* where it went: the final export, or a manual one's destination */
+        cJSON *d = cJSON_CreateObject();
+        cJSON_AddNumberToObject(d, "step", (double)t->step);
+        cJSON_AddBoolToObject(d, "written", 1);
+        cJSON_AddStringToObject(d, "path", out_dir);
+        char *detail = cJSON_PrintUnformatted(d);
+        if (detail)
+            ddt_store_event(t->store, t->run_id, ddt_wall_ms(), "export", detail);
+        free(detail);
+        cJSON_Delete(d);
+    }
     return rc;
 }
