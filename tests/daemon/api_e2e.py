@@ -1591,7 +1591,6 @@ def case_speculate(t, env):
     d.stop()
 
 
-
 # ------------------------------------------------------------------------------------------
 # 11. plan_fits: "fits" means the run as configured fits, alike in POST /plan, ddtreectl plan's
 # exit status and its table, whose rows sum to the peak (issue 27)
@@ -1644,8 +1643,10 @@ def case_plan_fits(t, env):
                     "POST /plan at 95 GB: the split proposed and what to write: %r" % prop)
             t.check("does not fit as configured" in res.stdout and json.dumps(prop.get("config"), separators=(",", ":")) in res.stdout,
                     "ddtreectl plan at 95 GB does not say so and what to write: %s" % res.stdout)
+    d.stop()
 
 
+# ------------------------------------------------------------------------------------------
 # 12. export destinations
 
 def file_bytes(path):
