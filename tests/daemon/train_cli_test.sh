@@ -99,6 +99,10 @@ plan_case "plan: co-location on the rtx-pro-6000's whole memory does not fit eit
     "proposed: co-location does not fit" \
     "the rtx-pro-6000's memory: does NOT fit as configured: co-located, the target and the drafter need [0-9.]* GB per GPU against a budget of" \
     "fits as a split" -- "$work/same96card.json"
+# a target not at hand is planned from its declared shape, every field of it: Qwen3-8B's
+# 8.19 B parameters are 32.763 GB in fp32 (the MLP and attention too, not only the embeddings)
+plan_case "plan: Qwen3-8B from its declared shape: 32.763 GB of fp32 weights" 0 \
+    "intermediate_size 12288, vocab_size 151936, a dense target" "^  target weights  *32.763 GB" -- examples/qwen3-8b.json
 # issue 27: the seed (8 GPUs) under 95 GB does not fit as configured (exit 1, "fits" false) but as
 # the split printed, which, written into the config, plans as it said and exits 0
 plan_case "plan: the seed under 95 GB: not as configured, the split to write printed" 1 \

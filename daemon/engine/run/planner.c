@@ -585,10 +585,13 @@ int ddt_plan_config(ddt_run_config *c, ddt_node node, int64_t budget, ddt_memory
                  (!has_target || ddt_run_footprint(c, &f, why, sizeof why) == 0);
     if (!shaped) {   /* planning needs only the shape: the config's target.* fields, a dense target */
         size_t used = strlen(remark);
+        const ddt_target_config *d = &c->synthetic;   /* every field the target's weights depend on */
         snprintf(remark + used, remark_len - used, "%s%s; planning with the config's declared target shape "
-                 "(target.hidden_size %lld, num_hidden_layers %lld, vocab_size %lld, a dense target)",
-                 used ? "\n" : "", why, (long long)c->synthetic.hidden, (long long)c->synthetic.layers,
-                 (long long)c->synthetic.vocab);
+                 "(target.hidden_size %lld, num_hidden_layers %lld, num_attention_heads %lld, num_key_value_heads "
+                 "%lld, head_dim %lld, intermediate_size %lld, vocab_size %lld, a dense target: declare the model's "
+                 "own, or its weights are planned wrong)", used ? "\n" : "", why, (long long)d->hidden,
+                 (long long)d->layers, (long long)d->heads, (long long)d->kv_heads, (long long)d->head_dim,
+                 (long long)d->intermediate, (long long)d->vocab);
         hidden = c->synthetic.hidden, vocab = c->synthetic.vocab, layers = c->synthetic.layers;
         ddt_target_footprint_dense(&c->synthetic, 2, c->seq_len, &f);
     }
