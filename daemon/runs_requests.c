@@ -495,11 +495,7 @@ int ddt_runs_control(ddt_runs *r, const char *id, ddt_run_action action, const c
                 cJSON_AddBoolToObject(d, "written", 1);
                 cJSON_AddStringToObject(d, "path", dir);
                 cJSON_AddStringToObject(d, "checkpoint", ckpt);
-                char *detail = cJSON_PrintUnformatted(d);
-                if (detail)
-                    ddt_store_event(r->store, id, ddt_wall_ms(), "export", detail);
-                free(detail);
-                cJSON_Delete(d);
+                ddt_store_event_object(r->store, id, ddt_wall_ms(), "export", d);
             }
             *status = 200;
             return 0;

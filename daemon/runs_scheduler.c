@@ -129,11 +129,7 @@ static void error_event(ddt_runs *r, run *u, int64_t step, const char *message)
     cJSON *d = cJSON_CreateObject();
     cJSON_AddNumberToObject(d, "step", (double)step);
     cJSON_AddStringToObject(d, "message", message);
-    char *detail = cJSON_PrintUnformatted(d);
-    if (detail)
-        ddt_store_event(r->store, u->id, ddt_wall_ms(), "error", detail);
-    free(detail);
-    cJSON_Delete(d);
+    ddt_store_event_object(r->store, u->id, ddt_wall_ms(), "error", d);
 }
 
 /* POST /runs/{id}/speculate, outside the lock: 0 with the totals, or logged and an error event */

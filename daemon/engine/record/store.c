@@ -127,6 +127,15 @@ void ddt_store_event(ddt_store *s, const char *run_id, int64_t ts_ms, const char
                        copy_text(&item.event.detail_json, detail_json));
 }
 
+void ddt_store_event_object(ddt_store *s, const char *run_id, int64_t ts_ms, const char *kind, cJSON *detail)
+{
+    char *text = detail ? cJSON_PrintUnformatted(detail) : NULL;
+    if (text)
+        ddt_store_event(s, run_id, ts_ms, kind, text);
+    free(text);
+    cJSON_Delete(detail);
+}
+
 /* an eval row's teacher-forced columns (spec 0) or its speculative ones (spec 1) */
 static void enqueue_eval(ddt_store *s, const char *run_id, int64_t step, double tau, const char *tree_json,
                          const char *per_json, int spec)

@@ -50,6 +50,9 @@ void ddt_store_get_health(ddt_store *s, ddt_store_health *h);
 void ddt_store_step(ddt_store *s, const ddt_step_record *r);
 void ddt_store_event(ddt_store *s, const char *run_id, int64_t ts_ms, const char *kind,
                      const char *detail_json);
+/* ddt_store_event of detail printed as JSON; detail is freed (NULL: nothing, out of memory) */
+typedef struct cJSON cJSON;
+void ddt_store_event_object(ddt_store *s, const char *run_id, int64_t ts_ms, const char *kind, cJSON *detail);
 void ddt_store_eval(ddt_store *s, const char *run_id, int64_t step, double tau_chain,
                     const char *tau_tree_json, const char *acc_json);
 /* the speculative columns of the step's evals row (SPEC.md 7: tau_spec, tau_spec_tree_json

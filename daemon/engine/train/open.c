@@ -61,11 +61,10 @@ static void report_passed(ddt_trainer *t, const ddt_checkpoint_passed *p, int64_
     cJSON_AddStringToObject(d, "verdict", p->verdict.state == DDT_VERDICT_INCOMPLETE ? "incomplete" : "corrupt");
     cJSON_AddStringToObject(d, "message", said);
     cJSON_AddNumberToObject(d, "resumed_from", (double)resumed_from);
-    char *detail = cJSON_PrintUnformatted(d);
-    if (detail && t->store)
-        ddt_store_event(t->store, t->run_id, ddt_wall_ms(), "checkpoint_corrupt", detail);
-    free(detail);
-    cJSON_Delete(d);
+    if (t->store)
+        ddt_store_event_object(t->store, t->run_id, ddt_wall_ms(), "checkpoint_corrupt", d);
+    else
+        cJSON_Delete(d);
 }
 
 /* The weights, moments and place in the data of the run's newest checkpoint that verifies

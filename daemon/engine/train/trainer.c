@@ -40,11 +40,7 @@ void ddt_trainer_store_message(ddt_trainer *t, const char *kind, int64_t step, i
     if (prompt >= 0)
         cJSON_AddNumberToObject(d, "prompt", (double)prompt);
     cJSON_AddStringToObject(d, "message", message);
-    char *detail = cJSON_PrintUnformatted(d);
-    if (detail)
-        ddt_store_event(t->store, t->run_id, ddt_wall_ms(), kind, detail);
-    free(detail);
-    cJSON_Delete(d);
+    ddt_store_event_object(t->store, t->run_id, ddt_wall_ms(), kind, d);
 }
 
 void ddt_trainer_push_weights(ddt_trainer *t)
@@ -176,11 +172,7 @@ int ddt_trainer_export(ddt_trainer *t, const char *out_dir, char *err, size_t er
         cJSON_AddNumberToObject(d, "step", (double)t->step);
         cJSON_AddBoolToObject(d, "written", 1);
         cJSON_AddStringToObject(d, "path", out_dir);
-        char *detail = cJSON_PrintUnformatted(d);
-        if (detail)
-            ddt_store_event(t->store, t->run_id, ddt_wall_ms(), "export", detail);
-        free(detail);
-        cJSON_Delete(d);
+        ddt_store_event_object(t->store, t->run_id, ddt_wall_ms(), "export", d);
     }
     return rc;
 }
