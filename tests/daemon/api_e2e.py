@@ -1722,7 +1722,10 @@ def case_export_dest(t, env):
     want = os.path.join(runs, sid, "exports", "step-%08d" % STEPS)
     t.check(r.status == 200 and r.json().get("path") == want, "POST export of a completed run: %r, want %s" % (r, want))
     t.check(os.path.exists(os.path.join(want, "model.safetensors")), "%s has no model.safetensors" % want)
-    ev = [e["detail"] for e in d.events(sid) if e["kind"] == "export"]
+    # the event is committed by the store's writer after the answer: waited for, not raced
+    exported = lambda: [e["detail"] for e in d.events(sid) if e["kind"] == "export"]
+    wait_for(lambda: any(e.get("path") == want for e in exported()), 20)
+    ev = exported()
     t.check(any(e.get("path") == want for e in ev) and any(e.get("path") == os.path.dirname(final) for e in ev),
             "the completed run's export events do not name %s and its final export: %s" % (want, ev))
     r = d.unix.post("/runs/%s/export" % sid, {"out": os.path.join(runs, sid, "export"), "replace_final": True})
