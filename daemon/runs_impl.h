@@ -110,8 +110,9 @@ void ddt_runs_set_state(ddt_runs *r, run *u, ddt_run_state s, const char *error)
 run *ddt_runs_new_run(ddt_runs *r, const char *id, const char *config_json, size_t len);
 void ddt_runs_free_run(run *u);
 int ddt_runs_add_run(ddt_runs *r, run *u);
-/* u's config parsed, validated and resolved, kept in u: 0, or the config's error */
-int ddt_runs_prepare(run *u, const char *json, size_t len, char *err, size_t err_len, char *field,
+/* u's config parsed, validated and resolved, kept in u (submitting: its paths and files checked
+ * too): 0, or the config's error */
+int ddt_runs_prepare(run *u, const char *json, size_t len, int submitting, char *err, size_t err_len, char *field,
                      size_t field_len);
 
 /* runs_scheduler.c: starts the workers of the runs waiting while slots and GPUs are free, with

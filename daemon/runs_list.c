@@ -160,11 +160,13 @@ int ddt_runs_add_run(ddt_runs *r, run *u)
 /* The run's config (json, len bytes: what it was submitted with), parsed, validated and
  * resolved once, kept in u: what can be checked before the run starts is, the devices against
  * what the config asks of them (more ranks than sequences per step, a head_dim beyond the GPUs'
- * attention), the paths (absolute: ddt_run_config_check_absolute), the target's shape and the
- * drafter, the files the run reads (ddt_run_config_check_files). 0, or the config's error (err, field). A
+ * attention), the target's shape and the drafter, and, when submitting, the paths (absolute:
+ * ddt_run_config_check_absolute) and the files the run reads (ddt_run_config_check_files: at
+ * start-up a file not there yet, a mount that comes up after the daemon, fails the run when it
+ * starts, saying so, not for good). 0, or the config's error (err, field). A
  * GPU this node lacks (-ENODEV) is not an error of the config: it is kept in u->config_rc and
  * u->config_error, and the run fails at its start naming it. */
-int ddt_runs_prepare(run *u, const char *json, size_t len, char *err, size_t err_len, char *field,
+int ddt_runs_prepare(run *u, const char *json, size_t len, int submitting, char *err, size_t err_len, char *field,
                      size_t field_len)
 {
     ddt_run_config *c = &u->config;
@@ -181,7 +183,7 @@ int ddt_runs_prepare(run *u, const char *json, size_t len, char *err, size_t err
     if (rc)
         return rc;
     /* the paths first: a relative one would be read against the daemon's working directory */
-    if ((rc = ddt_run_config_check_absolute(c, err, err_len, field, field_len)))
+    if (submitting && (rc = ddt_run_config_check_absolute(c, err, err_len, field, field_len)))
         return rc;
     int64_t hidden, vocab, layers;
     int tied;
@@ -194,7 +196,7 @@ int ddt_runs_prepare(run *u, const char *json, size_t len, char *err, size_t err
     if (rc && !*field)   /* the target's config.json or first shard */
         snprintf(field, field_len, c->target_kind == DDT_SOURCE_SHARDS ? "target.shards" : "target.path");
     /* what the run would fail on at its step 0: its files, the chat data's tokenizer */
-    if (!rc)
+    if (!rc && submitting)
         rc = ddt_run_config_check_files(c, vocab, err, err_len, field, field_len);
     return rc;
 }

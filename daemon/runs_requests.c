@@ -11,6 +11,7 @@
 #include "base/ddt_time.h"
 #include "base/log.h"
 #include "record/checkpoint.h"
+#include "record/dir_kind.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -31,7 +32,7 @@ int ddt_runs_submit(ddt_runs *r, const char *json, size_t len, char *id, size_t 
         snprintf(err, err_len, "no memory for another run");
         return -ENOMEM;
     }
-    int rc = ddt_runs_prepare(u, json, len, err, err_len, field, field_len);
+    int rc = ddt_runs_prepare(u, json, len, 1, err, err_len, field, field_len);
     if (rc) {
         ddt_runs_free_run(u);
         return rc;
@@ -162,14 +163,12 @@ static int parse_speculate(const cJSON *body, const ddt_run_config *c, ddt_train
  * POST /runs/{id}/export's destination
  */
 
-/* whether dir is a directory that an export may replace: an empty one, or an earlier export
- * (its model.safetensors) */
+/* whether dir is a directory that an export may replace: an empty one, or an earlier drafter
+ * export (dir_kind.h: its manifest, or a config.json with a dflash_config). A model directory
+ * (a target's model.safetensors and config.json) is not: replacing it would delete the model. */
 static int replaceable(const char *dir)
 {
-    char f[2400];
-    struct stat st;
-    snprintf(f, sizeof f, "%s/model.safetensors", dir);
-    if (stat(f, &st) == 0)
+    if (ddt_dir_kind_of(dir) == DDT_DIR_EXPORT)
         return 1;
     DIR *d = opendir(dir);
     if (!d)

@@ -399,7 +399,7 @@ int ddt_runs_open(const char *state_dir, const char *db_path, ddt_store *store, 
          * of another version, edited by hand) fails when it starts, saying why */
         char why[512], field[160];
         int bad = ddt_runs_active(u->state)
-                      ? ddt_runs_prepare(u, json, strlen(json), why, sizeof why, field, sizeof field)
+                      ? ddt_runs_prepare(u, json, strlen(json), 0, why, sizeof why, field, sizeof field)
                       : 0;
         if (bad) {
             u->config_rc = bad;

@@ -1679,7 +1679,13 @@ def case_export_dest(t, env):
     os.makedirs(os.path.join(base, "busy"))
     with open(os.path.join(base, "busy", "notes.txt"), "w") as f:
         f.write("mine\n")
+    model = os.path.join(base, "a-model")   # a target's directory: replacing it would delete the model
+    os.makedirs(model)
+    for name, text in (("config.json", '{"model_type": "qwen3"}'), ("model.safetensors", "weights")):
+        with open(os.path.join(model, name), "w") as f:
+            f.write(text)
     bad = [("a relative path", {"out": "rel/dir"}, "out"),
+           ("a model's directory", {"out": model}, "out"),
            ("not a string", {"out": 7}, "out"),
            ("a missing parent", {"out": os.path.join(base, "no", "such", "dir")}, "out"),
            ("another run's directory", {"out": os.path.join(runs, other)}, "out"),
@@ -1692,6 +1698,7 @@ def case_export_dest(t, env):
     for what, body, field in bad:
         check_error(t, "POST export with %s" % what, d.unix.post("/runs/%s/export" % rid, body), 400, field)
     t.check(os.listdir(os.path.join(base, "busy")) == ["notes.txt"], "a refused export touched busy/")
+    t.check(sorted(os.listdir(model)) == ["config.json", "model.safetensors"], "a refused export touched the model")
     t.check(not os.path.exists(os.path.join(runs, rid, "export")), "a refused export wrote the final export")
 
     # --out through ddtreectl (relative: made absolute against its working directory)

@@ -249,13 +249,17 @@ static ddt_chat_refusal parse_message(const cJSON *item, int index, ddt_chat_mes
     const cJSON *content = cJSON_GetObjectItemCaseSensitive(item, "content");
     if (!content)
         content = cJSON_GetObjectItemCaseSensitive(item, "value");
-    if (cJSON_IsArray(content))
-        return content_parts(content, index, m, err, err_len);
-    if (!cJSON_IsString(content))
+    if (cJSON_IsArray(content)) {   /* text parts, joined; then the same as a string's */
+        ddt_chat_refusal why = content_parts(content, index, m, err, err_len);
+        if (why != DDT_CHAT_OK)
+            return why;
+    } else if (!cJSON_IsString(content)) {
         return ddt_chat_refuse(err, err_len, DDT_CHAT_NO_CONTENT,
                       "message %d (%s) has no \"content\" (or \"value\") string, nor a list of "
                       "text parts", index, role->valuestring);
-    m->content = dup_or_abort(content->valuestring);
+    } else {
+        m->content = dup_or_abort(content->valuestring);
+    }
     if (m->role != DDT_CHAT_ASSISTANT)
         return DDT_CHAT_OK;
     const cJSON *reasoning = cJSON_GetObjectItemCaseSensitive(item, "reasoning_content");

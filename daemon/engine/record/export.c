@@ -625,13 +625,17 @@ int ddt_export_write(const char *out_dir, const ddt_drafter_config *c, const flo
         return ddt_fail(err, err_len, -EINVAL, "%s: the drafter configuration: %s", out_dir, why);
     char out[CKPT_PATH_MAX], parent[CKPT_PATH_MAX], tmp[CKPT_PATH_MAX], aside[CKPT_PATH_MAX],
         longest[CKPT_PATH_MAX];
+    /* names of this call alone: two exports into one directory at once (two requests) must not
+     * remove each other's half-written files */
+    static unsigned calls;
     long pid = (long)getpid();
+    unsigned call = __atomic_add_fetch(&calls, 1, __ATOMIC_RELAXED);
     int too_long = ddt_path_join(out, sizeof out, "%s", out_dir);
     size_t len = strlen(out);
     while (len > 1 && out[len - 1] == '/')   /* "dir/" names dir: its siblings are "dir.tmp-*" */
         out[--len] = '\0';
-    if (too_long || ddt_path_join(tmp, sizeof tmp, "%s.tmp-%ld", out, pid) ||
-        ddt_path_join(aside, sizeof aside, "%s.old-%ld", out, pid) ||
+    if (too_long || ddt_path_join(tmp, sizeof tmp, "%s.tmp-%ld-%u", out, pid, call) ||
+        ddt_path_join(aside, sizeof aside, "%s.old-%ld-%u", out, pid, call) ||
         ddt_path_join(longest, sizeof longest, "%s/model.safetensors.tmp", tmp))
         return ddt_fail(err, err_len, -ENAMETOOLONG, "%s: path too long for an export", out_dir);
     const char *slash = strrchr(out, '/');

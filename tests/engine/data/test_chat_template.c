@@ -78,6 +78,17 @@ static void test_content_parts(void)
               !strcmp(chat.messages[1].content, ""), "content parts: %d %s", (int)rc, err);
     if (rc == DDT_CHAT_OK)
         ddt_chat_free(&chat);
+    /* an assistant's parts keep its reasoning and tool calls, as its string form does */
+    const char *with = "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", "
+                       "\"content\": [{\"type\": \"text\", \"text\": \"ok\"}], \"reasoning_content\": \"think\", "
+                       "\"tool_calls\": [{\"type\": \"function\", \"function\": {\"name\": \"f\", \"arguments\": {}}}]}]}";
+    rc = ddt_chat_parse_line(with, strlen(with), &chat, err, sizeof err);
+    check(rc == DDT_CHAT_OK && chat.n_messages == 2 && !strcmp(chat.messages[1].content, "ok") &&
+              chat.messages[1].reasoning && !strcmp(chat.messages[1].reasoning, "think") &&
+              chat.messages[1].n_tool_calls == 1,
+          "an assistant's content parts dropped its reasoning or tool calls: %d %s", (int)rc, err);
+    if (rc == DDT_CHAT_OK)
+        ddt_chat_free(&chat);
 }
 
 static void test_refusals(void)
