@@ -197,6 +197,49 @@ static int ddc_read_file(const char *path, char **text, size_t *len)
     return 0;
 }
 
+/* The config's relative paths (target.path, .tokens, .shards[], .data.files[]) made absolute
+ * against the folder of file, as `ddtreed train` and `ddtreed plan` read them: the daemon
+ * refuses relative paths, its working directory being none of the user's. A config that does not
+ * parse is left as it is (the daemon names what is wrong); "-" (stdin) has no folder. */
+static void ddc_rebase_paths(const char *file, char **text, size_t *len)
+{
+    char *dir = strcmp(file, "-") ? realpath(file, NULL) : NULL;
+    char *slash = dir ? strrchr(dir, '/') : NULL;
+    cJSON *root = slash ? cJSON_ParseWithLength(*text, *len) : NULL;
+    cJSON *target = root ? cJSON_GetObjectItemCaseSensitive(root, "target") : NULL;
+    int changed = 0;
+    if (slash)
+        slash[slash == dir ? 1 : 0] = '\0';   /* the folder ("/" for a file at the root) */
+    cJSON *data = target ? cJSON_GetObjectItemCaseSensitive(target, "data") : NULL;
+    cJSON *values[] = { target ? cJSON_GetObjectItemCaseSensitive(target, "path") : NULL,
+                        target ? cJSON_GetObjectItemCaseSensitive(target, "tokens") : NULL,
+                        target ? cJSON_GetObjectItemCaseSensitive(target, "shards") : NULL,
+                        data ? cJSON_GetObjectItemCaseSensitive(data, "files") : NULL };
+    for (size_t k = 0; k < sizeof values / sizeof values[0]; k++) {
+        cJSON *v = values[k], *item = cJSON_IsArray(v) ? v->child : v;
+        for (; item; item = cJSON_IsArray(v) ? item->next : NULL) {
+            if (!cJSON_IsString(item) || !item->valuestring[0] || item->valuestring[0] == '/')
+                continue;
+            size_t n = strlen(dir) + strlen(item->valuestring) + 2;
+            char *joined = malloc(n);
+            if (joined) {
+                snprintf(joined, n, "%s%s%s", dir, dir[strlen(dir) - 1] == '/' ? "" : "/", item->valuestring);
+                cJSON_SetValuestring(item, joined);
+                changed = 1;
+            }
+            free(joined);
+        }
+    }
+    char *out = changed ? cJSON_PrintUnformatted(root) : NULL;
+    if (out) {
+        free(*text);
+        *text = out;
+        *len = strlen(out);
+    }
+    cJSON_Delete(root);
+    free(dir);
+}
+
 int ddc_file_request(ddc_ctx *ctx, const char *method, const char *path, const char *file, cJSON **root,
                      long *status)
 {
@@ -207,6 +250,7 @@ int ddc_file_request(ddc_ctx *ctx, const char *method, const char *path, const c
         *root = NULL;
         return rc;
     }
+    ddc_rebase_paths(file, &config, &config_len);
     rc = ddc_request(ctx, method, path, config, config_len, root, status);
     free(config);
     return rc;

@@ -288,6 +288,12 @@ static void post_plan(ddt_api *a, const ddt_http_request *req, ddt_http_response
         config_error(res, prc == -EBADMSG ? prc : -EINVAL, field, err);
         return;
     }
+    /* as POST /runs: a relative path would be the daemon's working directory's */
+    if (ddt_run_config_check_absolute(&c, err, sizeof err, field, sizeof field)) {
+        ddt_run_config_free(&c);
+        config_error(res, -EINVAL, field, err);
+        return;
+    }
     ddt_memory_plan plan;
     char note[256], remark[2048];
     if (ddt_plan_config(&c, ddt_node_here(), 0, &plan, note, sizeof note, remark, sizeof remark, err, sizeof err,

@@ -1643,6 +1643,15 @@ def case_plan_fits(t, env):
                     "POST /plan at 95 GB: the split proposed and what to write: %r" % prop)
             t.check("does not fit as configured" in res.stdout and json.dumps(prop.get("config"), separators=(",", ":")) in res.stdout,
                     "ddtreectl plan at 95 GB does not say so and what to write: %s" % res.stdout)
+    # the example as shipped (its target.path relative to examples/): ddtreectl resolves it against
+    # the file's folder, so the plan is of the real config.json (the co-located target's row), as
+    # ddtreed plan's; POST /plan itself refuses a relative path, as POST /runs does
+    res = env.ctl(["--socket", d.socket, "plan", os.path.join(EXAMPLES, "seed-ddtree.json")])
+    rows, peak = ctl_plan_rows(res.stdout)
+    t.check(res.returncode == 0 and abs(rows.get("target (co-located)", 0) - 53.797e9) < 1e6,
+            "ddtreectl plan of the shipped seed example did not plan its real target: %s" % res.out)
+    check_error(t, "POST /plan with a relative target.path",
+                d.unix.post("/plan", dict(seed, target=dict(seed["target"], path="qwen3.6-27b"))), 400, "target.path")
     d.stop()
 
 

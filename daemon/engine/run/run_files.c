@@ -143,8 +143,9 @@ int ddt_run_config_check_absolute(const ddt_run_config *c, char *err, size_t err
     char quoted[1100];
     snprintf(quoted, sizeof quoted, "\"%s\"", relative);
     return refuse(err, err_len, field, field_len, name, "%s is a relative path, which the daemon would resolve "
-                  "against its own working directory (%s under systemd): give an absolute path (`ddtreed train` "
-                  "and `ddtreed plan` resolve a config file's relative paths against the file's folder)", quoted, "/");
+                  "against its own working directory (%s under systemd): give an absolute path (`ddtreectl start` "
+                  "and `plan`, `ddtreed train` and `plan` resolve a config file's relative paths against the "
+                  "file's folder)", quoted, "/");
 }
 
 /* s relative (not "" nor absolute): dir/s as a new string in v */
