@@ -415,6 +415,15 @@ printf '{"train": {"learning_rate": 0.001, "step": 3}}\n' >"$work/files/typo.jso
 out=$("$ddtreed" plan "$work/files/typo.json" 2>&1)
 if grep -q "train.learning_rate: is not a known field: did you mean train.lr?" <<<"$out"; then
     ok "an unknown key: did you mean"; else fail "an unknown key: did you mean" "$out"; fi
+for typo in 'learning_rate|learning_rate: is not a known field: did you mean train.lr?' \
+            'train": {"step|train.step: is not a known field: did you mean train.steps?' \
+            'target": {"pth|target.pth: is not a known field: did you mean target.path?'; do
+    IFS='|' read -r key want <<<"$typo"
+    closing=$(tr -cd '{' <<<"$key" | sed 's/{/}/g')
+    printf '{"%s": 1%s}\n' "$key" "$closing" >"$work/files/typo.json"
+    out=$("$ddtreed" plan "$work/files/typo.json" 2>&1)
+    if grep -qF -- "$want" <<<"$out"; then ok "did you mean: $want"; else fail "did you mean: $want" "$out"; fi
+done
 
 docs=$(dirname "$0")/../../docs/run-config.md
 if diff <("$ddtreed" train --help | sed -n '/^| field/,$p') <(sed -n '/^| field/,$p' "$docs") >/dev/null; then

@@ -168,9 +168,14 @@ int ddt_json_nearest(const char *key, const char *const *known, const char *cons
             for (const char *const *k = known; *k && !best; k++)
                 if (level_length(*k) == level && !strncmp(*k, key, level) && !strcmp(*k + level, a[1]))
                     best = *k;
-    for (const char *const *k = known; !best && *k; k++)
+    for (const char *const *k = known; !best && *k; k++)   /* the same name at another level */
         if (!strcmp(*k + level_length(*k), key + level))
             best = *k;
+    for (const char *const *a = aliases; !best && a && a[0]; a += 2)   /* an alias's, at another level */
+        if (!strcmp(key + level, a[0]))
+            for (const char *const *k = known; *k && !best; k++)
+                if (!strcmp(*k + level_length(*k), a[1]))
+                    best = *k;
     if (best)
         snprintf(out, len, "%s", best);
     return best != NULL;
