@@ -64,6 +64,18 @@ void ddk_cuda_matmul(const ddk_backend *be, int trans_a, int trans_b, int64_t m,
                              &alpha, b, to_int(ldb), a, to_int(lda), &beta, c, to_int(ldc)));
 }
 
+/* c (m, n) row-major = alpha op(a) op(b) + beta c with a and b of type ab (fp32 c): one
+ * cublasGemmEx of the column-major transpose, c^T = op(b)^T op(a)^T, under compute */
+static void row_major_gemm(const ddk_backend *be, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+                           float alpha, const void *a, int64_t lda, const void *b, int64_t ldb, cudaDataType ab,
+                           float beta, float *c, int64_t ldc, cublasComputeType_t compute)
+{
+    CUBLAS_CHECK(cublasGemmEx(ddk_cuda_cublas(be), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                              trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, to_int(n), to_int(m), to_int(k), &alpha, b, ab,
+                              to_int(ldb), a, ab, to_int(lda), &beta, c, CUDA_R_32F, to_int(ldc), compute,
+                              CUBLAS_GEMM_DEFAULT));
+}
+
 /* The same product on the tensor cores: fp32 in memory (a, b, c all CUDA_R_32F), cuBLAS
  * down-converts a and b to bf16 (CUBLAS_COMPUTE_32F_FAST_16BF; its header says "or TF32", which
  * is finer) and accumulates in fp32. The rounding mode of that conversion is not documented:
@@ -74,12 +86,8 @@ void ddk_cuda_matmul_bf16(const ddk_backend *be, int trans_a, int trans_b, int64
 {
     if (no_product(be, m, n, k, beta, c, ldc))
         return;
-    cublasHandle_t handle = ddk_cuda_cublas(be);
-    CUBLAS_CHECK(cublasGemmEx(handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-                              trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, to_int(n), to_int(m), to_int(k),
-                              &alpha, b, CUDA_R_32F, to_int(ldb), a, CUDA_R_32F, to_int(lda),
-                              &beta, c, CUDA_R_32F, to_int(ldc), CUBLAS_COMPUTE_32F_FAST_16BF,
-                              CUBLAS_GEMM_DEFAULT));
+    row_major_gemm(be, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, CUDA_R_32F, beta, c, ldc,
+                   CUBLAS_COMPUTE_32F_FAST_16BF);
 }
 
 /* c (m, n) = alpha bf16(a) op(W) + beta c with W bf16 as stored: op(W) = W^T, W (n, k), when
@@ -125,12 +133,8 @@ void ddk_cuda_matmul_16(const ddk_backend *be, int trans_a, int trans_b, int64_t
 {
     if (no_product(be, m, n, k, beta, c, ldc))
         return;
-    cublasHandle_t handle = ddk_cuda_cublas(be);
-    CUBLAS_CHECK(cublasGemmEx(handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-                              trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, to_int(n), to_int(m), to_int(k),
-                              &alpha, b, CUDA_R_16BF, to_int(ldb), a, CUDA_R_16BF, to_int(lda),
-                              &beta, c, CUDA_R_32F, to_int(ldc), CUBLAS_COMPUTE_32F,
-                              CUBLAS_GEMM_DEFAULT));
+    row_major_gemm(be, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, CUDA_R_16BF, beta, c, ldc,
+                   CUBLAS_COMPUTE_32F);
 }
 
 /* matmul_w16 and matmul_w16_nn: the whole scratch is the panel (2^21 values), whole k up to

@@ -234,17 +234,23 @@ int ddt_store_run_transition_enqueue(ddt_store *s, const char *run_id, ddt_run_s
     return 0;
 }
 
-int ddt_store_wait(ddt_store *s, ddt_store_pending *p)
+/* Waits for a's answer unless the store is degraded: 1 when answered (the caller frees what
+ * holds a); 0 when left to the writer, which answers it later and frees it then (abandoned). */
+static int wait_unless_degraded(ddt_store *s, sync_answer *a)
 {
     pthread_mutex_lock(&s->lock);
-    while (!p->q.answer.done && !s->degraded)
+    while (!a->done && !s->degraded)
         pthread_cond_wait(&s->answered, &s->lock);
-    if (!p->q.answer.done) {   /* kept in the queue: the writer writes it, then frees it */
-        p->q.abandoned = 1;
-        pthread_mutex_unlock(&s->lock);
-        return -EINPROGRESS;
-    }
+    int answered = a->done;
+    a->abandoned = !answered;
     pthread_mutex_unlock(&s->lock);
+    return answered;
+}
+
+int ddt_store_wait(ddt_store *s, ddt_store_pending *p)
+{
+    if (!wait_unless_degraded(s, &p->q.answer))
+        return -EINPROGRESS;   /* kept in the queue: the writer writes it, then frees it */
     int rc = p->q.answer.rc;
     ddt_store_pending_free(p);
     return rc;
@@ -296,15 +302,8 @@ int ddt_store_commit_queued(ddt_store *s)
         return -ENOMEM;
     store_item item = { .kind = ITEM_FLUSH, .flush = answer };
     enqueue(s, &item);
-    pthread_mutex_lock(&s->lock);
-    while (!answer->done && !s->degraded)
-        pthread_cond_wait(&s->answered, &s->lock);
-    if (!answer->done) {   /* kept in the queue: the writer answers it, then frees it */
-        answer->abandoned = 1;
-        pthread_mutex_unlock(&s->lock);
-        return -EINPROGRESS;
-    }
-    pthread_mutex_unlock(&s->lock);
+    if (!wait_unless_degraded(s, answer))
+        return -EINPROGRESS;   /* kept in the queue: the writer answers it, then frees it */
     int rc = answer->rc;
     free(answer);
     return rc;

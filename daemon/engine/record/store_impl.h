@@ -47,7 +47,8 @@ typedef enum {
 typedef struct sync_answer {
     int done;
     int rc;
-    int abandoned;   /* a flush whose waiter left (the store degraded): the writer frees it */
+    int abandoned;   /* its waiter left (the store degraded): the writer frees what holds it
+                        (a commit_queued flush, a transition's pending) */
 } sync_answer;
 
 /* run_create / run_update / run_transition: the caller's strings, valid while it waits */
@@ -56,8 +57,6 @@ typedef struct run_request {
     const char *run_id, *name, *config_json, *state, *error;
     const char *from_state, *detail_json;   /* run_transition: the state it leaves, its event */
     int starts, finishes;                   /* run_transition: to running, to a final state */
-    int abandoned;                          /* run_transition: its waiter left it queued (the store
-                                               degraded): the writer frees it once written */
     int64_t max_steps, created_ms, step, last_checkpoint_step, now_ms, started_ms, finished_ms;
 } run_request;
 
@@ -86,7 +85,7 @@ typedef struct store_item {
 
 /* A transition in flight (ddt_store_run_transition_enqueue): the request the writer answers and
  * the copies of the strings it reads; freed by ddt_store_wait, or by the writer when its waiter
- * left it queued (q.abandoned). */
+ * left it queued (q.answer.abandoned). */
 struct ddt_store_pending {
     run_request q;   /* first: the writer finds the pending from its request */
     char *run_id, *error, *detail;

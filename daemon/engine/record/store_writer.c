@@ -447,21 +447,21 @@ static pid_t lock_holder(const char *db_path)
     return pid;
 }
 
-/* s->cause: what keeps code's write out, where, and what to do */
-static void describe_cause(ddt_store *s, int code)
+/* cause: what keeps code's write out, where, and what to do */
+static void describe_cause(const ddt_store *s, int code, char *cause, size_t len)
 {
     if (is_locked(code)) {
         pid_t pid = lock_holder(s->path);
         char who[64] = "another process";
         if (pid > 0)
             snprintf(who, sizeof who, "another process (pid %d)", (int)pid);
-        snprintf(s->cause, sizeof s->cause, "%s holds the write lock of %s: stop it or let it finish (only ddtreed "
+        snprintf(cause, len, "%s holds the write lock of %s: stop it or let it finish (only ddtreed "
                  "writes it); the records wait", who, s->path);
     } else if ((code & 0xff) == SQLITE_FULL) {
-        snprintf(s->cause, sizeof s->cause, "the state directory's file system is full: %s cannot grow; free "
+        snprintf(cause, len, "the state directory's file system is full: %s cannot grow; free "
                  "space there; the records wait", s->path);
     } else {
-        snprintf(s->cause, sizeof s->cause, "%s cannot be written: %s; %s; the records wait", s->path, s->why,
+        snprintf(cause, len, "%s cannot be written: %s; %s; the records wait", s->path, s->why,
                  failure_hint(code));
     }
 }
@@ -486,8 +486,13 @@ static void answer_if_run_request(store_item *item, int code)
 static int wait_writable(ddt_store *s, int code, int first, int count)
 {
     double now = ddt_mono_s();
+    /* degraded_code is the writer's own; the cause is made outside the lock (/proc/locks) */
+    const int new_cause = s->degraded_code != code;
+    char cause[sizeof s->cause];
+    if (new_cause)
+        describe_cause(s, code, cause, sizeof cause);
     pthread_mutex_lock(&s->lock);
-    int first_failure = !s->degraded, new_cause = s->degraded_code != code;
+    int first_failure = !s->degraded;
     if (first_failure) {
         s->degraded = 1;
         s->degraded_since_s = now;
@@ -496,7 +501,7 @@ static int wait_writable(ddt_store *s, int code, int first, int count)
     }
     s->degraded_code = code;
     if (new_cause)
-        describe_cause(s, code);
+        snprintf(s->cause, sizeof s->cause, "%s", cause);
     if (is_locked(code))
         s->lock_waits++;
     int give_up = s->stopping && now - s->stopping_since_s > UNWRITABLE_GIVE_UP_STOPPING_S;
@@ -650,7 +655,7 @@ void *ddt_store_writer_main(void *arg)
             } else if (item_is_sync(item->kind)) {
                 item->run->answer.rc = s->results[i];
                 item->run->answer.done = 1;
-                if (item->kind == ITEM_RUN_TRANSITION && item->run->abandoned)
+                if (item->kind == ITEM_RUN_TRANSITION && item->run->answer.abandoned)
                     abandoned[n_abandoned++] = (struct ddt_store_pending *)item->run;
             } else if (item->kind != ITEM_ANSWERED && s->results[i] != 0) {
                 s->failures++;
