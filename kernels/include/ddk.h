@@ -300,6 +300,30 @@ DDK_API void ddk_link_destroy(ddk_link *l);
  * The loss (SPEC.md section 1)
  */
 
+/* The DFlash2 path selector's term of the loss (SPEC.md section 2.1), computed inside the fused
+ * loss (ddk_loss_params.selector): per position i, cand = the top-K ids of the unary logits zs_i
+ * (descending, ties to the lower id, found online across the vocabulary tiles), q = Hp hs_i (r),
+ * s_k = zs_i[cand_k] + sum_r A[p_i, r] q_r Bs[cand_k, r] with p_i = predecessors[i],
+ * l_sel = logsumexp_k s_k - s_{k*} where cand_{k*} is the label y_i (the unary CE's label). A label
+ * outside the top-K adds no selector term (inject = 0, "strict"), or (inject = 1) replaces the last
+ * candidate with itself and its own unary logit. l_i += weight * l_sel, inside the same weighted
+ * sum and the same denominator sum w. Gradients go into A, Bs, Hp (ADDED: dA, dBs, dHp) and, unless
+ * stop_gradient, into d hs through zs[cand] and through q. Nothing logit-sized is allocated: the
+ * workspace (ddk_loss_workspace_bytes) grows by a few (chunk, K) and (chunk, r) buffers. Every
+ * pointer in the loss's backend's memory. */
+typedef struct ddk_selector {
+    int64_t top_k;                /* K in [1, DDK_SELECTOR_MAX_K] and <= V */
+    int64_t rank;                 /* r >= 1 */
+    float weight;                 /* alpha_sel >= 0 (0: the term is computed and reported, no gradient) */
+    int inject;                   /* 0 "strict", 1 "inject" */
+    int stop_gradient;            /* 1: the selector term adds nothing to d hs */
+    const int32_t *predecessors;  /* (n) in [0, V): the data token before each position */
+    const float *A, *Bs;          /* (V, r) predecessor_codebook, successor_codebook */
+    const float *Hp;              /* (r, H) hidden_projection */
+    float *dA, *dBs, *dHp;        /* the same shapes, ADDED into; all NULL when grad_student is NULL */
+} ddk_selector;
+enum { DDK_SELECTOR_MAX_K = 64 };
+
 typedef struct ddk_loss_params {
     int64_t n, hidden, vocab;   /* positions, H, V */
     int64_t chunk;              /* positions per chunk, >= 1 */
@@ -315,6 +339,7 @@ typedef struct ddk_loss_params {
                                    bf16_products, which must then be 1: -EINVAL otherwise),
                                    through backend->matmul_w16 and matmul_w16_nn: the same bits
                                    as bf16_products on the head widened to fp32 (exact) */
+    const ddk_selector *selector; /* the DFlash2 selector's term, or NULL (DFlash) */
 } ddk_loss_params;
 
 typedef struct ddk_loss_result {
@@ -322,6 +347,10 @@ typedef struct ddk_loss_result {
     double weight_sum;          /* sum of w_i over positions not ignored */
     int64_t counted;            /* positions not ignored */
     int64_t correct;            /* of those, argmax(zs) == label */
+    double sel;                 /* with a selector: the weighted mean of 1[y in cand] l_sel (so
+                                   loss = (1-alpha) ce + alpha kl + lambda cap + weight sel) */
+    int64_t sel_covered;        /* counted positions whose label is among the top-K (strict) */
+    int64_t sel_correct;        /* counted positions where the selector's pick is the label */
 } ddk_loss_result;
 
 /* 0 on success; a negative errno (-EINVAL bad parameters, -ENOMEM) with NOTHING written.
@@ -369,6 +398,9 @@ typedef struct ddk_attention_shape {
     int64_t nh, nkv;  /* query heads, key/value heads; nh % nkv == 0 */
     int64_t d;        /* head dim */
     int64_t window;   /* 0: full_attention; > 0: sliding_attention with this window */
+    int64_t bidirectional; /* dflash_attention only: 1 = a DFlash2 drafter's (SPEC.md 2.1): block
+                              rows see every slot of their own block also when window > 0 (the
+                              window still bounds the context rows) */
     int64_t q_rows;   /* causal_attention only: 0, a prefill (S query rows); in [1, S], the
                          queries are positions S - q_rows .. S - 1 over a cache of S keys */
 } ddk_attention_shape;
@@ -469,6 +501,12 @@ struct ddk_backend {
      * other ops. The greedy labels of an evaluation and speculative decoding's argmaxes: only
      * the indices leave the device. */
     void (*argmax_rows)(const ddk_backend *be, const float *x, int64_t rows, int64_t n, int32_t *out);
+    /* idx, val (rows, k) = the k largest values of each row of x (rows, n), row stride n, and
+     * their indices, descending, ties to the lower index (NaNs passed over; -inf is a value);
+     * 1 <= k <= min(n, DDK_SELECTOR_MAX_K). val may be NULL. The DFlash2 selector's candidates
+     * at evaluation and in speculative decoding (SPEC.md 2.1). */
+    void (*topk_rows)(const ddk_backend *be, const float *x, int64_t rows, int64_t n, int64_t k,
+                      int32_t *idx, float *val);
 
     /* ---- whole buffers: the trainer's gradient reduction and optimiser ---- */
     /* sum of x[i]^2 over count floats, accumulated in float64 in an order that depends on
@@ -502,6 +540,22 @@ struct ddk_backend {
     void (*rmsnorm_backward)(const ddk_backend *be, const float *x, const float *g,
                              const float *rstd, const float *dy, int64_t rows, int64_t d,
                              float *dx, float *dg);
+
+    /* The DFlash2 two-tap grouped dynamic causal convolution over the slots of each block
+     * (SPEC.md 2.1): x, y (rows, H), rows a multiple of B, blocks of B consecutive rows (row t is
+     * slot t % B); base (taps, H); delta (rows, ld_delta), row t's coefficients (taps, G) from its
+     * column 0 (tap j, group g at column j*G + g; G = H / gs, gs divides H):
+     *   y[t, c] = sum_{j < taps, j <= t % B} (base[j, c] + delta[t, j*G + c/gs]) x[t - j, c]
+     * (never across blocks). y must not overlap x or delta. */
+    void (*block_conv)(const ddk_backend *be, const float *x, const float *base,
+                       const float *delta, int64_t ld_delta, int64_t rows, int64_t B, int64_t H,
+                       int64_t taps, int64_t gs, float *y);
+    /* dx (rows, H) +=, dbase (taps, H) +=, ddelta (rows, ld_delta; the (taps, G) columns) +=
+     * from x, base, delta and dy (rows, H). dx may be NULL (no gradient into x). */
+    void (*block_conv_backward)(const ddk_backend *be, const float *x, const float *base,
+                                const float *delta, int64_t ld_delta, const float *dy,
+                                int64_t rows, int64_t B, int64_t H, int64_t taps, int64_t gs,
+                                float *dx, float *dbase, float *ddelta);
 
     /* Rotate-half RoPE in place over the full head dim: x (rows, heads, d), d even; row r at
      * position pos[r]; pair (x_i, x_{i+d/2}) rotated by pos * theta^(-2i/d); d <= 1024. inverse = 1
@@ -537,7 +591,8 @@ struct ddk_backend {
      * block, its output rows are 0. Query head h reads kv head h / (nh / nkv); scale
      * 1/sqrt(d). Visibility of query (j, o): context t < anchors[j] (and, when window > 0,
      * t >= anchors[j] + o - (window - 1)); block slots of block j only: all of them when
-     * window = 0 (full_attention), slots <= o when window > 0 (sliding_attention).
+     * window = 0 (full_attention) or shape->bidirectional, slots <= o when window > 0
+     * (sliding_attention) otherwise.
      * out (A*B, nh, d); lse (A*B, nh) the log-sum-exp of each query's scaled scores, kept for
      * the backward. 0, or -ENOMEM when the backend's workspace cannot be had. */
     int (*dflash_attention)(const ddk_backend *be, const ddk_attention_shape *shape,
