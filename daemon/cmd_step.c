@@ -173,7 +173,7 @@ static int write_output(const step_inputs *in, const ddk_loss_result *r, const c
         const ddt_param *p = &in->params[i];
         snprintf(names[i], sizeof names[i], "grad.%s", p->name);
         entries[count++] = (ddt_st_entry){ .name = names[i], .dtype = DDT_F32, .ndim = p->ndim,
-                                           .shape = { p->shape[0], p->shape[1] },
+                                           .shape = { p->shape[0], p->shape[1], p->shape[2] },
                                            .data = in->grads + p->offset };
     }
     return ddt_st_write(path, entries, count, NULL, NULL, 0, err, err_len);

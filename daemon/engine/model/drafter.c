@@ -51,6 +51,19 @@ int ddt_drafter_config_check(const ddt_drafter_config *c, char *err, size_t err_
             DDT_MAX_TAPS);
     REQUIRE(c->mask_token_id >= 0 && c->mask_token_id < c->vocab,
             "dflash_config.mask_token_id must be in [0, vocab_size) (got %d)", c->mask_token_id);
+    if (c->dflash2) {
+        REQUIRE(c->conv_taps >= 1 && c->conv_taps <= DDT_MAX_CONV_TAPS,
+                "dflash_config.conv_kernel_size must be in [1, %d] (got %lld)", DDT_MAX_CONV_TAPS,
+                (long long)c->conv_taps);
+        REQUIRE(c->conv_group_size >= 1 && c->hidden % c->conv_group_size == 0,
+                "dflash_config.conv_group_size must divide hidden_size %lld (got %lld)",
+                (long long)c->hidden, (long long)c->conv_group_size);
+        REQUIRE(c->selector_rank >= 1 && c->selector_rank <= 65536,
+                "dflash_config.selector_rank must be in [1, 65536] (got %lld)", (long long)c->selector_rank);
+        REQUIRE(c->selector_top_k >= 1 && c->selector_top_k <= DDK_SELECTOR_MAX_K && c->selector_top_k <= c->vocab,
+                "dflash_config.selector_top_k must be in [1, %d] and at most vocab_size (got %lld)",
+                DDK_SELECTOR_MAX_K, (long long)c->selector_top_k);
+    }
     int any_sliding = 0;
     for (int64_t i = 0; i < c->layers; i++)
         any_sliding |= c->sliding[i];
@@ -64,17 +77,20 @@ int ddt_drafter_config_check(const ddt_drafter_config *c, char *err, size_t err_
     return 0;
 }
 
-static void table_add(ddt_param *params, int *count, int64_t *total, size_t slot, int is_norm,
-                      int64_t rows, int64_t cols, const char *fmt, int layer)
+static void table_add(ddt_param *params, int *count, int64_t *total, size_t slot, ddt_param_init init,
+                      int64_t d0, int64_t d1, int64_t d2, const char *fmt, int layer)
 {
     ddt_param *p = &params[(*count)++];
     snprintf(p->name, sizeof p->name, fmt, layer);
-    p->ndim = cols ? 2 : 1;
-    p->shape[0] = rows;
-    p->shape[1] = cols;
-    p->numel = cols ? rows * cols : rows;
+    p->ndim = d2 ? 3 : d1 ? 2 : 1;
+    p->shape[0] = d0;
+    p->shape[1] = d1;
+    p->shape[2] = d2;
+    p->numel = d0 * (d1 ? d1 : 1) * (d2 ? d2 : 1);
     p->offset = *total;
-    p->is_norm = is_norm;
+    p->init = init;
+    p->is_norm = init == DDT_INIT_ONES || init == DDT_INIT_IDENTITY;
+    p->dflash2_only = !strstr(fmt, "layers.%d.self_attn") && (strstr(fmt, "_conv.") || strstr(fmt, "candidate_selector."));
     p->slot = slot;
     *total += p->numel;
 }
@@ -82,29 +98,45 @@ static void table_add(ddt_param *params, int *count, int64_t *total, size_t slot
 int ddt_drafter_param_table(const ddt_drafter_config *c, ddt_param *params, int64_t *total)
 {
     const int64_t H = c->hidden, qd = c->heads * c->head_dim, kvd = c->kv_heads * c->head_dim,
-                  I = c->intermediate, d = c->head_dim;
+                  I = c->intermediate, d = c->head_dim, taps = c->conv_taps,
+                  proj = 2 * taps * ddt_conv_groups(c), r = c->selector_rank, V = c->vocab;
+    const ddt_param_init N = DDT_INIT_NORMAL, ONE = DDT_INIT_ONES;
     int count = 0;
     *total = 0;
-    table_add(params, &count, total, offsetof(ddt_drafter_weights, fc), 0, H, c->taps * H, "fc.weight", 0);
-    table_add(params, &count, total, offsetof(ddt_drafter_weights, hidden_norm), 1, H, 0, "hidden_norm.weight", 0);
+    table_add(params, &count, total, offsetof(ddt_drafter_weights, fc), N, H, c->taps * H, 0, "fc.weight", 0);
+    table_add(params, &count, total, offsetof(ddt_drafter_weights, hidden_norm), ONE, H, 0, 0, "hidden_norm.weight", 0);
     for (int i = 0; i < (int)c->layers; i++) {
         size_t L = offsetof(ddt_drafter_weights, layer) + (size_t)i * sizeof(ddt_layer_weights);
-#define LAYER(field, is_norm, rows, cols, name) \
-    table_add(params, &count, total, L + offsetof(ddt_layer_weights, field), is_norm, rows, cols, name, i)
-        LAYER(input_layernorm, 1, H, 0, "layers.%d.input_layernorm.weight");
-        LAYER(post_attention_layernorm, 1, H, 0, "layers.%d.post_attention_layernorm.weight");
-        LAYER(q_proj, 0, qd, H, "layers.%d.self_attn.q_proj.weight");
-        LAYER(k_proj, 0, kvd, H, "layers.%d.self_attn.k_proj.weight");
-        LAYER(v_proj, 0, kvd, H, "layers.%d.self_attn.v_proj.weight");
-        LAYER(o_proj, 0, H, qd, "layers.%d.self_attn.o_proj.weight");
-        LAYER(q_norm, 1, d, 0, "layers.%d.self_attn.q_norm.weight");
-        LAYER(k_norm, 1, d, 0, "layers.%d.self_attn.k_norm.weight");
-        LAYER(gate_proj, 0, I, H, "layers.%d.mlp.gate_proj.weight");
-        LAYER(up_proj, 0, I, H, "layers.%d.mlp.up_proj.weight");
-        LAYER(down_proj, 0, H, I, "layers.%d.mlp.down_proj.weight");
+#define LAYER(field, init, d0, d1, d2, name) \
+    table_add(params, &count, total, L + offsetof(ddt_layer_weights, field), init, d0, d1, d2, name, i)
+        LAYER(input_layernorm, ONE, H, 0, 0, "layers.%d.input_layernorm.weight");
+        LAYER(post_attention_layernorm, ONE, H, 0, 0, "layers.%d.post_attention_layernorm.weight");
+        LAYER(q_proj, N, qd, H, 0, "layers.%d.self_attn.q_proj.weight");
+        LAYER(k_proj, N, kvd, H, 0, "layers.%d.self_attn.k_proj.weight");
+        LAYER(v_proj, N, kvd, H, 0, "layers.%d.self_attn.v_proj.weight");
+        LAYER(o_proj, N, H, qd, 0, "layers.%d.self_attn.o_proj.weight");
+        LAYER(q_norm, ONE, d, 0, 0, "layers.%d.self_attn.q_norm.weight");
+        LAYER(k_norm, ONE, d, 0, 0, "layers.%d.self_attn.k_norm.weight");
+        LAYER(gate_proj, N, I, H, 0, "layers.%d.mlp.gate_proj.weight");
+        LAYER(up_proj, N, I, H, 0, "layers.%d.mlp.up_proj.weight");
+        LAYER(down_proj, N, H, I, 0, "layers.%d.mlp.down_proj.weight");
+        if (c->dflash2) {
+            LAYER(attn_conv_base, DDT_INIT_IDENTITY, 2, taps, H, "layers.%d.attention_conv.base_kernel");
+            LAYER(attn_conv_proj, DDT_INIT_ZERO, proj, H, 0, "layers.%d.attention_conv.kernel_projection.weight");
+            LAYER(mlp_conv_base, DDT_INIT_IDENTITY, 2, taps, H, "layers.%d.mlp_conv.base_kernel");
+            LAYER(mlp_conv_proj, DDT_INIT_ZERO, proj, H, 0, "layers.%d.mlp_conv.kernel_projection.weight");
+        }
 #undef LAYER
     }
-    table_add(params, &count, total, offsetof(ddt_drafter_weights, norm), 1, H, 0, "norm.weight", 0);
+    table_add(params, &count, total, offsetof(ddt_drafter_weights, norm), ONE, H, 0, 0, "norm.weight", 0);
+    if (c->dflash2) {
+        table_add(params, &count, total, offsetof(ddt_drafter_weights, sel_pred), N, V, r, 0,
+                  "candidate_selector.predecessor_codebook", 0);
+        table_add(params, &count, total, offsetof(ddt_drafter_weights, sel_succ), DDT_INIT_ZERO, V, r, 0,
+                  "candidate_selector.successor_codebook", 0);
+        table_add(params, &count, total, offsetof(ddt_drafter_weights, sel_hidden), N, r, H, 0,
+                  "candidate_selector.hidden_projection.weight", 0);
+    }
     return count;
 }
 
@@ -118,19 +150,30 @@ void ddt_drafter_bind(const ddt_drafter_config *c, float *base, ddt_drafter_weig
         *(float **)((char *)w + params[i].slot) = base + params[i].offset;
 }
 
-/* Norm gains 1; every matrix N(0, 0.02^2) (the Qwen3 / Hugging Face initializer_range), each
- * parameter from its own stream seeded by (seed, its index), so the values of one parameter do
- * not depend on the shapes of the others. */
+/* Each parameter as its init says (SPEC.md 2, 2.1): norm gains 1; matrices, and the selector's A
+ * and Hp, N(0, 0.02^2) (the Qwen3 / Hugging Face initializer_range); the convolutions at
+ * identity (base_kernel's tap 0 ones, its other taps and kernel_projection 0) and the selector's
+ * Bs 0, so that a fresh DFlash2 drafter proposes what DFlash would. Each random parameter comes
+ * from its own stream seeded by (seed, its index among DFlash's tensors, or among DFlash2's own),
+ * so the values of one parameter do not depend on the shapes of the others, and a DFlash2
+ * drafter's backbone starts as the DFlash drafter of the same seed. */
 void ddt_drafter_init(const ddt_drafter_config *c, float *base, uint64_t seed)
 {
     static _Thread_local ddt_param params[DDT_MAX_PARAMS];
     int64_t total;
     int count = ddt_drafter_param_table(c, params, &total);
+    uint64_t index[2] = { 0, 1u << 20 };   /* the next stream of DFlash's tensors, of DFlash2's own */
     for (int i = 0; i < count; i++) {
-        float *x = base + params[i].offset;
-        uint64_t s = seed * 0x100000001B3ull + (uint64_t)i;
-        for (int64_t j = 0; j < params[i].numel; j++)
-            x[j] = params[i].is_norm ? 1.0f : (float)(0.02 * ddk_rng_normal(&s));
+        const ddt_param *p = &params[i];
+        float *x = base + p->offset;
+        uint64_t s = seed * 0x100000001B3ull + index[p->dflash2_only]++;
+        for (int64_t j = 0; j < p->numel; j++)
+            switch (p->init) {
+            case DDT_INIT_NORMAL: x[j] = (float)(0.02 * ddk_rng_normal(&s)); break;
+            case DDT_INIT_ONES: x[j] = 1.0f; break;
+            case DDT_INIT_ZERO: x[j] = 0.0f; break;
+            case DDT_INIT_IDENTITY: x[j] = (j / p->shape[2]) % p->shape[1] == 0 ? 1.0f : 0.0f; break;
+            }
     }
 }
 

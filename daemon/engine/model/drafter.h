@@ -1,4 +1,5 @@
-/* drafter.h: the DFlash block-diffusion drafter (SPEC.md section 2): its configuration, the ONE
+/* drafter.h: the DFlash block-diffusion drafter (SPEC.md section 2) and its DFlash2 form (section
+ * 2.1: the two-tap block convolutions and the path selector): its configuration, the ONE
  * parameter table (names and shapes in export order) that drives initialisation, checkpoint
  * I/O, export, the optimiser and tests, and one training step's forward, loss and backward.
  * Tested by tests/oracle/step_torch_check.py (PyTorch float64 reference of SPEC.md section 2 through
@@ -15,7 +16,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum { DDT_MAX_LAYERS = 64, DDT_MAX_TAPS = 64, DDT_MAX_PARAMS = 3 + 11 * DDT_MAX_LAYERS };
+enum { DDT_MAX_LAYERS = 64, DDT_MAX_TAPS = 64, DDT_MAX_PARAMS = 6 + 15 * DDT_MAX_LAYERS,
+       DDT_MAX_CONV_TAPS = 8 };
 
 typedef struct ddt_drafter_config {
     int64_t hidden;           /* H */
@@ -34,7 +36,19 @@ typedef struct ddt_drafter_config {
     int64_t num_target_layers;              /* of the target (export's num_target_layers) */
     int64_t max_positions;                  /* the target's max_position_embeddings (the export's;
                                                0 = not resolved, refused by the export) */
+    /* DFlash2 (SPEC.md 2.1); the sizes are 0 for a DFlash drafter */
+    int dflash2;                            /* architecture: 0 "dflash", 1 "dflash2" */
+    int64_t conv_taps;                      /* conv_kernel_size, in [1, DDT_MAX_CONV_TAPS] */
+    int64_t conv_group_size;                /* gs, divides H; G = H / gs */
+    int64_t selector_rank;                  /* r */
+    int64_t selector_top_k;                 /* K, in [1, min(V, DDK_SELECTOR_MAX_K)] */
 } ddt_drafter_config;
+
+/* G, the convolution's coefficient groups per tap (H / gs); 0 for DFlash */
+static inline int64_t ddt_conv_groups(const ddt_drafter_config *c)
+{
+    return c->dflash2 ? c->hidden / c->conv_group_size : 0;
+}
 
 /* Checks ranges and relations (nh % nkv, d even, ids...): 0, or -EINVAL with err naming the
  * field and what it must be. */
@@ -53,6 +67,11 @@ typedef struct ddt_layer_weights {
     float *gate_proj;                 /* (I, H) */
     float *up_proj;                   /* (I, H) */
     float *down_proj;                 /* (H, I) */
+    /* DFlash2 only (NULL otherwise); G = H / gs */
+    float *attn_conv_base;            /* (2, taps, H) attention_conv.base_kernel */
+    float *attn_conv_proj;            /* (2*taps*G, H) attention_conv.kernel_projection */
+    float *mlp_conv_base;             /* (2, taps, H) mlp_conv.base_kernel */
+    float *mlp_conv_proj;             /* (2*taps*G, H) mlp_conv.kernel_projection */
 } ddt_layer_weights;
 
 typedef struct ddt_drafter_weights {
@@ -60,19 +79,34 @@ typedef struct ddt_drafter_weights {
     float *hidden_norm;   /* (H) */
     ddt_layer_weights layer[DDT_MAX_LAYERS];
     float *norm;          /* (H) */
+    /* DFlash2's candidate selector (NULL otherwise) */
+    float *sel_pred;      /* (V, r) candidate_selector.predecessor_codebook (A) */
+    float *sel_succ;      /* (V, r) candidate_selector.successor_codebook (Bs) */
+    float *sel_hidden;    /* (r, H) candidate_selector.hidden_projection (Hp) */
     const uint16_t *bf16; /* (total) the buffer's bf16 copy at the same offsets (the trainer's,
                              refreshed by every AdamW update), or NULL (ddt_drafter_bind's). A
                              bf16 step reads its matrices from it: drafter.c's products */
 } ddt_drafter_weights;
 
+/* How a parameter starts (ddt_drafter_init) */
+typedef enum ddt_param_init {
+    DDT_INIT_NORMAL,      /* N(0, 0.02^2): matrices, the selector's A and Hp */
+    DDT_INIT_ONES,        /* RMSNorm gains */
+    DDT_INIT_ZERO,        /* the convolutions' kernel_projection, the selector's Bs */
+    DDT_INIT_IDENTITY,    /* a convolution's base_kernel (2, taps, H): tap 0 ones, the others 0 */
+} ddt_param_init;
+
 /* One row of the parameter table. */
 typedef struct ddt_param {
-    char name[64];        /* the export name, e.g. "layers.0.self_attn.q_proj.weight" */
-    int ndim;             /* 1 or 2 */
-    int64_t shape[2];
+    char name[80];        /* the export name, e.g. "layers.0.self_attn.q_proj.weight" */
+    int ndim;             /* 1, 2 or 3 */
+    int64_t shape[3];
     int64_t numel;
     int64_t offset;       /* in floats, into the one contiguous buffer */
-    int is_norm;          /* RMSNorm gain: initialised to 1, no weight decay */
+    ddt_param_init init;
+    int is_norm;          /* no weight decay: RMSNorm gains and the convolutions' base kernels
+                             (identity at start, which a decay would pull towards 0) */
+    int dflash2_only;     /* one of DFlash2's own tensors (SPEC.md 2.1) */
     size_t slot;          /* offset of its pointer inside ddt_drafter_weights */
 } ddt_param;
 
@@ -80,7 +114,7 @@ typedef struct ddt_param {
 int ddt_drafter_param_table(const ddt_drafter_config *c, ddt_param *params, int64_t *total);
 /* Points every tensor of w into base (total floats), following the table. */
 void ddt_drafter_bind(const ddt_drafter_config *c, float *base, ddt_drafter_weights *w);
-/* The initialisation (documented in drafter.c): seeded, norms 1, matrices N(0, 0.02^2). */
+/* The initialisation (documented in drafter.c): seeded, by each parameter's init. */
 void ddt_drafter_init(const ddt_drafter_config *c, float *base, uint64_t seed);
 
 /* A batch of independent sequences: the index arrays in host memory (the step forms its own

@@ -480,6 +480,7 @@ static int write_state(const char *tmp, const ddt_checkpoint_meta *meta, const f
             e->ndim = table[i].ndim;
             e->shape[0] = table[i].shape[0];
             e->shape[1] = table[i].shape[1];
+            e->shape[2] = table[i].shape[2];
             e->data = family[k] + table[i].offset;
         }
     entries[3 * n] = (ddt_st_entry){ .name = step_tensor, .dtype = DDT_I64, .ndim = 0, .data = &adam->step };
@@ -652,8 +653,10 @@ static int check_state(const ddt_st_file *f, const ddt_param *table, int n, char
             if (t->dtype != DDT_F32)
                 return ddt_fail(err, err_len, -EINVAL, "%s: tensor '%s' is %s, expected F32", f->path, name,
                             ddt_dtype_name(t->dtype));
-            if (t->ndim != table[i].ndim || t->shape[0] != table[i].shape[0] ||
-                (t->ndim == 2 && t->shape[1] != table[i].shape[1])) {
+            int same = t->ndim == table[i].ndim;
+            for (int d = 0; same && d < t->ndim; d++)
+                same = t->shape[d] == table[i].shape[d];
+            if (!same) {
                 shape_text(got, sizeof got, t->ndim, t->shape);
                 shape_text(want, sizeof want, table[i].ndim, table[i].shape);
                 return ddt_fail(err, err_len, -EINVAL,

@@ -594,7 +594,7 @@ static int write_export_files(const char *dir, const ddt_drafter_config *c, cons
             weights[j] = ddt_f32_to_bf16(params[j]);
         for (int i = 0; i < n; i++)
             entries[i] = (ddt_st_entry){ .name = table[i].name, .dtype = DDT_BF16, .ndim = table[i].ndim,
-                                         .shape = { table[i].shape[0], table[i].shape[1] },
+                                         .shape = { table[i].shape[0], table[i].shape[1], table[i].shape[2] },
                                          .data = weights + table[i].offset };
         const char *const key[] = { "format" }, *const value[] = { "pt" };
         if (!(rc = ddt_path_join(path, sizeof path, "%s/%s", dir, export_files[1])))
@@ -674,7 +674,7 @@ static int export_tensors(const ddt_st_file *f, const char *path, const ddt_para
     int rc = 0;
     for (int i = 0; i < n && rc == 0; i++) {
         const ddt_param *p = &table[i];
-        int64_t dims[2] = { p->shape[0], p->shape[1] };
+        int64_t dims[3] = { p->shape[0], p->shape[1], p->shape[2] };
         const ddt_tensor_want want = { p->name, DDT_F32, p->ndim, dims };
         const ddt_st_tensor *t = ddt_st_find(f, p->name);
         if (!t)

@@ -95,6 +95,17 @@ static const config_field fields[] = {
     { "target.data.max_new_tokens", F_INT, OFF(max_new_tokens), 0, 0, 1 << 24, NULL, 0,
       "chat, regenerate: the answer's cap in tokens (0: what seq_len leaves after the prompt)" },
 
+    { "drafter.architecture", F_ENUM, OFF(drafter.dflash2), 0, 0, 0, "dflash|dflash2", 0,
+      "dflash: SPEC.md section 2; dflash2: section 2.1, the same plus two-tap block convolutions in every layer, "
+      "bidirectional blocks and a path selector over the top-K of each slot (architectures [\"DFlash2DraftModel\"])" },
+    { "drafter.conv_kernel_size", F_INT, OFF(drafter.conv_taps), 2, 1, DDT_MAX_CONV_TAPS, NULL, 0,
+      "dflash2: taps of the block convolutions" },
+    { "drafter.conv_group_size", F_INT, OFF(drafter.conv_group_size), 16, 1, 65536, NULL, 0,
+      "dflash2: channels sharing one dynamic coefficient (divides the target's hidden_size)" },
+    { "drafter.selector_rank", F_INT, OFF(drafter.selector_rank), 256, 1, 65536, NULL, 0,
+      "dflash2: r, the selector's codebook width (its two codebooks are 2 x vocab x r parameters)" },
+    { "drafter.selector_top_k", F_INT, OFF(drafter.selector_top_k), 16, 1, DDK_SELECTOR_MAX_K, NULL, 0,
+      "dflash2: K, the candidates of each slot the selector re-ranks" },
     { "drafter.num_hidden_layers", F_INT, OFF(drafter.layers), 2, 1, DDT_MAX_LAYERS, NULL, 0, "drafter layers" },
     { "drafter.num_attention_heads", F_INT, OFF(drafter.heads), 4, 1, 1024, NULL, 0, "query heads" },
     { "drafter.num_key_value_heads", F_INT, OFF(drafter.kv_heads), 2, 1, 1024, NULL, 0, "key/value heads" },
@@ -127,6 +138,17 @@ static const config_field fields[] = {
     { "train.seed", F_INT, OFF(seed), 0, 0, BIG, NULL, 0, "seeds initialisation, data and anchors" },
     { "train.precision", F_ENUM, OFF(bf16), 0, 0, 0, "fp32|bf16", 0,
       "matrix products: fp32, or bf16 operands with fp32 accumulation (tensor cores; a bf16 copy of the weights, refreshed by every AdamW update, activations rounded once a product, the MLP's gate and up kept in bf16, a GPU's frozen head in bf16; master weights, moments and statistics stay fp32); GPU ranks that read the target's bf16 head in place (co-located or split) take bf16 operands either way" },
+
+    { "train.selector_weight", F_F32, OFF(selector_weight), 1.0, 0, 1e6, NULL, 0,
+      "dflash2: alpha_sel, the selector term's weight in the loss" },
+    { "train.selector_candidates", F_ENUM, OFF(selector_inject), 0, 0, 0, "strict|inject", 0,
+      "dflash2: a label outside the top-K adds no selector term (strict), or replaces the last candidate (inject)" },
+    { "train.selector_stop_gradient", F_BOOL, OFF(selector_stop_gradient), 0, 0, 1, NULL, 0,
+      "dflash2: the selector term trains the selector's tensors only, not the backbone" },
+    { "train.selector_warmup", F_F64, OFF(selector_warmup), 0.0, 0, 1, NULL, 0,
+      "dflash2: the first fraction of the steps with alpha_sel 0" },
+    { "train.selector_ramp", F_F64, OFF(selector_ramp), 0.0, 0, 1, NULL, 0,
+      "dflash2: the fraction of the steps after the warm-up over which alpha_sel rises linearly to its weight" },
 
     { "loss.kl_weight", F_F32, OFF(kl_weight), 0.15, 0, 1, NULL, 0, "alpha" },
     { "loss.kl_temperature", F_F32, OFF(kl_temperature), 1.0, 1e-6, 1e6, NULL, 0, "T" },
@@ -751,6 +773,11 @@ static int check_relations(const parse_ctx *p)
         return fail(p, "drafter.sliding_window", "must be >= drafter.block_size with a sliding_attention layer: %s",
                     "vLLM and SGLang window the block rows too, training does not, and with a window below the "
                     "block the drafter served differs from the one trained (SPEC.md section 2)");
+    if (c->selector_warmup + c->selector_ramp > 1.0)
+        return fail(p, "train.selector_ramp", "plus train.selector_warmup must be at most 1 (%s)",
+                    "both are fractions of train.steps");
+    if (!c->drafter.dflash2)   /* DFlash has none of these tensors */
+        c->drafter.conv_taps = c->drafter.conv_group_size = c->drafter.selector_rank = c->drafter.selector_top_k = 0;
     if (c->max_anchors * c->drafter.block_size > (int64_t)1 << 30)
         return fail(p, "train.max_anchors", "times block_size is %s", "too large");
     if ((c->target_place == DDT_TARGET_HOST || c->target_place == DDT_TARGET_SAME) &&
@@ -902,6 +929,17 @@ int ddt_run_config_resolve(ddt_run_config *c, int64_t target_hidden, int64_t tar
         return -EINVAL;
     }
     d->mask_token_id = (int32_t)(c->mask_token_id < 0 ? target_vocab - 1 : c->mask_token_id);
+    if (d->dflash2 && target_hidden % d->conv_group_size) {
+        snprintf(err, err_len, "drafter.conv_group_size: %lld does not divide the target's hidden_size %lld (the "
+                 "convolutions have hidden_size / conv_group_size coefficient groups)",
+                 (long long)d->conv_group_size, (long long)target_hidden);
+        return -EINVAL;
+    }
+    if (d->dflash2 && d->selector_top_k > target_vocab) {
+        snprintf(err, err_len, "drafter.selector_top_k: %lld is more than the target's vocabulary (%lld)",
+                 (long long)d->selector_top_k, (long long)target_vocab);
+        return -EINVAL;
+    }
     char why[512];
     if (ddt_drafter_config_check(d, why, sizeof why)) {
         snprintf(err, err_len, "drafter: %s", why);
@@ -913,7 +951,8 @@ int ddt_run_config_resolve(ddt_run_config *c, int64_t target_hidden, int64_t tar
                  rows = S + (double)c->max_anchors * (double)d->block_size,
                  width = 8 * H + 3 * (double)d->intermediate + 3 * (double)(d->heads * d->head_dim) +
                          6 * (double)(d->kv_heads * d->head_dim),
-                 params = H * (double)d->taps * H + (double)d->layers * width * H,
+                 params = H * (double)d->taps * H + (double)d->layers * width * H +
+                          (2 * (double)d->vocab + H) * (double)d->selector_rank,
                  batch = (double)c->sequences_per_step * S * ((double)d->taps + 1) * H * 4,
                  acts = (double)c->sequences_per_step * rows * ((double)d->layers + 1) * width * 4,
                  head = (double)d->vocab * H * 8;

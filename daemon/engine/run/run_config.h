@@ -75,6 +75,10 @@ typedef struct ddt_run_config {
     int bf16;                              /* train.precision: 1 "bf16" products, 0 "fp32" */
     double lr, warmup_fraction, weight_decay, grad_clip;
     uint64_t seed;
+    float selector_weight;                 /* DFlash2: alpha_sel */
+    int selector_inject;                   /* train.selector_candidates: 1 "inject", 0 "strict" */
+    int selector_stop_gradient;
+    double selector_warmup, selector_ramp; /* fractions of train.steps */
 
     /* loss */
     float kl_weight, kl_temperature, cap_weight, cap_temperature;
