@@ -1,6 +1,9 @@
-/* drafter.c: the DFlash block-diffusion drafter (SPEC.md section 2): configuration checks,
- * the parameter table, initialisation, batch checks and one training step (forward over the
- * context and the blocks, the fused chunked loss of kernels/, backward into every parameter).
+/* drafter.c: the DFlash block-diffusion drafter (SPEC.md section 2) and DFlash2 (section 2.1):
+ * configuration checks, the parameter table, initialisation, batch checks and one training step
+ * (forward over the context and the blocks, the fused chunked loss of kernels/ with DFlash2's
+ * selector term, backward into every parameter). DFlash2's layer adds four block convolutions
+ * (be->block_conv: on the normed input and the output of the attention and of the MLP, their
+ * coefficients projected from the normed inputs) and sees its whole block in every layer.
  *
  * Activations of every sequence are kept from the forward for the backward (one allocation);
  * the loss runs once over the slots of all sequences (one global normalisation). Attention
@@ -257,6 +260,10 @@ typedef struct layer_acts {
     float *gate, *up;                 /* (AB, I) each; silu(gate) * up is recomputed by the backward */
     uint16_t *gate16, *up16;          /* (AB, I) each: a bf16 step keeps them in bf16 instead
                                          (gate, up NULL), rounded once, read widened */
+    /* DFlash2 (NULL otherwise); P = 2*taps*G. The convolved inputs u' and m' are recomputed. */
+    float *da, *dm;                   /* (AB, P) the attention's and the MLP's coefficients */
+    float *o, *mlp;                   /* (AB, H) attn o_proj^T and the MLP's output, before
+                                         their output convolutions */
 } layer_acts;
 
 typedef struct seq_acts {
@@ -279,11 +286,15 @@ typedef struct grad_scratch {
     float *dattn, *dq, *dq_pre;       /* (AB, nh*d) */
     float *dk, *dv, *dk_pre;          /* (SAB, nkv*d) */
     float *dctx, *dxf;                /* (S, H) */
+    float *conved, *dconv;            /* DFlash2: (AB, H) u' or m', and its gradient */
+    float *dcoef;                     /* DFlash2: (AB, P) the gradient of da or dm */
 } grad_scratch;
 
 typedef struct step_memory {
     seq_acts *seq;                    /* (nseq), host structs pointing into the arena */
     int32_t *labels;                  /* (nseq*AB) the data's, or -1 (then the teacher's argmax) */
+    int32_t *preds;                   /* (nseq*AB) DFlash2: slot (j, k)'s predecessor x[a_j + k - 1]
+                                         (clamped, as teacher_rows), else NULL */
     float *weights;                   /* (nseq*AB) */
     float *hs, *dhs;                  /* (nseq*AB, H) student hidden and its gradient */
     float *teacher;                   /* (nseq*AB, H) th[a_j + k - 1], or NULL */
@@ -306,6 +317,7 @@ static void carve_index(arena *a, const ddt_drafter_config *c, const ddt_batch *
     }
     m->labels = TAKE(a, int32_t, b->nseq * AB);
     m->weights = TAKE(a, float, b->nseq * AB);
+    m->preds = c->dflash2 ? TAKE(a, int32_t, b->nseq * AB) : NULL;
 }
 
 static int64_t max3(int64_t x, int64_t y, int64_t z)
@@ -319,7 +331,7 @@ static void carve(arena *a, const ddt_drafter_config *c, const ddt_batch *b, int
 {
     const int64_t H = c->hidden, qd = c->heads * c->head_dim, kvd = c->kv_heads * c->head_dim,
                   I = c->intermediate, S = b->S, AB = b->A * c->block_size, SAB = S + AB,
-                  N = b->nseq * AB;
+                  N = b->nseq * AB, P2 = 2 * c->conv_taps * ddt_conv_groups(c);
     carve_index(a, c, b, m);
     for (int64_t s = 0; s < b->nseq; s++) {
         seq_acts *q = &m->seq[s];
@@ -348,6 +360,12 @@ static void carve(arena *a, const ddt_drafter_config *c, const ddt_batch *b, int
                 L->gate = TAKE(a, float, AB * I);
                 L->up = TAKE(a, float, AB * I);
             }
+            if (c->dflash2) {
+                L->da = TAKE(a, float, AB * P2);
+                L->dm = TAKE(a, float, AB * P2);
+                L->o = TAKE(a, float, AB * H);
+                L->mlp = TAKE(a, float, AB * H);
+            }
         }
     }
     m->hs = TAKE(a, float, N * H);
@@ -370,6 +388,11 @@ static void carve(arena *a, const ddt_drafter_config *c, const ddt_batch *b, int
     g->dk_pre = TAKE(a, float, SAB * kvd);
     g->dctx = TAKE(a, float, S * H);
     g->dxf = TAKE(a, float, S * H);
+    if (c->dflash2) {
+        g->conved = TAKE(a, float, AB * H);
+        g->dconv = TAKE(a, float, AB * H);
+        g->dcoef = TAKE(a, float, AB * P2);
+    }
     if (staged16) {   /* the largest operand of each role, over every product of a sequence */
         m->x16 = TAKE(a, uint16_t, max3(S * c->taps * H, max3(S * H, AB * H, AB * qd), AB * I));
         m->dy16 = TAKE(a, uint16_t, max3(max3(S * H, AB * H, AB * qd), AB * I, SAB * kvd));
@@ -450,12 +473,49 @@ static void linear_backward(const products *P, const float *x, const uint16_t *x
 }
 
 /* ------------------------------------------------------------------------------------------
+ * DFlash2's block convolutions (SPEC.md 2.1): coef (AB, P) is a layer's projection of its normed
+ * input, P = 2*taps*G: side 0's coefficients, then side 1's; base (2, taps, H) likewise.
+ */
+
+/* y (AB, H) = conv(x; base[side], coef[:, side]) */
+static void conv_side(const ddk_backend *be, const ddt_drafter_config *c, const float *x,
+                      const float *base, const float *coef, int side, int64_t AB, float *y)
+{
+    const int64_t H = c->hidden, taps = c->conv_taps, G = ddt_conv_groups(c);
+    be->block_conv(be, x, base + side * taps * H, coef + side * taps * G, 2 * taps * G, AB,
+                   c->block_size, H, taps, c->conv_group_size, y);
+}
+
+/* dx (AB, H) +=, dbase[side] +=, dcoef[:, side] += from dy (AB, H) */
+static void conv_side_backward(const ddk_backend *be, const ddt_drafter_config *c, const float *x,
+                               const float *base, const float *coef, int side, int64_t AB,
+                               const float *dy, float *dx, float *dbase, float *dcoef)
+{
+    const int64_t H = c->hidden, taps = c->conv_taps, G = ddt_conv_groups(c);
+    be->block_conv_backward(be, x, base + side * taps * H, coef + side * taps * G, 2 * taps * G, dy, AB,
+                            c->block_size, H, taps, c->conv_group_size, dx, dbase + side * taps * H,
+                            dcoef + side * taps * G);
+}
+
+/* out (AB, H) = res + conv(x; base[side], coef[:, side]): a DFlash2 residual branch, the
+ * convolution made in scratch (AB, H) */
+static void conv_residual(const ddk_backend *be, const ddt_drafter_config *c, const float *res,
+                          const float *x, const float *base, const float *coef, int64_t AB,
+                          float *scratch, float *out)
+{
+    conv_side(be, c, x, base, coef, 1, AB, scratch);
+    be->copy(be, out, res, (size_t)(AB * c->hidden) * sizeof(float));
+    be->axpby(be, AB * c->hidden, 1.0f, scratch, 1.0f, out);
+}
+
+/* ------------------------------------------------------------------------------------------
  * Forward of one sequence. Its index arrays (anchors, tokens, positions, teacher rows, keep,
  * labels, weights) are formed on the host from the batch's host arrays.
  */
 
 static void sequence_inputs(const ddt_drafter_config *c, const ddt_batch *b, int64_t s,
-                            seq_acts *q, int32_t *labels, float *weights, float gamma, int data_labels)
+                            seq_acts *q, int32_t *labels, float *weights, int32_t *preds, float gamma,
+                            int data_labels)
 {
     const int64_t S = b->S, B = c->block_size;
     const int32_t *x = b->input_ids + s * S;
@@ -478,6 +538,8 @@ static void sequence_inputs(const ddt_drafter_config *c, const ddt_batch *b, int
             q->pos[S + r] = (int32_t)target;
             const int64_t taught = target - 1;   /* clamped: such slots weigh 0 */
             q->teacher_rows[r] = (int32_t)(taught < 0 ? 0 : taught >= S ? S - 1 : taught);
+            if (preds)
+                preds[r] = x[q->teacher_rows[r]];
             int valid = keep[j] && k >= 1 && target < S && mask[target];
             weights[r] = valid ? (float)exp(-(double)(k - 1) / gamma) : 0.0f;
             labels[r] = data_labels && target < S ? x[target] : -1;
@@ -502,6 +564,8 @@ static int forward_sequence(const ddk_backend *be, const products *P, const ddt_
                   qd = nh * d, kvd = nkv * d, I = c->intermediate, S = b->S, A = b->A,
                   B = c->block_size, AB = A * B, SAB = S + AB, LH = c->taps * H;
     const float eps = c->rms_norm_eps, theta = c->rope_theta;
+    const int v2 = c->dflash2;
+    const int64_t P2 = 2 * c->conv_taps * ddt_conv_groups(c);
     float *const u = t->normed, *const m = t->normed, *const act = t->dact,   /* scratch */
                  *const qr = t->dq_pre, *const kr = t->dk_pre;
 
@@ -520,42 +584,65 @@ static int forward_sequence(const ddk_backend *be, const products *P, const ddt_
         layer_acts *L = &q->layer[l];
         const float *h = q->h[l];
         be->rmsnorm(be, h, W->input_layernorm, AB, H, eps, u, L->rstd_u);
-        const uint16_t *u16 = stage(P, u, AB * H, P->keep16);
+        const float *ub = u;   /* the block rows' input to q, k, v: u, or DFlash2's u' */
+        if (v2) {
+            linear(P, u, NULL, AB, H, W->attn_conv_proj, P2, 0.0f, L->da);
+            conv_side(be, c, u, W->attn_conv_base, L->da, 0, AB, t->conved);
+            ub = t->conved;
+        }
+        const uint16_t *u16 = stage(P, ub, AB * H, P->keep16);
 
         /* Q for block rows; K, V over [C ; u] (the context gets no input_layernorm) */
-        linear(P, u, u16, AB, H, W->q_proj, qd, 0.0f, L->q_pre);
+        linear(P, ub, u16, AB, H, W->q_proj, qd, 0.0f, L->q_pre);
         be->rmsnorm(be, L->q_pre, W->q_norm, AB * nh, d, eps, qr, L->rstd_q);
         be->rope(be, qr, q->pos + S, AB, nh, d, theta, 0);
         linear(P, q->ctx, ctx16, S, H, W->k_proj, kvd, 0.0f, L->k_pre);
-        linear(P, u, u16, AB, H, W->k_proj, kvd, 0.0f, L->k_pre + S * kvd);
+        linear(P, ub, u16, AB, H, W->k_proj, kvd, 0.0f, L->k_pre + S * kvd);
         be->rmsnorm(be, L->k_pre, W->k_norm, SAB * nkv, d, eps, kr, L->rstd_k);
         be->rope(be, kr, q->pos, SAB, nkv, d, theta, 0);
         linear(P, q->ctx, ctx16, S, H, W->v_proj, kvd, 0.0f, L->v);
-        linear(P, u, u16, AB, H, W->v_proj, kvd, 0.0f, L->v + S * kvd);
+        linear(P, ub, u16, AB, H, W->v_proj, kvd, 0.0f, L->v + S * kvd);
 
         ddk_attention_shape shape = { .S = S, .A = A, .B = B, .nh = nh, .nkv = nkv, .d = d,
-                                      .window = c->sliding[l] ? c->sliding_window : 0 };
+                                      .window = c->sliding[l] ? c->sliding_window : 0,
+                                      .bidirectional = v2 };
         int rc = be->dflash_attention(be, &shape, qr, kr, L->v, q->anchors, q->keep, L->attn,
                                       L->lse);
         if (rc)
             return rc;
-        be->copy(be, L->h_mid, h, (size_t)(AB * H) * sizeof(float));
-        linear(P, L->attn, NULL, AB, qd, W->o_proj, H, 1.0f, L->h_mid);
+        if (v2) {
+            linear(P, L->attn, NULL, AB, qd, W->o_proj, H, 0.0f, L->o);
+            conv_residual(be, c, h, L->o, W->attn_conv_base, L->da, AB, t->conved, L->h_mid);
+        } else {
+            be->copy(be, L->h_mid, h, (size_t)(AB * H) * sizeof(float));
+            linear(P, L->attn, NULL, AB, qd, W->o_proj, H, 1.0f, L->h_mid);
+        }
 
         be->rmsnorm(be, L->h_mid, W->post_attention_layernorm, AB, H, eps, m, L->rstd_m);
-        const uint16_t *m16 = stage(P, m, AB * H, P->keep16);
+        const float *mb = m;   /* the MLP's input: m, or DFlash2's m' */
+        if (v2) {
+            linear(P, m, NULL, AB, H, W->mlp_conv_proj, P2, 0.0f, L->dm);
+            conv_side(be, c, m, W->mlp_conv_base, L->dm, 0, AB, t->conved);
+            mb = t->conved;
+        }
+        const uint16_t *m16 = stage(P, mb, AB * H, P->keep16);
         if (L->gate16) {   /* made in fp32 in the free gradient scratch, kept rounded */
-            linear(P, m, m16, AB, H, W->gate_proj, I, 0.0f, t->dgate);
-            linear(P, m, m16, AB, H, W->up_proj, I, 0.0f, t->dup);
+            linear(P, mb, m16, AB, H, W->gate_proj, I, 0.0f, t->dgate);
+            linear(P, mb, m16, AB, H, W->up_proj, I, 0.0f, t->dup);
             be->round_bf16(be, t->dgate, AB * I, L->gate16);
             be->round_bf16(be, t->dup, AB * I, L->up16);
         } else {
-            linear(P, m, m16, AB, H, W->gate_proj, I, 0.0f, L->gate);
-            linear(P, m, m16, AB, H, W->up_proj, I, 0.0f, L->up);
+            linear(P, mb, m16, AB, H, W->gate_proj, I, 0.0f, L->gate);
+            linear(P, mb, m16, AB, H, W->up_proj, I, 0.0f, L->up);
         }
         mlp_gate(be, L, AB * I, act);
-        be->copy(be, q->h[l + 1], L->h_mid, (size_t)(AB * H) * sizeof(float));
-        linear(P, act, NULL, AB, I, W->down_proj, H, 1.0f, q->h[l + 1]);
+        if (v2) {
+            linear(P, act, NULL, AB, I, W->down_proj, H, 0.0f, L->mlp);
+            conv_residual(be, c, L->h_mid, L->mlp, W->mlp_conv_base, L->dm, AB, t->conved, q->h[l + 1]);
+        } else {
+            be->copy(be, q->h[l + 1], L->h_mid, (size_t)(AB * H) * sizeof(float));
+            linear(P, act, NULL, AB, I, W->down_proj, H, 1.0f, q->h[l + 1]);
+        }
     }
     be->rmsnorm(be, q->h[c->layers], w->norm, AB, H, eps, hs, q->hs_rstd);
     return 0;
@@ -575,6 +662,8 @@ static int backward_sequence(const ddk_backend *be, const products *P, const ddt
                   B = c->block_size, AB = A * B, SAB = S + AB, LH = c->taps * H;
     const float eps = c->rms_norm_eps, theta = c->rope_theta;
     const size_t ab_h = (size_t)(AB * H) * sizeof(float);
+    const int v2 = c->dflash2;
+    const int64_t P2 = 2 * c->conv_taps * ddt_conv_groups(c);
     /* recomputed, as the forward had them */
     float *const u = t->normed, *const m = t->normed, *const qr = t->dq_pre, *const kr = t->dk_pre;
 
@@ -586,34 +675,64 @@ static int backward_sequence(const ddk_backend *be, const products *P, const ddt
         const ddt_layer_weights *W = &w->layer[l];
         ddt_layer_weights *G = &gw->layer[l];
         const layer_acts *L = &q->layer[l];
+        const size_t ab_p = (size_t)(AB * P2) * sizeof(float);
 
-        /* MLP: h_out = h_mid + swiglu(m Wg^T, m Wu^T) Wd^T; m and the swiglu recomputed */
+        /* MLP: h_out = h_mid + swiglu(m Wg^T, m Wu^T) Wd^T; m and the swiglu recomputed.
+         * DFlash2: h_out = h_mid + conv(mlp; base_m[1], dm[:,1]), the MLP's input m' = conv(m;
+         * base_m[0], dm[:,0]), dm = m Km^T (m' recomputed) */
         be->rmsnorm(be, L->h_mid, W->post_attention_layernorm, AB, H, eps, m, L->rstd_m);
         be->copy(be, t->dh_mid, t->dh, ab_h);
+        const float *mb = m, *dmlp = t->dh;   /* the MLP's input; its output's gradient */
+        float *dmb = t->dm;                   /* the gradient of mb */
+        if (v2) {
+            be->zero(be, t->du, ab_h);   /* free until the attention's part */
+            be->zero(be, t->dcoef, ab_p);
+            conv_side_backward(be, c, L->mlp, W->mlp_conv_base, L->dm, 1, AB, t->dh, t->du,
+                               G->mlp_conv_base, t->dcoef);
+            conv_side(be, c, m, W->mlp_conv_base, L->dm, 0, AB, t->conved);
+            mb = t->conved;
+            dmlp = t->du;
+            dmb = t->dconv;
+        }
         be->zero(be, t->dact, (size_t)(AB * I) * sizeof(float));
         mlp_gate(be, L, AB * I, t->dgate);
-        linear_backward(P, t->dgate, NULL, AB, I, W->down_proj, H, t->dh, t->dact, G->down_proj);
+        linear_backward(P, t->dgate, NULL, AB, I, W->down_proj, H, dmlp, t->dact, G->down_proj);
         be->zero(be, t->dgate, (size_t)(AB * I) * sizeof(float));
         be->zero(be, t->dup, (size_t)(AB * I) * sizeof(float));
         if (L->gate16)
             be->swiglu_backward_16(be, L->gate16, L->up16, t->dact, AB * I, t->dgate, t->dup);
         else
             be->swiglu_backward(be, L->gate, L->up, t->dact, AB * I, t->dgate, t->dup);
-        be->zero(be, t->dm, ab_h);
-        const uint16_t *m16 = stage(P, m, AB * H, P->keep16);
-        linear_backward(P, m, m16, AB, H, W->gate_proj, I, t->dgate, t->dm, G->gate_proj);
-        linear_backward(P, m, m16, AB, H, W->up_proj, I, t->dup, t->dm, G->up_proj);
+        be->zero(be, dmb, ab_h);
+        const uint16_t *m16 = stage(P, mb, AB * H, P->keep16);
+        linear_backward(P, mb, m16, AB, H, W->gate_proj, I, t->dgate, dmb, G->gate_proj);
+        linear_backward(P, mb, m16, AB, H, W->up_proj, I, t->dup, dmb, G->up_proj);
+        if (v2) {
+            be->zero(be, t->dm, ab_h);
+            conv_side_backward(be, c, m, W->mlp_conv_base, L->dm, 0, AB, t->dconv, t->dm,
+                               G->mlp_conv_base, t->dcoef);
+            linear_backward(P, m, NULL, AB, H, W->mlp_conv_proj, P2, t->dcoef, t->dm, G->mlp_conv_proj);
+        }
         be->rmsnorm_backward(be, L->h_mid, W->post_attention_layernorm, L->rstd_m, t->dm, AB, H,
                              t->dh_mid, G->post_attention_layernorm);
 
-        /* attention: h_mid = h + attn Wo^T */
+        /* attention: h_mid = h + attn Wo^T (DFlash2: h + conv(attn Wo^T; base_a[1], da[:,1])) */
+        const float *dout = t->dh_mid;   /* the gradient of attn Wo^T */
+        if (v2) {
+            be->zero(be, t->dm, ab_h);
+            be->zero(be, t->dcoef, ab_p);
+            conv_side_backward(be, c, L->o, W->attn_conv_base, L->da, 1, AB, t->dh_mid, t->dm,
+                               G->attn_conv_base, t->dcoef);
+            dout = t->dm;
+        }
         be->zero(be, t->dattn, (size_t)(AB * qd) * sizeof(float));
-        linear_backward(P, L->attn, NULL, AB, qd, W->o_proj, H, t->dh_mid, t->dattn, G->o_proj);
+        linear_backward(P, L->attn, NULL, AB, qd, W->o_proj, H, dout, t->dattn, G->o_proj);
         be->zero(be, t->dq, (size_t)(AB * qd) * sizeof(float));
         be->zero(be, t->dk, (size_t)(SAB * kvd) * sizeof(float));
         be->zero(be, t->dv, (size_t)(SAB * kvd) * sizeof(float));
         ddk_attention_shape shape = { .S = S, .A = A, .B = B, .nh = nh, .nkv = nkv, .d = d,
-                                      .window = c->sliding[l] ? c->sliding_window : 0 };
+                                      .window = c->sliding[l] ? c->sliding_window : 0,
+                                      .bidirectional = v2 };
         be->rmsnorm(be, L->q_pre, W->q_norm, AB * nh, d, eps, qr, L->rstd_q);
         be->rope(be, qr, q->pos + S, AB, nh, d, theta, 0);
         be->rmsnorm(be, L->k_pre, W->k_norm, SAB * nkv, d, eps, kr, L->rstd_k);
@@ -623,23 +742,37 @@ static int backward_sequence(const ddk_backend *be, const products *P, const ddt
         if (rc)
             return rc;
 
-        /* V = [C ; u] Wv^T, u recomputed */
+        /* V = [C ; u] Wv^T, u recomputed (DFlash2: the block rows' u' = conv(u; base_a[0],
+         * da[:,0]), da = u Ka^T) */
         be->rmsnorm(be, q->h[l], W->input_layernorm, AB, H, eps, u, L->rstd_u);
-        const uint16_t *u16 = stage(P, u, AB * H, P->keep16);
-        be->zero(be, t->du, ab_h);
+        const float *ub = u;
+        float *dub = t->du;
+        if (v2) {
+            conv_side(be, c, u, W->attn_conv_base, L->da, 0, AB, t->conved);
+            ub = t->conved;
+            dub = t->dconv;
+        }
+        const uint16_t *u16 = stage(P, ub, AB * H, P->keep16);
+        be->zero(be, dub, ab_h);
         linear_backward(P, q->ctx, NULL, S, H, W->v_proj, kvd, t->dv, t->dctx, G->v_proj);
-        linear_backward(P, u, u16, AB, H, W->v_proj, kvd, t->dv + S * kvd, t->du, G->v_proj);
+        linear_backward(P, ub, u16, AB, H, W->v_proj, kvd, t->dv + S * kvd, dub, G->v_proj);
         /* K = RoPE(k_norm([C ; u] Wk^T)) */
         be->rope(be, t->dk, q->pos, SAB, nkv, d, theta, 1);
         be->zero(be, t->dk_pre, (size_t)(SAB * kvd) * sizeof(float));
         be->rmsnorm_backward(be, L->k_pre, W->k_norm, L->rstd_k, t->dk, SAB * nkv, d, t->dk_pre, G->k_norm);
         linear_backward(P, q->ctx, NULL, S, H, W->k_proj, kvd, t->dk_pre, t->dctx, G->k_proj);
-        linear_backward(P, u, u16, AB, H, W->k_proj, kvd, t->dk_pre + S * kvd, t->du, G->k_proj);
+        linear_backward(P, ub, u16, AB, H, W->k_proj, kvd, t->dk_pre + S * kvd, dub, G->k_proj);
         /* Q = RoPE(q_norm(u Wq^T)) */
         be->rope(be, t->dq, q->pos + S, AB, nh, d, theta, 1);
         be->zero(be, t->dq_pre, (size_t)(AB * qd) * sizeof(float));
         be->rmsnorm_backward(be, L->q_pre, W->q_norm, L->rstd_q, t->dq, AB * nh, d, t->dq_pre, G->q_norm);
-        linear_backward(P, u, u16, AB, H, W->q_proj, qd, t->dq_pre, t->du, G->q_proj);
+        linear_backward(P, ub, u16, AB, H, W->q_proj, qd, t->dq_pre, dub, G->q_proj);
+        if (v2) {
+            be->zero(be, t->du, ab_h);
+            conv_side_backward(be, c, u, W->attn_conv_base, L->da, 0, AB, t->dconv, t->du,
+                               G->attn_conv_base, t->dcoef);
+            linear_backward(P, u, NULL, AB, H, W->attn_conv_proj, P2, t->dcoef, t->du, G->attn_conv_proj);
+        }
 
         /* u = RMSNorm(h; input_layernorm), plus the residual */
         be->copy(be, t->dh, t->dh_mid, ab_h);
@@ -715,7 +848,7 @@ static int forward_batch(const ddk_backend *be, products *P, const ddt_drafter_c
     carve_index(&h, c, b, &staged);
     for (int64_t s = 0; s < b->nseq; s++)
         sequence_inputs(c, b, s, &staged.seq[s], staged.labels + s * AB, staged.weights + s * AB,
-                        lc->gamma, !lc->ce_target_teacher);
+                        staged.preds ? staged.preds + s * AB : NULL, lc->gamma, !lc->ce_target_teacher);
     be->copy(be, *base, host, sizing.used);
     be->synchronize(be);   /* the host buffer is read by then */
     free(host);
@@ -779,6 +912,12 @@ int ddt_drafter_step(const ddk_backend *be, const ddt_drafter_config *c,
                    .mul = p.bf16_products ? be->matmul_bf16 : be->matmul, .base = w->fc,
                    .w16 = p.bf16_products ? w->bf16 : NULL };
     int rc = forward_batch(be, &P, c, w, head, b, lc, uses_teacher, &m, &base, &bytes);
+    ddk_selector sel = { .top_k = c->selector_top_k, .rank = c->selector_rank,
+                         .weight = lc->selector_weight, .inject = lc->selector_inject,
+                         .stop_gradient = lc->selector_stop_gradient, .predecessors = m.preds,
+                         .A = w->sel_pred, .Bs = w->sel_succ, .Hp = w->sel_hidden,
+                         .dA = g->sel_pred, .dBs = g->sel_succ, .dHp = g->sel_hidden };
+    p.selector = c->dflash2 ? &sel : NULL;
     if (rc == 0)
         rc = be->loss(be, &p, m.hs, m.teacher, head->lm_head, data_labels ? m.labels : NULL, m.weights,
                       m.dhs, NULL, out);
@@ -794,6 +933,12 @@ double ddt_drafter_step_flops(const ddt_drafter_config *c, int64_t S, int64_t A,
     const double H = (double)c->hidden, qd = (double)(c->heads * c->head_dim),
                  kvd = (double)(c->kv_heads * c->head_dim), I = (double)c->intermediate,
                  AB = (double)(A * c->block_size), SAB = (double)S + AB, LH = (double)(c->taps * c->hidden);
-    const double layer = 2 * AB * H * qd + 2 * 2 * SAB * H * kvd + 2 * AB * qd * H + 3 * 2 * AB * H * I;
-    return 2 * 2 * (double)S * LH * H + 3 * (double)c->layers * layer + loss_products * 2.0 * AB * (double)c->vocab * H;
+    const double P2 = (double)(2 * c->conv_taps * ddt_conv_groups(c)), r = (double)c->selector_rank,
+                 K = (double)c->selector_top_k;
+    /* DFlash2: the two coefficient projections of each layer, and the selector's q = Hp hs and
+     * its K codebook rows a position */
+    const double layer = 2 * AB * H * qd + 2 * 2 * SAB * H * kvd + 2 * AB * qd * H + 3 * 2 * AB * H * I +
+                         2 * 2 * AB * H * P2;
+    return 2 * 2 * (double)S * LH * H + 3 * (double)c->layers * layer + loss_products * 2.0 * AB * (double)c->vocab * H +
+           3 * 2 * AB * r * (H + K);
 }

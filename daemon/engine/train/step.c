@@ -60,6 +60,17 @@ static int prefill_slice(rank_state *rs)
  * gradient (of its own normalised loss) is weighted by its weight sum into the rank's, which
  * then is the gradient of the rank's normalised loss, as if the slice had run at once.
  * Co-located, the rank first computes its slice's features (prefill_slice). */
+/* alpha_sel of SPEC.md 2.1 at step (0-based): 0 through the first train.selector_warmup of the
+ * steps, then rising linearly over the next train.selector_ramp of them to train.selector_weight */
+static float selector_weight_at(const ddt_run_config *c, int64_t step)
+{
+    const double warm = c->selector_warmup * (double)c->steps, ramp = c->selector_ramp * (double)c->steps,
+                 x = (double)step - warm;
+    if (x < 0)
+        return 0.0f;
+    return x >= ramp ? c->selector_weight : (float)(c->selector_weight * x / ramp);
+}
+
 static void *rank_main(void *arg)
 {
     rank_state *rs = arg;
@@ -80,7 +91,10 @@ static void *rank_main(void *arg)
                            .loss = { .chunk = t->chunk, .vocab_tile = t->vocab_tile,
                                      .kl_weight = c->kl_weight, .kl_temperature = c->kl_temperature,
                                      .cap_weight = c->cap_weight, .cap_temperature = c->cap_temperature,
-                                     .bf16_products = c->bf16 } };
+                                     .bf16_products = c->bf16 },
+                           .selector_weight = selector_weight_at(c, t->step),
+                           .selector_inject = c->selector_inject,
+                           .selector_stop_gradient = c->selector_stop_gradient };
     ddk_loss_result sum = { 0 };
     double sum_loss = 0, sum_ce = 0, sum_kl = 0, sum_cap = 0;
     rs->rc = t->colocated ? prefill_slice(rs) : 0;
