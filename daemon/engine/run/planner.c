@@ -153,6 +153,8 @@ static void fill(const ddt_run_config *c, int tied_head, int64_t chunk, int64_t 
                            .vocab_tile = tile, .kl_weight = c->kl_weight,
                            .kl_temperature = c->kl_temperature, .cap_weight = c->cap_weight,
                            .cap_temperature = c->cap_temperature };
+    const ddk_selector sel = { .top_k = d->selector_top_k, .rank = d->selector_rank };
+    lp.selector = d->dflash2 ? &sel : NULL;   /* DFlash2's candidates and scores per chunk row */
     int64_t ws = ddk_loss_workspace_bytes(&lp, ddk_loss_uses_teacher(&lp, !c->ce_target_teacher));
     p->loss_workspace = ws > 0 ? ws : 0;
     ddk_attention_shape as = { .S = c->seq_len, .A = c->max_anchors, .B = d->block_size,
