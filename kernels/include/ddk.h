@@ -400,9 +400,9 @@ typedef struct ddk_attention_shape {
     int64_t window;   /* 0: full_attention; > 0: sliding_attention with this window */
     int64_t q_rows;   /* causal_attention only: 0, a prefill (S query rows); in [1, S], the
                          queries are positions S - q_rows .. S - 1 over a cache of S keys */
-    int64_t bidirectional; /* dflash_attention only: 1 = a DFlash2 drafter's (SPEC.md 2.1): block
-                              rows see every slot of their own block also when window > 0 (the
-                              window still bounds the context rows) */
+    int64_t bidirectional; /* dflash_attention only: nonzero = a DFlash2 drafter's (SPEC.md 2.1):
+                              block rows see every slot of their own block also when window > 0
+                              (the window still bounds the context rows); 0 = section 2's rule */
 } ddk_attention_shape;
 
 /* The Gated DeltaNet core's sizes (backend->gated_delta) */
