@@ -6,10 +6,11 @@
  * groups (consecutive kept blocks, or consecutive positions for causal attention, times the
  * query heads that share one kv head, 16 to 256 rows) and every query row carries the
  * range [lo, hi) of keys it may see. Because the visible keys of a row are ONE contiguous range
- * per pass (context: [0, a_j) or the sliding [a_j + o - (Wn-1), a_j); own block: all B slots or
- * slots 0..o; causal: [0, t]), a key tile needs no mask: a row's scores outside its range are
- * simply not used, and the rows that see a tile at all form a contiguous run of the group
- * (anchors are sorted), so each tile is one matrix product over that run. A DFlash group makes
+ * per pass (context: [0, a_j) or the sliding [a_j + o - (Wn-1), a_j); own block: all B slots
+ * (full_attention, or every layer of a bidirectional DFlash2 drafter) or slots 0..o; causal:
+ * [0, t]), a key tile needs no mask: a row's scores outside its range are simply not used, and
+ * the rows that see a tile at all form a contiguous run of the group (anchors are sorted), so
+ * each tile is one matrix product over that run. A DFlash group makes
  * two passes: the context keys, then each block's own keys; causal attention's one pass, whose
  * queries may be the last q_rows of S positions (a cached step: only their ranges move). Tree
  * attention makes causal attention's pass over the cache, then gathers each node's root path
@@ -295,9 +296,9 @@ static void dflash_ranges(attn_group *g, const ddk_attention_shape *sh, const in
             if (!own) {
                 lo = W > 0 ? min64(max64(a + o - (W - 1), 0), a) : 0;
                 hi = a;
-            } else {
+            } else {   /* slots <= o in a sliding layer, unless bidirectional (DFlash2) */
                 lo = sh->S + j * B;
-                hi = lo + (W > 0 ? o + 1 : B);
+                hi = lo + (W > 0 && !sh->bidirectional ? o + 1 : B);
             }
             for (int64_t hh = 0; hh < G; hh++) {
                 const int64_t r = (ib * B + o) * G + hh;

@@ -26,6 +26,14 @@ void ddk_cpu_swiglu_16(const ddk_backend *be, const uint16_t *gate, const uint16
                        int64_t count, float *h);
 void ddk_cpu_swiglu_backward_16(const ddk_backend *be, const uint16_t *gate, const uint16_t *up,
                                 const float *dh, int64_t count, float *dgate, float *dup);
+/* The DFlash2 drafter's block convolution (block_conv_cpu.c) */
+void ddk_cpu_block_conv(const ddk_backend *be, const float *x, const float *base,
+                        const float *delta, int64_t ld_delta, int64_t rows, int64_t B, int64_t H,
+                        int64_t taps, int64_t gs, float *y);
+void ddk_cpu_block_conv_backward(const ddk_backend *be, const float *x, const float *base,
+                                 const float *delta, int64_t ld_delta, const float *dy,
+                                 int64_t rows, int64_t B, int64_t H, int64_t taps, int64_t gs,
+                                 float *dx, float *dbase, float *ddelta);
 void ddk_cpu_embedding(const ddk_backend *be, const float *table, const int32_t *tokens,
                        int64_t rows, int64_t H, float *out);
 void ddk_cpu_embedding_w16(const ddk_backend *be, const uint16_t *table, const int32_t *tokens,

@@ -15,11 +15,12 @@
  *     into shared memory together, then each warp uses the part of the tile its row sees. A row
  *     sees ONE contiguous range of keys per pass (the CPU backend's observation, attention_cpu.c):
  *     context [0, a_j), or [a_j + o - (window - 1), a_j) with a window; then the own block's slots
- *     S + j*B + [0, B), or [0, o] with a window; causal [0, p0 + t]. So a key's visibility is two
- *     comparisons, never a mask. Lane l scores key t0 + l (a dot product over d from shared
- *     memory), the warp takes the tile's max and sum by shuffles, and the accumulator (lane l
- *     holds elements l, l + 32, ... of the output row, in registers) is rescaled and updated:
- *     online softmax in fp32. out = acc / sum, lse = max + log(sum).
+ *     S + j*B + [0, B), or [0, o] with a window (unless bidirectional: DFlash2); causal
+ *     [0, p0 + t]. So a key's visibility is two comparisons, never a mask. Lane l scores key
+ *     t0 + l (a dot product over d from shared memory), the warp takes the tile's max and sum by
+ *     shuffles, and the accumulator (lane l holds elements l, l + 32, ... of the output row, in
+ *     registers) is rescaled and updated: online softmax in fp32. out = acc / sum,
+ *     lse = max + log(sum).
  *   - Backward: the same tiles; p = exp(s - lse) recomputed from the forward's lse,
  *     D = rowsum(dout * out), ds = p (dout.v - D) * scale. dq of a row is held in registers by
  *     its warp and added into dq once at the end (each (row, head) belongs to one thread block:
@@ -106,6 +107,7 @@ typedef struct attn_params {
     float *lse;                /* forward: (rows, nh), or NULL (causal) */
     float *dq, *dk, *dv;       /* backward */
     int64_t S, B, nh, nkv, d, W, T;
+    int bidir;                 /* DFlash: a block's rows see all its slots also when W > 0 */
     int64_t p0;                /* causal: the position of query row 0 (S - T; 0 for a prefill) */
     float scale;
     int causal;                /* 1: causal attention of T query rows; 0: DFlash */
@@ -176,11 +178,11 @@ __device__ static attn_rows attn_rows_of(const attn_params &p, int warp, int war
     r.pass0.k1 = a;
     r.pass0.lo = p.W > 0 ? imin(imax(a + o - (p.W - 1), 0), a) : 0;
     r.pass0.hi = a;
-    /* own block */
+    /* own block: slots <= o in a sliding layer, all B in a full one or a bidirectional drafter's */
     r.pass1.k0 = p.S + j * p.B;
     r.pass1.k1 = r.pass1.k0 + p.B;
     r.pass1.lo = r.pass1.k0;
-    r.pass1.hi = r.pass1.k0 + (p.W > 0 ? o + 1 : p.B);
+    r.pass1.hi = r.pass1.k0 + (p.W > 0 && !p.bidir ? o + 1 : p.B);
     return r;
 }
 
@@ -519,6 +521,7 @@ static attn_params dflash_params(const ddk_attention_shape *sh)
     p.nkv = sh->nkv;
     p.d = sh->d;
     p.W = sh->window;
+    p.bidir = sh->bidirectional != 0;
     p.scale = (float)(1.0 / sqrt((double)sh->d));
     return p;
 }

@@ -104,6 +104,7 @@ struct flash_params {
     float *y, *lse;            /* forward: out, lse (DFlash) or NULL (causal) */
     float *dq, *dk, *dv;       /* backward */
     int64_t S, A, B, nh, nkv, d, W, G;
+    int bidir;                 /* DFlash: a block's rows see all its slots also when W > 0 */
     int64_t rows_unit;         /* query rows of one kv head's unit: B G (block j) or T G (causal) */
     int64_t p0;                /* causal: position of query 0 */
     int64_t n_ctx_tiles;       /* key-major: tiles of the context, then n_own_tiles per block */
@@ -238,7 +239,7 @@ __device__ qrow row_of(const flash_params &p, int64_t hk, int64_t j, int64_t u)
         r.keys = ddk_causal_row_keys(p.p0, i);
     } else {
         r.gr = (j * p.B + i) * p.nh + hk * p.G + hh;
-        r.keys = ddk_dflash_row_keys(p.S, p.B, p.W, j, p.anchors[j], i);
+        r.keys = ddk_dflash_row_keys(p.S, p.B, p.W, p.bidir, j, p.anchors[j], i);
     }
     return r;
 }
@@ -643,7 +644,7 @@ __global__ void __launch_bounds__(NKG * NSPLIT * 32, 2) flash_dkv_kernel(flash_p
         if (ctx) {
             if (a <= t0)
                 continue;   /* every row of block j sees keys < a only */
-            const ddk_row_keys k0 = ddk_dflash_row_keys(p.S, p.B, p.W, j, a, 0);
+            const ddk_row_keys k0 = ddk_dflash_row_keys(p.S, p.B, p.W, p.bidir, j, a, 0);
             if (k0.ctx_lo >= t0 + n)
                 continue;   /* its first slot's window starts past the tile, the others later */
         }
@@ -954,6 +955,7 @@ int flash_common(const ddk_attention_shape *sh, int64_t keys, flash_params *p)
     p->nkv = sh->nkv;
     p->d = sh->d;
     p->W = sh->window;
+    p->bidir = sh->bidirectional != 0;
     p->G = sh->nh / sh->nkv;
     p->scale = (float)(1.0 / sqrt((double)sh->d));
     p->scale_log2 = (float)(1.0 / sqrt((double)sh->d) * 1.4426950408889634);
@@ -1068,6 +1070,7 @@ int ddk_cuda_flash_causal(const ddk_backend *be, const ddk_attention_shape *sh, 
     p.A = 0;
     p.B = 0;
     p.W = 0;
+    p.bidir = 0;
     p.rows_unit = T * p.G;
     p.vec = sh->d % 4 == 0 && aligned16(q) && aligned16(k) && aligned16(v);
     cudaStream_t stream = ddk_cuda_stream(be);   /* be's GPU current: its limits below */

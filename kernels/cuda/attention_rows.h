@@ -9,8 +9,9 @@
  * Every bound is nondecreasing in the row (slot o of one block, or the query position), so the
  * union of the ranges of rows first..last is [lo(first), hi(last)) per pass.
  *
- * Legend: S context rows, B block size, W window (0: full_attention), j block, a its anchor,
- * o slot, p0 position of causal query 0, t a causal query's index.
+ * Legend: S context rows, B block size, W window (0: full_attention), bidir 1 when the block's
+ * rows see all of it whatever W (DFlash2), j block, a its anchor, o slot, p0 position of causal
+ * query 0, t a causal query's index.
  */
 #ifndef DDK_ATTENTION_ROWS_H
 #define DDK_ATTENTION_ROWS_H
@@ -33,16 +34,17 @@ DDK_ROWS_FN int64_t ddk_rows_max(int64_t a, int64_t b) { return a > b ? a : b; }
 
 /* DFlash query (j, o) of a kept block with the stored anchor a_raw (clamped to [0, S] as the
  * CPU backend does): context t < a, and t >= a + o - (W - 1) with a window; own slots all B
- * (W = 0) or o' <= o (W > 0). */
-DDK_ROWS_FN ddk_row_keys ddk_dflash_row_keys(int64_t S, int64_t B, int64_t W, int64_t j,
-                                             int64_t a_raw, int64_t o)
+ * (W = 0, or bidir: a DFlash2 drafter's, ddk_attention_shape.bidirectional) or o' <= o (W > 0).
+ * With bidir own_hi is the same for every slot: still nondecreasing. */
+DDK_ROWS_FN ddk_row_keys ddk_dflash_row_keys(int64_t S, int64_t B, int64_t W, int bidir,
+                                             int64_t j, int64_t a_raw, int64_t o)
 {
     const int64_t a = ddk_rows_min(ddk_rows_max(a_raw, 0), S);
     ddk_row_keys r;
     r.ctx_lo = W > 0 ? ddk_rows_min(ddk_rows_max(a + o - (W - 1), 0), a) : 0;
     r.ctx_hi = a;
     r.own_lo = S + j * B;
-    r.own_hi = r.own_lo + (W > 0 ? o + 1 : B);
+    r.own_hi = r.own_lo + (W > 0 && !bidir ? o + 1 : B);
     return r;
 }
 

@@ -400,9 +400,9 @@ typedef struct ddk_attention_shape {
     int64_t window;   /* 0: full_attention; > 0: sliding_attention with this window */
     int64_t q_rows;   /* causal_attention only: 0, a prefill (S query rows); in [1, S], the
                          queries are positions S - q_rows .. S - 1 over a cache of S keys */
-    int64_t bidirectional; /* dflash_attention only: 1 = a DFlash2 drafter's (SPEC.md 2.1): block
-                              rows see every slot of their own block also when window > 0 (the
-                              window still bounds the context rows) */
+    int64_t bidirectional; /* dflash_attention only: nonzero = a DFlash2 drafter's (SPEC.md 2.1):
+                              block rows see every slot of their own block also when window > 0
+                              (the window still bounds the context rows); 0 = section 2's rule */
 } ddk_attention_shape;
 
 /* The Gated DeltaNet core's sizes (backend->gated_delta) */
@@ -546,12 +546,17 @@ struct ddk_backend {
      * slot t % B); base (taps, H); delta (rows, ld_delta), row t's coefficients (taps, G) from its
      * column 0 (tap j, group g at column j*G + g; G = H / gs, gs divides H):
      *   y[t, c] = sum_{j < taps, j <= t % B} (base[j, c] + delta[t, j*G + c/gs]) x[t - j, c]
-     * (never across blocks). y must not overlap x or delta. */
+     * (never across blocks). taps >= 1, ld_delta >= taps * G (the drafter's projection row holds
+     * both sides: delta = its side's first column, ld_delta = 2 * taps * G). y must not overlap x
+     * or delta. */
     void (*block_conv)(const ddk_backend *be, const float *x, const float *base,
                        const float *delta, int64_t ld_delta, int64_t rows, int64_t B, int64_t H,
                        int64_t taps, int64_t gs, float *y);
     /* dx (rows, H) +=, dbase (taps, H) +=, ddelta (rows, ld_delta; the (taps, G) columns) +=
-     * from x, base, delta and dy (rows, H). dx may be NULL (no gradient into x). */
+     * from x, base, delta and dy (rows, H). dx may be NULL (no gradient into x). Columns of
+     * ddelta past taps * G, and row t's tap-j columns where j > t % B (no such term), are
+     * untouched. The gradients overlap no input and no other gradient. Every sum is in a fixed
+     * order (no atomics): the same bits at every call on a given backend and shape. */
     void (*block_conv_backward)(const ddk_backend *be, const float *x, const float *base,
                                 const float *delta, int64_t ld_delta, const float *dy,
                                 int64_t rows, int64_t B, int64_t H, int64_t taps, int64_t gs,

@@ -96,7 +96,8 @@ static int cmp_i32(const void *a, const void *b)
 static problem make_problem(const bench_args *a, int64_t nkv)
 {
     problem p;
-    p.sh = (ddk_attention_shape){ a->S, a->A, a->B, a->nh, nkv, a->d, a->window, 0 };
+    p.sh = (ddk_attention_shape){ .S = a->S, .A = a->A, .B = a->B, .nh = a->nh, .nkv = nkv,
+                                  .d = a->d, .window = a->window };
     p.n = a->A * a->B;
     p.N = a->S + p.n;
     p.q = fill_uniform(p.n * a->nh * a->d, 2.0f);

@@ -234,7 +234,8 @@ int main(int argc, char **argv)
     slice = malloc((size_t)SLICE * sizeof(float));
 
     /* DFlash: the seed's layer */
-    dflash_bufs b = { .sh = { a.S, a.A, a.B, a.nh, a.nkv, a.d, a.window, 0 } };
+    dflash_bufs b = { .sh = { .S = a.S, .A = a.A, .B = a.B, .nh = a.nh, .nkv = a.nkv, .d = a.d,
+                              .window = a.window } };
     const int64_t nq = a.A * a.B * a.nh * a.d, nk = (a.S + a.A * a.B) * a.nkv * a.d;
     int32_t *anchors = malloc((size_t)a.A * sizeof(int32_t));
     uint8_t *keep = malloc((size_t)a.A);

@@ -7,11 +7,13 @@
  *     visibility mask of SPEC.md (allowed here, never in the library): out, lse, and dq, dk, dv
  *     from the analytic softmax backward in double; GQA ratios 1, 2, 4; d 4, 8, 64; B 1, 3, 5,
  *     16; A 1..6 (and 50, several query groups); sliding windows smaller than the block, larger
- *     than S, full layers; overlapping anchors, anchors at 0 and at S-1; padded blocks (out and
- *     lse exactly 0, their dq exactly 0, their own keys' dk, dv exactly 0; their anchors are
- *     out of range, so reading one would show); S past the key tile with tile boundaries inside
- *     a block's context; unsorted anchors (not promised by ddk.h, but the kernel's result does
- *     not depend on order, only its speed);
+ *     than S, full layers; DFlash2's bidirectional blocks (every slot of the own block also in
+ *     a sliding layer, the window still on the context; in a full layer the same); overlapping
+ *     anchors, anchors at 0 and at S-1; padded blocks (out and lse exactly 0, their dq exactly
+ *     0, their own keys' dk, dv exactly 0; their anchors are out of range, so reading one would
+ *     show); S past the key tile with tile boundaries inside a block's context; unsorted
+ *     anchors (not promised by ddk.h, but the kernel's result does not depend on order, only
+ *     its speed);
  *   - guard words after every output (no write out of bounds); the backward ADDS (called twice
  *     it gives twice the gradients);
  *   - the backward against central finite differences of sum(out * R) in float32, through the
@@ -22,8 +24,9 @@
  *     tile), a chain tree against causal attention (1e-5), and its refusals (bad parents, N
  *     outside [1, S], bad heads or d: -EINVAL, nothing written);
  *   - the CUDA flash kernels' row rules (kernels/cuda/attention_rows.h, compiled here for the
- *     CPU): the keys each DFlash and causal query row sees, key by key against reference_mask's
- *     SPEC.md rules, and their bounds nondecreasing in the row (the kernels' tile ranges);
+ *     CPU): the keys each DFlash (bidirectional or not) and causal query row sees, key by key
+ *     against reference_mask's SPEC.md rules, and their bounds nondecreasing in the row (the
+ *     kernels' tile ranges);
  *   - workspace over budget: -ENOMEM and nothing written; bad shapes: -EINVAL, nothing written;
  *     the workspace does not grow with S or A (no dense matrix).
  * What it does not: speed and memory figures (tests/bench/bench_attention.c), the CUDA backend.
@@ -93,7 +96,7 @@ static unsigned char *reference_mask(const ddk_attention_shape *sh, const int32_
             for (int64_t t = 0; t < S; t++)
                 row[t] = t < anchors[j] && (W == 0 || t >= anchors[j] + o - (W - 1));
             for (int64_t o2 = 0; o2 < B; o2++)
-                row[S + j * B + o2] = W == 0 || o2 <= o;
+                row[S + j * B + o2] = W == 0 || sh->bidirectional || o2 <= o;
         }
     }
     return mask;
@@ -216,6 +219,18 @@ static const attn_case table[] = {
       { 250, 3, 140, 141 }, { 0 }, 1 },
 };
 
+/* DFlash2's (shape->bidirectional = 1): every slot of the own block also in sliding layers */
+static const attn_case bidirectional_table[] = {
+    { "A=3 B=5 G=1 sliding W=2 < B", 24, 3, 5, 2, 2, 8, 2, ANCHORS_GIVEN, { 0, 9, 22 }, { 0 }, 2 },
+    { "A=4 B=5 G=4 sliding W=3 overlapping", 30, 4, 5, 4, 1, 4, 3, ANCHORS_GIVEN, { 5, 7, 8, 20 },
+      { 0 }, 2 },
+    { "A=6 B=16 G=1 d=64 sliding W=7, padded", 48, 6, 16, 2, 2, 64, 7, ANCHORS_GIVEN,
+      { 2, 9, 17, 25, 40, 47 }, { 0, 0, 1, 0, 0, 0 }, 3 },
+    { "A=50 B=3 G=2 sliding W=40 S=300", 300, 50, 3, 4, 2, 8, 40, ANCHORS_RANDOM, { 0 }, { 0 }, 2 },
+    { "A=6 B=16 G=4 full, S-1, padded", 40, 6, 16, 8, 2, 8, 0, ANCHORS_GIVEN,
+      { 0, 3, 10, 30, 39, 39 }, { 0, 1, 0, 0, 0, 1 }, 1 },
+};
+
 typedef struct {
     ddk_attention_shape sh;
     int32_t anchors[max_anchors];
@@ -229,7 +244,8 @@ static attn_data make_data(const attn_case *c, uint64_t seed)
 {
     attn_data x;
     memset(&x, 0, sizeof x);
-    x.sh = (ddk_attention_shape){ c->S, c->A, c->B, c->nh, c->nkv, c->d, c->window, 0 };
+    x.sh = (ddk_attention_shape){ .S = c->S, .A = c->A, .B = c->B, .nh = c->nh, .nkv = c->nkv,
+                                  .d = c->d, .window = c->window };
     x.nq = c->A * c->B;
     x.nk = c->S + c->A * c->B;
     uint64_t rng = seed;
@@ -268,10 +284,11 @@ static void free_data(attn_data *x)
     free(x->q), free(x->k), free(x->v), free(x->dout);
 }
 
-static void test_dflash_case(const attn_case *c, uint64_t seed)
+static void test_dflash_case(const attn_case *c, uint64_t seed, int bidirectional)
 {
     const ddk_backend *be = ddk_backend_cpu();
     attn_data x = make_data(c, seed);
+    x.sh.bidirectional = bidirectional;
     const ddk_attention_shape *sh = &x.sh;
     const int64_t B = sh->B, nh = sh->nh, nkv = sh->nkv, d = sh->d;
     const int64_t n_out = x.nq * nh * d, n_lse = x.nq * nh, n_kv = x.nk * nkv * d;
@@ -367,10 +384,11 @@ static double objective(const ddk_backend *be, const attn_data *x, const float *
     return f;
 }
 
-static void test_finite_differences_case(const attn_case *c, uint64_t seed)
+static void test_finite_differences_case(const attn_case *c, uint64_t seed, int bidirectional)
 {
     const ddk_backend *be = ddk_backend_cpu();
     attn_data x = make_data(c, seed);
+    x.sh.bidirectional = bidirectional;
     const int64_t n_out = x.nq * c->nh * c->d, n_kv = x.nk * c->nkv * c->d;
     float *out = zero_floats(n_out), *lse = zero_floats(x.nq * c->nh);
     float *dq = zero_floats(n_out), *dk = zero_floats(n_kv), *dv = zero_floats(n_kv);
@@ -417,7 +435,8 @@ static void test_finite_differences(void)
         { "fd sliding", 20, 3, 4, 4, 2, 8, 3, ANCHORS_GIVEN, { 2, 9, 10 }, { 0 }, 2 },
     };
     for (size_t j = 0; j < sizeof fd_cases / sizeof fd_cases[0]; j++)
-        test_finite_differences_case(&fd_cases[j], 77 + j);
+        test_finite_differences_case(&fd_cases[j], 77 + j, 0);
+    test_finite_differences_case(&fd_cases[1], 79, 1);   /* sliding, DFlash2's bidirectional block */
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -427,7 +446,7 @@ static void test_finite_differences(void)
 static void test_causal_case(int64_t T, int64_t nh, int64_t nkv, int64_t d, uint64_t seed)
 {
     const ddk_backend *be = ddk_backend_cpu();
-    const ddk_attention_shape sh = { T, 0, 0, nh, nkv, d, 0, 0 };
+    const ddk_attention_shape sh = { .S = T, .nh = nh, .nkv = nkv, .d = d };
     uint64_t rng = seed;
     float *q = xcalloc((size_t)(T * nh * d), sizeof(float));
     float *k = xcalloc((size_t)(T * nkv * d), sizeof(float));
@@ -648,7 +667,7 @@ static void test_budget(void)
     check(all_sentinel(dq, n_out + guard_words) && all_sentinel(dk, n_kv + guard_words) &&
               all_sentinel(dv, n_kv + guard_words),
           "backward over budget wrote dq, dk or dv");
-    const ddk_attention_shape causal = { 10, 0, 0, c.nh, c.nkv, c.d, 0, 0 };   /* T=10 fits x's */
+    const ddk_attention_shape causal = { .S = 10, .nh = c.nh, .nkv = c.nkv, .d = c.d };   /* T=10 fits x's */
     rc = be->causal_attention(be, &causal, x.q, x.k, x.v, out);
     check(rc == -ENOMEM, "causal over budget returned %d, not -ENOMEM", rc);
     check(all_sentinel(out, n_out + guard_words), "causal over budget wrote out");
@@ -718,6 +737,35 @@ static void test_workspace_scaling(void)
           ws_large, dense);
 }
 
+/* bidirectional changes only a sliding layer's own-block rule: in a full layer (window 0) it is
+ * the same call bit for bit, forward and backward */
+static void test_bidirectional_full(void)
+{
+    const ddk_backend *be = ddk_backend_cpu();
+    const attn_case c = { "full", 40, 4, 6, 4, 2, 8, 0, ANCHORS_GIVEN, { 0, 7, 20, 39 }, { 0, 1 }, 2 };
+    attn_data x = make_data(&c, 17);
+    const int64_t n_out = x.nq * c.nh * c.d, n_lse = x.nq * c.nh, n_kv = x.nk * c.nkv * c.d;
+    float *out[2], *lse[2], *dq[2], *dk[2], *dv[2];
+    for (int b = 0; b < 2; b++) {
+        x.sh.bidirectional = b;
+        out[b] = zero_floats(n_out), lse[b] = zero_floats(n_lse);
+        dq[b] = zero_floats(n_out), dk[b] = zero_floats(n_kv), dv[b] = zero_floats(n_kv);
+        int rc = be->dflash_attention(be, &x.sh, x.q, x.k, x.v, x.anchors, x.keep, out[b], lse[b]);
+        rc |= be->dflash_attention_backward(be, &x.sh, x.q, x.k, x.v, x.anchors, x.keep, out[b],
+                                            lse[b], x.dout, dq[b], dk[b], dv[b]);
+        check(rc == 0, "bidirectional %d: an op failed", b);
+    }
+    check(memcmp(out[0], out[1], (size_t)n_out * sizeof(float)) == 0 &&
+              memcmp(lse[0], lse[1], (size_t)n_lse * sizeof(float)) == 0 &&
+              memcmp(dq[0], dq[1], (size_t)n_out * sizeof(float)) == 0 &&
+              memcmp(dk[0], dk[1], (size_t)n_kv * sizeof(float)) == 0 &&
+              memcmp(dv[0], dv[1], (size_t)n_kv * sizeof(float)) == 0,
+          "window 0: bidirectional 1 is not the same bits as 0");
+    for (int b = 0; b < 2; b++)
+        free(out[b]), free(lse[b]), free(dq[b]), free(dk[b]), free(dv[b]);
+    free_data(&x);
+}
+
 /* ------------------------------------------------------------------------------------------
  * Main
  */
@@ -741,22 +789,25 @@ static void test_flash_row_rules(void)
         }
         if (S)
             anchors[A - 1] = (int32_t)(S - 1);
-        const ddk_attention_shape sh = { .S = S, .A = A, .B = B, .nh = 1, .nkv = 1, .d = 4, .window = W };
-        unsigned char *mask = reference_mask(&sh, anchors, keep);
-        for (int64_t j = 0; j < A; j++) {
-            if (!keep[j])
-                continue;
-            ddk_row_keys prev = ddk_dflash_row_keys(S, B, W, j, anchors[j], 0);
-            for (int64_t o = 0; o < B; o++) {
-                const ddk_row_keys r = ddk_dflash_row_keys(S, B, W, j, anchors[j], o);
-                for (int64_t t = 0; t < keys; t++)
-                    wrong += ddk_row_sees(&r, t) != mask[(j * B + o) * keys + t];
-                unordered += r.ctx_lo < prev.ctx_lo || r.ctx_hi < prev.ctx_hi ||
-                             r.own_lo < prev.own_lo || r.own_hi < prev.own_hi;
-                prev = r;
+        for (int bidir = 0; bidir <= 1; bidir++) {   /* section 2's rule, then DFlash2's */
+            const ddk_attention_shape sh = { .S = S, .A = A, .B = B, .nh = 1, .nkv = 1, .d = 4,
+                                             .window = W, .bidirectional = bidir };
+            unsigned char *mask = reference_mask(&sh, anchors, keep);
+            for (int64_t j = 0; j < A; j++) {
+                if (!keep[j])
+                    continue;
+                ddk_row_keys prev = ddk_dflash_row_keys(S, B, W, bidir, j, anchors[j], 0);
+                for (int64_t o = 0; o < B; o++) {
+                    const ddk_row_keys r = ddk_dflash_row_keys(S, B, W, bidir, j, anchors[j], o);
+                    for (int64_t t = 0; t < keys; t++)
+                        wrong += ddk_row_sees(&r, t) != mask[(j * B + o) * keys + t];
+                    unordered += r.ctx_lo < prev.ctx_lo || r.ctx_hi < prev.ctx_hi ||
+                                 r.own_lo < prev.own_lo || r.own_hi < prev.own_hi;
+                    prev = r;
+                }
             }
+            free(mask);
         }
-        free(mask);
         /* causal: the last T of S positions; query t sees keys 0..S - T + t */
         const int64_t Sc = 1 + S, T = 1 + (int64_t)(ddk_rng_next(&rng) % (uint64_t)Sc);
         for (int64_t t = 0; t < T; t++) {
@@ -779,13 +830,19 @@ int main(void)
         return 1;
     }
     for (size_t j = 0; j < sizeof table / sizeof table[0]; j++) {
-        test_dflash_case(&table[j], 1000 + j);
+        test_dflash_case(&table[j], 1000 + j, 0);
         char name[128];
         snprintf(name, sizeof name, "dflash %s", table[j].name);
         case_done(name);
     }
+    for (size_t j = 0; j < sizeof bidirectional_table / sizeof bidirectional_table[0]; j++) {
+        test_dflash_case(&bidirectional_table[j], 2000 + j, 1);
+        char name[128];
+        snprintf(name, sizeof name, "dflash bidirectional %s", bidirectional_table[j].name);
+        case_done(name);
+    }
     static const test_case cases[] = {
-        { "dflash backward vs finite differences (float32)", test_finite_differences },
+        { "dflash backward vs finite differences (float32; sliding also bidirectional)", test_finite_differences },
         { "causal attention vs reference", test_causal },
         { "tree attention vs reference (random trees, GQA, cache and none)", test_tree },
         { "tree attention of a chain = causal attention", test_tree_chain },
@@ -794,6 +851,7 @@ int main(void)
         { "bad shapes: -EINVAL, nothing written", test_bad_shapes },
         { "workspace independent of S and A", test_workspace_scaling },
         { "CUDA flash row rules (attention_rows.h) vs the SPEC mask", test_flash_row_rules },
+        { "bidirectional in a full layer: the same bits as without", test_bidirectional_full },
     };
     run_cases(cases, sizeof cases / sizeof cases[0]);
     ddk_allocator_set_budget(ddk_allocator_cpu(), 0);

@@ -13,7 +13,8 @@
  * fp32 values, and on bf16 values where nothing is rounded; both at k = 0: beta c exactly),
  * rmsnorm (+ backward), rope, swiglu (+ backward), embedding, DFlash and causal attention
  * (+ backward: out, lse, dq, dk, dv; with both CUDA kernel sets, the tensor-core flash ones
- * also at their tile shapes and run twice for the same bits: ddk_cuda_set_attention_kernels),
+ * also at their tile shapes and run twice for the same bits: ddk_cuda_set_attention_kernels;
+ * DFlash2's bidirectional blocks under sliding windows with both sets),
  * the fused loss (every result field, l_i and the gradient, both memory modes, fp32 and bf16
  * products, a bf16 head read in place across the loss's panels of rows and of k, workspace =
  * ddk_loss_workspace_bytes, refusals with nothing written) and the
@@ -904,6 +905,9 @@ static const double tol_flash_fwd = 1.5e-2;
 static const double tol_flash_grad = 3e-2;
 /* which CUDA kernels the attention cases run (ddk_cuda_set_attention_kernels): their tolerances */
 static int attn_flash;
+/* the DFlash cases' ddk_attention_shape.bidirectional (DFlash2's blocks: all slots seen also in a
+ * sliding layer) */
+static int attn_bidirectional;
 
 /* 1 when the CUDA backend's attention runs the flash kernels now: selected (or the default) on
  * an sm_80 or later GPU (below it the flash selection runs the SIMT kernels: ddk.h) */
@@ -943,10 +947,13 @@ static int cmp_i32(const void *a, const void *b)
 static void case_dflash_attention(const attn_case_shape *s)
 {
     snprintf(case_name, sizeof case_name,
-             "dflash_attention S=%lld A=%lld B=%lld nh=%lld nkv=%lld d=%lld window=%lld",
+             "dflash_attention S=%lld A=%lld B=%lld nh=%lld nkv=%lld d=%lld window=%lld%s",
              (long long)s->S, (long long)s->A, (long long)s->B, (long long)s->nh,
-             (long long)s->nkv, (long long)s->d, (long long)s->window);
-    const ddk_attention_shape sh = { s->S, s->A, s->B, s->nh, s->nkv, s->d, s->window, 0 };
+             (long long)s->nkv, (long long)s->d, (long long)s->window,
+             attn_bidirectional ? " bidirectional" : "");
+    const ddk_attention_shape sh = { .S = s->S, .A = s->A, .B = s->B, .nh = s->nh, .nkv = s->nkv,
+                                     .d = s->d, .window = s->window,
+                                     .bidirectional = attn_bidirectional };
     const int64_t A = s->A, nq = A * s->B * s->nh * s->d, nk = (s->S + A * s->B) * s->nkv * s->d;
     const int64_t nl = A * s->B * s->nh;
     float *q = host_floats(nq), *k = host_floats(nk), *v = host_floats(nk);
@@ -1028,7 +1035,7 @@ static void case_causal_attention(int64_t T, int64_t nh, int64_t nkv, int64_t d)
 {
     snprintf(case_name, sizeof case_name, "causal_attention T=%lld nh=%lld nkv=%lld d=%lld",
              (long long)T, (long long)nh, (long long)nkv, (long long)d);
-    const ddk_attention_shape sh = { T, 0, 0, nh, nkv, d, 0, 0 };
+    const ddk_attention_shape sh = { .S = T, .nh = nh, .nkv = nkv, .d = d };
     const int64_t nq = T * nh * d, nk = T * nkv * d;
     float *q = host_floats(nq), *k = host_floats(nk), *v = host_floats(nk);
     fill_uniform(q, nq, -2.0, 2.0);
@@ -1049,7 +1056,7 @@ static void case_causal_attention(int64_t T, int64_t nh, int64_t nkv, int64_t d)
 static void case_attention_einval(void)
 {
     snprintf(case_name, sizeof case_name, "attention bad shape (nh=3 nkv=2): -EINVAL");
-    const ddk_attention_shape sh = { 4, 2, 3, 3, 2, 8, 0, 0 };
+    const ddk_attention_shape sh = { .S = 4, .A = 2, .B = 3, .nh = 3, .nkv = 2, .d = 8 };
     const int64_t nq = 2 * 3 * 3 * 8, nk = (4 + 6) * 2 * 8, nl = 2 * 3 * 3;
     float *x = host_floats(nk);
     fill_uniform(x, nk, -1.0, 1.0);
@@ -1167,6 +1174,34 @@ static void run_attention_flash_cases(uint64_t *seq)
         case_causal_attention(causal_flash_shapes[i].T, causal_flash_shapes[i].nh,
                               causal_flash_shapes[i].nkv, causal_flash_shapes[i].d);
     }
+}
+
+/* DFlash2's bidirectional blocks (attn_bidirectional = 1) with windows: below B, cutting the
+ * context tiles, B - 1, past S; the seed's heads; d 256; B past the key-major tile; and one full
+ * layer (where the flag changes nothing) */
+static const attn_case_shape attn_bidirectional_shapes[] = {
+    /* S, A, B, nh, nkv, d, window */
+    { 40, 5, 3, 2, 1, 8, 2 },
+    { 100, 7, 16, 4, 4, 64, 5 },
+    { 333, 9, 24, 2, 1, 128, 5 },
+    { 1000, 17, 24, 32, 8, 128, 100 },
+    { 517, 11, 24, 16, 2, 64, 23 },
+    { 300, 7, 24, 4, 1, 256, 30 },
+    { 65, 3, 24, 4, 4, 36, 40 },
+    { 64, 40, 70, 2, 1, 64, 3 },
+    { 513, 9, 24, 4, 2, 160, 7 },
+    { 300, 33, 24, 4, 1, 128, 0 },
+};
+
+static void run_attention_bidirectional_cases(uint64_t *seq)
+{
+    attn_bidirectional = 1;
+    for (size_t i = 0; dev->dflash_attention && i < sizeof attn_bidirectional_shapes / sizeof attn_bidirectional_shapes[0]; i++) {
+        rng_state = 0x5eed0000u + *seq;
+        misalign = (*seq)++ % 2 * 4;
+        case_dflash_attention(&attn_bidirectional_shapes[i]);
+    }
+    attn_bidirectional = 0;
 }
 
 static void run_attention_wide_cases(uint64_t *seq)
@@ -2360,6 +2395,16 @@ int main(void)
             NEXT_CASE();
             case_matmul(&matmul_k0_shapes[i], mode);
         }
+    /* the DFlash2 drafter's bidirectional attention (appended too), with both kernel sets (the
+     * same seeds for each) */
+    for (int flash = 1; flash >= 0; flash--) {
+        ddk_cuda_set_attention_kernels(flash ? DDK_CUDA_ATTENTION_FLASH : DDK_CUDA_ATTENTION_SIMT);
+        attn_flash = attention_is_flash(self_check);
+        printf("attention with the %s kernels: bidirectional blocks\n", attn_flash ? "flash" : "SIMT");
+        again = seq;
+        run_attention_bidirectional_cases(&again);
+    }
+    ddk_cuda_set_attention_kernels(-1);
 #undef NEXT_CASE
     return cases_summary();
 }

@@ -30,7 +30,9 @@
  * k across the 256-column panel, padded ld with NaN padding, beta 0 over NaN, k = 0, an empty c
  * written nowhere) and round_bf16 (named edges: ties of either lsb, +-0, subnormals, +-inf,
  * FLT_MAX and the overflow tie to inf, NaNs whose truncation is inf; then every high half with
- * 16 low halves: ddk_f32_to_bf16's bits and a float64 nearest-even, NaN stays NaN). Not here:
+ * 16 low halves: ddk_f32_to_bf16's bits and a float64 nearest-even, NaN stays NaN); the DFlash2
+ * drafter's block_conv (+ backward: float64 formula and finite differences, ddelta's columns
+ * outside the op's left as they were, dx NULL the same dbase and ddelta bits, ADD). Not here:
  * the rest of the loss (tests/kernels/test_loss.c) and the rest of attention (tests/kernels/test_attention.c).
  * Only the CPU backend for now: another backend is to be compared with the same references,
  * case by case.
@@ -272,6 +274,10 @@ struct op_case {
                                 * matmul_bf16: operands with low mantissa bits set */
     float grad_scale, decay;   /* adamw: the clipping factor, weight decay (lr_wd = lr decay) */
     int64_t vocab_tile;        /* loss */
+    int64_t block, taps, gs;   /* block_conv: B, taps, channels a group (rows, H = d) */
+    int64_t ld_pad;            /* block_conv: delta's row stride past both sides' 2 taps G */
+    int side;                  /* block_conv: delta starts at side * taps * G of its row */
+    int no_dx;                 /* block_conv: dx NULL */
 };
 
 /* ------------------------------------------------------------------------------------------
@@ -1381,6 +1387,211 @@ static void case_loss_bf16_refused(const ddk_backend *be, const op_case *c)
 }
 
 /* ------------------------------------------------------------------------------------------
+ * The DFlash2 drafter's block convolution (SPEC.md 2.1):
+ *   y[t, c] = sum_{j < taps, j <= t % B} (base[j, c] + delta[t, j*G + c/gs]) x[t - j, c]
+ * delta is one side of a projection row that holds both (ld_delta = 2 taps G + ld_pad)
+ */
+
+/* y, and the backward's dx and ddelta: a sum of <= taps terms (dx, y) or gs terms (ddelta),
+ * dbase of <= rows terms, each a float product (y's and dx's of a rounded base + delta); a float
+ * sum of n terms errs by at most (n - 1) 2^-24 of sum |terms| (plus a rounding per product): n
+ * <= 64 here, 4e-6; judged against the largest sum |terms| of the output, not its value, since
+ * the terms cancel */
+static const double tol_block_conv = 5e-6;
+
+typedef struct {
+    int64_t rows, B, H, taps, gs, G, ld;   /* ld: delta's row stride */
+} conv_shape;
+
+/* L = sum dy y in float64 over x, base, delta (rows, ld: the columns the op reads) */
+static double conv_loss(const conv_shape *s, const double *x, const double *base,
+                        const double *delta, const float *dy)
+{
+    double L = 0.0;
+    for (int64_t t = 0; t < s->rows; t++)
+        for (int64_t c = 0; c < s->H; c++)
+            for (int64_t j = 0; j < s->taps && j <= t % s->B; j++) {
+                const double coef = base[j * s->H + c] + delta[t * s->ld + j * s->G + c / s->gs];
+                L += (double)dy[t * s->H + c] * coef * x[(t - j) * s->H + c];
+            }
+    return L;
+}
+
+/* the float64 forward y and the scale of its terms (max over elements of sum |terms|) */
+static double ref_block_conv(const conv_shape *s, const float *x, const float *base,
+                             const float *delta, double *y)
+{
+    double scale = 0.0;
+    for (int64_t t = 0; t < s->rows; t++)
+        for (int64_t c = 0; c < s->H; c++) {
+            double acc = 0.0, terms = 0.0;
+            for (int64_t j = 0; j < s->taps && j <= t % s->B; j++) {
+                const double coef = (double)base[j * s->H + c] + delta[t * s->ld + j * s->G + c / s->gs];
+                const double term = coef * x[(t - j) * s->H + c];
+                acc += term;
+                terms += fabs(term);
+            }
+            y[t * s->H + c] = acc;
+            scale = fmax(scale, terms);
+        }
+    return scale;
+}
+
+/* the float64 backward into zeroed dx (rows, H), dbase (taps, H), ddelta (rows, ld), each term
+ * added where it lands; scales[3] the largest sum |terms| of dx's, dbase's and ddelta's elements */
+static void ref_block_conv_backward(const conv_shape *s, const float *x, const float *base,
+                                    const float *delta, const float *dy, double *dx, double *dbase,
+                                    double *ddelta, double scales[3])
+{
+    const int64_t H = s->H, counts[3] = { s->rows * H, s->taps * H, s->rows * s->ld };
+    double *grads[3] = { dx, dbase, ddelta };
+    double *terms[3] = { doubles(counts[0], "dx terms"), doubles(counts[1], "dbase terms"),
+                         doubles(counts[2], "ddelta terms") };
+    for (int i = 0; i < 3; i++) {
+        memset(grads[i], 0, (size_t)counts[i] * sizeof(double));
+        memset(terms[i], 0, (size_t)counts[i] * sizeof(double));
+    }
+    for (int64_t t = 0; t < s->rows; t++)
+        for (int64_t c = 0; c < H; c++)
+            for (int64_t j = 0; j < s->taps && j <= t % s->B; j++) {
+                const int64_t at = t * s->ld + j * s->G + c / s->gs;
+                const double g = dy[t * H + c], xv = x[(t - j) * H + c];
+                const double coef = (double)base[j * H + c] + delta[at];
+                dx[(t - j) * H + c] += g * coef;
+                terms[0][(t - j) * H + c] += fabs(g * coef);
+                dbase[j * H + c] += g * xv;
+                terms[1][j * H + c] += fabs(g * xv);
+                ddelta[at] += g * xv;
+                terms[2][at] += fabs(g * xv);
+            }
+    for (int i = 0; i < 3; i++) {
+        scales[i] = 0.0;
+        for (int64_t e = 0; e < counts[i]; e++)
+            scales[i] = fmax(scales[i], terms[i][e]);
+    }
+}
+
+/* 1 where the op writes ddelta (rows, ld): row t's tap-j columns for j <= t % B */
+static int conv_writes(const conv_shape *s, int64_t t, int64_t col)
+{
+    return col < s->taps * s->G && col / s->G <= t % s->B;
+}
+
+/* dL/dx, dL/dbase, dL/ddelta (ddelta: every column of (rows, ld); 0 where delta is not read) by
+ * central differences of conv_loss. L is linear in each value, so they are exact but for
+ * rounding: they check the backward's formula, not its conditioning. */
+static void fd_block_conv(const conv_shape *s, const float *x, const float *base,
+                          const float *delta, const float *dy, double *dx, double *dbase,
+                          double *ddelta)
+{
+    double *xd = to_doubles(x, s->rows * s->H, "fd x"), *bd = to_doubles(base, s->taps * s->H, "fd base");
+    double *dd = to_doubles(delta, s->rows * s->ld, "fd delta");
+    struct { double *v, *g; int64_t n; } wrt[3] = {
+        { xd, dx, s->rows * s->H }, { bd, dbase, s->taps * s->H }, { dd, ddelta, s->rows * s->ld },
+    };
+    const double h = fd_step;
+    for (int w = 0; w < 3; w++)
+        for (int64_t i = 0; i < wrt[w].n; i++) {
+            const double keep = wrt[w].v[i];
+            wrt[w].v[i] = keep + h;
+            const double lp = conv_loss(s, xd, bd, dd, dy);
+            wrt[w].v[i] = keep - h;
+            const double lm = conv_loss(s, xd, bd, dd, dy);
+            wrt[w].v[i] = keep;
+            wrt[w].g[i] = (lp - lm) / (2.0 * h);
+        }
+}
+
+/* The op on one side of a projection's rows: the forward against the float64 formula; the
+ * backward (into zeroed gradients, ddelta's other columns holding a sentinel that must survive)
+ * against the float64 analytic gradient and finite differences; with dx NULL (or, when the case
+ * says dx NULL, with dx given) dbase and ddelta the same bits; then ADD into pre-filled gradients */
+static void case_block_conv(const ddk_backend *be, const op_case *c)
+{
+    conv_shape s = { c->rows, c->block, c->d, c->taps, c->gs, c->d / c->gs, 0 };
+    s.ld = 2 * s.taps * s.G + c->ld_pad;
+    const int64_t rows = s.rows, H = s.H, n = rows * H, nb = s.taps * H, nd = rows * s.ld;
+    const int64_t off = c->side * s.taps * s.G;   /* this side's first column of a row */
+    float *x = floats(n, "x"), *base = floats(nb, "base"), *proj = floats(nd, "projection");
+    float *dy = floats(n, "dy"), *y = floats(n, "y");   /* (rows, H), (taps, H), (rows, ld) */
+    fill_uniform(x, n, -2.0, 2.0);
+    fill_uniform(base, nb, -1.0, 1.0);
+    fill_uniform(proj, nd, -0.5, 0.5);
+    fill_uniform(dy, n, -1.0, 1.0);
+    const float *delta = proj + off;
+    /* the reference's delta (rows, ld): this side's columns from column 0 */
+    float *dref = floats(nd, "delta from column 0");
+    for (int64_t t = 0; t < rows; t++)
+        for (int64_t col = 0; col < s.ld; col++)
+            dref[t * s.ld + col] = off + col < s.ld ? delta[t * s.ld + col] : 0.0f;
+
+    fill_nan(y, n);
+    be->block_conv(be, x, base, delta, s.ld, rows, s.B, H, s.taps, s.gs, y);
+    double *y_want = doubles(n, "y want");
+    const double y_scale = ref_block_conv(&s, x, base, dref, y_want);
+    expect_close("y", y, NULL, y_want, n, y_scale, tol_block_conv);
+
+    /* the backward, first with dx as the case says, then with the other */
+    const float sentinel = 3.25f;
+    float *dx[2] = { floats(n, "dx"), floats(n, "dx, second call") };
+    float *dbase[2] = { floats(nb, "dbase"), floats(nb, "dbase, second call") };
+    float *dproj[2] = { floats(nd, "dprojection"), floats(nd, "dprojection, second call") };
+    int64_t untouched_bad = 0;
+    for (int call = 0; call < 2; call++) {
+        fill_zero(dx[call], n), fill_zero(dbase[call], nb);
+        for (int64_t t = 0; t < rows; t++)
+            for (int64_t col = 0; col < s.ld; col++)
+                dproj[call][t * s.ld + col] = col >= off && conv_writes(&s, t, col - off) ? 0.0f : sentinel;
+        const int with_dx = call == 0 ? !c->no_dx : c->no_dx;
+        be->block_conv_backward(be, x, base, delta, s.ld, dy, rows, s.B, H, s.taps, s.gs,
+                                with_dx ? dx[call] : NULL, dbase[call], dproj[call] + off);
+        for (int64_t t = 0; t < rows; t++)
+            for (int64_t col = 0; col < s.ld; col++)
+                if (!(col >= off && conv_writes(&s, t, col - off)))
+                    untouched_bad += memcmp(&dproj[call][t * s.ld + col], &sentinel, sizeof sentinel) != 0;
+    }
+    check(untouched_bad == 0, "ddelta: %lld values outside the op's columns changed", (long long)untouched_bad);
+    check(memcmp(dbase[0], dbase[1], (size_t)nb * sizeof(float)) == 0 &&
+              memcmp(dproj[0], dproj[1], (size_t)nd * sizeof(float)) == 0,
+          "dbase or ddelta differ between dx given and dx NULL");
+    const float *dx_got = dx[c->no_dx ? 1 : 0];   /* the call that had dx */
+
+    double *dx_want = doubles(n, "dx want"), *db_want = doubles(nb, "dbase want");
+    double *dd_want = doubles(nd, "ddelta want"), scales[3];
+    ref_block_conv_backward(&s, x, base, dref, dy, dx_want, db_want, dd_want, scales);
+    double *dx_fd = doubles(n, "dx fd"), *db_fd = doubles(nb, "dbase fd"), *dd_fd = doubles(nd, "ddelta fd");
+    fd_block_conv(&s, x, base, dref, dy, dx_fd, db_fd, dd_fd);
+    expect_close_d("float64 dx: analytic vs finite differences", dx_want, dx_fd, n, tol_fd_reference);
+    expect_close_d("float64 dbase: analytic vs finite differences", db_want, db_fd, nb, tol_fd_reference);
+    expect_close_d("float64 ddelta: analytic vs finite differences", dd_want, dd_fd, nd, tol_fd_reference);
+    /* the op's ddelta as the reference holds it: (rows, ld) from column 0, 0 where not written */
+    float *dd_got = floats(nd, "ddelta from column 0");
+    for (int64_t t = 0; t < rows; t++)
+        for (int64_t col = 0; col < s.ld; col++)
+            dd_got[t * s.ld + col] = conv_writes(&s, t, col) ? dproj[0][t * s.ld + off + col] : 0.0f;
+    expect_close("dx vs analytic", dx_got, NULL, dx_want, n, scales[0], tol_block_conv);
+    expect_close("dbase vs analytic", dbase[0], NULL, db_want, nb, scales[1], tol_block_conv);
+    expect_close("ddelta vs analytic", dd_got, NULL, dd_want, nd, scales[2], tol_block_conv);
+    expect_close("dx vs finite differences", dx_got, NULL, dx_fd, n, scales[0], tol_block_conv);
+    expect_close("dbase vs finite differences", dbase[0], NULL, db_fd, nb, scales[1], tol_block_conv);
+    expect_close("ddelta vs finite differences", dd_got, NULL, dd_fd, nd, scales[2], tol_block_conv);
+
+    /* ADD: pre-filled gradients keep their content (every column of the projection's rows) */
+    float *dx_old = floats(n, "dx old"), *db_old = floats(nb, "dbase old"), *dp_old = floats(nd, "dprojection old");
+    float *dx_pre = floats(n, "dx pre-filled"), *db_pre = floats(nb, "dbase pre-filled");
+    float *dp_pre = floats(nd, "dprojection pre-filled"), *dp_inc = floats(nd, "dprojection increments");
+    fill_uniform(dx_old, n, -1.0, 1.0), fill_uniform(db_old, nb, -1.0, 1.0), fill_uniform(dp_old, nd, -1.0, 1.0);
+    memcpy(dx_pre, dx_old, (size_t)n * sizeof(float)), memcpy(db_pre, db_old, (size_t)nb * sizeof(float));
+    memcpy(dp_pre, dp_old, (size_t)nd * sizeof(float));
+    be->block_conv_backward(be, x, base, delta, s.ld, dy, rows, s.B, H, s.taps, s.gs, dx_pre, db_pre, dp_pre + off);
+    for (int64_t i = 0; i < nd; i++)   /* the first call's increments, 0 where nothing is written */
+        dp_inc[i] = i % s.ld >= off && conv_writes(&s, i / s.ld, i % s.ld - off) ? dproj[0][i] : 0.0f;
+    expect_added("pre-filled dx = old + dx", dx_pre, dx_old, dx_got, n);
+    expect_added("pre-filled dbase = old + dbase", db_pre, db_old, dbase[0], nb);
+    expect_added("pre-filled ddelta = old + ddelta", dp_pre, dp_old, dp_inc, nd);
+}
+
+/* ------------------------------------------------------------------------------------------
  * zero and copy: exact bytes, nothing around them touched
  */
 
@@ -2251,6 +2462,26 @@ static void build_cases(void)
         snprintf(c->name, sizeof(c->name), "matmul %c%c k=0 beta=%g: c = beta c", j ? 'T' : 'N',
                  j ? 'T' : 'N', c->beta);
     }
+
+    /* the DFlash2 drafter's block convolution (appended, so that the cases above keep their
+     * seeds): taps 1, 2, 3 (and more taps than slots), gs 1, gs = H and the drafters' 16, B 1
+     * (only tap 0 has a term) and several blocks, either side of the projection's row (delta at
+     * an offset, ld_delta = 2 taps G, or wider), dx NULL */
+    static const struct { int64_t rows, B, H, taps, gs, ld_pad; int side, no_dx; } convs[] = {
+        { 1, 1, 1, 1, 1, 0, 0, 0 },    { 5, 1, 8, 2, 4, 0, 1, 0 },     { 12, 4, 16, 2, 16, 0, 1, 0 },
+        { 20, 5, 12, 2, 1, 3, 1, 0 },  { 48, 16, 64, 2, 16, 0, 1, 0 }, { 48, 16, 64, 2, 16, 5, 0, 0 },
+        { 24, 6, 30, 3, 5, 2, 0, 0 },  { 12, 2, 8, 3, 2, 1, 1, 0 },    { 20, 5, 12, 2, 3, 0, 1, 1 },
+        { 9, 3, 7, 1, 7, 4, 1, 1 },
+    };
+    for (size_t j = 0; j < sizeof(convs) / sizeof(convs[0]); j++) {
+        c = add_case(case_block_conv);
+        c->rows = convs[j].rows, c->block = convs[j].B, c->d = convs[j].H, c->taps = convs[j].taps;
+        c->gs = convs[j].gs, c->ld_pad = convs[j].ld_pad, c->side = convs[j].side, c->no_dx = convs[j].no_dx;
+        snprintf(c->name, sizeof(c->name),
+                 "block_conv + backward rows=%lld B=%lld H=%lld taps=%lld gs=%lld side %d ld=2tG+%lld%s",
+                 (long long)c->rows, (long long)c->block, (long long)c->d, (long long)c->taps,
+                 (long long)c->gs, c->side, (long long)c->ld_pad, c->no_dx ? " dx NULL" : "");
+    }
 }
 
 int main(void)
@@ -2266,7 +2497,7 @@ int main(void)
               be->loss && be->conv1d_silu && be->gated_rmsnorm && be->rope_partial && be->gated_delta &&
               be->matmul_w16 && be->matmul_w16_nn && be->embedding_w16 && be->copy_rows && be->l2norm_heads &&
               be->sigmoid_mul && be->delta_gates && be->causal_attention && be->matmul_16 &&
-              be->round_bf16,
+              be->round_bf16 && be->block_conv && be->block_conv_backward,
           "an op of the CPU backend is NULL");
     case_done("cpu backend has every op tested here");
     if (cases_failed)

@@ -66,6 +66,9 @@ MUTANTS = [
      "loss_cuda.cu",
      "        const int oi0 = __shfl_xor_sync(0xffffffffu, i0, offset);",
      "        const int oi0 = __shfl_xor_sync(0xffffffffu, i0, offset == 16 ? 8 : offset);"),
+    ("the flash row rules ignoring DFlash2's bidirectional blocks (attention_rows.h)", "attention_rows.h",
+     "    r.own_hi = r.own_lo + (W > 0 && !bidir ? o + 1 : B);",
+     "    r.own_hi = r.own_lo + (W > 0 ? o + 1 : B);"),
 ]
 
 

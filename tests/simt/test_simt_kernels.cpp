@@ -13,7 +13,8 @@
  * DFlash attention forward and backward with the flash kernels at d 64 / 128 / 256 (the seed's
  * 96-row groups included) and with the SIMT kernels (d 40, and d 256: half key tiles on a 99 KB
  * card), causal attention (a prefill of more rows than
- * a 99 KB card's block takes, and over a cache), tree attention. Determinism: every flash backward
+ * a 99 KB card's block takes, and over a cache), tree attention; the DFlash2 drafter's
+ * bidirectional blocks under a window with both kernel sets. Determinism: every flash backward
  * and the loss are run again with blocks and threads in the reverse order and must give the same
  * bits; on no card may the flash path fall back to the SIMT kernels (the log must name the flash
  * kernels), nor the chunked DeltaNet be refused. Tolerances as tests/kernels/test_backend_ops.c, each with
@@ -507,17 +508,24 @@ static void dflash_case(const ddk_attention_shape *s, int kind)
     }
 }
 
-/* S, A, B, nh, nkv, d, window */
-static const ddk_attention_shape dflash_d64 = { 40, 3, 5, 4, 2, 64, 0, 0 };
-static const ddk_attention_shape dflash_seed_rows = { 20, 2, 24, 4, 1, 128, 16, 0 };   /* 96 rows a group */
-static const ddk_attention_shape dflash_d256 = { 30, 3, 4, 4, 1, 256, 0, 0 };
-static const ddk_attention_shape dflash_simt = { 30, 3, 5, 4, 2, 40, 12, 0 };
-static const ddk_attention_shape dflash_simt_d256 = { 40, 2, 20, 2, 1, 256, 0, 0 };   /* 16 rows a block: half tiles on 99 KB */
+/* S, A, B, nh, nkv, d, window, q_rows (unused), bidirectional */
+static const ddk_attention_shape dflash_d64 = { 40, 3, 5, 4, 2, 64, 0, 0, 0 };
+static const ddk_attention_shape dflash_seed_rows = { 20, 2, 24, 4, 1, 128, 16, 0, 0 };   /* 96 rows a group */
+static const ddk_attention_shape dflash_d256 = { 30, 3, 4, 4, 1, 256, 0, 0, 0 };
+static const ddk_attention_shape dflash_simt = { 30, 3, 5, 4, 2, 40, 12, 0, 0 };
+static const ddk_attention_shape dflash_simt_d256 = { 40, 2, 20, 2, 1, 256, 0, 0, 0 };   /* 16 rows a block: half tiles on 99 KB */
+/* DFlash2's bidirectional blocks under a window below B (it still cuts the context) */
+static const ddk_attention_shape dflash_bidir_d64 = { 40, 3, 5, 4, 2, 64, 3, 0, 1 };
+static const ddk_attention_shape dflash_bidir_seed_rows = { 40, 2, 24, 4, 1, 128, 16, 0, 1 };
+static const ddk_attention_shape dflash_bidir_simt = { 30, 3, 5, 4, 2, 40, 3, 0, 1 };
 static void case_dflash_d64(void) { dflash_case(&dflash_d64, DDK_CUDA_ATTENTION_FLASH); }
 static void case_dflash_seed_rows(void) { dflash_case(&dflash_seed_rows, DDK_CUDA_ATTENTION_FLASH); }
 static void case_dflash_d256(void) { dflash_case(&dflash_d256, DDK_CUDA_ATTENTION_FLASH); }
 static void case_dflash_simt(void) { dflash_case(&dflash_simt, DDK_CUDA_ATTENTION_SIMT); }
 static void case_dflash_simt_d256(void) { dflash_case(&dflash_simt_d256, DDK_CUDA_ATTENTION_SIMT); }
+static void case_dflash_bidir_d64(void) { dflash_case(&dflash_bidir_d64, DDK_CUDA_ATTENTION_FLASH); }
+static void case_dflash_bidir_seed_rows(void) { dflash_case(&dflash_bidir_seed_rows, DDK_CUDA_ATTENTION_FLASH); }
+static void case_dflash_bidir_simt(void) { dflash_case(&dflash_bidir_simt, DDK_CUDA_ATTENTION_SIMT); }
 
 /* causal prefill: 6 query heads a kv head, 40 positions: 240 rows, past what a 99 KB card's
  * block takes at d 256 (112); and 5 queries over a cache of 40 */
@@ -525,7 +533,7 @@ static void case_causal(void)
 {
     const ddk_backend *be[2] = { cpu, emu };
     for (int cached = 0; cached <= 1; cached++) {
-        const ddk_attention_shape s = { 40, 0, 0, 6, 1, 256, 0, cached ? 5 : 0 };
+        const ddk_attention_shape s = { 40, 0, 0, 6, 1, 256, 0, cached ? 5 : 0, 0 };
         const int64_t T = cached ? 5 : 40;
         const float *q = rand_floats(T * 6 * 256, -1, 1), *k = rand_floats(40 * 256, -1, 1), *v = rand_floats(40 * 256, -1, 1);
         float *out[2];
@@ -545,7 +553,7 @@ static void case_tree(void)
     const ddk_backend *be[2] = { cpu, emu };
     static const int32_t parents[] = { -1, 0, 0, 1, 2, 2, 5 };
     const int64_t n = 7, cache = 9, nh = 4, nkv = 2, d = 32;
-    const ddk_attention_shape s = { cache + n, 0, 0, nh, nkv, d, 0, n };
+    const ddk_attention_shape s = { cache + n, 0, 0, nh, nkv, d, 0, n, 0 };
     const float *q = rand_floats(n * nh * d, -1, 1), *k = rand_floats((cache + n) * nkv * d, -1, 1),
                 *v = rand_floats((cache + n) * nkv * d, -1, 1);
     float *out[2];
@@ -566,7 +574,7 @@ static void case_fallback_said(void)
     small.name = "16 KB";
     small.smem_per_block_optin = 16384;
     simt::set_profile(&small);
-    const ddk_attention_shape s = { 30, 2, 5, 4, 2, 32, 0, 0 };
+    const ddk_attention_shape s = { 30, 2, 5, 4, 2, 32, 0, 0, 0 };
     const attn_inputs in = attn_make(&s);
     float *out[2] = { buf<float>(2 * 5 * 4 * 32), buf<float>(2 * 5 * 4 * 32) },
           *lse[2] = { buf<float>(2 * 5 * 4), buf<float>(2 * 5 * 4) };
@@ -617,6 +625,10 @@ int main(int argc, char **argv)
         { "dflash SIMT kernels d 256 (16-key tiles on 99 KB)", case_dflash_simt_d256 },
         { "causal flash d 256: prefill of 240 rows, over a cache", case_causal },
         { "tree attention", case_tree },
+        /* the DFlash2 drafter's (appended, so that the cases above keep their seeds) */
+        { "dflash flash d 64, bidirectional blocks, window 3 < B; same bits reversed", case_dflash_bidir_d64 },
+        { "dflash flash d 128, 96-row groups, bidirectional, window; same bits reversed", case_dflash_bidir_seed_rows },
+        { "dflash SIMT kernels d 40, bidirectional blocks, window 3 < B", case_dflash_bidir_simt },
     };
     static const char *const all[] = { "h200", "b200", "rtx-pro-6000" };
     const char *const *cards = argc > 1 ? (const char *const *)argv + 1 : all;
