@@ -75,6 +75,12 @@ void ddk_cpu_delta_gates(const ddk_backend *be, const float *b, const float *a, 
 void ddk_cpu_synchronize(const ddk_backend *be);
 double ddk_cpu_sumsq(const ddk_backend *be, const float *x, int64_t count);
 void ddk_cpu_argmax_rows(const ddk_backend *be, const float *x, int64_t rows, int64_t n, int32_t *out);
+void ddk_cpu_topk_rows(const ddk_backend *be, const float *x, int64_t rows, int64_t n, int64_t k,
+                       int32_t *idx, float *val);
+/* x (w), the columns off .. off+w of a row, merged into its running top-k list val, idx
+ * (*count <= k pairs, topk_row.h's order; every index of the list below off) */
+void ddk_cpu_topk_merge(const float *x, int64_t w, int64_t off, int k, float *val, int32_t *idx,
+                        int *count);
 void ddk_cpu_axpby(const ddk_backend *be, int64_t count, float alpha, const float *x, float beta,
                    float *y);
 void ddk_cpu_uniform_noise(const ddk_backend *be, float *x, int64_t count, float sigma, uint64_t seed);

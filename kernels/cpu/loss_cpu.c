@@ -7,6 +7,12 @@
  * tile, logits recomputed for the gradient: five products, workspace independent of V).
  * Both modes run the same code: "whole vocabulary" is the one-tile case.
  *
+ * With the DFlash2 selector (p->selector, SPEC.md 2.1) selector_cpu.c adds its term inside the
+ * same passes: an online top-K of each tile's logits, after the vocabulary pass its per-row
+ * scores (l_i += weight l_sel, in the same weighted sum), ds_k added into g at the candidates'
+ * columns before g's product with W, then dq Hp into d hs and the selector tensors' gradients.
+ * Without it (NULL) nothing of it runs: the results are the plain loss's, bit for bit.
+ *
  * Per position the statistics pass keeps shifted sums (ddk_loss_row) from which CE, KL, CAP
  * and every softmax follow; the gradient pass turns each logit row into
  *   g = (w_i / sum w) [(1-a)(p - onehot(y)) + a T (ps - pt) - lambda (c/Tc) pc (log pc + H)]
@@ -29,6 +35,8 @@
  * Tested by tests/kernels/test_loss.c (float64 C reference, finite differences, chunk/tile
  * invariance, budgets, the bf16 head bit for bit against the widened one, rows wider than a
  * sum block, logits of +-200, the 8-lane kernels against the scalar exp),
+ * tests/kernels/test_loss_selector.c (the selector's term: reference, finite differences,
+ * invariance, ties, refusals, budgets),
  * tests/kernels/test_loss_online.c (-inf columns, also whole -inf tiles: finite, gradient 0 there, the
  * values of the vocabulary without them) and tests/oracle/loss_torch_check.py (PyTorch autograd).
  *
@@ -37,6 +45,7 @@
 #include "ddk.h"
 #include "loss_row.h"   /* the arithmetic per position, the CUDA kernels' too; loss_internal.h */
 #include "cpu_backend.h"
+#include "selector_cpu.h"   /* the DFlash2 selector's term */
 #include "ddk_vmath.h"
 
 #include <errno.h>
@@ -47,9 +56,7 @@
 typedef struct loss_run {
     const ddk_backend *be;
     /* the products on an fp32 head: be->matmul, or be->matmul_bf16 when p->bf16_products */
-    void (*product)(const ddk_backend *be, int trans_a, int trans_b, int64_t m, int64_t n,
-                    int64_t k, float alpha, const float *a, int64_t lda, const float *b,
-                    int64_t ldb, float beta, float *c, int64_t ldc);
+    ddk_cpu_product_fn product;
     const float *head32;      /* lm_head (V, H) fp32, or NULL ... */
     const uint16_t *head16;   /* ... when it is bf16 (p->head_bf16): be->matmul_w16 / _nn */
     int64_t H;
@@ -287,6 +294,8 @@ int ddk_cpu_loss(const ddk_backend *be, const ddk_loss_params *p,
     int rc = ddk_loss_shape_of(p, p ? ddk_loss_uses_teacher(p, labels != NULL) : 0, &shape);
     if (rc == 0)
         rc = ddk_loss_check_call(p, student_hidden, teacher_hidden, lm_head, labels, weights, out);
+    if (rc == 0 && p->selector)
+        rc = ddk_loss_check_selector(p, p->selector->predecessors, labels, weights, grad_student);
     if (rc)
         return rc;
 
@@ -321,8 +330,22 @@ int ddk_cpu_loss(const ddk_backend *be, const ddk_loss_params *p,
     tile_sums_fn sums = pick_tile_sums(&k);
     const int64_t width = shape.width;
     const int tiled = width < V;
-    double sum_l = 0, sum_ce = 0, sum_kl = 0, sum_cap = 0;
-    int64_t correct = 0;
+    double sum_l = 0, sum_ce = 0, sum_kl = 0, sum_cap = 0, sum_sel = 0;
+    int64_t correct = 0, sel_covered = 0, sel_correct = 0;
+    const ddk_selector *sp = p->selector;
+    ddk_cpu_selector sel = { 0 };   /* read only when sp */
+    if (sp)
+        sel = (ddk_cpu_selector){
+            .be = be,
+            .product = run.product,
+            .s = sp,
+            .b = ddk_loss_sel_carve(&shape, workspace),
+            .H = H,
+            .K = sp->top_k,
+            .r = sp->rank,
+            .grads = grad_student && sp->weight > 0.0f,
+            .to_hidden = grad_student && sp->weight > 0.0f && !sp->stop_gradient,
+        };
 
     for (int64_t r0 = 0; r0 < n; r0 += shape.chunk) {
         const int64_t m = n - r0 < shape.chunk ? n - r0 : shape.chunk;
@@ -340,7 +363,11 @@ int ddk_cpu_loss(const ddk_backend *be, const ddk_loss_params *p,
             for (int64_t r = 0; r < m; r++)
                 if (!rows[r].ignored)
                     row_stats_tile(&k, sums, &rows[r], zs + r * w, zt ? zt + r * w : NULL, off, w);
+            if (sp)
+                ddk_cpu_sel_tile(&sel, rows, m, zs, off, w);
         }
+        if (sp)
+            ddk_cpu_sel_project(&sel, hs, m);
 
         for (int64_t r = 0; r < m; r++) {
             ddk_loss_row *row = &rows[r];
@@ -350,11 +377,21 @@ int ddk_cpu_loss(const ddk_backend *be, const ddk_loss_params *p,
                 const ddk_loss_terms t = ddk_loss_row_terms(&k, row);
                 row->scale = w / weight_sum;
                 l = t.l;
-                sum_l += w * t.l;
+                if (sp) {   /* l_i += weight l_sel, in the same weighted sum */
+                    const double l_sel =
+                        ddk_cpu_sel_row(&sel, r, row, sp->predecessors[r0 + r], row->scale);
+                    l += sp->weight * l_sel;
+                    sum_sel += w * l_sel;
+                    sel_covered += sel.b.rows[r].covered;
+                    sel_correct += sel.b.rows[r].correct;
+                }
+                sum_l += w * l;
                 sum_ce += w * t.ce;
                 sum_kl += w * t.kl;
                 sum_cap += w * t.cap;
                 correct += row->confident;
+            } else if (sp) {
+                ddk_cpu_sel_row(&sel, r, row, 0, 0.0);   /* no term; dq's row 0 */
             }
             if (per_position)
                 per_position[r0 + r] = (float)l;
@@ -384,9 +421,13 @@ int ddk_cpu_loss(const ddk_backend *be, const ddk_loss_params *p,
                 if (row->label >= off && row->label < off + w)
                     g[row->label - off] = ddk_loss_grad_at_label(&k, row, row->scale,
                                                                  zt_label);
+                if (sp && sel.to_hidden)   /* the selector's ds at its candidates here */
+                    ddk_cpu_sel_grad_tile(&sel, r, g, off, w);
             }
             tile_grad(&run, zs, m, off, w, off == 0 ? 0.0f : 1.0f, dhs);   /* accumulated over tiles */
         }
+        if (sp && sel.grads)
+            ddk_cpu_sel_backward(&sel, hs, m, sp->predecessors + r0, dhs);
     }
     ddk_free(be->alloc, workspace, shape.workspace_bytes);
 
@@ -398,6 +439,9 @@ int ddk_cpu_loss(const ddk_backend *be, const ddk_loss_params *p,
         .weight_sum = weight_sum,
         .counted = counted,
         .correct = correct,
+        .sel = sum_sel / weight_sum,
+        .sel_covered = sel_covered,
+        .sel_correct = sel_correct,
     };
     return 0;
 }

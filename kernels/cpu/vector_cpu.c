@@ -1,5 +1,7 @@
 /* vector_cpu.c: the CPU backend's whole-buffer ops (sum of squares, axpby, the AdamW update,
- * the features' uniform noise, the argmax of rows: ddk_vargmax's 8 lanes)
+ * the features' uniform noise, the argmax of rows: ddk_vargmax's 8 lanes; the top-K of rows and
+ * its running merge, which the fused loss's online top-K uses too: topk_row.h's order behind an
+ * 8-lane filter)
  * and its bf16 products (matmul with both operands rounded to bf16, the reference for the GPU's
  * tensor-core product, and matmul_w16 / matmul_w16_nn, the same product against bf16 weights as
  * stored, transposed or not, and matmul_16 with both operands bf16 in memory: one emulation,
@@ -15,18 +17,21 @@
  * matmul_w16 (W^T) and matmul_w16_nn (W) widen their W panel instead of rounding it (exact),
  * never all of W at once.
  *
- * Tested by tests/kernels/test_ops.c (against plain loops and a float64 product of rounded operands)
- * and tests/engine/model/test_optimizer.c (the update, through the trainer's optimiser).
+ * Tested by tests/kernels/test_ops.c (against plain loops and a float64 product of rounded operands),
+ * tests/engine/model/test_optimizer.c (the update, through the trainer's optimiser) and
+ * tests/kernels/test_topk.c (topk_rows against a naive sort).
  */
 #include "ddk.h"
 #include "ddk_bf16.h"
 #include "ddk_rng.h"
 #include "ddk_vmath.h"
 #include "cpu_backend.h"
+#include "topk_row.h"
 
 #include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 void ddk_cpu_synchronize(const ddk_backend *be)
 {
@@ -55,6 +60,51 @@ void ddk_cpu_argmax_rows(const ddk_backend *be, const float *x, int64_t rows, in
     for (int64_t r = 0; r < rows; r++) {
         float max;
         out[r] = (int32_t)ddk_vargmax(x + r * n, n, &max);
+    }
+}
+
+/* a lane of m set */
+static inline int any_lane(ddk_i8 m)
+{
+    return (m[0] | m[1] | m[2] | m[3] | m[4] | m[5] | m[6] | m[7]) != 0;
+}
+
+void ddk_cpu_topk_merge(const float *x, int64_t w, int64_t off, int k, float *val, int32_t *idx,
+                        int *count)
+{
+    int64_t v = 0;
+    while (v < w) {
+        if (*count < k || val[k - 1] != val[k - 1]) {   /* room, or a NaN last: every pair */
+            ddk_topk_insert(val, idx, count, k, x[v], (int32_t)(off + v));
+            v++;
+            continue;
+        }
+        /* full with a number last: only a larger value comes before it (x's indices are above
+         * the list's), so 8 columns at a time are passed over until one lane is larger */
+        const ddk_f8 last = ddk_f8_splat(val[k - 1]);
+        while (v + 8 <= w && !any_lane(ddk_f8_load(x + v) > last))
+            v += 8;
+        for (const int64_t end = v + 8 < w ? v + 8 : w; v < end; v++)
+            if (x[v] > val[k - 1])
+                ddk_topk_insert(val, idx, count, k, x[v], (int32_t)(off + v));
+    }
+}
+
+void ddk_cpu_topk_rows(const ddk_backend *be, const float *x, int64_t rows, int64_t n, int64_t k,
+                       int32_t *idx, float *val)
+{
+    (void)be;
+    if (rows <= 0)
+        return;
+    if (k < 1 || k > n || k > DDK_SELECTOR_MAX_K || n > INT32_MAX)
+        ddk_fatal(__FILE__, __LINE__, "topk_rows: k %lld of rows of %lld: 1 <= k <= min(n, %d)",
+                  (long long)k, (long long)n, DDK_SELECTOR_MAX_K);
+    for (int64_t r = 0; r < rows; r++) {
+        float best[DDK_SELECTOR_MAX_K];
+        int count = 0;
+        ddk_cpu_topk_merge(x + r * n, n, 0, (int)k, best, idx + r * k, &count);
+        if (val)
+            memcpy(val + r * k, best, (size_t)k * sizeof(float));
     }
 }
 

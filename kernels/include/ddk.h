@@ -309,15 +309,17 @@ DDK_API void ddk_link_destroy(ddk_link *l);
  * candidate with itself and its own unary logit. l_i += weight * l_sel, inside the same weighted
  * sum and the same denominator sum w. Gradients go into A, Bs, Hp (ADDED: dA, dBs, dHp) and, unless
  * stop_gradient, into d hs through zs[cand] and through q. Nothing logit-sized is allocated: the
- * workspace (ddk_loss_workspace_bytes) grows by a few (chunk, K) and (chunk, r) buffers. Every
- * pointer in the loss's backend's memory. */
+ * workspace (ddk_loss_workspace_bytes) grows by a few (chunk, K) and (chunk, r) buffers. Its
+ * three products (q = Hp hs, dq Hp, dq^T hs) are the loss's: bf16 operands with bf16_products.
+ * Every pointer in the loss's backend's memory. */
 typedef struct ddk_selector {
     int64_t top_k;                /* K in [1, DDK_SELECTOR_MAX_K] and <= V */
     int64_t rank;                 /* r >= 1 */
     float weight;                 /* alpha_sel >= 0 (0: the term is computed and reported, no gradient) */
     int inject;                   /* 0 "strict", 1 "inject" */
     int stop_gradient;            /* 1: the selector term adds nothing to d hs */
-    const int32_t *predecessors;  /* (n) in [0, V): the data token before each position */
+    const int32_t *predecessors;  /* (n) in [0, V): the data token before each position (checked
+                                     where the position counts, -EINVAL; never read elsewhere) */
     const float *A, *Bs;          /* (V, r) predecessor_codebook, successor_codebook */
     const float *Hp;              /* (r, H) hidden_projection */
     float *dA, *dBs, *dHp;        /* the same shapes, ADDED into; all NULL when grad_student is NULL */
@@ -502,8 +504,10 @@ struct ddk_backend {
      * the indices leave the device. */
     void (*argmax_rows)(const ddk_backend *be, const float *x, int64_t rows, int64_t n, int32_t *out);
     /* idx, val (rows, k) = the k largest values of each row of x (rows, n), row stride n, and
-     * their indices, descending, ties to the lower index (NaNs passed over; -inf is a value);
-     * 1 <= k <= min(n, DDK_SELECTOR_MAX_K). val may be NULL. The DFlash2 selector's candidates
+     * their indices, descending, ties to the lower index (NaNs passed over: after every number,
+     * by index, so a row with fewer than k numbers ends in its NaNs; -inf is a value);
+     * 1 <= k <= min(n, DDK_SELECTOR_MAX_K), n < 2^31 (else ddk_fatal). val may be NULL. Queued
+     * like the other ops; deterministic. The DFlash2 selector's candidates
      * at evaluation and in speculative decoding (SPEC.md 2.1). */
     void (*topk_rows)(const ddk_backend *be, const float *x, int64_t rows, int64_t n, int64_t k,
                       int32_t *idx, float *val);

@@ -82,13 +82,16 @@ class LossParams(ctypes.Structure):
                 ("chunk", ctypes.c_int64), ("vocab_tile", ctypes.c_int64),
                 ("kl_weight", ctypes.c_float), ("kl_temperature", ctypes.c_float),
                 ("cap_weight", ctypes.c_float), ("cap_temperature", ctypes.c_float),
-                ("bf16_products", ctypes.c_int), ("head_bf16", ctypes.c_int)]
+                ("bf16_products", ctypes.c_int), ("head_bf16", ctypes.c_int),
+                ("selector", ctypes.c_void_p)]   # NULL here: plain DFlash (test_loss_selector.c has the selector)
 
 
 class LossResult(ctypes.Structure):
     _fields_ = [("loss", ctypes.c_double), ("ce", ctypes.c_double), ("kl", ctypes.c_double),
                 ("cap", ctypes.c_double), ("weight_sum", ctypes.c_double),
-                ("counted", ctypes.c_int64), ("correct", ctypes.c_int64)]
+                ("counted", ctypes.c_int64), ("correct", ctypes.c_int64),
+                ("sel", ctypes.c_double), ("sel_covered", ctypes.c_int64),
+                ("sel_correct", ctypes.c_int64)]
 
 
 RESULT_FIELDS = ("loss", "ce", "kl", "cap", "weight_sum", "counted", "correct")
