@@ -212,6 +212,8 @@ int drafter_check_step(const ddk_backend *be, const drafter_setting *st, double 
             scale = fmax(scale, fabs(fd[p->offset + j]));
         const double err = normalised_error(grads + p->offset, fd + p->offset, p->numel);
         const int zero_expected = scale == 0;
+        check(!(zero_expected && p->dflash2_only && st->sel_weight > 0),
+              "%s: no gradient in the reference: the fixture does not exercise the selector term", p->name);
         if (zero_expected) {   /* e.g. the selector's tensors at alpha_sel 0 */
             int all_zero = 1;
             for (int64_t j = 0; j < p->numel; j++)
