@@ -144,6 +144,25 @@ static void test_exact_resume(void)
 
 static void with_place(const char *json, const char *place, char *out, size_t len);
 
+/* json's drafter made DFlash2 (SPEC.md 2.1: group 8 of H 32, rank 8, top-K 4), its selector
+ * weight warmed up and ramped */
+static void with_dflash2(const char *json, char *out, size_t len)
+{
+    const char *d = strstr(json, "\"drafter\": {") + strlen("\"drafter\": {");
+    const char *t = strstr(json, "\"train\": {") + strlen("\"train\": {");
+    snprintf(out, len, "%.*s\"architecture\": \"dflash2\", \"conv_group_size\": 8, \"selector_rank\": 8, "
+             "\"selector_top_k\": 4, %.*s\"selector_warmup\": 0.2, \"selector_ramp\": 0.3, %s",
+             (int)(d - json), json, (int)(t - d), d, t);
+}
+
+/* a DFlash2 run on 2 CPU ranks resumes bit for bit, its selector's warm-up and ramp included */
+static void test_dflash2_resume(void)
+{
+    char json[4096];
+    with_dflash2(TINY("2", ""), json, sizeof json);
+    check_resume(json, 5);
+}
+
 /* co-located generated data: no source; the trainer's own cursor is checkpointed and restored,
  * and the ranks sample from it on (3 ranks: uneven slices of the step's 4 sequences) */
 static void test_colocated_resume(void)
@@ -261,10 +280,10 @@ static ddt_trainer *one_step_run(const char *json, const ddt_memory_plan **p)
     return t;
 }
 
-static void test_plan_vs_peak(void)
+static void plan_vs_peak(const char *json)
 {
     const ddt_memory_plan *p;
-    ddt_trainer *t = one_step_run(TINY("1", ""), &p);
+    ddt_trainer *t = one_step_run(json, &p);
     if (!t)
         return;
     /* rank 0's allocator holds all but the frozen head (the source's) */
@@ -275,6 +294,19 @@ static void test_plan_vs_peak(void)
     printf("  # plan %.0f bytes, measured %.0f (%+.1f%%)\n", predicted, measured,
            100.0 * (measured - predicted) / predicted);
     ddt_trainer_close(t);
+}
+
+static void test_plan_vs_peak(void)
+{
+    plan_vs_peak(TINY("1", ""));
+}
+
+/* DFlash2: its convolutions' activations, its selector's tensors and loss workspace planned */
+static void test_plan_vs_peak_dflash2(void)
+{
+    char json[4096];
+    with_dflash2(TINY("1", ""), json, sizeof json);
+    plan_vs_peak(json);
 }
 
 /* A real vocabulary on CPU ranks (151,680 tokens, Qwen's): the head the rank reads is the host
@@ -1317,9 +1349,11 @@ int main(void)
         { "speculation on request without eval.speculative", test_spec_lazy },
         { "train.precision bf16: close to fp32, not identical", test_bf16_run },
         { "exact resume", test_exact_resume },
+        { "exact resume, dflash2 on 2 ranks", test_dflash2_resume },
         { "1 rank vs 2 ranks vs 3 ranks vs 2 micro-batches", test_ranks },
         { "out-of-memory recovery", test_oom_recovery },
         { "plan vs measured peak", test_plan_vs_peak },
+        { "plan vs measured peak, dflash2", test_plan_vs_peak_dflash2 },
         { "the target's plan vs the host's peak", test_plan_target_host },
         { "plan vs measured peak with a 151680-token vocabulary on CPU", test_plan_real_vocab },
         { "target.devices same on CPU ranks: the host run's losses bit for bit", test_colocated_same_losses },
