@@ -3,8 +3,8 @@
  * cuBLAS handle and scratch are stream_cuda.cu's, the matrix products matmul_cuda.cu's (fp32, bf16
  * on the tensor cores, and matmul_w16 / matmul_w16_nn against the target's bf16 weights as
  * stored), every other op is a kernel (kernel_ops.cu's list). The elementwise and normalisation
- * kernels are in ops_cuda.cu, the whole-buffer ones (sumsq, axpby, adamw, uniform_noise) in
- * vector_cuda.cu.
+ * kernels are in ops_cuda.cu, the DFlash2 drafter's block convolution in block_conv_cuda.cu,
+ * the whole-buffer ones (sumsq, axpby, adamw, uniform_noise) in vector_cuda.cu.
  *
  * Ordering (what callers rely on):
  *   - Each GPU has ONE stream (non-blocking, created on first use). Every op of this backend,

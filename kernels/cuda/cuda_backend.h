@@ -57,6 +57,14 @@ void ddk_cuda_conv1d_silu(const ddk_backend *be, const float *x, const float *w,
                           const float *history, int64_t T, int64_t C, int64_t K, float *y);
 void ddk_cuda_gated_rmsnorm(const ddk_backend *be, const float *x, const float *z, const float *w,
                             int64_t rows, int64_t d, float eps, float *y);
+/* block_conv_cuda.cu: the DFlash2 drafter's block convolution */
+void ddk_cuda_block_conv(const ddk_backend *be, const float *x, const float *base,
+                         const float *delta, int64_t ld_delta, int64_t rows, int64_t B, int64_t H,
+                         int64_t taps, int64_t gs, float *y);
+void ddk_cuda_block_conv_backward(const ddk_backend *be, const float *x, const float *base,
+                                  const float *delta, int64_t ld_delta, const float *dy,
+                                  int64_t rows, int64_t B, int64_t H, int64_t taps, int64_t gs,
+                                  float *dx, float *dbase, float *ddelta);
 /* vector_cuda.cu */
 double ddk_cuda_sumsq(const ddk_backend *be, const float *x, int64_t count);
 void ddk_cuda_argmax_rows(const ddk_backend *be, const float *x, int64_t rows, int64_t n, int32_t *out);

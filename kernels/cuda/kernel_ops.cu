@@ -28,6 +28,8 @@ void ddk_cuda_kernel_ops(ddk_backend *t)
     t->uniform_noise = ddk_cuda_uniform_noise;
     t->rmsnorm = ddk_cuda_rmsnorm;
     t->rmsnorm_backward = ddk_cuda_rmsnorm_backward;
+    t->block_conv = ddk_cuda_block_conv;
+    t->block_conv_backward = ddk_cuda_block_conv_backward;
     t->rope = ddk_cuda_rope;
     t->swiglu = ddk_cuda_swiglu;
     t->swiglu_backward = ddk_cuda_swiglu_backward;

@@ -14,7 +14,9 @@
  * rmsnorm (+ backward), rope, swiglu (+ backward), embedding, DFlash and causal attention
  * (+ backward: out, lse, dq, dk, dv; with both CUDA kernel sets, the tensor-core flash ones
  * also at their tile shapes and run twice for the same bits: ddk_cuda_set_attention_kernels;
- * DFlash2's bidirectional blocks under sliding windows with both sets),
+ * DFlash2's bidirectional blocks under sliding windows with both sets), the DFlash2 drafter's
+ * block_conv (+ backward from gradients with values: one side of a projection's rows, the other
+ * side and the padding untouched, dx NULL, run twice for the same bits),
  * the fused loss (every result field, l_i and the gradient, both memory modes, fp32 and bf16
  * products, a bf16 head read in place across the loss's panels of rows and of k, workspace =
  * ddk_loss_workspace_bytes, refusals with nothing written) and the
@@ -2274,6 +2276,108 @@ static void run_bf16_copy_cases(uint64_t *seq)
     }
 }
 
+/* ------------------------------------------------------------------------------------------
+ * The DFlash2 drafter's block convolution (block_conv, block_conv_backward; SPEC.md 2.1): delta
+ * one side of a projection's rows (ld_delta = 2 taps G + pad), gradients starting with values
+ */
+
+/* y, dx, ddelta: the same <= taps (y, dx) or gs (ddelta) float products summed in the same order
+ * on both sides; only FMA contraction differs (nvcc's and the C compiler's), a rounding or two
+ * of the terms' size */
+static const double tol_block_conv = 2e-6;
+/* dbase: as rmsnorm's dg, a column's rows summed in two orders (the CPU one by one, the GPU in
+ * 16 row lanes): ~2^-24 sqrt(rows) of the result's scale on random-signed terms, 2e-6 at 2048 */
+static const double tol_block_conv_dbase = 1e-5;
+
+/* 1 where the op writes row t's column col of ddelta (tap col / G, which must be <= t % B) */
+static int conv_writes(int64_t t, int64_t col, int64_t B, int64_t taps, int64_t G)
+{
+    return col >= 0 && col < taps * G && col / G <= t % B;
+}
+
+static void case_block_conv(int64_t rows, int64_t B, int64_t H, int64_t taps, int64_t gs,
+                            int64_t pad, int side, int with_dx)
+{
+    snprintf(case_name, sizeof case_name,
+             "block_conv + backward rows=%lld B=%lld H=%lld taps=%lld gs=%lld side %d pad %lld%s",
+             (long long)rows, (long long)B, (long long)H, (long long)taps, (long long)gs, side,
+             (long long)pad, with_dx ? "" : " dx NULL");
+    const int64_t G = H / gs, ld = 2 * taps * G + pad, off = side * taps * G;
+    const int64_t n = rows * H, nb = taps * H, nd = rows * ld;
+    float *x = host_floats(n), *base = host_floats(nb), *proj = host_floats(nd), *dy = host_floats(n);
+    fill_uniform(x, n, -2.0, 2.0);          /* (rows, H) */
+    fill_uniform(base, nb, -1.0, 1.0);      /* (taps, H) */
+    fill_uniform(proj, nd, -0.5, 0.5);      /* (rows, ld): both sides' coefficients */
+    fill_uniform(dy, n, -1.0, 1.0);         /* (rows, H) */
+    float *dx0 = host_floats(n), *db0 = host_floats(nb), *dp0 = host_floats(nd);   /* the start */
+    fill_uniform(dx0, n, -1.0, 1.0);
+    fill_uniform(db0, nb, -1.0, 1.0);
+    fill_uniform(dp0, nd, -1.0, 1.0);
+    float *y = host_floats(n), *dx = host_copy(dx0, n), *db = host_copy(db0, nb), *dp = host_copy(dp0, nd);
+    cpu->block_conv(cpu, x, base, proj + off, ld, rows, B, H, taps, gs, y);
+    cpu->block_conv_backward(cpu, x, base, proj + off, ld, dy, rows, B, H, taps, gs,
+                             with_dx ? dx : NULL, db, dp + off);
+
+    float *x_dev = dev_floats(x, n, "x"), *base_dev = dev_floats(base, nb, "base");
+    float *proj_dev = dev_floats(proj, nd, "projection"), *dy_dev = dev_floats(dy, n, "dy");
+    float *y_dev = dev_floats(NULL, n, "y");
+    dev->block_conv(dev, x_dev, base_dev, proj_dev + off, ld, rows, B, H, taps, gs, y_dev);
+    expect_close("y", download(y_dev, n), y, n, tol_block_conv);
+    /* twice from the same start: the same bits (no atomics) */
+    float *dx_dev[2], *db_dev[2], *dp_dev[2], *dx_got[2], *db_got[2], *dp_got[2];
+    for (int run = 0; run < 2; run++) {
+        dx_dev[run] = dev_floats(dx0, n, run ? "dx again" : "dx");
+        db_dev[run] = dev_floats(db0, nb, run ? "dbase again" : "dbase");
+        dp_dev[run] = dev_floats(dp0, nd, run ? "dprojection again" : "dprojection");
+        dev->block_conv_backward(dev, x_dev, base_dev, proj_dev + off, ld, dy_dev, rows, B, H, taps,
+                                 gs, with_dx ? dx_dev[run] : NULL, db_dev[run], dp_dev[run] + off);
+        dx_got[run] = download(dx_dev[run], n);
+        db_got[run] = download(db_dev[run], nb);
+        dp_got[run] = download(dp_dev[run], nd);
+    }
+    expect_close_added("dx", dx_got[0], dx, dx0, n, tol_block_conv);
+    expect_close_added("dbase", db_got[0], db, db0, nb, tol_block_conv_dbase);
+    expect_close_added("ddelta", dp_got[0], dp, dp0, nd, tol_block_conv);
+    int64_t untouched_bad = 0;   /* the projection's other side and padding, the taps past a slot */
+    for (int64_t t = 0; t < rows; t++)
+        for (int64_t col = 0; col < ld; col++)
+            if (!conv_writes(t, col - off, B, taps, G))
+                untouched_bad += memcmp(&dp_got[0][t * ld + col], &dp0[t * ld + col], sizeof(float)) != 0;
+    check(untouched_bad == 0, "ddelta: %lld values outside the op's columns changed", (long long)untouched_bad);
+    if (!with_dx)
+        expect_same("dx NULL: dx untouched", dx_got[0], dx0, (size_t)n * sizeof(float));
+    expect_same("dx run twice", dx_got[1], dx_got[0], (size_t)n * sizeof(float));
+    expect_same("dbase run twice", db_got[1], db_got[0], (size_t)nb * sizeof(float));
+    expect_same("ddelta run twice", dp_got[1], dp_got[0], (size_t)nd * sizeof(float));
+    end_case(case_name);
+}
+
+/* (rows, B, H, taps, gs, pad, side, dx): tiny; the drafters' gs 16 at H 5120, one block and 64
+ * of 16 slots; B 24 with a padded row stride and dx NULL; taps 3 at odd sizes; gs = H (one
+ * thread a row's coefficient), and at H 257 (no whole warp of columns) over 2048 rows; B 1 and
+ * gs 1; more taps than slots */
+static const struct { int64_t rows, B, H, taps, gs, pad; int side, with_dx; } block_conv_shapes[] = {
+    { 1, 1, 1, 1, 1, 0, 0, 1 },          { 16, 16, 5120, 2, 16, 0, 1, 1 },
+    { 1024, 16, 5120, 2, 16, 0, 0, 1 },  { 300, 24, 1000, 2, 8, 3, 1, 0 },
+    { 77, 7, 130, 3, 13, 1, 1, 1 },      { 50, 5, 96, 2, 96, 0, 0, 1 },
+    { 2048, 16, 257, 2, 257, 2, 0, 1 },  { 48, 1, 64, 2, 1, 0, 1, 1 },
+    { 30, 2, 40, 3, 4, 0, 1, 1 },
+};
+
+static void run_block_conv_cases(uint64_t *seq)
+{
+    check(dev->block_conv && dev->block_conv_backward, "block_conv or block_conv_backward is NULL");
+    case_done("block_conv table");
+    for (size_t i = 0; dev->block_conv && dev->block_conv_backward &&
+                       i < sizeof block_conv_shapes / sizeof block_conv_shapes[0]; i++) {
+        rng_state = 0x5eed0000u + *seq;
+        misalign = (*seq)++ % 2 * 4;
+        case_block_conv(block_conv_shapes[i].rows, block_conv_shapes[i].B, block_conv_shapes[i].H,
+                        block_conv_shapes[i].taps, block_conv_shapes[i].gs, block_conv_shapes[i].pad,
+                        block_conv_shapes[i].side, block_conv_shapes[i].with_dx);
+    }
+}
+
 int main(void)
 {
     const char *v = getenv("DDTREE_OPS_VERBOSE");
@@ -2395,8 +2499,8 @@ int main(void)
             NEXT_CASE();
             case_matmul(&matmul_k0_shapes[i], mode);
         }
-    /* the DFlash2 drafter's bidirectional attention (appended too), with both kernel sets (the
-     * same seeds for each) */
+    /* the DFlash2 drafter's ops (appended too): its bidirectional attention with both kernel
+     * sets (the same seeds for each), then its block convolution */
     for (int flash = 1; flash >= 0; flash--) {
         ddk_cuda_set_attention_kernels(flash ? DDK_CUDA_ATTENTION_FLASH : DDK_CUDA_ATTENTION_SIMT);
         attn_flash = attention_is_flash(self_check);
@@ -2405,6 +2509,8 @@ int main(void)
         run_attention_bidirectional_cases(&again);
     }
     ddk_cuda_set_attention_kernels(-1);
+    seq = again;
+    run_block_conv_cases(&seq);
 #undef NEXT_CASE
     return cases_summary();
 }

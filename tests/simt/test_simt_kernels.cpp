@@ -14,9 +14,10 @@
  * 96-row groups included) and with the SIMT kernels (d 40, and d 256: half key tiles on a 99 KB
  * card), causal attention (a prefill of more rows than
  * a 99 KB card's block takes, and over a cache), tree attention; the DFlash2 drafter's
- * bidirectional blocks under a window with both kernel sets. Determinism: every flash backward
- * and the loss are run again with blocks and threads in the reverse order and must give the same
- * bits; on no card may the flash path fall back to the SIMT kernels (the log must name the flash
+ * bidirectional blocks under a window with both kernel sets, and its block convolution (forward,
+ * backward with and without dx, on a card of one multiprocessor too). Determinism: every flash
+ * backward, the loss and block_conv's backward are run again with blocks and threads in the
+ * reverse order and must give the same bits; on no card may the flash path fall back to the SIMT kernels (the log must name the flash
  * kernels), nor the chunked DeltaNet be refused. Tolerances as tests/kernels/test_backend_ops.c, each with
  * its reason there; the emulated mma sums in double, so the flash ones hold with room.
  *
@@ -376,6 +377,74 @@ static void case_delta_128(void) { delta_case(128, 70); }
 static void case_delta_256(void) { delta_case(256, 30); }
 
 /* ------------------------------------------------------------------------------------------
+ * The DFlash2 drafter's block convolution: delta one side of a projection's rows
+ */
+
+/* forward and backward (gradients with values: ADD), CPU against the kernels; the backward again
+ * in the reverse order and with dx NULL: the same bits; the columns of ddelta the op must not
+ * write as they were */
+static void block_conv_case(int64_t rows, int64_t B, int64_t H, int64_t taps, int64_t gs, int64_t pad, int side)
+{
+    const int64_t G = H / gs, ld = 2 * taps * G + pad, off = side * taps * G;
+    const int64_t n = rows * H, nb = taps * H, nd = rows * ld;
+    const float *x = rand_floats(n, -2, 2), *base = rand_floats(nb, -1, 1), *proj = rand_floats(nd, -0.5, 0.5),
+                *dy = rand_floats(n, -1, 1);
+    const float *dx0 = rand_floats(n, -1, 1), *db0 = rand_floats(nb, -1, 1), *dp0 = rand_floats(nd, -1, 1);
+    float *y[2], *dx[3], *db[4], *dp[4];
+    for (int t = 0; t < 4; t++) {   /* CPU, emulated, emulated in the reverse order, emulated dx NULL */
+        const ddk_backend *be = t ? emu : cpu;
+        simt::set_schedule(t == 2);
+        if (t < 2) {
+            y[t] = buf<float>(n);
+            be->block_conv(be, x, base, proj + off, ld, rows, B, H, taps, gs, y[t]);
+        }
+        if (t < 3)
+            dx[t] = copy_of(dx0, n);
+        db[t] = copy_of(db0, nb);
+        dp[t] = copy_of(dp0, nd);
+        be->block_conv_backward(be, x, base, proj + off, ld, dy, rows, B, H, taps, gs, t < 3 ? dx[t] : NULL,
+                                db[t], dp[t] + off);
+    }
+    simt::set_schedule(0);
+    expect_close("block_conv y", y[1], y[0], n, 2e-6);
+    expect_close("block_conv dx", dx[1], dx[0], n, 2e-6);
+    expect_close("block_conv dbase", db[1], db[0], nb, 1e-5);
+    expect_close("block_conv ddelta", dp[1], dp[0], nd, 2e-6);
+    int64_t untouched_bad = 0;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t col = 0; col < ld; col++) {
+            const int64_t c = col - off;
+            if (!(c >= 0 && c < taps * G && c / G <= r % B))
+                untouched_bad += memcmp(&dp[1][r * ld + col], &dp0[r * ld + col], sizeof(float)) != 0;
+        }
+    check(untouched_bad == 0, "block_conv ddelta: %lld values outside the op's columns changed", (long long)untouched_bad);
+    expect_same("block_conv dx, reverse schedule", dx[2], dx[1], (size_t)n * sizeof(float));
+    expect_same("block_conv dbase, reverse schedule", db[2], db[1], (size_t)nb * sizeof(float));
+    expect_same("block_conv ddelta, reverse schedule", dp[2], dp[1], (size_t)nd * sizeof(float));
+    expect_same("block_conv dbase, dx NULL", db[3], db[1], (size_t)nb * sizeof(float));
+    expect_same("block_conv ddelta, dx NULL", dp[3], dp[1], (size_t)nd * sizeof(float));
+}
+
+/* 3 blocks of 5 at H 70 (dbase's last warp of columns part-filled), gs 5, taps 2, the second side
+ * of a padded row; more taps than slots with gs = H; then, on a card of one multiprocessor, 64
+ * rows of 160 (the grid-stride kernels take several elements a thread) */
+static void case_block_conv(void)
+{
+    block_conv_case(15, 5, 70, 2, 5, 3, 1);
+    block_conv_case(8, 2, 40, 3, 40, 0, 0);
+    const ddk_device_profile *card = simt::profile();
+    ddk_device_profile one = *card;
+    one.multiprocessors = 1;
+    simt::set_profile(&one);
+    block_conv_case(64, 16, 160, 2, 16, 0, 1);
+    simt::set_profile(card);
+    expect_ran("block_conv_kernel");
+    expect_ran("block_conv_dx_kernel");
+    expect_ran("block_conv_ddelta_kernel");
+    expect_ran("block_conv_dbase_kernel");
+}
+
+/* ------------------------------------------------------------------------------------------
  * The loss
  */
 
@@ -629,6 +698,7 @@ int main(int argc, char **argv)
         { "dflash flash d 64, bidirectional blocks, window 3 < B; same bits reversed", case_dflash_bidir_d64 },
         { "dflash flash d 128, 96-row groups, bidirectional, window; same bits reversed", case_dflash_bidir_seed_rows },
         { "dflash SIMT kernels d 40, bidirectional blocks, window 3 < B", case_dflash_bidir_simt },
+        { "block_conv (+ backward, dx NULL; one multiprocessor); same bits reversed", case_block_conv },
     };
     static const char *const all[] = { "h200", "b200", "rtx-pro-6000" };
     const char *const *cards = argc > 1 ? (const char *const *)argv + 1 : all;
