@@ -9,7 +9,10 @@
  * in place: the step then takes bf16 operands everywhere, though the config asks fp32), and bf16
  * steps on the weights' bf16 copies (w.bf16: each side rounds its own weights with round_bf16,
  * the device's from its own buffer; the products then read the copies and activations rounded
- * once, matmul_16), with bf16 products or a bf16 head.
+ * once, matmul_16), with bf16 products or a bf16 head; DFlash2 drafters (SPEC.md 2.1: the block
+ * convolutions and the selector's tensors away from their identity / zero start, bidirectional
+ * blocks, the selector's term strict, and inject with stop_gradient, materialised and tiled, fp32
+ * and on bf16 copies).
  * Compared: every figure of the loss result and each parameter's gradient by normalised error;
  * the forward's hidden states; with the bf16 head also the CPU's step against the CPU's step on
  * the widened fp32 head with bf16_products, bit for bit; with copies the device's copy against
@@ -74,7 +77,7 @@ typedef struct problem {
     uint8_t *loss_mask, *keep;
 } problem;
 
-static void make_problem(problem *p, int sliding_first, uint64_t seed)
+static void make_problem(problem *p, int sliding_first, int dflash2, uint64_t seed)
 {
     memset(p, 0, sizeof *p);
     ddt_drafter_config *c = &p->c;
@@ -83,6 +86,10 @@ static void make_problem(problem *p, int sliding_first, uint64_t seed)
                                .rms_norm_eps = 1e-6f, .rope_theta = 10000.0f, .taps = 2,
                                .target_layer_ids = { 0, 2 }, .mask_token_id = 210, .num_target_layers = 4 };
     c->sliding[0] = sliding_first;
+    if (dflash2) {   /* G = 4 groups of 12, rank 16, top-8 of 211 */
+        c->dflash2 = 1;
+        c->conv_taps = 2, c->conv_group_size = 12, c->selector_rank = 16, c->selector_top_k = 8;
+    }
     p->count = ddt_drafter_param_table(c, p->table, &p->total);
     p->nseq = 2, p->S = 37, p->A = 4;
     const int64_t H = c->hidden, V = c->vocab, S = p->S, LH = c->taps * H;
@@ -90,9 +97,12 @@ static void make_problem(problem *p, int sliding_first, uint64_t seed)
     p->params = xcalloc((size_t)p->total, sizeof(float));
     ddt_drafter_init(c, p->params, seed);
     for (int i = 0; i < p->count; i++)   /* gains away from 1, so their gradients matter */
-        if (p->table[i].is_norm)
+        if (p->table[i].init == DDT_INIT_ONES)
             for (int64_t j = 0; j < p->table[i].numel; j++)
                 p->params[p->table[i].offset + j] = (float)(0.8 + 0.4 * ddk_rng_uniform(&rng));
+        else if (p->table[i].init != DDT_INIT_NORMAL)   /* DFlash2's identity and zero starts */
+            for (int64_t j = 0; j < p->table[i].numel; j++)
+                p->params[p->table[i].offset + j] += (float)(0.2 * ddk_rng_normal(&rng));
     p->embed = xcalloc((size_t)(V * H), sizeof(float));
     p->lm_head = xcalloc((size_t)(V * H), sizeof(float));
     for (int64_t i = 0; i < V * H; i++) {
@@ -179,6 +189,7 @@ typedef struct step_case {
     int64_t chunk, vocab_tile;
     float kl, cap;
     int copies; /* 1 (with bf16): the weights' bf16 copies (w.bf16), each side rounding its own */
+    int dflash2; /* 1: a DFlash2 drafter (SPEC.md 2.1), strict; 2: inject and stop_gradient */
 } step_case;
 
 /* bf16 bit patterns at d (count, on the device under test) on the host */
@@ -276,14 +287,16 @@ static void check_cpu_copies(const problem *p, const ddt_batch *b, const ddt_los
 static void run_step_case(const step_case *sc)
 {
     problem p;
-    make_problem(&p, sc->sliding_first, 11);
+    make_problem(&p, sc->sliding_first, sc->dflash2, 11);
     const ddt_drafter_config *c = &p.c;
     const int64_t H = c->hidden, V = c->vocab, S = p.S, LH = c->taps * H;
     const int64_t rows = p.nseq * p.A * c->block_size;
     ddt_loss_config lc = { .gamma = 4.0f, .ce_target_teacher = sc->teacher_labels,
                            .loss = { .chunk = sc->chunk, .vocab_tile = sc->vocab_tile, .kl_weight = sc->kl,
                                      .kl_temperature = 1.5f, .cap_weight = sc->cap, .cap_temperature = 1.0f,
-                                     .bf16_products = sc->bf16 == 1 } };
+                                     .bf16_products = sc->bf16 == 1 },
+                           .selector_weight = 1.0f, .selector_inject = sc->dflash2 == 2,
+                           .selector_stop_gradient = sc->dflash2 == 2 };
     const int teacher = sc->teacher_labels || sc->kl > 0;
     const int head16 = sc->bf16 == 2;
     uint16_t *embed16 = head16 ? round_to_bf16(p.embed, V * H) : NULL;     /* (V, H) */
@@ -394,16 +407,19 @@ static void run_step_case(const step_case *sc)
 }
 
 static const step_case step_cases[] = {
-    { "step fp32: data labels, KL + CAP, materialised", 1, 0, 0, 64, 0, 0.3f, 0.1f, 0 },
-    { "step fp32: teacher labels, KL + CAP, tiled (64)", 1, 1, 0, 16, 64, 0.3f, 0.1f, 0 },
-    { "step fp32: teacher labels, CE only, full layer first", 0, 1, 0, 1000, 0, 0.0f, 0.0f, 0 },
-    { "step bf16: data labels, KL + CAP, materialised", 1, 0, 1, 64, 0, 0.3f, 0.1f, 0 },
-    { "step bf16: teacher labels, KL, tiled (50)", 0, 1, 1, 32, 50, 0.5f, 0.0f, 0 },
-    { "step bf16 head: data labels, KL + CAP, materialised", 1, 0, 2, 64, 0, 0.3f, 0.1f, 0 },
-    { "step bf16 head: teacher labels, KL, tiled (50)", 0, 1, 2, 32, 50, 0.5f, 0.0f, 0 },
-    { "step bf16 copies: data labels, KL + CAP, materialised", 1, 0, 1, 64, 0, 0.3f, 0.1f, 1 },
-    { "step bf16 copies: teacher labels, KL, tiled (50)", 0, 1, 1, 32, 50, 0.5f, 0.0f, 1 },
-    { "step bf16 head + copies: data labels, KL + CAP, materialised", 1, 0, 2, 64, 0, 0.3f, 0.1f, 1 },
+    { "step fp32: data labels, KL + CAP, materialised", 1, 0, 0, 64, 0, 0.3f, 0.1f, 0, 0 },
+    { "step fp32: teacher labels, KL + CAP, tiled (64)", 1, 1, 0, 16, 64, 0.3f, 0.1f, 0, 0 },
+    { "step fp32: teacher labels, CE only, full layer first", 0, 1, 0, 1000, 0, 0.0f, 0.0f, 0, 0 },
+    { "step bf16: data labels, KL + CAP, materialised", 1, 0, 1, 64, 0, 0.3f, 0.1f, 0, 0 },
+    { "step bf16: teacher labels, KL, tiled (50)", 0, 1, 1, 32, 50, 0.5f, 0.0f, 0, 0 },
+    { "step bf16 head: data labels, KL + CAP, materialised", 1, 0, 2, 64, 0, 0.3f, 0.1f, 0, 0 },
+    { "step bf16 head: teacher labels, KL, tiled (50)", 0, 1, 2, 32, 50, 0.5f, 0.0f, 0, 0 },
+    { "step bf16 copies: data labels, KL + CAP, materialised", 1, 0, 1, 64, 0, 0.3f, 0.1f, 1, 0 },
+    { "step bf16 copies: teacher labels, KL, tiled (50)", 0, 1, 1, 32, 50, 0.5f, 0.0f, 1, 0 },
+    { "step bf16 head + copies: data labels, KL + CAP, materialised", 1, 0, 2, 64, 0, 0.3f, 0.1f, 1, 0 },
+    { "step dflash2 fp32: data labels, KL, strict, materialised", 1, 0, 0, 64, 0, 0.3f, 0.0f, 0, 1 },
+    { "step dflash2 fp32: teacher labels, CAP, inject + stop_gradient, tiled (50)", 1, 1, 0, 16, 50, 0.2f, 0.1f, 0, 2 },
+    { "step dflash2 bf16 copies: data labels, KL, strict, tiled (64)", 1, 0, 1, 32, 64, 0.3f, 0.0f, 1, 1 },
 };
 
 /* A device budget the step cannot live within: -ENOMEM, the allocator back where it was; with
@@ -411,7 +427,7 @@ static const step_case step_cases[] = {
 static void test_out_of_memory(void)
 {
     problem p;
-    make_problem(&p, 1, 3);
+    make_problem(&p, 1, 0, 3);
     const ddt_drafter_config *c = &p.c;
     const int64_t H = c->hidden, V = c->vocab, S = p.S, LH = c->taps * H;
     float *d_params = upload(p.params, p.total), *d_head = upload(p.lm_head, V * H),
