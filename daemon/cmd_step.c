@@ -1,6 +1,8 @@
 /* cmd_step.c: `ddtreed step`: one drafter forward + loss + backward from files, writing the
- * loss terms and every gradient (API.md, "ddtreed command line"). It is how outside
- * references check the engine: tests/oracle/step_torch_check.py runs it against PyTorch float64.
+ * loss terms and every gradient in its tensor's own shape (API.md, "ddtreed command line";
+ * docs/formats.md, "ddtreed step --loss", for DFlash2's selector keys). It is how outside
+ * references check the engine: tests/oracle/step_torch_check.py runs it against PyTorch float64;
+ * tests/daemon/dflash2_cli_test.sh checks its readers and shapes.
  *
  *   ddtreed step --drafter DIR --head FILE --batch FILE --loss FILE --out FILE
  *                [--chunk N] [--vocab-tile M]
@@ -127,25 +129,36 @@ static int load_batch(step_inputs *in, const char *path, char *err, size_t err_l
     return rc;
 }
 
-/* {"gamma", "kl_weight", "kl_temperature", "cap_weight", "cap_temperature", "ce_target"} */
+/* {"gamma", "kl_weight", "kl_temperature", "cap_weight", "cap_temperature", "ce_target",
+ *  "selector_weight", "selector_candidates", "selector_stop_gradient"}: the selector's three
+ *  (DFlash2, SPEC.md 2.1) named and defaulted as the run config's train.selector_* */
 static int load_loss(step_inputs *in, const char *path, char *err, size_t err_len)
 {
-    static const char *const fields[] = { "gamma", "kl_weight", "kl_temperature", "cap_weight",
-                                          "cap_temperature", "ce_target", NULL };
+    static const char *const fields[] = { "gamma", "kl_weight", "kl_temperature", "cap_weight", "cap_temperature",
+                                          "ce_target", "selector_weight", "selector_candidates",
+                                          "selector_stop_gradient", NULL };
     cJSON *root = ddt_json_parse_file(path, 1 << 16, err, err_len);
     if (!root)
         return -EINVAL;
     ddt_json_ctx j = { path, err, err_len };
-    double gamma = 0, kl = 0, T = 1, cap = 0, Tc = 1;
+    double gamma = 0, kl = 0, T = 1, cap = 0, Tc = 1, sel = 1;
     int rc = ddt_json_only(&j, root, fields);
     if (!rc) rc = ddt_json_number(&j, root, "gamma", 0.0, 1, 1e30, 0, 0, &gamma);
     if (!rc) rc = ddt_json_number(&j, root, "kl_weight", 0.0, 0, 1.0, 1, 0.0, &kl);
     if (!rc) rc = ddt_json_number(&j, root, "kl_temperature", 0.0, 1, 1e6, 1, 1.0, &T);
     if (!rc) rc = ddt_json_number(&j, root, "cap_weight", 0.0, 0, 1e6, 1, 0.0, &cap);
     if (!rc) rc = ddt_json_number(&j, root, "cap_temperature", 0.0, 1, 1e6, 1, 1.0, &Tc);
+    if (!rc) rc = ddt_json_number(&j, root, "selector_weight", 0.0, 0, 1e6, 1, 1.0, &sel);
     const char *target = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(root, "ce_target"));
     if (!rc && (!target || (strcmp(target, "data") && strcmp(target, "teacher"))))
         rc = ddt_json_fail(&j, "ce_target", "must be \"data\" or \"teacher\"");
+    const cJSON *cand = cJSON_GetObjectItemCaseSensitive(root, "selector_candidates");
+    const char *candidates = cand ? cJSON_GetStringValue(cand) : "strict";
+    if (!rc && (!candidates || (strcmp(candidates, "strict") && strcmp(candidates, "inject"))))
+        rc = ddt_json_fail(&j, "selector_candidates", "must be \"strict\" or \"inject\"");
+    const cJSON *stop = cJSON_GetObjectItemCaseSensitive(root, "selector_stop_gradient");
+    if (!rc && stop && !cJSON_IsBool(stop))
+        rc = ddt_json_fail(&j, "selector_stop_gradient", "must be true or false");
     if (!rc) {
         in->loss.gamma = (float)gamma;
         in->loss.ce_target_teacher = !strcmp(target, "teacher");
@@ -153,6 +166,9 @@ static int load_loss(step_inputs *in, const char *path, char *err, size_t err_le
         in->loss.loss.kl_temperature = (float)T;
         in->loss.loss.cap_weight = (float)cap;
         in->loss.loss.cap_temperature = (float)Tc;
+        in->loss.selector_weight = (float)sel;
+        in->loss.selector_inject = !strcmp(candidates, "inject");
+        in->loss.selector_stop_gradient = cJSON_IsTrue(stop);
     }
     cJSON_Delete(root);
     return rc;

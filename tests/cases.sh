@@ -2,8 +2,8 @@
 #   cases_begin PREFIX   a scratch folder $work (/tmp/PREFIX.XXXXXX), removed at exit
 #   ok NAME / fail NAME [DETAIL]   one line per case, DETAIL indented under a failure
 #   cases_end            the final "N passed, M failed"; its status is the test's
-# Used by tests/daemon/train_cli_test.sh, tests/daemon/speculate_cli_test.sh and
-# tests/scripts/check_layers_test.sh.
+# Used by tests/daemon/train_cli_test.sh, tests/daemon/speculate_cli_test.sh,
+# tests/daemon/dflash2_cli_test.sh and tests/scripts/check_layers_test.sh.
 passed=0 failed=0
 cases_begin() {
     work=$(mktemp -d "/tmp/$1.XXXXXX")

@@ -7,7 +7,8 @@
 # same on stories260K when MODELS_DIR/stories260k is there ("skipped" otherwise); and the bad
 # inputs, each refused with a non-zero status and a message naming the file and the field: an
 # export with a byte flipped in model.safetensors or config.json (against its manifest), an
-# export missing a tensor, a config.json with a wrong hidden_size, vocab_size, num_target_layers
+# export missing a tensor, a config.json saying DFlash2DraftModel over a DFlash drafter's tensors
+# or naming an architecture ddtree does not implement, a config.json with a wrong hidden_size, vocab_size, num_target_layers
 # or tap id, a prompt longer than the target's context, a tree budget above the cap, bad command
 # lines (status 2). python3 with its json and struct modules only.
 # One line per case, a final "N passed, M failed".
@@ -263,6 +264,19 @@ edited_copy "$export" "$work/no_tensor"
 python3 "$py" drop "$export/model.safetensors" "$work/no_tensor/model.safetensors" layers.0.mlp.up_proj.weight
 refused "an export without a tensor" 1 "${base[@]}" --drafter "$work/no_tensor" -- \
     "$work/no_tensor/model.safetensors" "tensor 'layers.0.mlp.up_proj.weight' is missing"
+# a config.json saying DFlash2DraftModel (SPEC.md 2.1) over a DFlash drafter's tensors: never run
+# as DFlash, refused naming the first DFlash2 tensor it lacks; an architecture ddtree does not
+# implement, refused naming the field
+edited_copy "$export" "$work/as_dflash2"
+python3 "$py" config "$work/as_dflash2/config.json" architectures '["DFlash2DraftModel"]' is_causal false \
+    dflash_config.block_size 4 dflash_config.conv_kernel_size 2 dflash_config.conv_group_size 8 \
+    dflash_config.selector_rank 8 dflash_config.selector_top_k 4
+refused "a DFlash2 config.json over a DFlash drafter's tensors" 1 "${base[@]}" --drafter "$work/as_dflash2" -- \
+    "$work/as_dflash2/model.safetensors: tensor 'layers.0.attention_conv.base_kernel' is missing"
+edited_copy "$export" "$work/unknown_arch"
+python3 "$py" config "$work/unknown_arch/config.json" architectures '["EagleDraftModel"]'
+refused "config.json: an architecture ddtree does not implement" 1 "${base[@]}" --drafter "$work/unknown_arch" -- \
+    "$work/unknown_arch/config.json: architectures is [\"EagleDraftModel\"]"
 # (the last: an export without num_target_layers, which the servers do not need, its tap ids
 # then checked against the target alone)
 for bad in 'hidden_size|64|hidden_size 64 does not match the target'"'"'s 32' \

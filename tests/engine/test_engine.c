@@ -1,7 +1,8 @@
 /* test_engine.c: the engine's pieces that the oracle tests do not reach: configuration files
  * (every bad field an error naming the file and the field; the export's serving keys, optional
- * for old exports), the drafter's parameter table (names, shapes, order of SPEC.md section 2),
- * initialisation, batch checks, the default target_layer_ids of SPEC.md section 3 (half to
+ * for old exports; a DFlash2 drafter's config.json read, every bad DFlash2 key, a DFlash2 key
+ * beside DFlashDraftModel, an architecture ddtree does not implement and none refused by name),
+ * the drafter's parameter table (names, shapes, order of SPEC.md section 2), initialisation, batch checks, the default target_layer_ids of SPEC.md section 3 (half to
  * even, a repeat refused by the resolve step), sliding_window >= block_size, the target's
  * max_position_embeddings as resolved, the synthetic target, and the bf16 step with the weights'
  * bf16 copy against the one without (the same bits on the CPU; the copy is what it reads), a
@@ -36,12 +37,16 @@ static void write_config(const char *json)
     fclose(f);
 }
 
-#define DRAFTER_OK                                                                              \
-    "{\"hidden_size\": 16, \"num_hidden_layers\": 2, \"num_attention_heads\": 4,"               \
+/* a drafter's sizes, between its architectures and its dflash_config */
+#define DRAFTER_FIELDS                                                                          \
+    " \"hidden_size\": 16, \"num_hidden_layers\": 2, \"num_attention_heads\": 4,"                \
     " \"num_key_value_heads\": 2, \"head_dim\": 8, \"intermediate_size\": 40, \"vocab_size\": 100," \
     " \"block_size\": 4, \"sliding_window\": 3, \"num_target_layers\": 6,"                      \
     " \"layer_types\": [\"sliding_attention\", \"full_attention\"], \"rms_norm_eps\": 1e-6,"     \
-    " \"rope_theta\": 10000, \"dflash_config\": {\"mask_token_id\": 99, \"target_layer_ids\": [1, 3, 5]}"
+    " \"rope_theta\": 10000,"
+#define DRAFTER_OK                                                                              \
+    "{\"architectures\": [\"DFlashDraftModel\"]," DRAFTER_FIELDS                                 \
+    " \"dflash_config\": {\"mask_token_id\": 99, \"target_layer_ids\": [1, 3, 5]}"
 
 static void test_drafter_config_ok(void)
 {
@@ -108,6 +113,139 @@ static void test_drafter_config_bad(void)
         check(strstr(err, named) && strstr(err, "config.json"),
               "case %zu: error '%s' does not name '%s' and the file", i, err, named);
     }
+}
+
+/* a DFlash2 drafter's config.json: DRAFTER_FIELDS with `top` after them (the is_causal pair, or
+ * other top-level keys: "" for none) and dflash_config's `sizes` after mask_token_id and
+ * target_layer_ids ("" for none) */
+#define DFLASH2_SIZES "\"conv_kernel_size\": 2, \"conv_group_size\": 4, \"selector_rank\": 8, \"selector_top_k\": 4"
+static void dflash2_config(const char *architecture, const char *top, const char *sizes, char *out, size_t len)
+{
+    snprintf(out, len, "{\"architectures\": [\"%s\"]," DRAFTER_FIELDS "%s%s \"dflash_config\": {\"mask_token_id\": 99,"
+             " \"target_layer_ids\": [1, 3, 5]%s%s}}", architecture, top, top[0] ? "," : "", sizes[0] ? ", " : "",
+             sizes);
+}
+
+/* a DFlash2 config.json read: the architecture and the four sizes; block_size in dflash_config
+ * alone; is_causal may be absent without a sliding layer; the neutral values of the keys ddtree
+ * does not implement pass */
+static void test_drafter_config_dflash2(void)
+{
+    char json[2048], err[512] = "";
+    ddt_drafter_config c;
+    dflash2_config("DFlash2DraftModel", "\"is_causal\": false", DFLASH2_SIZES ", \"block_size\": 4", json, sizeof json);
+    write_config(json);
+    check(ddt_drafter_config_load(tmpdir, &c, err, sizeof err) == 0, "a DFlash2 config refused: %s", err);
+    check(c.dflash2 == 1 && c.conv_taps == 2 && c.conv_group_size == 4 && c.selector_rank == 8 &&
+              c.selector_top_k == 4 && c.block_size == 4 && c.hidden == 16,
+          "DFlash2 read wrong: dflash2 %d taps %lld gs %lld r %lld K %lld", c.dflash2, (long long)c.conv_taps,
+          (long long)c.conv_group_size, (long long)c.selector_rank, (long long)c.selector_top_k);
+    write_config(DRAFTER_OK "}");
+    check(ddt_drafter_config_load(tmpdir, &c, err, sizeof err) == 0 && c.dflash2 == 0 && c.conv_taps == 0 &&
+              c.selector_rank == 0,
+          "a DFlash config must read as DFlash with no DFlash2 sizes: %s", err);
+
+    static const struct { const char *top, *sizes, *why; } ok[] = {
+        { "\"is_causal\": false", DFLASH2_SIZES ", \"block_size\": 4, \"output_multiplier\": 1, "
+          "\"final_logit_softcapping\": null, \"input_embedding_scale\": 1", "the neutral values" },
+        { "\"is_causal\": false", DFLASH2_SIZES ", \"final_logit_softcapping\": 0", "softcapping 0 (off)" },
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        dflash2_config("DFlash2DraftModel", ok[i].top, ok[i].sizes, json, sizeof json);
+        write_config(json);
+        check(ddt_drafter_config_load(tmpdir, &c, err, sizeof err) == 0, "%s refused: %s", ok[i].why, err);
+    }
+    /* block_size in dflash_config alone (z-lab's newer exports) */
+    dflash2_config("DFlash2DraftModel", "\"is_causal\": false", DFLASH2_SIZES ", \"block_size\": 4", json, sizeof json);
+    char *top = strstr(json, " \"block_size\": 4,");
+    memmove(top, top + strlen(" \"block_size\": 4,"), strlen(top + strlen(" \"block_size\": 4,")) + 1);
+    write_config(json);
+    check(ddt_drafter_config_load(tmpdir, &c, err, sizeof err) == 0 && c.block_size == 4,
+          "block_size in dflash_config alone: %s (got %lld)", err, (long long)c.block_size);
+    /* all full_attention: is_causal may be absent (the servers' default is then bidirectional) */
+    dflash2_config("DFlash2DraftModel", "", DFLASH2_SIZES, json, sizeof json);
+    top = strstr(json, "\"sliding_attention\"");
+    memcpy(top, "\"full_attention\"   ", strlen("\"sliding_attention\""));
+    write_config(json);
+    check(ddt_drafter_config_load(tmpdir, &c, err, sizeof err) == 0 && !c.sliding[0],
+          "a DFlash2 config without a sliding layer and without is_causal: %s", err);
+}
+
+/* every bad DFlash2 key (and DFlash2's keys beside a DFlash architecture) refused, the error
+ * naming the file and the field */
+static void test_drafter_config_dflash2_bad(void)
+{
+    static const struct { const char *architecture, *top, *sizes, *named; } cases[] = {
+        { "Qwen3ForCausalLM", "", "", "architectures" },
+        { "DFlash3DraftModel", "\"is_causal\": false", DFLASH2_SIZES, "architectures" },
+        { "DFlash2DraftModel\", \"DFlashDraftModel", "\"is_causal\": false", DFLASH2_SIZES, "architectures" },
+        { "DFlash2DraftModel", "\"is_causal\": false",
+          "\"conv_group_size\": 4, \"selector_rank\": 8, \"selector_top_k\": 4", "dflash_config.conv_kernel_size" },
+        { "DFlash2DraftModel", "\"is_causal\": false",
+          "\"conv_kernel_size\": 2, \"selector_rank\": 8, \"selector_top_k\": 4", "dflash_config.conv_group_size" },
+        { "DFlash2DraftModel", "\"is_causal\": false",
+          "\"conv_kernel_size\": 2, \"conv_group_size\": 4, \"selector_top_k\": 4", "dflash_config.selector_rank" },
+        { "DFlash2DraftModel", "\"is_causal\": false",
+          "\"conv_kernel_size\": 2, \"conv_group_size\": 4, \"selector_rank\": 8", "dflash_config.selector_top_k" },
+        { "DFlash2DraftModel", "\"is_causal\": false", "", "dflash_config.conv_kernel_size" },
+        { "DFlash2DraftModel", "\"is_causal\": false",
+          "\"conv_kernel_size\": 0, \"conv_group_size\": 4, \"selector_rank\": 8, \"selector_top_k\": 4",
+          "dflash_config.conv_kernel_size" },
+        { "DFlash2DraftModel", "\"is_causal\": false",
+          "\"conv_kernel_size\": 9, \"conv_group_size\": 4, \"selector_rank\": 8, \"selector_top_k\": 4",
+          "dflash_config.conv_kernel_size" },
+        { "DFlash2DraftModel", "\"is_causal\": false",   /* longer than the block of 4 */
+          "\"conv_kernel_size\": 5, \"conv_group_size\": 4, \"selector_rank\": 8, \"selector_top_k\": 4",
+          "dflash_config.conv_kernel_size" },
+        { "DFlash2DraftModel", "\"is_causal\": false",
+          "\"conv_kernel_size\": 1.5, \"conv_group_size\": 4, \"selector_rank\": 8, \"selector_top_k\": 4",
+          "dflash_config.conv_kernel_size" },
+        { "DFlash2DraftModel", "\"is_causal\": false",   /* does not divide hidden_size 16 */
+          "\"conv_kernel_size\": 2, \"conv_group_size\": 3, \"selector_rank\": 8, \"selector_top_k\": 4",
+          "dflash_config.conv_group_size" },
+        { "DFlash2DraftModel", "\"is_causal\": false",
+          "\"conv_kernel_size\": 2, \"conv_group_size\": 4, \"selector_rank\": 0, \"selector_top_k\": 4",
+          "dflash_config.selector_rank" },
+        { "DFlash2DraftModel", "\"is_causal\": false",   /* more than the vocabulary of 100 */
+          "\"conv_kernel_size\": 2, \"conv_group_size\": 4, \"selector_rank\": 8, \"selector_top_k\": 101",
+          "dflash_config.selector_top_k" },
+        { "DFlash2DraftModel", "\"is_causal\": false",
+          "\"conv_kernel_size\": 2, \"conv_group_size\": 4, \"selector_rank\": 8, \"selector_top_k\": \"4\"",
+          "dflash_config.selector_top_k" },
+        { "DFlash2DraftModel", "\"is_causal\": false", DFLASH2_SIZES ", \"block_size\": 8", "block_size" },
+        { "DFlash2DraftModel", "\"is_causal\": true", DFLASH2_SIZES, "is_causal" },
+        { "DFlash2DraftModel", "", DFLASH2_SIZES, "is_causal" },   /* absent, with a sliding layer */
+        { "DFlash2DraftModel", "\"is_causal\": 0", DFLASH2_SIZES, "is_causal" },
+        { "DFlash2DraftModel", "\"is_causal\": false", DFLASH2_SIZES ", \"output_multiplier\": 2",
+          "dflash_config.output_multiplier" },
+        { "DFlash2DraftModel", "\"is_causal\": false", DFLASH2_SIZES ", \"final_logit_softcapping\": 30",
+          "dflash_config.final_logit_softcapping" },
+        { "DFlash2DraftModel", "\"is_causal\": false", DFLASH2_SIZES ", \"input_embedding_scale\": 0.5",
+          "dflash_config.input_embedding_scale" },
+        { "DFlashDraftModel", "", "\"conv_kernel_size\": 2", "dflash_config.conv_kernel_size" },
+        { "DFlashDraftModel", "", "\"selector_top_k\": 4", "dflash_config.selector_top_k" },
+        { "DFlashDraftModel", "\"is_causal\": false", "", "is_causal" },   /* its sliding layer is causal */
+        { "DFlashDraftModel", "\"is_causal\": true", "", "is_causal" },    /* its full layer is not */
+    };
+    char json[2048], err[512];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        dflash2_config(cases[i].architecture, cases[i].top, cases[i].sizes, json, sizeof json);
+        write_config(json);
+        ddt_drafter_config c;
+        err[0] = '\0';
+        int rc = ddt_drafter_config_load(tmpdir, &c, err, sizeof err);
+        check(rc == -EINVAL, "case %zu accepted (rc %d): %s", i, rc, json);
+        check(strstr(err, cases[i].named) && strstr(err, "config.json"),
+              "case %zu: error '%s' does not name '%s' and the file", i, err, cases[i].named);
+    }
+    /* a config.json without architectures: every export ddtree wrote has it */
+    char bare[2048];
+    dflash2_config("DFlashDraftModel", "", "", json, sizeof json);
+    snprintf(bare, sizeof bare, "{%s", strchr(json, ']') + 2);
+    write_config(bare);
+    ddt_drafter_config c;
+    check(ddt_drafter_config_load(tmpdir, &c, err, sizeof err) == -EINVAL && strstr(err, "architectures is missing"),
+          "a config.json without architectures must be refused by name: '%s'", err);
 }
 
 static void test_target_config(void)
@@ -344,7 +482,8 @@ static void test_drafter_serving_keys(void)
     write_config(DRAFTER_OK ", \"dtype\": 16}");
     check(ddt_drafter_config_load(tmpdir, &c, err, sizeof err) == -EINVAL && strstr(err, "dtype"),
           "a dtype that is not a string must be refused: '%s'", err);
-    write_config("{\"hidden_size\": 16, \"num_hidden_layers\": 1, \"num_attention_heads\": 4,"
+    write_config("{\"architectures\": [\"DFlashDraftModel\"], \"hidden_size\": 16, \"num_hidden_layers\": 1,"
+                 " \"num_attention_heads\": 4,"
                  " \"num_key_value_heads\": 2, \"head_dim\": 8, \"intermediate_size\": 40, \"vocab_size\": 100,"
                  " \"block_size\": 4, \"use_sliding_window\": false, \"sliding_window\": null,"
                  " \"layer_types\": [\"full_attention\"], \"dflash_config\": {\"mask_token_id\": 99,"
@@ -598,6 +737,8 @@ int main(void)
     static const test_case cases[] = {
         { "drafter config read", test_drafter_config_ok },
         { "drafter config errors name the field", test_drafter_config_bad },
+        { "DFlash2 drafter config read", test_drafter_config_dflash2 },
+        { "DFlash2 drafter config errors name the field", test_drafter_config_dflash2_bad },
         { "target config", test_target_config },
         { "parameter table, bind, init", test_param_table },
         { "batch checks", test_batch_check },

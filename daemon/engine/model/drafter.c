@@ -58,6 +58,10 @@ int ddt_drafter_config_check(const ddt_drafter_config *c, char *err, size_t err_
         REQUIRE(c->conv_taps >= 1 && c->conv_taps <= DDT_MAX_CONV_TAPS,
                 "dflash_config.conv_kernel_size must be in [1, %d] (got %lld)", DDT_MAX_CONV_TAPS,
                 (long long)c->conv_taps);
+        REQUIRE(c->conv_taps <= c->block_size,
+                "dflash_config.conv_kernel_size must be at most block_size %lld (got %lld): the convolution "
+                "stays inside one block, and SpecForge and speculators refuse a longer one",
+                (long long)c->block_size, (long long)c->conv_taps);
         REQUIRE(c->conv_group_size >= 1 && c->hidden % c->conv_group_size == 0,
                 "dflash_config.conv_group_size must divide hidden_size %lld (got %lld)",
                 (long long)c->hidden, (long long)c->conv_group_size);

@@ -135,9 +135,11 @@ typedef struct ddt_loss_config {
     ddk_loss_params loss;     /* kl/cap weights and temperatures, chunk, vocab_tile (n, H, V set by
                                  the step); loss.bf16_products = 1 makes every product of the step
                                  (the drafter's and the loss's) take bf16 operands */
-    float selector_weight;    /* DFlash2: alpha_sel of SPEC.md 2.1 at this step (ddk_selector.weight) */
-    int selector_inject;      /* DFlash2: 1 "inject", 0 "strict" */
-    int selector_stop_gradient;
+    /* DFlash2's selector term (SPEC.md 2.1; train.selector_* of the run config) */
+    float selector_weight;    /* alpha_sel at this step (the trainer's warm-up and ramp applied) */
+    int selector_inject;      /* 1: a label outside the top-K replaces the last candidate ("inject");
+                                 0: it adds no selector term ("strict") */
+    int selector_stop_gradient; /* 1: the selector term trains the selector's tensors only */
 } ddt_loss_config;
 
 /* Checks a batch against the configuration (token ids < V, anchors sorted and < S, keep

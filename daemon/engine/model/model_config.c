@@ -1,6 +1,8 @@
-/* model_config.c: config.json of drafters (export format) and dense targets, read with cJSON
- * as untrusted input: types and ranges checked before narrowing, errors naming the field; and a
- * target's max_position_embeddings for the export.
+/* model_config.c: config.json of drafters (export format: DFlash and DFlash2) and of targets,
+ * read with cJSON as untrusted input: types and ranges checked before narrowing, errors naming
+ * the field; a drafter of an architecture ddtree does not implement, or with a key that would
+ * make the servers run it otherwise than ddtree does, is refused; and a target's
+ * max_position_embeddings for the export.
  * Tested by tests/engine/test_engine.c and tests/engine/record/test_checkpoint.c.
  */
 #include "model_config.h"
@@ -9,6 +11,7 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,7 +36,166 @@ static cJSON *parse_config(const char *dir, void *config, size_t config_bytes, c
     return ddt_json_parse_file(path, 1 << 20, err, err_len);
 }
 
-/* ------------------------------------------------------------------------------------------ */
+/* ------------------------------------------------------------------------------------------
+ * A drafter's config.json
+ */
+
+const char *const ddt_drafter_architectures[2] = { "DFlashDraftModel", "DFlash2DraftModel" };
+
+const ddt_dflash2_key ddt_dflash2_keys[DDT_DFLASH2_KEYS] = {
+    { "conv_kernel_size", offsetof(ddt_drafter_config, conv_taps) },
+    { "conv_group_size", offsetof(ddt_drafter_config, conv_group_size) },
+    { "selector_rank", offsetof(ddt_drafter_config, selector_rank) },
+    { "selector_top_k", offsetof(ddt_drafter_config, selector_top_k) },
+};
+
+static int any_sliding(const ddt_drafter_config *c)
+{
+    int any = 0;
+    for (int64_t i = 0; i < c->layers && i < DDT_MAX_LAYERS; i++)
+        any |= c->sliding[i];
+    return any;
+}
+
+int ddt_drafter_architecture_of(const cJSON *architectures)
+{
+    const cJSON *a = architectures;
+    const char *name = cJSON_IsArray(a) && cJSON_GetArraySize(a) == 1 ? cJSON_GetStringValue(a->child) : NULL;
+    for (int i = 0; name && i < 2; i++)
+        if (!strcmp(name, ddt_drafter_architectures[i]))
+            return i;
+    return -1;
+}
+
+/* architectures, exactly one of ddt_drafter_architectures, into c->dflash2. Every export ddtree
+ * has written carries it (export.c since its first form), as does every Hugging Face
+ * save_pretrained (z-lab's, SpecForge's, speculators' drafters): a config.json without it is no
+ * drafter ddtree can tell how to run. */
+static int drafter_architecture(const ddt_json_ctx *j, const cJSON *root, ddt_drafter_config *c)
+{
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(root, "architectures");
+    int arch = ddt_drafter_architecture_of(a);
+    if (arch >= 0) {
+        c->dflash2 = arch;
+        return 0;
+    }
+    char *got = a ? cJSON_PrintUnformatted(a) : NULL, what[400];
+    snprintf(what, sizeof what, "%s%.120s: it must be [\"%s\"] (SPEC.md section 2) or [\"%s\"] (section 2.1), the "
+             "drafters ddtree implements", a ? "is " : "is missing", got ? got : "", ddt_drafter_architectures[0],
+             ddt_drafter_architectures[1]);
+    cJSON_free(got);
+    return ddt_json_fail(j, "architectures", what);
+}
+
+/* dflash_config's integer key in [lo, hi] into *out, named "dflash_config.KEY" in errors;
+ * `missing` says why it is needed */
+static int dflash_int(const ddt_json_ctx *j, const cJSON *dflash, const char *key, int64_t lo, int64_t hi,
+                      const char *missing, int64_t *out)
+{
+    char field[64], what[96];
+    snprintf(field, sizeof field, "dflash_config.%s", key);
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(dflash, key);
+    if (!v)
+        return ddt_json_fail(j, field, missing);
+    double x = cJSON_IsNumber(v) ? v->valuedouble : NAN;
+    if (!(x >= (double)lo && x <= (double)hi && x == floor(x))) {
+        snprintf(what, sizeof what, "must be an integer in [%lld, %lld]", (long long)lo, (long long)hi);
+        return ddt_json_fail(j, field, what);
+    }
+    *out = (int64_t)x;
+    return 0;
+}
+
+/* block_size at the top (ddtree's exports; SpecForge reads it there), in dflash_config (z-lab's
+ * newer exports; SGLang and z-lab read it there first, speculators' vLLM plugin only there), or
+ * both, equal */
+static int drafter_block_size(const ddt_json_ctx *j, const cJSON *root, const cJSON *dflash, ddt_drafter_config *c)
+{
+    const cJSON *inner = cJSON_GetObjectItemCaseSensitive(dflash, "block_size");
+    if (!inner || cJSON_IsNull(inner))
+        return ddt_json_int(j, root, "block_size", 2, 4096, 0, 0, &c->block_size);
+    int64_t top = 0;
+    int rc = dflash_int(j, dflash, "block_size", 2, 4096, "", &c->block_size);
+    if (!rc && !(rc = ddt_json_int(j, root, "block_size", 2, 4096, 1, c->block_size, &top)) && top != c->block_size) {
+        char what[160];
+        snprintf(what, sizeof what, "%lld differs from dflash_config.block_size %lld: the servers read one or "
+                 "the other", (long long)top, (long long)c->block_size);
+        rc = ddt_json_fail(j, "block_size", what);
+    }
+    return rc;
+}
+
+/* DFlash2's sizes (ddt_dflash2_keys): each required of a DFlash2 drafter (their ranges are
+ * ddt_drafter_config_check's), refused beside DFlashDraftModel (SGLang's DFlashDraftModel builds
+ * the convolutions when dflash_config has conv_kernel_size, vLLM's does not) */
+static int dflash2_sizes(const ddt_json_ctx *j, const cJSON *dflash, ddt_drafter_config *c)
+{
+    for (int i = 0; i < DDT_DFLASH2_KEYS; i++) {
+        const char *key = ddt_dflash2_keys[i].key;
+        int64_t *field = (int64_t *)((char *)c + ddt_dflash2_keys[i].offset);
+        int rc = 0;
+        if (c->dflash2)
+            rc = dflash_int(j, dflash, key, 1, INT32_MAX, "is missing: a DFlash2 drafter's dflash_config says "
+                            "conv_kernel_size, conv_group_size, selector_rank and selector_top_k (SPEC.md 2.1)", field);
+        else if (cJSON_GetObjectItemCaseSensitive(dflash, key)) {
+            char name[64];
+            snprintf(name, sizeof name, "dflash_config.%s", key);
+            rc = ddt_json_fail(j, name, "is a DFlash2 size, but architectures says DFlashDraftModel: say "
+                               "[\"DFlash2DraftModel\"], or remove it (the servers differ on such a drafter: SGLang "
+                               "builds the convolutions)");
+        }
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+/* is_causal: true makes every layer's block causal for vLLM, SGLang and z-lab, false none, and
+ * without it the sliding_attention layers only. DFlash's rule is the last (SPEC.md section 2),
+ * DFlash2's the second (section 2.1): its exports say false. c's architecture and layer_types
+ * read. */
+static int drafter_causality(const ddt_json_ctx *j, const cJSON *root, const ddt_drafter_config *c)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "is_causal");
+    int sliding = any_sliding(c), every = 1;
+    for (int64_t i = 0; i < c->layers; i++)
+        every &= c->sliding[i];
+    if (v && !cJSON_IsNull(v) && !cJSON_IsBool(v))
+        return ddt_json_fail(j, "is_causal", "must be true or false");
+    if (c->dflash2 && (cJSON_IsTrue(v) || (!cJSON_IsBool(v) && sliding)))
+        return ddt_json_fail(j, "is_causal", "must be false: a DFlash2 drafter's blocks are bidirectional in every "
+                             "layer (SPEC.md 2.1), and the servers make its sliding_attention layers causal "
+                             "without it");
+    if (!c->dflash2 && (cJSON_IsTrue(v) ? !every : cJSON_IsFalse(v) && sliding))
+        return ddt_json_fail(j, "is_causal", cJSON_IsTrue(v)
+                             ? "is true, which makes the servers run every layer causal, but a DFlash drafter's "
+                               "full_attention layers see their whole block (SPEC.md section 2): remove it"
+                             : "is false, which makes the servers run every layer bidirectional, but a DFlash "
+                               "drafter's sliding_attention layers are causal (SPEC.md section 2): remove it");
+    return 0;
+}
+
+/* dflash_config's keys that change the drafter's arithmetic in vLLM, SGLang and z-lab and that
+ * ddtree does not implement: absent, or their neutral value (softcapping: null or <= 0, off) */
+static int unimplemented_keys(const ddt_json_ctx *j, const cJSON *dflash)
+{
+    static const char *const keys[] = { "input_embedding_scale", "output_multiplier", "final_logit_softcapping" };
+    for (int i = 0; i < 3; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(dflash, keys[i]);
+        int softcap = i == 2;
+        if (!v || (cJSON_IsNull(v) && softcap))
+            continue;
+        if (cJSON_IsNumber(v) && (softcap ? v->valuedouble <= 0 : v->valuedouble == 1.0))
+            continue;
+        char field[64];
+        snprintf(field, sizeof field, "dflash_config.%s", keys[i]);
+        return ddt_json_fail(j, field, softcap ? "must be null or <= 0 (off): ddtree does not implement it, and the "
+                                                 "servers would run another drafter than ddtree's"
+                                               : "must be 1: ddtree does not implement it, and the servers would run "
+                                                 "another drafter than ddtree's");
+    }
+    return 0;
+}
 
 /* The keys an export carries for Hugging Face's Qwen3Config and the servers, each optional:
  * use_sliding_window a bool, and not false with a sliding_attention layer (Qwen3Config sets
@@ -44,10 +206,7 @@ static int serving_keys(const ddt_json_ctx *j, const cJSON *root, const ddt_draf
     const cJSON *use = cJSON_GetObjectItemCaseSensitive(root, "use_sliding_window");
     if (use && !cJSON_IsBool(use))
         return ddt_json_fail(j, "use_sliding_window", "must be true or false");
-    int any_sliding = 0;
-    for (int64_t i = 0; i < c->layers; i++)
-        any_sliding |= c->sliding[i];
-    if (cJSON_IsFalse(use) && any_sliding)
+    if (cJSON_IsFalse(use) && any_sliding(c))
         return ddt_json_fail(j, "use_sliding_window", "is false but a layer is sliding_attention: Hugging Face's "
                              "Qwen3Config then drops sliding_window and the servers refuse the drafter (make it true)");
     static const char *const dtype_keys[] = { "torch_dtype", "dtype" };
@@ -67,14 +226,18 @@ int ddt_drafter_config_load(const char *dir, ddt_drafter_config *c, char *err, s
         return -EINVAL;
     ddt_json_ctx j = { path, err, err_len };
     int64_t mask = 0, taps_total = 0;
-    int rc = ddt_json_int(&j, root, "hidden_size", 1, 1 << 20, 0, 0, &c->hidden);
+    const cJSON *dflash = cJSON_GetObjectItemCaseSensitive(root, "dflash_config");
+    int rc = drafter_architecture(&j, root, c);
+    if (!rc) rc = ddt_json_int(&j, root, "hidden_size", 1, 1 << 20, 0, 0, &c->hidden);
     if (!rc) rc = ddt_json_int(&j, root, "num_hidden_layers", 1, DDT_MAX_LAYERS, 0, 0, &c->layers);
     if (!rc) rc = ddt_json_int(&j, root, "num_attention_heads", 1, 4096, 0, 0, &c->heads);
     if (!rc) rc = ddt_json_int(&j, root, "num_key_value_heads", 1, 4096, 1, c->heads, &c->kv_heads);
     if (!rc) rc = ddt_json_int(&j, root, "head_dim", 2, 1024, 1, c->heads ? c->hidden / c->heads : 0, &c->head_dim);
     if (!rc) rc = ddt_json_int(&j, root, "intermediate_size", 1, 1 << 24, 0, 0, &c->intermediate);
     if (!rc) rc = ddt_json_int(&j, root, "vocab_size", 2, INT32_MAX, 0, 0, &c->vocab);
-    if (!rc) rc = ddt_json_int(&j, root, "block_size", 2, 4096, 0, 0, &c->block_size);
+    if (!rc && !cJSON_IsObject(dflash))
+        rc = ddt_json_fail(&j, "dflash_config", "must be an object with target_layer_ids and mask_token_id");
+    if (!rc) rc = drafter_block_size(&j, root, dflash, c);
     if (!rc) rc = ddt_json_int(&j, root, "sliding_window", 0, INT32_MAX, 1, 0, &c->sliding_window);
     if (!rc) rc = ddt_json_int(&j, root, "num_target_layers", 0, 4096, 1, 0, &c->num_target_layers);
     if (!rc) rc = get_positive(&j, root, "rms_norm_eps", 1e-6, &c->rms_norm_eps);
@@ -93,11 +256,9 @@ int ddt_drafter_config_load(const char *dir, ddt_drafter_config *c, char *err, s
             }
         }
     }
+    if (!rc) rc = drafter_causality(&j, root, c);
     if (!rc) rc = ddt_json_int(&j, root, "max_position_embeddings", 1, (int64_t)1 << 53, 1, 0, &c->max_positions);
     if (!rc) rc = serving_keys(&j, root, c);
-    const cJSON *dflash = cJSON_GetObjectItemCaseSensitive(root, "dflash_config");
-    if (!rc && !cJSON_IsObject(dflash))
-        rc = ddt_json_fail(&j, "dflash_config", "must be an object with target_layer_ids and mask_token_id");
     if (!rc) rc = ddt_json_int(&j, dflash, "mask_token_id", 0, INT32_MAX, 0, 0, &mask);
     if (!rc) {
         const cJSON *ids = cJSON_GetObjectItemCaseSensitive(dflash, "target_layer_ids");
@@ -113,6 +274,8 @@ int ddt_drafter_config_load(const char *dir, ddt_drafter_config *c, char *err, s
                 c->target_layer_ids[i] = (int32_t)v->valuedouble;
         }
     }
+    if (!rc) rc = dflash2_sizes(&j, dflash, c);
+    if (!rc) rc = unimplemented_keys(&j, dflash);
     c->taps = taps_total;
     c->mask_token_id = (int32_t)mask;
     cJSON_Delete(root);

@@ -1,5 +1,5 @@
-/* export.c: the serving export (SPEC.md section 5; see export.h): config.json,
- * model.safetensors and the manifest of both (ddtree-manifest.json: each file's size and
+/* export.c: the serving export (SPEC.md section 5; see export.h) of a DFlash or DFlash2 drafter:
+ * config.json, model.safetensors and the manifest of both (ddtree-manifest.json: each file's size and
  * xxHash64, taken as it is written), written and read back, every file checked against the
  * manifest before it is read, so one file owns the export format both ways.
  *
@@ -17,8 +17,9 @@
  * Not here: checkpoints and the export of a kept one (checkpoint.c), sharded or compressed
  * exports (a drafter is a few GB at most), removing an export's temporaries left by a crash
  * (they sit next to a directory the user named, so nothing there is deleted by pattern).
- * Tested by tests/engine/record/test_checkpoint.c, and by tests/daemon/export_loaders_check.py (an export read back
- * as Hugging Face's Qwen3Config, SpecForge, vLLM, SGLang and z-lab read it).
+ * Tested by tests/engine/record/test_checkpoint.c, by tests/daemon/export_loaders_check.py (an export read back
+ * as Hugging Face's Qwen3Config, SpecForge, vLLM, SGLang, z-lab and, a DFlash2 one, speculators read it) and
+ * through the tools by tests/daemon/dflash2_cli_test.sh.
  *
  * Legend: P floats in all parameters (the table's total), n entries of the parameter table.
  */
@@ -152,26 +153,31 @@ int ddt_install_dir(const char *tmp, const char *final, const char *aside, const
  */
 
 typedef enum {
-    KEY_INT, KEY_FLOAT, KEY_TEXT, KEY_TEXTS, KEY_LAYER_TYPES, KEY_DFLASH, KEY_NULL, KEY_FALSE,
+    KEY_INT, KEY_FLOAT, KEY_TEXT, KEY_LAYER_TYPES, KEY_DFLASH, KEY_NULL, KEY_FALSE,
+    KEY_ARCH,          /* [ddt_drafter_architectures[dflash2]]: the drafter's architecture */
     KEY_USE_SLIDING,   /* true when a layer is sliding_attention, else false */
     KEY_WINDOW,        /* sliding_window when a layer is sliding_attention, else null */
+    KEY_CAUSAL,        /* DFlash2's alone: false (its blocks are bidirectional in every layer) */
 } key_kind;
 
 typedef struct drafter_key {
     const char *key;
     key_kind kind;
     size_t offset;       /* KEY_INT: of an int64_t, KEY_FLOAT: of a float, in ddt_drafter_config */
-    const char *text;    /* KEY_TEXT: the value; KEY_TEXTS: the list's one entry */
+    const char *text;    /* KEY_TEXT: the value */
     int since;           /* the state.json version whose drafter has it first (0: all) */
 } drafter_key;
 
 #define INT_KEY(name, field) { name, KEY_INT, offsetof(ddt_drafter_config, field), NULL, 0 }
 #define FLOAT_KEY(name, field) { name, KEY_FLOAT, offsetof(ddt_drafter_config, field), NULL, 0 }
 
-/* In the order written (num_hidden_layers before layer_types, which it sizes, and layer_types
- * before use_sliding_window and sliding_window, which it decides); integers in [0, 2^53], their
- * ranges ddt_drafter_config_check's. A key added here changes state.json's form: bump
- * checkpoint.c's STATE_VERSION, mark the key `since` it, and keep reading the one before.
+/* In the order written (architectures first, which decides DFlash2's keys; num_hidden_layers
+ * before layer_types, which it sizes, and layer_types before use_sliding_window, sliding_window
+ * and is_causal, which it decides; block_size before dflash_config, which repeats it for
+ * DFlash2); integers in [0, 2^53], their ranges ddt_drafter_config_check's. A key added here
+ * changes state.json's form: bump checkpoint.c's STATE_VERSION, mark the key `since` it, and
+ * keep reading the one before (DFlash2's keys change no DFlash drafter's form, and a build
+ * before them refuses a DFlash2 drafter by its architectures, as it should: it cannot run one).
  * The keys of version 3 are what the loaders need beyond SPEC.md section 2's: Hugging Face's
  * Qwen3Config (transformers src/transformers/models/qwen3/configuration_qwen3.py) sets
  * sliding_window to None unless use_sliding_window is true, and then SpecForge
@@ -180,9 +186,18 @@ typedef struct drafter_key {
  * (python/sglang/srt/speculative/dflash_utils.py get_dflash_attention_sliding_window_size)
  * refuse a sliding_attention layer; z-lab's MLX loader (dflash/model_mlx.py load_draft)
  * requires max_position_embeddings, vLLM and SGLang size RoPE by it (32768 when missing);
- * torch_dtype is the transformers 4 name of the weights' dtype, dtype the transformers 5 one. */
+ * torch_dtype is the transformers 4 name of the weights' dtype, dtype the transformers 5 one.
+ * A DFlash2 drafter's (SPEC.md 2.1, docs/formats.md; each loader's rule restated in
+ * tests/daemon/export_loaders_check.py): architectures ["DFlash2DraftModel"], which vLLM (PR
+ * #52816: model_executor/models/registry.py, v1/worker/gpu/spec_decode/__init__.py), SGLang
+ * (srt/models/dflash.py EntryClass) and z-lab (dflash/model.py) dispatch on; is_causal false,
+ * without which vLLM (qwen3_dflash.py _dflash_layer_causal), SGLang (_get_dflash_attention_type)
+ * and z-lab (Qwen3DFlashAttention) make the sliding_attention layers causal; and dflash_config's
+ * conv_kernel_size, conv_group_size, selector_rank, selector_top_k (model_config.h's
+ * ddt_dflash2_keys: vLLM's qwen3_dflash2.py and SpecForge's dflash2.py require each) and
+ * block_size (SpecForge reads the top-level one, speculators' vLLM plugin dflash_config's). */
 static const drafter_key drafter_keys[] = {
-    { "architectures", KEY_TEXTS, 0, "DFlashDraftModel", 0 },
+    { "architectures", KEY_ARCH, 0, NULL, 0 },
     { "model_type", KEY_TEXT, 0, "qwen3", 0 },
     INT_KEY("hidden_size", hidden),
     INT_KEY("num_hidden_layers", layers),
@@ -195,6 +210,7 @@ static const drafter_key drafter_keys[] = {
     { "layer_types", KEY_LAYER_TYPES, 0, NULL, 0 },
     { "use_sliding_window", KEY_USE_SLIDING, 0, NULL, 3 },
     { "sliding_window", KEY_WINDOW, offsetof(ddt_drafter_config, sliding_window), NULL, 0 },
+    { "is_causal", KEY_CAUSAL, 0, NULL, 0 },
     INT_KEY("block_size", block_size),
     INT_KEY("num_target_layers", num_target_layers),
     { "dflash_config", KEY_DFLASH, 0, NULL, 0 },
@@ -209,6 +225,25 @@ static const drafter_key drafter_keys[] = {
 };
 enum { DRAFTER_KEYS = sizeof drafter_keys / sizeof drafter_keys[0] };
 static const char *const dflash_keys[] = { "mask_token_id", "target_layer_ids", NULL };   /* in order */
+/* then, a DFlash2 drafter's: block_size and model_config.h's ddt_dflash2_keys */
+enum { DFLASH2_KEYS = 3 + DDT_DFLASH2_KEYS };
+
+/* whether c's config.json has key k (is_causal: DFlash2's alone) */
+static int key_applies(const ddt_drafter_config *c, const drafter_key *k)
+{
+    return k->kind != KEY_CAUSAL || c->dflash2;
+}
+
+/* a DFlash2 drafter's dflash_config keys, NULL-terminated, into keys (DFLASH2_KEYS + 1) */
+static void dflash2_key_list(const char **keys)
+{
+    keys[0] = dflash_keys[0];
+    keys[1] = dflash_keys[1];
+    keys[2] = "block_size";
+    for (int i = 0; i < DDT_DFLASH2_KEYS; i++)
+        keys[3 + i] = ddt_dflash2_keys[i].key;
+    keys[DFLASH2_KEYS] = NULL;
+}
 
 static int any_sliding(const ddt_drafter_config *c)
 {
@@ -246,8 +281,10 @@ static cJSON *drafter_value(const ddt_drafter_config *c, const drafter_key *k)
         return cJSON_CreateNumber(float_for_json(*(const float *)field));
     case KEY_TEXT:
         return cJSON_CreateString(k->text);
-    case KEY_TEXTS:
-        return cJSON_CreateStringArray(&k->text, 1);
+    case KEY_ARCH:
+        return cJSON_CreateStringArray(&ddt_drafter_architectures[c->dflash2], 1);
+    case KEY_CAUSAL:
+        return cJSON_CreateFalse();
     case KEY_NULL:
         return cJSON_CreateNull();
     case KEY_FALSE:
@@ -264,6 +301,11 @@ static cJSON *drafter_value(const ddt_drafter_config *c, const drafter_key *k)
     case KEY_DFLASH:
         ok = (v = cJSON_CreateObject()) != NULL && cJSON_AddNumberToObject(v, dflash_keys[0], (double)c->mask_token_id);
         ok = ok && cJSON_AddItemToObject(v, dflash_keys[1], cJSON_CreateIntArray(c->target_layer_ids, (int)c->taps));
+        ok = ok && (!c->dflash2 || cJSON_AddNumberToObject(v, "block_size", (double)c->block_size));
+        for (int i = 0; ok && c->dflash2 && i < DDT_DFLASH2_KEYS; i++) {
+            const int64_t *size = (const int64_t *)((const char *)c + ddt_dflash2_keys[i].offset);
+            ok = cJSON_AddNumberToObject(v, ddt_dflash2_keys[i].key, (double)*size) != NULL;
+        }
         break;
     }
     if (!ok) {
@@ -278,6 +320,8 @@ cJSON *ddt_drafter_json(const ddt_drafter_config *c)
 {
     cJSON *o = cJSON_CreateObject();
     for (int i = 0; o && i < DRAFTER_KEYS; i++) {
+        if (!key_applies(c, &drafter_keys[i]))
+            continue;
         cJSON *v = drafter_value(c, &drafter_keys[i]);
         if (!v || !cJSON_AddItemToObject(o, drafter_keys[i].key, v)) {
             cJSON_Delete(v);
@@ -330,12 +374,31 @@ int ddt_read_dflash(const ddt_json_ctx *j, const cJSON *obj, ddt_drafter_config 
     return rc;
 }
 
-/* o's key k into d: present, of its type, a fixed one with its value */
+/* a DFlash2 drafter's dflash_config (obj; its mask_token_id and target_layer_ids read): its
+ * block_size, d's, and its sizes */
+static int read_dflash2_sizes(const ddt_json_ctx *j, const cJSON *obj, ddt_drafter_config *d)
+{
+    int64_t block = 0;
+    int rc = ddt_json_int(j, obj, "block_size", 0, json_int_max, 0, 0, &block);
+    if (!rc && block != d->block_size)
+        rc = ddt_json_fail(j, "block_size", "must be the top-level block_size");
+    for (int i = 0; !rc && i < DDT_DFLASH2_KEYS; i++)
+        rc = ddt_json_int(j, obj, ddt_dflash2_keys[i].key, 0, json_int_max, 0, 0,
+                          (int64_t *)((char *)d + ddt_dflash2_keys[i].offset));
+    return rc;
+}
+
+/* o's key k into d: present (a key of DFlash2's alone: present exactly for DFlash2), of its type,
+ * a fixed one with its value; architectures read first */
 int ddt_read_drafter_key(const ddt_json_ctx *j, const cJSON *o, const drafter_key *k, ddt_drafter_config *d)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k->key);
-    char *field = (char *)d + k->offset, what[96];
+    char *field = (char *)d + k->offset, what[160];
     double x;
+    if (v && !key_applies(d, k))
+        return ddt_json_fail(j, k->key, "is a DFlash2DraftModel's key (architectures says DFlashDraftModel)");
+    if (!v && !key_applies(d, k))
+        return 0;
     if (!v)
         return ddt_json_fail(j, k->key, "is missing");
     switch (k->kind) {
@@ -349,12 +412,15 @@ int ddt_read_drafter_key(const ddt_json_ctx *j, const cJSON *o, const drafter_ke
     case KEY_TEXT:
         snprintf(what, sizeof what, "must be \"%s\"", k->text);
         return cJSON_IsString(v) && !strcmp(v->valuestring, k->text) ? 0 : ddt_json_fail(j, k->key, what);
-    case KEY_TEXTS:
-        snprintf(what, sizeof what, "must be [\"%s\"]", k->text);
-        return cJSON_IsArray(v) && cJSON_GetArraySize(v) == 1 && cJSON_IsString(cJSON_GetArrayItem(v, 0)) &&
-                       !strcmp(cJSON_GetArrayItem(v, 0)->valuestring, k->text)
-                   ? 0
-                   : ddt_json_fail(j, k->key, what);
+    case KEY_ARCH:
+        if ((d->dflash2 = ddt_drafter_architecture_of(v)) >= 0)
+            return 0;
+        snprintf(what, sizeof what, "must be [\"%s\"] or [\"%s\"], the drafters ddtree implements",
+                 ddt_drafter_architectures[0], ddt_drafter_architectures[1]);
+        return ddt_json_fail(j, k->key, what);
+    case KEY_CAUSAL:
+        return cJSON_IsFalse(v) ? 0 : ddt_json_fail(j, k->key, "must be false (a DFlash2 drafter's blocks are "
+                                                               "bidirectional in every layer: SPEC.md 2.1)");
     case KEY_NULL:
         return cJSON_IsNull(v) ? 0 : ddt_json_fail(j, k->key, "must be null");
     case KEY_FALSE:
@@ -382,10 +448,14 @@ int ddt_read_drafter_key(const ddt_json_ctx *j, const cJSON *o, const drafter_ke
         char where[CKPT_PATH_MAX];
         snprintf(where, sizeof where, "%s.%s", j->path, k->key);
         ddt_json_ctx inner = { where, j->err, j->err_len };
+        const char *dflash2[DFLASH2_KEYS + 1];
+        dflash2_key_list(dflash2);
         if (!cJSON_IsObject(v))
             return ddt_json_fail(j, k->key, "must be an object");
-        int rc = ddt_json_only(&inner, v, dflash_keys);
-        return rc ? rc : ddt_read_dflash(&inner, v, d);
+        int rc = ddt_json_only(&inner, v, d->dflash2 ? dflash2 : dflash_keys);
+        if (!rc)
+            rc = ddt_read_dflash(&inner, v, d);
+        return rc || !d->dflash2 ? rc : read_dflash2_sizes(&inner, v, d);
     }
     }
     return ddt_json_fail(j, k->key, "has a kind this reader does not know");   /* not reached */

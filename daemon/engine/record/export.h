@@ -1,7 +1,7 @@
 /* export.h: the serving export (SPEC.md section 5).
  *
- * The export is a serving directory: config.json (architectures DFlashDraftModel, the keys of
- * SPEC.md section 5, docs/formats.md), model.safetensors in BF16 with exactly the parameter
+ * The export is a serving directory: config.json (architectures DFlashDraftModel or
+ * DFlash2DraftModel, the keys of SPEC.md section 5, docs/formats.md), model.safetensors in BF16 with exactly the parameter
  * names, and ddtree-manifest.json (each of those two files' size and xxHash64: base/checksum.h),
  * written under a temporary name, every file fsynced, then renamed (and the parent fsynced).
  * ddt_export_read reads one back (`ddtreed step --drafter`, `ddtreed speculate --drafter`),

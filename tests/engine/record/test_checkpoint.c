@@ -15,7 +15,13 @@
  * config.json is its drafter's form; version 2 (without the serving keys) reads, its
  * max_position_embeddings from the run config's target. A tiny trainer run: its checkpoint
  * exported without a trainer equals its live export byte for byte, also from state.json
- * rewritten in its first form, from which it resumes exactly.
+ * rewritten in its first form, from which it resumes exactly. DFlash2 (SPEC.md 2.1): its export's
+ * config.json (DFlash2DraftModel, is_causal false, dflash_config's block_size and four sizes) and
+ * model.safetensors (the base kernels BF16 [2, taps, H]) read back bit for bit through the bf16
+ * rounding; a config.json saying DFlash2DraftModel over DFlash's tensors, one of DFlash2's tensors
+ * left out, an unknown or missing architecture refused by name; its checkpoint round trip through
+ * the resume's reader, other taps or DFlash refused naming the tensor, state.json's DFlash2 keys
+ * checked; a DFlash2 run saved by the trainer and resumed exports the same bytes.
  * Fixtures are written by the test under a mkdtemp directory, removed at the end.
  * ctest: one line per case, a final "N passed, M failed".
  */
@@ -91,10 +97,22 @@ static void fill_random(float *x, int64_t count, uint64_t seed)
         x[3 + 7 * j] = special[j];
 }
 
-static fixture *fixture_new(uint64_t seed)
+/* small_config as a DFlash2 drafter (SPEC.md 2.1): 2 taps, G 4, r 8, K 4 */
+static void small_dflash2(ddt_drafter_config *c)
+{
+    c->dflash2 = 1;
+    c->conv_taps = 2;
+    c->conv_group_size = 4;
+    c->selector_rank = 8;
+    c->selector_top_k = 4;
+}
+
+static fixture *fixture_of(uint64_t seed, int dflash2)
 {
     fixture *f = xcalloc(1, sizeof *f);
     small_config(&f->c);
+    if (dflash2)
+        small_dflash2(&f->c);
     f->n = ddt_drafter_param_table(&f->c, f->table, &f->total);
     f->params = xcalloc((size_t)f->total, sizeof(float));
     f->m = xcalloc((size_t)f->total, sizeof(float));
@@ -104,6 +122,11 @@ static fixture *fixture_new(uint64_t seed)
     fill_random(f->v, f->total, seed + 2);
     f->adam = (ddt_adamw_state){ .step = (int64_t)(seed * 7919 % 100000) + 1, .m = f->m, .v = f->v };
     return f;
+}
+
+static fixture *fixture_new(uint64_t seed)
+{
+    return fixture_of(seed, 0);
 }
 
 static void fixture_free(fixture *f)
@@ -534,7 +557,9 @@ static int configs_equal(const ddt_drafter_config *a, const ddt_drafter_config *
                a->vocab == b->vocab && a->block_size == b->block_size && a->sliding_window == b->sliding_window &&
                a->rms_norm_eps == b->rms_norm_eps && a->rope_theta == b->rope_theta && a->taps == b->taps &&
                a->mask_token_id == b->mask_token_id && a->num_target_layers == b->num_target_layers &&
-               a->max_positions == b->max_positions;
+               a->max_positions == b->max_positions && a->dflash2 == b->dflash2 && a->conv_taps == b->conv_taps &&
+               a->conv_group_size == b->conv_group_size && a->selector_rank == b->selector_rank &&
+               a->selector_top_k == b->selector_top_k;
     for (int i = 0; i < DDT_MAX_LAYERS; i++)
         same &= a->sliding[i] == b->sliding[i];
     for (int i = 0; i < DDT_MAX_TAPS; i++)
@@ -559,8 +584,10 @@ static void check_export_weights(const char *out, const fixture *f)
     for (int i = 0; i < f->n; i++) {
         const ddt_param *p = &f->table[i];
         const ddt_st_tensor *t = ddt_st_find(&st, p->name);
-        if (!t || t->dtype != DDT_BF16 || t->ndim != p->ndim || t->shape[0] != p->shape[0] ||
-            (p->ndim == 2 && t->shape[1] != p->shape[1])) {
+        int same = t && t->dtype == DDT_BF16 && t->ndim == p->ndim;
+        for (int d = 0; same && d < p->ndim; d++)
+            same = t->shape[d] == p->shape[d];
+        if (!same) {
             check(0, "%s: missing, or not BF16 of the table's shape", p->name);
             continue;
         }
@@ -945,6 +972,7 @@ static void test_meta_refuses(void)
         { "drafter.rms_norm_eps", "0", "drafter: rms_norm_eps must be" },
         { "drafter.model_type", "\"llama\"", "drafter: model_type must be \"qwen3\"" },
         { "drafter.architectures", "[\"Qwen3ForCausalLM\"]", "drafter: architectures must be" },
+        { "drafter.architectures", "[\"DFlash2DraftModel\"]", "drafter: is_causal is missing" },
         { "drafter.rope_scaling", "{}", "drafter: rope_scaling must be null" },
         { "drafter.tie_word_embeddings", "true", "drafter: tie_word_embeddings must be false" },
         { "drafter.tie_word_embedding", "false", "drafter: tie_word_embedding is not a key" },
@@ -953,6 +981,8 @@ static void test_meta_refuses(void)
         { "drafter.dflash_config.mask_token_id", NULL, "drafter.dflash_config: mask_token_id is missing" },
         { "drafter.dflash_config.target_layer_ids", "\"1,3,5\"", "drafter.dflash_config: target_layer_ids must be" },
         { "drafter.dflash_config.block_size", "4", "drafter.dflash_config: block_size is not a known field" },
+        { "drafter.dflash_config.conv_kernel_size", "2", "drafter.dflash_config: conv_kernel_size is not a known" },
+        { "drafter.is_causal", "false", "drafter: is_causal is a DFlash2DraftModel's key" },
         { "drafter.dflash_config.mask_token_id", "100", "drafter: dflash_config.mask_token_id must be in [0, vocab_size)" },
         { "drafter.head_dim", "7", "drafter: head_dim must be even" },
         { "drafter.use_sliding_window", "false", "drafter: use_sliding_window must be true when" },
@@ -1075,18 +1105,20 @@ static void check_same_export(const char *got, const char *want)
     }
 }
 
-#define TINY_RUN                                                                                    \
+/* a tiny run whose drafter has `drafter` after its target_layer_ids ("" or ", KEY: VALUE...") */
+#define TINY_RUN_WITH(drafter)                                                                      \
     "{\"name\": \"c\", \"target\": {\"kind\": \"synthetic\", \"hidden_size\": 32, "                \
     "\"num_hidden_layers\": 4, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, "           \
     "\"head_dim\": 8, \"intermediate_size\": 48, \"vocab_size\": 96},"                              \
     " \"drafter\": {\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 2," \
     " \"head_dim\": 8, \"intermediate_size\": 48, \"block_size\": 4, \"rms_norm_eps\": 1.234567e-6,"  \
     " \"layer_types\": [\"sliding_attention\", \"full_attention\"], \"sliding_window\": 6,"         \
-    " \"target_layer_ids\": [1, 2]},"                                                             \
+    " \"target_layer_ids\": [1, 2]" drafter "},"                                                   \
     " \"train\": {\"steps\": 6, \"sequences_per_step\": 4, \"seq_len\": 24, \"max_anchors\": 4,"    \
     " \"heldout\": 4, \"noise_std\": 0.05, \"lr\": 0.003, \"seed\": 5},"                            \
     " \"loss\": {\"chunk\": 64, \"vocab_tile\": 32}, \"devices\": \"cpu\","                        \
     " \"checkpoint\": {\"every_steps\": 100, \"keep\": 2}, \"eval\": {\"every_steps\": 100, \"sequences\": 2}}"
+#define TINY_RUN TINY_RUN_WITH("")
 
 static ddt_trainer *open_trainer(const char *state, const char *json, const char *resume_id)
 {
@@ -1583,6 +1615,274 @@ static void test_export_corrupt(void)
     fixture_free(f);
 }
 
+/* ------------------------------------------------------------------------------------------
+ * DFlash2 (SPEC.md 2.1): its export and checkpoint, and what is refused
+ */
+
+/* the DFlash2 fixture's tensors as the table has them: the base kernels 3-D [2, taps, H] */
+static void check_dflash2_shapes(const ddt_st_file *st, const char *prefix, ddt_dtype dtype)
+{
+    static const struct { const char *name; int ndim; int64_t shape[3]; } want[] = {
+        { "layers.0.attention_conv.base_kernel", 3, { 2, 2, 16 } },
+        { "layers.1.mlp_conv.base_kernel", 3, { 2, 2, 16 } },
+        { "layers.1.attention_conv.kernel_projection.weight", 2, { 16, 16 } },   /* 2 * taps * G, H */
+        { "candidate_selector.predecessor_codebook", 2, { 100, 8 } },
+        { "candidate_selector.successor_codebook", 2, { 100, 8 } },
+        { "candidate_selector.hidden_projection.weight", 2, { 8, 16 } },
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        char name[160];
+        snprintf(name, sizeof name, "%s%s", prefix, want[i].name);
+        const ddt_st_tensor *t = ddt_st_find(st, name);
+        int same = t && t->dtype == dtype && t->ndim == want[i].ndim;
+        for (int d = 0; same && d < want[i].ndim; d++)
+            same = t->shape[d] == want[i].shape[d];
+        check(same, "%s: missing, or not %s [%lld, %lld%s%.0lld]", name, ddt_dtype_name(dtype),
+              (long long)want[i].shape[0], (long long)want[i].shape[1], want[i].ndim == 3 ? ", " : "",
+              (long long)want[i].shape[2]);
+    }
+}
+
+/* The export of a DFlash2 drafter: architectures ["DFlash2DraftModel"], is_causal false, DFlash's
+ * keys besides, dflash_config with block_size and the four sizes in their order; it reads back to
+ * an equal configuration and, through ddt_export_read, to bf16(params) bit for bit, the base
+ * kernels BF16 [2, taps, H] */
+static void test_export_dflash2(void)
+{
+    char dir[512], out[600], path[1024], err[1024] = "";
+    new_dir("export_dflash2", dir, sizeof dir);
+    fixture *f = fixture_of(97, 1);
+    snprintf(out, sizeof out, "%s/drafter", dir);
+    check(ddt_export_write(out, &f->c, f->params, err, sizeof err) == 0, "export: %s", err);
+    cJSON *doc;
+    const cJSON *arch = export_key(out, "architectures", &doc);
+    check(cJSON_GetArraySize(arch) == 1 && !strcmp(string_or_empty(cJSON_GetArrayItem(arch, 0)), "DFlash2DraftModel"),
+          "architectures is not [\"DFlash2DraftModel\"]");
+    check(cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(doc, "is_causal")), "is_causal is not false");
+    check(cJSON_GetArraySize(doc) == 25, "config.json has %d keys, expected DFlash's 24 and is_causal",
+          cJSON_GetArraySize(doc));
+    check(cJSON_GetObjectItemCaseSensitive(doc, "block_size")->valuedouble == 4, "the top-level block_size is not 4");
+    const cJSON *dflash = cJSON_GetObjectItemCaseSensitive(doc, "dflash_config"), *item = dflash ? dflash->child : NULL;
+    static const struct { const char *key; double value; } sizes[] = {
+        { "mask_token_id", 99 }, { "target_layer_ids", -1 }, { "block_size", 4 }, { "conv_kernel_size", 2 },
+        { "conv_group_size", 4 }, { "selector_rank", 8 }, { "selector_top_k", 4 },
+    };
+    check(cJSON_GetArraySize(dflash) == 7, "dflash_config holds %d keys, expected 7", cJSON_GetArraySize(dflash));
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0] && item; i++, item = item->next)
+        check(!strcmp(item->string, sizes[i].key) && (sizes[i].value < 0 || item->valuedouble == sizes[i].value),
+              "dflash_config's key %zu is %s = %g, expected %s = %g", i, item->string, item->valuedouble,
+              sizes[i].key, sizes[i].value);
+    cJSON_Delete(doc);
+
+    ddt_drafter_config back;
+    int rc = ddt_drafter_config_load(out, &back, err, sizeof err);
+    check(rc == 0 && configs_equal(&back, &f->c), "config.json loads to another configuration: %s", err);
+    check_export_weights(out, f);
+    snprintf(path, sizeof path, "%s/model.safetensors", out);
+    ddt_st_file st;
+    if (ddt_st_open(path, &st, err, sizeof err) == 0) {
+        check_dflash2_shapes(&st, "", DDT_BF16);
+        ddt_st_close(&st);
+    }
+    float *params = NULL;
+    rc = ddt_export_read(out, &back, &params, err, sizeof err);
+    check(rc == 0 && configs_equal(&back, &f->c), "export read: %d %s", rc, err);
+    int64_t wrong = 0;
+    for (int64_t j = 0; rc == 0 && j < f->total; j++) {
+        const uint32_t want = (uint32_t)ddt_f32_to_bf16(f->params[j]) << 16;
+        uint32_t got;
+        memcpy(&got, &params[j], sizeof got);
+        wrong += got != want;
+    }
+    check(wrong == 0, "%lld weights read back differ from bf16(params)", (long long)wrong);
+    free(params);
+    fixture_free(f);
+}
+
+/* dir/config.json replaced by text, and dir's manifest removed (an export as another trainer
+ * writes it, read unverified) */
+static void replace_config(const char *dir, const char *text)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    write_file(path, text);
+    snprintf(path, sizeof path, "%s/%s", dir, DDT_EXPORT_MANIFEST);
+    check(unlink(path) == 0, "unlink %s", path);
+}
+
+/* ddt_export_read must refuse dir with rc -EINVAL and *params NULL, the error holding want */
+static void check_export_refused(const char *dir, const char *want)
+{
+    char err[1024] = "";
+    ddt_drafter_config back;
+    float sentinel = 0, *params = &sentinel;
+    int rc = ddt_export_read(dir, &back, &params, err, sizeof err);
+    check(rc == -EINVAL && params == NULL && strstr(err, want), "%s: rc %d '%s', expected '%s'", dir, rc, err, want);
+}
+
+/* A config.json saying DFlash2DraftModel beside a DFlash drafter's tensors, a DFlash2 export
+ * without one of its tensors, and a config.json of an architecture ddtree does not implement:
+ * each refused naming the missing tensor or the field */
+static void test_export_dflash2_refused(void)
+{
+    char dir[512], plain[600], second[600], bad[700], path[1024], want[1200], err[1024] = "";
+    new_dir("export_dflash2_refused", dir, sizeof dir);
+    fixture *f = fixture_of(101, 0), *g = fixture_of(101, 1);
+    snprintf(plain, sizeof plain, "%s/dflash", dir);
+    snprintf(second, sizeof second, "%s/dflash2", dir);
+    check(ddt_export_write(plain, &f->c, f->params, err, sizeof err) == 0, "export: %s", err);
+    check(ddt_export_write(second, &g->c, g->params, err, sizeof err) == 0, "export: %s", err);
+    snprintf(path, sizeof path, "%s/config.json", second);
+    char *dflash2_config = ddt_read_text_file(path, 1 << 20, err, sizeof err);
+
+    /* DFlash's tensors under a DFlash2 config.json */
+    snprintf(bad, sizeof bad, "%s/relabelled", dir);
+    check(ddt_export_write(bad, &f->c, f->params, err, sizeof err) == 0, "export: %s", err);
+    replace_config(bad, dflash2_config ? dflash2_config : "");
+    snprintf(want, sizeof want, "%s/model.safetensors: tensor 'layers.0.attention_conv.base_kernel' is missing", bad);
+    check_export_refused(bad, want);
+
+    /* one of DFlash2's own tensors left out */
+    snprintf(bad, sizeof bad, "%s/dropped", dir);
+    check(ddt_export_write(bad, &g->c, g->params, err, sizeof err) == 0, "export: %s", err);
+    rewrite_export_tensors(second, bad, "candidate_selector.successor_codebook", NULL);
+    snprintf(path, sizeof path, "%s/%s", bad, DDT_EXPORT_MANIFEST);
+    check(unlink(path) == 0, "unlink %s", path);
+    snprintf(want, sizeof want, "%s/model.safetensors: tensor 'candidate_selector.successor_codebook' is missing", bad);
+    check_export_refused(bad, want);
+
+    /* an architecture ddtree does not implement, and none */
+    static const char *const arch[] = { "[\"Qwen3ForCausalLM\"]", NULL };
+    for (int i = 0; i < 2; i++) {
+        snprintf(bad, sizeof bad, "%s/arch%d", dir, i);
+        check(ddt_export_write(bad, &f->c, f->params, err, sizeof err) == 0, "export: %s", err);
+        cJSON *doc;
+        export_key(bad, "architectures", &doc);
+        cJSON_DeleteItemFromObjectCaseSensitive(doc, "architectures");
+        if (arch[i])
+            cJSON_AddItemToObject(doc, "architectures", cJSON_Parse(arch[i]));
+        char *text = cJSON_Print(doc);
+        replace_config(bad, text ? text : "");
+        snprintf(want, sizeof want, "%s/config.json: architectures %s", bad, arch[i] ? "is [" : "is missing");
+        check_export_refused(bad, want);
+        free(text);
+        cJSON_Delete(doc);
+    }
+    free(dflash2_config);
+    fixture_free(f);
+    fixture_free(g);
+}
+
+/* A DFlash2 checkpoint: every tensor in its own shape (the base kernels F32 [2, taps, H], the
+ * moments too), read back bit for bit by the resume's reader (ddt_checkpoint_read_newest) with
+ * state.json's drafter equal, a configuration of other taps or of DFlash refused naming the
+ * tensor, the export from the checkpoint alone the direct one byte for byte; state.json's DFlash2
+ * keys refused when wrong, and beside a DFlash drafter */
+static void test_checkpoint_dflash2(void)
+{
+    char run[512], dir[700], path[1200], out[700], direct[700], err[1024] = "";
+    new_dir("checkpoint_dflash2", run, sizeof run);
+    fixture *g = fixture_of(103, 1);
+    const char *config = "{\"name\": \"d2\"}";
+    write_step(run, 9, g, config, 2, dir, sizeof dir, NULL);
+
+    snprintf(path, sizeof path, "%s/state.safetensors", dir);
+    ddt_st_file st;
+    if (ddt_st_open(path, &st, err, sizeof err) == 0) {
+        check_dflash2_shapes(&st, "param.", DDT_F32);
+        check_dflash2_shapes(&st, "adam_v.", DDT_F32);
+        ddt_st_close(&st);
+    } else {
+        check(0, "%s does not open: %s", path, err);
+    }
+    float *params = sentinel_floats(g->total), *m = sentinel_floats(g->total), *v = sentinel_floats(g->total);
+    ddt_adamw_state adam = { .step = -1, .m = m, .v = v };
+    ddt_checkpoint_meta meta = { .step = -1 };
+    ddt_checkpoint_passed *passed = NULL;
+    int n_passed = -1;
+    int rc = ddt_checkpoint_read_newest(run, &g->c, params, &adam, &meta, path, sizeof path, &passed, &n_passed, err,
+                                        sizeof err);
+    size_t bytes = (size_t)g->total * sizeof(float);
+    check(rc == 0 && n_passed == 0, "resume's read: %d %s", rc, err);
+    check(rc == 0 && !memcmp(params, g->params, bytes) && !memcmp(m, g->m, bytes) && !memcmp(v, g->v, bytes) &&
+              adam.step == g->adam.step, "the DFlash2 checkpoint does not read back bit for bit");
+    ddt_checkpoint_meta want = fixture_meta(g, 9, config);
+    check(rc == 0 && metas_equal(&meta, &want), "state.json's DFlash2 drafter reads back to another one");
+    if (rc == 0)
+        ddt_checkpoint_meta_free(&meta);
+    free(passed);
+
+    /* other taps, and DFlash: the tensors say which configuration they are */
+    ddt_drafter_config other = g->c;
+    other.conv_taps = 3;
+    rc = ddt_checkpoint_read(dir, &other, params, NULL, NULL, err, sizeof err);
+    check(rc == -EINVAL && strstr(err, "tensor 'param.layers.0.attention_conv.base_kernel' has shape [2, 2, 16], "
+                                       "expected [2, 3, 16]"), "a checkpoint of 2 taps read as 3: %d %s", rc, err);
+    other = g->c;
+    other.dflash2 = 0;
+    rc = ddt_checkpoint_read(dir, &other, params, NULL, NULL, err, sizeof err);
+    check(rc == -EINVAL && strstr(err, "attention_conv.base_kernel' is not a parameter of this drafter configuration"),
+          "a DFlash2 checkpoint read as DFlash: %d %s", rc, err);
+
+    snprintf(out, sizeof out, "%s/exported", run);
+    snprintf(direct, sizeof direct, "%s/direct", run);
+    rc = ddt_checkpoint_export(run, 9, out, path, sizeof path, err, sizeof err);
+    check(rc == 0, "export of the DFlash2 checkpoint: %s", err);
+    check(ddt_export_write(direct, &g->c, g->params, err, sizeof err) == 0, "export: %s", err);
+    check_same_export(out, direct);
+
+    /* state.json's DFlash2 keys, each checked */
+    snprintf(path, sizeof path, "%s/state.json", dir);
+    char *good = ddt_read_text_file(path, 1 << 22, err, sizeof err);
+    static const struct { const char *key, *value, *named; } cases[] = {
+        { "drafter.is_causal", "true", "drafter: is_causal must be false" },
+        { "drafter.is_causal", NULL, "drafter: is_causal is missing" },
+        { "drafter.dflash_config.selector_rank", NULL, "drafter.dflash_config: selector_rank is missing" },
+        { "drafter.dflash_config.conv_kernel_size", "\"2\"", "drafter.dflash_config: conv_kernel_size must be" },
+        { "drafter.dflash_config.conv_group_size", "3", "drafter: dflash_config.conv_group_size must divide" },
+        { "drafter.dflash_config.block_size", "8", "drafter.dflash_config: block_size must be the top-level" },
+        { "drafter.dflash_config.output_multiplier", "1", "drafter.dflash_config: output_multiplier is not" },
+        { "drafter.architectures", "[\"DFlashDraftModel\"]", "drafter: is_causal is a DFlash2DraftModel's key" },
+    };
+    for (size_t i = 0; good && i < sizeof cases / sizeof cases[0]; i++) {
+        write_file(path, good);
+        edit_state(dir, cases[i].key, cases[i].value);
+        check_meta_refused(dir, cases[i].named);
+    }
+    free(good);
+    free(params);
+    free(m);
+    free(v);
+    fixture_free(g);
+}
+
+/* A DFlash2 run saved by the trainer and resumed: the resumed trainer's export is the one it had
+ * when saved, byte for byte (no step taken: the DFlash2 step is not this test's) */
+static void test_resume_dflash2(void)
+{
+    char state[512], live[600], again[600], err[1024] = "", run_id[64];
+    new_dir("resume_dflash2", state, sizeof state);
+    snprintf(live, sizeof live, "%s/live", state);
+    snprintf(again, sizeof again, "%s/again", state);
+    ddt_trainer *t = open_trainer(state, TINY_RUN_WITH(", \"architecture\": \"dflash2\", \"conv_group_size\": 8,"
+                                                       " \"selector_rank\": 8, \"selector_top_k\": 4"), NULL);
+    if (!t)
+        return;
+    check(ddt_trainer_config(t)->drafter.dflash2 == 1, "the run config's drafter.architecture dflash2 is not read");
+    check(ddt_trainer_checkpoint(t, err, sizeof err) == 0, "checkpoint: %s", err);
+    check(ddt_trainer_export(t, live, err, sizeof err) == 0, "live export: %s", err);
+    snprintf(run_id, sizeof run_id, "%s", ddt_trainer_run_id(t));
+    ddt_trainer_close(t);
+    t = open_trainer(state, "", run_id);
+    if (!t)
+        return;
+    check(ddt_trainer_config(t)->drafter.dflash2 == 1 && ddt_trainer_step_count(t) == 0,
+          "resumed as another drafter, or at step %lld", (long long)ddt_trainer_step_count(t));
+    check(ddt_trainer_export(t, again, err, sizeof err) == 0, "export after the resume: %s", err);
+    check_same_export(again, live);
+    ddt_trainer_close(t);
+}
+
 /* ------------------------------------------------------------------------------------------ */
 
 static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
@@ -1615,6 +1915,10 @@ int main(void)
         { "checkpoint_unverified", test_checkpoint_unverified },
         { "checkpoint_read_newest", test_read_newest },
         { "export_corrupt", test_export_corrupt },
+        { "export_dflash2", test_export_dflash2 },
+        { "export_dflash2_refused", test_export_dflash2_refused },
+        { "checkpoint_dflash2", test_checkpoint_dflash2 },
+        { "resume_dflash2", test_resume_dflash2 },
     };
     run_cases(cases, sizeof cases / sizeof cases[0]);
     nftw(root, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
