@@ -291,17 +291,23 @@ void ddt_selector_close(ddt_selector *s)
     free(s);
 }
 
-/* ids, vals (K): the top K of row (V), descending, ties to the lower id; NaN counts as -inf (as
- * the unary ranks count it) */
+/* x ranks before y in a top-K: a larger number, NaN after every number (topk_rows' order) */
+static int topk_before(float x, float y)
+{
+    return x == x && (y != y || x > y);
+}
+
+/* ids, vals (K): the top K of row (V) as topk_rows has them: descending, NaNs after every
+ * number, ties to the lower id (scanned in id order, an equal value never passes another) */
 static void host_topk(const float *row, int64_t V, int64_t K, int32_t *ids, float *vals)
 {
     int64_t n = 0;
     for (int64_t v = 0; v < V; v++) {
-        const float x = row[v] != row[v] ? -INFINITY : row[v];
-        if (n == K && !(x > vals[K - 1]))
+        const float x = row[v];
+        if (n == K && !topk_before(x, vals[K - 1]))
             continue;
         int64_t at = n < K ? n++ : K - 1;
-        while (at > 0 && x > vals[at - 1]) {
+        while (at > 0 && topk_before(x, vals[at - 1])) {
             vals[at] = vals[at - 1];
             ids[at] = ids[at - 1];
             at--;

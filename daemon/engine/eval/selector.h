@@ -77,7 +77,8 @@ void ddt_selector_close(ddt_selector *s);
  * states and z (B, V) its unary logits, both in be's memory; w the drafter's weights (A, Bs, Hp
  * in be's memory); pred (B, host): pred[1] the anchor's token, pred[k] (k >= 2) slot k's
  * teacher-forced predecessor or < 0 for none; tokens in [0, V). z's top-K is the backend's
- * topk_rows where it has one, else found on the host a row at a time. */
+ * topk_rows where it has one, else found on the host a row at a time in topk_rows' order
+ * (descending, NaNs after every number, ties to the lower id). */
 const ddt_selector_view *ddt_selector_fill(ddt_selector *s, const ddt_drafter_weights *w, const float *hs,
                                            const float *z, const int32_t *pred);
 

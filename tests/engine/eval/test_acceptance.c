@@ -626,7 +626,8 @@ static void hand_view_init(hand_view *h, int64_t B, int64_t K, int64_t r)
     h->v = (ddt_selector_view){ B, K, r, h->cand, h->z, h->q, h->succ, h->cand_pred, h->pred };
 }
 
-/* ids (K) of row (V): the top K, value descending, ties to the lower id, NaN as -inf (by sorting) */
+/* ids (K) of row (V): the top K, value descending, NaNs after every number, ties to the lower
+ * id (topk_rows' order, by sorting) */
 static void ref_topk(const float *row, int64_t V, int64_t K, int32_t *ids)
 {
     int32_t order[SEL_MAX_V];
@@ -634,8 +635,10 @@ static void ref_topk(const float *row, int64_t V, int64_t K, int32_t *ids)
         order[v] = (int32_t)v;
     for (int64_t i = 0; i < V; i++)
         for (int64_t j = i + 1; j < V; j++) {
-            float a = ref_clean(row[order[i]]), b = ref_clean(row[order[j]]);
-            if (b > a || (b == a && order[j] < order[i])) {
+            const float a = row[order[i]], b = row[order[j]];
+            const int a_nan = a != a, b_nan = b != b;
+            const int b_first = a_nan != b_nan ? a_nan : !a_nan && b != a ? b > a : order[j] < order[i];
+            if (b_first) {
                 int32_t t = order[i];
                 order[i] = order[j];
                 order[j] = t;
@@ -952,6 +955,9 @@ static void test_selector_fill(void)
     uint64_t rng = 31;
     random_logits(hs, B * H, 0, &rng);
     random_logits(z, B * V, 1, &rng);   /* small integers: ties inside and at the edge of the top-K */
+    for (int64_t v = 0; v < V - 3; v++)  /* slot 3: two numbers, then -inf, a number, before the NaNs */
+        z[3 * V + v] = NAN;
+    z[3 * V + V - 3] = -INFINITY;
     random_logits(A, V * R, 0, &rng);
     random_logits(Bs, V * R, 0, &rng);
     random_logits(Hp, R * H, 0, &rng);
@@ -976,7 +982,8 @@ static void test_selector_fill(void)
             ref_topk(z + k * V, V, K, ids);
             for (int64_t i = 0; i < K; i++) {
                 const int32_t c = ids[i];
-                ok = ok && v->cand[k * K + i] == c && v->z[k * K + i] == z[k * V + c] &&
+                const float got = v->z[k * K + i], want = z[k * V + c];
+                ok = ok && v->cand[k * K + i] == c && (got == want || (got != got && want != want)) &&
                      !memcmp(v->succ + (k * K + i) * R, Bs + c * R, R * sizeof(float)) &&
                      (k == B - 1 || !memcmp(v->cand_pred + (k * K + i) * R, A + c * R, R * sizeof(float)));
             }
@@ -989,6 +996,8 @@ static void test_selector_fill(void)
             }
         }
         check(ok, "%s: the view's candidates, logits or gathered rows differ from the host's", names[b]);
+        check(v->cand[3 * K + 2] == V - 3, "%s: slot 3's third candidate %d, want the -inf (%d), not a NaN",
+              names[b], v->cand[3 * K + 2], V - 3);
         check(q_err < 1e-5, "%s: q off by %.3g", names[b], q_err);   /* fp32 sums of 6 products */
         ddt_selector_close(s);
     }
