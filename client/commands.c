@@ -351,6 +351,11 @@ static int ddc_print_run(const ddc_ctx *ctx, const ddc_args *args, const char *p
     ddc_show_line("tau chain:", ddc_fmt_real(ddc_get(run, "tau_chain"), 4).s);
 
     show_budgets(run, "tau_tree", "tau tree:");
+    const cJSON *unary = ddc_object(ddc_get(run, "unary"));
+    if (unary) {   /* a DFlash2 run: the two above are its path selector's, these its unary head's */
+        ddc_show_line("unary chain:", ddc_fmt_real(ddc_get(unary, "tau_chain"), 4).s);
+        show_budgets(unary, "tau_tree", "unary tree:");
+    }
     /* speculative decoding (SPEC.md 7): tau_spec and tau_spec_tree, the same form */
     ddc_show_line("tau spec:", ddc_fmt_real(ddc_get(run, "tau_spec"), 4).s);
     show_budgets(run, "tau_spec_tree", "tau spec tree:");

@@ -3,7 +3,8 @@
  * decoding of the target, by the drafter's chain (one block verified per target call) and by
  * the DDTree tree of each --tree budget, and the acceptance a server would see, tau_spec and
  * tau_spec_tree(K), with the greedy-equality verdict (the contract: speculative decoding is
- * lossless, so a mismatch is a bug and the exit status is 1).
+ * lossless, so a mismatch is a bug and the exit status is 1). A DFlash2 drafter drafts along its
+ * path selector (SPEC.md 2.1), so its figures are the selector's ("draft": "selector").
  *
  *   ddtreed speculate --target DIR --drafter EXPORT_DIR (--prompts FILE | --chat FILE.jsonl
  *                     --template qwen3|qwen3.5|qwen3.6) [--gen-len N] [--prompt-len P]
@@ -329,6 +330,7 @@ static cJSON *summary_json(const spec_args *a, const ddt_drafter_config *dc, con
     cJSON_AddStringToObject(o, "device", a->device);
     cJSON_AddNumberToObject(o, "gen_len", (double)a->gen_len);
     cJSON_AddNumberToObject(o, "block_size", (double)dc->block_size);
+    cJSON_AddStringToObject(o, "draft", dc->dflash2 ? "selector" : "argmax");
     return o;
 }
 

@@ -89,12 +89,26 @@ static int resume_state(ddt_store *store, const char *db, const char *id, ddt_ru
     return rc;
 }
 
-static void print_eval(const ddt_acceptance *a, int64_t step, FILE *out)
+/* tau_chain, tau_tree(K) and acc_1 of a */
+static void print_figures(const ddt_acceptance *a, FILE *out)
 {
-    fprintf(out, "eval at step %lld: tau_chain %.3f", (long long)step, ddt_acceptance_tau_chain(a));
+    fprintf(out, "tau_chain %.3f", ddt_acceptance_tau_chain(a));
     for (int i = 0; i < a->n_budgets; i++)
         fprintf(out, ", tau_tree(%lld) %.3f", (long long)a->budgets[i], ddt_acceptance_tau_tree(a, i));
-    fprintf(out, ", acc_1 %.3f (%lld blocks)\n", ddt_acceptance_acc(a, 1), (long long)a->blocks);
+    fprintf(out, ", acc_1 %.3f", ddt_acceptance_acc(a, 1));
+}
+
+/* a DFlash2 drafter's figures are its path selector's, its unary head's beside */
+static void print_eval(const ddt_acceptance *a, int64_t step, FILE *out)
+{
+    fprintf(out, "eval at step %lld: %s", (long long)step, a->selector ? "selector " : "");
+    print_figures(a, out);
+    if (a->selector) {
+        const ddt_acceptance unary = ddt_acceptance_unary(a);
+        fprintf(out, "; unary ");
+        print_figures(&unary, out);
+    }
+    fprintf(out, " (%lld blocks)\n", (long long)a->blocks);
 }
 
 /* ddt_trainer_ready at a step boundary: 0 when the run may go on; else the run is recorded
@@ -321,6 +335,12 @@ int ddt_cmd_train(int argc, char **argv)
             printf(" (from %.3f at step 0)", tau_start);
         for (int i = 0; i < acc.n_budgets; i++)
             printf(", tau_tree(%lld) %.3f", (long long)acc.budgets[i], ddt_acceptance_tau_tree(&acc, i));
+        if (acc.selector) {   /* DFlash2: the figures above are the path selector's */
+            const ddt_acceptance unary = ddt_acceptance_unary(&acc);
+            printf(" (path selector)\n  unary head    tau_chain %.3f", ddt_acceptance_tau_chain(&unary));
+            for (int i = 0; i < unary.n_budgets; i++)
+                printf(", tau_tree(%lld) %.3f", (long long)unary.budgets[i], ddt_acceptance_tau_tree(&unary, i));
+        }
         printf("\n");
     }
     printf("  database      %s\n  checkpoints   %s/checkpoints\n", db, ddt_trainer_run_dir(t));

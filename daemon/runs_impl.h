@@ -55,6 +55,9 @@ typedef struct run {
     int n_budgets;
     int64_t budgets[DDT_MAX_EVAL_BUDGETS];
     double tau_tree[DDT_MAX_EVAL_BUDGETS];
+    double unary_tau_chain;             /* a DFlash2 run's unary head's, beside its selector's
+                                           above; < 0: none (DFlash, or not evaluated) */
+    double unary_tau_tree[DDT_MAX_EVAL_BUDGETS];
     /* the newest speculative evaluation (SPEC.md 7: eval.speculative or POST .../speculate) */
     double tau_spec;                    /* < 0 until one */
     int n_spec_budgets;

@@ -129,7 +129,7 @@ run *ddt_runs_new_run(ddt_runs *r, const char *id, const char *config_json, size
     }
     snprintf(u->id, sizeof u->id, "%s", id);
     u->owner = r;
-    u->tau_chain = u->tau_spec = -1;
+    u->tau_chain = u->tau_spec = u->unary_tau_chain = -1;
     u->started_ms = u->finished_ms = u->last_checkpoint_step = -1;
     u->want_chunk = u->want_tile = -1;
     return u;

@@ -97,11 +97,14 @@ static void record_step(ddt_runs *r, run *u, const ddt_step_record *rec)
 
 static void record_eval(run *u, const ddt_acceptance *a)
 {
+    const ddt_acceptance unary = ddt_acceptance_unary(a);   /* a DFlash2 drafter's, beside its selector's */
     u->tau_chain = ddt_acceptance_tau_chain(a);
+    u->unary_tau_chain = a->selector ? ddt_acceptance_tau_chain(&unary) : -1;
     u->n_budgets = a->n_budgets;
     for (int i = 0; i < a->n_budgets; i++) {
         u->budgets[i] = a->budgets[i];
         u->tau_tree[i] = ddt_acceptance_tau_tree(a, i);
+        u->unary_tau_tree[i] = ddt_acceptance_tau_tree(&unary, i);
     }
 }
 

@@ -49,6 +49,13 @@ static cJSON *run_json(const run *u)
     add_number_or_null(o, "acc", has, s->acc);
     add_number_or_null(o, "tau_chain", u->tau_chain >= 0, u->tau_chain);
     add_budgets(o, "tau_tree", u->tau_chain >= 0 ? u->n_budgets : 0, u->budgets, u->tau_tree);
+    if (u->unary_tau_chain >= 0) {   /* a DFlash2 run: the figures above are its selector's */
+        cJSON *unary = cJSON_AddObjectToObject(o, "unary");
+        cJSON_AddNumberToObject(unary, "tau_chain", u->unary_tau_chain);
+        add_budgets(unary, "tau_tree", u->n_budgets, u->budgets, u->unary_tau_tree);
+    } else {
+        cJSON_AddNullToObject(o, "unary");
+    }
     add_number_or_null(o, "tau_spec", u->tau_spec >= 0, u->tau_spec);
     add_budgets(o, "tau_spec_tree", u->tau_spec >= 0 ? u->n_spec_budgets : 0, u->spec_budgets, u->tau_spec_tree);
     if (u->tau_spec >= 0) {   /* the newest speculative evaluation's step, prompts, verdict, cost */

@@ -168,11 +168,14 @@
     const budgets = [...new Set(evals.flatMap((e) => Object.keys(e.tau_tree || {})))].sort((a, b) => a - b);
     const specBudgets = [...new Set(evals.flatMap((e) => Object.keys(e.tau_spec_tree || {})))].sort((a, b) => a - b);
     const hasSpec = evals.some((e) => Number.isFinite(e.tau_spec));
-    const tauLabels = ["tau_chain"].concat(budgets.map((k) => `tau_tree(${k})`), hasSpec ? ["tau_spec"] : [],
-                                           specBudgets.map((k) => `tau_spec_tree(${k})`));
+    // a DFlash2 run: tau_chain is its path selector's, its unary head's beside
+    const hasUnary = evals.some((e) => e.unary && Number.isFinite(e.unary.tau_chain));
+    const tauLabels = ["tau_chain"].concat(budgets.map((k) => `tau_tree(${k})`), hasUnary ? ["tau_chain (unary)"] : [],
+                                           hasSpec ? ["tau_spec"] : [], specBudgets.map((k) => `tau_spec_tree(${k})`));
     chart({ key: "tau", title: "Acceptance length (evaluations)", labels: tauLabels, x: evals.map((e) => e.step) },
           [column(evals, (e) => e.tau_chain)].concat(
             budgets.map((k) => column(evals, (e) => (e.tau_tree || {})[k])),
+            hasUnary ? [column(evals, (e) => (e.unary || {}).tau_chain)] : [],
             hasSpec ? [column(evals, (e) => e.tau_spec)] : [],
             specBudgets.map((k) => column(evals, (e) => (e.tau_spec_tree || {})[k]))));
 

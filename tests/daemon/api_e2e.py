@@ -26,6 +26,8 @@ Cases:
                     rows summing to its peak, the seed's split proposed under 95 GB
  12 export_dest     a manual export (default runs/ID/exports/step-N, or out / --out) survives the
                     final export; bad destinations are 400 naming out
+ 13 dflash2         a DFlash2 drafter's evaluation: its unary head's figures beside its
+                    selector's in GET /runs/ID, the evals rows and ddtreectl show
 
 Output: "ok   NAME" or "FAIL NAME" with indented details, then "N passed, M failed".
 Exit 0 all passed, 1 a failure, 77 skipped (ddtreed, ddtreectl or prometheus_client missing;
@@ -52,7 +54,7 @@ import traceback
 
 STATES = ["queued", "running", "pausing", "paused", "completed", "failed", "cancelled", "interrupted"]
 TOKEN = "e2e-secret-token-5f1c"
-RUN_FIELDS = ["id", "name", "state", "step", "max_steps", "loss", "ce", "kl", "cap", "acc", "tau_chain",
+RUN_FIELDS = ["id", "name", "state", "step", "max_steps", "loss", "ce", "kl", "cap", "acc", "tau_chain", "unary",
               "tau_spec", "tau_spec_tree", "speculative", "tokens_per_s", "positions_per_s", "peak_memory_bytes", "chunk", "vocab_tile",
               "last_checkpoint_step", "error"]
 SLOW = 1.0  # timeouts scale (the sanitizer build is several times slower)
@@ -1750,6 +1752,33 @@ def case_export_dest(t, env):
     d.stop()
 
 
+# ------------------------------------------------------------------------------------------
+# 13. a DFlash2 drafter's evaluation (SPEC.md 2.1): its path selector's figures, its unary head's beside
+
+def case_dflash2(t, env):
+    d = Daemon(env, t).start()
+    c = d.unix
+    cfg = run_config(LONG, name="dflash2")
+    cfg["drafter"].update({"architecture": "dflash2", "selector_rank": 8, "selector_top_k": 4})
+    rid = d.submit(cfg)
+    run = d.wait_run(rid, "the step-0 evaluation", lambda x: isinstance(x.get("tau_chain"), (int, float)), 30)
+    unary = run.get("unary") or {}
+    t.check(isinstance(unary.get("tau_chain"), (int, float)) and isinstance(unary.get("tau_tree"), dict),
+            "GET /runs/%s: unary %r (a DFlash2 run's unary head's figures)" % (rid, run.get("unary")))
+    evals = c.get("/runs/%s/evals" % rid).json().get("evals") or []
+    row = evals[0] if evals else {}
+    u = row.get("unary") or {}
+    # step 0: Bs = 0, so the selector picks the unary argmax (the chains agree; unary_json has 6 decimals)
+    t.check(row.get("step") == 0 and isinstance(u.get("acc"), dict) and isinstance(u.get("tau_chain"), (int, float))
+            and abs(u["tau_chain"] - row.get("tau_chain", -1)) < 1e-6, "the step-0 evals row of a DFlash2 run: %r" % row)
+    if env.ddtreectl:
+        res = env.ctl(["--socket", d.socket, "show", rid])
+        t.check(res.returncode == 0 and "unary chain:" in res.stdout, "ddtreectl show of a DFlash2 run: %s" % res.out)
+    c.post("/runs/%s/cancel" % rid)
+    d.wait_state(rid, "cancelled")
+    d.stop()
+
+
 CASES = [
     ("unix_routes", case_unix_routes, False),
     ("tcp_token", case_tcp_token, False),
@@ -1767,6 +1796,7 @@ CASES = [
     ("speculate", case_speculate, False),
     ("plan_fits", case_plan_fits, False),
     ("export_dest", case_export_dest, False),
+    ("dflash2", case_dflash2, False),
 ]
 
 

@@ -112,6 +112,7 @@ def check(path, summary, prompts, budgets, learnt="-"):
     s = json.loads(open(summary).read().strip().splitlines()[-1])
     B, tau = r["block_size"], r["tau_spec"]
     assert r["greedy_equal"] is True, r["greedy_equal"]
+    assert r["draft"] == "argmax", r["draft"]   # DFlash exports (a DFlash2 one: "selector")
     assert 1 <= tau <= B, (tau, B)
     assert sorted(r["tau_spec_tree"], key=int) == sorted(budgets.split(","), key=int), r["tau_spec_tree"]
     for k, t in r["tau_spec_tree"].items():

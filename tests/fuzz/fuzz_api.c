@@ -194,7 +194,7 @@ static void write_template(void)
     ddt_store_event(s, "r-completed", t0 + 1, "state", "{\"state\":\"running\",\"step\":0}");
     ddt_store_event(s, "r-completed", t0 + 2, "rechunk", "{\"chunk\":4,\"vocab_tile\":0}");
     ddt_store_event(s, "r-completed", t0 + 3, "oom_recovery", "{\"chunk\":2}");
-    ddt_store_eval(s, "r-completed", 2, 1.75, "{\"2\":1.9}", "[0.5,0.25]");
+    ddt_store_eval(s, "r-completed", 2, 1.75, "{\"2\":1.9}", "[0.5,0.25]", NULL);
     ddt_store_checkpoint(s, "r-completed", 3, "/nonexistent/ckpt-3", 4096, t0 + 4);
     ddt_store_event(s, "r-failed", t0 + 5, "error", "{\"error\":\"a step produced a NaN gradient\"}");
     SETUP(ddt_store_flush(s) == 0, "flush %s", env.template_db);

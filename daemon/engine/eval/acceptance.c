@@ -1,9 +1,12 @@
 /* acceptance.c: the acceptance metrics of SPEC.md section 6 over held-out blocks: acc_k, the
  * chain acceptance length tau_chain and the DDTree acceptance length tau_tree(K), from the
- * drafter's per-slot logits and the labels. Not here: sampling anchors or running the drafter
- * (the caller passes one block's logits), and the target's own verification (the labels stand
- * for what the target would accept).
- * Tested by tests/engine/eval/test_acceptance.c (hand-made blocks with known answers, a brute-force tree).
+ * drafter's per-slot logits and the labels; for a DFlash2 drafter along its path selector
+ * (SPEC.md 2.1, selector.c's picks and lattice tree), its unary head's figures beside. Not
+ * here: sampling anchors or running the drafter (the caller passes one block's logits and
+ * selector view), building a tree (draft_tree.c), and the target's own verification (the labels
+ * stand for what the target would accept).
+ * Tested by tests/engine/eval/test_acceptance.c (hand-made blocks and selector views with known
+ * answers, brute-force trees).
  *
  * Legend: B slots in the block (slot 0 is the anchor's), V vocabulary, K a node budget,
  * Kmax = min(largest budget, V) ranks kept per slot, N nodes in the tree (N <= largest budget).
@@ -28,6 +31,12 @@
  *  - The walk: from the root, at depth k, while slot k + 1's label is valid and a child of the
  *    current node at slot k + 1 carries that token and is among the tree's first K nodes, move
  *    to it. The accepted depth is the number of moves; tau_tree(K) = 1 + its mean.
+ *  - DFlash2 (ddt_acceptance_add_selector_block): acc_k and the chain take the selector's
+ *    teacher-forced picks in place of the argmax (slot k's pick after the token before it, the
+ *    view's pred row k), the tree is the selector's lattice (selector.h: a node's children are
+ *    the K candidates of the next slot ranked after its token, edge logp the log-softmax over
+ *    them), walked the same way; the unary figures above are counted beside, over the same
+ *    blocks.
  *  - A block whose slot-1 label is invalid (or with B = 1) is skipped entirely, acc_k
  *    included. A label >= V, B outside [1, DDT_MAX_SLOTS], V < 1, a budget < 1 or more than
  *    DDT_MAX_BUDGETS budgets are programming errors: they end the process through ddk_fatal
@@ -42,6 +51,7 @@
  * (which tests/engine/eval/test_acceptance.c relies on to compare with its brute-force tree).
  */
 #include "acceptance.h"
+#include "draft_tree.h"
 #include "ddk.h"
 
 #include <float.h>
@@ -165,151 +175,41 @@ static void rank_row(const float *row, int64_t V, int64_t Kmax, ranked *heap, in
 }
 
 /* ------------------------------------------------------------------------------------------
- * The tree: best-first over rank paths
- */
-
-typedef struct tree_node {
-    double score;        /* summed logp along the path */
-    int32_t parent;      /* index in the tree; -1: the root */
-    int32_t slot;        /* depth, 1..B-1 */
-    int32_t rank;        /* rank at its slot */
-    int32_t token;
-} tree_node;
-
-typedef struct candidate {
-    double score;
-    int32_t parent, slot, rank;
-} candidate;
-
-typedef struct tree_build {
-    tree_node *nodes;      /* (N) in best-first order */
-    int64_t n;
-    candidate *heap;       /* (N + 1) max-heap of the frontier */
-    int64_t heap_n;
-} tree_build;
-
-/* path (slot) of ranks from slot 1 to c's slot */
-static int rank_path(const tree_node *nodes, candidate c, int32_t *path)
-{
-    path[c.slot - 1] = c.rank;
-    for (int32_t p = c.parent; p >= 0; p = nodes[p].parent)
-        path[nodes[p].slot - 1] = nodes[p].rank;
-    return c.slot;
-}
-
-/* a comes before b: higher score, then the lexicographically smaller rank path */
-static int candidate_before(const tree_node *nodes, candidate a, candidate b)
-{
-    if (a.score != b.score)
-        return a.score > b.score;
-    int32_t pa[DDT_MAX_SLOTS], pb[DDT_MAX_SLOTS];
-    int la = rank_path(nodes, a, pa), lb = rank_path(nodes, b, pb);
-    for (int i = 0; i < la && i < lb; i++)
-        if (pa[i] != pb[i])
-            return pa[i] < pb[i];
-    return la < lb;   /* for a total order only: a node never shares the heap with its ancestor */
-}
-
-static void candidate_push(tree_build *t, candidate c)
-{
-    int64_t i = t->heap_n++;
-    while (i > 0) {
-        int64_t up = (i - 1) / 2;
-        if (!candidate_before(t->nodes, c, t->heap[up]))
-            break;
-        t->heap[i] = t->heap[up];
-        i = up;
-    }
-    t->heap[i] = c;
-}
-
-static candidate candidate_pop(tree_build *t)
-{
-    candidate best = t->heap[0], x = t->heap[--t->heap_n];
-    int64_t n = t->heap_n, i = 0;
-    for (;;) {
-        int64_t c = 2 * i + 1;
-        if (c >= n)
-            break;
-        if (c + 1 < n && candidate_before(t->nodes, t->heap[c + 1], t->heap[c]))
-            c++;
-        if (!candidate_before(t->nodes, t->heap[c], x))
-            break;
-        t->heap[i] = t->heap[c];
-        i = c;
-    }
-    if (n > 0)
-        t->heap[i] = x;
-    return best;
-}
-
-/* the first `cap` nodes of the best-first order over B-1 slots of Kmax ranks each;
- * tokens, logp: ((B-1), Kmax) */
-static void build_tree(tree_build *t, int64_t cap, int64_t B, int64_t Kmax, const int32_t *tokens,
-                       const double *logp)
-{
-    t->n = 0;
-    t->heap_n = 0;
-    candidate_push(t, (candidate){ 0.0 + logp[0], -1, 1, 0 });
-    while (t->n < cap && t->heap_n > 0) {
-        candidate c = candidate_pop(t);
-        const int64_t row = (int64_t)(c.slot - 1) * Kmax;
-        int32_t self = (int32_t)t->n++;
-        t->nodes[self] = (tree_node){ c.score, c.parent, c.slot, c.rank, tokens[row + c.rank] };
-        if (c.rank + 1 < Kmax) {
-            double base = c.parent < 0 ? 0.0 : t->nodes[c.parent].score;
-            candidate_push(t, (candidate){ base + logp[row + c.rank + 1], c.parent, c.slot, c.rank + 1 });
-        }
-        if (c.slot + 1 <= B - 1)
-            candidate_push(t, (candidate){ c.score + logp[row + Kmax], self, c.slot + 1, 0 });
-    }
-}
-
-/* ------------------------------------------------------------------------------------------
  * One block
  */
 
-/* nodes a tree of B-1 slots with Kmax ranks each can hold, saturated at cap */
-static int64_t possible_nodes(int64_t B, int64_t Kmax, int64_t cap)
-{
-    int64_t total = 0, level = 1;
-    for (int64_t k = 1; k <= B - 1 && total < cap; k++) {
-        level = level > cap / Kmax ? cap : level * Kmax;
-        total = total > cap - level ? cap : total + level;
-    }
-    return total < cap ? total : cap;
-}
-
-/* One block's working set, one allocation (widest members first): the ranks of slots 1..B-1
- * and the tree of up to N nodes over them */
+/* The unary ranks of one block: slots 1..B-1, Kmax = min(K, V) each, one allocation */
 typedef struct block_ranks {
     double *logp;       /* (B-1, Kmax) */
     int32_t *tokens;    /* (B-1, Kmax) */
-    tree_build tree;    /* nodes (N), heap (N + 1) */
     int64_t Kmax;
     char *base;
 } block_ranks;
 
-/* ranks of logits (B, V) rows 1..B-1, Kmax = min(K, V) each, room for a tree of N nodes */
-static void block_ranks_open(block_ranks *r, const float *logits, int64_t B, int64_t V, int64_t K, int64_t N)
+/* ranks of logits (B, V) rows 1..B-1, Kmax = min(K, V) each */
+static void block_ranks_open(block_ranks *r, const float *logits, int64_t B, int64_t V, int64_t K)
 {
     const int64_t S = B - 1, Kmax = K < V ? K : V;
     const size_t logp_bytes = (size_t)(S * Kmax) * sizeof(double),
-                 node_bytes = (size_t)N * sizeof(tree_node),
-                 heap_bytes = (size_t)(N + 1) * sizeof(candidate),
                  rank_bytes = (size_t)Kmax * sizeof(ranked),
                  token_bytes = (size_t)(S * Kmax) * sizeof(int32_t);
-    char *base = malloc(logp_bytes + node_bytes + heap_bytes + rank_bytes + token_bytes);
+    char *base = malloc(logp_bytes + rank_bytes + token_bytes);
     if (!base)
         ddk_fatal(__FILE__, __LINE__, "out of memory for a block of %lld slots and %lld ranks", (long long)B,
                   (long long)Kmax);
     *r = (block_ranks){ .logp = (double *)base, .Kmax = Kmax, .base = base };
-    r->tree.nodes = (tree_node *)(base + logp_bytes);
-    r->tree.heap = (candidate *)(base + logp_bytes + node_bytes);
-    ranked *scratch = (ranked *)(base + logp_bytes + node_bytes + heap_bytes);
-    r->tokens = (int32_t *)(base + logp_bytes + node_bytes + heap_bytes + rank_bytes);
+    ranked *scratch = (ranked *)(base + logp_bytes);
+    r->tokens = (int32_t *)(base + logp_bytes + rank_bytes);
     for (int64_t k = 1; k < B; k++)
         rank_row(logits + k * V, V, Kmax, scratch, r->tokens + (k - 1) * Kmax, r->logp + (k - 1) * Kmax);
+}
+
+/* the unary tree's children: slot k's ranks, whatever the parent */
+static ddt_tree_children rank_children(void *source, int64_t slot, int32_t token)
+{
+    (void)token;
+    const block_ranks *r = source;
+    return (ddt_tree_children){ r->tokens + (slot - 1) * r->Kmax, r->logp + (slot - 1) * r->Kmax, r->Kmax };
 }
 
 /* the block's B and V checked: the programming errors of the file's comment */
@@ -327,41 +227,42 @@ int64_t ddt_tree_draft(const float *logits, int64_t B, int64_t V, int64_t K, int
         ddk_fatal(__FILE__, __LINE__, "node budget %lld outside [1, 2^31)", (long long)K);
     if (B < 2)
         return 0;
-    const int64_t N = possible_nodes(B, K < V ? K : V, K);
     block_ranks r;
-    block_ranks_open(&r, logits, B, V, K, N);
-    build_tree(&r.tree, N, B, r.Kmax, r.tokens, r.logp);
-    for (int64_t i = 0; i < r.tree.n; i++)
-        tokens[i] = r.tree.nodes[i].token, parents[i] = r.tree.nodes[i].parent;
-    const int64_t n = r.tree.n;
+    block_ranks_open(&r, logits, B, V, K);
+    ddt_tree t;
+    ddt_tree_init(&t, ddt_tree_possible_nodes(B, r.Kmax, K));
+    ddt_tree_build(&t, B, rank_children, &r);
+    for (int64_t i = 0; i < t.n; i++)
+        tokens[i] = t.nodes[i].token, parents[i] = t.nodes[i].parent;
+    const int64_t n = t.n;
+    ddt_tree_free(&t);
     free(r.base);
     return n;
 }
 
-void ddt_acceptance_add_block(ddt_acceptance *a, const float *logits, int64_t B, int64_t V,
-                              const int32_t *labels)
+/* The largest budget (at least 1: the argmax is needed even without a tree) */
+static int64_t max_budget(const ddt_acceptance *a)
 {
-    check_block(B, V);
-    for (int64_t k = 1; k < B; k++)
-        if (labels[k] >= V)
-            ddk_fatal(__FILE__, __LINE__, "label %d at slot %lld is outside the vocabulary of %lld",
-                             (int)labels[k], (long long)k, (long long)V);
-    if (B < 2 || labels[1] < 0)
-        return;
-
-    int64_t max_budget = 1;   /* the argmax is needed even without a tree */
+    int64_t max = 1;
     for (int i = 0; i < a->n_budgets; i++)
-        max_budget = a->budgets[i] > max_budget ? a->budgets[i] : max_budget;
-    const int64_t Kmax = max_budget < V ? max_budget : V;
-    const int64_t N = a->n_budgets > 0 ? possible_nodes(B, Kmax, max_budget) : 0;
+        max = a->budgets[i] > max ? a->budgets[i] : max;
+    return max;
+}
+
+/* A tree of cap nodes over `width` children per node (none without budgets) */
+static void open_tree(const ddt_acceptance *a, ddt_tree *t, int64_t B, int64_t width)
+{
+    const int64_t N = a->n_budgets > 0 ? ddt_tree_possible_nodes(B, width, max_budget(a)) : 0;
     if (N > INT32_MAX)
         ddk_fatal(__FILE__, __LINE__, "a tree of %lld nodes: node budgets are below 2^31", (long long)N);
-    block_ranks r;
-    block_ranks_open(&r, logits, B, V, max_budget, N);
-    const int32_t *tokens = r.tokens;
-    tree_build tree = r.tree;
+    ddt_tree_init(t, N);
+}
 
-    a->blocks++;
+/* One way of drafting's figures over a block: its picks (B) against the labels (B) (slot_correct
+ * (B) and *chain_sum), and the walk along them through its tree (tree_sum (budgets)). */
+static void count_block(const ddt_acceptance *a, int64_t B, const int32_t *labels, const int32_t *picks,
+                        const ddt_tree *tree, int64_t *slot_correct, double *chain_sum, double *tree_sum)
+{
     int chain_open = 1;
     int64_t chain = 0;
     for (int64_t k = 1; k < B; k++) {
@@ -369,38 +270,78 @@ void ddt_acceptance_add_block(ddt_acceptance *a, const float *logits, int64_t B,
             chain_open = 0;
             continue;
         }
-        int correct = tokens[(k - 1) * Kmax] == labels[k];
-        a->slot_count[k]++;
-        a->slot_correct[k] += correct;
+        const int correct = picks[k] == labels[k];
+        slot_correct[k] += correct;
         chain_open = chain_open && correct;
         chain += chain_open;
     }
-    a->chain_sum += (double)chain;
+    *chain_sum += (double)chain;
 
-    if (N > 0) {
-        build_tree(&tree, N, B, Kmax, tokens, r.logp);
-        /* walk the whole tree once; node indices grow along a path (a parent is popped before
-         * its children), so budget K accepts the leading path nodes with index < K */
-        int64_t path[DDT_MAX_SLOTS];
-        int64_t depth = 0, at = -1;
-        for (int64_t k = 1; k < B && labels[k] >= 0; k++) {
-            int64_t next = -1;
-            for (int64_t j = at + 1; j < tree.n && next < 0; j++)
-                if (tree.nodes[j].parent == at && tree.nodes[j].token == labels[k])
-                    next = j;
-            if (next < 0)
-                break;
-            path[depth++] = next;
-            at = next;
-        }
-        for (int i = 0; i < a->n_budgets; i++) {
-            int64_t accepted = 0;
-            while (accepted < depth && path[accepted] < a->budgets[i])
-                accepted++;
-            a->tree_sum[i] += (double)accepted;
-        }
+    int64_t path[DDT_MAX_SLOTS];
+    const int64_t depth = tree->cap > 0 ? ddt_tree_walk(tree, B, labels, path) : 0;
+    for (int i = 0; i < a->n_budgets; i++) {
+        int64_t accepted = 0;
+        while (accepted < depth && path[accepted] < a->budgets[i])
+            accepted++;
+        tree_sum[i] += (double)accepted;
     }
+}
+
+/* The labels checked; 1 when the block counts (its slot-1 label is valid), its slots counted */
+static int count_slots(ddt_acceptance *a, int64_t B, int64_t V, const int32_t *labels)
+{
+    check_block(B, V);
+    for (int64_t k = 1; k < B; k++)
+        if (labels[k] >= V)
+            ddk_fatal(__FILE__, __LINE__, "label %d at slot %lld is outside the vocabulary of %lld",
+                             (int)labels[k], (long long)k, (long long)V);
+    if (B < 2 || labels[1] < 0)
+        return 0;
+    a->blocks++;
+    for (int64_t k = 1; k < B; k++)
+        a->slot_count[k] += labels[k] >= 0;
+    return 1;
+}
+
+/* The unary head's figures of a block: its argmax and its tree of per-slot ranks */
+static void count_unary(const ddt_acceptance *a, const float *logits, int64_t B, int64_t V, const int32_t *labels,
+                        int64_t *slot_correct, double *chain_sum, double *tree_sum)
+{
+    block_ranks r;
+    block_ranks_open(&r, logits, B, V, max_budget(a));
+    int32_t argmax[DDT_MAX_SLOTS];
+    for (int64_t k = 1; k < B; k++)
+        argmax[k] = r.tokens[(k - 1) * r.Kmax];
+    ddt_tree tree;
+    open_tree(a, &tree, B, r.Kmax);
+    ddt_tree_build(&tree, B, rank_children, &r);
+    count_block(a, B, labels, argmax, &tree, slot_correct, chain_sum, tree_sum);
+    ddt_tree_free(&tree);
     free(r.base);
+}
+
+void ddt_acceptance_add_block(ddt_acceptance *a, const float *logits, int64_t B, int64_t V,
+                              const int32_t *labels)
+{
+    if (count_slots(a, B, V, labels))
+        count_unary(a, logits, B, V, labels, a->slot_correct, &a->chain_sum, a->tree_sum);
+}
+
+void ddt_acceptance_add_selector_block(ddt_acceptance *a, const float *logits, const ddt_selector_view *v,
+                                       int64_t V, const int32_t *labels)
+{
+    const int64_t B = v->B;
+    a->selector = 1;
+    if (!count_slots(a, B, V, labels))
+        return;
+    count_unary(a, logits, B, V, labels, a->unary_slot_correct, &a->unary_chain_sum, a->unary_tree_sum);
+    int32_t picks[DDT_MAX_SLOTS];
+    ddt_selector_picks(v, picks);
+    ddt_tree tree;
+    open_tree(a, &tree, B, v->K);
+    ddt_selector_tree(v, &tree);
+    count_block(a, B, labels, picks, &tree, a->slot_correct, &a->chain_sum, a->tree_sum);
+    ddt_tree_free(&tree);
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -424,4 +365,16 @@ double ddt_acceptance_tau_tree(const ddt_acceptance *a, int i)
     if (i < 0 || i >= a->n_budgets)
         ddk_fatal(__FILE__, __LINE__, "budget %d of %d", i, a->n_budgets);
     return a->blocks > 0 ? 1.0 + a->tree_sum[i] / (double)a->blocks : 1.0;
+}
+
+ddt_acceptance ddt_acceptance_unary(const ddt_acceptance *a)
+{
+    ddt_acceptance u = *a;
+    if (a->selector) {
+        memcpy(u.slot_correct, a->unary_slot_correct, sizeof u.slot_correct);
+        u.chain_sum = a->unary_chain_sum;
+        memcpy(u.tree_sum, a->unary_tree_sum, sizeof u.tree_sum);
+        u.selector = 0;
+    }
+    return u;
 }

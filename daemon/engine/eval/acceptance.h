@@ -2,15 +2,20 @@
  * distributions over held-out blocks: acc_k, the chain acceptance length tau_chain and the
  * DDTree acceptance length tau_tree(K) for node budgets K (best-first tree over the per-slot
  * top-K log-probabilities, walked along the labels); and that tree itself, the draft DDTree
- * speculative decoding verifies (speculate.h).
- * Tested by tests/engine/eval/test_acceptance.c (hand-made distributions with known answers).
+ * speculative decoding verifies (speculate.h). A DFlash2 drafter's figures follow its path
+ * selector (SPEC.md 2.1: its picks and its lattice tree, selector.h), its unary head's beside.
+ * Tested by tests/engine/eval/test_acceptance.c (hand-made distributions and selector views with
+ * known answers).
  */
 #ifndef DDT_ACCEPTANCE_H
 #define DDT_ACCEPTANCE_H
 
+#include "draft_tree.h"
+#include "selector.h"
+
 #include <stdint.h>
 
-enum { DDT_MAX_BUDGETS = 8, DDT_MAX_SLOTS = 256 };
+enum { DDT_MAX_BUDGETS = 8 };
 
 typedef struct ddt_acceptance {
     int n_budgets;
@@ -20,6 +25,14 @@ typedef struct ddt_acceptance {
     int64_t slot_correct[DDT_MAX_SLOTS];    /* of those, argmax == label */
     double chain_sum;                       /* sum over blocks of the accepted chain length */
     double tree_sum[DDT_MAX_BUDGETS];       /* sum over blocks of the accepted tree depth */
+    /* DFlash2 (ddt_acceptance_add_selector_block): the figures above are the path selector's;
+     * these the same blocks' of the drafter's unary head (its argmax and per-slot tree) */
+    int selector;                               /* 1: a DFlash2 drafter's, with unary_* beside (set by
+                                                   ddt_acceptance_add_selector_block, or by a caller
+                                                   that evaluates a DFlash2 drafter) */
+    int64_t unary_slot_correct[DDT_MAX_SLOTS];
+    double unary_chain_sum;
+    double unary_tree_sum[DDT_MAX_BUDGETS];
 } ddt_acceptance;
 
 void ddt_acceptance_init(ddt_acceptance *a, const int64_t *budgets, int n_budgets);
@@ -29,6 +42,14 @@ void ddt_acceptance_init(ddt_acceptance *a, const int64_t *budgets, int n_budget
  * A block whose slot-1 label is invalid is not counted. */
 void ddt_acceptance_add_block(ddt_acceptance *a, const float *logits, int64_t B, int64_t V,
                               const int32_t *labels);
+
+/* One block of a DFlash2 drafter: as ddt_acceptance_add_block, its unary logits (B, V) counted
+ * into unary_*, and its selector view v (v->B slots, B) into the figures: slot k's pick after
+ * the token before it (v's pred row k, which the caller fills for every slot with a valid
+ * label: the anchor's token for slot 1, else the label of slot k-1 where valid, as an accepted
+ * chain has it, else the data token) and the lattice tree. */
+void ddt_acceptance_add_selector_block(ddt_acceptance *a, const float *logits, const ddt_selector_view *v,
+                                       int64_t V, const int32_t *labels);
 
 /* The DDTree draft of one block (SPEC.md 6 and 7): the first K nodes (fewer when the block
  * holds fewer) of the best-first tree over the per-slot distributions logits (B, V) (row 0 unused),
@@ -41,5 +62,8 @@ int64_t ddt_tree_draft(const float *logits, int64_t B, int64_t V, int64_t K, int
 double ddt_acceptance_acc(const ddt_acceptance *a, int64_t k);
 double ddt_acceptance_tau_chain(const ddt_acceptance *a);
 double ddt_acceptance_tau_tree(const ddt_acceptance *a, int i);
+/* The unary head's figures of a, as an acceptance of their own to read with the three above
+ * (a's own for a DFlash drafter's) */
+ddt_acceptance ddt_acceptance_unary(const ddt_acceptance *a);
 
 #endif

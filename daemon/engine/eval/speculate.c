@@ -8,13 +8,17 @@
  * rows append (the rejected rows' features are dropped with them).
  * Argmax everywhere: logit descending, ties to the lowest id, as generate.c's greedy, on the
  * device (the backend's argmax_rows: only the indices come back); a tree's draft reads the
- * block's logits (B, V) back for its ranks. Not here: batching prompts (a target's rows would then depend on the batch), sampling
- * (speculation is greedy, so it must equal greedy decoding).
+ * block's logits (B, V) back for its ranks. A DFlash2 drafter drafts with its path selector
+ * (SPEC.md 2.1; selector.h): its block's selector view made on the device, the chain the
+ * selector's greedy path, the tree its lattice; no logits come back. Not here: batching prompts
+ * (a target's rows would then depend on the batch), sampling (speculation is greedy, so it must
+ * equal greedy decoding).
  * Tested by tests/engine/eval/test_speculate.c.
  *
  * Legend: as speculate.h; len committed positions, n nodes of one verify call.
  */
 #include "speculate.h"
+#include "selector.h"
 
 #include "base/ddt_time.h"
 #include "base/errors.h"
@@ -47,6 +51,10 @@ struct ddt_speculator {
     int32_t *out;          /* (2 + DDT_MAX_BUDGETS, max_gen) greedy, chain, each tree's tokens */
     int32_t *node_tokens, *node_parents, *path, *argmax;   /* (max_block) each */
     void *host_block;
+    /* a DFlash2 drafter's path selector (NULL for DFlash): the view of the block drafted last */
+    ddt_selector *selector;
+    const ddt_selector_view *view;
+    int32_t predecessors[DDT_MAX_SLOTS];   /* (B) [1] the anchor's token; none teacher-forced */
 };
 
 static int64_t max_of(int64_t a, int64_t b)
@@ -74,7 +82,7 @@ int64_t ddt_speculator_workspace_bytes(const ddt_drafter_config *dc, int64_t max
     *max_block = spec_max_block(dc, max_budget);
     *max_len = max_prompt + max_gen + *max_block;
     return device_floats(dc->hidden, dc->vocab, dc, max_prompt, *max_len, *max_block) * (int64_t)sizeof(float) +
-           (int64_t)ddt_drafter_step_bytes(dc, 1, *max_len, 1, 0, 0, 0);
+           (int64_t)ddt_drafter_step_bytes(dc, 1, *max_len, 1, 0, 0, 0) + ddt_selector_workspace_bytes(dc);
 }
 
 int ddt_speculate_check_drafter(const ddt_target_model *m, const ddt_drafter_config *dc, char *err, size_t err_len)
@@ -165,6 +173,12 @@ int ddt_speculator_open(ddt_speculator **out, const ddk_backend *be, const ddt_t
     s->argmax = s->path + max_block;
     s->mask = (uint8_t *)(s->argmax + max_block);
     memset(s->mask, 1, (size_t)max_len);
+    for (int64_t k = 0; k < dc->block_size; k++)
+        s->predecessors[k] = -1;
+    if (dc->dflash2 && (rc = ddt_selector_open(&s->selector, be, dc, err, err_len))) {
+        ddt_speculator_close(s);
+        return rc;
+    }
     *out = s;
     return 0;
 }
@@ -174,6 +188,7 @@ void ddt_speculator_close(ddt_speculator *s)
     if (!s)
         return;
     ddt_target_cache_close(&s->tc);
+    ddt_selector_close(s->selector);
     if (s->dev_block)
         ddk_free(s->be->alloc, s->dev_block, s->dev_bytes);
     free(s->host_block);
@@ -208,7 +223,8 @@ static int prefill(ddt_speculator *s, const int32_t *prompt, int64_t P, int32_t 
 }
 
 /* the drafter's block after the committed len rows: slot 0 = seq[len] at position len; its
- * logits (B, V) in s->dev_logits, and read back into s->logits (host) for a tree (ranks) */
+ * logits (B, V) in s->dev_logits, and read back into s->logits (host) for a tree (ranks), or, for
+ * a DFlash2 drafter, its selector view in s->view */
 static int draft(ddt_speculator *s, const ddt_drafter_weights *w, int64_t len, int tree)
 {
     const ddt_drafter_config *dc = &s->dc;
@@ -221,7 +237,10 @@ static int draft(ddt_speculator *s, const ddt_drafter_weights *w, int64_t len, i
     if (rc)
         return rc;
     ddt_target_logits(s->be, s->m, s->hs, B, s->dev_logits);
-    if (tree) {
+    if (s->selector) {
+        s->predecessors[1] = s->seq[len];
+        s->view = ddt_selector_fill(s->selector, w, s->hs, s->dev_logits, s->predecessors);
+    } else if (tree) {
         s->be->copy(s->be, s->logits, s->dev_logits, (size_t)(B * V) * sizeof(float));
         s->be->synchronize(s->be);
     }
@@ -229,19 +248,24 @@ static int draft(ddt_speculator *s, const ddt_drafter_weights *w, int64_t len, i
 }
 
 /* The verify nodes of one call after a draft (node 0: seq[len], the root): the chain (budget 0:
- * the argmax of slots 1..B-1) or the tree of `budget` nodes. Returns n. */
+ * the argmax of slots 1..B-1, or the selector's greedy path) or the tree of `budget` nodes (the
+ * unary ranks', or the selector's lattice). Returns n. */
 static int64_t draft_nodes(ddt_speculator *s, int64_t len, int64_t budget)
 {
     const int64_t B = s->dc.block_size, V = s->m->vocab;
     s->node_tokens[0] = s->seq[len];
     s->node_parents[0] = -1;
     if (budget == 0) {   /* the argmax of slots 1..B-1, on the device */
-        read_argmax(s, s->dev_logits + V, B - 1, s->node_tokens + 1);
+        if (s->selector)
+            ddt_selector_chain(s->view, s->node_tokens);
+        else
+            read_argmax(s, s->dev_logits + V, B - 1, s->node_tokens + 1);
         for (int64_t k = 1; k < B; k++)
             s->node_parents[k] = (int32_t)(k - 1);
         return B;
     }
-    const int64_t n = ddt_tree_draft(s->logits, B, V, budget, s->node_tokens + 1, s->node_parents + 1);
+    const int64_t n = s->selector ? ddt_selector_tree_draft(s->view, budget, s->node_tokens + 1, s->node_parents + 1)
+                                  : ddt_tree_draft(s->logits, B, V, budget, s->node_tokens + 1, s->node_parents + 1);
     for (int64_t i = 1; i <= n; i++)   /* the tree's -1 (a child of the root) is node 0 */
         s->node_parents[i] += 1;
     return n + 1;

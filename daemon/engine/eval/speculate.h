@@ -8,13 +8,16 @@
  * tree, roll back to the accepted path), so every target kind and backend speculates. The
  * drafter: any weights of its parameter table in the backend's memory (a run's live weights, a
  * checkpoint's, or an export read back from disk: ddt_export_read), its head the target's own
- * embed_tokens / lm_head as stored.
+ * embed_tokens / lm_head as stored. A DFlash2 drafter drafts along its path selector (SPEC.md
+ * 2.1): the chain its greedy path, the tree its lattice over each slot's K candidates.
  * Counting: the first generated token comes from the prefill; each verification call yields
  * the accepted drafts and the target's bonus token; tau = tokens yielded by verification calls
  * (up to gen_len - 1, the prefill's token not counted) / calls, so 1 <= tau <= B.
  * Tested by tests/engine/eval/test_speculate.c (lossless on a dense synthetic target, the tiny Qwen3.5
  * target and stories260K when ../shared is present: random and exported-then-reloaded
- * drafters; tau_spec <= B; the tree with K >= B-1 never below the chain; bad input).
+ * drafters, DFlash2 drafters with random selectors; tau_spec <= B; the tree with K >= B-1 never
+ * below the chain; a DFlash2 drafter with Bs = 0 drafting as the DFlash drafter of its backbone;
+ * bad input).
  *
  * Legend: P prompt tokens, G generated tokens, B block size, K node budget, N = K + 1 tree
  * nodes with the root, H hidden, L_t taps, V vocabulary.
@@ -84,17 +87,17 @@ int ddt_speculate_check_drafter(const ddt_target_model *m, const ddt_drafter_con
 /* A speculator for target m on be (the backend m was opened on) and drafter configuration dc:
  * the target's cache for prompts of up to max_prompt tokens and G = max_gen tokens, trees of
  * up to max_budget nodes (0: the chain only), and the drafter's and the tree's workspace, all
- * allocated once. Refused (-EINVAL, err naming the field) when the drafter does not fit the
- * target (ddt_speculate_check_drafter) or max_budget is above DDT_MAX_SLOTS^2; -ENOTSUP for a
- * target without a cache; -ENOMEM. */
+ * allocated once (a DFlash2 drafter's path selector's too). Refused (-EINVAL, err naming the
+ * field) when the drafter does not fit the target (ddt_speculate_check_drafter) or max_budget is
+ * above DDT_MAX_SLOTS^2; -ENOTSUP for a target without a cache; -ENOMEM. */
 int ddt_speculator_open(ddt_speculator **out, const ddk_backend *be, const ddt_target_model *m,
                         const ddt_drafter_config *dc, int64_t max_prompt, int64_t max_gen, int64_t max_budget,
                         char *err, size_t err_len);
 void ddt_speculator_close(ddt_speculator *s);
 /* bytes a speculator of these sizes allocates on its backend beside the target's cache (the
- * drafter's forward workspace of one block over max_len context rows included), and that cache's
- * sizes: max_len positions, verify blocks of max_block (the planner adds the cache from the
- * target's config alone, target_footprint.c) */
+ * drafter's forward workspace of one block over max_len context rows and a DFlash2 drafter's
+ * selector included), and that cache's sizes: max_len positions, verify blocks of max_block
+ * (the planner adds the cache from the target's config alone, target_footprint.c) */
 int64_t ddt_speculator_workspace_bytes(const ddt_drafter_config *dc, int64_t max_prompt, int64_t max_gen,
                                        int64_t max_budget, int64_t *max_len, int64_t *max_block);
 

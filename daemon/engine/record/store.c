@@ -138,7 +138,7 @@ void ddt_store_event_object(ddt_store *s, const char *run_id, int64_t ts_ms, con
 
 /* an eval row's teacher-forced columns (spec 0) or its speculative ones (spec 1) */
 static void enqueue_eval(ddt_store *s, const char *run_id, int64_t step, double tau, const char *tree_json,
-                         const char *per_json, int spec)
+                         const char *per_json, const char *unary_json, int spec)
 {
     store_item item = { .kind = ITEM_EVAL };
     item.eval.spec = spec;
@@ -146,19 +146,19 @@ static void enqueue_eval(ddt_store *s, const char *run_id, int64_t step, double 
     item.eval.tau_chain = tau;
     enqueue_copied(s, &item, run_id,
                    copy_text(&item.eval.run_id, run_id) || copy_text(&item.eval.tau_tree_json, tree_json) ||
-                       copy_text(&item.eval.acc_json, per_json));
+                       copy_text(&item.eval.acc_json, per_json) || copy_text(&item.eval.unary_json, unary_json));
 }
 
 void ddt_store_eval(ddt_store *s, const char *run_id, int64_t step, double tau_chain,
-                    const char *tau_tree_json, const char *acc_json)
+                    const char *tau_tree_json, const char *acc_json, const char *unary_json)
 {
-    enqueue_eval(s, run_id, step, tau_chain, tau_tree_json, acc_json, 0);
+    enqueue_eval(s, run_id, step, tau_chain, tau_tree_json, acc_json, unary_json, 0);
 }
 
 void ddt_store_eval_spec(ddt_store *s, const char *run_id, int64_t step, double tau_spec,
                          const char *tau_spec_tree_json, const char *spec_json)
 {
-    enqueue_eval(s, run_id, step, tau_spec, tau_spec_tree_json, spec_json, 1);
+    enqueue_eval(s, run_id, step, tau_spec, tau_spec_tree_json, spec_json, NULL, 1);
 }
 
 void ddt_store_checkpoint(ddt_store *s, const char *run_id, int64_t step, const char *path,

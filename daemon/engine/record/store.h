@@ -53,8 +53,10 @@ void ddt_store_event(ddt_store *s, const char *run_id, int64_t ts_ms, const char
 /* ddt_store_event of detail printed as JSON; detail is freed (NULL: nothing, out of memory) */
 typedef struct cJSON cJSON;
 void ddt_store_event_object(ddt_store *s, const char *run_id, int64_t ts_ms, const char *kind, cJSON *detail);
+/* the teacher-forced columns of the step's evals row; unary_json: a DFlash2 drafter's unary
+ * head's figures {"tau_chain", "tau_tree", "acc"} beside its selector's, NULL for DFlash */
 void ddt_store_eval(ddt_store *s, const char *run_id, int64_t step, double tau_chain,
-                    const char *tau_tree_json, const char *acc_json);
+                    const char *tau_tree_json, const char *acc_json, const char *unary_json);
 /* the speculative columns of the step's evals row (SPEC.md 7: tau_spec, tau_spec_tree_json
  * {"K": tau}, spec_json: prompts, gen_len, mismatched, seconds ...); ddt_store_eval leaves them
  * as they are and this the teacher-forced ones */

@@ -70,6 +70,7 @@ typedef struct store_item {
         } event;
         struct {
             char *run_id, *tau_tree_json, *acc_json;   /* owned copies; spec: tau_spec_tree_json, spec_json */
+            char *unary_json;                          /* owned copy or NULL; not spec's */
             int64_t step;
             double tau_chain;                          /* spec: tau_spec */
             int spec;                                  /* 1: the speculative columns (ddt_store_eval_spec) */

@@ -48,6 +48,7 @@ void ddt_store_item_free(store_item *item)
         free(item->eval.run_id);
         free(item->eval.tau_tree_json);
         free(item->eval.acc_json);
+        free(item->eval.unary_json);
         break;
     case ITEM_CHECKPOINT:
         free(item->checkpoint.run_id);
@@ -80,9 +81,10 @@ const char *const ddt_store_stmt_sql[STMT_COUNT] = {
     /* the teacher-forced columns and the speculative ones of one step's row, each written
      * without touching the other's (a speculation posted at a step evaluated before) */
     [STMT_EVAL] =
-        "INSERT INTO evals (run_id, step, tau_chain, tau_tree_json, acc_json) VALUES (?1, ?2, ?3, ?4, ?5)"
+        "INSERT INTO evals (run_id, step, tau_chain, tau_tree_json, acc_json, unary_json)"
+        " VALUES (?1, ?2, ?3, ?4, ?5, ?6)"
         " ON CONFLICT (run_id, step) DO UPDATE SET tau_chain = excluded.tau_chain,"
-        " tau_tree_json = excluded.tau_tree_json, acc_json = excluded.acc_json",
+        " tau_tree_json = excluded.tau_tree_json, acc_json = excluded.acc_json, unary_json = excluded.unary_json",
     [STMT_EVAL_SPEC] =
         "INSERT INTO evals (run_id, step, tau_spec, tau_spec_tree_json, spec_json) VALUES (?1, ?2, ?3, ?4, ?5)"
         " ON CONFLICT (run_id, step) DO UPDATE SET tau_spec = excluded.tau_spec,"
@@ -286,10 +288,14 @@ static int write_item(ddt_store *s, const store_item *item, int *result)
                        text_value(item->event.detail_json ? item->event.detail_json : "{}"));
         break;
     case ITEM_EVAL:
-        rc = RUN_BOUND(s, item->eval.spec ? STMT_EVAL_SPEC : STMT_EVAL, text_value(item->eval.run_id),
-                       int_value(item->eval.step),
-                       double_value(item->eval.tau_chain), text_value(item->eval.tau_tree_json),
-                       text_value(item->eval.acc_json));
+        if (item->eval.spec)
+            rc = RUN_BOUND(s, STMT_EVAL_SPEC, text_value(item->eval.run_id), int_value(item->eval.step),
+                           double_value(item->eval.tau_chain), text_value(item->eval.tau_tree_json),
+                           text_value(item->eval.acc_json));
+        else
+            rc = RUN_BOUND(s, STMT_EVAL, text_value(item->eval.run_id), int_value(item->eval.step),
+                           double_value(item->eval.tau_chain), text_value(item->eval.tau_tree_json),
+                           text_value(item->eval.acc_json), text_value(item->eval.unary_json));
         break;
     case ITEM_CHECKPOINT:
         rc = RUN_BOUND(s, STMT_CHECKPOINT, text_value(item->checkpoint.run_id),

@@ -1,14 +1,16 @@
 /* evaluation.c: the evaluations on held-out data, driven on rank 0. Acceptance
  * (ddt_trainer_eval): the drafter's blocks against labels as training has them, recorded as an
- * eval. Speculative decoding (ddt_trainer_speculate; eval.speculative, POST
- * /runs/{id}/speculate; SPEC.md section 7): rank 0 speculates with its own weights (or a
+ * eval; a DFlash2 drafter's along its path selector (SPEC.md 2.1), its unary head's figures
+ * stored beside (the evals row's unary_json). Speculative decoding (ddt_trainer_speculate;
+ * eval.speculative, POST /runs/{id}/speculate; SPEC.md section 7): rank 0 speculates with its own weights (or a
  * checkpoint's, brought to its memory) over the target beside it: its co-located replica, or on
  * CPU ranks the source's host target (read-only; the speculator keeps its own cache, so the
  * loader thread may use the target meanwhile). Its speculator is opened once, at open with
  * eval.speculative, else at the first request. Not here: a split's target (on other devices) and
  * GPU ranks with a host target.
- * Tested by tests/engine/train/test_trainer.c (eval.blocks_per_sequence; co-located and split evaluations
- * equal to the host target's; eval.speculative's refusals, figures, every_evals, a checkpoint's
+ * Tested by tests/engine/train/test_trainer.c (eval.blocks_per_sequence; a DFlash2 run's selector
+ * and unary figures, equal at step 0 where Bs = 0; co-located and split evaluations equal to the
+ * host target's; eval.speculative's refusals, figures, every_evals, a checkpoint's
  * weights, the request's caps), tests/daemon/api_e2e.py (speculate: POST /runs/ID/speculate) and
  * tests/engine/train/test_step_cuda.c (a GPU run's evaluation against the CPU's; skipped without a GPU).
  */
@@ -17,6 +19,7 @@
 #include "base/ddt_time.h"
 #include "base/errors.h"
 #include "data/batch.h"
+#include "eval/selector.h"
 #include "record/checkpoint.h"
 #include "split.h"
 
@@ -40,6 +43,50 @@ static void head_logits(const ddk_backend *be, const ddt_head *head, int64_t row
         be->matmul(be, 0, 1, rows, V, H, 1.0f, x, H, head->lm_head, H, 0.0f, logits, V);
 }
 
+/* a's tau_tree {"K": tau} into tree and its acc {"k": acc_k} (slots 1 .. B-1) into per_slot */
+static void figures_json(const ddt_acceptance *a, int64_t B, char *tree, size_t tree_len, char *per_slot,
+                         size_t per_slot_len)
+{
+    size_t used = (size_t)snprintf(tree, tree_len, "{");
+    for (int i = 0; i < a->n_budgets; i++)
+        used += (size_t)snprintf(tree + used, tree_len - used, "%s\"%lld\": %.6f", i ? ", " : "",
+                                 (long long)a->budgets[i], ddt_acceptance_tau_tree(a, i));
+    snprintf(tree + used, tree_len - used, "}");
+    used = (size_t)snprintf(per_slot, per_slot_len, "{");
+    for (int64_t k = 1; k < B && k < DDT_MAX_SLOTS && used < per_slot_len - 40; k++)
+        used += (size_t)snprintf(per_slot + used, per_slot_len - used, "%s\"%lld\": %.6f", k > 1 ? ", " : "",
+                                 (long long)k, ddt_acceptance_acc(a, k));
+    snprintf(per_slot + used, per_slot_len - used, "}");
+}
+
+/* the evals row of acceptance acc at the trainer's step (a DFlash2 drafter's unary figures in
+ * unary_json) */
+static void store_eval(ddt_trainer *t, const ddt_acceptance *acc, int64_t B)
+{
+    char tree[512], accj[2048], unary[2700] = "";
+    figures_json(acc, B, tree, sizeof tree, accj, sizeof accj);
+    if (acc->selector) {
+        const ddt_acceptance u = ddt_acceptance_unary(acc);
+        char utree[512], uacc[2048];
+        figures_json(&u, B, utree, sizeof utree, uacc, sizeof uacc);
+        snprintf(unary, sizeof unary, "{\"tau_chain\": %.6f, \"tau_tree\": %s, \"acc\": %s}",
+                 ddt_acceptance_tau_chain(&u), utree, uacc);
+    }
+    ddt_store_eval(t->store, t->run_id, t->step, ddt_acceptance_tau_chain(acc), tree, accj,
+                   acc->selector ? unary : NULL);
+}
+
+/* pred (B) of the block at anchor a of tokens (S: the sequence's length) with labels (B): the
+ * anchor's token, then each slot's teacher-forced predecessor: the label before it where valid
+ * (what an accepted chain put there), else the data token; -1 past the sequence */
+static void selector_predecessors(const int32_t *tokens, int64_t S, int32_t a, const int32_t *labels, int64_t B,
+                                  int32_t *pred)
+{
+    pred[1] = tokens[a];
+    for (int64_t k = 2; k < B; k++)
+        pred[k] = labels[k - 1] >= 0 ? labels[k - 1] : a + k - 1 < S ? tokens[a + k - 1] : -1;
+}
+
 int ddt_trainer_eval(ddt_trainer *t, ddt_acceptance *acc, char *err, size_t err_len)
 {
     const ddt_run_config *c = &t->cfg;
@@ -54,6 +101,7 @@ int ddt_trainer_eval(ddt_trainer *t, ddt_acceptance *acc, char *err, size_t err_
     const ddk_backend *be = rs->be;
     const ddt_head head = { rs->embed, rs->lm_head, rs->head_bf16 };
     ddt_acceptance_init(acc, c->tree_budgets, c->n_budgets);
+    acc->selector = d->dflash2;   /* its figures the selector's (unary_* beside), blocks or none */
     int64_t n = c->eval_sequences < c->heldout ? c->eval_sequences : c->heldout;
     size_t hs_bytes = (size_t)(A * B * H) * sizeof(float), logit_bytes = (size_t)(B * V) * sizeof(float);
     float *hs = ddk_malloc(be->alloc, hs_bytes);               /* (A*B, H) */
@@ -65,6 +113,9 @@ int ddt_trainer_eval(ddt_trainer *t, ddt_acceptance *acc, char *err, size_t err_
     int rc = hs && logits_dev && logits && greedy_dev && anchors && keep ? 0 : -ENOMEM;
     if (rc)
         snprintf(err, err_len, "no memory for the acceptance evaluation");
+    ddt_selector *selector = NULL;   /* a DFlash2 drafter's path selector */
+    if (rc == 0 && d->dflash2)
+        rc = ddt_selector_open(&selector, be, d, err, err_len);
     for (int64_t i = 0; i < n && rc == 0; i++) {
         ddt_sequence q;
         if (t->generates) {   /* rank 0's generator samples held-out i once, as the source would */
@@ -131,7 +182,14 @@ int ddt_trainer_eval(ddt_trainer *t, ddt_acceptance *acc, char *err, size_t err_
             head_logits(be, &head, B, V, H, hs + j * B * H, logits_dev);
             be->copy(be, logits, logits_dev, logit_bytes);
             be->synchronize(be);
-            ddt_acceptance_add_block(acc, logits, B, V, labels);
+            if (selector) {
+                int32_t pred[DDT_MAX_SLOTS];
+                selector_predecessors(q.input_ids, q.S < S ? q.S : S, anchors[j], labels, B, pred);
+                ddt_acceptance_add_selector_block(
+                    acc, logits, ddt_selector_fill(selector, &rs->w, hs + j * B * H, logits_dev, pred), V, labels);
+            } else {
+                ddt_acceptance_add_block(acc, logits, B, V, labels);
+            }
         }
     }
     ddk_free(be->alloc, hs, hs_bytes);
@@ -140,20 +198,9 @@ int ddt_trainer_eval(ddt_trainer *t, ddt_acceptance *acc, char *err, size_t err_
     free(logits);
     free(anchors);
     free(keep);
-    if (rc == 0 && t->store) {
-        char tree[512] = "{", accj[2048] = "{";
-        size_t used = 1;
-        for (int i = 0; i < acc->n_budgets; i++)
-            used += (size_t)snprintf(tree + used, sizeof tree - used, "%s\"%lld\": %.6f", i ? ", " : "",
-                                     (long long)acc->budgets[i], ddt_acceptance_tau_tree(acc, i));
-        snprintf(tree + used, sizeof tree - used, "}");
-        used = 1;
-        for (int64_t k = 1; k < B && k < DDT_MAX_SLOTS && used < sizeof accj - 40; k++)
-            used += (size_t)snprintf(accj + used, sizeof accj - used, "%s\"%lld\": %.6f", k > 1 ? ", " : "",
-                                     (long long)k, ddt_acceptance_acc(acc, k));
-        snprintf(accj + used, sizeof accj - used, "}");
-        ddt_store_eval(t->store, t->run_id, t->step, ddt_acceptance_tau_chain(acc), tree, accj);
-    }
+    ddt_selector_close(selector);
+    if (rc == 0 && t->store)
+        store_eval(t, acc, B);
     return rc;
 }
 

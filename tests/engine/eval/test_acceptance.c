@@ -7,9 +7,12 @@
  * ctest: one line per case, a final "N passed, M failed".
  */
 #include "eval/acceptance.h"
+#include "eval/selector.h"
 #include "check.h"
+#include "ddk.h"
 #include "ddk_rng.h"
 
+#include <errno.h>
 #include <float.h>
 #include <math.h>
 #include <signal.h>
@@ -602,6 +605,409 @@ static void test_vocabulary_scale(void)
     free(z);
 }
 
+/* ------------------------------------------------------------------------------------------
+ * DFlash2's path selector (SPEC.md 2.1): hand-made views, the lattice against brute force,
+ * views filled on the CPU backend
+ */
+
+enum { SEL_MAX_B = 8, SEL_MAX_K = 8, SEL_MAX_R = 8, SEL_MAX_V = 16 };
+
+/* a selector view with arrays of its own (zeroed) */
+typedef struct hand_view {
+    ddt_selector_view v;
+    int32_t cand[SEL_MAX_B * SEL_MAX_K];
+    float z[SEL_MAX_B * SEL_MAX_K], q[SEL_MAX_B * SEL_MAX_R], succ[SEL_MAX_B * SEL_MAX_K * SEL_MAX_R],
+          cand_pred[SEL_MAX_B * SEL_MAX_K * SEL_MAX_R], pred[SEL_MAX_B * SEL_MAX_R];
+} hand_view;
+
+static void hand_view_init(hand_view *h, int64_t B, int64_t K, int64_t r)
+{
+    memset(h, 0, sizeof *h);
+    h->v = (ddt_selector_view){ B, K, r, h->cand, h->z, h->q, h->succ, h->cand_pred, h->pred };
+}
+
+/* ids (K) of row (V): the top K, value descending, NaNs after every number, ties to the lower
+ * id (topk_rows' order, by sorting) */
+static void ref_topk(const float *row, int64_t V, int64_t K, int32_t *ids)
+{
+    int32_t order[SEL_MAX_V];
+    for (int64_t v = 0; v < V; v++)
+        order[v] = (int32_t)v;
+    for (int64_t i = 0; i < V; i++)
+        for (int64_t j = i + 1; j < V; j++) {
+            const float a = row[order[i]], b = row[order[j]];
+            const int a_nan = a != a, b_nan = b != b;
+            const int b_first = a_nan != b_nan ? a_nan : !a_nan && b != a ? b > a : order[j] < order[i];
+            if (b_first) {
+                int32_t t = order[i];
+                order[i] = order[j];
+                order[j] = t;
+            }
+        }
+    memcpy(ids, order, (size_t)K * sizeof *ids);
+}
+
+/* h filled as ddt_selector_fill would from unary logits (B, V), A and Bs (V, r), q (B, r), and the
+ * predecessors pred (B; pred[1] the anchor's, < 0: none) */
+static void view_from_tables(hand_view *h, const float *logits, int64_t V, const float *A, const float *Bs,
+                             const float *q, const int32_t *pred)
+{
+    const int64_t B = h->v.B, K = h->v.K, r = h->v.r;
+    memcpy(h->q, q, (size_t)(B * r) * sizeof(float));
+    for (int64_t k = 1; k < B; k++) {
+        ref_topk(logits + k * V, V, K, h->cand + k * K);
+        for (int64_t i = 0; i < K; i++) {
+            const int32_t c = h->cand[k * K + i];
+            h->z[k * K + i] = logits[k * V + c];
+            memcpy(h->succ + (k * K + i) * r, Bs + c * r, (size_t)r * sizeof(float));
+            if (k < B - 1)
+                memcpy(h->cand_pred + (k * K + i) * r, A + c * r, (size_t)r * sizeof(float));
+        }
+        if (pred[k] >= 0)
+            memcpy(h->pred + k * r, A + pred[k] * r, (size_t)r * sizeof(float));
+    }
+}
+
+/* the teacher-forced predecessors of labels (B) after the anchor's token: the label before where
+ * valid, else the data token (here: data) */
+static void predecessors_of(const int32_t *labels, int64_t B, int32_t anchor, const int32_t *data, int32_t *pred)
+{
+    pred[0] = -1;
+    pred[1] = anchor;
+    for (int64_t k = 2; k < B; k++)
+        pred[k] = labels[k - 1] >= 0 ? labels[k - 1] : data[k - 1];
+}
+
+/* The selector re-ranks slot 1 away from the unary argmax (Bs[4] lifts 4 after the anchor 0),
+ * then slot 2 back to it (after 4, A[4] = -1 pushes 3 down): picks 4, 1 where the unary head
+ * says 2, 1. The lattice: after 0, scores (3, 3.5, 2) for (2, 4, 0); after 4, (2, 0.8, 1) for
+ * (1, 3, 5); after 2 (A = 0), z itself: best-first (4) -0.604, (2) -1.104, (4,1) -1.117,
+ * (2,1) -1.887, ... */
+static void test_selector_reranks(void)
+{
+    enum { B = 3, K = 3, R = 1, V = 6 };
+    float logits[B * V] = { 0 }, A[V * R] = { 0 }, Bs[V * R] = { 0 }, q[B * R] = { 0, 1, 1 };
+    logits[1 * V + 2] = 3.0f, logits[1 * V + 4] = 2.5f, logits[1 * V + 0] = 2.0f;
+    logits[2 * V + 1] = 2.0f, logits[2 * V + 3] = 1.8f, logits[2 * V + 5] = 1.0f;
+    A[0] = 1.0f, A[4] = -1.0f;
+    Bs[4] = 1.0f, Bs[3] = 1.0f;
+    const int32_t labels[B] = { -1, 4, 1 }, data[B] = { 0, 4, 1 };
+    int32_t pred[B];
+    predecessors_of(labels, B, 0, data, pred);
+    hand_view h;
+    hand_view_init(&h, B, K, R);
+    view_from_tables(&h, logits, V, A, Bs, q, pred);
+
+    int32_t picks[B] = { 0 }, chain[B] = { 0 };
+    ddt_selector_picks(&h.v, picks);
+    ddt_selector_chain(&h.v, chain);
+    check(picks[1] == 4 && picks[2] == 1, "teacher-forced picks %d %d, want 4 1", picks[1], picks[2]);
+    check(chain[1] == 4 && chain[2] == 1, "chain %d %d, want 4 1", chain[1], chain[2]);
+    int32_t tokens[4], parents[4];
+    const int64_t n = ddt_selector_tree_draft(&h.v, 4, tokens, parents);
+    const int32_t want_tokens[4] = { 4, 2, 1, 1 }, want_parents[4] = { -1, -1, 0, 1 };
+    check(n == 4 && !memcmp(tokens, want_tokens, sizeof tokens) && !memcmp(parents, want_parents, sizeof parents),
+          "lattice of 4: %lld nodes, tokens %d %d %d %d, parents %d %d %d %d", (long long)n, tokens[0], tokens[1],
+          tokens[2], tokens[3], parents[0], parents[1], parents[2], parents[3]);
+    int32_t many_tokens[100], many_parents[100];
+    check(ddt_selector_tree_draft(&h.v, 100, many_tokens, many_parents) == 3 + 9,
+          "a budget of 100 over 2 slots of 3 candidates: every one of the 12 nodes");
+
+    const int64_t budgets[] = { 1, 2, 3, 100 };
+    ddt_acceptance a;
+    ddt_acceptance_init(&a, budgets, 4);
+    ddt_acceptance_add_selector_block(&a, logits, &h.v, V, labels);
+    const ddt_acceptance u = ddt_acceptance_unary(&a);
+    check(a.selector && near(ddt_acceptance_acc(&a, 1), 1) && near(ddt_acceptance_acc(&a, 2), 1) &&
+              near(ddt_acceptance_tau_chain(&a), 3),
+          "selector: acc %g %g tau_chain %g, want 1 1 3", ddt_acceptance_acc(&a, 1), ddt_acceptance_acc(&a, 2),
+          ddt_acceptance_tau_chain(&a));
+    check(near(ddt_acceptance_acc(&u, 1), 0) && near(ddt_acceptance_acc(&u, 2), 1) &&
+              near(ddt_acceptance_tau_chain(&u), 1),
+          "unary: acc %g %g tau_chain %g, want 0 1 1", ddt_acceptance_acc(&u, 1), ddt_acceptance_acc(&u, 2),
+          ddt_acceptance_tau_chain(&u));
+    const double want[] = { 2, 2, 3, 3 };
+    for (int i = 0; i < 4; i++)
+        check(near(ddt_acceptance_tau_tree(&a, i), want[i]), "selector tau_tree(%lld) %g, want %g",
+              (long long)budgets[i], ddt_acceptance_tau_tree(&a, i), want[i]);
+    /* the unary figures beside are a DFlash acceptance's of the same logits */
+    ddt_acceptance plain;
+    ddt_acceptance_init(&plain, budgets, 4);
+    ddt_acceptance_add_block(&plain, logits, B, V, labels);
+    int same = plain.blocks == u.blocks && plain.chain_sum == u.chain_sum && !u.selector &&
+               !memcmp(plain.slot_count, u.slot_count, sizeof plain.slot_count) &&
+               !memcmp(plain.slot_correct, u.slot_correct, sizeof plain.slot_correct) &&
+               !memcmp(plain.tree_sum, u.tree_sum, sizeof plain.tree_sum);
+    check(same, "the unary figures beside differ from ddt_acceptance_add_block's on the same logits");
+}
+
+/* equal scores: the first of the candidates (the greedy pick's "first maximum"), in the picks
+ * and as the lattice's first child, though a lower token id ties with it */
+static void test_selector_ties(void)
+{
+    enum { B = 2, K = 2, R = 1, V = 4 };
+    float logits[B * V] = { 0, 0, 0, 0, 0, 1.0f, 0, 2.0f }, A[V * R] = { 1.0f }, Bs[V * R] = { 0, 1.0f },
+          q[B * R] = { 0, 1 };
+    const int32_t labels[B] = { -1, 3 }, pred[B] = { -1, 0 };
+    hand_view h;
+    hand_view_init(&h, B, K, R);
+    view_from_tables(&h, logits, V, A, Bs, q, pred);   /* cand (3, 1), scores (2, 1 + 1) */
+    int32_t picks[B] = { 0 }, tokens[2], parents[2];
+    ddt_selector_picks(&h.v, picks);
+    check(picks[1] == 3, "a tie picked %d, want the first candidate 3", picks[1]);
+    check(ddt_selector_tree_draft(&h.v, 2, tokens, parents) == 2 && tokens[0] == 3 && tokens[1] == 1,
+          "lattice %d %d, want 3 1", tokens[0], tokens[1]);
+    const int64_t budgets[] = { 1 };
+    ddt_acceptance a;
+    ddt_acceptance_init(&a, budgets, 1);
+    ddt_acceptance_add_selector_block(&a, logits, &h.v, V, labels);
+    check(near(ddt_acceptance_acc(&a, 1), 1) && near(ddt_acceptance_tau_tree(&a, 0), 2), "acc_1 %g tau_tree(1) %g",
+          ddt_acceptance_acc(&a, 1), ddt_acceptance_tau_tree(&a, 0));
+}
+
+/* a label outside slot 2's top-K: the selector's chain and lattice stop before it whatever the
+ * budget (the unary tree, whose ranks go past K, reaches it); a later slot still counts in acc_k */
+static void test_selector_label_outside(void)
+{
+    enum { B = 4, K = 2, R = 1, V = 8 };
+    float logits[B * V] = { 0 }, A[V * R] = { 0 }, Bs[V * R] = { 0 }, q[B * R] = { 0, 1, 1, 1 };
+    logits[1 * V + 5] = 3.0f, logits[1 * V + 6] = 1.0f;
+    logits[2 * V + 1] = 3.0f, logits[2 * V + 2] = 2.0f, logits[2 * V + 3] = 1.0f;
+    logits[3 * V + 4] = 3.0f;
+    const int32_t labels[B] = { -1, 5, 3, 4 }, data[B] = { 0, 5, 3, 4 };
+    int32_t pred[B];
+    predecessors_of(labels, B, 0, data, pred);
+    hand_view h;
+    hand_view_init(&h, B, K, R);
+    view_from_tables(&h, logits, V, A, Bs, q, pred);
+    const int64_t budgets[] = { 2, 100 };
+    ddt_acceptance a;
+    ddt_acceptance_init(&a, budgets, 2);
+    ddt_acceptance_add_selector_block(&a, logits, &h.v, V, labels);
+    const ddt_acceptance u = ddt_acceptance_unary(&a);
+    check(near(ddt_acceptance_acc(&a, 1), 1) && near(ddt_acceptance_acc(&a, 2), 0) && near(ddt_acceptance_acc(&a, 3), 1),
+          "acc %g %g %g, want 1 0 1", ddt_acceptance_acc(&a, 1), ddt_acceptance_acc(&a, 2), ddt_acceptance_acc(&a, 3));
+    check(near(ddt_acceptance_tau_chain(&a), 2) && near(ddt_acceptance_tau_tree(&a, 1), 2),
+          "selector tau_chain %g tau_tree(100) %g, want 2 2", ddt_acceptance_tau_chain(&a), ddt_acceptance_tau_tree(&a, 1));
+    check(near(ddt_acceptance_tau_tree(&u, 1), 4), "unary tau_tree(100) %g, want 4", ddt_acceptance_tau_tree(&u, 1));
+}
+
+/* Bs = 0 (a fresh DFlash2 drafter): the scores are z, so the picks are the unary argmax and the
+ * chain and acc_k are the unary ones; with K = V the lattice is the unary tree bit for bit */
+static void test_selector_fresh_is_unary(void)
+{
+    const int64_t budgets[DDT_MAX_BUDGETS] = { 1, 2, 3, 5, 8, 13, 40, 1000 };
+    uint64_t rng = 4242;
+    int bad = 0;
+    for (int trial = 0; trial < 300; trial++) {
+        const int64_t B = 2 + (int64_t)(ddk_rng_next(&rng) % 5), V = 2 + (int64_t)(ddk_rng_next(&rng) % 7),
+                      R = 1 + (int64_t)(ddk_rng_next(&rng) % 4);
+        const int full = trial % 2 == 0;
+        const int64_t K = full ? V : 1 + (int64_t)(ddk_rng_next(&rng) % (uint64_t)V);
+        float logits[SEL_MAX_B * SEL_MAX_V], A[SEL_MAX_V * SEL_MAX_R], Bs[SEL_MAX_V * SEL_MAX_R] = { 0 },
+              q[SEL_MAX_B * SEL_MAX_R];
+        random_logits(logits, B * V, trial % 3, &rng);
+        random_logits(A, V * R, 0, &rng);
+        random_logits(q, B * R, 0, &rng);
+        int32_t labels[SEL_MAX_B] = { -1 }, data[SEL_MAX_B], pred[SEL_MAX_B];
+        for (int64_t k = 0; k < B; k++) {
+            data[k] = (int32_t)(ddk_rng_next(&rng) % (uint64_t)V);
+            labels[k] = k == 0 || ddk_rng_uniform(&rng) < 0.1 ? -1 : data[k];
+        }
+        labels[1] = data[1];
+        predecessors_of(labels, B, data[0], data, pred);
+        hand_view h;
+        hand_view_init(&h, B, K, R);
+        view_from_tables(&h, logits, V, A, Bs, q, pred);
+        ddt_acceptance a;
+        ddt_acceptance_init(&a, budgets, DDT_MAX_BUDGETS);
+        ddt_acceptance_add_selector_block(&a, logits, &h.v, V, labels);
+        const ddt_acceptance u = ddt_acceptance_unary(&a);
+        int same = a.chain_sum == u.chain_sum && !memcmp(a.slot_correct, u.slot_correct, sizeof a.slot_correct);
+        for (int i = 0; full && i < DDT_MAX_BUDGETS; i++)
+            same = same && a.tree_sum[i] == u.tree_sum[i];
+        int32_t tokens[2][1000], parents[2][1000];
+        for (int i = 0; full && same && i < DDT_MAX_BUDGETS; i++) {
+            const int64_t n = ddt_selector_tree_draft(&h.v, budgets[i], tokens[0], parents[0]),
+                          m = ddt_tree_draft(logits, B, V, budgets[i], tokens[1], parents[1]);
+            same = n == m && !memcmp(tokens[0], tokens[1], (size_t)n * sizeof(int32_t)) &&
+                   !memcmp(parents[0], parents[1], (size_t)n * sizeof(int32_t));
+        }
+        if (!same && bad++ < 5)
+            check(0, "trial %d (B %lld V %lld K %lld kind %d): the selector with Bs = 0 differs from the unary head",
+                  trial, (long long)B, (long long)V, (long long)K, trial % 3);
+    }
+}
+
+/* the lattice of a small view enumerated: every node, its score the same arithmetic as
+ * selector.c's (scores in r order, the softmax's sum in token order), into ref_tree's form */
+static void ref_lattice(ref_tree *t, const ddt_selector_view *v)
+{
+    const int64_t B = v->B, K = v->K, r = v->r;
+    t->n = 0;
+    int level_start = 0, level_end = 0;
+    for (int64_t k = 1; k < B; k++) {
+        const int parents_start = level_start, parents_end = level_end;
+        level_start = t->n;
+        for (int p = k == 1 ? -1 : parents_start; p < (k == 1 ? 0 : parents_end); p++) {
+            const float *a = v->pred + r;
+            if (p >= 0) {   /* the parent's candidate index at its slot */
+                int64_t i = 0;
+                while (v->cand[(k - 1) * K + i] != t->node[p].token[k - 1])
+                    i++;
+                a = v->cand_pred + ((k - 1) * K + i) * r;
+            }
+            double s[SEL_MAX_K], m = -INFINITY, sum = 0;
+            ddt_selector_scores(v, k, a, s);
+            for (int64_t i = 0; i < K; i++)
+                m = s[i] > m ? s[i] : m;
+            for (int32_t token = 0; m > -INFINITY && token < SEL_MAX_V; token++)
+                for (int64_t i = 0; i < K; i++)
+                    sum += v->cand[k * K + i] == token ? exp(s[i] - m) : 0.0;
+            const double lse = m > -INFINITY ? m + log(sum) : 0.0;
+            for (int64_t i = 0; i < K; i++) {
+                ref_node *x = &t->node[t->n++];
+                if (p >= 0)
+                    *x = t->node[p];
+                int rank = 0;   /* score descending, ties to the earlier candidate */
+                for (int64_t j = 0; j < K; j++)
+                    rank += s[j] > s[i] || (s[j] == s[i] && j < i);
+                x->depth = (int)k;
+                x->token[k] = v->cand[k * K + i];
+                x->rank[k] = rank;
+                x->score = (p >= 0 ? t->node[p].score : 0.0) + (s[i] - lse);
+                x->parent = p;
+            }
+        }
+        level_end = t->n;
+    }
+}
+
+static void test_lattice_matches_brute_force(void)
+{
+    static ref_tree t;
+    static int selected[REF_MAX_NODES];
+    uint64_t rng = 9090;
+    int64_t trees = 0, bad = 0;
+    for (int trial = 0; trial < 400 && bad < 5; trial++) {
+        const int64_t B = 2 + (int64_t)(ddk_rng_next(&rng) % 3), K = 1 + (int64_t)(ddk_rng_next(&rng) % 3),
+                      V = K + (int64_t)(ddk_rng_next(&rng) % 3), R = 1 + (int64_t)(ddk_rng_next(&rng) % 3);
+        float logits[SEL_MAX_B * SEL_MAX_V], A[SEL_MAX_V * SEL_MAX_R], Bs[SEL_MAX_V * SEL_MAX_R], q[SEL_MAX_B * SEL_MAX_R];
+        random_logits(logits, B * V, trial % 3, &rng);
+        random_logits(A, V * R, trial % 2, &rng);   /* small integers: ties among the scores */
+        random_logits(Bs, V * R, trial % 2, &rng);
+        random_logits(q, B * R, trial % 2, &rng);
+        int32_t pred[SEL_MAX_B];
+        for (int64_t k = 0; k < B; k++)
+            pred[k] = (int32_t)(ddk_rng_next(&rng) % (uint64_t)V);
+        hand_view h;
+        hand_view_init(&h, B, K, R);
+        view_from_tables(&h, logits, V, A, Bs, q, pred);
+        ref_lattice(&t, &h.v);
+        for (int64_t budget = 1; budget <= t.n + 1; budget++) {
+            int32_t tokens[REF_MAX_NODES], parents[REF_MAX_NODES];
+            const int64_t n = ddt_selector_tree_draft(&h.v, budget, tokens, parents);
+            ref_select(&t, budget, selected);
+            int64_t want = 0;
+            for (int j = 0; j < t.n; j++)
+                want += selected[j];
+            int ok = n == want;
+            int at[REF_MAX_NODES];   /* the brute force's node of each drafted one */
+            for (int64_t i = 0; ok && i < n; i++) {
+                at[i] = -1;
+                for (int j = 0; j < t.n && at[i] < 0; j++)
+                    if (t.node[j].parent == (parents[i] < 0 ? -1 : at[parents[i]]) &&
+                        t.node[j].depth == (parents[i] < 0 ? 1 : t.node[at[parents[i]]].depth + 1) &&
+                        t.node[j].token[t.node[j].depth] == tokens[i])
+                        at[i] = j;
+                ok = at[i] >= 0 && selected[at[i]] && (i == 0 || ref_before(&t.node[at[i - 1]], &t.node[at[i]]));
+            }
+            trees++;
+            if (!ok && bad++ < 5)
+                check(0, "trial %d B %lld K %lld V %lld r %lld budget %lld: %lld nodes (brute force %lld) or another "
+                      "order", trial, (long long)B, (long long)K, (long long)V, (long long)R, (long long)budget,
+                      (long long)n, (long long)want);
+        }
+    }
+    check(bad == 0 && trees > 1000, "%lld of %lld lattices differ", (long long)bad, (long long)trees);
+}
+
+/* the stand-in for a backend's topk_rows (the CPU backend's own may not be there): the host's */
+static void topk_stand_in(const ddk_backend *be, const float *x, int64_t rows, int64_t n, int64_t k, int32_t *idx,
+                          float *val)
+{
+    (void)be;
+    for (int64_t i = 0; i < rows; i++) {
+        ref_topk(x + i * n, n, k, idx + i * k);
+        for (int64_t j = 0; val && j < k; j++)
+            val[i * k + j] = x[i * n + idx[i * k + j]];
+    }
+}
+
+/* a view filled on the CPU backend (with its topk_rows, without one, with a stand-in) against
+ * the host's arithmetic: the top-K with its ties, q = Hp hs, the gathered rows */
+static void test_selector_fill(void)
+{
+    enum { B = 5, K = 3, R = 4, H = 6, V = 11 };
+    ddt_drafter_config dc = { .hidden = H, .vocab = V, .block_size = B, .dflash2 = 1, .selector_top_k = K,
+                              .selector_rank = R };
+    float hs[B * H], z[B * V], A[V * R], Bs[V * R], Hp[R * H];
+    uint64_t rng = 31;
+    random_logits(hs, B * H, 0, &rng);
+    random_logits(z, B * V, 1, &rng);   /* small integers: ties inside and at the edge of the top-K */
+    for (int64_t v = 0; v < V - 3; v++)  /* slot 3: two numbers, then -inf, a number, before the NaNs */
+        z[3 * V + v] = NAN;
+    z[3 * V + V - 3] = -INFINITY;
+    random_logits(A, V * R, 0, &rng);
+    random_logits(Bs, V * R, 0, &rng);
+    random_logits(Hp, R * H, 0, &rng);
+    ddt_drafter_weights w = { .sel_pred = A, .sel_succ = Bs, .sel_hidden = Hp };
+    const int32_t pred[B] = { -1, 7, 3, -1, 10 };
+    ddk_backend variants[3] = { *ddk_backend_cpu(), *ddk_backend_cpu(), *ddk_backend_cpu() };
+    variants[1].topk_rows = NULL;
+    variants[2].topk_rows = topk_stand_in;
+    const char *names[3] = { "cpu", "host top-K", "topk_rows stand-in" };
+    for (int b = 0; b < 3; b++) {
+        char err[256];
+        ddt_selector *s;
+        if (ddt_selector_open(&s, &variants[b], &dc, err, sizeof err)) {
+            check(0, "%s: open: %s", names[b], err);
+            continue;
+        }
+        const ddt_selector_view *v = ddt_selector_fill(s, &w, hs, z, pred);
+        int ok = v->B == B && v->K == K && v->r == R;
+        double q_err = 0;
+        for (int64_t k = 1; k < B; k++) {
+            int32_t ids[K];
+            ref_topk(z + k * V, V, K, ids);
+            for (int64_t i = 0; i < K; i++) {
+                const int32_t c = ids[i];
+                const float got = v->z[k * K + i], want = z[k * V + c];
+                ok = ok && v->cand[k * K + i] == c && (got == want || (got != got && want != want)) &&
+                     !memcmp(v->succ + (k * K + i) * R, Bs + c * R, R * sizeof(float)) &&
+                     (k == B - 1 || !memcmp(v->cand_pred + (k * K + i) * R, A + c * R, R * sizeof(float)));
+            }
+            for (int64_t j = 0; j < R; j++) {
+                double want = 0;
+                for (int64_t c = 0; c < H; c++)
+                    want += (double)Hp[j * H + c] * hs[k * H + c];
+                q_err = fmax(q_err, fabs(v->q[k * R + j] - want));
+                ok = ok && v->pred[k * R + j] == (pred[k] < 0 ? 0.0f : A[pred[k] * R + j]);
+            }
+        }
+        check(ok, "%s: the view's candidates, logits or gathered rows differ from the host's", names[b]);
+        check(v->cand[3 * K + 2] == V - 3, "%s: slot 3's third candidate %d, want the -inf (%d), not a NaN",
+              names[b], v->cand[3 * K + 2], V - 3);
+        check(q_err < 1e-5, "%s: q off by %.3g", names[b], q_err);   /* fp32 sums of 6 products */
+        ddt_selector_close(s);
+    }
+    char err[256];
+    ddt_selector *s;
+    dc.dflash2 = 0;
+    check(ddt_selector_open(&s, ddk_backend_cpu(), &dc, err, sizeof err) == -EINVAL && strstr(err, "dflash2"),
+          "a DFlash drafter's selector opened: %s", err);
+}
+
 int main(void)
 {
     static const test_case cases[] = {
@@ -618,6 +1024,12 @@ int main(void)
         { "heap tree = brute-force best-first tree (every label path)", test_tree_matches_brute_force },
         { "tau_tree(K) >= 1 + acc_1, non-decreasing in K (random blocks)", test_bounds_on_random_blocks },
         { "V = 248320, B = 32, K up to 1024", test_vocabulary_scale },
+        { "selector: re-ranks the unary top-1 away and back; its lattice best-first", test_selector_reranks },
+        { "selector: equal scores go to the first candidate", test_selector_ties },
+        { "selector: a label outside the top-K ends chain and lattice walk", test_selector_label_outside },
+        { "selector with Bs = 0: the unary figures (K = V: the unary tree too)", test_selector_fresh_is_unary },
+        { "lattice tree = brute-force best-first lattice", test_lattice_matches_brute_force },
+        { "selector view filled on the CPU backend = the host's (with and without topk_rows)", test_selector_fill },
     };
     run_cases(cases, sizeof cases / sizeof cases[0]);
     return cases_summary();

@@ -10,13 +10,19 @@
  *   decoding's tokens for random drafters on a dense synthetic target, the tiny Qwen3.5 target
  *   and stories260K (the last two from ../shared: skipped when absent); 1 <= tau <= B; a stop
  *   token ends all three alike;
+ * - DFlash2 (SPEC.md 2.1): drafters with random selectors (Bs nonzero) lossless, chain and
+ *   trees, and drafting otherwise than the DFlash drafter of their backbone; with Bs = 0 (a
+ *   fresh one) drafting as it: the same calls, chain and trees with K = V, the chain with K < V;
  * - faithful: the chain's calls are exactly the walk of the teacher-forced chain lengths (SPEC.md
- *   6) over the greedy sequence it generated (a call at p yields tau(p) tokens);
+ *   6) over the greedy sequence it generated (a call at p yields tau(p) tokens), a DFlash2
+ *   drafter's along its selector's teacher-forced picks;
  * - bad input: a drafter that does not fit the target, a prompt too long, a budget above the
  *   cap, a token outside the vocabulary.
  */
 #include "check.h"
+#include "ddk_rng.h"
 #include "model/drafter.h"
+#include "eval/selector.h"
 #include "eval/speculate.h"
 #include "model/target.h"
 
@@ -192,6 +198,25 @@ static ddt_drafter_config drafter_for(const ddt_target_model *m, int64_t layers,
     return c;
 }
 
+/* drafter_for's DFlash2 form (the same backbone): K candidates a slot, selector rank 8 */
+static ddt_drafter_config dflash2_for(const ddt_target_model *m, int64_t layers, int64_t B, int64_t K)
+{
+    ddt_drafter_config c = drafter_for(m, layers, B);
+    c.dflash2 = 1;
+    c.conv_taps = 2;
+    c.conv_group_size = 1;
+    c.selector_rank = 8;
+    c.selector_top_k = K;
+    return c;
+}
+
+/* a DFlash2 drafter's successor codebook Bs (0 at initialisation) N(0, scale^2) */
+static void random_successors(const ddt_drafter_config *c, ddt_drafter_weights *w, uint64_t seed, float scale)
+{
+    for (int64_t j = 0; j < c->vocab * c->selector_rank; j++)
+        w->sel_succ[j] = (float)(scale * ddk_rng_normal(&seed));
+}
+
 /* random weights, scaled by gain (a larger gain: sharper, more confident drafts) */
 static float *drafter_weights(const ddt_drafter_config *c, uint64_t seed, float gain, ddt_drafter_weights *w)
 {
@@ -207,13 +232,17 @@ static float *drafter_weights(const ddt_drafter_config *c, uint64_t seed, float 
     return base;
 }
 
-/* prompts decoded every way with a random drafter: greedy-equal, 1 <= tau <= B */
-static void lossless_case(const char *what, const ddt_target_model *m, int64_t B, float gain, int32_t stop)
+/* prompts decoded every way with random drafter dc (a DFlash2 one's Bs of scale successors):
+ * greedy-equal, 1 <= tau <= B */
+static void lossless_drafter(const char *what, const ddt_target_model *m, const ddt_drafter_config dc, float gain,
+                             float successors, int32_t stop)
 {
     const ddk_backend *be = ddk_backend_cpu();
-    const ddt_drafter_config dc = drafter_for(m, 2, B);
+    const int64_t B = dc.block_size;
     ddt_drafter_weights w;
     float *base = drafter_weights(&dc, 23, gain, &w);
+    if (dc.dflash2)
+        random_successors(&dc, &w, 41, successors);
     const ddt_speculate_params p = { .gen_len = 40, .n_budgets = 3, .budgets = { 3, B - 1, 16 }, .stop = stop };
     char err[512];
     ddt_speculator *s;
@@ -258,6 +287,11 @@ static void lossless_case(const char *what, const ddt_target_model *m, int64_t B
            ddt_speculate_tau_tree(&t, 0), ddt_speculate_tau_tree(&t, 1), ddt_speculate_tau_tree(&t, 2));
     ddt_speculator_close(s);
     free(base);
+}
+
+static void lossless_case(const char *what, const ddt_target_model *m, int64_t B, float gain, int32_t stop)
+{
+    lossless_drafter(what, m, drafter_for(m, 2, B), gain, 0.0f, stop);
 }
 
 static void test_lossless_dense(void)
@@ -306,6 +340,91 @@ static void test_lossless_stories(void)
 }
 
 /* ------------------------------------------------------------------------------------------
+ * DFlash2: the path selector drafts
+ */
+
+static void test_lossless_dflash2(void)
+{
+    char err[512];
+    for (int variant = 0; variant < 3; variant++) {   /* llama, qwen3, qwen3 bf16 */
+        const ddt_target_config cfg = dense_config(variant > 0, 32);
+        const ddt_target_options o = { .bf16 = variant == 2 };
+        ddt_target_model m;
+        check(ddt_target_open_synthetic_with(&cfg, 29, &o, &m, err, sizeof err) == 0, "synthetic: %s", err);
+        static const char *names[] = { "llama dflash2", "qwen3 dflash2", "qwen3 bf16 dflash2" };
+        lossless_drafter(names[variant], &m, dflash2_for(&m, 2, 4, 4), 1.0f, 1.0f, -1);
+        lossless_drafter(names[variant], &m, dflash2_for(&m, 2, 6, 8), 30.0f, 3.0f, -1);
+        ddt_target_close(&m);
+    }
+    ddt_target_model m;
+    if (open_shared("qwen35-tiny/text-only", &m)) {
+        lossless_drafter("qwen3_5 tiny dflash2", &m, dflash2_for(&m, 2, 8, 16), 30.0f, 3.0f, -1);
+        ddt_target_close(&m);
+    }
+}
+
+/* calls[0] the chain's, calls[1 + i] budget i's tree's, of each prompt (PROMPTS) decoded with
+ * drafter dc (Bs of scale successors when DFlash2) */
+enum { PROMPTS = 5, SPEC_BUDGETS = 3 };
+static void calls_of(const ddt_target_model *m, const ddt_drafter_config dc, float successors,
+                     int64_t calls[PROMPTS][1 + SPEC_BUDGETS])
+{
+    ddt_drafter_weights w;
+    float *base = drafter_weights(&dc, 23, 30.0f, &w);
+    if (dc.dflash2)
+        random_successors(&dc, &w, 41, successors);
+    const ddt_speculate_params p = { .gen_len = 30, .n_budgets = SPEC_BUDGETS, .budgets = { 3, 5, 16 }, .stop = -1 };
+    char err[512];
+    ddt_speculator *s;
+    check(ddt_speculator_open(&s, ddk_backend_cpu(), m, &dc, 12, 30, 16, err, sizeof err) == 0, "open: %s", err);
+    uint64_t seed = 17;
+    for (int i = 0; i < PROMPTS && s; i++) {
+        int32_t prompt[12];
+        const int64_t P = 1 + (int64_t)(rng_next(&seed) % 12);
+        for (int64_t j = 0; j < P; j++)
+            prompt[j] = (int32_t)(rng_next(&seed) % (uint64_t)(m->vocab - 1));
+        ddt_speculate_prompt_result r;
+        check(ddt_speculate_prompt(s, &w, &p, prompt, P, &r, err, sizeof err) == 0 && r.equal, "prompt %d: %s", i, err);
+        calls[i][0] = r.chain.calls;
+        for (int b = 0; b < SPEC_BUDGETS; b++)
+            calls[i][1 + b] = r.tree[b].calls;
+    }
+    ddt_speculator_close(s);
+    free(base);
+}
+
+/* a fresh DFlash2 drafter (Bs = 0; its convolutions at identity, its layers full attention)
+ * proposes what the DFlash drafter of its backbone does: every call the same with K = V (its
+ * lattice is the unary tree), the chain's with K < V; random Bs re-rank: some call differs */
+static void test_dflash2_fresh_drafts_as_dflash(void)
+{
+    char err[512];
+    const ddt_target_config cfg = dense_config(1, 32);
+    ddt_target_model m;
+    check(ddt_target_open_synthetic(&cfg, 29, &m, err, sizeof err) == 0, "synthetic: %s", err);
+    int64_t dflash[PROMPTS][1 + SPEC_BUDGETS], all[PROMPTS][1 + SPEC_BUDGETS], top4[PROMPTS][1 + SPEC_BUDGETS],
+            random[PROMPTS][1 + SPEC_BUDGETS];
+    calls_of(&m, drafter_for(&m, 2, 6), 0.0f, dflash);
+    calls_of(&m, dflash2_for(&m, 2, 6, 32), 0.0f, all);
+    calls_of(&m, dflash2_for(&m, 2, 6, 4), 0.0f, top4);
+    calls_of(&m, dflash2_for(&m, 2, 6, 8), 3.0f, random);
+    int64_t accepted = 0, differ = 0;
+    for (int i = 0; i < PROMPTS; i++) {
+        check(!memcmp(all[i], dflash[i], sizeof all[i]), "prompt %d, K = V: calls (chain, trees 3, 5, 16) %lld %lld "
+              "%lld %lld, DFlash's %lld %lld %lld %lld", i, (long long)all[i][0], (long long)all[i][1],
+              (long long)all[i][2], (long long)all[i][3], (long long)dflash[i][0], (long long)dflash[i][1],
+              (long long)dflash[i][2], (long long)dflash[i][3]);
+        check(top4[i][0] == dflash[i][0], "prompt %d, K = 4: %lld chain calls, DFlash's %lld", i,
+              (long long)top4[i][0], (long long)dflash[i][0]);
+        accepted += dflash[i][0] < 29;   /* a call accepted a draft: the comparison says something */
+        differ += memcmp(random[i], dflash[i], sizeof random[i]) != 0;
+    }
+    check(accepted > 0, "no chain call accepted a draft: pick a sharper drafter");
+    check(differ > 0, "random successors never changed a call: is the selector drafting?");
+    ddt_target_close(&m);
+}
+
+/* ------------------------------------------------------------------------------------------
  * Faithfulness: the chain's calls are the walk of teacher-forced chain lengths
  */
 
@@ -313,7 +432,8 @@ static void test_lossless_stories(void)
  * at every anchor p in [P, P+G-2] (SPEC.md 6: 1 + the leading slots whose drafter argmax equals
  * seq[p + k], features from one prefill of the whole sequence), walked as decoding walks it:
  * a call at p yields tau(p) tokens and the next call is at p + tau(p). Its calls are the
- * chain's verification calls exactly (up to float near-ties: none in these cases). */
+ * chain's verification calls exactly (up to float near-ties: none in these cases). A DFlash2
+ * drafter's slots are its selector's teacher-forced picks (the predecessors the sequence's). */
 static int64_t walked_calls(const ddt_target_model *m, const ddt_drafter_config *dc, const ddt_drafter_weights *w,
                             const int32_t *seq, int64_t P, int64_t G)
 {
@@ -332,18 +452,28 @@ static int64_t walked_calls(const ddt_target_model *m, const ddt_drafter_config 
     const ddt_head head = { m->embed_stored, m->lm_head_stored, m->bf16 };
     ddt_batch b = { 1, S, A, seq, mask, features, NULL, anchors, keep };
     check(ddt_drafter_forward(be, dc, w, &head, &b, hs) == 0, "teacher-forced drafter forward");
+    ddt_selector *sel = NULL;
+    char err[256];
+    if (dc->dflash2)
+        check(ddt_selector_open(&sel, be, dc, err, sizeof err) == 0, "selector: %s", err);
     for (int64_t j = 0; j < A; j++) {
         ddt_target_logits(be, m, hs + j * B * H, B, logits);
-        int64_t n = 1;
-        for (int64_t k = 1; k < B && P + j + k < S; k++, n++) {
+        int32_t picks[DDT_MAX_SLOTS], pred[DDT_MAX_SLOTS];
+        for (int64_t k = 1; k < B; k++) {
+            pred[k] = P + j + k - 1 < S ? seq[P + j + k - 1] : -1;
             int64_t best = 0;   /* the argmax, ties to the lowest id */
             for (int64_t v = 1; v < V; v++)
                 best = logits[k * V + v] > logits[k * V + best] ? v : best;
-            if (best != seq[P + j + k])
-                break;
+            picks[k] = (int32_t)best;
         }
+        if (sel)
+            ddt_selector_picks(ddt_selector_fill(sel, w, hs + j * B * H, logits, pred), picks);
+        int64_t n = 1;
+        for (int64_t k = 1; k < B && P + j + k < S && picks[k] == seq[P + j + k]; k++)
+            n++;
         tau[P + j] = (int32_t)n;
     }
+    ddt_selector_close(sel);
     int64_t calls = 0;
     for (int64_t p = P, generated = 1; generated < G; calls++) {
         generated += tau[p];
@@ -353,12 +483,15 @@ static int64_t walked_calls(const ddt_target_model *m, const ddt_drafter_config 
     return calls;
 }
 
-/* accepts: some call must accept a draft (a random drafter on a random 512-token target rarely does) */
-static void faithful_case(const char *what, const ddt_target_model *m, int64_t B, float gain, int accepts)
+/* accepts: some call must accept a draft (a random drafter on a random 512-token target rarely
+ * does); a DFlash2 dc's Bs N(0, 9) */
+static void faithful_drafter(const char *what, const ddt_target_model *m, const ddt_drafter_config dc, float gain,
+                             int accepts)
 {
-    const ddt_drafter_config dc = drafter_for(m, 2, B);
     ddt_drafter_weights w;
     float *base = drafter_weights(&dc, 31, gain, &w);
+    if (dc.dflash2)
+        random_successors(&dc, &w, 43, 3.0f);
     enum { G = 48 };
     const ddt_speculate_params p = { .gen_len = G, .stop = -1 };
     char err[512];
@@ -384,6 +517,11 @@ static void faithful_case(const char *what, const ddt_target_model *m, int64_t B
     free(base);
 }
 
+static void faithful_case(const char *what, const ddt_target_model *m, int64_t B, float gain, int accepts)
+{
+    faithful_drafter(what, m, drafter_for(m, 2, B), gain, accepts);
+}
+
 static void test_faithful(void)
 {
     char err[512];
@@ -391,6 +529,7 @@ static void test_faithful(void)
     ddt_target_model m;
     check(ddt_target_open_synthetic(&cfg, 29, &m, err, sizeof err) == 0, "synthetic: %s", err);
     faithful_case("qwen3", &m, 6, 30.0f, 1);
+    faithful_drafter("qwen3 dflash2", &m, dflash2_for(&m, 2, 6, 8), 30.0f, 1);
     ddt_target_close(&m);
     if (open_shared("qwen35-tiny/text-only", &m)) {
         faithful_case("qwen3_5 tiny", &m, 4, 30.0f, 0);
@@ -463,6 +602,9 @@ int main(void)
         { "lossless with a stop token", test_lossless_stop },
         { "lossless (qwen3_5 tiny)", test_lossless_qwen35 },
         { "lossless (stories260K)", test_lossless_stories },
+        { "lossless: a DFlash2 drafter's selector chain and lattice trees == greedy", test_lossless_dflash2 },
+        { "DFlash2 with Bs = 0 drafts as DFlash (K = V: trees too); random Bs re-rank",
+          test_dflash2_fresh_drafts_as_dflash },
         { "faithful: chain calls == the walk of teacher-forced chain lengths", test_faithful },
         { "bad input refused", test_bad_input },
     };

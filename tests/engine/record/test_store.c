@@ -3,8 +3,8 @@
  * A fresh database gets the newest user_version, WAL, and every table and column of API.md;
  * reopening changes nothing; a database of a newer ddtreed is refused byte for byte untouched;
  * a missing parent directory is an error that says so; a version-1 database (before the
- * speculative columns) is migrated keeping its rows, and the teacher-forced and speculative
- * columns of one evals row are written without touching each other. Writes: 10,000 step records from 4
+ * speculative and unary columns) is migrated keeping its rows, and the teacher-forced and
+ * speculative columns of one evals row are written without touching each other. Writes: 10,000 step records from 4
  * threads (more than the queue holds, so producers block) are all there after a flush, with
  * their step_devices rows; events, evals and checkpoints read back as written; run create
  * (duplicate: -EEXIST), update (optional fields left alone) and a checkpoint's update (the
@@ -216,7 +216,7 @@ static const table_spec api_tables[] = {
                  "chunk", "vocab_tile", NULL } },
     { "step_devices", { "run_id", "step", "device", "peak_bytes", "step_ms", NULL } },
     { "evals", { "run_id", "step", "tau_chain", "tau_tree_json", "acc_json", "tau_spec", "tau_spec_tree_json",
-                 "spec_json", NULL } },
+                 "spec_json", "unary_json", NULL } },
     { "events", { "id", "run_id", "ts_ms", "kind", "detail_json", NULL } },
     { "checkpoints", { "run_id", "step", "path", "bytes", "ts_ms", NULL } },
 };
@@ -482,7 +482,7 @@ static void test_events_evals_checkpoints(void)
     ddt_store_event(s, "r", 100, "state", "{\"from\": \"queued\", \"to\": \"running\"}");
     ddt_store_event(s, "r", 200, "rechunk", "{\"chunk\": 2048, \"applies_from_step\": 11}");
     ddt_store_event(s, NULL, 300, "error", NULL);   /* the daemon's own; no detail */
-    ddt_store_eval(s, "r", 200, 3.25, "{\"16\": 4.5, \"64\": 5.75}", "[0.9, 0.8]");
+    ddt_store_eval(s, "r", 200, 3.25, "{\"16\": 4.5, \"64\": 5.75}", "[0.9, 0.8]", NULL);
     ddt_store_checkpoint(s, "r", 500, "/var/lib/ddtreed/runs/r/step_000500", 123456789, 400);
     check(ddt_store_flush(s) == 0, "flush failed");
 
@@ -553,7 +553,7 @@ static void test_migrate_speculative(void)
         return;
     ddt_store_eval_spec(s, "r", 10, 1.75, "{\"8\": 2}", "{\"prompts\": 3}");   /* beside step 10's tau_chain */
     ddt_store_eval_spec(s, "r", 20, 1.5, "{}", "{}");                         /* a row of its own */
-    ddt_store_eval(s, "r", 20, 2.75, "{}", "{}");                             /* leaves its tau_spec */
+    ddt_store_eval(s, "r", 20, 2.75, "{}", "{}", "{\"tau_chain\": 2.5}");   /* leaves its tau_spec */
     check(ddt_store_flush(s) == 0, "flush failed");
     db = open_reader(path);
     if (db) {
@@ -567,6 +567,10 @@ static void test_migrate_speculative(void)
         check(!strcmp(text, "{\"16\": 3}{\"8\": 2}{\"prompts\": 3}"), "step 10's texts: %s", text);
         check(query_int(db, "SELECT count(*) FROM evals WHERE step = 20 AND tau_chain = 2.75 AND tau_spec = 1.5") == 1,
               "step 20: both writes kept");
+        check(query_int(db, "SELECT count(*) FROM evals WHERE step = 10 AND unary_json IS NULL") == 1,
+              "step 10: a DFlash row's unary_json not NULL");
+        query_text(db, "SELECT unary_json FROM evals WHERE step = 20", text, sizeof text);
+        check(!strcmp(text, "{\"tau_chain\": 2.5}"), "step 20's unary_json: %s", text);
         sqlite3_close(db);
     }
     ddt_store_close(s);
@@ -984,7 +988,8 @@ int main(void)
     scratch_dir(tmp_dir);
     static const test_case cases[] = {
         { "fresh database: newest user_version, API.md's tables and columns", test_fresh_schema },
-        { "a version-1 database migrated: speculative columns, rows kept, upserts apart", test_migrate_speculative },
+        { "a version-1 database migrated: speculative and unary columns, rows kept, upserts apart",
+          test_migrate_speculative },
         { "journal_mode is WAL", test_wal_mode },
         { "reopening is idempotent", test_reopen_idempotent },
         { "a database of a newer ddtreed is refused and left untouched", test_future_version_refused },

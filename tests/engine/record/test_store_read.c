@@ -141,9 +141,9 @@ static void test_fixture(void)
     ddt_store_event(store, "alpha", 1300, "error", malformed_detail);
     ddt_store_event(store, "alpha", 1400, weird_kind, "[1, 2.5, null]");
 
-    ddt_store_eval(store, "alpha", 10, 2.5, "[2.0,2.25]", "[0.9]");
-    ddt_store_eval(store, "alpha", 20, 3.25, "{\"16\":3.5,\"64\":4.125}", "[0.95,0.5]");
-    ddt_store_eval(store, "gamma", 0, NAN, NULL, NULL);
+    ddt_store_eval(store, "alpha", 10, 2.5, "[2.0,2.25]", "[0.9]", NULL);
+    ddt_store_eval(store, "alpha", 20, 3.25, "{\"16\":3.5,\"64\":4.125}", "[0.95,0.5]", NULL);
+    ddt_store_eval(store, "gamma", 0, NAN, NULL, NULL, NULL);
     rc = ddt_store_flush(store);
     check(rc == 0, "ddt_store_flush = %d", rc);
 }

@@ -27,6 +27,8 @@
  *     host run's losses and evaluation bit for bit (1 target rank for 2 drafter ranks, 3 for 1),
  *     exact resume from a checkpoint taken with the next batch in flight, both kinds of rank's
  *     measured peaks against the plan's (10%);
+ *   - a DFlash2 run's evaluation: its selector's figures, its unary head's beside in the evals
+ *     row (equal chain and acc_k at step 0, where Bs = 0); a DFlash run's without;
  *   - eval.speculative (SPEC.md 7): refused where it cannot run, naming the field; on the host
  *     target and co-located on CPU ranks every prompt greedy-equal, 1 <= tau_spec <= B, every
  *     tree of K >= B-1 nodes at least the chain, the two placements' figures equal, the evals row
@@ -1329,6 +1331,64 @@ static void test_spec_lazy(void)
     ddt_trainer_close(t);
 }
 
+/* A DFlash2 run's evaluation (SPEC.md 2.1): the evals row holds its path selector's figures
+ * and its unary head's beside (unary); at step 0 (Bs = 0) the selector picks the unary argmax,
+ * so tau_chain and acc_k agree (the trees need not: the lattice holds K = 4 candidates a slot).
+ * A DFlash run's row has unary null. */
+static void test_dflash2_eval(void)
+{
+    char dflash2[4096];
+    const char *tiny = TINY("1", "");
+    const char *at = strstr(tiny, "\"drafter\": {") + strlen("\"drafter\": {");
+    snprintf(dflash2, sizeof dflash2, "%.*s\"architecture\": \"dflash2\", \"selector_rank\": 8, "
+             "\"selector_top_k\": 4, %s", (int)(at - tiny), tiny, at);
+    const char *configs[2] = { tiny, dflash2 };
+    for (int v = 0; v < 2; v++) {
+        char db[512], err[1024], field[128], id[64] = "";
+        snprintf(db, sizeof db, "%s/arch-%d.db", state_dir, v);
+        ddt_store *store = NULL;
+        if (ddt_store_open(db, &store, err, sizeof err)) {
+            check(0, "store: %s", err);
+            return;
+        }
+        ddt_trainer *t = NULL;
+        int rc = ddt_trainer_open(configs[v], strlen(configs[v]), state_dir, NULL, 0, store, &t, err, sizeof err,
+                                  field, sizeof field);
+        check(rc == 0, "open (%s): %s [%s]", v ? "dflash2" : "dflash", err, field);
+        ddt_trainer_outcome o;
+        if (rc == 0) {   /* the baseline evaluation at step 0 */
+            rc = ddt_trainer_advance(t, &o, err, sizeof err);
+            check(rc == 0 && o.evaluated && o.acceptance.selector == v && o.acceptance.blocks > 0,
+                  "advance: %s (evaluated %d, selector %d)", err, o.evaluated, o.acceptance.selector);
+            snprintf(id, sizeof id, "%s", ddt_trainer_run_id(t));
+        }
+        ddt_trainer_close(t);
+        ddt_store_close(store);
+        cJSON *root = rc == 0 ? read_evals(db, id) : NULL;
+        const cJSON *row = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(root, "evals"), 0);
+        const cJSON *unary = cJSON_GetObjectItemCaseSensitive(row, "unary");
+        if (!v) {
+            check(row && cJSON_IsNull(unary), "a DFlash run's evals row has a unary entry");
+        } else {
+            const cJSON *tau = cJSON_GetObjectItemCaseSensitive(unary, "tau_chain"),
+                        *tree = cJSON_GetObjectItemCaseSensitive(unary, "tau_tree");
+            check(cJSON_IsNumber(tau) && tau->valuedouble == cJSON_GetObjectItemCaseSensitive(row, "tau_chain")->valuedouble,
+                  "unary tau_chain missing or not the selector's at step 0");
+            check(cJSON_Compare(cJSON_GetObjectItemCaseSensitive(unary, "acc"),
+                                cJSON_GetObjectItemCaseSensitive(row, "acc"), 1),
+                  "unary acc missing or not the selector's at step 0");
+            check(cJSON_GetArraySize(tree) == 2 && cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(tree, "8")),
+                  "unary tau_tree: want budgets 2 and 8");
+            if (cJSON_IsNumber(tau))
+                printf("  # step 0: tau_chain %.4f (unary %.4f), tau_tree(8) %.4f (unary %.4f)\n",
+                       ddt_acceptance_tau_chain(&o.acceptance), tau->valuedouble,
+                       ddt_acceptance_tau_tree(&o.acceptance, 1),
+                       cJSON_GetObjectItemCaseSensitive(tree, "8")->valuedouble);
+        }
+        cJSON_Delete(root);
+    }
+}
+
 int main(void)
 {
     if (!mkdtemp(state_dir)) {
@@ -1344,6 +1404,7 @@ int main(void)
         { "what a node cannot run is refused at open, naming the field", test_open_refuses },
         { "a GPU the node lacks fails at open, nothing left behind", test_missing_gpu },
         { "eval.blocks_per_sequence bounds the evaluated blocks", test_eval_blocks },
+        { "a DFlash2 run's eval: the selector's figures, the unary head's beside", test_dflash2_eval },
         { "eval.speculative: refused where it cannot run, defaults", test_spec_config },
         { "eval.speculative: lossless, 1 <= tau <= B, tree >= chain, rows, checkpoints", test_spec_eval },
         { "speculation on request without eval.speculative", test_spec_lazy },
