@@ -48,6 +48,8 @@ static void write_config(const char *json)
     "{\"architectures\": [\"DFlashDraftModel\"]," DRAFTER_FIELDS                                 \
     " \"dflash_config\": {\"mask_token_id\": 99, \"target_layer_ids\": [1, 3, 5]}"
 
+static void config_with(const char *field, const char *value, char *out, size_t len);
+
 static void test_drafter_config_ok(void)
 {
     write_config(DRAFTER_OK "}");
@@ -60,6 +62,15 @@ static void test_drafter_config_ok(void)
           "sizes read wrong");
     check(c.sliding[0] == 1 && c.sliding[1] == 0, "layer_types read wrong");
     check(c.taps == 3 && c.target_layer_ids[2] == 5 && c.mask_token_id == 99, "dflash_config read wrong");
+    char json[2048];   /* rope_theta under rope_parameters (transformers 5, z-lab's DFlash2 exports) */
+    config_with("rope_theta", "1", json, sizeof json);
+    char *at = strstr(json, "\"rope_theta\": 1");
+    snprintf(at, sizeof json - (size_t)(at - json), "\"rope_parameters\": {\"rope_theta\": 1000000}%s",
+             strstr(DRAFTER_OK "}", "\"rope_theta\": 10000") + strlen("\"rope_theta\": 10000"));
+    write_config(json);
+    rc = ddt_drafter_config_load(tmpdir, &c, err, sizeof err);
+    check(rc == 0 && c.rope_theta == 1000000.0f, "rope_parameters.rope_theta not read (%g): %s",
+          (double)c.rope_theta, err);
 }
 
 /* DRAFTER_OK with the value of one top-level field replaced */
@@ -258,6 +269,13 @@ static void test_target_config(void)
     check(ddt_target_config_load(tmpdir, &c, err, sizeof err) == 0, "valid target refused: %s", err);
     check(c.qwen3 && c.head_dim == 8 && c.tie_word_embeddings && c.kv_heads == 2,
           "defaults or fields read wrong (head_dim %lld)", (long long)c.head_dim);
+    check(c.rope_theta == 10000.0f, "rope_theta defaults to 10000 (got %g)", (double)c.rope_theta);
+    /* transformers 5 writes rope_theta under rope_parameters: read there, not defaulted */
+    write_config("{\"model_type\": \"qwen3\", \"hidden_size\": 32, \"num_hidden_layers\": 3,"
+                 " \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 64,"
+                 " \"vocab_size\": 50, \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 1000000}}");
+    check(ddt_target_config_load(tmpdir, &c, err, sizeof err) == 0 && c.rope_theta == 1000000.0f,
+          "rope_parameters.rope_theta not read (%g): %s", (double)c.rope_theta, err);
     write_config("{\"model_type\": \"qwen3_next\", \"hidden_size\": 32}");
     check(ddt_target_config_load(tmpdir, &c, err, sizeof err) == -EINVAL && strstr(err, "model_type"),
           "an unsupported model_type must be refused by name: '%s'", err);

@@ -218,6 +218,32 @@ static int serving_keys(const ddt_json_ctx *j, const cJSON *root, const ddt_draf
     return 0;
 }
 
+/* rope_parameters.KEY, else text_config.KEY (the top of the text fields), else dflt: transformers 5
+ * writes rope_theta under rope_parameters for every model (Qwen3 and z-lab's DFlash2 drafters
+ * too), older versions at the top */
+static int rope_field(const ddt_json_ctx *j, const cJSON *text, const char *key, double lo, double hi,
+                      double dflt, float *out)
+{
+    const cJSON *rope = cJSON_GetObjectItemCaseSensitive(text, "rope_parameters");
+    double x;
+    int rc;
+    if (rope && !cJSON_IsNull(rope) && !cJSON_IsObject(rope))
+        return ddt_json_fail(j, "rope_parameters", "must be an object");
+    if (rope && cJSON_GetObjectItemCaseSensitive(rope, key)) {
+        char field[64];
+        snprintf(field, sizeof field, "rope_parameters.%s", key);
+        char what[96];
+        snprintf(what, sizeof what, "must be a number in (%g, %g]", lo, hi);
+        rc = ddt_json_number(j, rope, key, lo, 1, hi, 0, 0.0, &x);
+        if (rc)   /* named with its path, not the bare key */
+            rc = ddt_json_fail(j, field, what);
+    } else {
+        rc = ddt_json_number(j, text, key, lo, 1, hi, 1, dflt, &x);
+    }
+    *out = (float)x;
+    return rc;
+}
+
 int ddt_drafter_config_load(const char *dir, ddt_drafter_config *c, char *err, size_t err_len)
 {
     char path[4096];
@@ -241,7 +267,7 @@ int ddt_drafter_config_load(const char *dir, ddt_drafter_config *c, char *err, s
     if (!rc) rc = ddt_json_int(&j, root, "sliding_window", 0, INT32_MAX, 1, 0, &c->sliding_window);
     if (!rc) rc = ddt_json_int(&j, root, "num_target_layers", 0, 4096, 1, 0, &c->num_target_layers);
     if (!rc) rc = get_positive(&j, root, "rms_norm_eps", 1e-6, &c->rms_norm_eps);
-    if (!rc) rc = get_positive(&j, root, "rope_theta", 10000.0, &c->rope_theta);
+    if (!rc) rc = rope_field(&j, root, "rope_theta", 0.0, 1e30, 10000.0, &c->rope_theta);
     if (!rc) {
         const cJSON *types = cJSON_GetObjectItemCaseSensitive(root, "layer_types");
         if (types && !cJSON_IsNull(types)) {
@@ -310,7 +336,7 @@ int ddt_target_config_load(const char *dir, ddt_target_config *c, char *err, siz
     if (!rc) rc = ddt_json_int(&j, root, "intermediate_size", 1, 1 << 24, 0, 0, &c->intermediate);
     if (!rc) rc = ddt_json_int(&j, root, "vocab_size", 2, INT32_MAX, 0, 0, &c->vocab);
     if (!rc) rc = get_positive(&j, root, "rms_norm_eps", 1e-6, &c->rms_norm_eps);
-    if (!rc) rc = get_positive(&j, root, "rope_theta", 10000.0, &c->rope_theta);
+    if (!rc) rc = rope_field(&j, root, "rope_theta", 0.0, 1e30, 10000.0, &c->rope_theta);
     if (!rc) {
         const cJSON *tie = cJSON_GetObjectItemCaseSensitive(root, "tie_word_embeddings");
         if (tie && !cJSON_IsBool(tie))
@@ -326,30 +352,6 @@ int ddt_target_config_load(const char *dir, ddt_target_config *c, char *err, siz
 /* ------------------------------------------------------------------------------------------
  * Qwen3.5 / Qwen3.6 (SPEC.md section 3.1)
  */
-
-/* rope_parameters.KEY, else text_config.KEY (the top of the text fields), else dflt */
-static int rope_field(const ddt_json_ctx *j, const cJSON *text, const char *key, double lo, double hi,
-                      double dflt, float *out)
-{
-    const cJSON *rope = cJSON_GetObjectItemCaseSensitive(text, "rope_parameters");
-    double x;
-    int rc;
-    if (rope && !cJSON_IsNull(rope) && !cJSON_IsObject(rope))
-        return ddt_json_fail(j, "rope_parameters", "must be an object");
-    if (rope && cJSON_GetObjectItemCaseSensitive(rope, key)) {
-        char field[64];
-        snprintf(field, sizeof field, "rope_parameters.%s", key);
-        char what[96];
-        snprintf(what, sizeof what, "must be a number in (%g, %g]", lo, hi);
-        rc = ddt_json_number(j, rope, key, lo, 1, hi, 0, 0.0, &x);
-        if (rc)   /* named with its path, not the bare key */
-            rc = ddt_json_fail(j, field, what);
-    } else {
-        rc = ddt_json_number(j, text, key, lo, 1, hi, 1, dflt, &x);
-    }
-    *out = (float)x;
-    return rc;
-}
 
 /* layer_types, or every full_attention_interval-th layer full attention */
 static int qwen35_layer_types(const ddt_json_ctx *j, const cJSON *text, ddt_qwen35_config *c)
