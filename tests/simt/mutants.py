@@ -66,6 +66,17 @@ MUTANTS = [
      "loss_cuda.cu",
      "        const int oi0 = __shfl_xor_sync(0xffffffffu, i0, offset);",
      "        const int oi0 = __shfl_xor_sync(0xffffffffu, i0, offset == 16 ? 8 : offset);"),
+    ("a missing barrier between the top-K's merge rounds (vector_cuda.cu topk_kernel)", "vector_cuda.cu",
+     "            __syncthreads();   /* the previous round's (and the running list's) readers are done */\n",
+     ""),
+    ("the selector's score dot product taking another lane's sum (selector_cuda.cu: at offset 16, lane ^ 8's)",
+     "selector_cuda.cu",
+     "                dot += __shfl_xor_sync(0xffffffffu, dot, offset);",
+     "                dot += __shfl_xor_sync(0xffffffffu, dot, offset == 16 ? 8 : offset);"),
+    ("every block of a token adding its sums, not only the first entry's (selector_cuda.cu sel_scatter_kernel)",
+     "selector_cuda.cu",
+     "                if (list[0] < e) {   /* an earlier entry's block owns the token */",
+     "                if (list[0] > e) {   /* an earlier entry's block owns the token */"),
 ]
 
 
