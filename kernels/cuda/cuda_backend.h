@@ -68,6 +68,14 @@ void ddk_cuda_block_conv_backward(const ddk_backend *be, const float *x, const f
 /* vector_cuda.cu */
 double ddk_cuda_sumsq(const ddk_backend *be, const float *x, int64_t count);
 void ddk_cuda_argmax_rows(const ddk_backend *be, const float *x, int64_t rows, int64_t n, int32_t *out);
+void ddk_cuda_topk_rows(const ddk_backend *be, const float *x, int64_t rows, int64_t n, int64_t k,
+                        int32_t *idx, float *val);
+/* x (rows, w), columns off .. off+w of each row, merged into the rows' running top-k lists idx,
+ * val (rows, k) (merge 1: each holding min(off, k) pairs, every index below off; val required) or
+ * into new ones (merge 0), which then hold min(off + w, k) pairs (so w < k is allowed: the loss's
+ * narrow tiles); topk_row.h's order. topk_rows is the merge 0, off 0, k <= n case. */
+void ddk_cuda_topk_merge(const ddk_backend *be, const float *x, int64_t rows, int64_t w,
+                         int64_t off, int64_t k, int merge, int32_t *idx, float *val);
 void ddk_cuda_axpby(const ddk_backend *be, int64_t count, float alpha, const float *x, float beta,
                     float *y);
 void ddk_cuda_adamw(const ddk_backend *be, float *w, float *g, float *m, float *v, uint16_t *w16,

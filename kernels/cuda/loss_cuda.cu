@@ -38,6 +38,16 @@
  *      and writes them at index c of an array of chunk sums in the backend's scratch; after the
  *      last chunk ONE copy brings the array to the host, which adds the chunks in order. So the
  *      result is deterministic (the same bits for the same inputs and GPU).
+ * With the DFlash2 selector (p->selector, SPEC.md 2.1; loss_cpu.c's steps, selector_cpu.c's
+ * arithmetic): in step 2 each tile's logits also go through vector_cuda.cu's topk kernel, merged
+ * into the rows' running candidates (ties to the lower id: the CPU's candidates exactly); after
+ * the vocabulary pass q = Hp hs (a product, fp32 or bf16 as the head's) and selector_cuda.cu's
+ * sel_rows_kernel (the label placed, the scores, l_sel, ds, dq; l_i rewritten with the term); in
+ * step 3 its sel_grad_cols_kernel adds ds into g at the candidates' columns before each tile's
+ * product with W; after the tiles d hs += dq Hp and dHp += dq^T hs (products) and its
+ * sel_scatter_kernel adds dA's and dBs's rows without atomics; reduce_kernel adds the term into
+ * sum w l and sums w l_sel, covered and the selector's correct. Without a selector none of it
+ * runs and the chunk sums' first five are formed as before: the same bits.
  *
  * Fields of ddk_loss_row (loss_internal.h, shared with the CPU) that this file reuses once
  * nothing reads them any more; float values held in double fields are exact:
@@ -50,7 +60,8 @@
  *
  * Validation (the choice the brief asked to document): ddk_loss_check_call reads labels and
  * weights from host memory, so they are copied to host buffers (malloc, n x 8 bytes at most,
- * on the backend's stream, then waited for) and the CPU's very checks run on the copies; the
+ * n x 12 with a selector's predecessors, on the backend's stream, then waited for) and the CPU's
+ * very checks (ddk_loss_check_selector's too) run on the copies; the
  * weight sum and the count are then formed on the host exactly as loss_cpu.c forms them. That
  * costs one small transfer and one wait per call, next to 3 to 5 logit-sized products; in
  * exchange no rule of validity exists twice. -EINVAL and -ENOMEM return with nothing written.
@@ -58,14 +69,14 @@
  * Workspace: exactly ddk_loss_workspace_bytes (same layout as the CPU's: rows, student logits,
  * teacher logits when used), from be->alloc, with an fp32 or a bf16 head; -ENOMEM when refused,
  * before anything is written. The workspace has no room that outlives a chunk (its rounding
- * leaves < 64 bytes, often 0), so the chunk sums, ceil(n / chunk) x 40 bytes, go to the
+ * leaves < 64 bytes, often 0), so the chunk sums, ceil(n / chunk) x 64 bytes, go to the
  * backend's scratch (cuda_backend.h: 4 MiB made with the stream, outside the accounting
  * allocator, so no allocation and no failure; held under its lock from before the first chunk
- * until the last copy is queued). Its first half holds 52,428 chunks' sums; a call with more
+ * until the last copy is queued). Its first half holds 32,768 chunks' sums; a call with more
  * copies each full batch of them on (the result is the same, it is only more copies). Its
  * second half is the bf16 head's operand panel (2^20 values: up to PANEL_ROWS rows of a
  * 2^20 / rows column k-panel; be->matmul_w16 cannot be called here, it would take the lock the
- * loss holds). The host holds the same ceil(n / chunk) x 40 bytes (malloc).
+ * loss holds). The host holds the same ceil(n / chunk) x 64 bytes (malloc).
  *
  * Synchronisation: the call returns with its work done (out is a host struct): it waits on the
  * stream once for labels / weights and once at the end, after the one copy of the chunk sums
@@ -77,7 +88,10 @@
  * several rows or several blocks per row (a chunk is hundreds of rows or more: enough blocks),
  * a vectorised or fused grad_kernel. Each is to buy a measured speed-up.
  *
- * Tested by tests/kernels/test_loss_online.c, always, without a GPU: stats_kernel's and grad_kernel's
+ * Tested by tests/simt/test_simt_kernels.cpp, always, without a GPU: this file's kernels from this
+ * source against the CPU backend under each card's limits (both modes, a bf16 head, the selector
+ * strict and inject, stop_gradient, the same bits in the reverse schedule); by
+ * tests/kernels/test_loss_online.c: stats_kernel's and grad_kernel's
  * arithmetic (loss_online.h) emulated on the host with the kernel's column assignment and merge
  * rules, against ddk_loss_cpu, the float64 reference and sums in double (tiles, ties, labels
  * moving between tiles, p_y -> 1, -inf columns); and on a GPU by tests/kernels/test_backend_ops.c (loss
@@ -90,6 +104,7 @@
 #include "cuda_backend.h"
 #include "cuda_check.h"
 #include "launch.h"
+#include "selector_cuda.h"   /* the DFlash2 selector's kernels */
 
 #include "loss_online.h"   /* the kernels' arithmetic (with loss_row.h's, the CPU's too) */
 
@@ -102,7 +117,7 @@
 #include <string.h>
 
 /* One call's constants are a ddk_loss_consts (loss_row.h, as on the CPU). */
-enum { THREADS = DDK_LOSS_THREADS, WARPS = THREADS / 32, NSUMS = DDK_LOSS_SUMS, NTERMS = 5 };
+enum { THREADS = DDK_LOSS_THREADS, WARPS = THREADS / 32, NSUMS = DDK_LOSS_SUMS, NTERMS = 8 };
 
 /* ------------------------------------------------------------------------------------------
  * Block reductions (blockDim.x == THREADS). The order is fixed by thread indices.
@@ -321,21 +336,30 @@ __global__ static void grad_kernel(const ddk_loss_row *rows, int64_t m, float *z
 
 /* ------------------------------------------------------------------------------------------
  * 4. The chunk's weighted sums: one block, THREADS rows per step in thread order, then a fixed
- * tree. out[NTERMS] = sum w l, sum w CE, sum w KL, sum w CAP, correct (exact in double).
+ * tree. out[NTERMS] = sum w l, sum w CE, sum w KL, sum w CAP, correct, and with a selector (sel
+ * its rows, else NULL and 0) sum w l_sel, covered, the selector's correct (exact in double); l
+ * holds sel_weight l_sel.
  */
 
 __global__ static void reduce_kernel(const ddk_loss_row *rows, int64_t m, const float *weights,
-                                     ddk_loss_consts k, double *out)
+                                     ddk_loss_consts k, const ddk_loss_sel_row *sel,
+                                     float sel_weight, double *out)
 {
     DDK_SHARED(double, sh, [NTERMS][THREADS]);
-    double acc[NTERMS] = { 0, 0, 0, 0, 0 };
+    double acc[NTERMS] = { 0, 0, 0, 0, 0, 0, 0, 0 };
     for (int64_t r = threadIdx.x; r < m; r += blockDim.x) {
         const ddk_loss_row &R = rows[r];
         if (R.ignored)
             continue;
         const double wi = weights ? (double)weights[r] : 1.0;
         const double ce = R.c_dot, kl = R.t_dot, cap = R.confident ? R.entropy : 0.0;
-        const double l = ddk_loss_combine(&k, ce, kl, cap);
+        double l = ddk_loss_combine(&k, ce, kl, cap);
+        if (sel) {   /* the term in l, as the CPU adds it */
+            l += sel_weight * sel[r].l_sel;
+            acc[5] += wi * sel[r].l_sel;
+            acc[6] += sel[r].covered;
+            acc[7] += sel[r].correct;
+        }
         acc[0] += wi * l;
         acc[1] += wi * ce;
         acc[2] += wi * kl;
@@ -427,8 +451,9 @@ int ddk_cuda_loss(const ddk_backend *be, const ddk_loss_params *p, const float *
     if (rc)
         return rc;
     /* check_call's pointer rules first, so no device memory is read for a call refused anyway */
+    const ddk_selector *sp = p->selector;
     if (!student_hidden || !lm_head || !out ||
-        (!teacher_hidden && (!labels || p->kl_weight > 0.0f)))
+        (!teacher_hidden && (!labels || p->kl_weight > 0.0f)) || (sp && !sp->predecessors))
         return -EINVAL;
 
     const int64_t n = p->n, H = p->hidden, V = p->vocab;
@@ -437,11 +462,13 @@ int ddk_cuda_loss(const ddk_backend *be, const ddk_loss_params *p, const float *
     /* labels and weights to the host: the CPU's checks, weight sum and count on them */
     int32_t *labels_host = labels ? (int32_t *)malloc((size_t)n * sizeof(int32_t)) : NULL;
     float *weights_host = weights ? (float *)malloc((size_t)n * sizeof(float)) : NULL;
+    int32_t *pred_host = sp ? (int32_t *)malloc((size_t)n * sizeof(int32_t)) : NULL;
     const int64_t chunks = (n + shape.chunk - 1) / shape.chunk;
     double *partials = (double *)malloc((size_t)chunks * NTERMS * sizeof(double));
-    if ((labels && !labels_host) || (weights && !weights_host) || !partials) {
+    if ((labels && !labels_host) || (weights && !weights_host) || (sp && !pred_host) || !partials) {
         free(labels_host);
         free(weights_host);
+        free(pred_host);
         free(partials);
         return -ENOMEM;
     }
@@ -451,14 +478,20 @@ int ddk_cuda_loss(const ddk_backend *be, const ddk_loss_params *p, const float *
     if (weights)
         CUDA_CHECK(cudaMemcpyAsync(weights_host, weights, (size_t)n * sizeof(float),
                                    cudaMemcpyDefault, stream));
-    if (labels || weights)
+    if (sp)
+        CUDA_CHECK(cudaMemcpyAsync(pred_host, sp->predecessors, (size_t)n * sizeof(int32_t),
+                                   cudaMemcpyDefault, stream));
+    if (labels || weights || sp)
         CUDA_CHECK(cudaStreamSynchronize(stream));
     rc = ddk_loss_check_call(p, student_hidden, teacher_hidden, lm_head, labels_host,
                              weights_host, out);
+    if (rc == 0)
+        rc = ddk_loss_check_selector(p, pred_host, labels_host, weights_host, grad_student);
     int64_t counted = 0;
     const double weight_sum = rc ? 0.0 : ddk_loss_weight_sum(n, labels_host, weights_host, &counted);
     free(labels_host);
     free(weights_host);
+    free(pred_host);
     if (rc) {
         free(partials);
         return rc;
@@ -488,6 +521,23 @@ int ddk_cuda_loss(const ddk_backend *be, const ddk_loss_params *p, const float *
     const ddk_loss_consts k = ddk_loss_consts_of(p, labels != NULL);
     const int64_t width = shape.width;
     const int tiled = width < V;
+    /* the selector's chunk (selector_cuda.h): its buffers, rows and pointers set per chunk */
+    const int sel_grads = sp && grad_student && sp->weight > 0.0f;
+    const int sel_to_hidden = sel_grads && !sp->stop_gradient;
+    ddk_cuda_sel_chunk sc = {};
+    if (sp) {
+        sc.rows = rows;
+        sc.b = ddk_loss_sel_carve(&shape, workspace);
+        sc.A = sp->A;
+        sc.Bs = sp->Bs;
+        sc.K = sp->top_k;
+        sc.r = sp->rank;
+        sc.weight_sum = weight_sum;
+        sc.weight = sp->weight;
+        sc.inject = sp->inject;
+        sc.grads = sel_grads;
+        sc.k = k;
+    }
     /* the scratch (see the header): the chunks' sums (scratch_chunks, NTERMS) in its first half,
      * the bf16 head's operand panel in its second */
     const size_t half_bytes = DDK_CUDA_SCRATCH_FLOATS * sizeof(float) / 2;
@@ -522,6 +572,16 @@ int ddk_cuda_loss(const ddk_backend *be, const ddk_loss_params *p, const float *
                 rows, m, zs, zt, off, w, k, off + w >= V, wc, weight_sum,
                 per_position ? per_position + r0 : NULL);
             LAUNCH_CHECK();
+            if (sp)   /* the tile into the rows' running candidates */
+                ddk_cuda_topk_merge(be, zs, m, w, off, sp->top_k, off > 0, sc.b.cand, sc.b.cz);
+        }
+        if (sp) {   /* q (m, r) = hs Hp^T, then the rows' terms */
+            h.product(be, 0, 1, m, sp->rank, H, 1.0f, hs, H, sp->Hp, H, 0.0f, sc.b.q, sp->rank);
+            sc.m = m;
+            sc.pred = sp->predecessors + r0;
+            sc.weights = wc;
+            sc.per_position = per_position ? per_position + r0 : NULL;
+            ddk_cuda_sel_rows(be, &sc);
         }
 
         if (grad_student) {
@@ -537,14 +597,26 @@ int ddk_cuda_loss(const ddk_backend *be, const ddk_loss_params *p, const float *
                 dim3 grid((unsigned)(col_blocks < 1024 ? col_blocks : 1024), grid_rows(m));
                 DDK_LAUNCH(grad_kernel, grid, THREADS, 0, stream, rows, m, zs, k.kl ? zt : NULL, off, w, k);
                 LAUNCH_CHECK();
+                if (sel_to_hidden)   /* the selector's ds at its candidates in this tile */
+                    ddk_cuda_sel_grad_cols(be, &sc, zs, off, w);
                 tile_grad(h, zs, m, off, w, off == 0 ? 0.0f : 1.0f, dhs);   /* over tiles */
+            }
+            if (sel_to_hidden)   /* d hs (m, H) += dq (m, r) Hp (r, H) */
+                h.product(be, 0, 0, m, H, sp->rank, 1.0f, sc.b.dq, sp->rank, sp->Hp, H, 1.0f,
+                          dhs, H);
+            if (sel_grads) {   /* dHp (r, H) += dq^T (r, m) hs (m, H); dA, dBs */
+                h.product(be, 1, 0, sp->rank, H, m, 1.0f, sc.b.dq, sp->rank, hs, H, 1.0f,
+                          sp->dHp, H);
+                ddk_cuda_sel_scatter(be, &sc, sp->dA, sp->dBs);
             }
         }
 
         /* the chunk's sums at index c (of the scratch's batch), to the host after the last
-         * chunk: one copy (or one per full batch, past 52,428 chunks) */
+         * chunk: one copy (or one per full batch, past 32,768 chunks) */
         const int64_t slot = c % scratch_chunks;
-        DDK_LAUNCH(reduce_kernel, 1, THREADS, 0, stream, rows, m, wc, k, chunk_sums + slot * NTERMS);
+        DDK_LAUNCH(reduce_kernel, 1, THREADS, 0, stream, rows, m, wc, k,
+                   sp ? (const ddk_loss_sel_row *)sc.b.rows : NULL, sp ? sp->weight : 0.0f,
+                   chunk_sums + slot * NTERMS);
         LAUNCH_CHECK();
         if (c == chunks - 1 || slot == scratch_chunks - 1)
             CUDA_CHECK(cudaMemcpyAsync(partials + (c - slot) * NTERMS, chunk_sums,
@@ -555,7 +627,7 @@ int ddk_cuda_loss(const ddk_backend *be, const ddk_loss_params *p, const float *
     CUDA_CHECK(cudaStreamSynchronize(stream));
     ddk_free(be->alloc, workspace, shape.workspace_bytes);
 
-    double sums[NTERMS] = { 0, 0, 0, 0, 0 };
+    double sums[NTERMS] = { 0, 0, 0, 0, 0, 0, 0, 0 };
     for (int64_t c = 0; c < chunks; c++)
         for (int j = 0; j < NTERMS; j++)
             sums[j] += partials[c * NTERMS + j];
@@ -569,6 +641,9 @@ int ddk_cuda_loss(const ddk_backend *be, const ddk_loss_params *p, const float *
     result.weight_sum = weight_sum;
     result.counted = counted;
     result.correct = (int64_t)sums[4];
+    result.sel = sums[5] / weight_sum;
+    result.sel_covered = (int64_t)sums[6];
+    result.sel_correct = (int64_t)sums[7];
     *out = result;
     return 0;
 }

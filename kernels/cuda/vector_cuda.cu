@@ -1,8 +1,10 @@
 /* vector_cuda.cu: the whole-buffer ops of the trainer's gradient reduction and optimiser on the
  * GPU (contracts in ddk.h, struct ddk_backend): sumsq (the gradient norm's sum of squares), axpby
  * (gradient accumulation and averaging), the per-element AdamW update and the features' uniform
- * noise (bit for bit the CPU's), and argmax_rows (the greedy argmax of logit rows, bit for bit the
- * CPU's indices). Plain fp32 kernels
+ * noise (bit for bit the CPU's), argmax_rows (the greedy argmax of logit rows, bit for bit the
+ * CPU's indices) and topk_rows with its merge into running lists, which the fused loss's online
+ * top-K of the DFlash2 selector runs tile by tile (bit for bit the CPU's: topk_row.h's order is
+ * total, so the k first are one list whatever the threads saw). Plain fp32 kernels
  * queued on the backend's stream (backend_cuda.cu), grid-stride with 64-bit indices: a count may
  * pass 2^31.
  *
@@ -23,7 +25,8 @@
  * one pass over its buffers; a faster variant is to buy a measured speed-up first.
  *
  * Tested by tests/kernels/test_backend_ops.c (every op against the CPU backend, sumsq run twice for the
- * same bits, a count past 2^31; skipped without a GPU).
+ * same bits, a count past 2^31; skipped without a GPU) and tests/simt/test_simt_kernels.cpp (every
+ * kernel here, from this source, against the CPU backend under each card's limits).
  *
  * Legend: count elements; w, g, m, v a parameter tensor, its gradient and AdamW moments.
  */
@@ -32,6 +35,7 @@
 #include "cuda_check.h"
 #include "launch.h"
 #include "ddk_rng.h"
+#include "topk_row.h"   /* the top-K order and a running list, the CPU's too */
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -176,6 +180,100 @@ void ddk_cuda_argmax_rows(const ddk_backend *be, const float *x, int64_t rows, i
     cudaStream_t stream = ddk_cuda_stream(be);
     DDK_LAUNCH(argmax_rows_kernel, (unsigned)rows, THREADS, 0, stream, x, n, out);
     LAUNCH_CHECK();
+}
+
+/* ------------------------------------------------------------------------------------------
+ * topk: one block of THREADS per row (grid-stride over rows). Each thread keeps its own top-k list
+ * of its strided columns (topk_row.h's, in local memory), passing over every column that cannot
+ * come before the last of the row's running list when that list is full (merge); thread 0's list
+ * starts as the running list. Then k rounds: every thread offers its list's next pair (an empty
+ * list a NaN at index INT32_MAX, after everything), the block's first in topk_row.h's order is
+ * found by shuffles and then over the warps in order (a total order: any tree gives the same
+ * pair), written out, and its thread moves on. The running list of a row that has seen off
+ * columns holds min(off, k) pairs (every column enters while it has room), as on the CPU.
+ */
+
+__global__ static void topk_kernel(const float *x,      /* (rows, w) */
+                                   int64_t rows, int64_t w, int64_t off, int k, int merge,
+                                   int32_t *idx,        /* (rows, k) */
+                                   float *val)          /* (rows, k), or NULL (merge: given) */
+{
+    DDK_SHARED(float, warp_v, [THREADS / 32]);
+    DDK_SHARED(int32_t, warp_i, [THREADS / 32]);
+    const int have = merge ? (off < k ? (int)off : k) : 0;   /* the running list's pairs */
+    const int64_t total = have + w;
+    const int out = total < k ? (int)total : k;
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {   /* block-uniform */
+        const float *row = x + r * w;
+        int32_t *ri = idx + r * k;
+        float *rv = val ? val + r * k : NULL;
+        float lv[DDK_SELECTOR_MAX_K];
+        int32_t li[DDK_SELECTOR_MAX_K];
+        int count = 0;
+        if (threadIdx.x == 0)
+            for (int j = 0; j < have; j++)
+                ddk_topk_insert(lv, li, &count, k, rv[j], ri[j]);
+        const int full = have == k;   /* then only what comes before its last can enter */
+        const float last_v = full ? rv[k - 1] : 0.0f;
+        const int32_t last_i = full ? ri[k - 1] : 0;
+        for (int64_t j = threadIdx.x; j < w; j += THREADS) {
+            const float v = row[j];
+            const int32_t id = (int32_t)(off + j);
+            if (!full || ddk_topk_before(v, id, last_v, last_i))
+                ddk_topk_insert(lv, li, &count, k, v, id);
+        }
+        int head = 0;
+        for (int t = 0; t < out; t++) {
+            float bv = head < count ? lv[head] : NAN;
+            int32_t bi = head < count ? li[head] : INT32_MAX;
+            for (int offset = 16; offset > 0; offset /= 2) {
+                const float ov = __shfl_xor_sync(0xffffffffu, bv, offset);
+                const int32_t oi = __shfl_xor_sync(0xffffffffu, bi, offset);
+                if (ddk_topk_before(ov, oi, bv, bi))
+                    bv = ov, bi = oi;
+            }
+            __syncthreads();   /* the previous round's (and the running list's) readers are done */
+            if (threadIdx.x % 32 == 0)
+                warp_v[threadIdx.x / 32] = bv, warp_i[threadIdx.x / 32] = bi;
+            __syncthreads();
+            bv = warp_v[0];
+            bi = warp_i[0];
+            for (int wp = 1; wp < THREADS / 32; wp++)
+                if (ddk_topk_before(warp_v[wp], warp_i[wp], bv, bi))
+                    bv = warp_v[wp], bi = warp_i[wp];
+            if (head < count && li[head] == bi)   /* indices are distinct: the owner */
+                head++;
+            if (threadIdx.x == 0) {
+                ri[t] = bi;
+                if (rv)
+                    rv[t] = bv;
+            }
+        }
+    }
+}
+
+void ddk_cuda_topk_merge(const ddk_backend *be, const float *x, int64_t rows, int64_t w,
+                         int64_t off, int64_t k, int merge, int32_t *idx, float *val)
+{
+    if (rows <= 0)
+        return;
+    if (k < 1 || k > DDK_SELECTOR_MAX_K || w < 1 || off < 0 || off + w > 0x7fffffff ||
+        (merge && !val))
+        ddk_fatal(__FILE__, __LINE__, "topk: k %lld of rows of %lld (at %lld): 1 <= k <= %d",
+                  (long long)k, (long long)w, (long long)off, DDK_SELECTOR_MAX_K);
+    cudaStream_t stream = ddk_cuda_stream(be);
+    const unsigned grid = (unsigned)(rows < 65535 ? rows : 65535);
+    DDK_LAUNCH(topk_kernel, grid, THREADS, 0, stream, x, rows, w, off, (int)k, merge, idx, val);
+    LAUNCH_CHECK();
+}
+
+void ddk_cuda_topk_rows(const ddk_backend *be, const float *x, int64_t rows, int64_t n, int64_t k,
+                        int32_t *idx, float *val)
+{
+    if (rows > 0 && (k < 1 || k > n))
+        ddk_fatal(__FILE__, __LINE__, "topk_rows: k %lld of rows of %lld: 1 <= k <= min(n, %d)",
+                  (long long)k, (long long)n, DDK_SELECTOR_MAX_K);
+    ddk_cuda_topk_merge(be, x, rows, n, 0, k, 0, idx, val);
 }
 
 /* ------------------------------------------------------------------------------------------

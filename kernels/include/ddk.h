@@ -6,10 +6,12 @@
  *     beyond which an allocation fails, which is how tests provoke out-of-memory on a CPU);
  *   - the backend interface (a struct of function pointers, NULL = unsupported; the CPU
  *     backend is complete and is the reference);
- *   - the fused, chunked lm_head + CE + KL + CAP loss of SPEC.md section 1, with the exact
- *     entry point ddk_loss_cpu() that outside tools call.
+ *   - the fused, chunked lm_head + CE + KL + CAP loss of SPEC.md section 1 (with a DFlash2
+ *     drafter's path selector term, SPEC.md 2.1), with the exact entry point ddk_loss_cpu()
+ *     that outside tools call.
  *
- * Tested by tests/kernels/test_alloc.c, tests/kernels/test_loss.c (float64 C reference),
+ * Tested by tests/kernels/test_alloc.c, tests/kernels/test_loss.c and
+ * tests/kernels/test_loss_selector.c (float64 C reference), tests/kernels/test_topk.c,
  * tests/oracle/loss_torch_check.py (PyTorch autograd), tests/kernels/test_ops.c and tests/kernels/test_attention.c (the
  * CPU backend's ops against float64 references), tests/kernels/test_backend_ops.c (every other backend
  * against the CPU's) and benchmarked by tests/bench/.

@@ -19,7 +19,11 @@
  * side and the padding untouched, dx NULL, run twice for the same bits),
  * the fused loss (every result field, l_i and the gradient, both memory modes, fp32 and bf16
  * products, a bf16 head read in place across the loss's panels of rows and of k, workspace =
- * ddk_loss_workspace_bytes, refusals with nothing written) and the
+ * ddk_loss_workspace_bytes, refusals with nothing written; with the DFlash2 selector strict and
+ * inject, stop_gradient, weight 0.5, both modes, fp32, bf16 products and a bf16 head: its result
+ * fields, l_i, d hs and dA, dBs, dHp ADDED into their values, run twice for the same bits),
+ * topk_rows (indices and values bit for bit the CPU's: ties, NaNs, -inf, the seed's vocabulary)
+ * and the
  * whole-buffer ops sumsq (run twice: the same bits), axpby (beta = 0 over NaN, in place), adamw
  * (its bf16 copy w16 bit for bit each side's new w rounded to nearest even; the update without
  * the copy the same bits) and uniform_noise (bit for bit the CPU's), with sumsq and axpby past
@@ -653,6 +657,41 @@ static void case_argmax_rows(int64_t rows, int64_t n)
     expect_same("indices", got, want, (size_t)rows * sizeof(int32_t));
     check(rows < 2 || want[rows - 1] == 0, "cpu: a row of -inf and NaN gave %d, not 0", (int)want[rows - 1]);
     free(want), free(got);
+    end_case(case_name);
+}
+
+/* the indices and values of the CPU's exactly (topk_row.h's order on both sides): values of few
+ * levels (ties everywhere), NaNs and -infs sprinkled, the last row all NaN (its first k by index)
+ * when rows > 1 */
+static void case_topk_rows(int64_t rows, int64_t n, int64_t k)
+{
+    snprintf(case_name, sizeof case_name, "topk_rows rows=%lld n=%lld k=%lld", (long long)rows,
+             (long long)n, (long long)k);
+    float *x = host_floats(rows * n);
+    for (int64_t i = 0; i < rows * n; i++) {
+        const double u = ddk_rng_uniform(&rng_state);
+        x[i] = u < 0.03 ? NAN : u < 0.06 ? -INFINITY : (float)rng_below(40) * 0.25f;
+    }
+    if (rows > 1)
+        for (int64_t j = 0; j < n; j++)
+            x[(rows - 1) * n + j] = NAN;
+    int32_t *want_i = host((size_t)(rows * k) * sizeof(int32_t));
+    float *want_v = host_floats(rows * k);
+    cpu->topk_rows(cpu, x, rows, n, k, want_i, want_v);
+    const float *x_dev = dev_floats(x, rows * n, "x");
+    int32_t *idx_dev = dev_buffer(NULL, (size_t)(rows * k) * sizeof(int32_t), "idx");
+    int32_t *idx2_dev = dev_buffer(NULL, (size_t)(rows * k) * sizeof(int32_t), "idx (val NULL)");
+    float *val_dev = dev_floats(NULL, rows * k, "val");
+    dev->topk_rows(dev, x_dev, rows, n, k, idx_dev, val_dev);
+    dev->topk_rows(dev, x_dev, rows, n, k, idx2_dev, NULL);
+    int32_t *got_i = host((size_t)(rows * k) * sizeof(int32_t));
+    dev->copy(dev, got_i, idx_dev, (size_t)(rows * k) * sizeof(int32_t));
+    dev_sync();
+    expect_same("indices", got_i, want_i, (size_t)(rows * k) * sizeof(int32_t));
+    expect_same("values", download(val_dev, rows * k), want_v, (size_t)(rows * k) * sizeof(float));
+    dev->copy(dev, got_i, idx2_dev, (size_t)(rows * k) * sizeof(int32_t));
+    dev_sync();
+    expect_same("indices with val NULL", got_i, want_i, (size_t)(rows * k) * sizeof(int32_t));
     end_case(case_name);
 }
 
@@ -1369,7 +1408,7 @@ static void case_loss(const loss_case *s)
         case_name[sizeof case_name - 1] = '\0';
     const int64_t n = s->n, H = s->H, V = s->V;
     const ddk_loss_params p = { n,        H,    V,         s->chunk, s->vocab_tile,
-                                s->alpha, s->T, s->lambda, s->Tc,    s->bf16 != 0, s->bf16 == 2 };
+                                s->alpha, s->T, s->lambda, s->Tc,    s->bf16 != 0, s->bf16 == 2, NULL };
     loss_inputs in = loss_make_inputs(s);
     const int uses_teacher = ddk_loss_uses_teacher(&p, in.labels != NULL);
     float *grad = s->no_outputs ? NULL : host_floats(n * H);
@@ -1457,7 +1496,7 @@ static void case_loss_refused(void)
     snprintf(case_name, sizeof case_name, "loss refused: -ENOMEM, then -EINVAL (label = V)");
     const loss_case s = { 37, 64, 257, 8, 0, 1, 1, 0.15f, 2.0f, 0.1f, 1.5f, 0, 0 };
     const ddk_loss_params p = { s.n, s.H, s.V, s.chunk, s.vocab_tile, s.alpha, s.T, s.lambda, s.Tc,
-                                0, 0 };
+                                0, 0, NULL };
     loss_inputs in = loss_make_inputs(&s);
     float *hs_dev = dev_floats(in.hs, s.n * s.H, "student_hidden");
     float *ht_dev = dev_floats(in.ht, s.n * s.H, "teacher_hidden");
@@ -1527,6 +1566,165 @@ static const loss_case loss_head16_cases[] = {
     { 300, 130, 5000, 128, 1000, 1, 1, 0.15f, 2.0f, 0.1f, 1.5f, 0, 2 },
 };
 
+/* The loss with the DFlash2 selector (SPEC.md 2.1): a loss case plus K, r, weight, inject and
+ * stop_gradient. A third of given labels are set to the student's argmax and a third to one of
+ * its top K (the CPU's), so terms exist in strict mode; dA, dBs, dHp start with values (ADDED).
+ * Tolerances: the values tol_loss_value; d hs and dHp (a product of dq and hs) the loss gradient's;
+ * dA and dBs come from ds and q (one more product, fp32 or of bf16 values) as d hs does: the
+ * same. sel_covered and sel_correct +-1 as correct (a near-tie at the K-th logit or between two
+ * scores may round otherwise); run twice: the same bits. */
+typedef struct {
+    loss_case base;
+    int64_t K, r;
+    float weight;
+    int inject, stop_gradient;
+} selector_case;
+
+static void case_loss_selector(const selector_case *c)
+{
+    const loss_case *s = &c->base;
+    int len = snprintf(case_name, sizeof case_name,
+                       "loss+selector n=%lld V=%lld chunk=%lld tile=%lld K=%lld r=%lld w=%g%s%s%s%s",
+                       (long long)s->n, (long long)s->V, (long long)s->chunk,
+                       (long long)s->vocab_tile, (long long)c->K, (long long)c->r,
+                       (double)c->weight, c->inject ? " inject" : " strict",
+                       c->stop_gradient ? " stop" : "", s->labels ? " given" : " teacher",
+                       s->bf16 == 2 ? " bf16 head" : s->bf16 ? " bf16" : "");
+    if (len >= (int)sizeof case_name)
+        case_name[sizeof case_name - 1] = '\0';
+    const int64_t n = s->n, H = s->H, V = s->V, K = c->K, r = c->r;
+    ddk_loss_params p = { n,        H,    V,         s->chunk, s->vocab_tile,
+                          s->alpha, s->T, s->lambda, s->Tc,    s->bf16 != 0, s->bf16 == 2, NULL };
+    loss_inputs in = loss_make_inputs(s);
+    float *A = host_floats(V * r), *Bs = host_floats(V * r), *Hp = host_floats(r * H);
+    fill_uniform(A, V * r, -0.7, 0.7);
+    fill_uniform(Bs, V * r, -0.7, 0.7);
+    fill_uniform(Hp, r * H, -1.5 / sqrt((double)H), 1.5 / sqrt((double)H));
+    if (s->bf16 == 1)
+        round_bf16(Hp, r * H);   /* a product's operand, as hs and W */
+    int32_t *pred = host((size_t)n * sizeof(int32_t));
+    for (int64_t i = 0; i < n; i++)
+        pred[i] = (int32_t)rng_below(V);
+    if (in.labels) {   /* a third the argmax, a third one of the top K: terms in strict mode */
+        float *z = host_floats(n * V);
+        int32_t *top = host((size_t)(n * K) * sizeof(int32_t));
+        cpu->matmul(cpu, 0, 1, n, V, H, 1.0f, in.hs, H, in.W, H, 0.0f, z, V);
+        cpu->topk_rows(cpu, z, n, V, K, top, NULL);
+        for (int64_t i = 0; i < n; i++)
+            if (in.labels[i] >= 0 && i % 3 < 2)
+                in.labels[i] = top[i * K + (i % 3 ? i % K : 0)];
+    }
+    float *d0 = host_floats(2 * V * r + r * H);   /* dA, dBs, dHp's starting values */
+    fill_uniform(d0, 2 * V * r + r * H, -0.1, 0.1);
+    const int uses_teacher = ddk_loss_uses_teacher(&p, in.labels != NULL);
+    float *grad = host_floats(n * H), *pp = host_floats(n), *d = host_copy(d0, 2 * V * r + r * H);
+    uint16_t *W16 = s->bf16 == 2 ? host((size_t)(V * H) * sizeof(uint16_t)) : NULL;
+    for (int64_t i = 0; W16 && i < V * H; i++)
+        W16[i] = ddk_f32_to_bf16(in.W[i]);
+    const void *W = W16 ? (const void *)W16 : in.W;
+    const size_t W_bytes = (size_t)(V * H) * (W16 ? sizeof(uint16_t) : sizeof(float));
+    ddk_selector sel = { K, r, c->weight, c->inject, c->stop_gradient, pred, A, Bs, Hp,
+                         d, d + V * r, d + 2 * V * r };
+    p.selector = &sel;
+    ddk_loss_result want;
+    int rc = ddk_loss_cpu(&p, in.hs, uses_teacher ? in.ht : NULL, W, in.labels, in.weights, grad,
+                          pp, &want);
+    check(rc == 0, "ddk_loss_cpu returned %d", rc);
+
+    float *hs_dev = dev_floats(in.hs, n * H, "student_hidden");
+    float *ht_dev = uses_teacher ? dev_floats(in.ht, n * H, "teacher_hidden") : NULL;
+    void *W_dev = dev_buffer(W, W_bytes, "lm_head");
+    int32_t *labels_dev = in.labels ? dev_buffer(in.labels, (size_t)n * sizeof(int32_t), "labels") : NULL;
+    float *weights_dev = in.weights ? dev_floats(in.weights, n, "weights") : NULL;
+    ddk_selector sel_dev = sel;
+    sel_dev.predecessors = dev_buffer(pred, (size_t)n * sizeof(int32_t), "predecessors");
+    sel_dev.A = dev_floats(A, V * r, "A");
+    sel_dev.Bs = dev_floats(Bs, V * r, "Bs");
+    sel_dev.Hp = dev_floats(Hp, r * H, "Hp");
+    float *grad_dev[2], *pp_dev[2], *d_dev[2];
+    for (int t = 0; t < 2; t++) {
+        grad_dev[t] = dev_floats(NULL, n * H, "grad_student");
+        pp_dev[t] = dev_floats(NULL, n, "per_position");
+        d_dev[t] = dev_floats(d0, 2 * V * r + r * H, "dA, dBs, dHp");
+    }
+    ddk_loss_result got[2];
+    const size_t before = ddk_allocator_stats(dev->alloc).current;
+    const int64_t ws = ddk_loss_workspace_bytes(&p, uses_teacher);
+    for (int t = 0; t < 2; t++) {
+        sel_dev.dA = d_dev[t];
+        sel_dev.dBs = d_dev[t] + V * r;
+        sel_dev.dHp = d_dev[t] + 2 * V * r;
+        p.selector = &sel_dev;
+        ddk_allocator_reset_peak(dev->alloc);
+        rc = dev->loss(dev, &p, hs_dev, ht_dev, W_dev, labels_dev, weights_dev, grad_dev[t],
+                       pp_dev[t], &got[t]);
+        dev_sync();
+        check(rc == 0, "run %d returned %d", t + 1, rc);
+        ddk_alloc_stats st = ddk_allocator_stats(dev->alloc);
+        size_t used = st.peak - before, expected = want.counted ? (size_t)ws : 0;
+        check(used == expected, "run %d: workspace peak %zu bytes, ddk_loss_workspace_bytes %zu",
+              t + 1, used, expected);
+    }
+    if (rc == 0) {
+        loss_scalar("loss", got[0].loss, want.loss);
+        loss_scalar("ce", got[0].ce, want.ce);
+        loss_scalar("kl", got[0].kl, want.kl);
+        loss_scalar("cap", got[0].cap, want.cap);
+        loss_scalar("sel", got[0].sel, want.sel);
+        check(got[0].counted == want.counted && llabs(got[0].correct - want.correct) <= 1 &&
+                  llabs(got[0].sel_covered - want.sel_covered) <= 1 &&
+                  llabs(got[0].sel_correct - want.sel_correct) <= 1,
+              "counted %lld correct %lld covered %lld sel_correct %lld, cpu %lld %lld %lld %lld",
+              (long long)got[0].counted, (long long)got[0].correct, (long long)got[0].sel_covered,
+              (long long)got[0].sel_correct, (long long)want.counted, (long long)want.correct,
+              (long long)want.sel_covered, (long long)want.sel_correct);
+        check(want.counted == 0 || want.sel_covered > 0, "setup: no label among the candidates");
+        expect_same("result twice", &got[1], &got[0], sizeof got[0]);
+    }
+    const double g_tol = s->bf16 ? tol_loss_grad_bf16(V) : tol_loss_grad(V);
+    float *pp_got = download(pp_dev[0], n), *grad_got = download(grad_dev[0], n * H);
+    float *d_got = download(d_dev[0], 2 * V * r + r * H);
+    double num = 0.0, den = 1.0;
+    for (int64_t i = 0; i < n; i++) {
+        num = fmax(num, isfinite(pp_got[i]) ? fabs((double)pp_got[i] - pp[i]) : INFINITY);
+        den = fmax(den, fabs((double)pp[i]));
+    }
+    check(num / den <= tol_loss_value, "per_position: error %.3g > %.3g", num / den, tol_loss_value);
+    expect_close("grad_student", grad_got, grad, n * H, g_tol);
+    /* the selector's gradients, each against its change on the CPU (what was added) */
+    float *added[2][3];
+    for (int side = 0; side < 2; side++) {
+        const float *x = side ? d : d_got;
+        for (int t = 0; t < 3; t++) {
+            const int64_t at = t * V * r, count = t < 2 ? V * r : r * H;
+            added[side][t] = host_floats(count);
+            for (int64_t j = 0; j < count; j++)
+                added[side][t][j] = x[at + j] - d0[at + j];
+        }
+    }
+    expect_close("dA", added[0][0], added[1][0], V * r, g_tol);
+    expect_close("dBs", added[0][1], added[1][1], V * r, g_tol);
+    expect_close("dHp", added[0][2], added[1][2], r * H, g_tol);
+    expect_same("per_position twice", download(pp_dev[1], n), pp_got, (size_t)n * sizeof(float));
+    expect_same("grad_student twice", download(grad_dev[1], n * H), grad_got,
+                (size_t)(n * H) * sizeof(float));
+    expect_same("dA, dBs, dHp twice", download(d_dev[1], 2 * V * r + r * H), d_got,
+                (size_t)(2 * V * r + r * H) * sizeof(float));
+    end_case(case_name);
+}
+
+static const selector_case loss_selector_cases[] = {
+    /* { n, H, V, chunk, vocab_tile, labels, weights, alpha, T, lambda, Tc, no_outputs, bf16 },
+     *   K, r, weight, inject, stop_gradient */
+    { { 37, 64, 257, 8, 0, 1, 1, 0.15f, 2.0f, 0.1f, 1.5f, 0, 0 }, 16, 24, 1.0f, 0, 0 },
+    { { 37, 64, 257, 16, 64, 1, 1, 0.15f, 2.0f, 0.1f, 1.5f, 0, 0 }, 16, 24, 1.0f, 1, 0 },
+    { { 300, 130, 5000, 128, 0, 0, 0, 0.15f, 1.0f, 0.1f, 1.0f, 0, 0 }, 16, 32, 0.5f, 1, 0 },
+    { { 300, 130, 5000, 300, 1000, 1, 1, 0.15f, 2.0f, 0.1f, 1.5f, 0, 0 }, 64, 256, 1.0f, 0, 1 },
+    { { 300, 130, 5000, 128, 0, 0, 1, 0.15f, 1.0f, 0.1f, 1.0f, 0, 1 }, 16, 32, 1.0f, 1, 0 },
+    { { 300, 130, 5000, 128, 1000, 1, 1, 0.15f, 2.0f, 0.1f, 1.5f, 0, 2 }, 16, 64, 1.0f, 0, 0 },
+    { { 37, 64, 257, 5, 0, 2, 1, 0.15f, 2.0f, 0.1f, 1.5f, 0, 0 }, 16, 24, 1.0f, 1, 0 },   /* all ignored */
+};
+
 /* every loss case, reseeded like main's (seq continues its count) */
 static void run_loss_cases(uint64_t *seq)
 {
@@ -1552,6 +1750,12 @@ static void run_loss_cases(uint64_t *seq)
         rng_state = 0x5eed0000u + *seq;
         misalign = (*seq)++ % 2 * 4;
         case_loss(&loss_head16_cases[i]);
+    }
+    for (size_t i = 0; dev->matmul_bf16 && i < sizeof loss_selector_cases / sizeof loss_selector_cases[0];
+         i++) {
+        rng_state = 0x5eed0000u + *seq;
+        misalign = (*seq)++ % 2 * 4;
+        case_loss_selector(&loss_selector_cases[i]);
     }
 }
 
@@ -2076,6 +2280,15 @@ static void run_target_cases(uint64_t *seq)
     for (size_t i = 0; dev->argmax_rows && i < sizeof argmax / sizeof argmax[0]; i++) {
         NEXT_T();
         case_argmax_rows(argmax[i][0], argmax[i][1]);
+    }
+    /* (rows, n, k): k = n = 1; k = n; a row wider than a block at the selector's K; the seed's
+     * vocabulary; k = 64 */
+    static const int64_t topk[][3] = { { 1, 1, 1 }, { 3, 7, 7 }, { 33, 1000, 16 }, { 24, 248320, 16 },
+                                       { 5, 300, 64 } };
+    check(dev->topk_rows != NULL, "topk_rows is NULL");
+    for (size_t i = 0; dev->topk_rows && i < sizeof topk / sizeof topk[0]; i++) {
+        NEXT_T();
+        case_topk_rows(topk[i][0], topk[i][1], topk[i][2]);
     }
 #undef NEXT_T
 }

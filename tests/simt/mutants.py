@@ -76,6 +76,17 @@ MUTANTS = [
     ("the flash row rules ignoring DFlash2's bidirectional blocks (attention_rows.h)", "attention_rows.h",
      "    r.own_hi = r.own_lo + (W > 0 && !bidir ? o + 1 : B);",
      "    r.own_hi = r.own_lo + (W > 0 ? o + 1 : B);"),
+    ("a missing barrier between the top-K's merge rounds (vector_cuda.cu topk_kernel)", "vector_cuda.cu",
+     "            __syncthreads();   /* the previous round's (and the running list's) readers are done */\n",
+     ""),
+    ("the selector's score dot product taking another lane's sum (selector_cuda.cu: at offset 16, lane ^ 8's)",
+     "selector_cuda.cu",
+     "                dot += __shfl_xor_sync(0xffffffffu, dot, offset);",
+     "                dot += __shfl_xor_sync(0xffffffffu, dot, offset == 16 ? 8 : offset);"),
+    ("every block of a token adding its sums, not only the first entry's (selector_cuda.cu sel_scatter_kernel)",
+     "selector_cuda.cu",
+     "                if (list[0] < e) {   /* an earlier entry's block owns the token */",
+     "                if (list[0] > e) {   /* an earlier entry's block owns the token */"),
 ]
 
 

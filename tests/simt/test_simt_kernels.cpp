@@ -8,7 +8,8 @@
  * argmax, sumsq, axpby, AdamW with its bf16 copy, the noise, round_bf16 (flat, and in rows with
  * strides), conv1d + SiLU, the DeltaNet gates and l2norm, the Gated DeltaNet recurrence and
  * chunked form at dk 128 and 256 (the chunk the card allows), the fused loss (materialised and
- * tiled, teacher and given labels, a bf16 head read in place), the norms again on a card of one
+ * tiled, teacher and given labels, a bf16 head read in place; with the DFlash2 selector strict and
+ * inject, stop_gradient, its dA, dBs, dHp), topk_rows (ties, NaNs, -inf), the norms again on a card of one
  * multiprocessor (blocks that take several rows),
  * DFlash attention forward and backward with the flash kernels at d 64 / 128 / 256 (the seed's
  * 96-row groups included) and with the SIMT kernels (d 40, and d 256: half key tiles on a 99 KB
@@ -452,7 +453,7 @@ static void case_block_conv(void)
 static void loss_case(int64_t vocab_tile, int given_labels, int head16)
 {
     const int64_t n = 13, H = 32, V = 300;   /* 75 of a row's 256 threads hold columns */
-    const ddk_loss_params p = { n, H, V, 5, vocab_tile, 0.15f, 2.0f, 0.1f, 1.5f, head16, head16 };
+    const ddk_loss_params p = { n, H, V, 5, vocab_tile, 0.15f, 2.0f, 0.1f, 1.5f, head16, head16, NULL };
     const float *hs = rand_floats(n * H, -1, 1), *W32 = rand_floats(V * H, -0.5, 0.5);
     float *ht = rand_floats(n * H, -1, 1);
     for (int64_t i = 1; i < n; i += 2)   /* the teacher's argmax the student's: "correct" counts */
@@ -499,6 +500,118 @@ static void loss_case(int64_t vocab_tile, int given_labels, int head16)
 static void case_loss_materialised(void) { loss_case(0, 0, 0); }
 static void case_loss_tiled(void) { loss_case(64, 1, 0); }
 static void case_loss_head16(void) { loss_case(32, 1, 1); }
+
+/* The loss with the DFlash2 selector (SPEC.md 2.1): its online top-K over tiles, its rows'
+ * kernel, ds into the gradient, dA / dBs without atomics. vocab_tile 0 or streamed, given or
+ * teacher labels, a bf16 head, inject, stop_gradient. dA, dBs, dHp are added into what they held. */
+static void loss_selector_case(int64_t vocab_tile, int given_labels, int head16, int inject, int stop)
+{
+    const int64_t n = 21, H = 32, V = 300, K = 16, r = 20;
+    ddk_loss_params p = { n, H, V, 6, vocab_tile, 0.15f, 1.0f, 0.1f, 1.0f, head16, head16, NULL };
+    const float *hs = rand_floats(n * H, -1, 1), *W32 = rand_floats(V * H, -0.5, 0.5);
+    float *ht = rand_floats(n * H, -1, 1);
+    for (int64_t i = 1; i < n; i += 2)   /* the teacher's argmax the student's: covered */
+        memcpy(ht + i * H, hs + i * H, (size_t)H * sizeof(float));
+    uint16_t *W16 = buf<uint16_t>(V * H);
+    for (int64_t i = 0; i < V * H; i++)
+        W16[i] = ddk_f32_to_bf16(W32[i]);
+    const void *W = head16 ? (const void *)W16 : (const void *)W32;
+    const float *wts = rand_floats(n, 0.2, 1.0);
+    const float *A = rand_floats(V * r, -0.7, 0.7), *Bs = rand_floats(V * r, -0.7, 0.7);
+    const float *Hp = rand_floats(r * H, -0.3, 0.3), *before = rand_floats(2 * V * r + r * H, -0.1, 0.1);
+    int32_t *pred = buf<int32_t>(n), *labels = given_labels ? buf<int32_t>(n) : NULL;
+    int32_t *top = buf<int32_t>(n * K);
+    float *z = buf<float>(n * V);   /* (n, V) the student's fp32 logits */
+    cpu->matmul(cpu, 0, 1, n, V, H, 1.0f, hs, H, W32, H, 0.0f, z, V);
+    cpu->topk_rows(cpu, z, n, V, K, top, NULL);
+    for (int64_t i = 0; i < n; i++) {
+        pred[i] = (int32_t)((i * 37 + 5) % V);
+        /* given: a third the argmax, a third one of the top K, the rest mostly outside; 4 ignored */
+        if (labels)
+            labels[i] = i == 4 ? -1 : i % 3 == 0 ? top[i * K] : i % 3 == 1 ? top[i * K + i % K]
+                                                            : (int32_t)((i * 17) % V);
+    }
+    pred[4] = -3;   /* position 4 never counts (given: label -1; teacher: weight 0) */
+    float *wts_used = copy_of(wts, n);
+    wts_used[4] = labels ? wts_used[4] : 0.0f;
+    ddk_selector sel = { K, r, 0.75f, inject, stop, pred, A, Bs, Hp, NULL, NULL, NULL };
+    p.selector = &sel;
+    ddk_loss_result res[3];
+    float *grad[3], *pp[3], *d[3];
+    for (int t = 0; t < 3; t++) {   /* CPU, emulated, emulated in the reverse order */
+        const ddk_backend *be = t ? emu : cpu;
+        simt::set_schedule(t == 2);
+        grad[t] = buf<float>(n * H);
+        pp[t] = buf<float>(n);
+        d[t] = copy_of(before, 2 * V * r + r * H);   /* dA, dBs, dHp */
+        sel.dA = d[t];
+        sel.dBs = d[t] + V * r;
+        sel.dHp = d[t] + 2 * V * r;
+        const int rc = be->loss(be, &p, hs, ht, W, labels, wts_used, grad[t], pp[t], &res[t]);
+        check(rc == 0, "loss on %s: %d", be->name, rc);
+    }
+    simt::set_schedule(0);
+    const ddk_loss_result &a = res[1], &b = res[0];
+    check(fabs(a.loss - b.loss) <= 1e-5 * fabs(b.loss), "loss %.9g, want %.9g", a.loss, b.loss);
+    check(fabs(a.ce - b.ce) <= 1e-5 * fabs(b.ce), "ce %.9g, want %.9g", a.ce, b.ce);
+    check(fabs(a.kl - b.kl) <= 1e-5 * fabs(b.kl) + 1e-9, "kl %.9g, want %.9g", a.kl, b.kl);
+    check(fabs(a.cap - b.cap) <= 1e-5 * fabs(b.cap) + 1e-9, "cap %.9g, want %.9g", a.cap, b.cap);
+    check(fabs(a.sel - b.sel) <= 1e-5 * fabs(b.sel) + 1e-9, "sel %.9g, want %.9g", a.sel, b.sel);
+    check(a.counted == b.counted && a.correct == b.correct && a.sel_covered == b.sel_covered &&
+              a.sel_correct == b.sel_correct,
+          "counted %lld correct %lld covered %lld sel_correct %lld, want %lld %lld %lld %lld",
+          (long long)a.counted, (long long)a.correct, (long long)a.sel_covered, (long long)a.sel_correct,
+          (long long)b.counted, (long long)b.correct, (long long)b.sel_covered, (long long)b.sel_correct);
+    check(b.sel_covered >= 5 && b.sel_covered < b.counted, "setup: %lld of %lld labels covered",
+          (long long)b.sel_covered, (long long)b.counted);
+    expect_close("selector loss grad_student", grad[1], grad[0], n * H, 1e-5);
+    expect_close("selector loss per_position", pp[1], pp[0], n, 1e-5);
+    expect_close("selector dA", d[1], d[0], V * r, 1e-5);
+    expect_close("selector dBs", d[1] + V * r, d[0] + V * r, V * r, 1e-5);
+    expect_close("selector dHp", d[1] + 2 * V * r, d[0] + 2 * V * r, r * H, 1e-5);
+    expect_same("selector loss grad, reverse schedule", grad[2], grad[1], (size_t)(n * H) * sizeof(float));
+    expect_same("selector dA, dBs, dHp, reverse schedule", d[2], d[1],
+                (size_t)(2 * V * r + r * H) * sizeof(float));
+    check(memcmp(&res[2], &res[1], sizeof res[1]) == 0, "selector loss result, reverse schedule: not the same bits");
+    expect_ran("topk_kernel");
+    expect_ran("sel_rows_kernel");
+    expect_ran("sel_scatter_kernel");
+    if (!stop)
+        expect_ran("sel_grad_cols_kernel");
+}
+
+static void case_loss_selector_materialised(void) { loss_selector_case(0, 1, 0, 0, 0); }
+static void case_loss_selector_tiled(void) { loss_selector_case(64, 0, 0, 1, 0); }
+static void case_loss_selector_head16(void) { loss_selector_case(37, 1, 1, 1, 1); }
+static void case_loss_selector_narrow(void) { loss_selector_case(7, 0, 0, 0, 0); }   /* tiles narrower than K */
+
+/* topk_rows: rows of few levels (ties), NaNs and -inf, wider and narrower than a block */
+static void case_topk(void)
+{
+    static const int64_t shapes[][2] = { { 5, 300 }, { 3, 1000 }, { 4, 70 }, { 2, 16 } };
+    for (const auto &sh : shapes) {
+        const int64_t rows = sh[0], n = sh[1];
+        float *x = buf<float>(rows * n);
+        for (int64_t i = 0; i < rows * n; i++) {
+            const double u = uniform(0, 1);
+            x[i] = u < 0.05 ? NAN : u < 0.1 ? -INFINITY : (float)(int)(uniform(0, 12)) * 0.5f;
+        }
+        for (int64_t j = 0; j < n; j++)   /* a row of only NaNs: the first k by index */
+            x[j] = NAN;
+        const int64_t ks[] = { 1, 7, 16, n < (int64_t)DDK_SELECTOR_MAX_K ? n : (int64_t)DDK_SELECTOR_MAX_K };
+        for (int64_t k : ks) {
+            int32_t *idx[2] = { buf<int32_t>(rows * k), buf<int32_t>(rows * k) };
+            float *val[2] = { buf<float>(rows * k), buf<float>(rows * k) };
+            cpu->topk_rows(cpu, x, rows, n, k, idx[0], val[0]);
+            emu->topk_rows(emu, x, rows, n, k, idx[1], val[1]);
+            char what[64];
+            snprintf(what, sizeof what, "topk_rows %lld x %lld, k %lld", (long long)rows, (long long)n, (long long)k);
+            expect_same(what, idx[1], idx[0], (size_t)(rows * k) * sizeof(int32_t));
+            expect_same(what, val[1], val[0], (size_t)(rows * k) * sizeof(float));
+        }
+    }
+    expect_ran("topk_kernel");
+}
 
 /* ------------------------------------------------------------------------------------------
  * Attention
@@ -687,6 +800,11 @@ int main(int argc, char **argv)
         { "loss materialised, teacher labels; same bits reversed", case_loss_materialised },
         { "loss tiled 64 (a short last tile), given labels; same bits reversed", case_loss_tiled },
         { "loss tiled 32, bf16 head in place; same bits reversed", case_loss_head16 },
+        { "loss + selector materialised, strict, given labels; same bits reversed", case_loss_selector_materialised },
+        { "loss + selector tiled 64, inject, teacher labels; same bits reversed", case_loss_selector_tiled },
+        { "loss + selector tiled 37, bf16 head, inject, stop_gradient; same bits reversed", case_loss_selector_head16 },
+        { "loss + selector tiled 7 (< K), strict, teacher labels; same bits reversed", case_loss_selector_narrow },
+        { "topk_rows: ties, NaNs, -inf, k 1 to 64", case_topk },
         { "dflash flash d 64; backward same bits reversed", case_dflash_d64 },
         { "dflash flash d 128, 96-row groups, window; same bits reversed", case_dflash_seed_rows },
         { "dflash flash d 256; same bits reversed", case_dflash_d256 },
