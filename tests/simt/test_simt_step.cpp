@@ -37,7 +37,7 @@ int main(int argc, char **argv)
             if (k.kind == DDK_CUDA_ATTENTION_FLASH && !st->dflash2)
                 continue;
             const int failed = drafter_check_step(emu, st, k.tol, k.grad_tol);
-            check(failed == 0, "%d expectation(s) failed", failed);
+            check(failed == 0, "an expectation failed");
             char line[240];
             snprintf(line, sizeof line, "%s, %s: %s", p->name, k.what, st->name);
             case_done(line);
@@ -45,7 +45,7 @@ int main(int argc, char **argv)
     }
     ddk_cuda_set_attention_kernels(-1);
     const int failed = drafter_check_init_is_dflash(emu);
-    check(failed == 0, "%d expectation(s) failed", failed);
+    check(failed == 0, "an expectation failed");
     case_done("dflash2 at initialisation is dflash");
     return cases_summary();
 }

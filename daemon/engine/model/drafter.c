@@ -501,6 +501,26 @@ static void conv_side_backward(const ddk_backend *be, const ddt_drafter_config *
                             dcoef + side * taps * G);
 }
 
+/* A layer's convolved input (the attention's u', the MLP's m'): coef (AB, P) = x Kp^T, then
+ * y (AB, H) = conv(x; base[0], coef[:, 0]) */
+static void conv_input(const products *P, const ddt_drafter_config *c, const float *x, const float *proj,
+                       const float *base, int64_t AB, float *coef, float *y)
+{
+    linear(P, x, NULL, AB, c->hidden, proj, 2 * c->conv_taps * ddt_conv_groups(c), 0.0f, coef);
+    conv_side(P->be, c, x, base, coef, 0, AB, y);
+}
+
+/* its backward: dx (AB, H) := the gradient of x from dy (y's) and through coef, whose gradient
+ * dcoef (AB, P) holds side 1's already; dproj, dbase += */
+static void conv_input_backward(const products *P, const ddt_drafter_config *c, const float *x,
+                                const float *proj, const float *base, const float *coef, int64_t AB,
+                                const float *dy, float *dx, float *dproj, float *dbase, float *dcoef)
+{
+    P->be->zero(P->be, dx, (size_t)(AB * c->hidden) * sizeof(float));
+    conv_side_backward(P->be, c, x, base, coef, 0, AB, dy, dx, dbase, dcoef);
+    linear_backward(P, x, NULL, AB, c->hidden, proj, 2 * c->conv_taps * ddt_conv_groups(c), dcoef, dx, dproj);
+}
+
 /* out (AB, H) = res + conv(x; base[side], coef[:, side]): a DFlash2 residual branch, the
  * convolution made in scratch (AB, H) */
 static void conv_residual(const ddk_backend *be, const ddt_drafter_config *c, const float *res,
@@ -569,7 +589,6 @@ static int forward_sequence(const ddk_backend *be, const products *P, const ddt_
                   B = c->block_size, AB = A * B, SAB = S + AB, LH = c->taps * H;
     const float eps = c->rms_norm_eps, theta = c->rope_theta;
     const int v2 = c->dflash2;
-    const int64_t P2 = 2 * c->conv_taps * ddt_conv_groups(c);
     float *const u = t->normed, *const m = t->normed, *const act = t->dact,   /* scratch */
                  *const qr = t->dq_pre, *const kr = t->dk_pre;
 
@@ -590,8 +609,7 @@ static int forward_sequence(const ddk_backend *be, const products *P, const ddt_
         be->rmsnorm(be, h, W->input_layernorm, AB, H, eps, u, L->rstd_u);
         const float *ub = u;   /* the block rows' input to q, k, v: u, or DFlash2's u' */
         if (v2) {
-            linear(P, u, NULL, AB, H, W->attn_conv_proj, P2, 0.0f, L->da);
-            conv_side(be, c, u, W->attn_conv_base, L->da, 0, AB, t->conved);
+            conv_input(P, c, u, W->attn_conv_proj, W->attn_conv_base, AB, L->da, t->conved);
             ub = t->conved;
         }
         const uint16_t *u16 = stage(P, ub, AB * H, P->keep16);
@@ -625,8 +643,7 @@ static int forward_sequence(const ddk_backend *be, const products *P, const ddt_
         be->rmsnorm(be, L->h_mid, W->post_attention_layernorm, AB, H, eps, m, L->rstd_m);
         const float *mb = m;   /* the MLP's input: m, or DFlash2's m' */
         if (v2) {
-            linear(P, m, NULL, AB, H, W->mlp_conv_proj, P2, 0.0f, L->dm);
-            conv_side(be, c, m, W->mlp_conv_base, L->dm, 0, AB, t->conved);
+            conv_input(P, c, m, W->mlp_conv_proj, W->mlp_conv_base, AB, L->dm, t->conved);
             mb = t->conved;
         }
         const uint16_t *m16 = stage(P, mb, AB * H, P->keep16);
@@ -711,12 +728,9 @@ static int backward_sequence(const ddk_backend *be, const products *P, const ddt
         const uint16_t *m16 = stage(P, mb, AB * H, P->keep16);
         linear_backward(P, mb, m16, AB, H, W->gate_proj, I, t->dgate, dmb, G->gate_proj);
         linear_backward(P, mb, m16, AB, H, W->up_proj, I, t->dup, dmb, G->up_proj);
-        if (v2) {
-            be->zero(be, t->dm, ab_h);
-            conv_side_backward(be, c, m, W->mlp_conv_base, L->dm, 0, AB, t->dconv, t->dm,
-                               G->mlp_conv_base, t->dcoef);
-            linear_backward(P, m, NULL, AB, H, W->mlp_conv_proj, P2, t->dcoef, t->dm, G->mlp_conv_proj);
-        }
+        if (v2)
+            conv_input_backward(P, c, m, W->mlp_conv_proj, W->mlp_conv_base, L->dm, AB, t->dconv, t->dm,
+                                G->mlp_conv_proj, G->mlp_conv_base, t->dcoef);
         be->rmsnorm_backward(be, L->h_mid, W->post_attention_layernorm, L->rstd_m, t->dm, AB, H,
                              t->dh_mid, G->post_attention_layernorm);
 
@@ -771,12 +785,9 @@ static int backward_sequence(const ddk_backend *be, const products *P, const ddt
         be->zero(be, t->dq_pre, (size_t)(AB * qd) * sizeof(float));
         be->rmsnorm_backward(be, L->q_pre, W->q_norm, L->rstd_q, t->dq, AB * nh, d, t->dq_pre, G->q_norm);
         linear_backward(P, ub, u16, AB, H, W->q_proj, qd, t->dq_pre, dub, G->q_proj);
-        if (v2) {
-            be->zero(be, t->du, ab_h);
-            conv_side_backward(be, c, u, W->attn_conv_base, L->da, 0, AB, t->dconv, t->du,
-                               G->attn_conv_base, t->dcoef);
-            linear_backward(P, u, NULL, AB, H, W->attn_conv_proj, P2, t->dcoef, t->du, G->attn_conv_proj);
-        }
+        if (v2)
+            conv_input_backward(P, c, u, W->attn_conv_proj, W->attn_conv_base, L->da, AB, t->dconv, t->du,
+                                G->attn_conv_proj, G->attn_conv_base, t->dcoef);
 
         /* u = RMSNorm(h; input_layernorm), plus the residual */
         be->copy(be, t->dh, t->dh_mid, ab_h);

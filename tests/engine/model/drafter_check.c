@@ -4,50 +4,14 @@
  * Legend: H hidden, V vocabulary, S sequence length, A anchors, B block size, LH = L_t H.
  */
 #include "drafter_check.h"
+#include "check.h"   /* its own copy of the case state: a check fails case_failed here, returned */
 #include "ddk_rng.h"
 #include "drafter_reference.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static int failures;   /* of the check at hand */
-
-__attribute__((format(printf, 2, 3))) static void check(int ok, const char *fmt, ...)
-{
-    if (ok)
-        return;
-    va_list args;
-    va_start(args, fmt);
-    printf("  # ");
-    vprintf(fmt, args);
-    printf("\n");
-    va_end(args);
-    failures++;
-}
-
-static void *xcalloc(size_t count, size_t size)
-{
-    void *p = calloc(count ? count : 1, size);
-    if (!p)
-        abort();
-    return p;
-}
-
-/* max |got - want| / max |want| (NaN anywhere: infinity) */
-static double normalised_error(const float *got, const double *want, int64_t count)
-{
-    double d = 0, scale = 0;
-    for (int64_t i = 0; i < count; i++) {
-        if (!isfinite(got[i]))
-            return INFINITY;
-        d = fmax(d, fabs((double)got[i] - want[i]));
-        scale = fmax(scale, fabs(want[i]));
-    }
-    return scale > 0 ? d / scale : d;
-}
 
 enum { NSEQ = 2, S = 12, A = 3 };
 
@@ -148,7 +112,7 @@ static double reference_at(const fixture *f, const double *wd, const drafter_ref
 
 int drafter_check_step(const ddk_backend *be, const drafter_setting *st, double tol, double grad_tol)
 {
-    failures = 0;
+    case_failed = 0;
     fixture f;
     fixture_make(&f, st->dflash2, 11);
     const ddt_drafter_config *c = &f.c;
@@ -229,7 +193,7 @@ int drafter_check_step(const ddk_backend *be, const drafter_setting *st, double 
            loss_ref, hs_err, worst, worst_name);
     free(fd), free(wd), free(hs_ref), free(hs), free(grads);
     fixture_free(&f);
-    return failures;
+    return case_failed;
 }
 
 const drafter_setting drafter_settings[] = {
@@ -251,7 +215,7 @@ const int drafter_setting_count = sizeof drafter_settings / sizeof drafter_setti
  * the reference's too */
 int drafter_check_init_is_dflash(const ddk_backend *be)
 {
-    failures = 0;
+    case_failed = 0;
     fixture f1, f2;
     fixture_make(&f1, 0, 5);
     fixture_make(&f2, 1, 5);
@@ -296,5 +260,5 @@ int drafter_check_init_is_dflash(const ddk_backend *be)
     free(hs1), free(hs2), free(wd1), free(wd2), free(r1), free(r2);
     fixture_free(&f1);
     fixture_free(&f2);
-    return failures;
+    return case_failed;
 }

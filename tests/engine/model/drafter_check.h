@@ -35,7 +35,7 @@ typedef struct drafter_setting {
 extern const drafter_setting drafter_settings[];
 extern const int drafter_setting_count;
 
-/* The failed expectations (0: passed), each printed as "  # WHY" under the case's line: what is
+/* 1 when an expectation failed (0: passed), each printed as "  # WHY" under the case's line: what is
  * off by more than tol (the loss's and the hidden states' relative error) or grad_tol (each
  * gradient's normalised error); prints the figures too. */
 int drafter_check_step(const ddk_backend *be, const drafter_setting *st, double tol, double grad_tol);

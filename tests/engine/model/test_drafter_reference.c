@@ -17,11 +17,11 @@ int main(void)
     const ddk_backend *cpu = ddk_backend_cpu();
     for (int i = 0; i < drafter_setting_count; i++) {
         const int failed = drafter_check_step(cpu, &drafter_settings[i], 2e-5, 2e-3);
-        check(failed == 0, "%d expectation(s) failed", failed);
+        check(failed == 0, "an expectation failed");
         case_done(drafter_settings[i].name);
     }
     const int failed = drafter_check_init_is_dflash(cpu);
-    check(failed == 0, "%d expectation(s) failed", failed);
+    check(failed == 0, "an expectation failed");
     case_done("dflash2 at initialisation is dflash");
     return cases_summary();
 }
