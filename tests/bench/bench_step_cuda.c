@@ -7,8 +7,10 @@
  *   bench_step_cuda [--hidden 5120] [--layers 5] [--heads 32] [--kv-heads 8] [--head-dim 128]
  *                   [--intermediate 17408] [--window 2048] [--block 24] [--anchors 1024]
  *                   [--seq 4096] [--vocab 248320] [--taps 5] [--chunk 1024] [--tile 0]
- *                   [--bf16 1] [--copies 1] [--reps 3] [--json] [--cpu]
+ *                   [--bf16 1] [--copies 1] [--reps 3] [--json] [--cpu] [--dflash2]
  *
+ * --dflash2: a DFlash2 drafter of the same shape (SPEC.md 2.1: two-tap convolutions, group 16,
+ * the selector at rank 256 and top-16 with alpha_sel 1); run both in one session for the ratio.
  * --copies 1 (with --bf16 1) is the trainer's bf16 step: a bf16 copy of the weights, refreshed by
  * every AdamW update, activations rounded once per product (be->matmul_16), the frozen head in
  * bf16 (read as stored); --copies 0 the step before it (be->matmul_bf16 on fp32 operands, cuBLAS
@@ -82,7 +84,7 @@ int main(int argc, char **argv)
     int64_t hidden = 5120, layers = 5, heads = 32, kv_heads = 8, head_dim = 128, inter = 17408,
             window = 2048, block = 24, anchors = 1024, seq = 4096, vocab = 248320, taps = 5,
             chunk = 1024, tile = 0, bf16 = 1, copies = 1, reps = 3;
-    int json = 0, on_cpu = 0;
+    int json = 0, on_cpu = 0, dflash2 = 0;
     const bench_opt opts[] = {
         { "--hidden", BENCH_I64, &hidden }, { "--layers", BENCH_I64, &layers }, { "--heads", BENCH_I64, &heads },
         { "--kv-heads", BENCH_I64, &kv_heads }, { "--head-dim", BENCH_I64, &head_dim },
@@ -91,7 +93,7 @@ int main(int argc, char **argv)
         { "--vocab", BENCH_I64, &vocab }, { "--taps", BENCH_I64, &taps }, { "--chunk", BENCH_I64, &chunk },
         { "--tile", BENCH_I64, &tile }, { "--bf16", BENCH_I64, &bf16 }, { "--copies", BENCH_I64, &copies },
         { "--reps", BENCH_I64, &reps },
-        { "--json", BENCH_SET, &json }, { "--cpu", BENCH_SET, &on_cpu },
+        { "--json", BENCH_SET, &json }, { "--cpu", BENCH_SET, &on_cpu }, { "--dflash2", BENCH_SET, &dflash2 },
     };
     if (bench_parse("bench_step_cuda", argc, argv, opts, (int)(sizeof opts / sizeof opts[0])))
         return 2;
@@ -111,7 +113,9 @@ int main(int argc, char **argv)
     ddt_drafter_config c = { .hidden = hidden, .layers = layers, .heads = heads, .kv_heads = kv_heads,
                              .head_dim = head_dim, .intermediate = inter, .vocab = vocab,
                              .block_size = block, .sliding_window = window, .rms_norm_eps = 1e-6f,
-                             .rope_theta = 1e7f, .taps = taps, .mask_token_id = (int32_t)(vocab - 1) };
+                             .rope_theta = 1e7f, .taps = taps, .mask_token_id = (int32_t)(vocab - 1),
+                             .dflash2 = dflash2, .conv_taps = dflash2 ? 2 : 0, .conv_group_size = dflash2 ? 16 : 0,
+                             .selector_rank = dflash2 ? 256 : 0, .selector_top_k = dflash2 ? 16 : 0 };
     for (int64_t l = 0; l < layers; l++)
         c.sliding[l] = window > 0 && l + 1 < layers;   /* the seed's shape: sliding, then full */
     for (int64_t i = 0; i < taps; i++)
@@ -198,7 +202,8 @@ int main(int argc, char **argv)
     ddt_batch b = { 1, S, A, ids, mask, features, teacher, anchor, keep };
     ddt_loss_config lc = { .gamma = 7.0f, .ce_target_teacher = 1,
                            .loss = { .chunk = chunk, .vocab_tile = tile, .kl_weight = 0.15f, .kl_temperature = 1.0f,
-                                     .cap_temperature = 1.0f, .bf16_products = (int)bf16 } };
+                                     .cap_temperature = 1.0f, .bf16_products = (int)bf16 },
+                           .selector_weight = 1.0f };
     ddt_adamw_config ac = { .lr = 6e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .grad_clip = 1.0,
                             .total_steps = 1000 };
     ddt_adamw_state state = { 0, m, v };
@@ -237,10 +242,10 @@ int main(int argc, char **argv)
     if (!on_cpu && ddk_cuda_device_info(0, &info))
         snprintf(info.name, sizeof info.name, "cuda:0");
     if (!json) {
-        printf("drafter step on %s: H %lld, %lld layers, %lld/%lld heads of %lld, I %lld, window %lld, block %lld,\n"
+        printf("%s step on %s: H %lld, %lld layers, %lld/%lld heads of %lld, I %lld, window %lld, block %lld,\n"
                "  %lld anchors, S %lld, V %lld, %lld taps; chunk %lld, vocab_tile %lld; %s products%s\n",
-               info.name, (long long)hidden, (long long)layers, (long long)heads, (long long)kv_heads,
-               (long long)head_dim, (long long)inter, (long long)window, (long long)block, (long long)anchors,
+               dflash2 ? "DFlash2" : "DFlash", info.name, (long long)hidden, (long long)layers, (long long)heads,
+               (long long)kv_heads, (long long)head_dim, (long long)inter, (long long)window, (long long)block, (long long)anchors,
                (long long)seq, (long long)vocab, (long long)taps, (long long)chunk, (long long)tile,
                bf16 ? "bf16" : "fp32", params16 ? " (bf16 weight copies, activations rounded once)" : "");
         printf("  step (median of %lld) %.3f s, of which AdamW %.3f s\n", (long long)reps, median, update);
@@ -249,12 +254,13 @@ int main(int argc, char **argv)
         printf("  peak memory %.2f GB (activations %.2f GB of it); loss %.6f\n", peak / 1e9,
                (double)ddt_drafter_step_bytes(&c, 1, S, A, 1, (int)bf16, params16 != NULL) / 1e9, loss);
     }
-    printf("{\"impl\": \"ddtree-cuda-step\", \"device\": \"%s\", \"hidden\": %lld, \"layers\": %lld, \"anchors\": %lld, "
+    printf("{\"impl\": \"ddtree-cuda-step%s\", \"device\": \"%s\", \"hidden\": %lld, \"layers\": %lld, \"anchors\": %lld, "
            "\"block\": %lld, \"seq\": %lld, \"vocab\": %lld, \"chunk\": %lld, \"vocab_tile\": %lld, \"bf16\": %lld, "
            "\"copies\": %d, "
            "\"step_s\": %.6f, \"adamw_s\": %.6f, \"positions_per_s\": %.1f, \"tflops\": %.2f, \"peak_bytes\": %.0f, "
            "\"loss\": %.6f}\n",
-           info.name, (long long)hidden, (long long)layers, (long long)anchors, (long long)block, (long long)seq,
+           dflash2 ? "-dflash2" : "", info.name, (long long)hidden, (long long)layers, (long long)anchors,
+           (long long)block, (long long)seq,
            (long long)vocab, (long long)chunk, (long long)tile, (long long)bf16, params16 != NULL, median, update,
            positions / median,
            flops / median / 1e12, peak, loss);

@@ -251,6 +251,11 @@ if [ "$FAILED" = 0 ]; then
         fi
         bench_step step-bf16 "bench_step_cuda Qwen3.6-27B drafter, bf16 products (weight copies, activations rounded once)" 150 \
             "$B/bin/bench_step_cuda" --bf16 1 --copies 1 --reps 2
+        # DFlash2 (SPEC.md 2.1) of the published recipe's shape (block 8, 512 anchors), DFlash beside it
+        bench_step step-dflash2 "bench_step_cuda DFlash2, the recipe's shape (block 8, 512 anchors), bf16 copies" 120 \
+            "$B/bin/bench_step_cuda" --bf16 1 --copies 1 --reps 2 --block 8 --anchors 512 --window 2048 --dflash2
+        bench_step step-dflash-b8 "bench_step_cuda DFlash, the same shape" 120 \
+            "$B/bin/bench_step_cuda" --bf16 1 --copies 1 --reps 2 --block 8 --anchors 512 --window 2048
         bench_step loss-torch-bf16 "torch loss, seed scale, bf16 (the seed's precision)" 90 \
             "$PY" "$B/py/loss_torch_gpu.py" --dtype bf16 --reps 2
         bench_step step-torch-bf16 "torch step, Qwen3.6-27B drafter, bf16 (the seed's approach)" 120 \
