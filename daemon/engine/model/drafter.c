@@ -397,9 +397,10 @@ static void carve(arena *a, const ddt_drafter_config *c, const ddt_batch *b, int
         g->dconv = TAKE(a, float, AB * H);
         g->dcoef = TAKE(a, float, AB * P2);
     }
-    if (staged16) {   /* the largest operand of each role, over every product of a sequence */
+    if (staged16) {   /* the largest operand of each role, over every product of a sequence (DFlash2's
+                         coefficient gradient (AB, P2) among the backward's: P2 > H when 2 taps > gs) */
         m->x16 = TAKE(a, uint16_t, max3(S * c->taps * H, max3(S * H, AB * H, AB * qd), AB * I));
-        m->dy16 = TAKE(a, uint16_t, max3(max3(S * H, AB * H, AB * qd), AB * I, SAB * kvd));
+        m->dy16 = TAKE(a, uint16_t, max3(max3(S * H, AB * H, AB * qd), AB * I, max3(SAB * kvd, AB * P2, 0)));
         m->keep16 = TAKE(a, uint16_t, AB * H);
     }
 }

@@ -86,9 +86,9 @@ static void make_problem(problem *p, int sliding_first, int dflash2, uint64_t se
                                .rms_norm_eps = 1e-6f, .rope_theta = 10000.0f, .taps = 2,
                                .target_layer_ids = { 0, 2 }, .mask_token_id = 210, .num_target_layers = 4 };
     c->sliding[0] = sliding_first;
-    if (dflash2) {   /* G = 4 groups of 12, rank 16, top-8 of 211 */
+    if (dflash2) {   /* G = 4 groups of 12 (or 48 of 1), rank 16, top-8 of 211 */
         c->dflash2 = 1;
-        c->conv_taps = 2, c->conv_group_size = 12, c->selector_rank = 16, c->selector_top_k = 8;
+        c->conv_taps = 2, c->conv_group_size = dflash2 == 3 ? 1 : 12, c->selector_rank = 16, c->selector_top_k = 8;
     }
     p->count = ddt_drafter_param_table(c, p->table, &p->total);
     p->nseq = 2, p->S = 37, p->A = 4;
@@ -189,7 +189,8 @@ typedef struct step_case {
     int64_t chunk, vocab_tile;
     float kl, cap;
     int copies; /* 1 (with bf16): the weights' bf16 copies (w.bf16), each side rounding its own */
-    int dflash2; /* 1: a DFlash2 drafter (SPEC.md 2.1), strict; 2: inject and stop_gradient */
+    int dflash2; /* 1: a DFlash2 drafter (SPEC.md 2.1), strict; 2: inject and stop_gradient; 3: strict,
+                    group size 1 (its coefficients' gradient (AB, 2 taps H) the widest operand staged) */
 } step_case;
 
 /* bf16 bit patterns at d (count, on the device under test) on the host */
@@ -420,6 +421,7 @@ static const step_case step_cases[] = {
     { "step dflash2 fp32: data labels, KL, strict, materialised", 1, 0, 0, 64, 0, 0.3f, 0.0f, 0, 1 },
     { "step dflash2 fp32: teacher labels, CAP, inject + stop_gradient, tiled (50)", 1, 1, 0, 16, 50, 0.2f, 0.1f, 0, 2 },
     { "step dflash2 bf16 copies: data labels, KL, strict, tiled (64)", 1, 0, 1, 32, 64, 0.3f, 0.0f, 1, 1 },
+    { "step dflash2 bf16 copies, group size 1: data labels, strict", 0, 0, 1, 64, 0, 0.3f, 0.0f, 1, 3 },
 };
 
 /* A device budget the step cannot live within: -ENOMEM, the allocator back where it was; with
