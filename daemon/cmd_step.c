@@ -177,12 +177,13 @@ static int load_loss(step_inputs *in, const char *path, char *err, size_t err_le
 static int write_output(const step_inputs *in, const ddk_loss_result *r, const char *path,
                         char *err, size_t err_len)
 {
-    ddt_st_entry entries[5 + DDT_MAX_PARAMS];
+    enum { SCALARS = 6 };   /* sel: DFlash2's selector term (0 for DFlash), the loss holding it */
+    ddt_st_entry entries[SCALARS + DDT_MAX_PARAMS];
     static char names[DDT_MAX_PARAMS][80];
-    const double scalars[5] = { r->loss, r->ce, r->kl, r->cap, r->weight_sum };
-    const char *const scalar_names[5] = { "loss", "ce", "kl", "cap", "weight_sum" };
+    const double scalars[SCALARS] = { r->loss, r->ce, r->kl, r->cap, r->weight_sum, r->sel };
+    const char *const scalar_names[SCALARS] = { "loss", "ce", "kl", "cap", "weight_sum", "sel" };
     int count = 0;
-    for (int i = 0; i < 5; i++)
+    for (int i = 0; i < SCALARS; i++)
         entries[count++] = (ddt_st_entry){ .name = scalar_names[i], .dtype = DDT_F64, .ndim = 0,
                                            .data = &scalars[i] };
     for (int i = 0; i < in->param_count; i++) {

@@ -57,7 +57,7 @@ enum {
 
 static const char *const step_columns[] = {
     "step", "ts_ms", "loss", "ce", "kl", "cap", "acc", "lr", "grad_norm", "tokens", "positions",
-    "step_ms", "tokens_per_s", "positions_per_s", "peak_bytes", "chunk", "vocab_tile",
+    "step_ms", "tokens_per_s", "positions_per_s", "peak_bytes", "chunk", "vocab_tile", "sel", "sel_acc",
 };
 enum { STEP_COLUMNS = sizeof step_columns / sizeof step_columns[0] };
 

@@ -15,6 +15,7 @@ typedef struct ddt_step_record {
     char run_id[40];
     int64_t step, ts_ms;
     double loss, ce, kl, cap, acc, lr, grad_norm;
+    double sel, sel_acc;                   /* DFlash2's selector term and accuracy; NaN (NULL): DFlash */
     int64_t tokens, positions;
     double step_ms, tokens_per_s, positions_per_s;
     int64_t peak_bytes;                    /* max over devices */

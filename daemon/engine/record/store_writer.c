@@ -72,8 +72,9 @@ const char *const ddt_store_stmt_sql[STMT_COUNT] = {
     [STMT_ROLLBACK] = "ROLLBACK",
     [STMT_STEP] =
         "INSERT OR REPLACE INTO steps (run_id, step, ts_ms, loss, ce, kl, cap, acc, lr, grad_norm,"
-        " tokens, positions, step_ms, tokens_per_s, positions_per_s, peak_bytes, chunk, vocab_tile)"
-        " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)",
+        " tokens, positions, step_ms, tokens_per_s, positions_per_s, peak_bytes, chunk, vocab_tile, sel,"
+        " sel_acc) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18,"
+        " ?19, ?20)",
     [STMT_STEP_DEVICE] =
         "INSERT OR REPLACE INTO step_devices (run_id, step, device, peak_bytes, step_ms)"
         " VALUES (?1, ?2, ?3, ?4, ?5)",
@@ -244,7 +245,8 @@ static int write_step(ddt_store *s, const ddt_step_record *r)
                        double_value(r->acc), double_value(r->lr), double_value(r->grad_norm),
                        int_value(r->tokens), int_value(r->positions), double_value(r->step_ms),
                        double_value(r->tokens_per_s), double_value(r->positions_per_s),
-                       int_value(r->peak_bytes), int_value(r->chunk), int_value(r->vocab_tile));
+                       int_value(r->peak_bytes), int_value(r->chunk), int_value(r->vocab_tile),
+                       double_value(r->sel), double_value(r->sel_acc));   /* NaN binds as NULL */
     /* a replaced steps row took its old step_devices rows with it (ON DELETE CASCADE) */
     for (int d = 0; d < r->devices && rc == SQLITE_OK; d++)
         rc = RUN_BOUND(s, STMT_STEP_DEVICE, text_value(r->run_id), int_value(r->step), int_value(d),

@@ -56,10 +56,6 @@ static int prefill_slice(rank_state *rs)
     return 0;
 }
 
-/* The rank's slice in micro-batches of at most ceil(nseq / grad_accum) sequences: each one's
- * gradient (of its own normalised loss) is weighted by its weight sum into the rank's, which
- * then is the gradient of the rank's normalised loss, as if the slice had run at once.
- * Co-located, the rank first computes its slice's features (prefill_slice). */
 /* alpha_sel of SPEC.md 2.1 at step (0-based): 0 through the first train.selector_warmup of the
  * steps, then rising linearly over the next train.selector_ramp of them to train.selector_weight */
 static float selector_weight_at(const ddt_run_config *c, int64_t step)
@@ -71,6 +67,10 @@ static float selector_weight_at(const ddt_run_config *c, int64_t step)
     return x >= ramp ? c->selector_weight : (float)(c->selector_weight * x / ramp);
 }
 
+/* The rank's slice in micro-batches of at most ceil(nseq / grad_accum) sequences: each one's
+ * gradient (of its own normalised loss) is weighted by its weight sum into the rank's, which
+ * then is the gradient of the rank's normalised loss, as if the slice had run at once.
+ * Co-located, the rank first computes its slice's features (prefill_slice). */
 static void *rank_main(void *arg)
 {
     rank_state *rs = arg;
@@ -96,7 +96,7 @@ static void *rank_main(void *arg)
                            .selector_inject = c->selector_inject,
                            .selector_stop_gradient = c->selector_stop_gradient };
     ddk_loss_result sum = { 0 };
-    double sum_loss = 0, sum_ce = 0, sum_kl = 0, sum_cap = 0;
+    double sum_loss = 0, sum_ce = 0, sum_kl = 0, sum_cap = 0, sum_sel = 0;
     rs->rc = t->colocated ? prefill_slice(rs) : 0;
     for (int64_t first = 0; first < rs->nseq && rs->rc == 0; first += micro) {
         const int64_t n = rs->nseq - first < micro ? rs->nseq - first : micro;
@@ -112,16 +112,20 @@ static void *rank_main(void *arg)
         sum.weight_sum += r.weight_sum;
         sum.counted += r.counted;
         sum.correct += r.correct;
+        sum.sel_correct += r.sel_correct;
+        sum.sel_covered += r.sel_covered;
         sum_loss += r.weight_sum * r.loss;
         sum_ce += r.weight_sum * r.ce;
         sum_kl += r.weight_sum * r.kl;
         sum_cap += r.weight_sum * r.cap;
+        sum_sel += r.weight_sum * r.sel;
     }
     if (sum.weight_sum > 0) {
         sum.loss = sum_loss / sum.weight_sum;
         sum.ce = sum_ce / sum.weight_sum;
         sum.kl = sum_kl / sum.weight_sum;
         sum.cap = sum_cap / sum.weight_sum;
+        sum.sel = sum_sel / sum.weight_sum;
         if (accumulate)
             be->axpby(be, t->total, (float)(1.0 / sum.weight_sum), rs->grads, 0.0f, rs->grads);
     }
@@ -177,8 +181,9 @@ static int reduce_gradients(ddt_trainer *t, ddk_loss_result *sums, char *err, si
             const double w = res->weight_sum;
             const float x[REDUCED] = { [R_WEIGHT] = (float)w, [R_LOSS] = (float)(w * res->loss),
                                        [R_CE] = (float)(w * res->ce), [R_KL] = (float)(w * res->kl),
-                                       [R_CAP] = (float)(w * res->cap), [R_COUNTED] = (float)res->counted,
-                                       [R_CORRECT] = (float)res->correct };
+                                       [R_CAP] = (float)(w * res->cap), [R_SEL] = (float)(w * res->sel),
+                                       [R_COUNTED] = (float)res->counted, [R_CORRECT] = (float)res->correct,
+                                       [R_SEL_CORRECT] = (float)res->sel_correct };
             memcpy(rs->reduced, x, sizeof x);
             rs->be->axpby(rs->be, t->total, (float)w, rs->grads, 0.0f, rs->grads);
             rs->be->copy(rs->be, rs->grads + t->total, rs->reduced, sizeof rs->reduced);
@@ -199,12 +204,14 @@ static int reduce_gradients(ddt_trainer *t, ddk_loss_result *sums, char *err, si
             t->rank[r].be->axpby(t->rank[r].be, t->total, (float)(1.0 / w), t->rank[r].grads, 0.0f,
                                  t->rank[r].grads);
         *sums = (ddk_loss_result){ .weight_sum = w, .counted = (int64_t)total[R_COUNTED],
-                                   .correct = (int64_t)total[R_CORRECT] };
+                                   .correct = (int64_t)total[R_CORRECT],
+                                   .sel_correct = (int64_t)total[R_SEL_CORRECT] };
         if (w > 0) {
             sums->loss = total[R_LOSS] / w;
             sums->ce = total[R_CE] / w;
             sums->kl = total[R_KL] / w;
             sums->cap = total[R_CAP] / w;
+            sums->sel = total[R_SEL] / w;
         }
         return 0;
     }
@@ -220,8 +227,10 @@ static int reduce_gradients(ddt_trainer *t, ddk_loss_result *sums, char *err, si
         sums->ce += share * res->ce;
         sums->kl += share * res->kl;
         sums->cap += share * res->cap;
+        sums->sel += share * res->sel;
         sums->counted += res->counted;
         sums->correct += res->correct;
+        sums->sel_correct += res->sel_correct;
         if (t->ranks > 1)
             be0->axpby(be0, t->total, (float)share, t->rank[r].grads, r == 0 ? 0.0f : 1.0f, g0);
     }
@@ -316,6 +325,8 @@ int ddt_trainer_step(ddt_trainer *t, ddt_step_record *rec, char *err, size_t err
     rec->kl = kl;
     rec->cap = cap;
     rec->acc = counted ? (double)correct / (double)counted : 0.0;
+    rec->sel = c->drafter.dflash2 ? sums.sel : NAN;
+    rec->sel_acc = !c->drafter.dflash2 ? NAN : counted ? (double)sums.sel_correct / (double)counted : 0.0;
     rec->lr = lr;
     rec->grad_norm = norm;
     rec->tokens = c->sequences_per_step * c->seq_len;

@@ -75,8 +75,9 @@ enum { MAX_RANKS = DDT_MAX_RANKS, CHUNK_FLOOR = 16, TILE_FLOOR = 256, SEED_ANCHO
        SEED_NOISE = 2, SEED_EVAL = 3, SEED_INIT = 4 };
 
 /* Floats appended to a GPU rank's gradient for the all-reduce: its weight sum, the weighted
- * sums of loss, ce, kl and cap, the counted and correct positions (exact below 2^24). */
-enum { R_WEIGHT, R_LOSS, R_CE, R_KL, R_CAP, R_COUNTED, R_CORRECT, REDUCED };
+ * sums of loss, ce, kl, cap and DFlash2's sel, the counted and correct positions and the selector's
+ * correct ones (exact below 2^24). */
+enum { R_WEIGHT, R_LOSS, R_CE, R_KL, R_CAP, R_SEL, R_COUNTED, R_CORRECT, R_SEL_CORRECT, REDUCED };
 
 enum { AHEAD_NONE, AHEAD_RUNNING, AHEAD_DONE };
 

@@ -205,7 +205,7 @@ static void write_steps(ddt_store *s, const char *run_id, int64_t from, int64_t 
 
 typedef struct {
     const char *table;
-    const char *columns[20];   /* NULL-terminated, in API.md's order */
+    const char *columns[24];   /* NULL-terminated, in API.md's order */
 } table_spec;
 
 static const table_spec api_tables[] = {
@@ -213,7 +213,7 @@ static const table_spec api_tables[] = {
                 "finished_ms", "step", "max_steps", "last_checkpoint_step", "error", NULL } },
     { "steps", { "run_id", "step", "ts_ms", "loss", "ce", "kl", "cap", "acc", "lr", "grad_norm",
                  "tokens", "positions", "step_ms", "tokens_per_s", "positions_per_s", "peak_bytes",
-                 "chunk", "vocab_tile", NULL } },
+                 "chunk", "vocab_tile", "sel", "sel_acc", NULL } },
     { "step_devices", { "run_id", "step", "device", "peak_bytes", "step_ms", NULL } },
     { "evals", { "run_id", "step", "tau_chain", "tau_tree_json", "acc_json", "tau_spec", "tau_spec_tree_json",
                  "spec_json", "unary_json", NULL } },

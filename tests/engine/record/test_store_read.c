@@ -38,13 +38,13 @@ static const int64_t big_bytes = (INT64_C(1) << 53) + 1;   /* not a double: must
 
 static const char *const step_columns[] = {
     "step", "ts_ms", "loss", "ce", "kl", "cap", "acc", "lr", "grad_norm", "tokens", "positions",
-    "step_ms", "tokens_per_s", "positions_per_s", "peak_bytes", "chunk", "vocab_tile",
+    "step_ms", "tokens_per_s", "positions_per_s", "peak_bytes", "chunk", "vocab_tile", "sel", "sel_acc",
 };
 enum { STEP_COLUMNS = sizeof step_columns / sizeof step_columns[0] };
 
 static const char *const csv_header =
     "step,ts_ms,loss,ce,kl,cap,acc,lr,grad_norm,tokens,positions,step_ms,tokens_per_s,"
-    "positions_per_s,peak_bytes,chunk,vocab_tile";
+    "positions_per_s,peak_bytes,chunk,vocab_tile,sel,sel_acc";
 
 /* ------------------------------------------------------------------------------------------
  * The fixture: what is written, and so what each read must give back
@@ -71,6 +71,8 @@ static ddt_step_record alpha_step(int64_t step)
     r.peak_bytes = step == BIG_STEP ? big_bytes : INT64_C(30000000000) + step;
     r.chunk = 4096;
     r.vocab_tile = step % 5;
+    r.sel = step % 3 ? 0.25 + 1.0 / (double)(step + 3) : NAN;   /* a DFlash2 step, or none */
+    r.sel_acc = step % 3 ? 0.5 - 1e-17 * (double)step : NAN;
     r.devices = (int)(step % 4);
     for (int d = 0; d < r.devices; d++) {
         r.device_peak_bytes[d] = 1000 * step + d;
@@ -85,7 +87,7 @@ static double alpha_value(const ddt_step_record *r, int c)
     const double values[STEP_COLUMNS] = {
         (double)r->step, (double)r->ts_ms, r->loss, r->ce, r->kl, r->cap, r->acc, r->lr,
         r->grad_norm, (double)r->tokens, (double)r->positions, r->step_ms, r->tokens_per_s,
-        r->positions_per_s, (double)r->peak_bytes, (double)r->chunk, (double)r->vocab_tile,
+        r->positions_per_s, (double)r->peak_bytes, (double)r->chunk, (double)r->vocab_tile, r->sel, r->sel_acc,
     };
     return values[c];
 }

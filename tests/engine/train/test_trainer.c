@@ -157,6 +157,30 @@ static void with_dflash2(const char *json, char *out, size_t len)
              (int)(d - json), json, (int)(t - d), d, t);
 }
 
+/* the step's record: DFlash2's selector term and accuracy (reported at alpha_sel 0 too: the
+ * warm-up's first step), none (NaN, stored NULL) for DFlash */
+static void test_selector_record(void)
+{
+    char json[4096];
+    with_dflash2(TINY("2", ""), json, sizeof json);
+    for (int v2 = 0; v2 < 2; v2++) {
+        ddt_trainer *t = open_run(v2 ? json : TINY("2", ""), NULL);
+        if (!t)
+            return;
+        double loss;
+        ddt_step_record rec;
+        if (run_steps(t, 1, &loss, &rec) == 0) {
+            if (v2)
+                check(isfinite(rec.sel) && rec.sel > 0 && rec.sel_acc >= 0 && rec.sel_acc <= 1,
+                      "dflash2: sel %g, sel_acc %g", rec.sel, rec.sel_acc);
+            else
+                check(isnan(rec.sel) && isnan(rec.sel_acc), "dflash: sel %g, sel_acc %g, want none", rec.sel,
+                      rec.sel_acc);
+        }
+        ddt_trainer_close(t);
+    }
+}
+
 /* a DFlash2 run on 2 CPU ranks resumes bit for bit, its selector's warm-up and ramp included */
 static void test_dflash2_resume(void)
 {
@@ -1411,6 +1435,7 @@ int main(void)
         { "train.precision bf16: close to fp32, not identical", test_bf16_run },
         { "exact resume", test_exact_resume },
         { "exact resume, dflash2 on 2 ranks", test_dflash2_resume },
+        { "the step's selector figures (dflash2), none (dflash)", test_selector_record },
         { "1 rank vs 2 ranks vs 3 ranks vs 2 micro-batches", test_ranks },
         { "out-of-memory recovery", test_oom_recovery },
         { "plan vs measured peak", test_plan_vs_peak },
