@@ -9,13 +9,15 @@
  *      threads b = sum_k ds_k Bs[cand_k] (k in order), dq = A[p] * b and q * b (dA's row);
  *   2. sel_grad_cols_kernel, a thread per row: ds_k added into the row's gradient g at column
  *      cand_k when the tile holds it (a row's candidates are distinct: no two threads meet);
- *   3. sel_scatter_kernel, twice (dA: a row's predecessor and q * b; dBs: each candidate and
- *      ds_k u): the rows adding into one token's row are summed by one block only, the one of the
- *      token's first entry in the chunk (found by scanning the chunk's entries from the start: a
- *      block that meets an earlier entry of its token leaves), in entry order, and added once.
- *      No atomics: the same bits at every call, whatever the schedule. O(entries x tokens) key
- *      reads a chunk (compacted tile by tile, a block prefix sum per tile of THREADS entries), a
- *      few hundred microseconds at chunk 1024 and K 16 by that count; not measured on a GPU yet.
+ *   3. sel_scatter_kernel, twice per group of rows of at most SCATTER_ENTRIES entries (dA: a row's
+ *      predecessor and q * b; dBs: each candidate and ds_k u): the rows of a group adding into one
+ *      token's row are summed by one block only, the one of the token's first entry in the group
+ *      (found by scanning the group's entries from the start: a block that meets an earlier entry
+ *      of its token leaves), in entry order, and added once; the groups in row order. No atomics:
+ *      the same bits at every call, whatever the schedule. O(entries x SCATTER_ENTRIES) key reads
+ *      a chunk (compacted tile by tile, a block prefix sum per tile of THREADS entries): linear in
+ *      the chunk, where one launch over the chunk was quadratic (chunk 4096 x K 16 = 65,536
+ *      entries); not measured on a GPU yet.
  * Everything is deterministic: fixed orders, no atomics.
  *
  * Tested by tests/simt/test_simt_kernels.cpp (the CUDA loss with a selector, from these sources,
@@ -217,17 +219,27 @@ __global__ static void sel_scatter_kernel(const int32_t *keys, int per_row, cons
     }
 }
 
+/* The rows a scatter launch takes: its blocks scan every entry of the launch for their token, so
+ * the work is quadratic in the entries of one launch; launches of at most SCATTER_ENTRIES entries,
+ * queued in row order, keep it linear in the chunk (the sums then go into dst group by group:
+ * the same bits at every call still); 64 rows at K 16, 4 launches per 256 rows */
+enum { SCATTER_ENTRIES = 1024 };
+
 void ddk_cuda_sel_scatter(const ddk_backend *be, const ddk_cuda_sel_chunk *c, float *dA,
                           float *dBs)
 {
     cudaStream_t stream = ddk_cuda_stream(be);
-    /* dA[p_i] += q_i * b_i (over q) */
-    DDK_LAUNCH(sel_scatter_kernel, grid_of(c->m), THREADS, 0, stream, c->pred, 1,
-               (const float *)NULL, c->b.rows, c->m, (const float *)c->b.q, c->r, dA);
-    LAUNCH_CHECK();
-    /* dBs[cand_ik] += ds_ik u_i */
-    DDK_LAUNCH(sel_scatter_kernel, grid_of(c->m * c->K), THREADS, 0, stream,
-               (const int32_t *)c->b.cand, (int)c->K, (const float *)c->b.ds, c->b.rows,
-               c->m * c->K, (const float *)c->b.u, c->r, dBs);
-    LAUNCH_CHECK();
+    const int64_t K = c->K, r = c->r, group = SCATTER_ENTRIES / K > 0 ? SCATTER_ENTRIES / K : 1;
+    for (int64_t first = 0; first < c->m; first += group) {
+        const int64_t g = c->m - first < group ? c->m - first : group;
+        /* dA[p_i] += q_i * b_i (over q) */
+        DDK_LAUNCH(sel_scatter_kernel, grid_of(g), THREADS, 0, stream, c->pred + first, 1,
+                   (const float *)NULL, c->b.rows + first, g, (const float *)c->b.q + first * r, r, dA);
+        LAUNCH_CHECK();
+        /* dBs[cand_ik] += ds_ik u_i */
+        DDK_LAUNCH(sel_scatter_kernel, grid_of(g * K), THREADS, 0, stream,
+                   (const int32_t *)c->b.cand + first * K, (int)K, (const float *)c->b.ds + first * K,
+                   c->b.rows + first, g * K, (const float *)c->b.u + first * r, r, dBs);
+        LAUNCH_CHECK();
+    }
 }

@@ -32,7 +32,8 @@ void ddk_cuda_sel_rows(const ddk_backend *be, const ddk_cuda_sel_chunk *c);
 void ddk_cuda_sel_grad_cols(const ddk_backend *be, const ddk_cuda_sel_chunk *c, float *g,
                             int64_t off, int64_t w);
 
-/* dA (V, r) and dBs (V, r) += the chunk's rows, each token's sum in the chunk's row order */
+/* dA (V, r) and dBs (V, r) += the chunk's rows, each token's sum over a group of rows in their order,
+ * the groups in row order */
 void ddk_cuda_sel_scatter(const ddk_backend *be, const ddk_cuda_sel_chunk *c, float *dA,
                           float *dBs);
 

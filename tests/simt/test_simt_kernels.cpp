@@ -504,10 +504,11 @@ static void case_loss_head16(void) { loss_case(32, 1, 1); }
 /* The loss with the DFlash2 selector (SPEC.md 2.1): its online top-K over tiles, its rows'
  * kernel, ds into the gradient, dA / dBs without atomics. vocab_tile 0 or streamed, given or
  * teacher labels, a bf16 head, inject, stop_gradient. dA, dBs, dHp are added into what they held. */
-static void loss_selector_case(int64_t vocab_tile, int given_labels, int head16, int inject, int stop)
+static void loss_selector_case(int64_t vocab_tile, int given_labels, int head16, int inject, int stop,
+                               int64_t n = 21, int64_t chunk = 6)
 {
-    const int64_t n = 21, H = 32, V = 300, K = 16, r = 20;
-    ddk_loss_params p = { n, H, V, 6, vocab_tile, 0.15f, 1.0f, 0.1f, 1.0f, head16, head16, NULL };
+    const int64_t H = 32, V = 300, K = 16, r = 20;
+    ddk_loss_params p = { n, H, V, chunk, vocab_tile, 0.15f, 1.0f, 0.1f, 1.0f, head16, head16, NULL };
     const float *hs = rand_floats(n * H, -1, 1), *W32 = rand_floats(V * H, -0.5, 0.5);
     float *ht = rand_floats(n * H, -1, 1);
     for (int64_t i = 1; i < n; i += 2)   /* the teacher's argmax the student's: covered */
@@ -584,6 +585,8 @@ static void case_loss_selector_materialised(void) { loss_selector_case(0, 1, 0, 
 static void case_loss_selector_tiled(void) { loss_selector_case(64, 0, 0, 1, 0); }
 static void case_loss_selector_head16(void) { loss_selector_case(37, 1, 1, 1, 1); }
 static void case_loss_selector_narrow(void) { loss_selector_case(7, 0, 0, 0, 0); }   /* tiles narrower than K */
+/* chunks of 150 rows: dA's and dBs's scatter in groups (selector_cuda.cu: 64 rows at K 16) */
+static void case_loss_selector_groups(void) { loss_selector_case(0, 1, 0, 0, 0, 170, 150); }
 
 /* topk_rows: rows of few levels (ties), NaNs and -inf, wider and narrower than a block */
 static void case_topk(void)
@@ -803,6 +806,7 @@ int main(int argc, char **argv)
         { "loss + selector materialised, strict, given labels; same bits reversed", case_loss_selector_materialised },
         { "loss + selector tiled 64, inject, teacher labels; same bits reversed", case_loss_selector_tiled },
         { "loss + selector tiled 37, bf16 head, inject, stop_gradient; same bits reversed", case_loss_selector_head16 },
+        { "loss + selector, chunks of 150 rows (the scatter's groups); same bits reversed", case_loss_selector_groups },
         { "loss + selector tiled 7 (< K), strict, teacher labels; same bits reversed", case_loss_selector_narrow },
         { "topk_rows: ties, NaNs, -inf, k 1 to 64", case_topk },
         { "dflash flash d 64; backward same bits reversed", case_dflash_d64 },
