@@ -51,7 +51,8 @@ DDK_SEL_FN int ddk_sel_place_label(int32_t *cand, float *cz, int K, int32_t y, f
 }
 
 /* From the scores s (K, float) of a row with a term at k*: returns l_sel = logsumexp(s) -
- * s[k*], sets *pick to the first index of the largest score (a NaN never wins), and, when
+ * s[k*], sets *pick to the first index of the largest score (a NaN after the first score never
+ * wins; a NaN score makes l_sel NaN either way, as a NaN logit makes CE NaN), and, when
  * want_ds, overwrites s with ds_k = coef (softmax(s)_k - [k = k*]) */
 DDK_SEL_FN double ddk_sel_terms(float *s, int K, int kstar, double coef, int want_ds, int *pick)
 {

@@ -505,14 +505,6 @@ struct ddk_backend {
      * other ops. The greedy labels of an evaluation and speculative decoding's argmaxes: only
      * the indices leave the device. */
     void (*argmax_rows)(const ddk_backend *be, const float *x, int64_t rows, int64_t n, int32_t *out);
-    /* idx, val (rows, k) = the k largest values of each row of x (rows, n), row stride n, and
-     * their indices, descending, ties to the lower index (NaNs passed over: after every number,
-     * by index, so a row with fewer than k numbers ends in its NaNs; -inf is a value);
-     * 1 <= k <= min(n, DDK_SELECTOR_MAX_K), n < 2^31 (else ddk_fatal). val may be NULL. Queued
-     * like the other ops; deterministic. The DFlash2 selector's candidates
-     * at evaluation and in speculative decoding (SPEC.md 2.1). */
-    void (*topk_rows)(const ddk_backend *be, const float *x, int64_t rows, int64_t n, int64_t k,
-                      int32_t *idx, float *val);
 
     /* ---- whole buffers: the trainer's gradient reduction and optimiser ---- */
     /* sum of x[i]^2 over count floats, accumulated in float64 in an order that depends on
@@ -547,26 +539,6 @@ struct ddk_backend {
                              const float *rstd, const float *dy, int64_t rows, int64_t d,
                              float *dx, float *dg);
 
-    /* The DFlash2 two-tap grouped dynamic causal convolution over the slots of each block
-     * (SPEC.md 2.1): x, y (rows, H), rows a multiple of B, blocks of B consecutive rows (row t is
-     * slot t % B); base (taps, H); delta (rows, ld_delta), row t's coefficients (taps, G) from its
-     * column 0 (tap j, group g at column j*G + g; G = H / gs, gs divides H):
-     *   y[t, c] = sum_{j < taps, j <= t % B} (base[j, c] + delta[t, j*G + c/gs]) x[t - j, c]
-     * (never across blocks). taps >= 1, ld_delta >= taps * G (the drafter's projection row holds
-     * both sides: delta = its side's first column, ld_delta = 2 * taps * G). y must not overlap x
-     * or delta. */
-    void (*block_conv)(const ddk_backend *be, const float *x, const float *base,
-                       const float *delta, int64_t ld_delta, int64_t rows, int64_t B, int64_t H,
-                       int64_t taps, int64_t gs, float *y);
-    /* dx (rows, H) +=, dbase (taps, H) +=, ddelta (rows, ld_delta; the (taps, G) columns) +=
-     * from x, base, delta and dy (rows, H). dx may be NULL (no gradient into x). Columns of
-     * ddelta past taps * G, and row t's tap-j columns where j > t % B (no such term), are
-     * untouched. The gradients overlap no input and no other gradient. Every sum is in a fixed
-     * order (no atomics): the same bits at every call on a given backend and shape. */
-    void (*block_conv_backward)(const ddk_backend *be, const float *x, const float *base,
-                                const float *delta, int64_t ld_delta, const float *dy,
-                                int64_t rows, int64_t B, int64_t H, int64_t taps, int64_t gs,
-                                float *dx, float *dbase, float *ddelta);
 
     /* Rotate-half RoPE in place over the full head dim: x (rows, heads, d), d even; row r at
      * position pos[r]; pair (x_i, x_{i+d/2}) rotated by pos * theta^(-2i/d); d <= 1024. inverse = 1
@@ -697,6 +669,39 @@ struct ddk_backend {
      * beta, g (T, nv); beta may be b and g may be a (in place), no other overlap. */
     void (*delta_gates)(const ddk_backend *be, const float *b, const float *a, const float *A_log,
                         const float *dt_bias, int64_t T, int64_t nv, float *beta, float *g);
+
+    /* ---- DFlash2 (SPEC.md 2.1), last: members are only ever added at the end, so that a
+     * program built against an older ddk.h finds every member where it was ---- */
+
+    /* The DFlash2 two-tap grouped dynamic causal convolution over the slots of each block
+     * (SPEC.md 2.1): x, y (rows, H), rows a multiple of B, blocks of B consecutive rows (row t is
+     * slot t % B); base (taps, H); delta (rows, ld_delta), row t's coefficients (taps, G) from its
+     * column 0 (tap j, group g at column j*G + g; G = H / gs, gs divides H):
+     *   y[t, c] = sum_{j < taps, j <= t % B} (base[j, c] + delta[t, j*G + c/gs]) x[t - j, c]
+     * (never across blocks). taps >= 1, ld_delta >= taps * G (the drafter's projection row holds
+     * both sides: delta = its side's first column, ld_delta = 2 * taps * G). y must not overlap x
+     * or delta. */
+    void (*block_conv)(const ddk_backend *be, const float *x, const float *base,
+                       const float *delta, int64_t ld_delta, int64_t rows, int64_t B, int64_t H,
+                       int64_t taps, int64_t gs, float *y);
+    /* dx (rows, H) +=, dbase (taps, H) +=, ddelta (rows, ld_delta; the (taps, G) columns) +=
+     * from x, base, delta and dy (rows, H). dx may be NULL (no gradient into x). Columns of
+     * ddelta past taps * G, and row t's tap-j columns where j > t % B (no such term), are
+     * untouched. The gradients overlap no input and no other gradient. Every sum is in a fixed
+     * order (no atomics): the same bits at every call on a given backend and shape. */
+    void (*block_conv_backward)(const ddk_backend *be, const float *x, const float *base,
+                                const float *delta, int64_t ld_delta, const float *dy,
+                                int64_t rows, int64_t B, int64_t H, int64_t taps, int64_t gs,
+                                float *dx, float *dbase, float *ddelta);
+
+    /* idx, val (rows, k) = the k largest values of each row of x (rows, n), row stride n, and
+     * their indices, descending, ties to the lower index (NaNs passed over: after every number,
+     * by index, so a row with fewer than k numbers ends in its NaNs; -inf is a value);
+     * 1 <= k <= min(n, DDK_SELECTOR_MAX_K), n < 2^31 (else ddk_fatal). val may be NULL. Queued
+     * like the other ops; deterministic. The DFlash2 selector's candidates
+     * at evaluation and in speculative decoding (SPEC.md 2.1). */
+    void (*topk_rows)(const ddk_backend *be, const float *x, int64_t rows, int64_t n, int64_t k,
+                      int32_t *idx, float *val);
 };
 
 /* Bytes the CPU backend's DFlash attention takes while it runs (forward, or backward = 1):

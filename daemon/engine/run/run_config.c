@@ -773,6 +773,9 @@ static int check_relations(const parse_ctx *p)
         return fail(p, "drafter.sliding_window", "must be >= drafter.block_size with a sliding_attention layer: %s",
                     "vLLM and SGLang window the block rows too, training does not, and with a window below the "
                     "block the drafter served differs from the one trained (SPEC.md section 2)");
+    if (c->drafter.dflash2 && c->drafter.conv_taps > c->drafter.block_size)
+        return fail(p, "drafter.conv_kernel_size", "must be at most drafter.block_size: %s",
+                    "the convolution runs over one block's slots (SpecForge and speculators refuse more)");
     if (c->selector_warmup + c->selector_ramp > 1.0)
         return fail(p, "train.selector_ramp", "plus train.selector_warmup must be at most 1 (%s)",
                     "both are fractions of train.steps");

@@ -233,12 +233,17 @@ int drafter_check_init_is_dflash(const ddk_backend *be)
     float *hs1 = xcalloc((size_t)(rows * H), sizeof(float)), *hs2 = xcalloc((size_t)(rows * H), sizeof(float));
     check(ddt_drafter_forward(be, &f1.c, &w1, &head, &f1.b, hs1) == 0, "forward (dflash)");
     check(ddt_drafter_forward(be, &f2.c, &w2, &head, &f1.b, hs2) == 0, "forward (dflash2)");
-    /* with identity convolutions only the block's visibility differs: all-full layers see the same */
-    (void)hs2;
+    /* with identity convolutions only the block's visibility differs: a sliding layer's block rows
+     * see their later slots in DFlash2 only, all-full layers see the same in both */
+    double *hs1d = xcalloc((size_t)(rows * H), sizeof(double));
+    for (int64_t i = 0; i < rows * H; i++)
+        hs1d[i] = hs1[i];
+    const double sliding_err = normalised_error(hs2, hs1d, rows * H);
+    check(sliding_err > 1e-3, "a sliding layer: the fresh DFlash2 drafter's hidden states equal DFlash's "
+          "(%.3g): its blocks are not bidirectional", sliding_err);
     f1.c.sliding[0] = f2.c.sliding[0] = 0;
     check(ddt_drafter_forward(be, &f1.c, &w1, &head, &f1.b, hs1) == 0, "forward (dflash, full)");
     check(ddt_drafter_forward(be, &f2.c, &w2, &head, &f1.b, hs2) == 0, "forward (dflash2, full)");
-    double *hs1d = xcalloc((size_t)(rows * H), sizeof(double));
     for (int64_t i = 0; i < rows * H; i++)
         hs1d[i] = hs1[i];
     const double err = normalised_error(hs2, hs1d, rows * H);
