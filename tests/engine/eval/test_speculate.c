@@ -294,19 +294,30 @@ static void lossless_case(const char *what, const ddt_target_model *m, int64_t B
     lossless_drafter(what, m, drafter_for(m, 2, B), gain, 0.0f, stop);
 }
 
-static void test_lossless_dense(void)
+/* fn(name, m) on each dense synthetic target: llama, qwen3, qwen3 in bf16 */
+static void for_each_dense(void (*fn)(const char *name, const ddt_target_model *m))
 {
     char err[512];
-    for (int variant = 0; variant < 3; variant++) {   /* llama, qwen3, qwen3 bf16 */
+    for (int variant = 0; variant < 3; variant++) {
         const ddt_target_config cfg = dense_config(variant > 0, 32);
         const ddt_target_options o = { .bf16 = variant == 2 };
         ddt_target_model m;
         check(ddt_target_open_synthetic_with(&cfg, 29, &o, &m, err, sizeof err) == 0, "synthetic: %s", err);
         static const char *names[] = { "llama", "qwen3", "qwen3 bf16" };
-        lossless_case(names[variant], &m, 4, 1.0f, -1);
-        lossless_case(names[variant], &m, 6, 30.0f, -1);
+        fn(names[variant], &m);
         ddt_target_close(&m);
     }
+}
+
+static void lossless_dense(const char *name, const ddt_target_model *m)
+{
+    lossless_case(name, m, 4, 1.0f, -1);
+    lossless_case(name, m, 6, 30.0f, -1);
+}
+
+static void test_lossless_dense(void)
+{
+    for_each_dense(lossless_dense);
 }
 
 static void test_lossless_stop(void)
@@ -343,19 +354,17 @@ static void test_lossless_stories(void)
  * DFlash2: the path selector drafts
  */
 
+static void lossless_dense_dflash2(const char *name, const ddt_target_model *m)
+{
+    char what[64];
+    snprintf(what, sizeof what, "%s dflash2", name);
+    lossless_drafter(what, m, dflash2_for(m, 2, 4, 4), 1.0f, 1.0f, -1);
+    lossless_drafter(what, m, dflash2_for(m, 2, 6, 8), 30.0f, 3.0f, -1);
+}
+
 static void test_lossless_dflash2(void)
 {
-    char err[512];
-    for (int variant = 0; variant < 3; variant++) {   /* llama, qwen3, qwen3 bf16 */
-        const ddt_target_config cfg = dense_config(variant > 0, 32);
-        const ddt_target_options o = { .bf16 = variant == 2 };
-        ddt_target_model m;
-        check(ddt_target_open_synthetic_with(&cfg, 29, &o, &m, err, sizeof err) == 0, "synthetic: %s", err);
-        static const char *names[] = { "llama dflash2", "qwen3 dflash2", "qwen3 bf16 dflash2" };
-        lossless_drafter(names[variant], &m, dflash2_for(&m, 2, 4, 4), 1.0f, 1.0f, -1);
-        lossless_drafter(names[variant], &m, dflash2_for(&m, 2, 6, 8), 30.0f, 3.0f, -1);
-        ddt_target_close(&m);
-    }
+    for_each_dense(lossless_dense_dflash2);
     ddt_target_model m;
     if (open_shared("qwen35-tiny/text-only", &m)) {
         lossless_drafter("qwen3_5 tiny dflash2", &m, dflash2_for(&m, 2, 8, 16), 30.0f, 3.0f, -1);
