@@ -15,9 +15,10 @@
  * (up to gen_len - 1, the prefill's token not counted) / calls, so 1 <= tau <= B.
  * Tested by tests/engine/eval/test_speculate.c (lossless on a dense synthetic target, the tiny Qwen3.5
  * target and stories260K when ../shared is present: random and exported-then-reloaded
- * drafters, DFlash2 drafters with random selectors; tau_spec <= B; the tree with K >= B-1 never
- * below the chain; a DFlash2 drafter with Bs = 0 drafting as the DFlash drafter of its backbone;
- * bad input).
+ * drafters, DFlash2 drafters with random selectors; tau_spec and tau_spec_tree(K) in [1, B]; a
+ * DFlash2 drafter with Bs = 0 drafting as the DFlash drafter of its backbone; bad input). A
+ * best-first tree need not contain the chain, so tau_spec_tree(K) may fall below tau_spec even
+ * with K >= B - 1 (SPEC.md 7: measured, not promised).
  *
  * Legend: P prompt tokens, G generated tokens, B block size, K node budget, N = K + 1 tree
  * nodes with the root, H hidden, L_t taps, V vocabulary.
