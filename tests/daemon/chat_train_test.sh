@@ -41,7 +41,7 @@ work, tokenizer = sys.argv[1], sys.argv[2]
 model = os.path.join(work, "model")
 os.makedirs(model)
 os.symlink(tokenizer, os.path.join(model, "tokenizer.json"))
-H, L, NH, NKV, D, I, V = 16, 2, 2, 1, 8, 32, 151680
+H, L, NH, NKV, D, I, V = 16, 3, 2, 1, 8, 32, 151680
 json.dump({"model_type": "qwen3", "hidden_size": H, "num_hidden_layers": L, "num_attention_heads": NH,
            "num_key_value_heads": NKV, "head_dim": D, "intermediate_size": I, "vocab_size": V,
            "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": False,

@@ -41,7 +41,7 @@ static void write_config(const char *json)
 #define DRAFTER_FIELDS                                                                          \
     " \"hidden_size\": 16, \"num_hidden_layers\": 2, \"num_attention_heads\": 4,"                \
     " \"num_key_value_heads\": 2, \"head_dim\": 8, \"intermediate_size\": 40, \"vocab_size\": 100," \
-    " \"block_size\": 4, \"sliding_window\": 3, \"num_target_layers\": 6,"                      \
+    " \"block_size\": 4, \"sliding_window\": 3, \"num_target_layers\": 7,"                      \
     " \"layer_types\": [\"sliding_attention\", \"full_attention\"], \"rms_norm_eps\": 1e-6,"     \
     " \"rope_theta\": 10000,"
 #define DRAFTER_OK                                                                              \
@@ -103,6 +103,7 @@ static void test_drafter_config_bad(void)
         { "dflash_config", "{\"mask_token_id\": 100, \"target_layer_ids\": [1]}", "mask_token_id" },
         { "dflash_config", "{\"mask_token_id\": 1, \"target_layer_ids\": []}", "target_layer_ids" },
         { "dflash_config", "{\"mask_token_id\": 1, \"target_layer_ids\": [7]}", "target_layer_ids" },
+        { "dflash_config", "{\"mask_token_id\": 1, \"target_layer_ids\": [1, 6]}", "last layer" },
         { "dflash_config", "3", "dflash_config" },
     };
     char json[2048];
@@ -656,7 +657,7 @@ static void test_step_bf16_copies(void)
     ddt_drafter_config c = { .hidden = 96, .layers = 2, .heads = 4, .kv_heads = 2, .head_dim = 8,
                              .intermediate = 40, .vocab = 300, .block_size = 4, .sliding_window = 5,
                              .rms_norm_eps = 1e-6f, .rope_theta = 10000.0f, .taps = 3,
-                             .mask_token_id = 299, .num_target_layers = 6 };
+                             .mask_token_id = 299, .num_target_layers = 7 };
     c.sliding[0] = 1;
     c.target_layer_ids[0] = 1, c.target_layer_ids[1] = 3, c.target_layer_ids[2] = 5;
     char err[256];

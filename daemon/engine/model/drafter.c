@@ -75,11 +75,17 @@ int ddt_drafter_config_check(const ddt_drafter_config *c, char *err, size_t err_
     for (int64_t i = 0; i < c->layers; i++)
         any_sliding |= c->sliding[i];
     REQUIRE(!any_sliding || c->sliding_window >= 1, "sliding_window must be >= 1 when a layer is sliding_attention");
-    for (int64_t i = 0; i < c->taps; i++)
+    for (int64_t i = 0; i < c->taps; i++) {
         REQUIRE(c->target_layer_ids[i] >= 0 &&
                     (c->num_target_layers <= 0 || c->target_layer_ids[i] < c->num_target_layers),
                 "dflash_config.target_layer_ids[%lld] = %d is not a layer of the target (%lld layers)",
                 (long long)i, c->target_layer_ids[i], (long long)c->num_target_layers);
+        REQUIRE(c->num_target_layers <= 0 || c->target_layer_ids[i] < c->num_target_layers - 1,
+                "dflash_config.target_layer_ids[%lld] = %d is the target's last layer: Hugging Face's "
+                "hidden_states there is final-normed while the serving stacks tap the residual before the norm, "
+                "so the drafter would be served on other features than it was trained on (SPEC.md section 3); "
+                "tap a layer in [0, %lld]", (long long)i, c->target_layer_ids[i], (long long)c->num_target_layers - 2);
+    }
 #undef REQUIRE
     return 0;
 }

@@ -21,7 +21,7 @@ static ddt_drafter_config config(int dflash2)
                              .intermediate = 12, .vocab = 24, .block_size = 4, .sliding_window = 5,
                              .rms_norm_eps = 1e-6f, .rope_theta = 10000.0f, .sliding = { 1, 0 },
                              .taps = 2, .target_layer_ids = { 0, 1 }, .mask_token_id = 23,
-                             .num_target_layers = 2, .max_positions = 64 };
+                             .num_target_layers = 3, .max_positions = 64 };
     if (dflash2) {
         c.dflash2 = 1;
         c.conv_taps = 2;

@@ -73,7 +73,7 @@ static void small_config(ddt_drafter_config *c)
     c->target_layer_ids[1] = 3;
     c->target_layer_ids[2] = 5;
     c->mask_token_id = 99;
-    c->num_target_layers = 6;
+    c->num_target_layers = 7;
     c->max_positions = 40960;
 }
 
