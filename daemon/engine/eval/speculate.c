@@ -2,10 +2,13 @@
  * the contract). One prompt is decoded three ways on ONE target cache, each from a fresh
  * prefill: plain greedy (a decode call per token), the drafter's chain (a verify call per
  * block of B) and, per budget K, the drafter's DDTree (a tree verify call of K + 1 nodes).
- * Drafting is training's forward (ddt_drafter_forward) on one block: slot 0 the last generated
- * token at its position `len` (the committed length), slots 1..B-1 mask_token_id, the context
- * the tapped features of rows 0 .. len-1, which the target's prefill and each verify's accepted
- * rows append (the rejected rows' features are dropped with them).
+ * Drafting is training's forward on one block: slot 0 the last generated token at its position
+ * `len` (the committed length), slots 1..B-1 mask_token_id, the context the tapped features of
+ * rows 0 .. len-1, which the target's prefill and each verify's accepted rows append (the
+ * rejected rows' features are dropped with them). The drafter's context cache
+ * (drafter_cache.h) projects each committed row once, when the next block is drafted; a
+ * params->uncached decode runs ddt_drafter_forward over the whole context instead (the
+ * reference the cache is tested against).
  * Argmax everywhere: logit descending, ties to the lowest id, as generate.c's greedy, on the
  * device (the backend's argmax_rows: only the indices come back); a tree's draft reads the
  * block's logits (B, V) back for its ranks. A DFlash2 drafter drafts with its path selector
@@ -19,6 +22,8 @@
  */
 #include "speculate.h"
 #include "selector.h"
+
+#include "model/drafter_cache.h"
 
 #include "base/ddt_time.h"
 #include "base/errors.h"
@@ -41,6 +46,7 @@ struct ddt_speculator {
     float *hidden;         /* (max(max_prompt, max_block), H) final-normed, the prefill's or a call's */
     float *dev_logits;     /* (max_block, V) */
     float *hs;             /* (B, H) the drafter's block */
+    ddt_drafter_cache *cache;   /* the drafter's context K/V, max_prompt + max_gen rows */
     int32_t *dev_argmax;   /* (max_block) argmax_rows' */
     void *dev_block;
     size_t dev_bytes;
@@ -82,7 +88,7 @@ int64_t ddt_speculator_workspace_bytes(const ddt_drafter_config *dc, int64_t max
     *max_block = spec_max_block(dc, max_budget);
     *max_len = max_prompt + max_gen + *max_block;
     return device_floats(dc->hidden, dc->vocab, dc, max_prompt, *max_len, *max_block) * (int64_t)sizeof(float) +
-           (int64_t)ddt_drafter_step_bytes(dc, 1, *max_len, 1, 0, 0, 0) + ddt_selector_workspace_bytes(dc);
+           (int64_t)ddt_drafter_cache_bytes(dc, max_prompt + max_gen) + ddt_selector_workspace_bytes(dc);
 }
 
 int ddt_speculate_check_drafter(const ddt_target_model *m, const ddt_drafter_config *dc, char *err, size_t err_len)
@@ -175,6 +181,11 @@ int ddt_speculator_open(ddt_speculator **out, const ddk_backend *be, const ddt_t
     memset(s->mask, 1, (size_t)max_len);
     for (int64_t k = 0; k < dc->block_size; k++)
         s->predecessors[k] = -1;
+    if ((rc = ddt_drafter_cache_open(&s->cache, be, dc, max_prompt + max_gen))) {
+        ddt_speculator_close(s);
+        return ddt_fail(err, err_len, rc, "no memory for the drafter's context cache of %lld rows",
+                        (long long)(max_prompt + max_gen));
+    }
     if (dc->dflash2 && (rc = ddt_selector_open(&s->selector, be, dc, err, err_len))) {
         ddt_speculator_close(s);
         return rc;
@@ -189,6 +200,7 @@ void ddt_speculator_close(ddt_speculator *s)
         return;
     ddt_target_cache_close(&s->tc);
     ddt_selector_close(s->selector);
+    ddt_drafter_cache_close(s->cache);
     if (s->dev_block)
         ddk_free(s->be->alloc, s->dev_block, s->dev_bytes);
     free(s->host_block);
@@ -222,18 +234,27 @@ static int prefill(ddt_speculator *s, const int32_t *prompt, int64_t P, int32_t 
     return 0;
 }
 
-/* the drafter's block after the committed len rows: slot 0 = seq[len] at position len; its
+/* the drafter's block after the committed len rows: slot 0 = seq[len] at position len, the
+ * rows not cached yet appended to the cache first (uncached: the whole context's forward); its
  * logits (B, V) in s->dev_logits, and read back into s->logits (host) for a tree (ranks), or, for
  * a DFlash2 drafter, its selector view in s->view */
-static int draft(ddt_speculator *s, const ddt_drafter_weights *w, int64_t len, int tree)
+static int draft(ddt_speculator *s, const ddt_drafter_weights *w, int64_t len, int tree, int uncached)
 {
     const ddt_drafter_config *dc = &s->dc;
-    const int64_t B = dc->block_size, V = s->m->vocab;
-    const int32_t anchor = (int32_t)len;
-    const uint8_t keep = 1;
+    const int64_t B = dc->block_size, V = s->m->vocab, LH = dc->taps * s->m->hidden;
     const ddt_head head = { s->m->embed_stored, s->m->lm_head_stored, s->m->bf16 };
-    ddt_batch b = { 1, len + 1, 1, s->seq, s->mask, s->features, NULL, &anchor, &keep };
-    int rc = ddt_drafter_forward(s->be, dc, w, &head, &b, s->hs);
+    int rc;
+    if (uncached) {
+        const int32_t anchor = (int32_t)len;
+        const uint8_t keep = 1;
+        ddt_batch b = { 1, len + 1, 1, s->seq, s->mask, s->features, NULL, &anchor, &keep };
+        rc = ddt_drafter_forward(s->be, dc, w, &head, &b, s->hs);
+    } else {
+        const int64_t cached = ddt_drafter_cache_rows(s->cache);
+        rc = ddt_drafter_cache_append(s->cache, w, s->features + cached * LH, len - cached);
+        if (rc == 0)
+            rc = ddt_drafter_cache_draft(s->cache, w, &head, s->seq[len], s->hs);
+    }
     if (rc)
         return rc;
     ddt_target_logits(s->be, s->m, s->hs, B, s->dev_logits);
@@ -324,11 +345,12 @@ static int decode_speculative(ddt_speculator *s, const ddt_drafter_weights *w, c
     const double t0 = ddt_mono_s();
     *r = (ddt_speculate_run){ .tokens = out };
     memcpy(s->seq, prompt, (size_t)P * sizeof(int32_t));
+    ddt_drafter_cache_reset(s->cache);
     int rc = prefill(s, prompt, P, &s->seq[P]);
     int64_t len = P;   /* committed; seq[len] is the last generated token, not yet fed */
     int going = rc == 0 && emit(r, out, G, p->stop, s->seq[P]);
     while (going) {
-        if ((rc = draft(s, w, len, budget > 0)))
+        if ((rc = draft(s, w, len, budget > 0, p->uncached)))
             break;
         const int64_t n = draft_nodes(s, len, budget);
         rc = budget ? ddt_target_verify_tree(&s->tc, s->node_tokens, s->node_parents, n, dc->target_layer_ids,

@@ -39,6 +39,9 @@ typedef struct ddt_speculate_params {
     int n_budgets;                       /* tree budgets K, each >= 1 (0: the chain only) */
     int64_t budgets[DDT_MAX_BUDGETS];
     int32_t stop;                        /* an end token (chat: <|im_end|>), -1: none */
+    int uncached;                        /* 1: draft with ddt_drafter_forward over the whole context
+                                            each call, not the drafter's context cache (the
+                                            reference the cache is tested and timed against) */
 } ddt_speculate_params;
 
 /* One way of decoding one prompt: the tokens it generated (after the prompt; the prompt is not
@@ -88,17 +91,19 @@ int ddt_speculate_check_drafter(const ddt_target_model *m, const ddt_drafter_con
 /* A speculator for target m on be (the backend m was opened on) and drafter configuration dc:
  * the target's cache for prompts of up to max_prompt tokens and G = max_gen tokens, trees of
  * up to max_budget nodes (0: the chain only), and the drafter's and the tree's workspace, all
- * allocated once (a DFlash2 drafter's path selector's too). Refused (-EINVAL, err naming the
- * field) when the drafter does not fit the target (ddt_speculate_check_drafter) or max_budget is
- * above DDT_MAX_SLOTS^2; -ENOTSUP for a target without a cache; -ENOMEM. */
+ * allocated once (the drafter's context cache of max_prompt + max_gen rows and a DFlash2
+ * drafter's path selector's too). Refused (-EINVAL, err naming the field) when the
+ * drafter does not fit the target (ddt_speculate_check_drafter) or max_budget is above
+ * DDT_MAX_SLOTS^2; -ENOTSUP for a target without a cache; -ENOMEM. */
 int ddt_speculator_open(ddt_speculator **out, const ddk_backend *be, const ddt_target_model *m,
                         const ddt_drafter_config *dc, int64_t max_prompt, int64_t max_gen, int64_t max_budget,
                         char *err, size_t err_len);
 void ddt_speculator_close(ddt_speculator *s);
 /* bytes a speculator of these sizes allocates on its backend beside the target's cache (the
- * drafter's forward workspace of one block over max_len context rows and a DFlash2 drafter's
- * selector included), and that cache's sizes: max_len positions, verify blocks of max_block
- * (the planner adds the cache from the target's config alone, target_footprint.c) */
+ * drafter's context cache with its one-block workspace and a DFlash2 drafter's selector
+ * included; not an uncached decode's per-call forward, a test's reference), and that cache's
+ * sizes: max_len positions, verify blocks of max_block (the planner adds the cache from the
+ * target's config alone, target_footprint.c) */
 int64_t ddt_speculator_workspace_bytes(const ddt_drafter_config *dc, int64_t max_prompt, int64_t max_gen,
                                        int64_t max_budget, int64_t *max_len, int64_t *max_block);
 

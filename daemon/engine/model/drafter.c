@@ -8,6 +8,8 @@
  * Activations of every sequence are kept from the forward for the backward (one allocation);
  * the loss runs once over the slots of all sequences (one global normalisation). Attention
  * is the backend's flash-style DFlash kernel, so no (A*B) x (S + A*B) matrix ever exists.
+ * The block part of a layer (block_layer) is shared with cached drafting (ddt_drafter_block_forward,
+ * drafter_cache.c keeps the context's K/V), so both run the same code.
  * Not here: noise on the features (the trainer's), the optimiser, data.
  * Tested by tests/oracle/step_torch_check.py (PyTorch float64 reference of SPEC.md section 2 through
  * `ddtreed step`) and tests/engine/test_engine.c.
@@ -587,17 +589,121 @@ static void mlp_gate(const ddk_backend *be, const layer_acts *L, int64_t count, 
         be->swiglu(be, L->gate, L->up, count, act);
 }
 
+/* One layer's context keys and values, rows [0, n) at positions pos (n): kr (n, nkv*d) =
+ * RoPE(k_norm(C Wk^T)) as the attention reads it, v (n, nkv*d) = C Wv^T; k_pre, rstd_k the
+ * norm's input and scale (kept by a step for its backward). C (n, H) gets no input_layernorm;
+ * ctx16: C staged once for every layer (stage), or NULL. */
+static void context_layer(const products *P, const ddt_drafter_config *c, const ddt_layer_weights *W,
+                          const float *C, const uint16_t *ctx16, int64_t n, const int32_t *pos, float *k_pre,
+                          float *rstd_k, float *kr, float *v)
+{
+    const int64_t H = c->hidden, nkv = c->kv_heads, d = c->head_dim, kvd = nkv * d;
+    linear(P, C, ctx16, n, H, W->k_proj, kvd, 0.0f, k_pre);
+    P->be->rmsnorm(P->be, k_pre, W->k_norm, n * nkv, d, c->rms_norm_eps, kr, rstd_k);
+    P->be->rope(P->be, kr, pos, n, nkv, d, c->rope_theta, 0);
+    linear(P, C, ctx16, n, H, W->v_proj, kvd, 0.0f, v);
+}
+
+/* Where one layer's block forward reads and writes: S context rows before the A blocks, the
+ * blocks' anchors and keep (A), their rows' positions (AB), and the layer's keys kr and values
+ * v (S + AB, nkv*d) whose first S rows (context_layer's) are made: the block rows' go after
+ * them, their k_norm input and scale into k_pre (AB, nkv*d) and rstd_k (AB*nkv). */
+typedef struct block_keys {
+    int64_t S, A;
+    const int32_t *anchors, *pos;
+    const uint8_t *keep;
+    float *kr, *v, *k_pre, *rstd_k;
+} block_keys;
+
+/* One layer over the block rows (SPEC.md 2 step 4, DFlash2's convolutions of 2.1): h (AB, H)
+ * in, h_out (AB, H) out, the rest of what a step keeps in L; scratch from t. The training
+ * forward and the cached drafting forward (ddt_drafter_block_forward) both run it. */
+static int block_layer(const products *P, const ddt_drafter_config *c, const ddt_layer_weights *W, int64_t l,
+                       layer_acts *L, const grad_scratch *t, const block_keys *K, const float *h, float *h_out)
+{
+    const ddk_backend *be = P->be;
+    const int64_t H = c->hidden, nh = c->heads, nkv = c->kv_heads, d = c->head_dim, qd = nh * d,
+                  kvd = nkv * d, I = c->intermediate, B = c->block_size, AB = K->A * B;
+    const float eps = c->rms_norm_eps, theta = c->rope_theta;
+    const int v2 = c->dflash2;
+    float *const u = t->normed, *const m = t->normed, *const act = t->dact, *const qr = t->dq_pre;   /* scratch */
+
+    be->rmsnorm(be, h, W->input_layernorm, AB, H, eps, u, L->rstd_u);
+    const float *ub = u;   /* the block rows' input to q, k, v: u, or DFlash2's u' */
+    if (v2) {
+        conv_input(P, c, u, W->attn_conv_proj, W->attn_conv_base, AB, L->da, t->conved);
+        ub = t->conved;
+    }
+    const uint16_t *u16 = stage(P, ub, AB * H, P->keep16);
+
+    /* Q for block rows; the block rows' K, V after the context's */
+    linear(P, ub, u16, AB, H, W->q_proj, qd, 0.0f, L->q_pre);
+    be->rmsnorm(be, L->q_pre, W->q_norm, AB * nh, d, eps, qr, L->rstd_q);
+    be->rope(be, qr, K->pos, AB, nh, d, theta, 0);
+    float *const kb = K->kr + K->S * kvd;   /* (AB, nkv*d) */
+    linear(P, ub, u16, AB, H, W->k_proj, kvd, 0.0f, K->k_pre);
+    be->rmsnorm(be, K->k_pre, W->k_norm, AB * nkv, d, eps, kb, K->rstd_k);
+    be->rope(be, kb, K->pos, AB, nkv, d, theta, 0);
+    linear(P, ub, u16, AB, H, W->v_proj, kvd, 0.0f, K->v + K->S * kvd);
+
+    ddk_attention_shape shape = { .S = K->S, .A = K->A, .B = B, .nh = nh, .nkv = nkv, .d = d,
+                                  .window = c->sliding[l] ? c->sliding_window : 0,
+                                  .bidirectional = v2 };
+    int rc = be->dflash_attention(be, &shape, qr, K->kr, K->v, K->anchors, K->keep, L->attn, L->lse);
+    if (rc)
+        return rc;
+    if (v2) {
+        linear(P, L->attn, NULL, AB, qd, W->o_proj, H, 0.0f, L->o);
+        conv_residual(be, c, h, L->o, W->attn_conv_base, L->da, AB, t->conved, L->h_mid);
+    } else {
+        be->copy(be, L->h_mid, h, (size_t)(AB * H) * sizeof(float));
+        linear(P, L->attn, NULL, AB, qd, W->o_proj, H, 1.0f, L->h_mid);
+    }
+
+    be->rmsnorm(be, L->h_mid, W->post_attention_layernorm, AB, H, eps, m, L->rstd_m);
+    const float *mb = m;   /* the MLP's input: m, or DFlash2's m' */
+    if (v2) {
+        conv_input(P, c, m, W->mlp_conv_proj, W->mlp_conv_base, AB, L->dm, t->conved);
+        mb = t->conved;
+    }
+    const uint16_t *m16 = stage(P, mb, AB * H, P->keep16);
+    if (L->gate16) {   /* made in fp32 in the free gradient scratch, kept rounded */
+        linear(P, mb, m16, AB, H, W->gate_proj, I, 0.0f, t->dgate);
+        linear(P, mb, m16, AB, H, W->up_proj, I, 0.0f, t->dup);
+        be->round_bf16(be, t->dgate, AB * I, L->gate16);
+        be->round_bf16(be, t->dup, AB * I, L->up16);
+    } else {
+        linear(P, mb, m16, AB, H, W->gate_proj, I, 0.0f, L->gate);
+        linear(P, mb, m16, AB, H, W->up_proj, I, 0.0f, L->up);
+    }
+    mlp_gate(be, L, AB * I, act);
+    if (v2) {
+        linear(P, act, NULL, AB, I, W->down_proj, H, 0.0f, L->mlp);
+        conv_residual(be, c, L->h_mid, L->mlp, W->mlp_conv_base, L->dm, AB, t->conved, h_out);
+    } else {
+        be->copy(be, h_out, L->h_mid, (size_t)(AB * H) * sizeof(float));
+        linear(P, act, NULL, AB, I, W->down_proj, H, 1.0f, h_out);
+    }
+    return 0;
+}
+
+/* the block inputs h (AB, H) = embed[tokens], fp32 or the head's bf16 as stored */
+static void block_inputs(const ddk_backend *be, const ddt_head *head, const int32_t *tokens, int64_t AB, int64_t H,
+                         float *h)
+{
+    if (head->bf16)
+        be->embedding_w16(be, head->embed, tokens, AB, H, h);
+    else
+        be->embedding(be, head->embed, tokens, AB, H, h);
+}
+
 static int forward_sequence(const ddk_backend *be, const products *P, const ddt_drafter_config *c,
                             const ddt_drafter_weights *w, const ddt_head *head, const ddt_batch *b,
                             int64_t s, seq_acts *q, const grad_scratch *t, float *hs)
 {
-    const int64_t H = c->hidden, nh = c->heads, nkv = c->kv_heads, d = c->head_dim,
-                  qd = nh * d, kvd = nkv * d, I = c->intermediate, S = b->S, A = b->A,
-                  B = c->block_size, AB = A * B, SAB = S + AB, LH = c->taps * H;
-    const float eps = c->rms_norm_eps, theta = c->rope_theta;
-    const int v2 = c->dflash2;
-    float *const u = t->normed, *const m = t->normed, *const act = t->dact,   /* scratch */
-                 *const qr = t->dq_pre, *const kr = t->dk_pre;
+    const int64_t H = c->hidden, nkv = c->kv_heads, kvd = nkv * c->head_dim, S = b->S, A = b->A,
+                  AB = A * c->block_size, LH = c->taps * H;
+    const float eps = c->rms_norm_eps;
 
     /* context: C = RMSNorm(X fc^T; hidden_norm) (S, H) */
     const float *X = b->features + s * S * LH;   /* (S, L_t*H) */
@@ -605,72 +711,16 @@ static int forward_sequence(const ddk_backend *be, const products *P, const ddt_
     be->rmsnorm(be, q->xf, w->hidden_norm, S, H, eps, q->ctx, q->rstd_ctx);
     const uint16_t *ctx16 = stage(P, q->ctx, S * H, P->dy16);   /* for every layer's K, V */
 
-    if (head->bf16)
-        be->embedding_w16(be, head->embed, q->tokens, AB, H, q->h[0]);
-    else
-        be->embedding(be, head->embed, q->tokens, AB, H, q->h[0]);
+    block_inputs(be, head, q->tokens, AB, H, q->h[0]);
     for (int64_t l = 0; l < c->layers; l++) {
-        const ddt_layer_weights *W = &w->layer[l];
         layer_acts *L = &q->layer[l];
-        const float *h = q->h[l];
-        be->rmsnorm(be, h, W->input_layernorm, AB, H, eps, u, L->rstd_u);
-        const float *ub = u;   /* the block rows' input to q, k, v: u, or DFlash2's u' */
-        if (v2) {
-            conv_input(P, c, u, W->attn_conv_proj, W->attn_conv_base, AB, L->da, t->conved);
-            ub = t->conved;
-        }
-        const uint16_t *u16 = stage(P, ub, AB * H, P->keep16);
-
-        /* Q for block rows; K, V over [C ; u] (the context gets no input_layernorm) */
-        linear(P, ub, u16, AB, H, W->q_proj, qd, 0.0f, L->q_pre);
-        be->rmsnorm(be, L->q_pre, W->q_norm, AB * nh, d, eps, qr, L->rstd_q);
-        be->rope(be, qr, q->pos + S, AB, nh, d, theta, 0);
-        linear(P, q->ctx, ctx16, S, H, W->k_proj, kvd, 0.0f, L->k_pre);
-        linear(P, ub, u16, AB, H, W->k_proj, kvd, 0.0f, L->k_pre + S * kvd);
-        be->rmsnorm(be, L->k_pre, W->k_norm, SAB * nkv, d, eps, kr, L->rstd_k);
-        be->rope(be, kr, q->pos, SAB, nkv, d, theta, 0);
-        linear(P, q->ctx, ctx16, S, H, W->v_proj, kvd, 0.0f, L->v);
-        linear(P, ub, u16, AB, H, W->v_proj, kvd, 0.0f, L->v + S * kvd);
-
-        ddk_attention_shape shape = { .S = S, .A = A, .B = B, .nh = nh, .nkv = nkv, .d = d,
-                                      .window = c->sliding[l] ? c->sliding_window : 0,
-                                      .bidirectional = v2 };
-        int rc = be->dflash_attention(be, &shape, qr, kr, L->v, q->anchors, q->keep, L->attn,
-                                      L->lse);
+        float *const kr = t->dk_pre;   /* (SAB, nkv*d) scratch: the keys as the attention reads them */
+        context_layer(P, c, &w->layer[l], q->ctx, ctx16, S, q->pos, L->k_pre, L->rstd_k, kr, L->v);
+        const block_keys K = { .S = S, .A = A, .anchors = q->anchors, .pos = q->pos + S, .keep = q->keep,
+                               .kr = kr, .v = L->v, .k_pre = L->k_pre + S * kvd, .rstd_k = L->rstd_k + S * nkv };
+        int rc = block_layer(P, c, &w->layer[l], l, L, t, &K, q->h[l], q->h[l + 1]);
         if (rc)
             return rc;
-        if (v2) {
-            linear(P, L->attn, NULL, AB, qd, W->o_proj, H, 0.0f, L->o);
-            conv_residual(be, c, h, L->o, W->attn_conv_base, L->da, AB, t->conved, L->h_mid);
-        } else {
-            be->copy(be, L->h_mid, h, (size_t)(AB * H) * sizeof(float));
-            linear(P, L->attn, NULL, AB, qd, W->o_proj, H, 1.0f, L->h_mid);
-        }
-
-        be->rmsnorm(be, L->h_mid, W->post_attention_layernorm, AB, H, eps, m, L->rstd_m);
-        const float *mb = m;   /* the MLP's input: m, or DFlash2's m' */
-        if (v2) {
-            conv_input(P, c, m, W->mlp_conv_proj, W->mlp_conv_base, AB, L->dm, t->conved);
-            mb = t->conved;
-        }
-        const uint16_t *m16 = stage(P, mb, AB * H, P->keep16);
-        if (L->gate16) {   /* made in fp32 in the free gradient scratch, kept rounded */
-            linear(P, mb, m16, AB, H, W->gate_proj, I, 0.0f, t->dgate);
-            linear(P, mb, m16, AB, H, W->up_proj, I, 0.0f, t->dup);
-            be->round_bf16(be, t->dgate, AB * I, L->gate16);
-            be->round_bf16(be, t->dup, AB * I, L->up16);
-        } else {
-            linear(P, mb, m16, AB, H, W->gate_proj, I, 0.0f, L->gate);
-            linear(P, mb, m16, AB, H, W->up_proj, I, 0.0f, L->up);
-        }
-        mlp_gate(be, L, AB * I, act);
-        if (v2) {
-            linear(P, act, NULL, AB, I, W->down_proj, H, 0.0f, L->mlp);
-            conv_residual(be, c, L->h_mid, L->mlp, W->mlp_conv_base, L->dm, AB, t->conved, q->h[l + 1]);
-        } else {
-            be->copy(be, q->h[l + 1], L->h_mid, (size_t)(AB * H) * sizeof(float));
-            linear(P, act, NULL, AB, I, W->down_proj, H, 1.0f, q->h[l + 1]);
-        }
     }
     be->rmsnorm(be, q->h[c->layers], w->norm, AB, H, eps, hs, q->hs_rstd);
     return 0;
@@ -907,6 +957,114 @@ int ddt_drafter_forward(const ddk_backend *be, const ddt_drafter_config *c,
     ddk_free(be->alloc, base, bytes);
     free(seqs);
     return rc;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Cached drafting (drafter_cache.c keeps the cache): context rows appended once, then blocks
+ * over them. The workspace: one block's arena (a batch of one block after S = 0 context rows:
+ * its index arrays first, as a step's), then the appended rows' positions and context.
+ */
+
+typedef struct append_work {
+    int32_t *pos;                 /* (n) */
+    float *xf, *ctx, *rstd_ctx;   /* (n, H), (n, H), (n) */
+    float *k_pre, *rstd_k;        /* (n, nkv*d), (n*nkv) */
+} append_work;
+
+static void carve_append(arena *a, const ddt_drafter_config *c, int64_t n, append_work *x)
+{
+    const int64_t H = c->hidden, kvd = c->kv_heads * c->head_dim;
+    x->pos = TAKE(a, int32_t, n);
+    x->xf = TAKE(a, float, n * H);
+    x->ctx = TAKE(a, float, n * H);
+    x->rstd_ctx = TAKE(a, float, n);
+    x->k_pre = TAKE(a, float, n * kvd);
+    x->rstd_k = TAKE(a, float, n * c->kv_heads);
+}
+
+static const ddt_batch one_block = { .nseq = 1, .S = 0, .A = 1 };
+
+static size_t block_arena_bytes(const ddt_drafter_config *c)
+{
+    seq_acts q;
+    return arena_bytes(c, &one_block, 0, 0, 0, &q);
+}
+
+size_t ddt_drafter_block_work_bytes(const ddt_drafter_config *c, int64_t rows)
+{
+    append_work x;
+    arena sizing = { NULL, block_arena_bytes(c) };
+    carve_append(&sizing, c, rows, &x);
+    return sizing.used;
+}
+
+int ddt_drafter_context_append(const ddk_backend *be, const ddt_drafter_config *c, const ddt_drafter_weights *w,
+                               const float *X, int64_t n, int64_t pos0, float *const *k, float *const *v, void *work)
+{
+    const int64_t H = c->hidden, kvd = c->kv_heads * c->head_dim, LH = c->taps * H;
+    append_work x;
+    arena a = { work, block_arena_bytes(c) };
+    carve_append(&a, c, n, &x);
+    int32_t *pos = malloc((size_t)n * sizeof *pos);
+    if (!pos)
+        return -ENOMEM;
+    for (int64_t t = 0; t < n; t++)
+        pos[t] = (int32_t)(pos0 + t);
+    be->copy(be, x.pos, pos, (size_t)n * sizeof *pos);
+    be->synchronize(be);   /* the host positions are read by then */
+    free(pos);
+    const products P = { .be = be, .mul = be->matmul };   /* fp32, as ddt_drafter_forward */
+    linear(&P, X, NULL, n, LH, w->fc, H, 0.0f, x.xf);
+    be->rmsnorm(be, x.xf, w->hidden_norm, n, H, c->rms_norm_eps, x.ctx, x.rstd_ctx);
+    for (int64_t l = 0; l < c->layers; l++)
+        context_layer(&P, c, &w->layer[l], x.ctx, NULL, n, x.pos, x.k_pre, x.rstd_k, k[l] + pos0 * kvd,
+                      v[l] + pos0 * kvd);
+    return 0;
+}
+
+int ddt_drafter_block_forward(const ddk_backend *be, const ddt_drafter_config *c, const ddt_drafter_weights *w,
+                              const ddt_head *head, int32_t token, int64_t S, float *const *k, float *const *v,
+                              void *work, float *hs)
+{
+    const int64_t H = c->hidden, B = c->block_size;
+    seq_acts q = { 0 };   /* what the carve does not set stays NULL (a bf16 step's gate16) */
+    step_memory m = { .seq = &q };
+    char *const base = work;
+    arena block = { base, 0 };
+    carve(&block, c, &one_block, 0, 0, 0, &m);
+
+    /* the index arrays, formed on the host in the arena's layout, one copy in */
+    seq_acts hq;
+    step_memory hm = { .seq = &hq };
+    arena sizing = { NULL, 0 };
+    carve_index(&sizing, c, &one_block, &hm);
+    char *host = calloc(1, sizing.used);
+    if (!host)
+        return -ENOMEM;
+    arena h = { host, 0 };
+    carve_index(&h, c, &one_block, &hm);
+    hq.anchors[0] = (int32_t)S;
+    hq.keep[0] = 1;
+    for (int64_t o = 0; o < B; o++) {
+        hq.tokens[o] = o == 0 ? token : c->mask_token_id;
+        hq.pos[o] = (int32_t)(S + o);
+    }
+    be->copy(be, base, host, sizing.used);
+    be->synchronize(be);
+    free(host);
+
+    const products P = { .be = be, .mul = be->matmul };
+    block_inputs(be, head, q.tokens, B, H, q.h[0]);
+    for (int64_t l = 0; l < c->layers; l++) {
+        layer_acts *L = &q.layer[l];
+        const block_keys K = { .S = S, .A = 1, .anchors = q.anchors, .pos = q.pos, .keep = q.keep,
+                               .kr = k[l], .v = v[l], .k_pre = L->k_pre, .rstd_k = L->rstd_k };
+        int rc = block_layer(&P, c, &w->layer[l], l, L, &m.g, &K, q.h[l], q.h[l + 1]);
+        if (rc)
+            return rc;
+    }
+    be->rmsnorm(be, q.h[c->layers], w->norm, B, H, c->rms_norm_eps, hs, q.hs_rstd);
+    return 0;
 }
 
 int ddt_drafter_step(const ddk_backend *be, const ddt_drafter_config *c,

@@ -180,6 +180,25 @@ int ddt_drafter_forward(const ddk_backend *be, const ddt_drafter_config *c,
                         const ddt_drafter_weights *w, const ddt_head *head, const ddt_batch *b,
                         float *hs);
 
+/* Cached drafting (SPEC.md 7; drafter_cache.h keeps the cache): the context's part of the
+ * forward, which depends on the context rows only, made once a row, and one block over it.
+ * k[l], v[l] (n layers): a layer's keys (normed and rotated, as the attention reads them) and
+ * values (rows, nkv*d) in the backend's memory, context row t at row t; work: the backend's
+ * memory of ddt_drafter_block_work_bytes(c, rows) for appends of up to `rows` rows.
+ * fp32 products, as ddt_drafter_forward. */
+size_t ddt_drafter_block_work_bytes(const ddt_drafter_config *c, int64_t rows);
+/* context rows pos0 .. pos0+n-1 from their features X (n, L_t*H): C = RMSNorm(X fc^T;
+ * hidden_norm), then each layer's K and V into rows pos0.. of k[l], v[l]. 0 or -ENOMEM. */
+int ddt_drafter_context_append(const ddk_backend *be, const ddt_drafter_config *c, const ddt_drafter_weights *w,
+                               const float *X, int64_t n, int64_t pos0, float *const *k, float *const *v, void *work);
+/* hs (B, H) of one block after S context rows (those of k, v): slot 0 = token at position S,
+ * slots 1..B-1 mask_token_id; the block's own K, V are written at rows S .. S+B-1 of k[l], v[l].
+ * The same hidden states as ddt_drafter_forward on a batch of that one block (its per-layer code),
+ * up to the order of the context products' sums. 0 or the attention's error. */
+int ddt_drafter_block_forward(const ddk_backend *be, const ddt_drafter_config *c, const ddt_drafter_weights *w,
+                              const ddt_head *head, int32_t token, int64_t S, float *const *k, float *const *v,
+                              void *work, float *hs);
+
 /* Bytes of activations one step allocates for nseq sequences of S tokens and A anchors
  * (the loss's and attention's workspaces come on top): the planner's figure. bf16: the step's
  * products take bf16 operands (loss.bf16_products or a bf16 head), so it keeps the MLP's gate

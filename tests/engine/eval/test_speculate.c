@@ -13,6 +13,10 @@
  * - DFlash2 (SPEC.md 2.1): drafters with random selectors (Bs nonzero) lossless, chain and
  *   trees, and drafting otherwise than the DFlash drafter of their backbone; with Bs = 0 (a
  *   fresh one) drafting as it: the same calls, chain and trees with K = V, the chain with K < V;
+ * - the drafter's context cache (drafter_cache.h): decoding with it and without it (the whole
+ *   context's forward every call) gives the same tokens and calls, prompt by prompt, chain and
+ *   trees, DFlash and DFlash2 drafters, with and without a sliding layer (not the same bits: the
+ *   context products run over fewer rows, which a BLAS may sum in another order);
  * - faithful: the chain's calls are exactly the walk of the teacher-forced chain lengths (SPEC.md
  *   6) over the greedy sequence it generated (a call at p yields tau(p) tokens), a DFlash2
  *   drafter's along its selector's teacher-forced picks;
@@ -434,6 +438,83 @@ static void test_dflash2_fresh_drafts_as_dflash(void)
 }
 
 /* ------------------------------------------------------------------------------------------
+ * The drafter's context cache: drafting over the cached context K/V gives the drafts of the
+ * whole context's forward. The context products then run over fewer rows (the new ones), which
+ * a BLAS may sum in another order, so the hidden states may differ in their last bits: the
+ * tokens and the calls are compared, not the bits.
+ */
+
+/* prompts decoded with the cache and without it (params.uncached): the same tokens and the same
+ * calls, chain and every tree, prompt by prompt; *accepting += the runs where a call accepted a
+ * draft (a run that never does would compare little) */
+static void cache_agrees(const char *what, const ddt_target_model *m, const ddt_drafter_config dc, int64_t *accepting)
+{
+    ddt_drafter_weights w;
+    float *base = drafter_weights(&dc, 23, 30.0f, &w);
+    if (dc.dflash2)
+        random_successors(&dc, &w, 41, 3.0f);
+    ddt_speculate_params p = { .gen_len = 30, .n_budgets = SPEC_BUDGETS, .budgets = { 3, 5, 16 }, .stop = -1 };
+    char err[512];
+    ddt_speculator *s;
+    check(ddt_speculator_open(&s, ddk_backend_cpu(), m, &dc, 16, 30, 16, err, sizeof err) == 0, "%s: open: %s", what,
+          err);
+    uint64_t seed = 5;
+    for (int i = 0; i < PROMPTS && s; i++) {
+        int32_t prompt[16];
+        const int64_t P = 1 + (int64_t)(rng_next(&seed) % 16);
+        for (int64_t j = 0; j < P; j++)
+            prompt[j] = (int32_t)(rng_next(&seed) % (uint64_t)(m->vocab - 1));
+        ddt_speculate_prompt_result r[2];   /* cached, uncached */
+        for (int u = 0; u < 2; u++) {
+            p.uncached = u;
+            check(ddt_speculate_prompt(s, &w, &p, prompt, P, &r[u], err, sizeof err) == 0 && r[u].equal,
+                  "%s: prompt %d (%s): %s", what, i, u ? "uncached" : "cached", err);
+            /* the runs' tokens live in the speculator until its next prompt: keep the cached ones */
+            if (u == 0) {
+                static int32_t kept[1 + SPEC_BUDGETS][30];
+                for (int b = -1; b < SPEC_BUDGETS; b++) {
+                    ddt_speculate_run *x = b < 0 ? &r[0].chain : &r[0].tree[b];
+                    memcpy(kept[1 + b], x->tokens, (size_t)x->n * sizeof(int32_t));
+                    x->tokens = kept[1 + b];
+                }
+            }
+        }
+        for (int b = -1; b < SPEC_BUDGETS; b++) {
+            const ddt_speculate_run *x = b < 0 ? &r[0].chain : &r[0].tree[b], *y = b < 0 ? &r[1].chain : &r[1].tree[b];
+            check(x->n == y->n && x->calls == y->calls && !memcmp(x->tokens, y->tokens, (size_t)x->n * sizeof(int32_t)),
+                  "%s: prompt %d, %s%lld: cached %lld tokens in %lld calls, uncached %lld in %lld (or other tokens)",
+                  what, i, b < 0 ? "chain" : "tree ", b < 0 ? 0LL : (long long)p.budgets[b], (long long)x->n,
+                  (long long)x->calls, (long long)y->n, (long long)y->calls);
+            *accepting += x->calls < x->n - 1;
+        }
+    }
+    ddt_speculator_close(s);
+    free(base);
+}
+
+/* DFlash and DFlash2 drafters (one of each with a sliding layer: the window over the cache) */
+static void cache_dense(const char *name, const ddt_target_model *m)
+{
+    int64_t accepting = 0;
+    char what[64];
+    for (int v2 = 0; v2 < 2; v2++)
+        for (int sliding = 0; sliding < 2; sliding++) {
+            ddt_drafter_config dc = v2 ? dflash2_for(m, 2, 6, 8) : drafter_for(m, 2, 6);
+            dc.sliding[1] = sliding;
+            dc.sliding_window = sliding ? 7 : 0;
+            snprintf(what, sizeof what, "%s %s%s", name, v2 ? "dflash2" : "dflash", sliding ? " sliding" : "");
+            cache_agrees(what, m, dc, &accepting);
+        }
+    check(accepting > 0, "%s: no run accepted a draft: pick a sharper drafter", name);
+    printf("  %s: %lld of %d runs accepted a draft\n", name, (long long)accepting, 4 * PROMPTS * (1 + SPEC_BUDGETS));
+}
+
+static void test_cache_agrees(void)
+{
+    for_each_dense(cache_dense);
+}
+
+/* ------------------------------------------------------------------------------------------
  * Faithfulness: the chain's calls are the walk of teacher-forced chain lengths
  */
 
@@ -614,6 +695,7 @@ int main(void)
         { "lossless: a DFlash2 drafter's selector chain and lattice trees == greedy", test_lossless_dflash2 },
         { "DFlash2 with Bs = 0 drafts as DFlash (K = V: trees too); random Bs re-rank",
           test_dflash2_fresh_drafts_as_dflash },
+        { "the drafter's context cache drafts as the whole context's forward (tokens, calls)", test_cache_agrees },
         { "faithful: chain calls == the walk of teacher-forced chain lengths", test_faithful },
         { "bad input refused", test_bad_input },
     };
