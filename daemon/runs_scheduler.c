@@ -410,9 +410,13 @@ int ddt_runs_open(const char *state_dir, const char *db_path, ddt_store *store, 
             ddt_log(DDT_LOG_WARNING, "run=%s its config does not parse: %s", u->id, why);
         }
         /* the daemon stopped (or died) under these, or while a fault held them: they resume from
-         * their checkpoints */
-        if (u->state == DDT_RUN_RUNNING || u->state == DDT_RUN_PAUSING ||
-            (u->state == DDT_RUN_PAUSED && !strncmp(u->error, DDT_HOLD_PREFIX, strlen(DDT_HOLD_PREFIX))))
+         * their checkpoints; one it died under while pausing was paused by the user (the pause was
+         * committed before POST /pause answered, its boundary's checkpoint and PAUSED were not, though
+         * GET may have shown them): it stays paused, to resume from its newest checkpoint */
+        if (u->state == DDT_RUN_PAUSING)
+            ddt_runs_set_state(r, u, DDT_RUN_PAUSED, "");
+        else if (u->state == DDT_RUN_RUNNING ||
+                 (u->state == DDT_RUN_PAUSED && !strncmp(u->error, DDT_HOLD_PREFIX, strlen(DDT_HOLD_PREFIX))))
             ddt_runs_set_state(r, u, DDT_RUN_INTERRUPTED, "");
     }
     ddt_store_free_runs(rows, count);

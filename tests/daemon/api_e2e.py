@@ -1141,7 +1141,8 @@ def case_store_locked(t, env):
 
 def case_held_restart(t, env):
     """a run a fault held ("paused", error "held: ...") when the daemon died is resumed at the next
-    start, as a run it stopped under; a run the user paused stays paused"""
+    start, as a run it stopped under; a run the user paused stays paused, also when the daemon died
+    before its pause reached the boundary ("pausing" in the database)"""
     d = Daemon(env, t, config={"max_parallel_runs": 2}).start()
     held, mine = d.submit(run_config(LONG)), d.submit(run_config(LONG, name="mine"))
     for rid in (held, mine):
@@ -1152,6 +1153,9 @@ def case_held_restart(t, env):
     # what a hold leaves in the row (its worker wrote it, then the daemon died): the fixture
     con = sqlite3.connect(d.db)
     con.execute("UPDATE runs SET error = 'held: the checkpoint at step 6 failed: no space' WHERE id = ?", (held,))
+    # the user's pause committed, its boundary (checkpoint, PAUSED) not yet when the daemon died:
+    # GET had shown "paused" already (the state is set, then committed outside the lock)
+    con.execute("UPDATE runs SET state = 'pausing' WHERE id = ?", (mine,))
     con.commit()
     con.close()
     d2 = Daemon(env, t, state_dir=d.state_dir, socket_path=d.socket, config={"max_parallel_runs": 2}).start()

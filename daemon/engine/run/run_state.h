@@ -30,7 +30,9 @@
  *         |                                |              a checkpoint first
  *         +--------------------------------+
  *            shutdown (SIGTERM: a checkpoint first), crash recovery (found at start-up
- *            by the daemon or `ddtreed train --resume`); the same from RUNNING
+ *            by the daemon or `ddtreed train --resume`); the same from RUNNING; but a
+ *            PAUSING run the daemon finds at start-up becomes PAUSED (the user's pause
+ *            stands, the boundary's checkpoint never came: it resumes from its newest)
  *
  *   and PAUSED -> INTERRUPTED: a shutdown of a run that a fault paused (ddt_trainer_ready: the
  *   store cannot write, a checkpoint owed), which the next start resumes by itself;
