@@ -744,6 +744,29 @@ static int check_speculative(const parse_ctx *p)
     return 0;
 }
 
+/* DFlash2's own fields in a DFlash run config are refused, naming the first: a forgotten
+ * drafter.architecture would otherwise train a DFlash drafter without a word */
+static int check_dflash2_fields(const parse_ctx *p, const cJSON *root)
+{
+    static const char *const paths[][2] = {
+        { "drafter", "conv_kernel_size" }, { "drafter", "conv_group_size" }, { "drafter", "selector_rank" },
+        { "drafter", "selector_top_k" }, { "train", "selector_weight" }, { "train", "selector_candidates" },
+        { "train", "selector_stop_gradient" }, { "train", "selector_warmup" }, { "train", "selector_ramp" },
+    };
+    if (p->c->drafter.dflash2)
+        return 0;
+    for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++) {
+        const cJSON *section = cJSON_GetObjectItemCaseSensitive(root, paths[i][0]);
+        if (cJSON_IsObject(section) && cJSON_GetObjectItemCaseSensitive(section, paths[i][1])) {
+            char path[64];
+            snprintf(path, sizeof path, "%s.%s", paths[i][0], paths[i][1]);
+            return fail(p, path, "is a DFlash2 setting (SPEC.md 2.1): %s",
+                        "set drafter.architecture to \"dflash2\", or leave it out for a DFlash drafter");
+        }
+    }
+    return 0;
+}
+
 /* Relations between fields, after parsing. */
 static int check_relations(const parse_ctx *p)
 {
@@ -854,6 +877,8 @@ int ddt_run_config_parse(const char *json, size_t len, ddt_run_config *c, char *
     } else {
         rc = parse_object(&p, root, "");
     }
+    if (rc == 0)
+        rc = check_dflash2_fields(&p, root);
     if (rc == 0)
         rc = check_relations(&p);
     cJSON_Delete(root);

@@ -429,6 +429,11 @@ static void test_config_errors(void)
         { "{\"train\": {\"precision\": \"fp16\"}}", "train.precision" },
         { "{\"train\": {\"precision\": \"BF16\"}}", "train.precision" },
         { "{\"train\": {\"precision\": 16}}", "train.precision" },
+        /* DFlash2's fields without drafter.architecture "dflash2" */
+        { "{\"drafter\": {\"selector_rank\": 64}}", "drafter.selector_rank" },
+        { "{\"drafter\": {\"architecture\": \"dflash\"}, \"train\": {\"selector_weight\": 0.5}}", "train.selector_weight" },
+        { "{\"drafter\": {\"architecture\": \"dflash2\", \"conv_kernel_size\": 9}}", "drafter.conv_kernel_size" },
+        { "{\"drafter\": {\"architecture\": \"dflash3\"}}", "drafter.architecture" },
         /* devices */
         { "{\"devices\": 65}", "devices" },
         { "{\"devices\": \"gpu\"}", "devices" },
