@@ -12,7 +12,7 @@
  * ranks' does over the vocabulary (acceptance.c), so that with Bs = 0 and K = V the lattice tree
  * is the unary tree bit for bit.
  * Memory per block: the view, O(B K r) floats on the device and the host (no (B, V) copy: the
- * host top-K, without topk_rows, reads z a row at a time); a tree's child lists O(min(N, L) K).
+ * backend's topk_rows picks the candidates where z is); a tree's child lists O(min(N, L) K).
  * Work per block: (B-1) K r multiply-adds for the picks or the chain, min(N, L) K r for a tree
  * (B = 16, K = 16, r = 256, N = 1024: under 1e6, where the unary ranks take an exp per logit).
  */
@@ -219,7 +219,6 @@ struct ddt_selector {
     /* host memory, one allocation: the view's arrays, row 0 included */
     int32_t *cand, *pred_tokens;   /* (B, K), (B-1) */
     float *z, *q, *succ, *cand_pred, *pred;
-    float *row;              /* (V) a row of z for the host top-K (without topk_rows) */
     void *host_block;
     ddt_selector_view view;
 };
@@ -253,7 +252,7 @@ int ddt_selector_open(ddt_selector **out, const ddk_backend *be, const ddt_draft
     *s = (ddt_selector){ .be = be, .B = B, .K = K, .r = r, .H = dc->hidden, .V = V };
     s->dev_bytes = (size_t)ddt_selector_workspace_bytes(dc);
     s->dev_block = ddk_malloc(be->alloc, s->dev_bytes);
-    const size_t host_floats = (size_t)(2 * B * K + (B - 1) + B * r + 2 * B * K * r + B * r + V);
+    const size_t host_floats = (size_t)(2 * B * K + (B - 1) + B * r + 2 * B * K * r + B * r);
     s->host_block = malloc(host_floats * sizeof(float));
     if (!s->dev_block || !s->host_block) {
         ddt_selector_close(s);
@@ -274,7 +273,6 @@ int ddt_selector_open(ddt_selector **out, const ddk_backend *be, const ddt_draft
     s->succ = s->q + B * r;
     s->cand_pred = s->succ + B * K * r;
     s->pred = s->cand_pred + B * K * r;
-    s->row = s->pred + B * r;
     memset(s->host_block, 0, host_floats * sizeof(float));   /* row 0 of every array, pred's unnamed rows */
     s->view = (ddt_selector_view){ B, K, r, s->cand, s->z, s->q, s->succ, s->cand_pred, s->pred };
     *out = s;
@@ -291,32 +289,6 @@ void ddt_selector_close(ddt_selector *s)
     free(s);
 }
 
-/* x ranks before y in a top-K: a larger number, NaN after every number (topk_rows' order) */
-static int topk_before(float x, float y)
-{
-    return x == x && (y != y || x > y);
-}
-
-/* ids, vals (K): the top K of row (V) as topk_rows has them: descending, NaNs after every
- * number, ties to the lower id (scanned in id order, an equal value never passes another) */
-static void host_topk(const float *row, int64_t V, int64_t K, int32_t *ids, float *vals)
-{
-    int64_t n = 0;
-    for (int64_t v = 0; v < V; v++) {
-        const float x = row[v];
-        if (n == K && !topk_before(x, vals[K - 1]))
-            continue;
-        int64_t at = n < K ? n++ : K - 1;
-        while (at > 0 && topk_before(x, vals[at - 1])) {
-            vals[at] = vals[at - 1];
-            ids[at] = ids[at - 1];
-            at--;
-        }
-        vals[at] = x;
-        ids[at] = (int32_t)v;
-    }
-}
-
 const ddt_selector_view *ddt_selector_fill(ddt_selector *s, const ddt_drafter_weights *w, const float *hs,
                                            const float *z, const int32_t *pred)
 {
@@ -328,18 +300,9 @@ const ddt_selector_view *ddt_selector_fill(ddt_selector *s, const ddt_drafter_we
             ddk_fatal(__FILE__, __LINE__, "the predecessor of slot %lld is %d: the anchor's token is needed, every "
                       "one in [0, %lld)", (long long)k, (int)pred[k], (long long)V);
     /* the candidates of slots 1 .. B-1 and their logits */
-    if (be->topk_rows) {
-        be->topk_rows(be, z + V, S1, V, K, s->dev_cand, s->dev_z);
-        be->copy(be, s->cand + K, s->dev_cand, (size_t)(S1 * K) * sizeof(int32_t));
-        be->copy(be, s->z + K, s->dev_z, (size_t)(S1 * K) * F);
-    } else {
-        for (int64_t k = 1; k < B; k++) {
-            be->copy(be, s->row, z + k * V, (size_t)V * F);
-            be->synchronize(be);
-            host_topk(s->row, V, K, s->cand + k * K, s->z + k * K);
-        }
-        be->copy(be, s->dev_cand, s->cand + K, (size_t)(S1 * K) * sizeof(int32_t));
-    }
+    be->topk_rows(be, z + V, S1, V, K, s->dev_cand, s->dev_z);
+    be->copy(be, s->cand + K, s->dev_cand, (size_t)(S1 * K) * sizeof(int32_t));
+    be->copy(be, s->z + K, s->dev_z, (size_t)(S1 * K) * F);
     for (int64_t k = 1; k < B; k++)   /* unnamed teacher-forced predecessors: gathered as the anchor's */
         s->pred_tokens[k - 1] = pred[k] >= 0 ? pred[k] : pred[1];
     be->copy(be, s->dev_pred_tokens, s->pred_tokens, (size_t)S1 * sizeof(int32_t));

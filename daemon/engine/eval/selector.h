@@ -7,8 +7,7 @@
  * teacher-forced picks, its greedy chain draft and its lattice tree draft, with
  *   S_k(p -> c) = z_k[c] + sum_r A[p, r] q_k[r] Bs[c, r]      for c in cand_k.
  * Tested by tests/engine/eval/test_acceptance.c (hand-made views with known answers, a
- * brute-force lattice, views filled on the CPU backend with and without its topk_rows against
- * the host's arithmetic) and tests/engine/eval/test_speculate.c (DFlash2 drafters decoding).
+ * brute-force lattice, a view filled on the CPU backend against the host's arithmetic) and tests/engine/eval/test_speculate.c (DFlash2 drafters decoding).
  *
  * Legend: B slots (slot 0 the anchor's), K candidates per slot (selector_top_k), r the
  * selector's rank (selector_rank), H hidden, V vocabulary.
@@ -77,8 +76,7 @@ void ddt_selector_close(ddt_selector *s);
  * states and z (B, V) its unary logits, both in be's memory; w the drafter's weights (A, Bs, Hp
  * in be's memory); pred (B, host): pred[1] the anchor's token, pred[k] (k >= 2) slot k's
  * teacher-forced predecessor or < 0 for none; tokens in [0, V). z's top-K is the backend's
- * topk_rows where it has one, else found on the host a row at a time in topk_rows' order
- * (descending, NaNs after every number, ties to the lower id). */
+ * topk_rows (descending, NaNs after every number, ties to the lower id). */
 const ddt_selector_view *ddt_selector_fill(ddt_selector *s, const ddt_drafter_weights *w, const float *hs,
                                            const float *z, const int32_t *pred);
 

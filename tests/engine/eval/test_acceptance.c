@@ -932,20 +932,8 @@ static void test_lattice_matches_brute_force(void)
     check(bad == 0 && trees > 1000, "%lld of %lld lattices differ", (long long)bad, (long long)trees);
 }
 
-/* the stand-in for a backend's topk_rows (the CPU backend's own may not be there): the host's */
-static void topk_stand_in(const ddk_backend *be, const float *x, int64_t rows, int64_t n, int64_t k, int32_t *idx,
-                          float *val)
-{
-    (void)be;
-    for (int64_t i = 0; i < rows; i++) {
-        ref_topk(x + i * n, n, k, idx + i * k);
-        for (int64_t j = 0; val && j < k; j++)
-            val[i * k + j] = x[i * n + idx[i * k + j]];
-    }
-}
-
-/* a view filled on the CPU backend (with its topk_rows, without one, with a stand-in) against
- * the host's arithmetic: the top-K with its ties, q = Hp hs, the gathered rows */
+/* a view filled on the CPU backend against the host's arithmetic: the top-K with its ties,
+ * q = Hp hs, the gathered rows */
 static void test_selector_fill(void)
 {
     enum { B = 5, K = 3, R = 4, H = 6, V = 11 };
@@ -963,46 +951,38 @@ static void test_selector_fill(void)
     random_logits(Hp, R * H, 0, &rng);
     ddt_drafter_weights w = { .sel_pred = A, .sel_succ = Bs, .sel_hidden = Hp };
     const int32_t pred[B] = { -1, 7, 3, -1, 10 };
-    ddk_backend variants[3] = { *ddk_backend_cpu(), *ddk_backend_cpu(), *ddk_backend_cpu() };
-    variants[1].topk_rows = NULL;
-    variants[2].topk_rows = topk_stand_in;
-    const char *names[3] = { "cpu", "host top-K", "topk_rows stand-in" };
-    for (int b = 0; b < 3; b++) {
-        char err[256];
-        ddt_selector *s;
-        if (ddt_selector_open(&s, &variants[b], &dc, err, sizeof err)) {
-            check(0, "%s: open: %s", names[b], err);
-            continue;
-        }
-        const ddt_selector_view *v = ddt_selector_fill(s, &w, hs, z, pred);
-        int ok = v->B == B && v->K == K && v->r == R;
-        double q_err = 0;
-        for (int64_t k = 1; k < B; k++) {
-            int32_t ids[K];
-            ref_topk(z + k * V, V, K, ids);
-            for (int64_t i = 0; i < K; i++) {
-                const int32_t c = ids[i];
-                const float got = v->z[k * K + i], want = z[k * V + c];
-                ok = ok && v->cand[k * K + i] == c && (got == want || (got != got && want != want)) &&
-                     !memcmp(v->succ + (k * K + i) * R, Bs + c * R, R * sizeof(float)) &&
-                     (k == B - 1 || !memcmp(v->cand_pred + (k * K + i) * R, A + c * R, R * sizeof(float)));
-            }
-            for (int64_t j = 0; j < R; j++) {
-                double want = 0;
-                for (int64_t c = 0; c < H; c++)
-                    want += (double)Hp[j * H + c] * hs[k * H + c];
-                q_err = fmax(q_err, fabs(v->q[k * R + j] - want));
-                ok = ok && v->pred[k * R + j] == (pred[k] < 0 ? 0.0f : A[pred[k] * R + j]);
-            }
-        }
-        check(ok, "%s: the view's candidates, logits or gathered rows differ from the host's", names[b]);
-        check(v->cand[3 * K + 2] == V - 3, "%s: slot 3's third candidate %d, want the -inf (%d), not a NaN",
-              names[b], v->cand[3 * K + 2], V - 3);
-        check(q_err < 1e-5, "%s: q off by %.3g", names[b], q_err);   /* fp32 sums of 6 products */
-        ddt_selector_close(s);
-    }
     char err[256];
     ddt_selector *s;
+    if (ddt_selector_open(&s, ddk_backend_cpu(), &dc, err, sizeof err)) {
+        check(0, "open: %s", err);
+        return;
+    }
+    const ddt_selector_view *v = ddt_selector_fill(s, &w, hs, z, pred);
+    int ok = v->B == B && v->K == K && v->r == R;
+    double q_err = 0;
+    for (int64_t k = 1; k < B; k++) {
+        int32_t ids[K];
+        ref_topk(z + k * V, V, K, ids);
+        for (int64_t i = 0; i < K; i++) {
+            const int32_t c = ids[i];
+            const float got = v->z[k * K + i], want = z[k * V + c];
+            ok = ok && v->cand[k * K + i] == c && (got == want || (got != got && want != want)) &&
+                 !memcmp(v->succ + (k * K + i) * R, Bs + c * R, R * sizeof(float)) &&
+                 (k == B - 1 || !memcmp(v->cand_pred + (k * K + i) * R, A + c * R, R * sizeof(float)));
+        }
+        for (int64_t j = 0; j < R; j++) {
+            double want = 0;
+            for (int64_t c = 0; c < H; c++)
+                want += (double)Hp[j * H + c] * hs[k * H + c];
+            q_err = fmax(q_err, fabs(v->q[k * R + j] - want));
+            ok = ok && v->pred[k * R + j] == (pred[k] < 0 ? 0.0f : A[pred[k] * R + j]);
+        }
+    }
+    check(ok, "the view's candidates, logits or gathered rows differ from the host's");
+    check(v->cand[3 * K + 2] == V - 3, "slot 3's third candidate %d, want the -inf (%d), not a NaN",
+          v->cand[3 * K + 2], V - 3);
+    check(q_err < 1e-5, "q off by %.3g", q_err);   /* fp32 sums of 6 products */
+    ddt_selector_close(s);
     dc.dflash2 = 0;
     check(ddt_selector_open(&s, ddk_backend_cpu(), &dc, err, sizeof err) == -EINVAL && strstr(err, "dflash2"),
           "a DFlash drafter's selector opened: %s", err);
@@ -1029,7 +1009,7 @@ int main(void)
         { "selector: a label outside the top-K ends chain and lattice walk", test_selector_label_outside },
         { "selector with Bs = 0: the unary figures (K = V: the unary tree too)", test_selector_fresh_is_unary },
         { "lattice tree = brute-force best-first lattice", test_lattice_matches_brute_force },
-        { "selector view filled on the CPU backend = the host's (with and without topk_rows)", test_selector_fill },
+        { "selector view filled on the CPU backend = the host's", test_selector_fill },
     };
     run_cases(cases, sizeof cases / sizeof cases[0]);
     return cases_summary();
