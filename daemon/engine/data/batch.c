@@ -13,6 +13,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* ------------------------------------------------------------------------------------------
  * Anchors
@@ -36,45 +37,102 @@ static int position_compare(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* partial Fisher-Yates: afterwards items[0..k) is a uniform draw without replacement of k of
+ * the n items, in random order (k <= n) */
+static void draw(int32_t *items, int64_t n, int64_t k, uint64_t *rng)
+{
+    for (int64_t i = 0; i < k; i++) {
+        int64_t j = i + (int64_t)uniform_below(rng, (uint64_t)(n - i));
+        int32_t chosen = items[j];
+        items[j] = items[i];
+        items[i] = chosen;
+    }
+}
+
+/* chosen (kept) into anchors (A) and keep (A): sorted, the padding after it */
+static int64_t place(int32_t *chosen, int64_t kept, int64_t A, int32_t *anchors, uint8_t *keep)
+{
+    if (kept > 0)
+        qsort(chosen, (size_t)kept, sizeof(*chosen), position_compare);
+    for (int64_t j = 0; j < kept; j++) {
+        anchors[j] = chosen[j];
+        keep[j] = 1;
+    }
+    int32_t padding = kept > 0 ? chosen[kept - 1] : 0;   /* rows stay sorted */
+    for (int64_t j = kept; j < A; j++) {
+        anchors[j] = padding;
+        keep[j] = 0;
+    }
+    return kept;
+}
+
+/* (n) positions p with m[p] = m[p+1] = 1, ascending, into a malloc'd array (S - 1 entries) */
+static int32_t *candidates_of(const uint8_t *loss_mask, int64_t S, int64_t *n)
+{
+    *n = 0;
+    int32_t *c = malloc((size_t)(S > 1 ? S - 1 : 1) * sizeof(*c));
+    if (!c)
+        ddk_fatal(__FILE__, __LINE__, "out of memory for %lld anchor candidates", (long long)(S - 1));
+    for (int64_t p = 0; p + 1 < S; p++)
+        if (loss_mask[p] && loss_mask[p + 1])
+            c[(*n)++] = (int32_t)p;
+    return c;
+}
+
 int64_t ddt_sample_anchors(const uint8_t *loss_mask, int64_t S, int64_t A, uint64_t seed,
                            int32_t *anchors, uint8_t *keep)
 {
     if (A <= 0)
         return 0;
-    int64_t n = 0;
-    int32_t *candidates = NULL;   /* (n) positions p with m[p] = m[p+1] = 1, ascending */
-    if (S >= 2) {
-        candidates = malloc((size_t)(S - 1) * sizeof(*candidates));
-        if (!candidates) {
-            ddk_fatal(__FILE__, __LINE__, "out of memory for %lld anchor candidates", (long long)(S - 1));
-        }
-        for (int64_t p = 0; p + 1 < S; p++)
-            if (loss_mask[p] && loss_mask[p + 1])
-                candidates[n++] = (int32_t)p;
-    }
-
-    /* partial Fisher-Yates: after step i, candidates[0..i] is a uniform draw without
-     * replacement of i + 1 of the n, in random order; sorting it gives the rows' order */
+    int64_t n;
+    int32_t *candidates = candidates_of(loss_mask, S, &n);
     int64_t kept = n < A ? n : A;
     uint64_t rng = seed;
-    for (int64_t i = 0; i < kept; i++) {
-        int64_t j = i + (int64_t)uniform_below(&rng, (uint64_t)(n - i));
-        int32_t chosen = candidates[j];
-        candidates[j] = candidates[i];
-        candidates[i] = chosen;
-    }
-    if (kept > 0)
-        qsort(candidates, (size_t)kept, sizeof(*candidates), position_compare);
+    draw(candidates, n, kept, &rng);
+    kept = place(candidates, kept, A, anchors, keep);
+    free(candidates);
+    return kept;
+}
 
-    for (int64_t j = 0; j < kept; j++) {
-        anchors[j] = candidates[j];
-        keep[j] = 1;
+int64_t ddt_walk_starts(const uint8_t *loss_mask, int64_t S, const int32_t *len, int32_t *starts)
+{
+    int64_t n = 0;
+    for (int64_t p = 0; p + 1 < S;) {
+        if (!(loss_mask[p] && loss_mask[p + 1])) {
+            p++;   /* not a candidate: the next one starts a walk of its own */
+            continue;
+        }
+        starts[n++] = (int32_t)p;
+        p += len[p] > 1 ? len[p] : 1;
     }
-    int32_t padding = kept > 0 ? candidates[kept - 1] : 0;   /* rows stay sorted */
-    for (int64_t j = kept; j < A; j++) {
-        anchors[j] = padding;
-        keep[j] = 0;
-    }
+    return n;
+}
+
+int64_t ddt_walk_anchors(const uint8_t *loss_mask, int64_t S, const int32_t *len, int64_t A, uint64_t seed,
+                         int32_t *anchors, uint8_t *keep)
+{
+    if (A <= 0)
+        return 0;
+    int64_t n;
+    int32_t *candidates = candidates_of(loss_mask, S, &n);
+    int32_t *starts = malloc((size_t)(S > 1 ? S - 1 : 1) * sizeof(*starts));   /* then the chosen */
+    uint8_t *is_start = calloc((size_t)(S > 0 ? S : 1), 1);
+    if (!starts || !is_start)
+        ddk_fatal(__FILE__, __LINE__, "out of memory for the walk of %lld positions", (long long)S);
+    int64_t w = ddt_walk_starts(loss_mask, S, len, starts), others = 0;
+    for (int64_t i = 0; i < w; i++)
+        is_start[starts[i]] = 1;
+    for (int64_t i = 0; i < n; i++)   /* the candidates that are not starts */
+        if (!is_start[candidates[i]])
+            candidates[others++] = candidates[i];
+    uint64_t rng = seed;
+    const int64_t from_walk = w < A ? w : A, rest = A - from_walk < others ? A - from_walk : others;
+    draw(starts, w, from_walk, &rng);
+    draw(candidates, others, rest, &rng);
+    memcpy(starts + from_walk, candidates, (size_t)rest * sizeof(*starts));   /* from_walk + rest <= n */
+    int64_t kept = place(starts, from_walk + rest, A, anchors, keep);
+    free(is_start);
+    free(starts);
     free(candidates);
     return kept;
 }

@@ -15,6 +15,19 @@
 int64_t ddt_sample_anchors(const uint8_t *loss_mask, int64_t S, int64_t A, uint64_t seed,
                            int32_t *anchors, uint8_t *keep);
 
+/* Serving-matched anchors (train.anchors "walk" / "tree_walk", SPEC.md 7): the walk over one
+ * sequence of S tokens with loss mask m, given len (S): at each candidate p the block's
+ * teacher-forced accepted length plus the bonus (>= 1; values < 1 count as 1). From the first
+ * candidate, p -> p + len[p]; a position that is not a candidate moves on to the next one, which
+ * starts a walk of its own (another assistant span). The starts (ascending) into starts (S - 1);
+ * returns how many. */
+int64_t ddt_walk_starts(const uint8_t *loss_mask, int64_t S, const int32_t *len, int32_t *starts);
+/* anchors (A) and keep (A) as ddt_sample_anchors, drawn from the walk's starts first (min(A,
+ * starts) of them uniformly without replacement), then uniformly from the other candidates for
+ * what that leaves of A. Returns the number kept (min(A, candidates), as uniform anchors). */
+int64_t ddt_walk_anchors(const uint8_t *loss_mask, int64_t S, const int32_t *len, int64_t A, uint64_t seed,
+                         int32_t *anchors, uint8_t *keep);
+
 /* The first of part j's items when n items are sliced over parts <= n contiguous parts as evenly
  * as they divide: n / parts each, and one more for each of the first n % parts (a step's
  * sequences over its ranks). */

@@ -145,6 +145,20 @@ static const config_field fields[] = {
       "dflash2: a label outside the top-K adds no selector term (strict), or replaces the last candidate (inject)" },
     { "train.selector_stop_gradient", F_BOOL, OFF(selector_stop_gradient), 0, 0, 1, NULL, 0,
       "dflash2: the selector term trains the selector's tensors only, not the backbone" },
+    { "train.anchors", F_ENUM, OFF(anchor_walk), 0, 0, 0, "uniform|walk|tree_walk", 0,
+      "where anchors are drawn: uniform over the candidates (SPEC.md 2); walk: where speculative decoding "
+      "would start its blocks under the current weights (SPEC.md 7: from the sequence's start, each block's "
+      "teacher-forced accepted length plus the bonus to the next), on train.walk_share of the sequences, "
+      "the rest uniform; tree_walk: the same along DDTree's accepted depth with train.walk_budget nodes" },
+    { "train.walk_share", F_F64, OFF(walk_share), 0.5, 0, 1, NULL, 0,
+      "walk, tree_walk: the fraction of each step's sequences whose anchors come from the walk "
+      "(its cost, a forward at every position of those sequences, grows with it)" },
+    { "train.walk_budget", F_INT, OFF(walk_budget), 32, 1, 4096, NULL, 0,
+      "tree_walk: K, the nodes of the DDTree (SPEC.md 6) whose accepted depth sets the walk" },
+    { "train.reach_weight", F_F64, OFF(reach_weight), 0.0, 0, 1, NULL, 0,
+      "walk, tree_walk: r > 0 scales the weight of each training slot the decoder does not reach under the "
+      "current weights by 1 - r (per block: slot k is reached when its walk's decoder, the chain or DDTree with "
+      "train.walk_budget nodes, accepts the slots before it); 0: every slot keeps SPEC.md 2's weight" },
     { "train.selector_warmup", F_F64, OFF(selector_warmup), 0.0, 0, 1, NULL, 0,
       "dflash2: the first fraction of the steps with alpha_sel 0" },
     { "train.selector_ramp", F_F64, OFF(selector_ramp), 0.0, 0, 1, NULL, 0,
@@ -744,26 +758,41 @@ static int check_speculative(const parse_ctx *p)
     return 0;
 }
 
-/* DFlash2's own fields in a DFlash run config are refused, naming the first: a forgotten
- * drafter.architecture would otherwise train a DFlash drafter without a word */
-static int check_dflash2_fields(const parse_ctx *p, const cJSON *root)
+/* The first of fields (section, key pairs) present in root: its JSON path into path, or 0 */
+static int first_present(const cJSON *root, const char *const (*paths)[2], size_t n, char *path, size_t len)
 {
-    static const char *const paths[][2] = {
+    for (size_t i = 0; i < n; i++) {
+        const cJSON *section = cJSON_GetObjectItemCaseSensitive(root, paths[i][0]);
+        if (cJSON_IsObject(section) && cJSON_GetObjectItemCaseSensitive(section, paths[i][1])) {
+            snprintf(path, len, "%s.%s", paths[i][0], paths[i][1]);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Settings of a mode the config does not choose are refused, naming the first: a forgotten
+ * drafter.architecture or train.anchors would otherwise train without them without a word.
+ * DFlash2's own fields in a DFlash run config; the walks' in a run of uniform anchors. */
+static int check_mode_fields(const parse_ctx *p, const cJSON *root)
+{
+    static const char *const dflash2[][2] = {
         { "drafter", "conv_kernel_size" }, { "drafter", "conv_group_size" }, { "drafter", "selector_rank" },
         { "drafter", "selector_top_k" }, { "train", "selector_weight" }, { "train", "selector_candidates" },
         { "train", "selector_stop_gradient" }, { "train", "selector_warmup" }, { "train", "selector_ramp" },
     };
-    if (p->c->drafter.dflash2)
-        return 0;
-    for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++) {
-        const cJSON *section = cJSON_GetObjectItemCaseSensitive(root, paths[i][0]);
-        if (cJSON_IsObject(section) && cJSON_GetObjectItemCaseSensitive(section, paths[i][1])) {
-            char path[64];
-            snprintf(path, sizeof path, "%s.%s", paths[i][0], paths[i][1]);
-            return fail(p, path, "is a DFlash2 setting (SPEC.md 2.1): %s",
-                        "set drafter.architecture to \"dflash2\", or leave it out for a DFlash drafter");
-        }
-    }
+    static const char *const walk[][2] = { { "train", "walk_budget" }, { "train", "walk_share" },
+                                           { "train", "reach_weight" } };
+    char path[64];
+    if (!p->c->drafter.dflash2 && first_present(root, dflash2, sizeof dflash2 / sizeof dflash2[0], path, sizeof path))
+        return fail(p, path, "is a DFlash2 setting (SPEC.md 2.1): %s",
+                    "set drafter.architecture to \"dflash2\", or leave it out for a DFlash drafter");
+    if (p->c->anchor_walk == DDT_ANCHORS_UNIFORM && first_present(root, walk, 3, path, sizeof path))
+        return fail(p, path, "is a setting of the walks: %s",
+                    "set train.anchors to \"walk\" or \"tree_walk\", or leave it out for uniform anchors");
+    if (p->c->anchor_walk == DDT_ANCHORS_WALK && first_present(root, walk, 1, path, sizeof path))
+        return fail(p, path, "is a setting of the tree walk: %s",
+                    "set train.anchors to \"tree_walk\", or leave it out for the chain's walk");
     return 0;
 }
 
@@ -878,7 +907,7 @@ int ddt_run_config_parse(const char *json, size_t len, ddt_run_config *c, char *
         rc = parse_object(&p, root, "");
     }
     if (rc == 0)
-        rc = check_dflash2_fields(&p, root);
+        rc = check_mode_fields(&p, root);
     if (rc == 0)
         rc = check_relations(&p);
     cJSON_Delete(root);

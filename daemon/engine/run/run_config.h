@@ -38,6 +38,10 @@ typedef enum ddt_target_place {
                              or N: N target ranks (GPUs devices.c picks, or CPU ranks) */
 } ddt_target_place;
 
+/* train.anchors: where a step's anchors are drawn (SPEC.md 2 draws them uniformly; the walks
+ * draw them where speculative decoding would start its blocks, SPEC.md 7, train/walk.c) */
+typedef enum ddt_anchor_walk { DDT_ANCHORS_UNIFORM, DDT_ANCHORS_WALK, DDT_ANCHORS_TREE_WALK } ddt_anchor_walk;
+
 /* What "target.data.kind" asked for; AUTO resolves at parse: chat with target.data.files, tokens
  * with target.tokens, else generate. */
 typedef enum ddt_data_kind { DDT_DATA_AUTO, DDT_DATA_GENERATE, DDT_DATA_TOKENS, DDT_DATA_CHAT } ddt_data_kind;
@@ -79,6 +83,10 @@ typedef struct ddt_run_config {
     int selector_inject;                   /* train.selector_candidates: 1 "inject", 0 "strict" */
     int selector_stop_gradient;
     double selector_warmup, selector_ramp; /* fractions of train.steps */
+    int anchor_walk;                       /* train.anchors: ddt_anchor_walk */
+    double walk_share;                     /* train.walk_share: of a step's sequences, walked */
+    int64_t walk_budget;                   /* train.walk_budget: the tree walk's K */
+    double reach_weight;                   /* train.reach_weight: 1 - the scale of unreached slots */
 
     /* loss */
     float kl_weight, kl_temperature, cap_weight, cap_temperature;

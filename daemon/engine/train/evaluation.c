@@ -33,9 +33,8 @@
  * Acceptance on held-out sequences
  */
 
-/* logits (rows, V) = x (rows, H) lm_head^T, fp32 or on the bf16 head as it is stored */
-static void head_logits(const ddk_backend *be, const ddt_head *head, int64_t rows, int64_t V, int64_t H,
-                        const float *x, float *logits)
+void ddt_head_logits(const ddk_backend *be, const ddt_head *head, int64_t rows, int64_t V, int64_t H,
+                     const float *x, float *logits)
 {
     if (head->bf16)
         be->matmul_w16(be, rows, V, H, 1.0f, x, H, head->lm_head, H, 0.0f, logits, V);
@@ -168,7 +167,7 @@ int ddt_trainer_eval(ddt_trainer *t, ddt_acceptance *acc, char *err, size_t err_
              * th[a_j + k - 1]: rows a_j .. a_j + rows - 1, one product per block. */
             const int64_t rows = S - anchors[j] < slots - 1 ? S - anchors[j] : slots - 1;
             if (teacher_labels && rows > 0) {
-                head_logits(be, &head, rows, V, H, th + anchors[j] * H, logits_dev);
+                ddt_head_logits(be, &head, rows, V, H, th + anchors[j] * H, logits_dev);
                 be->argmax_rows(be, logits_dev, rows, V, greedy_dev);   /* only the indices come back */
                 be->copy(be, greedy, greedy_dev, (size_t)rows * sizeof(int32_t));
                 be->synchronize(be);
@@ -179,7 +178,7 @@ int ddt_trainer_eval(ddt_trainer *t, ddt_acceptance *acc, char *err, size_t err_
                 if (teacher_labels && labels[k] >= 0)
                     labels[k] = greedy[k - 1];
             }
-            head_logits(be, &head, B, V, H, hs + j * B * H, logits_dev);
+            ddt_head_logits(be, &head, B, V, H, hs + j * B * H, logits_dev);
             be->copy(be, logits, logits_dev, logit_bytes);
             be->synchronize(be);
             if (selector) {

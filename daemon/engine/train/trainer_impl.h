@@ -4,6 +4,7 @@
  *   cadence.c     the cadence of a run: ddt_trainer_advance, _hold, _finish
  *   open.c        ddt_trainer_open, _open_parsed, _close: the run's config, data, ranks, weights
  *   step.c        ddt_trainer_step: the ranks' threads, the all-reduce, AdamW, out-of-memory recovery
+ *   walk.c        ddt_trainer_walk_anchors: serving-matched anchors (train.anchors walk, tree_walk)
  *   evaluation.c  ddt_trainer_eval, _speculate: acceptance and speculative decoding, held out
  *   batches.c     a step's batch into the ranks' buffers, and a split's next one taken ahead
  *   ranks.c       the ranks on their devices, with their replicas of the target and the weights
@@ -72,7 +73,7 @@
 #include <stdint.h>
 
 enum { MAX_RANKS = DDT_MAX_RANKS, CHUNK_FLOOR = 16, TILE_FLOOR = 256, SEED_ANCHORS = 1,
-       SEED_NOISE = 2, SEED_EVAL = 3, SEED_INIT = 4 };
+       SEED_NOISE = 2, SEED_EVAL = 3, SEED_INIT = 4, SEED_WALK = 5 };
 
 /* Floats appended to a GPU rank's gradient for the all-reduce: its weight sum, the weighted
  * sums of loss, ce, kl, cap and DFlash2's sel, the counted and correct positions and the selector's
@@ -233,7 +234,19 @@ void ddt_trainer_split_settle(struct ddt_trainer *t);
  * 0, or an errno with err */
 int ddt_trainer_load_batch(struct ddt_trainer *t, char *err, size_t err_len);
 
+/* ---- walk.c */
+
+/* train.anchors "walk" / "tree_walk": the anchors of the walked sequences of rs's slice (its
+ * features and labels in place, the step's weights bound) redrawn from the walk's starts, in
+ * rs->b. 0, or -ENOMEM (its workspace) or the forward's errno. */
+int ddt_trainer_walk_anchors(rank_state *rs);
+
 /* ---- evaluation.c */
+
+/* logits (rows, V) = x (rows, H) lm_head^T in the backend's memory, fp32 or on the bf16 head as
+ * it is stored */
+void ddt_head_logits(const ddk_backend *be, const ddt_head *head, int64_t rows, int64_t V, int64_t H,
+                     const float *x, float *logits);
 
 /* Rank 0's speculator over the target beside it (at open with eval.speculative, else at the
  * first request): 0, or -ENOTSUP, -EINVAL or the speculator's errno with err */
