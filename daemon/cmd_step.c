@@ -236,7 +236,7 @@ int ddt_cmd_step(int argc, char **argv)
     if (!rc) rc = load_batch(&in, batch, err, sizeof err);
     if (!rc) rc = load_loss(&in, loss, err, sizeof err);
     ddt_batch b = { in.nseq, in.S, in.A, in.input_ids, in.loss_mask, in.features,
-                    in.teacher_hidden, in.anchors, in.keep };
+                    in.teacher_hidden, in.anchors, in.keep, NULL };
     if (!rc) {
         char why[512];
         if ((rc = ddt_batch_check(&in.cfg, &b, &in.loss, why, sizeof why)))

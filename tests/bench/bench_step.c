@@ -102,7 +102,7 @@ int main(int argc, char **argv)
             anchor[s * A + j] = (int32_t)(j * (S - 1) / A);
             keep[s * A + j] = 1;
         }
-    ddt_batch b = { nseq, S, A, ids, mask, features, teacher, anchor, keep };
+    ddt_batch b = { nseq, S, A, ids, mask, features, teacher, anchor, keep, NULL };
     ddt_loss_config lc = { .gamma = 10.0f, .ce_target_teacher = 1,
                            .loss = { .chunk = nseq * A * block, .kl_weight = 0.15f,
                                      .kl_temperature = 1.0f, .cap_temperature = 1.0f },

@@ -199,7 +199,7 @@ int main(int argc, char **argv)
     ddt_drafter_bind(&c, params, &w);
     w.bf16 = params16;
     ddt_drafter_bind(&c, grads, &g);
-    ddt_batch b = { 1, S, A, ids, mask, features, teacher, anchor, keep };
+    ddt_batch b = { 1, S, A, ids, mask, features, teacher, anchor, keep, NULL };
     ddt_loss_config lc = { .gamma = 7.0f, .ce_target_teacher = 1,
                            .loss = { .chunk = chunk, .vocab_tile = tile, .kl_weight = 0.15f, .kl_temperature = 1.0f,
                                      .cap_temperature = 1.0f, .bf16_products = (int)bf16 },

@@ -345,7 +345,7 @@ static void test_batch_check(void)
     float features[12 * 48] = { 0 }, teacher[12 * 16] = { 0 };
     int32_t anchors[4] = { 0, 3, 1, 0 };
     uint8_t keep[4] = { 1, 1, 1, 0 };
-    ddt_batch b = { 2, 6, 2, ids, mask, features, teacher, anchors, keep };
+    ddt_batch b = { 2, 6, 2, ids, mask, features, teacher, anchors, keep, NULL };
     ddt_loss_config lc = { .gamma = 4.0f, .ce_target_teacher = 1 };
     check(ddt_batch_check(&c, &b, &lc, err, sizeof err) == 0, "valid batch refused: %s", err);
     ids[5] = 100;
@@ -698,7 +698,7 @@ static void test_step_bf16_copies(void)
             anchors[s * A + j] = (int32_t)(1 + j * 5 + s);
             keep[s * A + j] = s == 0 || j < 2;   /* one padded block */
         }
-    ddt_batch b = { NSEQ, S, A, ids, mask, features, teacher, anchors, keep };
+    ddt_batch b = { NSEQ, S, A, ids, mask, features, teacher, anchors, keep, NULL };
     ddt_loss_config lc = { .gamma = 4.0f, .ce_target_teacher = 1,
                            .loss = { .chunk = 7, .kl_weight = 0.3f, .kl_temperature = 2.0f,
                                      .cap_weight = 0.1f, .cap_temperature = 1.5f, .bf16_products = 1 } };

@@ -247,7 +247,7 @@ static int draft(ddt_speculator *s, const ddt_drafter_weights *w, int64_t len, i
     if (uncached) {
         const int32_t anchor = (int32_t)len;
         const uint8_t keep = 1;
-        ddt_batch b = { 1, len + 1, 1, s->seq, s->mask, s->features, NULL, &anchor, &keep };
+        ddt_batch b = { 1, len + 1, 1, s->seq, s->mask, s->features, NULL, &anchor, &keep, NULL };
         rc = ddt_drafter_forward(s->be, dc, w, &head, &b, s->hs);
     } else {
         const int64_t cached = ddt_drafter_cache_rows(s->cache);

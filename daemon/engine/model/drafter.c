@@ -575,6 +575,8 @@ static void sequence_inputs(const ddt_drafter_config *c, const ddt_batch *b, int
                 preds[r] = x[q->teacher_rows[r]];
             int valid = keep[j] && k >= 1 && target < S && mask[target];
             weights[r] = valid ? (float)exp(-(double)(k - 1) / gamma) : 0.0f;
+            if (b->slot_scale)
+                weights[r] *= b->slot_scale[(s * b->A + j) * B + k];
             labels[r] = data_labels && target < S ? x[target] : -1;
         }
     }

@@ -127,6 +127,8 @@ typedef struct ddt_batch {
     const float *teacher_hidden;    /* (nseq, S, H) backend, or NULL */
     const int32_t *anchors;         /* (nseq, A) host, sorted per row, padding after the kept ones */
     const uint8_t *keep;            /* (nseq, A) host */
+    const float *slot_scale;        /* (nseq, A, B) host: multiplies each slot's weight w (the
+                                       trainer's train.reach_weight), or NULL: SPEC.md 2's w */
 } ddt_batch;
 
 typedef struct ddt_loss_config {

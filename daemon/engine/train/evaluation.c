@@ -154,7 +154,7 @@ int ddt_trainer_eval(ddt_trainer *t, ddt_acceptance *acc, char *err, size_t err_
             features = rs->b.features;
             th = th ? rs->b.teacher : NULL;
         }
-        ddt_batch b = { 1, S, A, q.input_ids, q.loss_mask, features, NULL, anchors, keep };
+        ddt_batch b = { 1, S, A, q.input_ids, q.loss_mask, features, NULL, anchors, keep, NULL };
         if ((rc = ddt_drafter_forward(be, d, &rs->w, &head, &b, hs))) {
             snprintf(err, err_len, "the evaluation's forward failed: %s", strerror(-rc));
             break;

@@ -335,6 +335,7 @@ void ddt_trainer_close(ddt_trainer *t)
         rs->be->synchronize(rs->be);   /* nothing queued may still use what is freed */
         ddk_free(a, rs->grads, bytes + (t->gpu ? REDUCED * sizeof(float) : 0));
         ddk_free(a, rs->micro_grads, bytes);
+        free(rs->slot_scale);
         if (t->gpu) {
             free(rs->batch_block);
             ddk_host_free_pinned(rs->staging);   /* after the synchronize above: no copy reads it */

@@ -105,7 +105,8 @@ static void *rank_main(void *arg)
         const int64_t n = rs->nseq - first < micro ? rs->nseq - first : micro;
         ddt_batch b = { n, S, A, rs->b.input_ids + first * S, rs->b.loss_mask + first * S,
                         features + first * S * LH, teacher ? teacher + first * S * H : NULL,
-                        rs->b.anchors + first * A, rs->b.keep + first * A };
+                        rs->b.anchors + first * A, rs->b.keep + first * A,
+                        rs->slot_scale ? rs->slot_scale + first * A * c->drafter.block_size : NULL };
         ddk_loss_result r = { 0 };
         if (accumulate)
             be->zero(be, target, gbytes);

@@ -120,6 +120,8 @@ typedef struct rank_state {
      * pinned staging block, laid out as dev_batch_block) */
     int64_t nseq, first;          /* sequences, index of the first in the global batch */
     rank_batch b;                 /* the step's */
+    float *slot_scale;            /* (nseq, A, B) host: train.reach_weight's scale of b's slots
+                                     (walk.c), or NULL */
     rank_batch ahead;             /* a split's second slot: the next step's, filled by the target
                                      ranks while the drafter trains on b (else unused) */
     float *staged_features;       /* GPU: (nseq, S, L_t*H) in staging, pinned host memory */

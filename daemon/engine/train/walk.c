@@ -42,7 +42,8 @@ typedef struct walk_work {
     float *logits;         /* (B, V) host: tree_walk */
     int32_t *argmax;       /* (R) host */
     int32_t *labels;       /* (S) host: the label of position p (-1: none) */
-    int32_t *len;          /* (S) host: accepted + 1 at each candidate */
+    int32_t *len;          /* (S) host: accepted + 1 at each candidate drafted (else 1) */
+    int32_t *positions;    /* (S) host: the positions to draft */
     int32_t *anchors;      /* (A) host: a group's */
     uint8_t *keep;         /* (A) host */
     int64_t R;
@@ -83,8 +84,9 @@ static void block_labels(const walk_work *w, int64_t S, int64_t B, int64_t p, in
         labels[k] = p + k < S ? w->labels[p + k] : -1;
 }
 
-/* len (S) of sequence i: at each candidate, the block's accepted length + 1 */
-static int sequence_lengths(const ddt_trainer *t, const rank_state *rs, walk_work *w, int64_t i, const float *th)
+/* len[p] of sequence i at each of positions (n, candidates): the block's accepted length + 1 */
+static int lengths_at(const ddt_trainer *t, const rank_state *rs, walk_work *w, int64_t i, const float *th,
+                      const int32_t *positions, int64_t n)
 {
     const ddt_run_config *c = &t->cfg;
     const ddt_drafter_config *d = &c->drafter;
@@ -92,30 +94,20 @@ static int sequence_lengths(const ddt_trainer *t, const rank_state *rs, walk_wor
                   LH = d->taps * H;
     const ddk_backend *be = w->be;
     const ddt_head head = { rs->embed, rs->lm_head, rs->head_bf16 };
-    const int32_t *ids = rs->b.input_ids + i * S;
-    const uint8_t *mask = rs->b.loss_mask + i * S;
-    for (int64_t p = 0; p < S; p++)
-        w->len[p] = 1;
-    int64_t p = 0;   /* the next candidate to draft */
-    for (;;) {
-        int64_t n = 0;   /* the group: up to A candidates from p on */
-        for (; p + 1 < S && n < A; p++)
-            if (mask[p] && mask[p + 1])
-                w->anchors[n++] = (int32_t)p;
-        if (n == 0)
-            return 0;
+    for (int64_t g0 = 0; g0 < n; g0 += A) {   /* groups of A blocks, one forward each */
+        const int64_t m = n - g0 < A ? n - g0 : A;
         for (int64_t j = 0; j < A; j++) {
-            w->keep[j] = j < n;
-            if (j >= n)
-                w->anchors[j] = w->anchors[n - 1];
+            w->anchors[j] = positions[g0 + (j < m ? j : m - 1)];
+            w->keep[j] = j < m;
         }
-        ddt_batch b = { 1, S, A, ids, mask, rs->b.features + i * S * LH, th, w->anchors, w->keep };
+        ddt_batch b = { 1, S, A, rs->b.input_ids + i * S, rs->b.loss_mask + i * S, rs->b.features + i * S * LH,
+                        th, w->anchors, w->keep, NULL };
         int rc = ddt_drafter_forward(be, d, &rs->w, &head, &b, w->hs);
         if (rc)
             return rc;
         int32_t labels[DDT_MAX_SLOTS];
         if (c->anchor_walk == DDT_ANCHORS_TREE_WALK) {
-            for (int64_t j = 0; j < n; j++) {
+            for (int64_t j = 0; j < m; j++) {
                 ddt_head_logits(be, &head, B, V, H, w->hs + j * B * H, w->logits_dev);
                 be->copy(be, w->logits, w->logits_dev, (size_t)(B * V) * sizeof(float));
                 be->synchronize(be);
@@ -127,8 +119,8 @@ static int sequence_lengths(const ddt_trainer *t, const rank_state *rs, walk_wor
             }
             continue;
         }
-        for (int64_t r0 = 0; r0 < n * B; r0 += w->R) {   /* R is a multiple of B */
-            const int64_t rows = n * B - r0 < w->R ? n * B - r0 : w->R;
+        for (int64_t r0 = 0; r0 < m * B; r0 += w->R) {   /* R is a multiple of B */
+            const int64_t rows = m * B - r0 < w->R ? m * B - r0 : w->R;
             ddt_head_logits(be, &head, rows, V, H, w->hs + r0 * H, w->logits_dev);
             be->argmax_rows(be, w->logits_dev, rows, V, w->argmax_dev);
             be->copy(be, w->argmax, w->argmax_dev, (size_t)rows * sizeof(int32_t));
@@ -136,12 +128,24 @@ static int sequence_lengths(const ddt_trainer *t, const rank_state *rs, walk_wor
             for (int64_t j = r0 / B; j < (r0 + rows) / B; j++) {
                 block_labels(w, S, B, w->anchors[j], labels);
                 int32_t accepted = 0;
-                for (int64_t k = 1; k < B && labels[k] >= 0 && w->argmax[(j * B + k) - r0] == labels[k]; k++)
+                for (int64_t k = 1; k < B && labels[k] >= 0 && w->argmax[j * B + k - r0] == labels[k]; k++)
                     accepted++;
                 w->len[w->anchors[j]] = 1 + accepted;
             }
         }
     }
+    return 0;
+}
+
+/* train.reach_weight: scale (A, B) of sequence i's blocks: 1 - r where slot k > len[a_j] (the
+ * decoder stops before it), else 1 */
+static void reach_scale(const ddt_run_config *c, const walk_work *w, const int32_t *anchors, const uint8_t *keep,
+                        float *scale)
+{
+    const int64_t A = c->max_anchors, B = c->drafter.block_size;
+    for (int64_t j = 0; j < A; j++)
+        for (int64_t k = 0; k < B; k++)
+            scale[j * B + k] = keep[j] && k > w->len[anchors[j]] ? (float)(1.0 - c->reach_weight) : 1.0f;
 }
 
 int ddt_trainer_walk_anchors(rank_state *rs)
@@ -162,20 +166,35 @@ int ddt_trainer_walk_anchors(rank_state *rs)
     w.argmax = malloc(index_bytes);
     w.labels = malloc((size_t)S * sizeof(int32_t));
     w.len = malloc((size_t)S * sizeof(int32_t));
+    w.positions = malloc((size_t)S * sizeof(int32_t));
     w.anchors = malloc((size_t)A * sizeof(int32_t));
     w.keep = malloc((size_t)A);
-    int rc = w.hs && w.logits_dev && w.argmax_dev && w.argmax && w.labels && w.len && w.anchors && w.keep &&
+    int rc = w.hs && w.logits_dev && w.argmax_dev && w.argmax && w.labels && w.len && w.positions && w.anchors && w.keep &&
              (w.logits || c->anchor_walk != DDT_ANCHORS_TREE_WALK) ? 0 : -ENOMEM;
     for (int64_t i = 0; i < rs->nseq && rc == 0; i++) {
         const int64_t gi = rs->first + i;
-        if (!walked(c->walk_share, gi))
+        const int walk = walked(c->walk_share, gi);
+        int32_t *anchors = rs->b.anchors + i * A;
+        uint8_t *keep = rs->b.keep + i * A;
+        if (!walk && c->reach_weight <= 0)
             continue;
         const float *th = rs->b.teacher ? rs->b.teacher + i * S * H : NULL;
+        const uint8_t *mask = rs->b.loss_mask + i * S;
+        int64_t n = 0;   /* where to draft: every candidate of a walked sequence, else its anchors */
+        for (int64_t p = 0; walk && p + 1 < S; p++)
+            if (mask[p] && mask[p + 1])
+                w.positions[n++] = (int32_t)p;
+        for (int64_t j = 0; !walk && j < A && keep[j]; j++)
+            w.positions[n++] = anchors[j];
+        for (int64_t p = 0; p < S; p++)
+            w.len[p] = 1;
         sequence_labels(t, rs, &w, i, th);
-        if ((rc = sequence_lengths(t, rs, &w, i, th)))
+        if ((rc = lengths_at(t, rs, &w, i, th, w.positions, n)))
             break;
-        ddt_walk_anchors(rs->b.loss_mask + i * S, S, w.len, A, ddt_batch_seed(c->seed, t->step, gi, SEED_WALK),
-                         rs->b.anchors + i * A, rs->b.keep + i * A);
+        if (walk)
+            ddt_walk_anchors(mask, S, w.len, A, ddt_batch_seed(c->seed, t->step, gi, SEED_WALK), anchors, keep);
+        if (c->reach_weight > 0)
+            reach_scale(c, &w, anchors, keep, rs->slot_scale + i * A * B);
     }
     ddk_free(be->alloc, w.hs, hs_bytes);
     ddk_free(be->alloc, w.logits_dev, logit_bytes);
@@ -184,6 +203,7 @@ int ddt_trainer_walk_anchors(rank_state *rs)
     free(w.argmax);
     free(w.labels);
     free(w.len);
+    free(w.positions);
     free(w.anchors);
     free(w.keep);
     return rc;

@@ -2,7 +2,7 @@
  * are valid, sorted, distinct candidates, min(A, #candidates) of them, padded with keep = 0;
  * the same for a seed and different across seeds; uniform over the subsets of candidates
  * (chi-square); the uniform feature noise of the CPU backend (bounds, moments, determinism,
- * sigma = 0); and the
+ * sigma = 0); the walk's starts and the anchors drawn from them (train.anchors walk); and the
  * seeds of ddt_batch_seed.
  * ctest: one line per case, a final "N passed, M failed".
  */
@@ -240,6 +240,90 @@ static void test_anchors_uniform_marginals(void)
 
 /* the trainer's noise: the backends' uniform_noise (the CPU's here; test_backend_ops holds the
  * GPU's to the same bits) */
+/* ------------------------------------------------------------------------------------------
+ * The walk (train.anchors walk / tree_walk)
+ */
+
+static void test_walk_starts(void)
+{
+    /* all candidates: 0 -> 0+2 -> 2+1 -> 3+4 -> 7+1 -> 8+3 = 11 (past S - 2 = 10: done) */
+    enum { S = 12 };
+    uint8_t all[S];
+    memset(all, 1, sizeof all);
+    const int32_t len[S] = { 2, 9, 1, 4, 9, 9, 9, 1, 3, 9, 9, 9 };
+    int32_t starts[S];
+    int64_t n = ddt_walk_starts(all, S, len, starts);
+    const int32_t want[] = { 0, 2, 3, 7, 8 };
+    check(n == 5, "%lld starts, expected 5", (long long)n);
+    for (int64_t i = 0; i < n && i < 5; i++)
+        check(starts[i] == want[i], "start %lld = %d, expected %d", (long long)i, starts[i], want[i]);
+    /* a masked gap: the walk lands on 3 (not a candidate: m[4] = 0), moves on to 5, the next
+     * span's first candidate; len < 1 counts as 1 */
+    uint8_t gap[S] = { 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1 };
+    const int32_t len2[S] = { 3, 9, 9, 9, 9, 0, 5, 9, 9, 9, 9, 9 };
+    n = ddt_walk_starts(gap, S, len2, starts);
+    const int32_t want2[] = { 0, 5, 6 };   /* 0 -> 3 (no), 5 -> 6 (len 0 = 1) -> 11 */
+    check(n == 3, "gap: %lld starts, expected 3", (long long)n);
+    for (int64_t i = 0; i < n && i < 3; i++)
+        check(starts[i] == want2[i], "gap: start %lld = %d, expected %d", (long long)i, starts[i], want2[i]);
+    uint8_t none[S] = { 0 };
+    check(ddt_walk_starts(none, S, len, starts) == 0, "a sequence without candidates has no walk");
+}
+
+static void test_walk_anchors(void)
+{
+    enum { S = 40, A = 6 };
+    uint8_t mask[S];
+    int32_t len[S], starts[S];
+    for (int64_t p = 0; p < S; p++) {
+        mask[p] = p % 13 != 12;
+        len[p] = (int32_t)(1 + p % 4);
+    }
+    const int64_t w = ddt_walk_starts(mask, S, len, starts);
+    check(w > A, "the fixture's walk has %lld starts, more than A = %d", (long long)w, A);
+    uint8_t is_start[S] = { 0 };
+    for (int64_t i = 0; i < w; i++)
+        is_start[starts[i]] = 1;
+    /* more starts than A: every anchor a start, each start about equally often over seeds */
+    int64_t hits[S] = { 0 };
+    const int trials = 4000;
+    for (int t = 0; t < trials; t++) {
+        anchor_rows r = rows_alloc(A);
+        int64_t kept = ddt_walk_anchors(mask, S, len, A, 1000 + (uint64_t)t, r.anchors, r.keep);
+        if (!check_rows(mask, S, A, &r, kept, "walk anchors")) {
+            rows_free(&r);
+            return;
+        }
+        for (int64_t j = 0; j < kept; j++) {
+            check(is_start[r.anchors[j]], "anchor %d is not one of the walk's starts", r.anchors[j]);
+            hits[r.anchors[j]]++;
+        }
+        rows_free(&r);
+    }
+    const double expect = (double)trials * A / (double)w;
+    double chi = 0;
+    for (int64_t i = 0; i < w; i++)
+        chi += (hits[starts[i]] - expect) * (hits[starts[i]] - expect) / expect;
+    check(chi < chi_square_bound((int)w - 1, 4.0), "starts drawn unevenly: chi-square %.1f over %lld starts", chi,
+          (long long)w);
+    /* fewer starts than A: all of them, the rest from the other candidates */
+    enum { A2 = 30 };
+    anchor_rows r = rows_alloc(A2);
+    int64_t kept = ddt_walk_anchors(mask, S, len, A2, 7, r.anchors, r.keep);
+    check_rows(mask, S, A2, &r, kept, "walk anchors, A above the starts");
+    int64_t found = 0;
+    for (int64_t j = 0; j < kept; j++)
+        found += is_start[r.anchors[j]];
+    check(found == w, "%lld of the walk's %lld starts among %lld anchors", (long long)found, (long long)w,
+          (long long)kept);
+    /* deterministic per seed */
+    anchor_rows again = rows_alloc(A2);
+    ddt_walk_anchors(mask, S, len, A2, 7, again.anchors, again.keep);
+    check(memcmp(r.anchors, again.anchors, A2 * sizeof(int32_t)) == 0, "the same seed drew other anchors");
+    rows_free(&r);
+    rows_free(&again);
+}
+
 static void add_noise(float *x, int64_t count, float sigma, uint64_t seed)
 {
     ddk_backend_cpu()->uniform_noise(ddk_backend_cpu(), x, count, sigma, seed);
@@ -377,6 +461,8 @@ int main(void)
         { "anchors: deterministic per seed, differ across seeds", test_anchors_deterministic },
         { "anchors: uniform over subsets (chi-square)", test_anchors_uniform_subsets },
         { "anchors: uniform marginals (chi-square)", test_anchors_uniform_marginals },
+        { "walk: starts by hand, a masked gap, no candidates", test_walk_starts },
+        { "walk anchors: starts first, uniform over them, then the others", test_walk_anchors },
         { "noise: bounds, moments, deterministic", test_noise },
         { "noise: sigma = 0 and count = 0", test_noise_sigma_zero },
         { "batch seeds: distinct, avalanche", test_batch_seed },

@@ -540,7 +540,7 @@ static int64_t walked_calls(const ddt_target_model *m, const ddt_drafter_config 
     check(ddt_target_prefill(be, m, seq, S, dc->target_layer_ids, (int)dc->taps, features, NULL, NULL) == 0,
           "teacher-forced prefill");
     const ddt_head head = { m->embed_stored, m->lm_head_stored, m->bf16 };
-    ddt_batch b = { 1, S, A, seq, mask, features, NULL, anchors, keep };
+    ddt_batch b = { 1, S, A, seq, mask, features, NULL, anchors, keep, NULL };
     check(ddt_drafter_forward(be, dc, w, &head, &b, hs) == 0, "teacher-forced drafter forward");
     ddt_selector *sel = NULL;
     char err[256];

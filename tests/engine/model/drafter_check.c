@@ -40,6 +40,7 @@ typedef struct fixture {
     int32_t ids[NSEQ * S], anchors[NSEQ * A];
     uint8_t mask[NSEQ * S], keep[NSEQ * A];
     float *features, *teacher; /* (NSEQ, S, LH), (NSEQ, S, H) */
+    float scale[NSEQ * A * 4]; /* (NSEQ, A, B): a setting's slot scales */
     ddt_batch b;
 } fixture;
 
@@ -89,7 +90,9 @@ static void fixture_make(fixture *f, int dflash2, uint64_t seed)
     const uint8_t keep[NSEQ * A] = { 1, 1, 1, 1, 1, 0 };
     memcpy(f->anchors, anchors, sizeof anchors);
     memcpy(f->keep, keep, sizeof keep);
-    f->b = (ddt_batch){ NSEQ, S, A, f->ids, f->mask, f->features, f->teacher, f->anchors, f->keep };
+    for (int64_t i = 0; i < NSEQ * A * c->block_size; i++)   /* 0 on some slots, scaled on others */
+        f->scale[i] = (float)(i % 3) * 0.5f;
+    f->b = (ddt_batch){ NSEQ, S, A, f->ids, f->mask, f->features, f->teacher, f->anchors, f->keep, NULL };
 }
 
 static void fixture_free(fixture *f)
@@ -145,6 +148,7 @@ int drafter_check_step(const ddk_backend *be, const drafter_setting *st, double 
     case_failed = 0;
     fixture f;
     fixture_make(&f, st->dflash2, 11);
+    f.b.slot_scale = st->slot_scale ? f.scale : NULL;
     const ddt_drafter_config *c = &f.c;
     const int64_t H = c->hidden, B = c->block_size, rows = NSEQ * A * B;
     ddt_drafter_weights w, g;
@@ -217,15 +221,16 @@ int drafter_check_step(const ddk_backend *be, const drafter_setting *st, double 
 }
 
 const drafter_setting drafter_settings[] = {
-    { "dflash: data labels, KL", 0, 0, 0, 0, 0.3f, 0.0f, 0.0f, 64, 0 },
-    { "dflash: teacher labels, CAP, streamed", 0, 1, 0, 0, 0.2f, 0.5f, 0.0f, 5, 7 },
-    { "dflash2: strict, data labels, KL", 1, 0, 0, 0, 0.3f, 0.0f, 1.0f, 64, 0 },
-    { "dflash2: inject, teacher labels, CAP", 1, 1, 1, 0, 0.2f, 0.4f, 1.0f, 64, 0 },
-    { "dflash2: strict, streamed tiles 7, chunk 5", 1, 0, 0, 0, 0.3f, 0.0f, 1.0f, 5, 7 },
-    { "dflash2: inject, streamed tiles 5, chunk 3, alpha_sel 0.5", 1, 0, 1, 0, 0.0f, 0.3f, 0.5f, 3, 5 },
-    { "dflash2: stop_gradient, strict", 1, 0, 0, 1, 0.3f, 0.0f, 1.0f, 64, 0 },
-    { "dflash2: stop_gradient, inject, streamed", 1, 1, 1, 1, 0.2f, 0.0f, 1.0f, 7, 11 },
-    { "dflash2: alpha_sel 0 (no selector gradient)", 1, 0, 0, 0, 0.3f, 0.0f, 0.0f, 64, 0 },
+    { "dflash: data labels, KL", 0, 0, 0, 0, 0.3f, 0.0f, 0.0f, 64, 0, 0 },
+    { "dflash: teacher labels, CAP, streamed", 0, 1, 0, 0, 0.2f, 0.5f, 0.0f, 5, 7, 0 },
+    { "dflash2: strict, data labels, KL", 1, 0, 0, 0, 0.3f, 0.0f, 1.0f, 64, 0, 0 },
+    { "dflash2: inject, teacher labels, CAP", 1, 1, 1, 0, 0.2f, 0.4f, 1.0f, 64, 0, 0 },
+    { "dflash2: strict, streamed tiles 7, chunk 5", 1, 0, 0, 0, 0.3f, 0.0f, 1.0f, 5, 7, 0 },
+    { "dflash2: inject, streamed tiles 5, chunk 3, alpha_sel 0.5", 1, 0, 1, 0, 0.0f, 0.3f, 0.5f, 3, 5, 0 },
+    { "dflash2: stop_gradient, strict", 1, 0, 0, 1, 0.3f, 0.0f, 1.0f, 64, 0, 0 },
+    { "dflash2: stop_gradient, inject, streamed", 1, 1, 1, 1, 0.2f, 0.0f, 1.0f, 7, 11, 0 },
+    { "dflash2: alpha_sel 0 (no selector gradient)", 1, 0, 0, 0, 0.3f, 0.0f, 0.0f, 64, 0, 0 },
+    { "dflash: teacher labels, KL, slot scales (train.reach_weight)", 0, 1, 0, 0, 0.3f, 0.0f, 0.0f, 5, 0, 1 },
 };
 
 const int drafter_setting_count = sizeof drafter_settings / sizeof drafter_settings[0];

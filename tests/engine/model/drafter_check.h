@@ -28,10 +28,11 @@ typedef struct drafter_setting {
     int dflash2, teacher_labels, inject, stop_gradient;
     float kl, cap, sel_weight;
     int64_t chunk, vocab_tile;
+    int slot_scale;   /* 1: the batch scales its slots' weights (ddt_batch.slot_scale) */
 } drafter_setting;
 
 /* the settings every backend is checked under (DFlash, and DFlash2's candidate modes,
- * stop_gradient, alpha_sel, materialised and streamed loss, labels, KL and CAP) */
+ * stop_gradient, alpha_sel, materialised and streamed loss, labels, KL and CAP, slot scales) */
 extern const drafter_setting drafter_settings[];
 extern const int drafter_setting_count;
 

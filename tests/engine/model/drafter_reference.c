@@ -323,7 +323,8 @@ double drafter_reference(const ddt_drafter_config *c, const double *params, cons
                 const int64_t tgt = a + k;
                 if (tgt >= S || !mask[tgt])
                     continue;
-                const double w = exp(-(double)(k - 1) / lc->gamma);
+                const double w = exp(-(double)(k - 1) / lc->gamma) *
+                                 (b->slot_scale ? b->slot_scale[(s * b->A + j) * B + k] : 1.0);
                 logits(lm_head, hs + k * H, V, H, zs);
                 const int teacher = b->teacher_hidden != NULL;
                 if (teacher) {

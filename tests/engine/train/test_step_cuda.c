@@ -310,7 +310,7 @@ static void run_step_case(const step_case *sc)
     ddt_drafter_bind(c, p.params, &w);
     ddt_drafter_bind(c, g_cpu, &g);
     ddt_batch b = { p.nseq, S, p.A, p.input_ids, p.loss_mask, p.features, teacher ? p.teacher : NULL,
-                    p.anchors, p.keep };
+                    p.anchors, p.keep, NULL };
     ddk_loss_result want;
     int rc = ddt_drafter_step(cpu, c, &w, &g, &cpu_head, &b, &lc, &want);
     check(rc == 0, "the CPU step failed: %d", rc);
@@ -439,7 +439,7 @@ static void test_out_of_memory(void)
     ddt_drafter_weights dw, dg;
     ddt_drafter_bind(c, d_params, &dw);
     ddt_drafter_bind(c, d_grads, &dg);
-    ddt_batch db = { p.nseq, S, p.A, p.input_ids, p.loss_mask, d_features, NULL, p.anchors, p.keep };
+    ddt_batch db = { p.nseq, S, p.A, p.input_ids, p.loss_mask, d_features, NULL, p.anchors, p.keep, NULL };
     ddt_loss_config lc = { .gamma = 4.0f, .ce_target_teacher = 0,
                            .loss = { .chunk = 64, .kl_temperature = 1.0f, .cap_temperature = 1.0f } };
     dev->synchronize(dev);

@@ -38,6 +38,9 @@
  */
 #include "check.h"
 #include "train/trainer.h"
+#include "train/trainer_impl.h"   /* the walk's case reads rank 0's batch and the weights */
+#include "data/batch.h"
+#include "eval/acceptance.h"
 #include "record/store_read.h"
 #include "ddk.h"
 
@@ -198,11 +201,19 @@ static void test_colocated_resume(void)
     check_resume(json, 3);
 }
 
+/* json with fields (JSON members, each followed by ", ") put first in train */
+static void with_train(const char *json, const char *fields, char *out, size_t len)
+{
+    const char *at = strstr(json, "\"train\": {") + strlen("\"train\": {");
+    snprintf(out, len, "%.*s%s%s", (int)(at - json), json, fields, at);
+}
+
 /* json with "grad_accum": k in train */
 static void with_accum(const char *json, int k, char *out, size_t len)
 {
-    const char *at = strstr(json, "\"train\": {") + strlen("\"train\": {");
-    snprintf(out, len, "%.*s\"grad_accum\": %d, %s", (int)(at - json), json, k, at);
+    char field[48];
+    snprintf(field, sizeof field, "\"grad_accum\": %d, ", k);
+    with_train(json, field, out, len);
 }
 
 static void test_ranks(void)
@@ -434,6 +445,12 @@ static void test_config_errors(void)
         { "{\"drafter\": {\"architecture\": \"dflash\"}, \"train\": {\"selector_weight\": 0.5}}", "train.selector_weight" },
         { "{\"drafter\": {\"architecture\": \"dflash2\", \"conv_kernel_size\": 9}}", "drafter.conv_kernel_size" },
         { "{\"drafter\": {\"architecture\": \"dflash3\"}}", "drafter.architecture" },
+        /* the walks' fields without the walk they set */
+        { "{\"train\": {\"walk_share\": 0.5}}", "train.walk_share" },
+        { "{\"train\": {\"anchors\": \"uniform\", \"reach_weight\": 0.5}}", "train.reach_weight" },
+        { "{\"train\": {\"anchors\": \"walk\", \"walk_budget\": 8}}", "train.walk_budget" },
+        { "{\"train\": {\"anchors\": \"serving\"}}", "train.anchors" },
+        { "{\"train\": {\"anchors\": \"walk\", \"walk_share\": 1.5}}", "train.walk_share" },
         /* devices */
         { "{\"devices\": 65}", "devices" },
         { "{\"devices\": \"gpu\"}", "devices" },
@@ -1418,6 +1435,115 @@ static void test_dflash2_eval(void)
     }
 }
 
+/* The accepted length + 1 of the block at candidate p of rank 0's sequence i under weights w,
+ * recomputed from public calls: the drafter's forward of that one block, its logits on the host
+ * in double, SPEC.md 6's acceptance against the data's labels (ce_target "data"): the chain's,
+ * or DDTree's with train.walk_budget nodes */
+static int32_t block_length(ddt_trainer *t, const ddt_drafter_weights *w, int64_t i, int32_t p, int tree)
+{
+    const ddt_run_config *c = &t->cfg;
+    const ddt_drafter_config *d = &c->drafter;
+    const rank_state *rs = &t->rank[0];
+    const int64_t S = c->seq_len, B = d->block_size, H = d->hidden, V = d->vocab, LH = d->taps * H;
+    const int32_t *ids = rs->b.input_ids + i * S;
+    const uint8_t *mask = rs->b.loss_mask + i * S;
+    const float *lm_head = rs->lm_head;
+    int32_t anchor = p, labels[DDT_MAX_SLOTS];
+    uint8_t keep = 1;
+    ddt_batch b = { 1, S, 1, ids, mask, rs->b.features + i * S * LH, NULL, &anchor, &keep, NULL };
+    const ddt_head head = { rs->embed, rs->lm_head, 0 };
+    float *hs = xcalloc((size_t)(B * H), sizeof(float)), *logits = xcalloc((size_t)(B * V), sizeof(float));
+    check(ddt_drafter_forward(rs->be, d, w, &head, &b, hs) == 0, "forward at %d", p);
+    for (int64_t k = 0; k < B; k++) {
+        for (int64_t v = 0; v < V; v++) {
+            double z = 0;
+            for (int64_t h = 0; h < H; h++)
+                z += (double)hs[k * H + h] * lm_head[v * H + h];
+            logits[k * V + v] = (float)z;
+        }
+        labels[k] = k >= 1 && p + k < S && mask[p + k] ? ids[p + k] : -1;
+    }
+    ddt_acceptance a;
+    ddt_acceptance_init(&a, &c->walk_budget, 1);
+    ddt_acceptance_add_block(&a, logits, B, V, labels);
+    free(hs), free(logits);
+    return 1 + (int32_t)(tree ? a.tree_sum[0] : a.chain_sum);
+}
+
+/* train.anchors walk and tree_walk (walk_share 1): after a step, rank 0's anchors of every
+ * sequence are starts of the walk that block_length's lengths under the step's weights give
+ * (min(A, starts) of them, the rest other candidates), not SPEC.md 2's uniform draw */
+static void test_walk_anchors(void)
+{
+    static const char *const fields[2] = {
+        "\"anchors\": \"walk\", \"walk_share\": 1, \"ce_target\": \"data\", ",
+        "\"anchors\": \"tree_walk\", \"walk_share\": 1, \"walk_budget\": 200, \"ce_target\": \"data\", ",
+    };
+    for (int tree = 0; tree < 2; tree++) {
+        char json[4096], longer[4096], greedy[4096];
+        with_steps(TINY("1", ""), 40, longer, sizeof longer);
+        with_train(longer, fields[tree], json, sizeof json);
+        const char *at = strstr(json, "\"kind\": \"synthetic\", ");   /* greedy data: walks longer than 1 */
+        snprintf(greedy, sizeof greedy, "%.*s\"temperature\": 0, %s", (int)(at - json), json, at);
+        ddt_trainer *t = open_run(greedy, NULL);
+        if (!t)
+            return;
+        const ddt_run_config *c = &t->cfg;
+        const int64_t S = c->seq_len, A = c->max_anchors;
+        enum { STEPS = 40 };
+        double losses[STEPS];
+        float *before = xcalloc((size_t)t->total, sizeof(float));
+        if (run_steps(t, STEPS - 1, losses, NULL) == 0) {   /* the drafter taught some blocks */
+            memcpy(before, t->params, (size_t)t->total * sizeof(float));
+            run_steps(t, 1, losses, NULL);
+        }
+        ddt_drafter_weights w;
+        ddt_drafter_bind(&c->drafter, before, &w);
+        const rank_state *rs = &t->rank[0];
+        int64_t skipped = 0, uniform = 0;   /* candidates the walks skip; sequences with uniform's anchors */
+        for (int64_t i = 0; i < rs->nseq && !case_failed; i++) {
+            const uint8_t *mask = rs->b.loss_mask + i * S;
+            const int32_t *anchors = rs->b.anchors + i * A;
+            const uint8_t *keep = rs->b.keep + i * A;
+            uint8_t *start = xcalloc((size_t)S, 1);
+            int64_t starts = 0, candidates = 0, kept = 0, from_walk = 0;
+            for (int64_t p = 0; p + 1 < S; p++) {
+                const int candidate = mask[p] && mask[p + 1];
+                candidates += candidate;
+                if (candidate && (p == 0 || starts == 0 || start[p])) {
+                    start[p] = 1;
+                    starts++;
+                    int32_t len = block_length(t, &w, i, (int32_t)p, tree);
+                    if (p + len < S)
+                        start[p + len] = 1;   /* where the walk lands next (masked: none here) */
+                }
+            }
+            skipped += candidates - starts;
+            for (int64_t j = 0; j < A && keep[j]; j++) {
+                kept++;
+                from_walk += start[anchors[j]];
+            }
+            const int64_t want = starts < A ? starts : A;
+            check(kept == (candidates < A ? candidates : A) && from_walk == want,
+                  "%s, sequence %lld: %lld anchors, %lld of them walk starts; want %lld starts of %lld",
+                  tree ? "tree_walk" : "walk", (long long)i, (long long)kept, (long long)from_walk, (long long)want,
+                  (long long)starts);
+            int32_t u[64];
+            uint8_t uk[64];
+            ddt_sample_anchors(mask, S, A, ddt_batch_seed(c->seed, STEPS - 1, rs->first + i, SEED_ANCHORS), u, uk);
+            uniform += memcmp(u, anchors, (size_t)A * sizeof(int32_t)) == 0;
+            free(start);
+        }
+        check(skipped > 0, "%s: the walks skipped no candidate (every block accepted nothing): the case "
+              "tells nothing", tree ? "tree_walk" : "walk");
+        check(uniform < rs->nseq, "%s: every sequence has the uniform draw's anchors", tree ? "tree_walk" : "walk");
+        printf("  # %s: %lld candidates skipped by the walks of %lld sequences\n", tree ? "tree_walk" : "walk",
+               (long long)skipped, (long long)rs->nseq);
+        free(before);
+        ddt_trainer_close(t);
+    }
+}
+
 int main(void)
 {
     if (!mkdtemp(state_dir)) {
@@ -1438,6 +1564,7 @@ int main(void)
         { "eval.speculative: lossless, 1 <= tau <= B, tree >= chain, rows, checkpoints", test_spec_eval },
         { "speculation on request without eval.speculative", test_spec_lazy },
         { "train.precision bf16: close to fp32, not identical", test_bf16_run },
+        { "train.anchors walk, tree_walk: the anchors are the walk's starts", test_walk_anchors },
         { "exact resume", test_exact_resume },
         { "exact resume, dflash2 on 2 ranks", test_dflash2_resume },
         { "the step's selector figures (dflash2), none (dflash)", test_selector_record },
