@@ -1,0 +1,145 @@
+#!/usr/bin/python3
+"""recipes.py: training recipes of the same DFlash drafter (SPEC.md 2) on the same work, side by side.
+
+    /usr/bin/python3 tests/bench/recipes.py --ddtreed build-simt/bin/ddtreed [--seconds 36]
+        [--qwen35-seconds 12] [--seeds 3] [--targets stories260k,stories260k-greedy,qwen35]
+        [--recipes uniform,gamma2x,...] [--keep DIR] [--json FILE]
+
+A recipe is a patch of the run config's "train" object (RECIPES below: uniform anchors as they
+are, twice the base's gamma, the walks' anchors of train.anchors with their share, DDTree's
+budget and reach weight). Each one trains the drafter for the same wall time on three targets:
+examples/stories260k.json on ../shared/models/stories260k with its sampled data (temperature
+0.6), the same on greedy data (temperature 0), and the structured tiny Qwen3.5 of recipe_runs.py
+(its own, shorter budget: --qwen35-seconds). As in dflash_vs_dflash2.py, a calibration run per
+target and recipe (seed 0, CALIBRATE steps, no evaluation) measures the median step time from
+the run's SQLite steps table, then floor(seconds / step time) steps are trained once per seed,
+evaluated at their last step only with speculative decoding (SPEC.md 7: tree budgets 8 and 32).
+A recipe whose steps cost more reaches fewer of them. Run it on a quiet machine: the step time
+is measured, not assumed. It prints the predicted total wall time first (the defaults: about
+half an hour on 2 cores), then each run's figures as it finishes.
+
+Prints, per target and recipe: steps reached, the calibration's median step ms, tau_chain,
+tau_spec, tau_spec_tree(8) and tau_spec_tree(32) as the mean and the spread (min..max) over the
+seeds, and whether the recipe beats uniform beyond the seeds' spread on tau_spec and on
+tau_spec_tree(32): "yes" when its worst seed is above uniform's best, "worse" when its best is
+below uniform's worst, else "-". --json FILE writes every run's figures and the table.
+Not a test (its figures are measurements); not in CI (ctest's `long` label). Exit 77 when
+../shared's models are absent. Needs numpy for the Qwen3.5 target (the structured checkpoint).
+"""
+import functools
+import json
+import os
+import sys
+
+from recipe_runs import (CALIBRATE, arguments, calibrate, models_absent, qwen35_config, run_config, seed_runs,
+                         spread, steps_for, stories_config, workdir)
+
+DEFAULT_GAMMA = 10.0   # train.gamma when the base leaves it out (ddtreed train --help)
+# recipe: the patch of the run config's "train" object, or a function of the base's "train" that gives it
+RECIPES = {
+    "uniform": {},
+    "gamma2x": lambda train: {"gamma": 2 * train.get("gamma", DEFAULT_GAMMA)},
+    "walk": {"anchors": "walk", "walk_share": 0.5},
+    "walk_all": {"anchors": "walk", "walk_share": 1},
+    "tree_walk": {"anchors": "tree_walk", "walk_share": 0.5, "walk_budget": 32},
+    "tree_reach": {"anchors": "tree_walk", "walk_share": 1, "walk_budget": 32, "reach_weight": 0.5},
+}
+BUDGETS = [8, 32]   # the tree budgets every evaluation has
+
+
+def stories_greedy_config():
+    c = stories_config()
+    c["name"] = "stories260k-greedy"
+    c["target"]["temperature"] = 0
+    return c
+
+
+# target: its base run config (of the work directory), then the seconds a run spends past its
+# training time (start and evaluation) and those of a calibration, for the predicted total
+TARGETS = {
+    "stories260k": (lambda work: stories_config(), 5.0, 4.0),
+    "stories260k-greedy": (lambda work: stories_greedy_config(), 5.0, 4.0),
+    "qwen35": (qwen35_config, 4.0, 2.0),
+}
+
+
+def with_budgets(base):
+    """base with BUDGETS among its evaluation's tree budgets, speculative decoding's included"""
+    ev = base.setdefault("eval", {})
+    for e in (ev, ev.setdefault("speculative", {})):
+        e["tree_budgets"] = sorted(set(e.get("tree_budgets", [])) | set(BUDGETS))
+    return base
+
+
+def recipe_config(base, recipe, seed, steps, evaluate):
+    c = run_config(base, f"{base['name']}-{recipe}-s{seed}", seed, steps, evaluate)
+    patch = RECIPES[recipe]
+    c["train"].update(patch(base["train"]) if callable(patch) else patch)
+    return c
+
+
+def beats(runs, uniform, key):
+    """yes when every seed of runs is above uniform's best on key, worse when every one is below its worst"""
+    v, u = ([r[key] for r in rs if r[key] is not None] for rs in (runs, uniform))
+    if not v or not u:
+        return "-"
+    return "yes" if min(v) > max(u) else "worse" if max(v) < min(u) else "-"
+
+
+def seconds_of(args, target):
+    return args.qwen35_seconds if target == "qwen35" else args.seconds
+
+
+def predicted_s(args, targets, recipes):
+    """the wall time of the whole comparison, from TARGETS' overheads"""
+    return sum(len(recipes) * (TARGETS[t][2] + args.seeds * (seconds_of(args, t) + TARGETS[t][1])) for t in targets)
+
+
+def main():
+    ap = arguments(__doc__.split("\n\n")[0], 36.0, ",".join(TARGETS))
+    ap.add_argument("--recipes", default=",".join(RECIPES), help="of " + ", ".join(RECIPES))
+    ap.add_argument("--json", help="a file to write every run's figures and the table to")
+    args = ap.parse_args()
+    targets, recipes = args.targets.split(","), args.recipes.split(",")
+    for names, known in ((targets, TARGETS), (recipes, RECIPES)):
+        if set(names) - set(known):
+            ap.error(f"unknown: {', '.join(sorted(set(names) - set(known)))} (of {', '.join(known)})")
+    if models_absent():
+        return 77
+    print(f"# {len(targets) * len(recipes) * args.seeds} runs and {len(targets) * len(recipes)} calibrations: "
+          f"about {predicted_s(args, targets, recipes) / 60:.0f} minutes", flush=True)
+    table = []   # {target, recipe, seconds, steps, step_ms, peak_bytes, runs}
+    with workdir(args.keep, "ddtree_recipes_") as work:
+        for target in targets:
+            base = with_budgets(TARGETS[target][0](work))
+            seconds = seconds_of(args, target)
+            for recipe in recipes:
+                make = functools.partial(recipe_config, base, recipe)
+                step_ms, peak = calibrate(args.ddtreed, make, os.path.join(work, target, recipe, "calibrate"))
+                steps = steps_for(seconds, step_ms)
+                print(f"# {target} {recipe}: {step_ms:.1f} ms a step over {CALIBRATE}, {steps} steps", flush=True)
+                runs = seed_runs(args.ddtreed, make, steps, args.seeds, seconds, os.path.join(work, target, recipe),
+                                 f"{target} {recipe}")
+                table.append({"target": target, "recipe": recipe, "seconds": seconds, "steps": steps,
+                              "step_ms": step_ms, "peak_bytes": peak, "runs": runs})
+    keys = ("tau_chain", "tau_spec", "tau_spec_tree8", "tau_spec_tree32")
+    print(f"\nTraining recipes, the same training time, {args.seeds} seeds: mean (min..max); "
+          "beats uniform beyond the spread (tau_spec, tau_spec_tree(32))")
+    print(f"{'target':18} {'recipe':10} {'s':>4} {'steps':>6} {'step ms':>8}  {'tau_chain':>20} {'tau_spec':>20} "
+          f"{'tau_spec_tree(8)':>20} {'tau_spec_tree(32)':>20}  {'spec':>5} {'tree32':>6}")
+    for row in table:
+        uniform = next((r["runs"] for r in table if r["target"] == row["target"] and r["recipe"] == "uniform"), [])
+        row["beats_uniform"] = {k: "base" if row["recipe"] == "uniform" else beats(row["runs"], uniform, k)
+                                for k in ("tau_spec", "tau_spec_tree32")}
+        print(f"{row['target']:18} {row['recipe']:10} {row['seconds']:4.0f} {row['steps']:6d} {row['step_ms']:8.1f}  " +
+              " ".join(f"{spread([r[k] for r in row['runs']]):>20}" for k in keys) +
+              f"  {row['beats_uniform']['tau_spec']:>5} {row['beats_uniform']['tau_spec_tree32']:>6}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"seconds": args.seconds, "qwen35_seconds": args.qwen35_seconds, "seeds": args.seeds,
+                       "table": table}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
