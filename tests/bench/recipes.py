@@ -6,8 +6,8 @@
         [--recipes uniform,gamma2x,...] [--keep DIR] [--json FILE]
 
 A recipe is a patch of the run config's "train" object (RECIPES below: uniform anchors as they
-are, twice the base's gamma, the walks' anchors of train.anchors with their share, DDTree's
-budget and reach weight). Each one trains the drafter for the same wall time on three targets:
+are, twice the base's gamma, the walks' anchors of train.anchors with their share, the tree
+term of train.tree_weight at two weights). Each one trains the drafter for the same wall time on three targets:
 examples/stories260k.json on ../shared/models/stories260k with its sampled data (temperature
 0.6), the same on greedy data (temperature 0), and the structured tiny Qwen3.5 of recipe_runs.py
 (its own, shorter budget: --qwen35-seconds). As in dflash_vs_dflash2.py, a calibration run per
@@ -41,8 +41,9 @@ RECIPES = {
     "gamma2x": lambda train: {"gamma": 2 * train.get("gamma", DEFAULT_GAMMA)},
     "walk": {"anchors": "walk", "walk_share": 0.5},
     "walk_all": {"anchors": "walk", "walk_share": 1},
-    "tree_walk": {"anchors": "tree_walk", "walk_share": 0.5, "walk_budget": 32},
-    "tree_reach": {"anchors": "tree_walk", "walk_share": 1, "walk_budget": 32, "reach_weight": 0.5},
+    "tree_walk": {"anchors": "tree_walk", "walk_share": 0.5, "tree_budget": 32},
+    "tree_term": {"tree_weight": 1, "tree_budget": 32},
+    "tree_term4": {"tree_weight": 4, "tree_budget": 32},
 }
 BUDGETS = [8, 32]   # the tree budgets every evaluation has
 

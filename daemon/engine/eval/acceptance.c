@@ -220,6 +220,17 @@ static void check_block(int64_t B, int64_t V)
                          "[1, 2^31)", (long long)B, (long long)V, (int)DDT_MAX_SLOTS);
 }
 
+/* The best-first tree of K nodes over the per-slot ranks of logits (B, V) into t (ddt_tree_free
+ * it): its nodes' scores, tokens and parents (their children arrays are freed with the ranks) */
+static void unary_tree(const float *logits, int64_t B, int64_t V, int64_t K, ddt_tree *t)
+{
+    block_ranks r;
+    block_ranks_open(&r, logits, B, V, K);
+    ddt_tree_init(t, ddt_tree_possible_nodes(B, r.Kmax, K));
+    ddt_tree_build(t, B, rank_children, &r);
+    free(r.base);
+}
+
 int64_t ddt_tree_draft(const float *logits, int64_t B, int64_t V, int64_t K, int32_t *tokens, int32_t *parents)
 {
     check_block(B, V);
@@ -227,17 +238,39 @@ int64_t ddt_tree_draft(const float *logits, int64_t B, int64_t V, int64_t K, int
         ddk_fatal(__FILE__, __LINE__, "node budget %lld outside [1, 2^31)", (long long)K);
     if (B < 2)
         return 0;
-    block_ranks r;
-    block_ranks_open(&r, logits, B, V, K);
     ddt_tree t;
-    ddt_tree_init(&t, ddt_tree_possible_nodes(B, r.Kmax, K));
-    ddt_tree_build(&t, B, rank_children, &r);
+    unary_tree(logits, B, V, K, &t);
     for (int64_t i = 0; i < t.n; i++)
         tokens[i] = t.nodes[i].token, parents[i] = t.nodes[i].parent;
     const int64_t n = t.n;
     ddt_tree_free(&t);
-    free(r.base);
     return n;
+}
+
+int64_t ddt_tree_margins(const float *logits, int64_t B, int64_t V, int64_t K, const int32_t *labels, double *z)
+{
+    check_block(B, V);
+    int64_t D = 0;
+    while (D + 1 < B && labels[D + 1] >= 0 && labels[D + 1] < V)
+        D++;
+    if (D == 0)
+        return 0;
+    ddt_tree t;
+    unary_tree(logits, B, V, K, &t);
+    const double last = t.nodes[t.n - 1].score;   /* the tree's lowest: n >= 1 (slot 1's argmax) */
+    ddt_tree_free(&t);
+    double prefix = 0;
+    for (int64_t d = 1; d <= D; d++) {
+        const float *row = logits + d * V;
+        double m = -INFINITY, sum = 0;
+        for (int64_t v = 0; v < V; v++)
+            m = fmax(m, (double)clean_logit(row[v]));
+        for (int64_t v = 0; m > -INFINITY && v < V; v++)
+            sum += exp((double)clean_logit(row[v]) - m);
+        prefix += m > -INFINITY ? (double)clean_logit(row[labels[d]]) - m - log(sum) : -INFINITY;
+        z[d] = prefix - last;
+    }
+    return D;
 }
 
 /* The largest budget (at least 1: the argmax is needed even without a tree) */

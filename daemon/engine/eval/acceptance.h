@@ -57,6 +57,13 @@ void ddt_acceptance_add_selector_block(ddt_acceptance *a, const float *logits, c
  * anchor's token; else an index < i: a parent comes before its children). Returns the nodes. */
 int64_t ddt_tree_draft(const float *logits, int64_t B, int64_t V, int64_t K, int32_t *tokens, int32_t *parents);
 
+/* The tree term's margins of one block (train.tree_weight): for the labels' prefixes of depth
+ * d = 1.. while the labels are valid, z[d] = their summed log-probability (slot i's label under
+ * logits row i, log-softmax over the full vocabulary) minus the score of the last node the
+ * best-first tree of K nodes takes (SPEC.md 6): z[d] >= 0 where the prefix is in the tree (up to
+ * ties). Returns D, the depths with a valid label (z[1..D] set; 0 when slot 1's is invalid). */
+int64_t ddt_tree_margins(const float *logits, int64_t B, int64_t V, int64_t K, const int32_t *labels, double *z);
+
 /* Results: acc_k = slot_correct[k] / slot_count[k]; tau_chain = 1 + chain_sum / blocks;
  * tau_tree[i] = 1 + tree_sum[i] / blocks (all 1 when no block was counted). */
 double ddt_acceptance_acc(const ddt_acceptance *a, int64_t k);

@@ -128,7 +128,7 @@ typedef struct ddt_batch {
     const int32_t *anchors;         /* (nseq, A) host, sorted per row, padding after the kept ones */
     const uint8_t *keep;            /* (nseq, A) host */
     const float *slot_scale;        /* (nseq, A, B) host: multiplies each slot's weight w (the
-                                       trainer's train.reach_weight), or NULL: SPEC.md 2's w */
+                                       trainer's tree term, train.tree_weight), or NULL: SPEC.md 2's w */
 } ddt_batch;
 
 typedef struct ddt_loss_config {

@@ -149,16 +149,17 @@ static const config_field fields[] = {
       "where anchors are drawn: uniform over the candidates (SPEC.md 2); walk: where speculative decoding "
       "would start its blocks under the current weights (SPEC.md 7: from the sequence's start, each block's "
       "teacher-forced accepted length plus the bonus to the next), on train.walk_share of the sequences, "
-      "the rest uniform; tree_walk: the same along DDTree's accepted depth with train.walk_budget nodes" },
+      "the rest uniform; tree_walk: the same along DDTree's accepted depth with train.tree_budget nodes" },
     { "train.walk_share", F_F64, OFF(walk_share), 0.5, 0, 1, NULL, 0,
       "walk, tree_walk: the fraction of each step's sequences whose anchors come from the walk "
       "(its cost, a forward at every position of those sequences, grows with it)" },
-    { "train.walk_budget", F_INT, OFF(walk_budget), 32, 1, 4096, NULL, 0,
-      "tree_walk: K, the nodes of the DDTree (SPEC.md 6) whose accepted depth sets the walk" },
-    { "train.reach_weight", F_F64, OFF(reach_weight), 0.0, 0, 1, NULL, 0,
-      "walk, tree_walk: r > 0 scales the weight of each training slot the decoder does not reach under the "
-      "current weights by 1 - r (per block: slot k is reached when its walk's decoder, the chain or DDTree with "
-      "train.walk_budget nodes, accepts the slots before it); 0: every slot keeps SPEC.md 2's weight" },
+    { "train.tree_weight", F_F64, OFF(tree_weight), 0.0, 0, 100, NULL, 0,
+      "lambda of the tree term (any anchors): each training block's slot weights scaled by 1 + 4 lambda times "
+      "the sum, over the labels' prefixes from that slot on, of sigma'(margin), margin = the prefix's summed "
+      "log-probability minus the last node's of the best-first DDTree of train.tree_budget nodes (SPEC.md 6) "
+      "under the current weights: the gradient of a smoothed DDTree accepted depth; 0: none" },
+    { "train.tree_budget", F_INT, OFF(tree_budget), 32, 1, 4096, NULL, 0,
+      "K, the DDTree nodes of tree_walk's accepted depth and of the tree term's margins" },
     { "train.selector_warmup", F_F64, OFF(selector_warmup), 0.0, 0, 1, NULL, 0,
       "dflash2: the first fraction of the steps with alpha_sel 0" },
     { "train.selector_ramp", F_F64, OFF(selector_ramp), 0.0, 0, 1, NULL, 0,
@@ -773,7 +774,8 @@ static int first_present(const cJSON *root, const char *const (*paths)[2], size_
 
 /* Settings of a mode the config does not choose are refused, naming the first: a forgotten
  * drafter.architecture or train.anchors would otherwise train without them without a word.
- * DFlash2's own fields in a DFlash run config; the walks' in a run of uniform anchors. */
+ * DFlash2's own fields in a DFlash run config; the walks' share in a run of uniform anchors;
+ * DDTree's budget where neither the tree walk nor the tree term reads it. */
 static int check_mode_fields(const parse_ctx *p, const cJSON *root)
 {
     static const char *const dflash2[][2] = {
@@ -781,18 +783,20 @@ static int check_mode_fields(const parse_ctx *p, const cJSON *root)
         { "drafter", "selector_top_k" }, { "train", "selector_weight" }, { "train", "selector_candidates" },
         { "train", "selector_stop_gradient" }, { "train", "selector_warmup" }, { "train", "selector_ramp" },
     };
-    static const char *const walk[][2] = { { "train", "walk_budget" }, { "train", "walk_share" },
-                                           { "train", "reach_weight" } };
+    static const char *const share[][2] = { { "train", "walk_share" } }, *const budget[][2] = {
+        { "train", "tree_budget" } };
+    const ddt_run_config *c = p->c;
     char path[64];
-    if (!p->c->drafter.dflash2 && first_present(root, dflash2, sizeof dflash2 / sizeof dflash2[0], path, sizeof path))
+    if (!c->drafter.dflash2 && first_present(root, dflash2, sizeof dflash2 / sizeof dflash2[0], path, sizeof path))
         return fail(p, path, "is a DFlash2 setting (SPEC.md 2.1): %s",
                     "set drafter.architecture to \"dflash2\", or leave it out for a DFlash drafter");
-    if (p->c->anchor_walk == DDT_ANCHORS_UNIFORM && first_present(root, walk, 3, path, sizeof path))
+    if (c->anchor_walk == DDT_ANCHORS_UNIFORM && first_present(root, share, 1, path, sizeof path))
         return fail(p, path, "is a setting of the walks: %s",
                     "set train.anchors to \"walk\" or \"tree_walk\", or leave it out for uniform anchors");
-    if (p->c->anchor_walk == DDT_ANCHORS_WALK && first_present(root, walk, 1, path, sizeof path))
-        return fail(p, path, "is a setting of the tree walk: %s",
-                    "set train.anchors to \"tree_walk\", or leave it out for the chain's walk");
+    if (c->anchor_walk != DDT_ANCHORS_TREE_WALK && c->tree_weight == 0 &&
+        first_present(root, budget, 1, path, sizeof path))
+        return fail(p, path, "is a setting of DDTree's training: %s",
+                    "set train.anchors to \"tree_walk\" or train.tree_weight above 0, or leave it out");
     return 0;
 }
 

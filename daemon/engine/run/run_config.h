@@ -85,8 +85,8 @@ typedef struct ddt_run_config {
     double selector_warmup, selector_ramp; /* fractions of train.steps */
     int anchor_walk;                       /* train.anchors: ddt_anchor_walk */
     double walk_share;                     /* train.walk_share: of a step's sequences, walked */
-    int64_t walk_budget;                   /* train.walk_budget: the tree walk's K */
-    double reach_weight;                   /* train.reach_weight: 1 - the scale of unreached slots */
+    int64_t tree_budget;                   /* train.tree_budget: K of the tree walk and the tree term */
+    double tree_weight;                    /* train.tree_weight: lambda of the tree term (0: none) */
 
     /* loss */
     float kl_weight, kl_temperature, cap_weight, cap_temperature;

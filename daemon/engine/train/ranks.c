@@ -187,7 +187,7 @@ int ddt_trainer_alloc_ranks(ddt_trainer *t, const ddt_devices *dev, char *err, s
         int ok = rs->grads != NULL;
         if (c->grad_accum > 1 && rs->nseq > 1)
             ok &= (rs->micro_grads = ddk_malloc(a, bytes)) != NULL;
-        if (c->reach_weight > 0)
+        if (c->tree_weight > 0)
             ok &= (rs->slot_scale = malloc((size_t)(n * A * d->block_size) * sizeof(float))) != NULL;
         if (t->gpu) {
             /* the staging block is allocated once: the rank's slice, hence its size, is the

@@ -71,7 +71,8 @@ static float selector_weight_at(const ddt_run_config *c, int64_t step)
  * gradient (of its own normalised loss) is weighted by its weight sum into the rank's, which
  * then is the gradient of the rank's normalised loss, as if the slice had run at once.
  * Co-located, the rank first computes its slice's features (prefill_slice); with a walk
- * (train.anchors), the walked sequences' anchors are redrawn from it (walk.c). */
+ * (train.anchors), the walked sequences' anchors are redrawn, and with the tree term
+ * (train.tree_weight) the slots' weights scaled (walk.c). */
 static void *rank_main(void *arg)
 {
     rank_state *rs = arg;
@@ -99,8 +100,8 @@ static void *rank_main(void *arg)
     ddk_loss_result sum = { 0 };
     double sum_loss = 0, sum_ce = 0, sum_kl = 0, sum_cap = 0, sum_sel = 0;
     rs->rc = t->colocated ? prefill_slice(rs) : 0;
-    if (rs->rc == 0 && c->anchor_walk != DDT_ANCHORS_UNIFORM)
-        rs->rc = ddt_trainer_walk_anchors(rs);   /* the walked sequences' anchors, redrawn */
+    if (rs->rc == 0 && (c->anchor_walk != DDT_ANCHORS_UNIFORM || c->tree_weight > 0))
+        rs->rc = ddt_trainer_match_serving(rs);   /* the walks' anchors, the tree term's slot scales */
     for (int64_t first = 0; first < rs->nseq && rs->rc == 0; first += micro) {
         const int64_t n = rs->nseq - first < micro ? rs->nseq - first : micro;
         ddt_batch b = { n, S, A, rs->b.input_ids + first * S, rs->b.loss_mask + first * S,

@@ -4,7 +4,7 @@
  *   cadence.c     the cadence of a run: ddt_trainer_advance, _hold, _finish
  *   open.c        ddt_trainer_open, _open_parsed, _close: the run's config, data, ranks, weights
  *   step.c        ddt_trainer_step: the ranks' threads, the all-reduce, AdamW, out-of-memory recovery
- *   walk.c        ddt_trainer_walk_anchors: serving-matched anchors (train.anchors walk, tree_walk)
+ *   walk.c        ddt_trainer_match_serving: the walks' anchors (train.anchors), the tree term's scales
  *   evaluation.c  ddt_trainer_eval, _speculate: acceptance and speculative decoding, held out
  *   batches.c     a step's batch into the ranks' buffers, and a split's next one taken ahead
  *   ranks.c       the ranks on their devices, with their replicas of the target and the weights
@@ -120,7 +120,7 @@ typedef struct rank_state {
      * pinned staging block, laid out as dev_batch_block) */
     int64_t nseq, first;          /* sequences, index of the first in the global batch */
     rank_batch b;                 /* the step's */
-    float *slot_scale;            /* (nseq, A, B) host: train.reach_weight's scale of b's slots
+    float *slot_scale;            /* (nseq, A, B) host: the tree term's scales of b's slots
                                      (walk.c), or NULL */
     rank_batch ahead;             /* a split's second slot: the next step's, filled by the target
                                      ranks while the drafter trains on b (else unused) */
@@ -238,10 +238,11 @@ int ddt_trainer_load_batch(struct ddt_trainer *t, char *err, size_t err_len);
 
 /* ---- walk.c */
 
-/* train.anchors "walk" / "tree_walk": the anchors of the walked sequences of rs's slice (its
- * features and labels in place, the step's weights bound) redrawn from the walk's starts, in
- * rs->b. 0, or -ENOMEM (its workspace) or the forward's errno. */
-int ddt_trainer_walk_anchors(rank_state *rs);
+/* Before the step of rs's slice (its features and labels in place, the step's weights bound):
+ * train.anchors "walk" / "tree_walk": the walked sequences' anchors redrawn from the walk's
+ * starts in rs->b; train.tree_weight: the tree term's scales of every block's slots in
+ * rs->slot_scale. 0, or -ENOMEM (its workspace) or the forward's errno. */
+int ddt_trainer_match_serving(rank_state *rs);
 
 /* ---- evaluation.c */
 

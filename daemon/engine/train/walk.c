@@ -25,6 +25,7 @@
 #include "eval/acceptance.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -84,9 +85,35 @@ static void block_labels(const walk_work *w, int64_t S, int64_t B, int64_t p, in
         labels[k] = p + k < S ? w->labels[p + k] : -1;
 }
 
-/* len[p] of sequence i at each of positions (n, candidates): the block's accepted length + 1 */
-static int lengths_at(const ddt_trainer *t, const rank_state *rs, walk_work *w, int64_t i, const float *th,
-                      const int32_t *positions, int64_t n)
+/* What draft_blocks takes from each block */
+typedef enum block_use {
+    CHAIN_LENGTHS,   /* len[p]: the chain's accepted length + 1 (argmax indices read back) */
+    TREE_LENGTHS,    /* len[p]: DDTree's accepted depth + 1 (the block's logits read back) */
+    TREE_SCALES      /* scale (n, B): the tree term's slot scales of block j (positions: the anchors) */
+} block_use;
+
+/* train.tree_weight: the scales (B) of one block from its logits (B, V) and labels (B): slot k's
+ * 1 + 4 lambda sum over d >= k of s(z_d), s = sigma' of the margins z of ddt_tree_margins: the CE
+ * gradient it weights is the gradient of lambda * 4 * sum_d sigma(z_d), the smoothed count of the
+ * labels' prefixes in the tree of K nodes (its accepted depth), the tree's threshold held fixed */
+static void tree_scales(const ddt_run_config *c, const float *logits, const int32_t *labels, float *scale)
+{
+    const int64_t B = c->drafter.block_size, V = c->drafter.vocab;
+    double z[DDT_MAX_SLOTS], tail = 0;
+    const int64_t D = ddt_tree_margins(logits, B, V, c->tree_budget, labels, z);
+    for (int64_t k = B - 1; k >= 0; k--) {
+        if (k >= 1 && k <= D) {
+            const double sig = 1.0 / (1.0 + exp(-z[k]));
+            tail += sig * (1.0 - sig);
+        }
+        scale[k] = (float)(1.0 + 4.0 * c->tree_weight * tail);
+    }
+}
+
+/* Blocks of sequence i at positions (n, candidates), drafted with the step's weights in groups
+ * of A (one forward each), each taken as `use` says */
+static int draft_blocks(const ddt_trainer *t, const rank_state *rs, walk_work *w, int64_t i, const float *th,
+                        const int32_t *positions, int64_t n, block_use use, float *scale)
 {
     const ddt_run_config *c = &t->cfg;
     const ddt_drafter_config *d = &c->drafter;
@@ -94,7 +121,7 @@ static int lengths_at(const ddt_trainer *t, const rank_state *rs, walk_work *w, 
                   LH = d->taps * H;
     const ddk_backend *be = w->be;
     const ddt_head head = { rs->embed, rs->lm_head, rs->head_bf16 };
-    for (int64_t g0 = 0; g0 < n; g0 += A) {   /* groups of A blocks, one forward each */
+    for (int64_t g0 = 0; g0 < n; g0 += A) {
         const int64_t m = n - g0 < A ? n - g0 : A;
         for (int64_t j = 0; j < A; j++) {
             w->anchors[j] = positions[g0 + (j < m ? j : m - 1)];
@@ -106,14 +133,18 @@ static int lengths_at(const ddt_trainer *t, const rank_state *rs, walk_work *w, 
         if (rc)
             return rc;
         int32_t labels[DDT_MAX_SLOTS];
-        if (c->anchor_walk == DDT_ANCHORS_TREE_WALK) {
+        if (use != CHAIN_LENGTHS) {
             for (int64_t j = 0; j < m; j++) {
                 ddt_head_logits(be, &head, B, V, H, w->hs + j * B * H, w->logits_dev);
                 be->copy(be, w->logits, w->logits_dev, (size_t)(B * V) * sizeof(float));
                 be->synchronize(be);
                 block_labels(w, S, B, w->anchors[j], labels);
+                if (use == TREE_SCALES) {
+                    tree_scales(c, w->logits, labels, scale + (g0 + j) * B);
+                    continue;
+                }
                 ddt_acceptance acc;
-                ddt_acceptance_init(&acc, &c->walk_budget, 1);
+                ddt_acceptance_init(&acc, &c->tree_budget, 1);
                 ddt_acceptance_add_block(&acc, w->logits, B, V, labels);
                 w->len[w->anchors[j]] = 1 + (int32_t)acc.tree_sum[0];
             }
@@ -137,18 +168,7 @@ static int lengths_at(const ddt_trainer *t, const rank_state *rs, walk_work *w, 
     return 0;
 }
 
-/* train.reach_weight: scale (A, B) of sequence i's blocks: 1 - r where slot k > len[a_j] (the
- * decoder stops before it), else 1 */
-static void reach_scale(const ddt_run_config *c, const walk_work *w, const int32_t *anchors, const uint8_t *keep,
-                        float *scale)
-{
-    const int64_t A = c->max_anchors, B = c->drafter.block_size;
-    for (int64_t j = 0; j < A; j++)
-        for (int64_t k = 0; k < B; k++)
-            scale[j * B + k] = keep[j] && k > w->len[anchors[j]] ? (float)(1.0 - c->reach_weight) : 1.0f;
-}
-
-int ddt_trainer_walk_anchors(rank_state *rs)
+int ddt_trainer_match_serving(rank_state *rs)
 {
     const ddt_trainer *t = rs->t;
     const ddt_run_config *c = &t->cfg;
@@ -162,7 +182,8 @@ int ddt_trainer_walk_anchors(rank_state *rs)
     w.hs = ddk_malloc(be->alloc, hs_bytes);
     w.logits_dev = ddk_malloc(be->alloc, logit_bytes);
     w.argmax_dev = ddk_malloc(be->alloc, index_bytes);
-    w.logits = c->anchor_walk == DDT_ANCHORS_TREE_WALK ? malloc((size_t)(B * V) * sizeof(float)) : NULL;
+    const int host_logits = c->anchor_walk == DDT_ANCHORS_TREE_WALK || c->tree_weight > 0;
+    w.logits = host_logits ? malloc((size_t)(B * V) * sizeof(float)) : NULL;
     w.argmax = malloc(index_bytes);
     w.labels = malloc((size_t)S * sizeof(int32_t));
     w.len = malloc((size_t)S * sizeof(int32_t));
@@ -170,31 +191,38 @@ int ddt_trainer_walk_anchors(rank_state *rs)
     w.anchors = malloc((size_t)A * sizeof(int32_t));
     w.keep = malloc((size_t)A);
     int rc = w.hs && w.logits_dev && w.argmax_dev && w.argmax && w.labels && w.len && w.positions && w.anchors && w.keep &&
-             (w.logits || c->anchor_walk != DDT_ANCHORS_TREE_WALK) ? 0 : -ENOMEM;
+             (w.logits || !host_logits) ? 0 : -ENOMEM;
     for (int64_t i = 0; i < rs->nseq && rc == 0; i++) {
         const int64_t gi = rs->first + i;
-        const int walk = walked(c->walk_share, gi);
+        const int walk = c->anchor_walk != DDT_ANCHORS_UNIFORM && walked(c->walk_share, gi);
         int32_t *anchors = rs->b.anchors + i * A;
         uint8_t *keep = rs->b.keep + i * A;
-        if (!walk && c->reach_weight <= 0)
-            continue;
         const float *th = rs->b.teacher ? rs->b.teacher + i * S * H : NULL;
         const uint8_t *mask = rs->b.loss_mask + i * S;
-        int64_t n = 0;   /* where to draft: every candidate of a walked sequence, else its anchors */
-        for (int64_t p = 0; walk && p + 1 < S; p++)
-            if (mask[p] && mask[p + 1])
-                w.positions[n++] = (int32_t)p;
-        for (int64_t j = 0; !walk && j < A && keep[j]; j++)
-            w.positions[n++] = anchors[j];
-        for (int64_t p = 0; p < S; p++)
-            w.len[p] = 1;
-        sequence_labels(t, rs, &w, i, th);
-        if ((rc = lengths_at(t, rs, &w, i, th, w.positions, n)))
-            break;
-        if (walk)
+        if (walk || c->tree_weight > 0)
+            sequence_labels(t, rs, &w, i, th);
+        if (walk) {   /* every candidate drafted, the walk along their lengths */
+            int64_t n = 0;
+            for (int64_t p = 0; p < S; p++) {
+                w.len[p] = 1;
+                if (p + 1 < S && mask[p] && mask[p + 1])
+                    w.positions[n++] = (int32_t)p;
+            }
+            if ((rc = draft_blocks(t, rs, &w, i, th, w.positions, n,
+                                   c->anchor_walk == DDT_ANCHORS_TREE_WALK ? TREE_LENGTHS : CHAIN_LENGTHS, NULL)))
+                break;
             ddt_walk_anchors(mask, S, w.len, A, ddt_batch_seed(c->seed, t->step, gi, SEED_WALK), anchors, keep);
-        if (c->reach_weight > 0)
-            reach_scale(c, &w, anchors, keep, rs->slot_scale + i * A * B);
+        }
+        if (c->tree_weight > 0) {   /* the anchors' blocks, their slots scaled */
+            float *scale = rs->slot_scale + i * A * B;
+            int64_t n = 0;
+            while (n < A && keep[n])
+                n++;
+            for (int64_t k = n * B; k < A * B; k++)
+                scale[k] = 1.0f;   /* padding: its weights are 0 anyway */
+            if ((rc = draft_blocks(t, rs, &w, i, th, anchors, n, TREE_SCALES, scale)))
+                break;
+        }
     }
     ddk_free(be->alloc, w.hs, hs_bytes);
     ddk_free(be->alloc, w.logits_dev, logit_bytes);

@@ -447,8 +447,9 @@ static void test_config_errors(void)
         { "{\"drafter\": {\"architecture\": \"dflash3\"}}", "drafter.architecture" },
         /* the walks' fields without the walk they set */
         { "{\"train\": {\"walk_share\": 0.5}}", "train.walk_share" },
-        { "{\"train\": {\"anchors\": \"uniform\", \"reach_weight\": 0.5}}", "train.reach_weight" },
-        { "{\"train\": {\"anchors\": \"walk\", \"walk_budget\": 8}}", "train.walk_budget" },
+        { "{\"train\": {\"anchors\": \"uniform\", \"tree_budget\": 8}}", "train.tree_budget" },
+        { "{\"train\": {\"anchors\": \"walk\", \"tree_budget\": 8}}", "train.tree_budget" },
+        { "{\"train\": {\"tree_weight\": -1}}", "train.tree_weight" },
         { "{\"train\": {\"anchors\": \"serving\"}}", "train.anchors" },
         { "{\"train\": {\"anchors\": \"walk\", \"walk_share\": 1.5}}", "train.walk_share" },
         /* devices */
@@ -1435,11 +1436,11 @@ static void test_dflash2_eval(void)
     }
 }
 
-/* The accepted length + 1 of the block at candidate p of rank 0's sequence i under weights w,
- * recomputed from public calls: the drafter's forward of that one block, its logits on the host
- * in double, SPEC.md 6's acceptance against the data's labels (ce_target "data"): the chain's,
- * or DDTree's with train.walk_budget nodes */
-static int32_t block_length(ddt_trainer *t, const ddt_drafter_weights *w, int64_t i, int32_t p, int tree)
+/* The logits (B, V) and labels (B) of the block at candidate p of rank 0's sequence i under
+ * weights w, recomputed from public calls: the drafter's forward of that one block, its logits on
+ * the host in double, the data's labels (ce_target "data") */
+static void block_logits(ddt_trainer *t, const ddt_drafter_weights *w, int64_t i, int32_t p, float *logits,
+                         int32_t *labels)
 {
     const ddt_run_config *c = &t->cfg;
     const ddt_drafter_config *d = &c->drafter;
@@ -1448,11 +1449,11 @@ static int32_t block_length(ddt_trainer *t, const ddt_drafter_weights *w, int64_
     const int32_t *ids = rs->b.input_ids + i * S;
     const uint8_t *mask = rs->b.loss_mask + i * S;
     const float *lm_head = rs->lm_head;
-    int32_t anchor = p, labels[DDT_MAX_SLOTS];
+    int32_t anchor = p;
     uint8_t keep = 1;
     ddt_batch b = { 1, S, 1, ids, mask, rs->b.features + i * S * LH, NULL, &anchor, &keep, NULL };
     const ddt_head head = { rs->embed, rs->lm_head, 0 };
-    float *hs = xcalloc((size_t)(B * H), sizeof(float)), *logits = xcalloc((size_t)(B * V), sizeof(float));
+    float *hs = xcalloc((size_t)(B * H), sizeof(float));
     check(ddt_drafter_forward(rs->be, d, w, &head, &b, hs) == 0, "forward at %d", p);
     for (int64_t k = 0; k < B; k++) {
         for (int64_t v = 0; v < V; v++) {
@@ -1463,10 +1464,21 @@ static int32_t block_length(ddt_trainer *t, const ddt_drafter_weights *w, int64_
         }
         labels[k] = k >= 1 && p + k < S && mask[p + k] ? ids[p + k] : -1;
     }
+    free(hs);
+}
+
+/* The accepted length + 1 of that block (SPEC.md 6): the chain's, or DDTree's with
+ * train.tree_budget nodes */
+static int32_t block_length(ddt_trainer *t, const ddt_drafter_weights *w, int64_t i, int32_t p, int tree)
+{
+    const ddt_drafter_config *d = &t->cfg.drafter;
+    float *logits = xcalloc((size_t)(d->block_size * d->vocab), sizeof(float));
+    int32_t labels[DDT_MAX_SLOTS];
+    block_logits(t, w, i, p, logits, labels);
     ddt_acceptance a;
-    ddt_acceptance_init(&a, &c->walk_budget, 1);
-    ddt_acceptance_add_block(&a, logits, B, V, labels);
-    free(hs), free(logits);
+    ddt_acceptance_init(&a, &t->cfg.tree_budget, 1);
+    ddt_acceptance_add_block(&a, logits, d->block_size, d->vocab, labels);
+    free(logits);
     return 1 + (int32_t)(tree ? a.tree_sum[0] : a.chain_sum);
 }
 
@@ -1477,7 +1489,7 @@ static void test_walk_anchors(void)
 {
     static const char *const fields[2] = {
         "\"anchors\": \"walk\", \"walk_share\": 1, \"ce_target\": \"data\", ",
-        "\"anchors\": \"tree_walk\", \"walk_share\": 1, \"walk_budget\": 200, \"ce_target\": \"data\", ",
+        "\"anchors\": \"tree_walk\", \"walk_share\": 1, \"tree_budget\": 200, \"ce_target\": \"data\", ",
     };
     for (int tree = 0; tree < 2; tree++) {
         char json[4096], longer[4096], greedy[4096];
@@ -1544,6 +1556,61 @@ static void test_walk_anchors(void)
     }
 }
 
+/* train.tree_weight: after a step, every kept block's slot scales are 1 + 4 lambda times the
+ * sum over the deeper labels' prefixes of sigma'(margin), the margins recomputed here from the
+ * block's logits under the step's weights (ddt_tree_margins); non-increasing along the block,
+ * above 1 somewhere; and the run's loss is not the one without the term */
+static void test_tree_term(void)
+{
+    char json[4096], plain[4096];
+    with_train(TINY("1", ""), "\"tree_weight\": 2, \"tree_budget\": 6, \"ce_target\": \"data\", ", json, sizeof json);
+    with_train(TINY("1", ""), "\"ce_target\": \"data\", ", plain, sizeof plain);
+    double with_term[3] = { 0 }, without[3] = { 0 };
+    ddt_trainer *t = open_run(plain, NULL);
+    if (!t)
+        return;
+    run_steps(t, 3, without, NULL);
+    ddt_trainer_close(t);
+    if (!(t = open_run(json, NULL)))
+        return;
+    const ddt_run_config *c = &t->cfg;
+    const int64_t A = c->max_anchors, B = c->drafter.block_size, V = c->drafter.vocab;
+    float *before = xcalloc((size_t)t->total, sizeof(float)), *logits = xcalloc((size_t)(B * V), sizeof(float));
+    if (run_steps(t, 2, with_term, NULL) == 0) {
+        memcpy(before, t->params, (size_t)t->total * sizeof(float));
+        run_steps(t, 1, with_term + 2, NULL);
+    }
+    check(with_term[0] != without[0], "the tree term left the loss at %.9g", without[0]);
+    ddt_drafter_weights w;
+    ddt_drafter_bind(&c->drafter, before, &w);
+    const rank_state *rs = &t->rank[0];
+    int64_t above = 0;
+    double worst = 0;
+    for (int64_t i = 0; i < rs->nseq; i++)
+        for (int64_t j = 0; j < A && rs->b.keep[i * A + j]; j++) {
+            int32_t labels[DDT_MAX_SLOTS];
+            double z[DDT_MAX_SLOTS], tail = 0;
+            block_logits(t, &w, i, rs->b.anchors[i * A + j], logits, labels);
+            const int64_t D = ddt_tree_margins(logits, B, V, c->tree_budget, labels, z);
+            const float *scale = rs->slot_scale + (i * A + j) * B;
+            for (int64_t k = B - 1; k >= 1; k--) {
+                if (k <= D)
+                    tail += 1.0 / (1.0 + exp(-z[k])) * (1.0 - 1.0 / (1.0 + exp(-z[k])));
+                worst = fmax(worst, fabs(scale[k] - (1.0 + 4.0 * c->tree_weight * tail)));
+                above += scale[k] > 1.0f;
+                if (k + 1 < B)
+                    check(scale[k] >= scale[k + 1], "block %lld: slot %lld's scale %g below the next's %g",
+                          (long long)j, (long long)k, scale[k], scale[k + 1]);
+            }
+        }
+    check(worst < 1e-4, "the slot scales differ from the recomputed margins' by %.3g", worst);
+    check(above > 0, "no slot scaled above 1: the case tells nothing");
+    printf("  # %lld slots scaled above 1; loss %.6f with the term, %.6f without (step 1)\n", (long long)above,
+           with_term[0], without[0]);
+    free(before), free(logits);
+    ddt_trainer_close(t);
+}
+
 int main(void)
 {
     if (!mkdtemp(state_dir)) {
@@ -1565,6 +1632,7 @@ int main(void)
         { "speculation on request without eval.speculative", test_spec_lazy },
         { "train.precision bf16: close to fp32, not identical", test_bf16_run },
         { "train.anchors walk, tree_walk: the anchors are the walk's starts", test_walk_anchors },
+        { "train.tree_weight: the slots' scales from the tree's margins", test_tree_term },
         { "exact resume", test_exact_resume },
         { "exact resume, dflash2 on 2 ranks", test_dflash2_resume },
         { "the step's selector figures (dflash2), none (dflash)", test_selector_record },
