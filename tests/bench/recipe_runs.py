@@ -103,11 +103,13 @@ def hidden_of(base):
     return int(c.get("text_config", c)["hidden_size"])
 
 
-def spread(values):
+def spread(values, signed=False):
+    """mean (min..max) of the values given, signs written when signed"""
     v = [x for x in values if x is not None]
     if not v:
         return "-"
-    return f"{statistics.mean(v):.3f} ({min(v):.3f}..{max(v):.3f})"
+    f = "+.3f" if signed else ".3f"
+    return f"{statistics.mean(v):{f}} ({min(v):{f}}..{max(v):{f}})"
 
 
 def calibrate(ddtreed, make, workdir):

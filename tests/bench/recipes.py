@@ -3,7 +3,7 @@
 
     /usr/bin/python3 tests/bench/recipes.py --ddtreed build-simt/bin/ddtreed [--seconds 36]
         [--qwen35-seconds 12] [--seeds 3] [--targets stories260k,stories260k-greedy,qwen35]
-        [--recipes uniform,gamma2x,...] [--keep DIR] [--json FILE]
+        [--recipes uniform,gamma2x,...] [--keep DIR] [--json FILE] [--from-json FILE]
 
 A recipe is a patch of the run config's "train" object (RECIPES below: uniform anchors as they
 are, twice the base's gamma, the walks' anchors of train.anchors with their share, the tree
@@ -20,9 +20,14 @@ half an hour on 2 cores), then each run's figures as it finishes.
 
 Prints, per target and recipe: steps reached, the calibration's median step ms, tau_chain,
 tau_spec, tau_spec_tree(8) and tau_spec_tree(32) as the mean and the spread (min..max) over the
-seeds, and whether the recipe beats uniform beyond the seeds' spread on tau_spec and on
-tau_spec_tree(32): "yes" when its worst seed is above uniform's best, "worse" when its best is
-below uniform's worst, else "-". --json FILE writes every run's figures and the table.
+seeds; then each recipe's differences from uniform seed by seed, mean (min..max), and whether it
+beats uniform beyond the seeds' spread on tau_spec and on tau_spec_tree(32): "yes" when it is
+above uniform on every seed, "worse" when below on every seed, else "-". The differences are
+paired because a seed fixes the held-out prompts as well as the initial weights and the data:
+the figures of one recipe spread over the seeds mostly by how hard each seed's prompts are
+(examples/stories260k.json's tau_spec, uniform anchors, 36 s: 1.43 to 1.61), far more than the
+recipes differ on the same prompts. --json FILE writes every run's figures and the table;
+--from-json FILE prints the tables of such a file again without training.
 Not a test (its figures are measurements); not in CI (ctest's `long` label). Exit 77 when
 ../shared's models are absent. Needs numpy for the Qwen3.5 target (the structured checkpoint).
 """
@@ -79,12 +84,41 @@ def recipe_config(base, recipe, seed, steps, evaluate):
     return c
 
 
+def deltas(runs, uniform, key):
+    """key's differences from uniform's run of the same seed (the same initial weights, data and
+    held-out prompts), seeds where both have it"""
+    return [r[key] - u[key] for r, u in zip(runs, uniform) if r[key] is not None and u[key] is not None]
+
+
 def beats(runs, uniform, key):
-    """yes when every seed of runs is above uniform's best on key, worse when every one is below its worst"""
-    v, u = ([r[key] for r in rs if r[key] is not None] for rs in (runs, uniform))
-    if not v or not u:
+    """yes when the recipe is above uniform on key for every seed, worse when below for every seed"""
+    d = deltas(runs, uniform, key)
+    if not d:
         return "-"
-    return "yes" if min(v) > max(u) else "worse" if max(v) < min(u) else "-"
+    return "yes" if min(d) > 0 else "worse" if max(d) < 0 else "-"
+
+
+def print_tables(table, seeds):
+    """the figures per target and recipe, then their differences from uniform seed by seed"""
+    keys = ("tau_chain", "tau_spec", "tau_spec_tree8", "tau_spec_tree32")
+    print(f"\nTraining recipes, the same training time, {seeds} seeds: mean (min..max)")
+    print(f"{'target':18} {'recipe':10} {'s':>4} {'steps':>6} {'step ms':>8}  {'tau_chain':>20} {'tau_spec':>20} "
+          f"{'tau_spec_tree(8)':>20} {'tau_spec_tree(32)':>20}")
+    for row in table:
+        print(f"{row['target']:18} {row['recipe']:10} {row['seconds']:4.0f} {row['steps']:6d} {row['step_ms']:8.1f}  " +
+              " ".join(f"{spread([r[k] for r in row['runs']]):>20}" for k in keys))
+    print("\nThe same as differences from uniform seed by seed (a seed fixes the initial weights, the data and "
+          "the held-out prompts): mean (min..max); beats uniform on every seed (tau_spec, tau_spec_tree(32))")
+    print(f"{'target':18} {'recipe':10}  {'tau_chain':>22} {'tau_spec':>22} {'tau_spec_tree(8)':>22} "
+          f"{'tau_spec_tree(32)':>22}  {'spec':>5} {'tree32':>6}")
+    for row in table:
+        uniform = next((r["runs"] for r in table if r["target"] == row["target"] and r["recipe"] == "uniform"), None)
+        if uniform is None or row["recipe"] == "uniform":
+            continue
+        row["beats_uniform"] = {k: beats(row["runs"], uniform, k) for k in ("tau_spec", "tau_spec_tree32")}
+        print(f"{row['target']:18} {row['recipe']:10}  " +
+              " ".join(f"{spread(deltas(row['runs'], uniform, k), signed=True):>22}" for k in keys) +
+              f"  {row['beats_uniform']['tau_spec']:>5} {row['beats_uniform']['tau_spec_tree32']:>6}")
 
 
 def seconds_of(args, target):
@@ -100,7 +134,13 @@ def main():
     ap = arguments(__doc__.split("\n\n")[0], 36.0, ",".join(TARGETS))
     ap.add_argument("--recipes", default=",".join(RECIPES), help="of " + ", ".join(RECIPES))
     ap.add_argument("--json", help="a file to write every run's figures and the table to")
+    ap.add_argument("--from-json", help="print the tables of an earlier run's --json file, train nothing")
     args = ap.parse_args()
+    if args.from_json:
+        with open(args.from_json) as f:
+            done = json.load(f)
+        print_tables(done["table"], done["seeds"])
+        return 0
     targets, recipes = args.targets.split(","), args.recipes.split(",")
     for names, known in ((targets, TARGETS), (recipes, RECIPES)):
         if set(names) - set(known):
@@ -123,18 +163,7 @@ def main():
                                  f"{target} {recipe}")
                 table.append({"target": target, "recipe": recipe, "seconds": seconds, "steps": steps,
                               "step_ms": step_ms, "peak_bytes": peak, "runs": runs})
-    keys = ("tau_chain", "tau_spec", "tau_spec_tree8", "tau_spec_tree32")
-    print(f"\nTraining recipes, the same training time, {args.seeds} seeds: mean (min..max); "
-          "beats uniform beyond the spread (tau_spec, tau_spec_tree(32))")
-    print(f"{'target':18} {'recipe':10} {'s':>4} {'steps':>6} {'step ms':>8}  {'tau_chain':>20} {'tau_spec':>20} "
-          f"{'tau_spec_tree(8)':>20} {'tau_spec_tree(32)':>20}  {'spec':>5} {'tree32':>6}")
-    for row in table:
-        uniform = next((r["runs"] for r in table if r["target"] == row["target"] and r["recipe"] == "uniform"), [])
-        row["beats_uniform"] = {k: "base" if row["recipe"] == "uniform" else beats(row["runs"], uniform, k)
-                                for k in ("tau_spec", "tau_spec_tree32")}
-        print(f"{row['target']:18} {row['recipe']:10} {row['seconds']:4.0f} {row['steps']:6d} {row['step_ms']:8.1f}  " +
-              " ".join(f"{spread([r[k] for r in row['runs']]):>20}" for k in keys) +
-              f"  {row['beats_uniform']['tau_spec']:>5} {row['beats_uniform']['tau_spec_tree32']:>6}")
+    print_tables(table, args.seeds)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"seconds": args.seconds, "qwen35_seconds": args.qwen35_seconds, "seeds": args.seeds,

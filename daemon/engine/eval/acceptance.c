@@ -178,16 +178,7 @@ static void rank_row(const float *row, int64_t V, int64_t Kmax, ranked *heap, in
  * One block
  */
 
-/* The unary ranks of one block: slots 1..B-1, Kmax = min(K, V) each, one allocation */
-typedef struct block_ranks {
-    double *logp;       /* (B-1, Kmax) */
-    int32_t *tokens;    /* (B-1, Kmax) */
-    int64_t Kmax;
-    char *base;
-} block_ranks;
-
-/* ranks of logits (B, V) rows 1..B-1, Kmax = min(K, V) each */
-static void block_ranks_open(block_ranks *r, const float *logits, int64_t B, int64_t V, int64_t K)
+void ddt_block_ranks_open(ddt_block_ranks *r, const float *logits, int64_t B, int64_t V, int64_t K)
 {
     const int64_t S = B - 1, Kmax = K < V ? K : V;
     const size_t logp_bytes = (size_t)(S * Kmax) * sizeof(double),
@@ -197,18 +188,24 @@ static void block_ranks_open(block_ranks *r, const float *logits, int64_t B, int
     if (!base)
         ddk_fatal(__FILE__, __LINE__, "out of memory for a block of %lld slots and %lld ranks", (long long)B,
                   (long long)Kmax);
-    *r = (block_ranks){ .logp = (double *)base, .Kmax = Kmax, .base = base };
+    *r = (ddt_block_ranks){ .logp = (double *)base, .Kmax = Kmax, .base = base };
     ranked *scratch = (ranked *)(base + logp_bytes);
     r->tokens = (int32_t *)(base + logp_bytes + rank_bytes);
     for (int64_t k = 1; k < B; k++)
         rank_row(logits + k * V, V, Kmax, scratch, r->tokens + (k - 1) * Kmax, r->logp + (k - 1) * Kmax);
 }
 
+void ddt_block_ranks_close(ddt_block_ranks *r)
+{
+    free(r->base);
+    r->base = NULL;
+}
+
 /* the unary tree's children: slot k's ranks, whatever the parent */
 static ddt_tree_children rank_children(void *source, int64_t slot, int32_t token)
 {
     (void)token;
-    const block_ranks *r = source;
+    const ddt_block_ranks *r = source;
     return (ddt_tree_children){ r->tokens + (slot - 1) * r->Kmax, r->logp + (slot - 1) * r->Kmax, r->Kmax };
 }
 
@@ -220,15 +217,12 @@ static void check_block(int64_t B, int64_t V)
                          "[1, 2^31)", (long long)B, (long long)V, (int)DDT_MAX_SLOTS);
 }
 
-/* The best-first tree of K nodes over the per-slot ranks of logits (B, V) into t (ddt_tree_free
- * it): its nodes' scores, tokens and parents (their children arrays are freed with the ranks) */
-static void unary_tree(const float *logits, int64_t B, int64_t V, int64_t K, ddt_tree *t)
+/* The best-first tree of K nodes over ranks r of a block of B slots into t (ddt_tree_free it;
+ * r must outlive t's children arrays) */
+static void unary_tree(const ddt_block_ranks *r, int64_t B, int64_t K, ddt_tree *t)
 {
-    block_ranks r;
-    block_ranks_open(&r, logits, B, V, K);
-    ddt_tree_init(t, ddt_tree_possible_nodes(B, r.Kmax, K));
-    ddt_tree_build(t, B, rank_children, &r);
-    free(r.base);
+    ddt_tree_init(t, ddt_tree_possible_nodes(B, r->Kmax, K));
+    ddt_tree_build(t, B, rank_children, (void *)r);
 }
 
 int64_t ddt_tree_draft(const float *logits, int64_t B, int64_t V, int64_t K, int32_t *tokens, int32_t *parents)
@@ -238,36 +232,43 @@ int64_t ddt_tree_draft(const float *logits, int64_t B, int64_t V, int64_t K, int
         ddk_fatal(__FILE__, __LINE__, "node budget %lld outside [1, 2^31)", (long long)K);
     if (B < 2)
         return 0;
+    ddt_block_ranks r;
+    ddt_block_ranks_open(&r, logits, B, V, K);
     ddt_tree t;
-    unary_tree(logits, B, V, K, &t);
+    unary_tree(&r, B, K, &t);
     for (int64_t i = 0; i < t.n; i++)
         tokens[i] = t.nodes[i].token, parents[i] = t.nodes[i].parent;
     const int64_t n = t.n;
     ddt_tree_free(&t);
+    ddt_block_ranks_close(&r);
     return n;
 }
 
-int64_t ddt_tree_margins(const float *logits, int64_t B, int64_t V, int64_t K, const int32_t *labels, double *z)
+int64_t ddt_tree_depth(const ddt_block_ranks *r, int64_t B, int64_t K, const int32_t *labels)
 {
-    check_block(B, V);
+    ddt_tree t;
+    unary_tree(r, B, K, &t);
+    int64_t path[DDT_MAX_SLOTS];
+    int64_t depth = ddt_tree_walk(&t, B, labels, path);   /* path indices grow: all < t.n <= K */
+    ddt_tree_free(&t);
+    return depth;
+}
+
+int64_t ddt_tree_margins(const ddt_block_ranks *r, int64_t B, int64_t K, const int32_t *labels,
+                         const double *label_logp, double *z)
+{
     int64_t D = 0;
-    while (D + 1 < B && labels[D + 1] >= 0 && labels[D + 1] < V)
+    while (D + 1 < B && labels[D + 1] >= 0)
         D++;
     if (D == 0)
         return 0;
     ddt_tree t;
-    unary_tree(logits, B, V, K, &t);
-    const double last = t.nodes[t.n - 1].score;   /* the tree's lowest: n >= 1 (slot 1's argmax) */
+    unary_tree(r, B, K, &t);
+    const double last = t.nodes[t.n - 1].score;   /* the tree's lowest: n >= 1 (slot 1's first rank) */
     ddt_tree_free(&t);
     double prefix = 0;
     for (int64_t d = 1; d <= D; d++) {
-        const float *row = logits + d * V;
-        double m = -INFINITY, sum = 0;
-        for (int64_t v = 0; v < V; v++)
-            m = fmax(m, (double)clean_logit(row[v]));
-        for (int64_t v = 0; m > -INFINITY && v < V; v++)
-            sum += exp((double)clean_logit(row[v]) - m);
-        prefix += m > -INFINITY ? (double)clean_logit(row[labels[d]]) - m - log(sum) : -INFINITY;
+        prefix += label_logp[d];
         z[d] = prefix - last;
     }
     return D;
@@ -340,8 +341,8 @@ static int count_slots(ddt_acceptance *a, int64_t B, int64_t V, const int32_t *l
 static void count_unary(const ddt_acceptance *a, const float *logits, int64_t B, int64_t V, const int32_t *labels,
                         int64_t *slot_correct, double *chain_sum, double *tree_sum)
 {
-    block_ranks r;
-    block_ranks_open(&r, logits, B, V, max_budget(a));
+    ddt_block_ranks r;
+    ddt_block_ranks_open(&r, logits, B, V, max_budget(a));
     int32_t argmax[DDT_MAX_SLOTS];
     for (int64_t k = 1; k < B; k++)
         argmax[k] = r.tokens[(k - 1) * r.Kmax];
@@ -350,7 +351,7 @@ static void count_unary(const ddt_acceptance *a, const float *logits, int64_t B,
     ddt_tree_build(&tree, B, rank_children, &r);
     count_block(a, B, labels, argmax, &tree, slot_correct, chain_sum, tree_sum);
     ddt_tree_free(&tree);
-    free(r.base);
+    ddt_block_ranks_close(&r);
 }
 
 void ddt_acceptance_add_block(ddt_acceptance *a, const float *logits, int64_t B, int64_t V,

@@ -57,12 +57,30 @@ void ddt_acceptance_add_selector_block(ddt_acceptance *a, const float *logits, c
  * anchor's token; else an index < i: a parent comes before its children). Returns the nodes. */
 int64_t ddt_tree_draft(const float *logits, int64_t B, int64_t V, int64_t K, int32_t *tokens, int32_t *parents);
 
-/* The tree term's margins of one block (train.tree_weight): for the labels' prefixes of depth
- * d = 1.. while the labels are valid, z[d] = their summed log-probability (slot i's label under
- * logits row i, log-softmax over the full vocabulary) minus the score of the last node the
- * best-first tree of K nodes takes (SPEC.md 6): z[d] >= 0 where the prefix is in the tree (up to
- * ties). Returns D, the depths with a valid label (z[1..D] set; 0 when slot 1's is invalid). */
-int64_t ddt_tree_margins(const float *logits, int64_t B, int64_t V, int64_t K, const int32_t *labels, double *z);
+/* One block's per-slot ranks: slots 1..B-1's first Kmax tokens in rank order (logit
+ * descending, ties to the lower token) with their log-probabilities (log-softmax over the full
+ * vocabulary): the host's (ddt_block_ranks_open, from the block's logits), or a backend's
+ * (topk_rows and logsumexp_rows: the caller fills tokens and logp, base NULL). */
+typedef struct ddt_block_ranks {
+    int64_t Kmax;
+    int32_t *tokens;   /* (B-1, Kmax) */
+    double *logp;      /* (B-1, Kmax) */
+    char *base;        /* the host's allocation (ddt_block_ranks_close frees it) */
+} ddt_block_ranks;
+/* ranks of logits (B, V) rows 1..B-1, Kmax = min(K, V) (ddk_fatal without memory) */
+void ddt_block_ranks_open(ddt_block_ranks *r, const float *logits, int64_t B, int64_t V, int64_t K);
+void ddt_block_ranks_close(ddt_block_ranks *r);
+
+/* DDTree's accepted depth (SPEC.md 6) of a block of B slots with ranks r (Kmax >= min(K, V))
+ * along labels (B; < 0 invalid), over the best-first tree of K nodes */
+int64_t ddt_tree_depth(const ddt_block_ranks *r, int64_t B, int64_t K, const int32_t *labels);
+/* The tree term's margins of that block (train.tree_weight): for the labels' prefixes of depth
+ * d = 1.. while the labels are valid, z[d] = their summed log-probability (label_logp (B): slot
+ * k's label's log-probability, -inf where it is not known) minus the score of the last node the
+ * best-first tree of K nodes takes: z[d] >= 0 where the prefix is in the tree (up to ties).
+ * Returns D, the depths with a valid label (z[1..D] set; 0 when slot 1's is invalid). */
+int64_t ddt_tree_margins(const ddt_block_ranks *r, int64_t B, int64_t K, const int32_t *labels,
+                         const double *label_logp, double *z);
 
 /* Results: acc_k = slot_correct[k] / slot_count[k]; tau_chain = 1 + chain_sum / blocks;
  * tau_tree[i] = 1 + tree_sum[i] / blocks (all 1 when no block was counted). */

@@ -158,8 +158,9 @@ static const config_field fields[] = {
       "the sum, over the labels' prefixes from that slot on, of sigma'(margin), margin = the prefix's summed "
       "log-probability minus the last node's of the best-first DDTree of train.tree_budget nodes (SPEC.md 6) "
       "under the current weights: the gradient of a smoothed DDTree accepted depth; 0: none" },
-    { "train.tree_budget", F_INT, OFF(tree_budget), 32, 1, 4096, NULL, 0,
-      "K, the DDTree nodes of tree_walk's accepted depth and of the tree term's margins" },
+    { "train.tree_budget", F_INT, OFF(tree_budget), 32, 1, DDK_SELECTOR_MAX_K, NULL, 0,
+      "K, the DDTree nodes of tree_walk's accepted depth and of the tree term's margins (each slot's top K "
+      "ranks are taken on the device: 64 at most)" },
     { "train.selector_warmup", F_F64, OFF(selector_warmup), 0.0, 0, 1, NULL, 0,
       "dflash2: the first fraction of the steps with alpha_sel 0" },
     { "train.selector_ramp", F_F64, OFF(selector_ramp), 0.0, 0, 1, NULL, 0,

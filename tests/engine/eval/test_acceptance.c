@@ -3,7 +3,7 @@
  * brute-force tree (every rank path enumerated, the best frontier node taken K times) against
  * the best-first heap on random small blocks, every label sequence walked; the SPEC's bounds
  * (tau_tree(K) >= 1 + acc_1, non-decreasing in K) on random blocks; one block of a real
- * vocabulary's size (V = 248320, B = 32, K up to 1024); the tree term's margins (hand-made).
+ * vocabulary's size (V = 248320, B = 32, K up to 1024); the tree term's margins and the depth from a block's ranks (hand-made).
  * ctest: one line per case, a final "N passed, M failed".
  */
 #include "eval/acceptance.h"
@@ -988,10 +988,11 @@ static void test_selector_fill(void)
           "a DFlash drafter's selector opened: %s", err);
 }
 
-/* The tree term's margins (ddt_tree_margins) on a block whose logits are log-probabilities:
- * slot 1 (0.5, 0.3, 0.15, 0.05), slot 2 (0.7, 0.2, 0.05, 0.05). Best-first with K = 3: [t0]
- * log 0.5, [t0 t0] log 0.35, [t1] log 0.3, the last node. Labels (t1, t0): z1 = log 0.3 -
- * log 0.3 = 0 (the last node itself), z2 = log 0.21 - log 0.3 = log 0.7. */
+/* The tree term's margins (ddt_tree_margins) and DDTree's depth (ddt_tree_depth) on a block
+ * whose logits are log-probabilities: slot 1 (0.5, 0.3, 0.15, 0.05), slot 2 (0.7, 0.2, 0.05,
+ * 0.05). Best-first with K = 3: [t0] log 0.5, [t0 t0] log 0.35, [t1] log 0.3, the last node.
+ * Labels (t1, t0): z1 = log 0.3 - log 0.3 = 0 (the last node itself), z2 = log 0.21 - log 0.3 =
+ * log 0.7; the walk takes [t1] only (depth 1). */
 static void test_tree_margins(void)
 {
     const double p[2][4] = { { 0.5, 0.3, 0.15, 0.05 }, { 0.7, 0.2, 0.05, 0.05 } };
@@ -1000,18 +1001,26 @@ static void test_tree_margins(void)
         for (int v = 0; v < 4; v++)
             logits[k * 4 + v] = (float)(log(p[k - 1][v]) + 3.0);   /* a shift: the softmax is the same */
     int32_t labels[3] = { -1, 1, 0 };
+    const double label_logp[3] = { 0, log(0.3), log(0.7) };
     double z[3];
-    int64_t D = ddt_tree_margins(logits, 3, 4, 3, labels, z);
+    ddt_block_ranks r;
+    ddt_block_ranks_open(&r, logits, 3, 4, 3);
+    check(r.Kmax == 3 && r.tokens[0] == 0 && r.tokens[1] == 1 && fabs(r.logp[1] - log(0.3)) < 1e-6,
+          "ranks: Kmax %lld, slot 1 (%d, %d), logp %.9f", (long long)r.Kmax, r.tokens[0], r.tokens[1], r.logp[1]);
+    int64_t D = ddt_tree_margins(&r, 3, 3, labels, label_logp, z);
     check(D == 2, "D = %lld, want 2", (long long)D);
     check(fabs(z[1]) < 1e-6 && fabs(z[2] - log(0.7)) < 1e-6, "z = (%.9f, %.9f), want (0, %.9f)", z[1], z[2],
           log(0.7));
+    check(ddt_tree_depth(&r, 3, 3, labels) == 1, "K = 3: depth %lld, want 1", (long long)ddt_tree_depth(&r, 3, 3, labels));
     /* K = 2: the last node is [t0 t0] (log 0.35): z1 = log(0.3 / 0.35) < 0, out of the tree */
-    D = ddt_tree_margins(logits, 3, 4, 2, labels, z);
+    D = ddt_tree_margins(&r, 3, 2, labels, label_logp, z);
     check(D == 2 && fabs(z[1] - log(0.3 / 0.35)) < 1e-6, "K = 2: z1 = %.9f, want %.9f", z[1], log(0.3 / 0.35));
+    check(ddt_tree_depth(&r, 3, 2, labels) == 0, "K = 2: depth %lld, want 0", (long long)ddt_tree_depth(&r, 3, 2, labels));
     labels[2] = -1;   /* an invalid label ends the prefixes */
-    check(ddt_tree_margins(logits, 3, 4, 3, labels, z) == 1, "one valid label: D = 1");
+    check(ddt_tree_margins(&r, 3, 3, labels, label_logp, z) == 1, "one valid label: D = 1");
     labels[1] = -1;
-    check(ddt_tree_margins(logits, 3, 4, 3, labels, z) == 0, "no valid slot-1 label: D = 0");
+    check(ddt_tree_margins(&r, 3, 3, labels, label_logp, z) == 0, "no valid slot-1 label: D = 0");
+    ddt_block_ranks_close(&r);
 }
 
 int main(void)
@@ -1030,7 +1039,7 @@ int main(void)
         { "heap tree = brute-force best-first tree (every label path)", test_tree_matches_brute_force },
         { "tau_tree(K) >= 1 + acc_1, non-decreasing in K (random blocks)", test_bounds_on_random_blocks },
         { "V = 248320, B = 32, K up to 1024", test_vocabulary_scale },
-        { "the tree term's margins: the labels' prefixes against the last node", test_tree_margins },
+        { "the tree term's margins and DDTree's depth from a block's ranks", test_tree_margins },
         { "selector: re-ranks the unary top-1 away and back; its lattice best-first", test_selector_reranks },
         { "selector: equal scores go to the first candidate", test_selector_ties },
         { "selector: a label outside the top-K ends chain and lattice walk", test_selector_label_outside },

@@ -29,6 +29,10 @@
  *     measured peaks against the plan's (10%);
  *   - a DFlash2 run's evaluation: its selector's figures, its unary head's beside in the evals
  *     row (equal chain and acc_k at step 0, where Bs = 0); a DFlash run's without;
+ *   - train.anchors walk / tree_walk: a walked step's anchors are starts of the walk that a host
+ *     recomputation of its blocks' accepted lengths gives (not the uniform draw's); the tree term
+ *     (train.tree_weight): the slots' scales against margins recomputed from the blocks' logits;
+ *     both resume bit for bit;
  *   - eval.speculative (SPEC.md 7): refused where it cannot run, naming the field; on the host
  *     target and co-located on CPU ranks every prompt greedy-equal, 1 <= tau_spec <= B, every
  *     tree of K >= B-1 nodes at least the chain, the two placements' figures equal, the evals row
@@ -1556,6 +1560,15 @@ static void test_walk_anchors(void)
     }
 }
 
+/* the walk and the tree term on 2 ranks resume bit for bit: they depend on (seed, step, weights) */
+static void test_walk_resume(void)
+{
+    char json[4096];
+    with_train(TINY("2", ""), "\"anchors\": \"walk\", \"walk_share\": 0.5, \"tree_weight\": 1, ", json,
+               sizeof json);
+    check_resume(json, 4);
+}
+
 /* train.tree_weight: after a step, every kept block's slot scales are 1 + 4 lambda times the
  * sum over the deeper labels' prefixes of sigma'(margin), the margins recomputed here from the
  * block's logits under the step's weights (ddt_tree_margins); non-increasing along the block,
@@ -1591,7 +1604,19 @@ static void test_tree_term(void)
             int32_t labels[DDT_MAX_SLOTS];
             double z[DDT_MAX_SLOTS], tail = 0;
             block_logits(t, &w, i, rs->b.anchors[i * A + j], logits, labels);
-            const int64_t D = ddt_tree_margins(logits, B, V, c->tree_budget, labels, z);
+            double label_logp[DDT_MAX_SLOTS] = { 0 };
+            for (int64_t k = 1; k < B && labels[k] >= 0; k++) {   /* log-softmax in double */
+                double m = -INFINITY, sum = 0;
+                for (int64_t v = 0; v < V; v++)
+                    m = fmax(m, logits[k * V + v]);
+                for (int64_t v = 0; v < V; v++)
+                    sum += exp(logits[k * V + v] - m);
+                label_logp[k] = logits[k * V + labels[k]] - m - log(sum);
+            }
+            ddt_block_ranks ranks;
+            ddt_block_ranks_open(&ranks, logits, B, V, c->tree_budget);
+            const int64_t D = ddt_tree_margins(&ranks, B, c->tree_budget, labels, label_logp, z);
+            ddt_block_ranks_close(&ranks);
             const float *scale = rs->slot_scale + (i * A + j) * B;
             for (int64_t k = B - 1; k >= 1; k--) {
                 if (k <= D)
@@ -1633,6 +1658,7 @@ int main(void)
         { "train.precision bf16: close to fp32, not identical", test_bf16_run },
         { "train.anchors walk, tree_walk: the anchors are the walk's starts", test_walk_anchors },
         { "train.tree_weight: the slots' scales from the tree's margins", test_tree_term },
+        { "exact resume, the walk and the tree term on 2 ranks", test_walk_resume },
         { "exact resume", test_exact_resume },
         { "exact resume, dflash2 on 2 ranks", test_dflash2_resume },
         { "the step's selector figures (dflash2), none (dflash)", test_selector_record },
