@@ -702,6 +702,15 @@ struct ddk_backend {
      * at evaluation and in speculative decoding (SPEC.md 2.1). */
     void (*topk_rows)(const ddk_backend *be, const float *x, int64_t rows, int64_t n, int64_t k,
                       int32_t *idx, float *val);
+    /* lse (rows) = log sum_j exp(x[r, j]) of each row of x (rows, n), row stride n, accumulated
+     * from the row's max (NaNs passed over as -inf; a row of only -inf and NaNs gives -inf);
+     * and lp (rows), where lp is not NULL, = x[r, col[r]] - lse[r] for col[r] in [0, n) (a NaN
+     * there as -inf), -inf where col[r] < 0; col (rows) in this backend's memory, read only when
+     * lp is given. 1 <= n < 2^31. Queued like the other ops. With topk_rows, a block's per-slot
+     * ranks and its labels' log-probabilities without its logits leaving the device (the tree
+     * term and the tree walk of train/walk.c). */
+    void (*logsumexp_rows)(const ddk_backend *be, const float *x, int64_t rows, int64_t n, const int32_t *col,
+                           float *lse, float *lp);
 };
 
 /* Bytes the CPU backend's DFlash attention takes while it runs (forward, or backward = 1):
