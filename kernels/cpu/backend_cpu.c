@@ -57,6 +57,7 @@ static ddk_backend cpu_backend = {
     .sumsq = ddk_cpu_sumsq,
     .argmax_rows = ddk_cpu_argmax_rows,
     .topk_rows = ddk_cpu_topk_rows,
+    .logsumexp_rows = ddk_cpu_logsumexp_rows,
     .axpby = ddk_cpu_axpby,
     .adamw = ddk_cpu_adamw,
     .uniform_noise = ddk_cpu_uniform_noise,

@@ -77,6 +77,8 @@ double ddk_cpu_sumsq(const ddk_backend *be, const float *x, int64_t count);
 void ddk_cpu_argmax_rows(const ddk_backend *be, const float *x, int64_t rows, int64_t n, int32_t *out);
 void ddk_cpu_topk_rows(const ddk_backend *be, const float *x, int64_t rows, int64_t n, int64_t k,
                        int32_t *idx, float *val);
+void ddk_cpu_logsumexp_rows(const ddk_backend *be, const float *x, int64_t rows, int64_t n,
+                            const int32_t *col, float *lse, float *lp);
 /* x (w), the columns off .. off+w of a row, merged into its running top-k list val, idx
  * (*count <= k pairs, topk_row.h's order; every index of the list below off) */
 void ddk_cpu_topk_merge(const float *x, int64_t w, int64_t off, int k, float *val, int32_t *idx,

@@ -1,7 +1,8 @@
 /* vector_cpu.c: the CPU backend's whole-buffer ops (sum of squares, axpby, the AdamW update,
  * the features' uniform noise, the argmax of rows: ddk_vargmax's 8 lanes; the top-K of rows and
  * its running merge, which the fused loss's online top-K uses too: topk_row.h's order behind an
- * 8-lane filter)
+ * 8-lane filter; the log-sum-exp of rows and a column's log-probability, in double from the
+ * row's max)
  * and its bf16 products (matmul with both operands rounded to bf16, the reference for the GPU's
  * tensor-core product, and matmul_w16 / matmul_w16_nn, the same product against bf16 weights as
  * stored, transposed or not, and matmul_16 with both operands bf16 in memory: one emulation,
@@ -18,8 +19,9 @@
  * never all of W at once.
  *
  * Tested by tests/kernels/test_ops.c (against plain loops and a float64 product of rounded operands),
- * tests/engine/model/test_optimizer.c (the update, through the trainer's optimiser) and
- * tests/kernels/test_topk.c (topk_rows against a naive sort).
+ * tests/engine/model/test_optimizer.c (the update, through the trainer's optimiser),
+ * tests/kernels/test_topk.c (topk_rows against a naive sort) and tests/kernels/test_backend_ops.c
+ * (logsumexp_rows against a naive float64 reference, on every machine).
  */
 #include "ddk.h"
 #include "ddk_bf16.h"
@@ -105,6 +107,45 @@ void ddk_cpu_topk_rows(const ddk_backend *be, const float *x, int64_t rows, int6
         ddk_cpu_topk_merge(x + r * n, n, 0, (int)k, best, idx + r * k, &count);
         if (val)
             memcpy(val + r * k, best, (size_t)k * sizeof(float));
+    }
+}
+
+/* x - m in double, the exponent of x's term of its row's sum (m the row's max): -inf for a NaN,
+ * 0 where x is the max itself (so a row's +infs are terms of 1, where inf - inf would be NaN) */
+static inline double lse_shift(float x, double m)
+{
+    return x != x ? -INFINITY : x == m ? 0.0 : (double)x - m;
+}
+
+/* The row's max m (NaNs passed over), then s = sum exp(x - m) in double in index order (each
+ * term in (0, 1], the max's 1: no overflow, whatever the magnitudes); lse = m + log s and
+ * lp = (x[col] - m) - log s, each rounded once to float. A row of only -inf and NaN gives -inf
+ * for both; a row with +inf gives lse +inf and lp -log(its +infs) at one of them (-inf
+ * elsewhere). A col outside [0, n) gives lp -inf (x is never read there). */
+void ddk_cpu_logsumexp_rows(const ddk_backend *be, const float *x, int64_t rows, int64_t n,
+                            const int32_t *col, float *lse, float *lp)
+{
+    (void)be;
+    if (rows <= 0)
+        return;
+    if (n < 1 || n > INT32_MAX)
+        ddk_fatal(__FILE__, __LINE__, "logsumexp_rows: %lld rows of %lld: n in [1, 2^31)",
+                  (long long)rows, (long long)n);
+    for (int64_t r = 0; r < rows; r++) {
+        const float *row = x + r * n;   /* (n) */
+        float max;
+        ddk_vargmax(row, n, &max);
+        const double m = max;
+        double s = 0.0;
+        for (int64_t j = 0; j < n; j++)
+            s += exp(lse_shift(row[j], m));
+        const double log_s = log(s);
+        lse[r] = max == -INFINITY ? -INFINITY : (float)(m + log_s);
+        if (lp) {
+            const int64_t c = col[r];
+            lp[r] = max == -INFINITY || c < 0 || c >= n ? -INFINITY
+                                                        : (float)(lse_shift(row[c], m) - log_s);
+        }
     }
 }
 

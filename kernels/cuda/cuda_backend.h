@@ -70,6 +70,8 @@ double ddk_cuda_sumsq(const ddk_backend *be, const float *x, int64_t count);
 void ddk_cuda_argmax_rows(const ddk_backend *be, const float *x, int64_t rows, int64_t n, int32_t *out);
 void ddk_cuda_topk_rows(const ddk_backend *be, const float *x, int64_t rows, int64_t n, int64_t k,
                         int32_t *idx, float *val);
+void ddk_cuda_logsumexp_rows(const ddk_backend *be, const float *x, int64_t rows, int64_t n,
+                             const int32_t *col, float *lse, float *lp);
 /* x (rows, w), columns off .. off+w of each row, merged into the rows' running top-k lists idx,
  * val (rows, k) (merge 1: each holding min(off, k) pairs, every index below off; val required) or
  * into new ones (merge 0), which then hold min(off + w, k) pairs (so w < k is allowed: the loss's

@@ -24,6 +24,7 @@ void ddk_cuda_kernel_ops(ddk_backend *t)
     t->sumsq = ddk_cuda_sumsq;
     t->argmax_rows = ddk_cuda_argmax_rows;
     t->topk_rows = ddk_cuda_topk_rows;
+    t->logsumexp_rows = ddk_cuda_logsumexp_rows;
     t->axpby = ddk_cuda_axpby;
     t->adamw = ddk_cuda_adamw;
     t->uniform_noise = ddk_cuda_uniform_noise;

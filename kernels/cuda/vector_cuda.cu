@@ -2,9 +2,11 @@
  * GPU (contracts in ddk.h, struct ddk_backend): sumsq (the gradient norm's sum of squares), axpby
  * (gradient accumulation and averaging), the per-element AdamW update and the features' uniform
  * noise (bit for bit the CPU's), argmax_rows (the greedy argmax of logit rows, bit for bit the
- * CPU's indices) and topk_rows with its merge into running lists, which the fused loss's online
+ * CPU's indices), topk_rows with its merge into running lists, which the fused loss's online
  * top-K of the DFlash2 selector runs tile by tile (bit for bit the CPU's: topk_row.h's order is
- * total, so the k first are one list whatever the threads saw). Plain fp32 kernels
+ * total, so the k first are one list whatever the threads saw), and logsumexp_rows (a row's
+ * log-sum-exp and a column's log-probability: expf terms summed in double, within ~1e-6 of the
+ * CPU's float64 ones). Plain fp32 kernels
  * queued on the backend's stream (backend_cuda.cu), grid-stride with 64-bit indices: a count may
  * pass 2^31.
  *
@@ -25,8 +27,9 @@
  * one pass over its buffers; a faster variant is to buy a measured speed-up first.
  *
  * Tested by tests/kernels/test_backend_ops.c (every op against the CPU backend, sumsq run twice for the
- * same bits, a count past 2^31; skipped without a GPU) and tests/simt/test_simt_kernels.cpp (every
- * kernel here, from this source, against the CPU backend under each card's limits).
+ * same bits, a count past 2^31, logsumexp_rows against a float64 reference; skipped without a
+ * GPU) and tests/simt/test_simt_kernels.cpp (every kernel here, from this source, against the CPU
+ * backend under each card's limits).
  *
  * Legend: count elements; w, g, m, v a parameter tensor, its gradient and AdamW moments.
  */
@@ -274,6 +277,91 @@ void ddk_cuda_topk_rows(const ddk_backend *be, const float *x, int64_t rows, int
         ddk_fatal(__FILE__, __LINE__, "topk_rows: k %lld of rows of %lld: 1 <= k <= min(n, %d)",
                   (long long)k, (long long)n, DDK_SELECTOR_MAX_K);
     ddk_cuda_topk_merge(be, x, rows, n, 0, k, 0, idx, val);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * logsumexp_rows: one block of THREADS per row, as argmax_rows: the rows it serves are logit
+ * rows of a vocabulary (thousands to the seed's 248,320 columns), where a block streams one
+ * row at the memory's rate; a warp per row would leave such a row to 32 threads, and the narrow
+ * rows of small vocabularies cost little either way. Each thread takes the max of its strided
+ * columns (NaNs passed over), the block's max comes by shuffles and over the warps (fmaxf:
+ * exact, any order); then each thread adds exp(x - max) of its columns in double (expf in
+ * float, each term in [0, 1]: a float sum of ~1000 terms a thread would err by up to 6e-5 of
+ * the sum, double by the terms' own 2 ulp; a conversion and an add a column, which sm_120's fp64
+ * rate, 1/64 of its fp32, still does about twice as fast as its memory delivers columns),
+ * block_sum_double's fixed tree adds the threads' sums, and thread 0
+ * writes lse = max + log s and lp = (x[col] - max) - log s, in double and rounded once, with
+ * vector_cpu.c's rules for NaN, +-inf, a row of only -inf and NaN and a col outside [0, n).
+ * Deterministic: the same order at every call, no atomics.
+ */
+
+/* the largest v of the block (blockDim.x == THREADS; no thread's v is NaN), returned to every
+ * thread; one call per kernel (no barrier before the shared writes) */
+__device__ static float block_max(float v)
+{
+    DDK_SHARED(float, warp_max, [THREADS / 32]);
+    for (int offset = 16; offset > 0; offset /= 2)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+    if (threadIdx.x % 32 == 0)
+        warp_max[threadIdx.x / 32] = v;
+    __syncthreads();   /* every warp's max written */
+    for (int w = 0; w < THREADS / 32; w++)
+        v = fmaxf(v, warp_max[w]);
+    return v;
+}
+
+/* x's term of its row's sum, exp(x - m) (m the row's max): 0 for a NaN, 1 where x is the max
+ * itself (a +inf max: inf - inf would be NaN) */
+__device__ static float lse_term(float x, float m)
+{
+    return x != x ? 0.0f : x == m ? 1.0f : expf(x - m);
+}
+
+/* x - m in double, the exponent of a column's probability: -inf for a NaN, 0 at the max itself */
+__device__ static double lse_shift(float x, float m)
+{
+    return x != x ? -INFINITY : x == m ? 0.0 : (double)x - (double)m;
+}
+
+/* Launch: rows x THREADS, one block a row */
+__global__ static void logsumexp_rows_kernel(const float *x,       /* (rows, n) */
+                                             int64_t n,
+                                             const int32_t *col,   /* (rows), read when lp */
+                                             float *lse,           /* (rows) */
+                                             float *lp)            /* (rows), or NULL */
+{
+    const float *row = x + (int64_t)blockIdx.x * n;
+    float m = -INFINITY;
+    for (int64_t j = threadIdx.x; j < n; j += THREADS)   /* strictly larger: NaN never */
+        if (row[j] > m)
+            m = row[j];
+    m = block_max(m);
+    double s = 0.0;
+    for (int64_t j = threadIdx.x; m > -INFINITY && j < n; j += THREADS)   /* m: block-uniform */
+        s += (double)lse_term(row[j], m);
+    s = block_sum_double(s);
+    if (threadIdx.x != 0)
+        return;
+    const double log_s = log(s);
+    lse[blockIdx.x] = m == -INFINITY ? -INFINITY : (float)((double)m + log_s);
+    if (lp) {
+        const int64_t c = col[blockIdx.x];
+        lp[blockIdx.x] = m == -INFINITY || c < 0 || c >= n ? -INFINITY
+                                                           : (float)(lse_shift(row[c], m) - log_s);
+    }
+}
+
+void ddk_cuda_logsumexp_rows(const ddk_backend *be, const float *x, int64_t rows, int64_t n,
+                             const int32_t *col, float *lse, float *lp)
+{
+    if (rows <= 0)
+        return;
+    if (rows > 0x7fffffff || n < 1 || n > 0x7fffffff)
+        ddk_fatal(__FILE__, __LINE__, "logsumexp_rows: %lld rows of %lld: rows and n in [1, 2^31)",
+                  (long long)rows, (long long)n);
+    cudaStream_t stream = ddk_cuda_stream(be);
+    DDK_LAUNCH(logsumexp_rows_kernel, (unsigned)rows, THREADS, 0, stream, x, n, col, lse, lp);
+    LAUNCH_CHECK();
 }
 
 /* ------------------------------------------------------------------------------------------

@@ -22,8 +22,11 @@
  * ddk_loss_workspace_bytes, refusals with nothing written; with the DFlash2 selector strict and
  * inject, stop_gradient, weight 0.5, both modes, fp32, bf16 products and a bf16 head: its result
  * fields, l_i, d hs and dA, dBs, dHp ADDED into their values, run twice for the same bits),
- * topk_rows (indices and values bit for bit the CPU's: ties, NaNs, -inf, the seed's vocabulary)
- * and the
+ * topk_rows (indices and values bit for bit the CPU's: ties, NaNs, -inf, the seed's vocabulary),
+ * logsumexp_rows (lse and lp against a float64 reference from each row's max, relative 1e-6 of
+ * max(1, |want|): rows with NaNs and -infs, of only -inf and NaN, with +inf, with +-1e30 and of
+ * values near 1000 where a plain sum of exp overflows, constant rows; col -1, at a NaN, -inf
+ * and +inf; n = 1 to the seed's vocabulary; again with lp and col NULL, the same lse) and the
  * whole-buffer ops sumsq (run twice: the same bits), axpby (beta = 0 over NaN, in place), adamw
  * (its bf16 copy w16 bit for bit each side's new w rounded to nearest even; the update without
  * the copy the same bits) and uniform_noise (bit for bit the CPU's), with sumsq and axpby past
@@ -45,10 +48,12 @@
  * high half; NaN stays NaN; counts 1 to 2^20 + 3). The backward of each op is checked against
  * finite differences by tests/kernels/test_ops.c on the CPU; here the GPU has to match the CPU.
  *
- * Skipped (exit 77, "SKIPPED: no GPU") when libddk has no CUDA or the machine no GPU: never
- * reported as passed. DDTREE_BACKEND_OPS_SELF_CHECK=1 runs every case with the CPU backend in
- * the GPU's place, a check of this test's own plumbing on a machine without a GPU (every
- * comparison is then exact). DDTREE_OPS_VERBOSE=1 prints each error next to its tolerance.
+ * First, on every machine, the CPU backend's own logsumexp_rows against the same float64
+ * reference, relative 1e-6 (its sums are double); the rest is the GPU's: skipped (exit 77,
+ * "SKIPPED: no GPU", or exit 1 should a CPU case have failed) when libddk has no CUDA or the
+ * machine no GPU, never reported as passed. DDTREE_BACKEND_OPS_SELF_CHECK=1 runs every case
+ * with the CPU backend in the GPU's place, a check of this test's own plumbing on a machine
+ * without a GPU (every comparison is then exact, logsumexp_rows' within tol_lse). DDTREE_OPS_VERBOSE=1 prints each error next to its tolerance.
  * DDTREE_BACKEND_OPS_SMALL=1 runs the past-2^31 case at 2^24 + 5 elements instead (8 GiB is more
  * than compute-sanitizer's memcheck, which tracks every byte, can take in the check's time).
  *
@@ -125,6 +130,12 @@ static const double tol_axpby = 3e-7;
  * (lr = 1e-2) carries the direction's few-ulp error times lr, below w's own last bit. g is one
  * product on both sides: the same bits. */
 static const double tol_adamw = 1e-6;
+
+/* logsumexp_rows, lse and lp per row against the float64 reference, |got - want| <= tol_lse
+ * max(least, |want|) (infinities exactly). The CPU sums exp in double and rounds once (6e-8 of
+ * |want|): relative, least 0. The GPU's terms are expf's (2 ulp, 2.4e-7 of each) summed in
+ * double, so its log s errs by up to ~2.4e-7 absolute before the rounding: least 1. */
+static const double tol_lse = 1e-6;
 
 /* ------------------------------------------------------------------------------------------
  * The backends, host buffers and GPU buffers of a case
@@ -694,6 +705,146 @@ static void case_topk_rows(int64_t rows, int64_t n, int64_t k)
     expect_same("indices with val NULL", got_i, want_i, (size_t)(rows * k) * sizeof(int32_t));
     end_case(case_name);
 }
+
+/* logsumexp_rows' inputs: x (rows, n) and col (rows), each row one of six kinds by r % 6:
+ * uniform in [-8, 8] with NaNs and -infs sprinkled (col at a planted NaN or -inf every few such
+ * rows); only -inf and NaN; with +inf (two where n > 1; col at one, or next to it); with
+ * +-1e30 at every 7th column (a sum of exp from 0 overflows); uniform in [1000, 1010] (exp
+ * overflows even in double); constant 2.5 (every term exactly 1). col -1 where r % 4 == 3. */
+static void lse_inputs(float *x, int64_t rows, int64_t n, int32_t *col)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        float *row = x + r * n;   /* (n) */
+        const int kind = (int)(r % 6), turn = (int)(r / 6 % 3);
+        col[r] = r % 4 == 3 ? -1 : (int32_t)rng_below(n);
+        for (int64_t j = 0; j < n; j++) {
+            const double u = ddk_rng_uniform(&rng_state);
+            row[j] = u < 0.03   ? NAN
+                     : u < 0.06 ? -INFINITY
+                                : (float)(-8.0 + 16.0 * ddk_rng_uniform(&rng_state));
+            if (kind == 1)
+                row[j] = j % 3 ? -INFINITY : NAN;
+            else if (kind == 3 && j % 7 == 0)
+                row[j] = j / 7 % 2 ? -1e30f : 1e30f;
+            else if (kind == 4)
+                row[j] = (float)(1000.0 + 10.0 * u);
+            else if (kind == 5)
+                row[j] = 2.5f;
+        }
+        if (kind == 0 && turn > 0 && col[r] >= 0)
+            row[col[r]] = turn == 1 ? NAN : -INFINITY;
+        if (kind == 2) {
+            const int64_t at = rng_below(n);
+            row[at] = row[(at + n / 2) % n] = INFINITY;
+            col[r] = (int32_t)(turn == 1 ? (at + 1) % n : at);
+        }
+    }
+}
+
+/* The float64 reference of one row x (n), ddk.h's contract read plainly: the max m over the
+ * numbers; s = the sum over the numbers of exp(x - m), or with m = +inf the count of its +infs;
+ * lse = m + log s, lp = (x[col] - m) - log s (-inf for a NaN there, a col outside [0, n), or a
+ * row of only -inf and NaN) */
+static void lse_reference(const float *x, int64_t n, int32_t col, double *lse, double *lp)
+{
+    double m = -INFINITY, s = 0.0;
+    for (int64_t j = 0; j < n; j++)
+        if (!isnan(x[j]) && x[j] > m)
+            m = x[j];
+    for (int64_t j = 0; j < n; j++)
+        if (!isnan(x[j]))
+            s += isinf(m) ? (x[j] == m) : exp((double)x[j] - m);
+    *lse = m == -INFINITY ? -INFINITY : m + log(s);
+    if (m == -INFINITY || col < 0 || col >= n || isnan(x[col]))
+        *lp = -INFINITY;
+    else if (isinf(m))
+        *lp = x[col] == m ? -log(s) : -INFINITY;
+    else
+        *lp = ((double)x[col] - m) - log(s);
+}
+
+/* got (count) against want (count): infinities exactly, else |got - want| <= tol_lse
+ * max(least, |want|); NaN fails */
+static void expect_lse(const char *what, const float *got, const double *want, int64_t count,
+                       double least)
+{
+    double worst = 0.0;
+    int64_t at = 0;
+    for (int64_t i = 0; i < count; i++) {
+        const double diff = fabs((double)got[i] - want[i]);
+        const double e = isinf(want[i]) ? (got[i] == want[i] ? 0.0 : INFINITY)
+                         : diff == 0.0  ? 0.0   /* want 0 exactly at least 0 */
+                                        : diff / fmax(least, fabs(want[i]));
+        if (isnan(e) || e > worst)   /* a NaN got: the worst there is */
+            worst = isnan(e) ? INFINITY : e, at = i;
+    }
+    if (verbose)
+        printf("  . %-16s err %.2e  tol %.0e\n", what, worst, tol_lse);
+    check(worst <= tol_lse, "%s: error %.3g > %.3g (worst [%lld]: got %.9g, want %.17g)", what, worst,
+          tol_lse, (long long)at, (double)got[at], want[at]);
+}
+
+/* x (rows, n), col (rows) of lse_inputs and their references want_lse, want_lp (rows), in this
+ * case's host buffers */
+static void lse_case_data(int64_t rows, int64_t n, float **x, int32_t **col, double **want_lse,
+                          double **want_lp)
+{
+    *x = host_floats(rows * n);
+    *col = host((size_t)rows * sizeof(int32_t));
+    *want_lse = host((size_t)rows * sizeof(double));
+    *want_lp = host((size_t)rows * sizeof(double));
+    lse_inputs(*x, rows, n, *col);
+    for (int64_t r = 0; r < rows; r++)
+        lse_reference(*x + r * n, n, (*col)[r], *want_lse + r, *want_lp + r);
+}
+
+/* the CPU backend's logsumexp_rows (host memory) against the reference, relative; outputs start
+ * as NaN; again with lp and col NULL: the same lse bits */
+static void case_logsumexp_rows_cpu(int64_t rows, int64_t n)
+{
+    snprintf(case_name, sizeof case_name, "logsumexp_rows cpu rows=%lld n=%lld", (long long)rows,
+             (long long)n);
+    float *x;
+    int32_t *col;
+    double *want_lse, *want_lp;
+    lse_case_data(rows, n, &x, &col, &want_lse, &want_lp);
+    float *lse = host_floats(rows), *lp = host_floats(rows), *lse2 = host_floats(rows);
+    for (int64_t r = 0; r < rows; r++)
+        lse[r] = lp[r] = lse2[r] = NAN;
+    cpu->logsumexp_rows(cpu, x, rows, n, col, lse, lp);
+    cpu->logsumexp_rows(cpu, x, rows, n, NULL, lse2, NULL);
+    expect_lse("lse", lse, want_lse, rows, 0.0);
+    expect_lse("lp", lp, want_lp, rows, 0.0);
+    expect_same("lse with lp NULL", lse2, lse, (size_t)rows * sizeof(float));
+    end_case(case_name);
+}
+
+/* the device's logsumexp_rows against the reference, tol_lse of max(1, |want|); outputs start as
+ * NaN; again with lp and col NULL: the same lse bits (col never read) */
+static void case_logsumexp_rows(int64_t rows, int64_t n)
+{
+    snprintf(case_name, sizeof case_name, "logsumexp_rows rows=%lld n=%lld", (long long)rows,
+             (long long)n);
+    float *x;
+    int32_t *col;
+    double *want_lse, *want_lp;
+    lse_case_data(rows, n, &x, &col, &want_lse, &want_lp);
+    const float *x_dev = dev_floats(x, rows * n, "x");
+    const int32_t *col_dev = dev_buffer(col, (size_t)rows * sizeof(int32_t), "col");
+    float *lse_dev = dev_floats(NULL, rows, "lse"), *lp_dev = dev_floats(NULL, rows, "lp"),
+          *lse2_dev = dev_floats(NULL, rows, "lse (lp NULL)");
+    dev->logsumexp_rows(dev, x_dev, rows, n, col_dev, lse_dev, lp_dev);
+    dev->logsumexp_rows(dev, x_dev, rows, n, NULL, lse2_dev, NULL);
+    const float *lse = download(lse_dev, rows);
+    expect_lse("lse", lse, want_lse, rows, 1.0);
+    expect_lse("lp", download(lp_dev, rows), want_lp, rows, 1.0);
+    expect_same("lse with lp NULL", download(lse2_dev, rows), lse, (size_t)rows * sizeof(float));
+    end_case(case_name);
+}
+
+/* (rows, n): every kind at n = 1; odd; narrower and wider than a block of 256; the seed's
+ * vocabulary (248,320), every kind */
+static const int64_t lse_shapes[][2] = { { 6, 1 }, { 3, 7 }, { 12, 300 }, { 33, 1000 }, { 6, 248320 } };
 
 /* against the CPU's, relative; run twice: the same bits (the order depends on count alone);
  * x itself untouched */
@@ -2599,13 +2750,18 @@ int main(void)
     const int self_check = self && *self && strcmp(self, "0") != 0;
 
     cpu = ddk_backend_cpu();
+    /* the CPU backend's own logsumexp_rows against the float64 reference: on every machine */
+    for (size_t i = 0; i < sizeof lse_shapes / sizeof lse_shapes[0]; i++) {
+        rng_state = 0x15e0000u + i;
+        case_logsumexp_rows_cpu(lse_shapes[i][0], lse_shapes[i][1]);
+    }
     if (self_check) {
         dev = cpu;
         printf("self-check: the CPU backend in the GPU's place\n");
     } else {
         if (!ddk_has_cuda() || ddk_cuda_device_count() == 0) {
             printf("SKIPPED: no GPU\n");
-            return 77;
+            return cases_failed ? cases_summary() : 77;   /* a failed CPU case still fails */
         }
         dev = ddk_backend_cuda(0);
         ddk_device_info info;
@@ -2724,6 +2880,13 @@ int main(void)
     ddk_cuda_set_attention_kernels(-1);
     seq = again;
     run_block_conv_cases(&seq);
+    /* logsumexp_rows (appended too) against the float64 reference */
+    check(dev->logsumexp_rows != NULL, "logsumexp_rows is NULL");
+    case_done("logsumexp_rows table");
+    for (size_t i = 0; dev->logsumexp_rows && i < sizeof lse_shapes / sizeof lse_shapes[0]; i++) {
+        NEXT_CASE();
+        case_logsumexp_rows(lse_shapes[i][0], lse_shapes[i][1]);
+    }
 #undef NEXT_CASE
     return cases_summary();
 }

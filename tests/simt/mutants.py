@@ -91,6 +91,12 @@ MUTANTS = [
      "selector_cuda.cu",
      "                if (list[0] < e) {   /* an earlier entry's block owns the token */",
      "                if (list[0] > e) {   /* an earlier entry's block owns the token */"),
+    ("a missing barrier in logsumexp_rows' block max (vector_cuda.cu block_max)", "vector_cuda.cu",
+     "    __syncthreads();   /* every warp's max written */\n",
+     ""),
+    ("logsumexp_rows' term of a +inf max as exp(inf - inf) (vector_cuda.cu lse_term)", "vector_cuda.cu",
+     "    return x != x ? 0.0f : x == m ? 1.0f : expf(x - m);",
+     "    return x != x ? 0.0f : expf(x - m);"),
 ]
 
 

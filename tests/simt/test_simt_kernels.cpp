@@ -16,9 +16,11 @@
  * card), causal attention (a prefill of more rows than
  * a 99 KB card's block takes, and over a cache), tree attention; the DFlash2 drafter's
  * bidirectional blocks under a window with both kernel sets, and its block convolution (forward,
- * backward with and without dx, on a card of one multiprocessor too). Determinism: every flash
- * backward, the loss and block_conv's backward are run again with blocks and threads in the
- * reverse order and must give the same bits; on no card may the flash path fall back to the SIMT kernels (the log must name the flash
+ * backward with and without dx, on a card of one multiprocessor too), and logsumexp_rows (rows
+ * narrower and wider than a block: NaNs, -inf, +inf, +-1e30, a row of only -inf and NaN, col -1,
+ * lp NULL; within 1e-6 of max(1, |cpu|)). Determinism: every flash
+ * backward, the loss, block_conv's backward and logsumexp_rows are run again with blocks and
+ * threads in the reverse order and must give the same bits; on no card may the flash path fall back to the SIMT kernels (the log must name the flash
  * kernels), nor the chunked DeltaNet be refused. Tolerances as tests/kernels/test_backend_ops.c, each with
  * its reason there; the emulated mma sums in double, so the flash ones hold with room.
  *
@@ -616,6 +618,63 @@ static void case_topk(void)
     expect_ran("topk_kernel");
 }
 
+/* lse and lp (rows) of the emulated kernel against the CPU's: infinities exactly, else within
+ * 1e-6 of max(1, |cpu|) (test_backend_ops.c's tol_lse: expf terms summed in double against the
+ * CPU's exp in double) */
+static void expect_lse(const char *what, const float *got, const float *want, int64_t rows)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        const double d = fabs((double)got[r] - want[r]), scale = fmax(1.0, fabs((double)want[r]));
+        const int ok = isinf(want[r]) ? got[r] == want[r] : d <= 1e-6 * scale;   /* NaN: never */
+        if (verbose)
+            printf("  %s[%lld]: %.9g, cpu %.9g\n", what, (long long)r, got[r], want[r]);
+        check(ok, "%s[%lld] = %.9g, cpu %.9g", what, (long long)r, got[r], want[r]);
+    }
+}
+
+/* logsumexp_rows: rows narrower and wider than a block, by r % 4: numbers with NaNs and -infs;
+ * only -inf and NaN; a +inf at col; +-1e30 at every 5th column (a plain sum of exp overflows);
+ * col -1 where r % 5 == 4; again with lp and col NULL in the reverse order (the same lse bits) */
+static void case_logsumexp(void)
+{
+    static const int64_t shapes[][2] = { { 4, 1 }, { 5, 300 }, { 4, 1000 }, { 8, 70 }, { 4, 2000 } };
+    for (const auto &sh : shapes) {
+        const int64_t rows = sh[0], n = sh[1];
+        float *x = buf<float>(rows * n);   /* (rows, n) */
+        int32_t *col = buf<int32_t>(rows);
+        for (int64_t r = 0; r < rows; r++) {
+            float *row = x + r * n;
+            col[r] = (int32_t)uniform(0, (double)n);
+            for (int64_t j = 0; j < n; j++) {
+                const double u = uniform(0, 1);
+                row[j] = u < 0.05 ? NAN : u < 0.1 ? -INFINITY : (float)uniform(-8, 8);
+                if (r % 4 == 1)
+                    row[j] = j % 3 ? -INFINITY : NAN;
+                else if (r % 4 == 3 && j % 5 == 0)
+                    row[j] = j / 5 % 2 ? -1e30f : 1e30f;
+            }
+            if (r % 4 == 2)
+                row[col[r]] = INFINITY;
+            if (r % 5 == 4)
+                col[r] = -1;
+        }
+        float *lse[2] = { buf<float>(rows), buf<float>(rows) }, *lp[2] = { buf<float>(rows), buf<float>(rows) },
+              *lse2 = buf<float>(rows);
+        cpu->logsumexp_rows(cpu, x, rows, n, col, lse[0], lp[0]);
+        emu->logsumexp_rows(emu, x, rows, n, col, lse[1], lp[1]);
+        simt::set_schedule(1);   /* blocks and threads in the reverse order: the same bits */
+        emu->logsumexp_rows(emu, x, rows, n, NULL, lse2, NULL);
+        simt::set_schedule(0);
+        char what[64];
+        snprintf(what, sizeof what, "lse %lld x %lld", (long long)rows, (long long)n);
+        expect_lse(what, lse[1], lse[0], rows);
+        expect_same(what, lse2, lse[1], (size_t)rows * sizeof(float));
+        snprintf(what, sizeof what, "lp %lld x %lld", (long long)rows, (long long)n);
+        expect_lse(what, lp[1], lp[0], rows);
+    }
+    expect_ran("logsumexp_rows_kernel");
+}
+
 /* ------------------------------------------------------------------------------------------
  * Attention
  */
@@ -821,6 +880,7 @@ int main(int argc, char **argv)
         { "dflash flash d 128, 96-row groups, bidirectional, window; same bits reversed", case_dflash_bidir_seed_rows },
         { "dflash SIMT kernels d 40, bidirectional blocks, window 3 < B", case_dflash_bidir_simt },
         { "block_conv (+ backward, dx NULL; one multiprocessor); same bits reversed", case_block_conv },
+        { "logsumexp_rows: NaNs, -inf, +inf, +-1e30, col -1; lp NULL reversed the same bits", case_logsumexp },
     };
     static const char *const all[] = { "h200", "b200", "rtx-pro-6000" };
     const char *const *cards = argc > 1 ? (const char *const *)argv + 1 : all;
