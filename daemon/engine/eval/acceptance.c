@@ -1,8 +1,9 @@
 /* acceptance.c: the acceptance metrics of SPEC.md section 6 over held-out blocks: acc_k, the
  * chain acceptance length tau_chain and the DDTree acceptance length tau_tree(K), from the
  * drafter's per-slot logits and the labels; for a DFlash2 drafter along its path selector
- * (SPEC.md 2.1, selector.c's picks and lattice tree), its unary head's figures beside. Not
- * here: sampling anchors or running the drafter (the caller passes one block's logits and
+ * (SPEC.md 2.1, selector.c's picks and lattice tree), its unary head's figures beside. For
+ * training (train/walk.c): a block's DDTree depth and the tree term's margins from its per-slot
+ * ranks (the host's, or a backend's topk_rows and logsumexp_rows). Not here: sampling anchors or running the drafter (the caller passes one block's logits and
  * selector view), building a tree (draft_tree.c), and the target's own verification (the labels
  * stand for what the target would accept).
  * Tested by tests/engine/eval/test_acceptance.c (hand-made blocks and selector views with known

@@ -4,8 +4,10 @@
  * top-K log-probabilities, walked along the labels); and that tree itself, the draft DDTree
  * speculative decoding verifies (speculate.h). A DFlash2 drafter's figures follow its path
  * selector (SPEC.md 2.1: its picks and its lattice tree, selector.h), its unary head's beside.
+ * And for training (train/walk.c): one block's DDTree depth and the tree term's margins from its
+ * per-slot ranks, the host's or a backend's.
  * Tested by tests/engine/eval/test_acceptance.c (hand-made distributions and selector views with
- * known answers).
+ * known answers; the margins and depth of a hand-made block).
  */
 #ifndef DDT_ACCEPTANCE_H
 #define DDT_ACCEPTANCE_H

@@ -1493,7 +1493,7 @@ static void test_walk_anchors(void)
 {
     static const char *const fields[2] = {
         "\"anchors\": \"walk\", \"walk_share\": 1, \"ce_target\": \"data\", ",
-        "\"anchors\": \"tree_walk\", \"walk_share\": 1, \"tree_budget\": 200, \"ce_target\": \"data\", ",
+        "\"anchors\": \"tree_walk\", \"walk_share\": 1, \"tree_budget\": 64, \"ce_target\": \"data\", ",
     };
     for (int tree = 0; tree < 2; tree++) {
         char json[4096], longer[4096], greedy[4096];
