@@ -705,7 +705,7 @@ struct ddk_backend {
     /* lse (rows) = log sum_j exp(x[r, j]) of each row of x (rows, n), row stride n, accumulated
      * from the row's max (NaNs passed over as -inf; a row of only -inf and NaNs gives -inf);
      * and lp (rows), where lp is not NULL, = x[r, col[r]] - lse[r] for col[r] in [0, n) (a NaN
-     * there as -inf), -inf where col[r] < 0; col (rows) in this backend's memory, read only when
+     * there as -inf), -inf where col[r] < 0 or >= n; col (rows) in this backend's memory, read only when
      * lp is given. 1 <= n < 2^31. Queued like the other ops. With topk_rows, a block's per-slot
      * ranks and its labels' log-probabilities without its logits leaving the device (the tree
      * term and the tree walk of train/walk.c). */

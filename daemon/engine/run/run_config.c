@@ -147,17 +147,17 @@ static const config_field fields[] = {
       "dflash2: the selector term trains the selector's tensors only, not the backbone" },
     { "train.anchors", F_ENUM, OFF(anchor_walk), 0, 0, 0, "uniform|walk|tree_walk", 0,
       "where anchors are drawn: uniform over the candidates (SPEC.md 2); walk: where speculative decoding "
-      "would start its blocks under the current weights (SPEC.md 7: from the sequence's start, each block's "
+      "would start its blocks under the current weights (SPEC.md 7: from each span's first candidate, each block's "
       "teacher-forced accepted length plus the bonus to the next), on train.walk_share of the sequences, "
       "the rest uniform; tree_walk: the same along DDTree's accepted depth with train.tree_budget nodes" },
     { "train.walk_share", F_F64, OFF(walk_share), 0.5, 0, 1, NULL, 0,
-      "walk, tree_walk: the fraction of each step's sequences whose anchors come from the walk "
+      "walk, tree_walk: the fraction of the run's sequences (spread evenly) whose anchors come from the walk "
       "(its cost, a forward at every position of those sequences, grows with it)" },
-    { "train.tree_weight", F_F64, OFF(tree_weight), 0.0, 0, 100, NULL, 0,
+    { "train.tree_weight", F_F64, OFF(tree_weight), 0.0, 0, 16, NULL, 0,
       "lambda of the tree term (any anchors): each training block's slot weights scaled by 1 + 4 lambda times "
       "the sum, over the labels' prefixes from that slot on, of sigma'(margin), margin = the prefix's summed "
       "log-probability minus the last node's of the best-first DDTree of train.tree_budget nodes (SPEC.md 6) "
-      "under the current weights: the gradient of a smoothed DDTree accepted depth; 0: none" },
+      "under the current weights (the loss normalised by the scaled weights); 0: none" },
     { "train.tree_budget", F_INT, OFF(tree_budget), 32, 1, DDK_SELECTOR_MAX_K, NULL, 0,
       "K, the DDTree nodes of tree_walk's accepted depth and of the tree term's margins (each slot's top K "
       "ranks are taken on the device: 64 at most)" },
@@ -791,6 +791,9 @@ static int check_mode_fields(const parse_ctx *p, const cJSON *root)
     if (!c->drafter.dflash2 && first_present(root, dflash2, sizeof dflash2 / sizeof dflash2[0], path, sizeof path))
         return fail(p, path, "is a DFlash2 setting (SPEC.md 2.1): %s",
                     "set drafter.architecture to \"dflash2\", or leave it out for a DFlash drafter");
+    if (c->anchor_walk != DDT_ANCHORS_UNIFORM && c->walk_share == 0)
+        return fail(p, "train.walk_share", "must be above 0 with a walk (%s)",
+                    "0 walks no sequence: leave train.anchors out for uniform anchors");
     if (c->anchor_walk == DDT_ANCHORS_UNIFORM && first_present(root, share, 1, path, sizeof path))
         return fail(p, path, "is a setting of the walks: %s",
                     "set train.anchors to \"walk\" or \"tree_walk\", or leave it out for uniform anchors");

@@ -2,26 +2,30 @@
  * The walks (train.anchors "walk" | "tree_walk"): speculative decoding starts each block right
  * after the drafter's last miss, where the walk of teacher-forced accepted lengths lands
  * (p -> p + accepted + 1, the identity tests/engine/eval/test_speculate.c pins), not uniformly.
- * Each walked sequence of the rank's slice (train.walk_share of the step's sequences, spread
- * evenly over their indices) is drafted at every candidate position with the step's weights
- * (forward only, in groups of A anchors), each block's accepted length taken against the step's
- * own labels (the teacher's argmax or the data's next token: SPEC.md 2), and ddt_walk_anchors
- * draws its anchors from the walk's starts. "walk" follows the chain (leading slots whose argmax
- * equals the label, read back as argmax indices: 4 bytes a row); "tree_walk" DDTree's accepted
- * depth over train.tree_budget nodes (the block's logits read back, B x V floats a block, and its
- * tree built on the host: fit for small vocabularies).
+ * Each walked sequence (train.walk_share of the run's sequences, spread evenly over them) is
+ * drafted at every candidate position with the step's weights (forward only, in groups of A
+ * anchors), each block's accepted length taken against the step's own labels (the teacher's
+ * argmax or the data's next token: SPEC.md 2), and ddt_walk_anchors draws its anchors from the
+ * walk's starts. "walk" follows the chain (leading slots whose argmax equals the label);
+ * "tree_walk" DDTree's accepted depth over train.tree_budget nodes.
  * The tree term (train.tree_weight): every kept block of the slice drafted at its anchor, its
- * slots' weights scaled (rs->slot_scale) by the gradient of a smoothed DDTree accepted depth
- * over train.tree_budget nodes (ddt_tree_margins; the block's logits read back, as tree_walk).
- * A DFlash2 drafter's blocks are its unary head's.
- * Workspace (the rank's memory, freed before the step's own): the forward's (A*B, H), as the
- * step's, and R x V logits within the loss's (chunk, vocab_tile or V) tile, so it never holds
- * more than the step does after it, and an out-of-memory step's smaller chunk shrinks it too.
+ * slots' weights scaled (rs->slot_scale) by sigma' of its labels' prefix margins against its
+ * DDTree of train.tree_budget nodes (ddt_tree_margins). The loss stays normalised by the sum of
+ * the weights, scaled: the term re-weights the slots (CE, KL, CAP and a DFlash2 selector's term
+ * alike), it adds no gradient of its own.
+ * What leaves the device per row: argmax indices (the chain), or each slot's top tree_budget
+ * ranks (topk_rows) and the label's log-probability (logsumexp_rows); the trees are built on the
+ * host from those. A DFlash2 drafter's blocks are its unary head's.
+ * Workspace (the rank's memory, freed before the step's own): the forward's (A*B, H) besides the
+ * forward's own arena (fp32, whatever train.precision), and R x V logits, R the whole blocks of
+ * the loss's (chunk, vocab_tile or V) tile and one block at least. Not in the memory plan; an
+ * out-of-memory walk shrinks the step's chunk as the step's own would.
  * Deterministic for (seed, step, sequence).
  * Tested by tests/engine/data/test_batch.c (the walk's starts and draws) and
  * tests/engine/train/test_trainer.c (a walked step's anchors are the starts of the walk that a
- * host recomputation of its blocks' lengths gives, chain and tree; the tree term's scales
- * against the margins recomputed from the blocks' logits; exact resume of both).
+ * host recomputation of its blocks' lengths gives, chain with the teacher's labels and tree with
+ * the data's; the tree term's scales against the margins recomputed from the blocks' logits;
+ * exact resume of both; 1, 2, 3 ranks and micro-batches agree).
  *
  * Legend: S tokens, A anchors, B slots, H hidden, V vocabulary, R logit rows at a time.
  */
@@ -35,10 +39,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* sequence gi of the step's n is walked: train.walk_share of them, evenly spread (share 1: all) */
-static int walked(double share, int64_t gi)
+/* the run's n-th sequence (step * sequences_per_step + its index in the step) is walked:
+ * train.walk_share of them, evenly spread over the run (share 1: all; one sequence a step at
+ * share 0.5: every other step's) */
+static int walked(double share, int64_t n)
 {
-    return (int64_t)((double)(gi + 1) * share) > (int64_t)((double)gi * share);
+    return (int64_t)((double)(n + 1) * share) > (int64_t)((double)n * share);
 }
 
 typedef struct walk_work {
@@ -241,7 +247,8 @@ int ddt_trainer_match_serving(rank_state *rs)
         rc = -ENOMEM;
     for (int64_t i = 0; i < rs->nseq && rc == 0; i++) {
         const int64_t gi = rs->first + i;
-        const int walk = c->anchor_walk != DDT_ANCHORS_UNIFORM && walked(c->walk_share, gi);
+        const int walk = c->anchor_walk != DDT_ANCHORS_UNIFORM &&
+                         walked(c->walk_share, t->step * c->sequences_per_step + gi);
         int32_t *anchors = rs->b.anchors + i * A;
         uint8_t *keep = rs->b.keep + i * A;
         const float *th = rs->b.teacher ? rs->b.teacher + i * S * H : NULL;
