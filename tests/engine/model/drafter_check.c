@@ -231,6 +231,7 @@ const drafter_setting drafter_settings[] = {
     { "dflash2: stop_gradient, inject, streamed", 1, 1, 1, 1, 0.2f, 0.0f, 1.0f, 7, 11, 0 },
     { "dflash2: alpha_sel 0 (no selector gradient)", 1, 0, 0, 0, 0.3f, 0.0f, 0.0f, 64, 0, 0 },
     { "dflash: teacher labels, KL, slot scales (train.tree_weight)", 0, 1, 0, 0, 0.3f, 0.0f, 0.0f, 5, 0, 1 },
+    { "dflash2: inject, teacher labels, slot scales", 1, 1, 1, 0, 0.2f, 0.0f, 1.0f, 64, 0, 1 },
 };
 
 const int drafter_setting_count = sizeof drafter_settings / sizeof drafter_settings[0];
