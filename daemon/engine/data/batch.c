@@ -66,16 +66,28 @@ static int64_t place(int32_t *chosen, int64_t kept, int64_t A, int32_t *anchors,
     return kept;
 }
 
-/* (n) positions p with m[p] = m[p+1] = 1, ascending, into a malloc'd array (S - 1 entries) */
+/* p in [0, S-2] is an anchor candidate: m[p] = m[p+1] = 1 */
+static int is_candidate(const uint8_t *loss_mask, int64_t S, int64_t p)
+{
+    return p + 1 < S && loss_mask[p] && loss_mask[p + 1];
+}
+
+int64_t ddt_anchor_candidates(const uint8_t *loss_mask, int64_t S, int32_t *candidates)
+{
+    int64_t n = 0;
+    for (int64_t p = 0; p + 1 < S; p++)
+        if (is_candidate(loss_mask, S, p))
+            candidates[n++] = (int32_t)p;
+    return n;
+}
+
+/* the candidates (n) into a malloc'd array (S - 1 entries) */
 static int32_t *candidates_of(const uint8_t *loss_mask, int64_t S, int64_t *n)
 {
-    *n = 0;
     int32_t *c = malloc((size_t)(S > 1 ? S - 1 : 1) * sizeof(*c));
     if (!c)
         ddk_fatal(__FILE__, __LINE__, "out of memory for %lld anchor candidates", (long long)(S - 1));
-    for (int64_t p = 0; p + 1 < S; p++)
-        if (loss_mask[p] && loss_mask[p + 1])
-            c[(*n)++] = (int32_t)p;
+    *n = ddt_anchor_candidates(loss_mask, S, c);
     return c;
 }
 
@@ -98,7 +110,7 @@ int64_t ddt_walk_starts(const uint8_t *loss_mask, int64_t S, const int32_t *len,
 {
     int64_t n = 0;
     for (int64_t p = 0; p + 1 < S;) {
-        if (!(loss_mask[p] && loss_mask[p + 1])) {
+        if (!is_candidate(loss_mask, S, p)) {
             p++;   /* not a candidate: the next one starts a walk of its own */
             continue;
         }

@@ -15,6 +15,10 @@
 int64_t ddt_sample_anchors(const uint8_t *loss_mask, int64_t S, int64_t A, uint64_t seed,
                            int32_t *anchors, uint8_t *keep);
 
+/* The anchor candidates of a sequence of S tokens with loss mask m (S): positions p in
+ * [0, S-2] with m[p] = m[p+1] = 1, ascending, into candidates (S - 1); returns how many. */
+int64_t ddt_anchor_candidates(const uint8_t *loss_mask, int64_t S, int32_t *candidates);
+
 /* Serving-matched anchors (train.anchors "walk" / "tree_walk", SPEC.md 7): the walk over one
  * sequence of S tokens with loss mask m, given len (S): at each candidate p the block's
  * teacher-forced accepted length plus the bonus (>= 1; values < 1 count as 1). From the first

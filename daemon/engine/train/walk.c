@@ -256,12 +256,9 @@ int ddt_trainer_match_serving(rank_state *rs)
         if (walk || c->tree_weight > 0)
             sequence_labels(t, rs, &w, i, th);
         if (walk) {   /* every candidate drafted, the walk along their lengths */
-            int64_t n = 0;
-            for (int64_t p = 0; p < S; p++) {
+            for (int64_t p = 0; p < S; p++)
                 w.len[p] = 1;
-                if (p + 1 < S && mask[p] && mask[p + 1])
-                    w.positions[n++] = (int32_t)p;
-            }
+            const int64_t n = ddt_anchor_candidates(mask, S, w.positions);
             if ((rc = draft_blocks(t, rs, &w, i, th, w.positions, n,
                                    c->anchor_walk == DDT_ANCHORS_TREE_WALK ? TREE_LENGTHS : CHAIN_LENGTHS, NULL)))
                 break;
